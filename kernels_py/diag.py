@@ -1,0 +1,39 @@
+"""Jobs that exercise the worker itself: `workbench worker-ping` and the
+host's tests use them to check round trips, errors, crashes and timeouts."""
+
+import os
+import signal
+import sys
+import time
+
+
+def echo(**payload):
+    """Return the job's arguments unchanged, with the worker's pid."""
+    return {"echo": payload, "pid": os.getpid()}
+
+
+def noisy_echo(lines: int = 100, **payload):
+    """Print to stdout and stderr before answering: output of user code must not
+    corrupt the host channel."""
+    for i in range(lines):
+        print(f"noise line {i} \x00\xff {{not a frame}}")
+        print(f"err line {i}", file=sys.stderr)
+    sys.stdout.flush()
+    return echo(**payload)
+
+
+def sleep(seconds: float = 1.0):
+    time.sleep(seconds)
+    return {"slept": seconds}
+
+
+def fail(message: str = "requested failure"):
+    raise ValueError(message)
+
+
+def crash(message: str = "worker crashing on request", code: int = 0):
+    """Die mid-job the way a segfaulting kernel would: no reply, no cleanup."""
+    print(message, file=sys.stderr, flush=True)
+    if code:
+        os._exit(code)
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,1 @@
+"""Plain-PyTorch references for every kernel in kernels_py.triton."""

@@ -1,0 +1,169 @@
+"""The worker process as the host sees it: frames on two pipes, nothing else."""
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from kernels_py import protocol
+
+KERNELS_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class Worker:
+    def __init__(self, root=KERNELS_ROOT):
+        host_r, worker_w = os.pipe()
+        worker_r, host_w = os.pipe()
+        env = dict(os.environ, PYTHONPATH=root, VLKV_WORKER_FDS=f"{worker_r},{worker_w}")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kernels_py.worker"],
+            env=env, pass_fds=(worker_r, worker_w), stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=root,
+        )
+        os.close(worker_r)
+        os.close(worker_w)
+        self.rx = os.fdopen(host_r, "rb", buffering=0)
+        self.tx = os.fdopen(host_w, "wb", buffering=0)
+        self.next_id = 0
+        self.hello = protocol.read_frame(self.rx)
+
+    def call(self, msg_type, **fields):
+        self.next_id += 1
+        protocol.write_frame(self.tx, {"type": msg_type, "id": self.next_id, **fields})
+        reply = protocol.read_frame(self.rx)
+        assert reply["id"] == self.next_id
+        return reply
+
+    def close(self):
+        self.tx.close()
+        self.rx.close()
+        out, err = self.proc.communicate(timeout=30)
+        return self.proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+@pytest.fixture
+def worker():
+    w = Worker()
+    yield w
+    if w.proc.poll() is None:
+        w.proc.kill()
+        w.proc.wait()
+
+
+def test_hello_reports_versions(worker):
+    h = worker.hello
+    assert h["type"] == "hello" and h["pid"] == worker.proc.pid
+    assert h["python"]["version"] == ".".join(map(str, sys.version_info[:3]))
+    import numpy, torch, triton
+
+    assert h["torch"]["version"] == torch.__version__
+    assert h["triton"]["version"] == triton.__version__
+    assert h["numpy"]["version"] == numpy.__version__
+    assert h["device"]["kind"] in ("cpu", "cuda")
+    assert h["kernels_root"] == KERNELS_ROOT
+
+
+def test_run_echo_and_stdout_noise(worker):
+    reply = worker.call("run", job={"fn": "kernels_py.diag:noisy_echo", "args": {"lines": 50, "x": [1, 2.5, "s"]}})
+    assert reply["type"] == "result"
+    assert reply["result"]["echo"] == {"x": [1, 2.5, "s"]}
+    assert worker.call("run", job={"fn": "kernels_py.diag:echo", "args": {"n": 3}})["result"]["echo"] == {"n": 3}
+    code, out, err = worker.close()
+    assert code == 0
+    assert "noise line 49" in out and "err line 49" in err
+
+
+@pytest.mark.parametrize(
+    "job,error_type,match",
+    [
+        ({"fn": "kernels_py.diag:fail", "args": {"message": "boom"}}, "ValueError", "boom"),
+        ({"fn": "os:system", "args": {"command": "true"}}, "kernels_py.worker.JobError", "outside"),
+        ({"fn": "kernels_py.diag:nope"}, "kernels_py.worker.JobError", "no attribute"),
+        ({"fn": "kernels_py.nonexistent:f"}, "ModuleNotFoundError", "nonexistent"),
+        ({"fn": "kernels_py.diag:echo", "args": [1]}, "kernels_py.worker.JobError", "args must be an object"),
+        ({"fn": "kernels_py.diag:sleep", "args": {"bogus": 1}}, "TypeError", "bogus"),
+        ("not a job", "kernels_py.worker.JobError", "must be an object"),
+    ],
+)
+def test_structured_errors(worker, job, error_type, match):
+    reply = worker.call("run", job=job)
+    assert reply["type"] == "error"
+    assert reply["error"]["type"].endswith(error_type)
+    assert match in reply["error"]["message"]
+    assert "Traceback" in reply["error"]["traceback"]
+    # The worker carries on after a failed job.
+    assert worker.call("run", job={"fn": "kernels_py.diag:echo"})["type"] == "result"
+
+
+def test_unknown_message_type(worker):
+    reply = worker.call("frobnicate")
+    assert reply["type"] == "error" and "unknown message type" in reply["error"]["message"]
+
+
+def test_garbage_frame_ends_worker_with_reason(worker):
+    worker.tx.write(b"\x00\x00\x00\x05hello")
+    worker.tx.flush()
+    code, _, err = worker.close()
+    assert code == 2
+    assert "not valid JSON" in err
+
+
+def test_truncated_frame_ends_worker_with_reason(worker):
+    worker.tx.write(b"\x00\x00\x01\x00{\"type\"")
+    code, _, err = worker.close()
+    assert code == 2
+    assert "truncated frame body" in err
+
+
+def test_shutdown(worker):
+    assert worker.call("shutdown")["result"] == {"bye": True}
+    assert worker.proc.wait(timeout=30) == 0
+
+
+def test_reload_picks_up_edited_module(tmp_path):
+    root = tmp_path / "root"
+    shutil.copytree(os.path.join(KERNELS_ROOT, "kernels_py"), root / "kernels_py",
+                    ignore=shutil.ignore_patterns("__pycache__", "tests"))
+    mod = root / "kernels_py" / "scratch.py"
+    mod.write_text("def value():\n    return 1\n")
+    w = Worker(str(root))
+    try:
+        assert w.call("run", job={"fn": "kernels_py.scratch:value"})["result"] == 1
+        mod.write_text(textwrap.dedent("""\
+            def value():
+                return 2
+        """))
+        # Without a reload the worker keeps the module it imported.
+        assert w.call("run", job={"fn": "kernels_py.scratch:value"})["result"] == 1
+        reloaded = w.call("reload")["result"]
+        assert reloaded["changed"] == ["scratch.py"]
+        assert "kernels_py.scratch" in reloaded["purged"]
+        assert w.call("run", job={"fn": "kernels_py.scratch:value"})["result"] == 2
+        assert w.call("reload")["result"] == {"changed": [], "purged": []}
+    finally:
+        w.close()
+
+
+@pytest.mark.parametrize(
+    "value,expected",
+    [
+        (float("nan"), None),
+        ({"a": (1, 2.0)}, {"a": [1, 2.0]}),
+    ],
+)
+def test_jsonable(value, expected):
+    from kernels_py.worker import jsonable
+
+    assert jsonable(value) == expected
+
+
+def test_jsonable_tensor_and_rejects_objects():
+    import torch
+
+    from kernels_py.worker import jsonable
+
+    assert jsonable(torch.tensor([1.0, float("inf")])) == [1.0, None]
+    with pytest.raises(TypeError, match="no JSON form"):
+        jsonable(object())
