@@ -1,0 +1,63 @@
+package worker
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func TestParseDevice(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    Device
+		wantErr bool
+	}{
+		{"cpu", CPU, false},
+		{"CUDA", CUDA, false},
+		{" auto ", Auto, false},
+		{"gpu", "", true},
+		{"", "", true},
+	}
+	for _, tc := range tests {
+		got, err := ParseDevice(tc.in)
+		if (err != nil) != tc.wantErr || got != tc.want {
+			t.Errorf("ParseDevice(%q) = %q, %v; want %q, error %v", tc.in, got, err, tc.want, tc.wantErr)
+		}
+	}
+}
+
+func TestResolveDevice(t *testing.T) {
+	withGPU := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(withGPU, "dev"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(withGPU, "dev", "nvidia0"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	noGPU := t.TempDir()
+	env := func(m map[string]string) func(string) (string, bool) {
+		return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+	}
+	tests := []struct {
+		name string
+		dev  Device
+		env  map[string]string
+		root string
+		want Device
+	}{
+		{"explicit cpu on a GPU host", CPU, nil, withGPU, CPU},
+		{"explicit cuda is kept", CUDA, nil, noGPU, CUDA},
+		{"auto with a GPU", Auto, nil, withGPU, CUDA},
+		{"auto without a GPU", Auto, nil, noGPU, CPU},
+		{"auto with GPUs hidden", Auto, map[string]string{"CUDA_VISIBLE_DEVICES": ""}, withGPU, CPU},
+		{"auto with GPUs disabled", Auto, map[string]string{"CUDA_VISIBLE_DEVICES": "-1"}, withGPU, CPU},
+		{"auto with one GPU visible", Auto, map[string]string{"CUDA_VISIBLE_DEVICES": "0"}, withGPU, CUDA},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := ResolveDevice(tc.dev, env(tc.env), tc.root); got != tc.want {
+				t.Errorf("got %q, want %q", got, tc.want)
+			}
+		})
+	}
+}

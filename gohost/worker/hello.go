@@ -1,0 +1,35 @@
+package worker
+
+// Hello is the first message a worker sends: what it runs on.
+type Hello struct {
+	Type   string `json:"type"`
+	Pid    int    `json:"pid"`
+	Python struct {
+		Version    string `json:"version"`
+		Executable string `json:"executable"`
+		Prefix     string `json:"prefix"`
+		Headers    struct {
+			Include string `json:"include"`
+			Present bool   `json:"present"`
+		} `json:"headers"`
+	} `json:"python"`
+	Torch          Package `json:"torch"`
+	Triton         Package `json:"triton"`
+	Numpy          Package `json:"numpy"`
+	KernelsRoot    string  `json:"kernels_root"`
+	Interpreter    bool    `json:"interpreter"`
+	TritonCacheDir string  `json:"triton_cache_dir"`
+	Device         struct {
+		Kind          string   `json:"kind"`
+		CUDAAvailable bool     `json:"cuda_available"`
+		TorchCUDA     *string  `json:"torch_cuda"`
+		Names         []string `json:"names"`
+	} `json:"device"`
+	Error string `json:"error,omitempty"`
+}
+
+// Package is an imported Python package's version, or why it failed to import.
+type Package struct {
+	Version *string `json:"version"`
+	Error   string  `json:"error,omitempty"`
+}

@@ -1,0 +1,335 @@
+// Package worker starts long-lived Python worker processes
+// (python -m kernels_py.worker) and talks to them with length-prefixed JSON
+// frames on a pair of dedicated pipes, so nothing the Python side prints can
+// corrupt the channel.
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// Job names a function in the kernels_py package and its keyword arguments.
+type Job struct {
+	Fn   string         `json:"fn"`
+	Args map[string]any `json:"args,omitempty"`
+}
+
+type message struct {
+	Type   string          `json:"type"`
+	ID     uint64          `json:"id,omitempty"`
+	Job    *Job            `json:"job,omitempty"`
+	Result json.RawMessage `json:"result,omitempty"`
+	Error  *JobError       `json:"error,omitempty"`
+}
+
+// Config says how to start a worker.
+type Config struct {
+	Python      string   // interpreter to run
+	KernelsRoot string   // directory holding kernels_py/, put first on PYTHONPATH
+	Device      Device   // cpu or cuda (already resolved)
+	Env         []string // base environment; nil means os.Environ()
+	// StartTimeout bounds the wait for the worker's hello (importing torch can
+	// take seconds on a cold disk). Zero means one minute.
+	StartTimeout time.Duration
+	Log          zerolog.Logger
+}
+
+// Worker is one running Python worker. Its methods may be called from several
+// goroutines; requests are served one at a time.
+type Worker struct {
+	cmd   *exec.Cmd
+	tx    *os.File
+	rx    *os.File
+	hello Hello
+	log   zerolog.Logger
+	out   *tail
+
+	mu     sync.Mutex // serialises requests
+	nextID uint64
+
+	frames  chan []byte   // frames read from the worker
+	readErr error         // why the reader stopped; read after readDone closes
+	readDone chan struct{}
+	exited  chan struct{} // closed once the process has been reaped
+	waitErr error         // cmd.Wait's result; read after exited closes
+}
+
+// Start launches a worker and waits for its hello.
+func Start(ctx context.Context, cfg Config) (*Worker, error) {
+	if cfg.Python == "" {
+		return nil, errors.New("start worker: no Python interpreter given")
+	}
+	// Host -> worker and worker -> host pipes, handed over as fds 3 and 4.
+	workerRx, hostTx, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("start worker: %w", err)
+	}
+	hostRx, workerTx, err := os.Pipe()
+	if err != nil {
+		workerRx.Close()
+		hostTx.Close()
+		return nil, fmt.Errorf("start worker: %w", err)
+	}
+
+	out := newTail(64 << 10)
+	cmd := exec.Command(cfg.Python, "-m", "kernels_py.worker")
+	cmd.Dir = cfg.KernelsRoot
+	cmd.Env = workerEnv(cfg)
+	cmd.ExtraFiles = []*os.File{workerRx, workerTx}
+	cmd.Stdout = io.MultiWriter(out, lineLogger(cfg.Log, "stdout"))
+	cmd.Stderr = io.MultiWriter(out, lineLogger(cfg.Log, "stderr"))
+	// Own process group: a Ctrl-C at the terminal reaches the host, which
+	// decides what happens to its workers. Pdeathsig: no orphans if the host dies.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+
+	startErr := cmd.Start()
+	workerRx.Close()
+	workerTx.Close()
+	if startErr != nil {
+		hostRx.Close()
+		hostTx.Close()
+		return nil, fmt.Errorf("start worker %s: %w", cfg.Python, startErr)
+	}
+
+	w := &Worker{
+		cmd: cmd, tx: hostTx, rx: hostRx, out: out,
+		log:      cfg.Log.With().Int("worker_pid", cmd.Process.Pid).Logger(),
+		frames:   make(chan []byte),
+		readDone: make(chan struct{}),
+		exited:   make(chan struct{}),
+	}
+	go w.readLoop()
+	go func() {
+		w.waitErr = cmd.Wait()
+		close(w.exited)
+	}()
+
+	timeout := cfg.StartTimeout
+	if timeout == 0 {
+		timeout = time.Minute
+	}
+	helloCtx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	body, err := w.receive(helloCtx)
+	if err != nil {
+		w.kill()
+		return nil, fmt.Errorf("worker did not start: %w", err)
+	}
+	if err := json.Unmarshal(body, &w.hello); err != nil || w.hello.Type != "hello" {
+		w.kill()
+		return nil, fmt.Errorf("worker did not start: first frame is not a hello: %.200s", body)
+	}
+	if w.hello.Error != "" {
+		w.kill()
+		return nil, fmt.Errorf("worker refused to start: %s", w.hello.Error)
+	}
+	w.log.Debug().Str("python", w.hello.Python.Version).Str("device", w.hello.Device.Kind).Msg("worker ready")
+	return w, nil
+}
+
+func workerEnv(cfg Config) []string {
+	base := cfg.Env
+	if base == nil {
+		base = os.Environ()
+	}
+	env := make([]string, 0, len(base)+6)
+	var pythonPath string
+	for _, kv := range base {
+		switch {
+		case strings.HasPrefix(kv, "PYTHONPATH="):
+			pythonPath = strings.TrimPrefix(kv, "PYTHONPATH=")
+		case strings.HasPrefix(kv, "TRITON_INTERPRET="), strings.HasPrefix(kv, "VLKV_DEVICE="),
+			strings.HasPrefix(kv, "VLKV_WORKER_FDS="):
+			// decided by the host below
+		default:
+			env = append(env, kv)
+		}
+	}
+	if pythonPath != "" {
+		pythonPath = cfg.KernelsRoot + string(os.PathListSeparator) + pythonPath
+	} else {
+		pythonPath = cfg.KernelsRoot
+	}
+	env = append(env, "PYTHONPATH="+pythonPath, "PYTHONUNBUFFERED=1", "VLKV_WORKER_FDS=3,4",
+		"VLKV_DEVICE="+string(cfg.Device))
+	if cfg.Device == CPU {
+		env = append(env, "TRITON_INTERPRET=1")
+	}
+	return env
+}
+
+func (w *Worker) readLoop() {
+	defer close(w.readDone)
+	for {
+		body, err := ReadFrame(w.rx)
+		if err != nil {
+			w.readErr = err
+			return
+		}
+		select {
+		case w.frames <- body:
+		case <-w.exited:
+			w.readErr = errors.New("worker exited")
+			return
+		}
+	}
+}
+
+// receive waits for the next frame, the worker's death, or ctx.
+func (w *Worker) receive(ctx context.Context) ([]byte, error) {
+	select {
+	case body := <-w.frames:
+		return body, nil
+	case <-w.readDone:
+		return nil, w.deathError()
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// deathError waits briefly for the process to be reaped and describes how it
+// ended, with the tail of what it printed.
+func (w *Worker) deathError() error {
+	select {
+	case <-w.exited:
+	case <-time.After(5 * time.Second):
+		w.kill()
+	}
+	state := "closed its channel"
+	if w.cmd.ProcessState != nil {
+		state = w.cmd.ProcessState.String()
+	}
+	if w.readErr != nil && !errors.Is(w.readErr, io.EOF) {
+		state += "; channel error: " + w.readErr.Error()
+	}
+	return &ExitError{State: state, Output: w.out.String()}
+}
+
+// Hello is what the worker reported when it started.
+func (w *Worker) Hello() Hello { return w.hello }
+
+// Pid is the worker's process id.
+func (w *Worker) Pid() int { return w.cmd.Process.Pid }
+
+// Alive reports whether the worker process is still running.
+func (w *Worker) Alive() bool {
+	select {
+	case <-w.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// Output returns the tail of what the worker printed on stdout and stderr.
+func (w *Worker) Output() string { return w.out.String() }
+
+// call sends one request and waits for its reply. If ctx ends first the worker
+// is killed: a Python job cannot be interrupted safely, and a half-finished
+// kernel leaves the process in an unknown state.
+func (w *Worker) call(ctx context.Context, msgType string, job *Job) (json.RawMessage, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.Alive() {
+		return nil, w.deathError()
+	}
+	w.nextID++
+	id := w.nextID
+	if err := WriteFrame(w.tx, message{Type: msgType, ID: id, Job: job}); err != nil {
+		if !w.Alive() || errors.Is(err, syscall.EPIPE) {
+			return nil, w.deathError()
+		}
+		return nil, err
+	}
+	body, err := w.receive(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			w.kill()
+			return nil, fmt.Errorf("%s stopped, worker %d killed: %w", msgType, w.Pid(), ctx.Err())
+		}
+		return nil, err
+	}
+	var reply message
+	if err := json.Unmarshal(body, &reply); err != nil {
+		w.kill()
+		return nil, fmt.Errorf("worker sent an unreadable reply (%v); worker killed", err)
+	}
+	if reply.ID != id {
+		w.kill()
+		return nil, fmt.Errorf("worker answered request %d while %d was pending; worker killed", reply.ID, id)
+	}
+	switch reply.Type {
+	case "result":
+		return reply.Result, nil
+	case "error":
+		if reply.Error == nil {
+			return nil, errors.New("worker reported an error without details")
+		}
+		return nil, reply.Error
+	default:
+		return nil, fmt.Errorf("worker sent a reply of unknown type %q", reply.Type)
+	}
+}
+
+// Run runs one job and returns its JSON result. A Python exception comes back
+// as *JobError; a worker that dies mid-job as *ExitError.
+func (w *Worker) Run(ctx context.Context, job Job) (json.RawMessage, error) {
+	return w.call(ctx, "run", &job)
+}
+
+// ReloadResult lists the kernels_py sources that changed since the last
+// reload and the modules the worker dropped so they are imported afresh.
+type ReloadResult struct {
+	Changed []string `json:"changed"`
+	Purged  []string `json:"purged"`
+}
+
+// Reload makes the worker pick up edited kernels_py sources.
+func (w *Worker) Reload(ctx context.Context) (ReloadResult, error) {
+	var res ReloadResult
+	raw, err := w.call(ctx, "reload", nil)
+	if err != nil {
+		return res, err
+	}
+	return res, json.Unmarshal(raw, &res)
+}
+
+// Close asks the worker to exit, and kills it if it does not within a few
+// seconds. It is safe to call on a dead worker.
+func (w *Worker) Close() error {
+	if w.Alive() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := w.call(ctx, "shutdown", nil)
+		cancel()
+		if err != nil {
+			w.kill()
+		}
+	}
+	select {
+	case <-w.exited:
+	case <-time.After(5 * time.Second):
+		w.kill()
+	}
+	w.tx.Close()
+	w.rx.Close()
+	return nil
+}
+
+func (w *Worker) kill() {
+	if w.Alive() {
+		_ = w.cmd.Process.Kill()
+	}
+	<-w.exited
+}

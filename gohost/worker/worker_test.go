@@ -1,0 +1,201 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// testPython is the interpreter with torch and triton that scripts/test
+// exports; these tests talk to real workers.
+func testPython(t *testing.T) string {
+	t.Helper()
+	py := os.Getenv("VLKV_TEST_PYTHON")
+	if py == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatal("VLKV_TEST_PYTHON is not set; run the tests through scripts/test")
+		}
+		t.Skip("VLKV_TEST_PYTHON is not set; run the tests through scripts/test")
+	}
+	return py
+}
+
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return root
+}
+
+func startWorker(t *testing.T, kernelsRoot string) *Worker {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	w, err := Start(ctx, Config{Python: testPython(t), KernelsRoot: kernelsRoot, Device: CPU, Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close() })
+	return w
+}
+
+func run(t *testing.T, w *Worker, fn string, args map[string]any, timeout time.Duration) (json.RawMessage, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return w.Run(ctx, Job{Fn: fn, Args: args})
+}
+
+func TestWorkerLifecycle(t *testing.T) {
+	w := startWorker(t, repoRoot(t))
+	h := w.Hello()
+	if h.Pid != w.Pid() || h.Torch.Version == nil || h.Triton.Version == nil || h.Device.Kind != "cpu" || !h.Interpreter {
+		t.Fatalf("unexpected hello: %+v", h)
+	}
+
+	t.Run("echo through stdout noise", func(t *testing.T) {
+		raw, err := run(t, w, "kernels_py.diag:noisy_echo", map[string]any{"lines": 200, "x": "y"}, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got struct{ Echo map[string]string }
+		if err := json.Unmarshal(raw, &got); err != nil || got.Echo["x"] != "y" {
+			t.Fatalf("reply %s, err %v", raw, err)
+		}
+		if !strings.Contains(w.Output(), "noise line 199") {
+			t.Error("the worker's stdout was not captured")
+		}
+	})
+
+	t.Run("python exception", func(t *testing.T) {
+		_, err := run(t, w, "kernels_py.diag:fail", map[string]any{"message": "kaboom"}, time.Minute)
+		var je *JobError
+		if !errors.As(err, &je) {
+			t.Fatalf("got %v, want a *JobError", err)
+		}
+		if je.Type != "ValueError" || je.Message != "kaboom" || !strings.Contains(je.Traceback, "diag.py") {
+			t.Errorf("unexpected job error %+v", je)
+		}
+		if !w.Alive() {
+			t.Error("a failed job killed the worker")
+		}
+	})
+}
+
+func TestWorkerCrashMidJob(t *testing.T) {
+	w := startWorker(t, repoRoot(t))
+	_, err := run(t, w, "kernels_py.diag:crash", map[string]any{"message": "segfault in my kernel"}, time.Minute)
+	var ee *ExitError
+	if !errors.As(err, &ee) {
+		t.Fatalf("got %v, want an *ExitError", err)
+	}
+	if !strings.Contains(ee.State, "killed") || !strings.Contains(err.Error(), "segfault in my kernel") {
+		t.Errorf("error does not say how the worker died and what it printed: %v", err)
+	}
+	if w.Alive() {
+		t.Error("worker still reported alive")
+	}
+	// Later calls on the dead worker fail the same way instead of hanging.
+	if _, err := run(t, w, "kernels_py.diag:echo", nil, 10*time.Second); !errors.As(err, &ee) {
+		t.Errorf("call on a dead worker: got %v", err)
+	}
+	// A fresh worker takes the next job.
+	w2 := startWorker(t, repoRoot(t))
+	if _, err := run(t, w2, "kernels_py.diag:echo", nil, time.Minute); err != nil {
+		t.Fatalf("fresh worker: %v", err)
+	}
+}
+
+func TestWorkerExitCodeMidJob(t *testing.T) {
+	w := startWorker(t, repoRoot(t))
+	_, err := run(t, w, "kernels_py.diag:crash", map[string]any{"message": "bye", "code": 7}, time.Minute)
+	var ee *ExitError
+	if !errors.As(err, &ee) || !strings.Contains(ee.State, "exit status 7") {
+		t.Fatalf("got %v, want exit status 7", err)
+	}
+}
+
+func TestWorkerTimeoutKillsWorker(t *testing.T) {
+	w := startWorker(t, repoRoot(t))
+	start := time.Now()
+	_, err := run(t, w, "kernels_py.diag:sleep", map[string]any{"seconds": 30}, 500*time.Millisecond)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("got %v, want a deadline error", err)
+	}
+	if elapsed := time.Since(start); elapsed > 10*time.Second {
+		t.Errorf("timeout took %v", elapsed)
+	}
+	if w.Alive() {
+		t.Error("worker still running after its job timed out")
+	}
+}
+
+func TestWorkerReloadPicksUpEdits(t *testing.T) {
+	root := t.TempDir()
+	if out, err := exec.Command("cp", "-r", filepath.Join(repoRoot(t), "kernels_py"), root).CombinedOutput(); err != nil {
+		t.Fatalf("copy kernels_py: %v: %s", err, out)
+	}
+	mod := filepath.Join(root, "kernels_py", "scratch.py")
+	write := func(v string) {
+		if err := os.WriteFile(mod, []byte("def value():\n    return "+v+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("'before'")
+	w := startWorker(t, root)
+	value := func() string {
+		raw, err := run(t, w, "kernels_py.scratch:value", nil, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(raw)
+	}
+	if got := value(); got != `"before"` {
+		t.Fatalf("got %s", got)
+	}
+	write("'after'")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res, err := w.Reload(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Changed) != 1 || res.Changed[0] != "scratch.py" {
+		t.Errorf("reload reported changes %v", res.Changed)
+	}
+	if got := value(); got != `"after"` {
+		t.Fatalf("after reload got %s", got)
+	}
+}
+
+func TestWorkerStartFailures(t *testing.T) {
+	py := testPython(t)
+	tests := []struct {
+		name    string
+		cfg     Config
+		wantMsg string
+	}{
+		{"no interpreter", Config{}, "no Python interpreter"},
+		{"missing interpreter", Config{Python: "/nonexistent/python3"}, "no such file"},
+		{"kernels root without kernels_py", Config{Python: py, KernelsRoot: t.TempDir(), Device: CPU}, "No module named"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.cfg.Log = zerolog.Nop()
+			_, err := Start(context.Background(), tc.cfg)
+			if err == nil || !strings.Contains(err.Error(), tc.wantMsg) {
+				t.Fatalf("got %v, want an error mentioning %q", err, tc.wantMsg)
+			}
+		})
+	}
+}
