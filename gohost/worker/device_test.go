@@ -61,3 +61,21 @@ func TestResolveDevice(t *testing.T) {
 		})
 	}
 }
+
+func TestEnvironment(t *testing.T) {
+	env := Environment([]string{"HOME=/h", "PYTHONPATH=/user/lib", "TRITON_INTERPRET=0", "VLKV_DEVICE=cuda"}, "/kr", CPU)
+	want := map[string]bool{"HOME=/h": true, "PYTHONPATH=/kr:/user/lib": true, "VLKV_DEVICE=cpu": true, "TRITON_INTERPRET=1": true, "PYTHONUNBUFFERED=1": true}
+	if len(env) != len(want) {
+		t.Fatalf("got %v", env)
+	}
+	for _, kv := range env {
+		if !want[kv] {
+			t.Errorf("unexpected %q in %v", kv, env)
+		}
+	}
+	for _, kv := range Environment(nil, "/kr", CUDA) {
+		if kv == "TRITON_INTERPRET=1" {
+			t.Error("cuda workers must not run the interpreter")
+		}
+	}
+}

@@ -59,11 +59,11 @@ type Worker struct {
 	mu     sync.Mutex // serialises requests
 	nextID uint64
 
-	frames  chan []byte   // frames read from the worker
-	readErr error         // why the reader stopped; read after readDone closes
+	frames   chan []byte // frames read from the worker
+	readErr  error       // why the reader stopped; read after readDone closes
 	readDone chan struct{}
-	exited  chan struct{} // closed once the process has been reaped
-	waitErr error         // cmd.Wait's result; read after exited closes
+	exited   chan struct{} // closed once the process has been reaped
+	waitErr  error         // cmd.Wait's result; read after exited closes
 }
 
 // Start launches a worker and waits for its hello.
@@ -86,7 +86,11 @@ func Start(ctx context.Context, cfg Config) (*Worker, error) {
 	out := newTail(64 << 10)
 	cmd := exec.Command(cfg.Python, "-m", "kernels_py.worker")
 	cmd.Dir = cfg.KernelsRoot
-	cmd.Env = workerEnv(cfg)
+	base := cfg.Env
+	if base == nil {
+		base = os.Environ()
+	}
+	cmd.Env = append(Environment(base, cfg.KernelsRoot, cfg.Device), "VLKV_WORKER_FDS=3,4")
 	cmd.ExtraFiles = []*os.File{workerRx, workerTx}
 	cmd.Stdout = io.MultiWriter(out, lineLogger(cfg.Log, "stdout"))
 	cmd.Stderr = io.MultiWriter(out, lineLogger(cfg.Log, "stderr"))
@@ -139,12 +143,11 @@ func Start(ctx context.Context, cfg Config) (*Worker, error) {
 	return w, nil
 }
 
-func workerEnv(cfg Config) []string {
-	base := cfg.Env
-	if base == nil {
-		base = os.Environ()
-	}
-	env := make([]string, 0, len(base)+6)
+// Environment is the environment a worker (or any Python the host runs for
+// the user) gets: kernelsRoot first on PYTHONPATH, the device choice in
+// VLKV_DEVICE, and TRITON_INTERPRET=1 on CPU. base is usually os.Environ().
+func Environment(base []string, kernelsRoot string, device Device) []string {
+	env := make([]string, 0, len(base)+5)
 	var pythonPath string
 	for _, kv := range base {
 		switch {
@@ -158,13 +161,12 @@ func workerEnv(cfg Config) []string {
 		}
 	}
 	if pythonPath != "" {
-		pythonPath = cfg.KernelsRoot + string(os.PathListSeparator) + pythonPath
+		pythonPath = kernelsRoot + string(os.PathListSeparator) + pythonPath
 	} else {
-		pythonPath = cfg.KernelsRoot
+		pythonPath = kernelsRoot
 	}
-	env = append(env, "PYTHONPATH="+pythonPath, "PYTHONUNBUFFERED=1", "VLKV_WORKER_FDS=3,4",
-		"VLKV_DEVICE="+string(cfg.Device))
-	if cfg.Device == CPU {
+	env = append(env, "PYTHONPATH="+pythonPath, "PYTHONUNBUFFERED=1", "VLKV_DEVICE="+string(device))
+	if device == CPU {
 		env = append(env, "TRITON_INTERPRET=1")
 	}
 	return env

@@ -1,0 +1,71 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+
+	vlkv "github.com/vlkv/vlkv"
+	"github.com/vlkv/vlkv/gohost/pyrt"
+	"github.com/vlkv/vlkv/gohost/worker"
+)
+
+// session is what every command that runs Python resolves first.
+type session struct {
+	runtime *pyrt.Runtime
+	kernels pyrt.KernelsRoot
+	device  worker.Device
+}
+
+func (a *app) newSession(ctx context.Context) (*session, error) {
+	cacheDir, err := pyrt.CacheDir()
+	if err != nil {
+		return nil, err
+	}
+	cwd, err := os.Getwd()
+	if err != nil {
+		return nil, err
+	}
+	kernels, err := pyrt.ResolveKernels(a.flags.kernels, cwd, vlkv.Assets, cacheDir)
+	if err != nil {
+		return nil, err
+	}
+	rt, err := pyrt.Resolve(ctx, pyrt.Options{
+		PythonFlag: a.flags.python,
+		Managed: func(ctx context.Context) (*pyrt.Runtime, error) {
+			project, err := pyrt.ProjectFor(kernels, vlkv.Assets)
+			if err != nil {
+				return nil, err
+			}
+			return pyrt.EnsureManaged(ctx, pyrt.ManagedConfig{CacheDir: cacheDir, Project: project, Log: a.log, Progress: a.stderr})
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	device := worker.ResolveDevice(a.flags.device.value, os.LookupEnv, "/")
+	if device == worker.CPU {
+		a.log.Info().Msg("no CUDA device in use: Triton kernels run on the CPU under the interpreter (TRITON_INTERPRET=1)")
+	}
+	if device == worker.CUDA && rt.Kind == pyrt.Managed && !rt.Headers {
+		return nil, errors.New("the managed runtime has no Python headers, so Triton cannot build its GPU launcher; " +
+			"pass --python with an interpreter that has them (a virtualenv python works), or run with --device cpu")
+	}
+	a.log.Debug().Str("python", rt.Python).Str("runtime", string(rt.Kind)).Str("kernels", kernels.Dir).
+		Str("kernels_source", kernels.Source).Str("device", string(device)).Msg("session")
+	return &session{runtime: rt, kernels: kernels, device: device}, nil
+}
+
+func (a *app) startWorker(ctx context.Context, s *session) (*worker.Worker, error) {
+	w, err := worker.Start(ctx, worker.Config{
+		Python:      s.runtime.Python,
+		KernelsRoot: s.kernels.Dir,
+		Device:      s.device,
+		Log:         a.log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w (python: %s, kernels: %s)", err, s.runtime.Python, s.kernels.Dir)
+	}
+	return w, nil
+}
