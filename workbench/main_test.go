@@ -1,0 +1,160 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func runCLI(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	code := run(args, &stdout, &stderr)
+	return code, stdout.String(), stderr.String()
+}
+
+func TestUsageErrors(t *testing.T) {
+	tests := []struct {
+		name     string
+		args     []string
+		wantCode int
+		wantMsg  string
+	}{
+		{"unknown flag", []string{"--bogus"}, 2, "unknown flag: --bogus"},
+		{"bad device", []string{"--device", "gpu", "env"}, 2, `unknown device "gpu"`},
+		{"bad log format", []string{"--log-format", "xml", "env"}, 2, "must be one of auto, console, json"},
+		{"extra argument", []string{"env", "extra"}, 2, "unknown command \"extra\""},
+		{"bad dtype", []string{"demo", "--dtype", "int8"}, 2, "must be one of float32, float16, bfloat16"},
+		{"bad count", []string{"worker-ping", "--count", "0"}, 2, "--count must be at least 1"},
+		{"not a number", []string{"worker-ping", "--count", "x"}, 2, "invalid argument"},
+		{"unknown command", []string{"frobnicate"}, 2, "unknown command"},
+		{"missing python", []string{"--python", "/nonexistent", "env"}, 1, "/nonexistent (from --python) does not exist"},
+		{"missing kernels", []string{"--kernels", "/nonexistent", "env"}, 1, "no kernels_py package there"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, stderr := runCLI(t, tc.args...)
+			if code != tc.wantCode {
+				t.Errorf("exit code %d, want %d; stderr:\n%s", code, tc.wantCode, stderr)
+			}
+			first := strings.SplitN(stderr, "\n", 2)[0]
+			if !strings.HasPrefix(first, "workbench: ") || !strings.Contains(first, tc.wantMsg) {
+				t.Errorf("first stderr line %q does not give the reason %q", first, tc.wantMsg)
+			}
+			if hasUsage := strings.Contains(stderr, "Usage:"); hasUsage != (tc.wantCode == 2) {
+				t.Errorf("usage shown: %v, want %v", hasUsage, tc.wantCode == 2)
+			}
+		})
+	}
+}
+
+func TestVersion(t *testing.T) {
+	code, stdout, _ := runCLI(t, "--version")
+	if code != 0 || !strings.HasPrefix(stdout, "workbench "+version) {
+		t.Fatalf("code %d, output %q", code, stdout)
+	}
+}
+
+func testPython(t *testing.T) string {
+	t.Helper()
+	py := os.Getenv("VLKV_TEST_PYTHON")
+	if py == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatal("VLKV_TEST_PYTHON is not set; run the tests through scripts/test")
+		}
+		t.Skip("VLKV_TEST_PYTHON is not set; run the tests through scripts/test")
+	}
+	return py
+}
+
+func TestEnvJSON(t *testing.T) {
+	py := testPython(t)
+	code, stdout, stderr := runCLI(t, "--python", py, "--device", "cpu", "--log-format", "json", "env", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	var r struct {
+		Python      struct{ Version string }
+		Torch       struct{ Version string }
+		Triton      struct{ Version string }
+		Numpy       struct{ Version string }
+		Device      struct{ Kind string }
+		Runtime     struct{ Kind, Source, Python string }
+		Kernels     struct{ Dir, Source string }
+		Interpreter bool
+		Go          struct{ Version string }
+	}
+	if err := json.Unmarshal([]byte(stdout), &r); err != nil {
+		t.Fatalf("env --json is not JSON: %v\n%s", err, stdout)
+	}
+	if r.Python.Version == "" || r.Torch.Version == "" || r.Triton.Version == "" || r.Numpy.Version == "" || r.Go.Version == "" {
+		t.Errorf("missing versions: %+v", r)
+	}
+	if r.Device.Kind != "cpu" || !r.Interpreter {
+		t.Errorf("device %q, interpreter %v; want cpu under the interpreter", r.Device.Kind, r.Interpreter)
+	}
+	if r.Runtime.Kind != "external" || r.Runtime.Source != "--python" || r.Kernels.Source != "checkout" {
+		t.Errorf("runtime %+v, kernels %+v", r.Runtime, r.Kernels)
+	}
+	// Logs are JSON lines on stderr, never on stdout.
+	for _, line := range strings.Split(strings.TrimSpace(stderr), "\n") {
+		if line != "" && !json.Valid([]byte(line)) {
+			t.Errorf("log line is not JSON: %q", line)
+		}
+	}
+}
+
+// Editing a kernel's source and rerunning demo runs the edited kernel.
+func TestDemoPicksUpKernelEdits(t *testing.T) {
+	py := testPython(t)
+	root := t.TempDir()
+	if out, err := exec.Command("cp", "-r", "../kernels_py", root).CombinedOutput(); err != nil {
+		t.Fatalf("copy kernels_py: %v: %s", err, out)
+	}
+	kernel := filepath.Join(root, "kernels_py", "triton", "attention_mass.py")
+	orig, err := os.ReadFile(kernel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	demo := func() (int, string) {
+		code, stdout, stderr := runCLI(t, "--python", py, "--kernels", root, "--device", "cpu", "demo")
+		return code, stdout + stderr
+	}
+
+	code, out := demo()
+	if code != 0 || !strings.Contains(out, "OK") {
+		t.Fatalf("unedited demo: exit %d\n%s", code, out)
+	}
+
+	const line = "mass = tl.sum(p, 0)"
+	if !bytes.Contains(orig, []byte(line)) {
+		t.Fatalf("kernel source no longer contains %q; update this test", line)
+	}
+	broken := bytes.Replace(orig, []byte(line), []byte(line+" * 2.0"), 1)
+	if err := os.WriteFile(kernel, broken, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out = demo()
+	if code != 1 || !strings.Contains(out, "MISMATCH") || !strings.Contains(out, "kernel disagrees with the reference") {
+		t.Fatalf("edited demo: exit %d, want 1 with a mismatch\n%s", code, out)
+	}
+
+	if err := os.WriteFile(kernel, orig, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code, out = demo(); code != 0 {
+		t.Fatalf("restored demo: exit %d\n%s", code, out)
+	}
+}
+
+func TestWorkerPing(t *testing.T) {
+	py := testPython(t)
+	code, stdout, stderr := runCLI(t, "--python", py, "--device", "cpu", "worker-ping", "-n", "5")
+	if code != 0 || !strings.Contains(stdout, "5 round trips") {
+		t.Fatalf("exit %d\n%s%s", code, stdout, stderr)
+	}
+}
