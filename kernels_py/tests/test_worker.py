@@ -43,13 +43,25 @@ class Worker:
         return self.proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
 
 
+def _stop(w):
+    if w.proc.poll() is None:
+        w.proc.kill()
+        w.proc.wait()
+
+
 @pytest.fixture
 def worker():
     w = Worker()
     yield w
-    if w.proc.poll() is None:
-        w.proc.kill()
-        w.proc.wait()
+    _stop(w)
+
+
+@pytest.fixture(scope="module")
+def shared_worker():
+    """One worker for tests that leave it usable: each start imports torch."""
+    w = Worker()
+    yield w
+    _stop(w)
 
 
 def test_hello_reports_versions(worker):
@@ -87,7 +99,8 @@ def test_run_echo_and_stdout_noise(worker):
         ("not a job", "kernels_py.worker.JobError", "must be an object"),
     ],
 )
-def test_structured_errors(worker, job, error_type, match):
+def test_structured_errors(shared_worker, job, error_type, match):
+    worker = shared_worker
     reply = worker.call("run", job=job)
     assert reply["type"] == "error"
     assert reply["error"]["type"].endswith(error_type)
@@ -97,8 +110,8 @@ def test_structured_errors(worker, job, error_type, match):
     assert worker.call("run", job={"fn": "kernels_py.diag:echo"})["type"] == "result"
 
 
-def test_unknown_message_type(worker):
-    reply = worker.call("frobnicate")
+def test_unknown_message_type(shared_worker):
+    reply = shared_worker.call("frobnicate")
     assert reply["type"] == "error" and "unknown message type" in reply["error"]["message"]
 
 
