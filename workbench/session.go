@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 
@@ -49,8 +48,10 @@ func (a *app) newSession(ctx context.Context) (*session, error) {
 		a.log.Info().Msg("no CUDA device in use: Triton kernels run on the CPU under the interpreter (TRITON_INTERPRET=1)")
 	}
 	if device == worker.CUDA && rt.Kind == pyrt.Managed && !rt.Headers {
-		return nil, errors.New("the managed runtime has no Python headers, so Triton cannot build its GPU launcher; " +
-			"pass --python with an interpreter that has them (a virtualenv python works), or run with --device cpu")
+		if err := pyrt.EnsureHeaders(ctx, rt, pyrt.ManagedConfig{CacheDir: cacheDir, Log: a.log}); err != nil {
+			return nil, fmt.Errorf("the managed runtime has no Python headers, so Triton cannot build its GPU launcher (%v); "+
+				"pass --python with an interpreter that has them (a virtualenv python works), or run with --device cpu", err)
+		}
 	}
 	a.log.Debug().Str("python", rt.Python).Str("runtime", string(rt.Kind)).Str("kernels", kernels.Dir).
 		Str("kernels_source", kernels.Source).Str("device", string(device)).Msg("session")

@@ -38,19 +38,21 @@ func minorVersion(v string) string {
 	return parts[0] + "." + parts[1]
 }
 
-func ensureHeaders(ctx context.Context, base string, cfg ManagedConfig) (bool, error) {
+func headerPath(base string) string {
+	return filepath.Join(base, "include", "python"+minorVersion(PythonVersion), "Python.h")
+}
+
+// fetchHeaders unpacks libpython3.X-dev's headers into base/include/python3.X.
+func fetchHeaders(ctx context.Context, base string, cfg ManagedConfig) error {
 	minor := minorVersion(PythonVersion)
-	include := filepath.Join(base, "include", "python"+minor)
-	if isFile(filepath.Join(include, "Python.h")) {
-		return true, nil
-	}
+	include := filepath.Dir(headerPath(base))
 	suite, ok := debianSuite[minor]
 	if !ok {
-		return false, fmt.Errorf("%w: Python %s", errNoHeaders, minor)
+		return fmt.Errorf("%w: Python %s", errNoHeaders, minor)
 	}
 	debArch, gnuArch, ok := debianArch(runtime.GOARCH)
 	if !ok {
-		return false, fmt.Errorf("%w: architecture %s", errNoHeaders, runtime.GOARCH)
+		return fmt.Errorf("%w: architecture %s", errNoHeaders, runtime.GOARCH)
 	}
 	mirror := DebianMirror
 	if m := os.Getenv("VLKV_DEBIAN_MIRROR"); m != "" {
@@ -62,34 +64,34 @@ func ensureHeaders(ctx context.Context, base string, cfg ManagedConfig) (bool, e
 
 	index, err := fetch(ctx, client, fmt.Sprintf("%s/dists/%s/main/binary-%s/Packages.xz", mirror, suite, debArch))
 	if err != nil {
-		return false, err
+		return err
 	}
 	xr, err := xz.NewReader(bytes.NewReader(index))
 	if err != nil {
-		return false, fmt.Errorf("read Debian package index: %w", err)
+		return fmt.Errorf("read Debian package index: %w", err)
 	}
 	filename, sum, err := findPackage(xr, pkg)
 	if err != nil {
-		return false, err
+		return err
 	}
 	deb, err := fetch(ctx, client, mirror+"/"+filename)
 	if err != nil {
-		return false, err
+		return err
 	}
 	if got := sha256.Sum256(deb); hex.EncodeToString(got[:]) != sum {
-		return false, fmt.Errorf("%s: checksum mismatch (index says %s)", filename, sum)
+		return fmt.Errorf("%s: checksum mismatch (index says %s)", filename, sum)
 	}
 	files, err := debHeaders(deb, minor, gnuArch)
 	if err != nil {
-		return false, fmt.Errorf("%s: %w", path.Base(filename), err)
+		return fmt.Errorf("%s: %w", path.Base(filename), err)
 	}
 	if _, ok := files["Python.h"]; !ok {
-		return false, fmt.Errorf("%s holds no Python.h", path.Base(filename))
+		return fmt.Errorf("%s holds no Python.h", path.Base(filename))
 	}
 	if err := installTree(include, files); err != nil {
-		return false, err
+		return err
 	}
-	return true, nil
+	return nil
 }
 
 func debianArch(goarch string) (deb, gnu string, ok bool) {

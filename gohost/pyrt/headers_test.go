@@ -148,18 +148,19 @@ func TestEnsureHeadersFromMirror(t *testing.T) {
 				t.Skip("fixture is for amd64")
 			}
 			base := t.TempDir()
-			ok, err := ensureHeaders(context.Background(), base, ManagedConfig{Log: zerolog.Nop()})
+			rt := &Runtime{Kind: Managed, Base: base}
+			err := EnsureHeaders(context.Background(), rt, ManagedConfig{Log: zerolog.Nop()})
 			if tc.wantErr != "" {
-				if ok || err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("got %v, %v; want error %q", ok, err, tc.wantErr)
+				if rt.Headers || err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("got %v, %v; want error %q", rt.Headers, err, tc.wantErr)
 				}
 				if _, err := os.Stat(filepath.Join(base, "include", "python3.13")); err == nil {
 					t.Error("a failed fetch left an include directory")
 				}
 				return
 			}
-			if !ok || err != nil {
-				t.Fatalf("got %v, %v", ok, err)
+			if !rt.Headers || err != nil {
+				t.Fatalf("got %v, %v", rt.Headers, err)
 			}
 			got, err := os.ReadFile(filepath.Join(base, "include", "python3.13", "pyconfig.h"))
 			if err != nil || string(got) != "/* real pyconfig */" {
@@ -167,8 +168,9 @@ func TestEnsureHeadersFromMirror(t *testing.T) {
 			}
 			// Present headers are not fetched again.
 			srv.Close()
-			if ok, err := ensureHeaders(context.Background(), base, ManagedConfig{Log: zerolog.Nop()}); !ok || err != nil {
-				t.Errorf("second call: %v, %v", ok, err)
+			again := &Runtime{Kind: Managed, Base: base, Headers: isFile(headerPath(base))}
+			if err := EnsureHeaders(context.Background(), again, ManagedConfig{Log: zerolog.Nop()}); !again.Headers || err != nil {
+				t.Errorf("second call: %v, %v", again.Headers, err)
 			}
 		})
 	}

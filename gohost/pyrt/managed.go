@@ -74,17 +74,21 @@ func EnsureManaged(ctx context.Context, cfg ManagedConfig) (*Runtime, error) {
 	base := ep.GetExtractedPath()
 	basePython := filepath.Join(base, "bin", "python3")
 
-	headers, err := ensureHeaders(ctx, base, cfg)
-	if err != nil {
-		cfg.Log.Warn().Err(err).Msg("no Python headers for the managed runtime: CPU runs are unaffected, " +
-			"but Triton cannot build its GPU launcher; on a GPU pass --python with an interpreter that has them")
-	}
-
 	venv := filepath.Join(cfg.CacheDir, "venvs", VenvKey(cfg.Project))
 	rt := &Runtime{Kind: Managed, Source: "managed", Python: filepath.Join(venv, "bin", "python"),
-		Base: base, Venv: venv, Headers: headers}
+		Base: base, Venv: venv, Headers: isFile(headerPath(base))}
 	if isFile(filepath.Join(venv, readyMarker)) {
 		return rt, nil
+	}
+
+	// First bootstrap: fetch the headers too. A failure only matters on a GPU
+	// (see EnsureHeaders), so it is a warning here and later runs do not retry.
+	if !rt.Headers {
+		if err := fetchHeaders(ctx, base, cfg); err != nil {
+			cfg.Log.Warn().Err(err).Msg("no Python headers for the managed runtime: CPU runs are unaffected, " +
+				"but Triton cannot build its GPU launcher; on a GPU pass --python with an interpreter that has them")
+		}
+		rt.Headers = isFile(headerPath(base))
 	}
 
 	if err := os.MkdirAll(filepath.Dir(venv), 0o755); err != nil {
@@ -175,6 +179,19 @@ func lockContext(ctx context.Context, l *flock.Flock) error {
 func isFile(p string) bool {
 	st, err := os.Stat(p)
 	return err == nil && st.Mode().IsRegular()
+}
+
+// EnsureHeaders makes sure a managed runtime has Python.h, fetching it if an
+// earlier bootstrap could not; GPU runs call it before starting workers.
+func EnsureHeaders(ctx context.Context, rt *Runtime, cfg ManagedConfig) error {
+	if rt.Kind != Managed || rt.Headers {
+		return nil
+	}
+	if err := fetchHeaders(ctx, rt.Base, cfg); err != nil {
+		return err
+	}
+	rt.Headers = true
+	return nil
 }
 
 var errNoHeaders = errors.New("no Debian package carries headers for this Python")

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"time"
 )
 
 // The embedded CPython has no pip, so uv (which installs the locked
@@ -74,7 +75,8 @@ func (cfg ManagedConfig) client() *http.Client {
 	if cfg.HTTP != nil {
 		return cfg.HTTP
 	}
-	return http.DefaultClient
+	// Bounded, so an unreachable registry fails instead of hanging a command.
+	return &http.Client{Timeout: 10 * time.Minute}
 }
 
 // wheelURL finds filename among a project's files in a PEP 691 (JSON) simple index.
