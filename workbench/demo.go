@@ -54,34 +54,25 @@ the share of attention each segment receives. It exits non-zero if the kernel
 and the reference disagree. On CPU the kernel runs under the Triton interpreter.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx := cmd.Context()
-			s, err := a.newSession(ctx)
-			if err != nil {
-				return err
-			}
-			w, err := a.startWorker(ctx, s)
-			if err != nil {
-				return err
-			}
-			defer w.Close()
-			raw, err := w.Run(ctx, worker.Job{Fn: "kernels_py.demo:run", Args: map[string]any{"seed": seed, "dtype": dtype.value}})
-			if err != nil {
-				var je *worker.JobError
-				if errors.As(err, &je) {
-					a.log.Debug().Msg(je.Traceback)
-					return fmt.Errorf("demo job failed: %w\n%s", err, je.Traceback)
+			return a.withWorker(cmd.Context(), func(_ *session, w *worker.Worker) error {
+				raw, err := w.Run(cmd.Context(), worker.Job{Fn: "kernels_py.demo:run", Args: map[string]any{"seed": seed, "dtype": dtype.value}})
+				if err != nil {
+					var je *worker.JobError
+					if errors.As(err, &je) {
+						return fmt.Errorf("demo job failed: %w\n%s", err, je.Traceback)
+					}
+					return fmt.Errorf("demo job failed: %w", err)
 				}
-				return fmt.Errorf("demo job failed: %w", err)
-			}
-			var r demoResult
-			if err := json.Unmarshal(raw, &r); err != nil {
-				return fmt.Errorf("demo job returned an unexpected result: %w", err)
-			}
-			printDemo(a, r)
-			if !r.OK {
-				return fmt.Errorf("kernel disagrees with the reference: max abs error %.3g > tolerance %.3g", r.MaxAbsErr, r.Tolerance)
-			}
-			return nil
+				var r demoResult
+				if err := json.Unmarshal(raw, &r); err != nil {
+					return fmt.Errorf("demo job returned an unexpected result: %w", err)
+				}
+				printDemo(a, r)
+				if !r.OK {
+					return fmt.Errorf("kernel disagrees with the reference: max abs error %.3g > tolerance %.3g", r.MaxAbsErr, r.Tolerance)
+				}
+				return nil
+			})
 		},
 	}
 	cmd.Flags().Var(&dtype, "dtype", "dtype of Q and K")

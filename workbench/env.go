@@ -56,24 +56,16 @@ starts one worker and reports what it runs on. --json prints a stable object
 with .python.version, .torch.version, .triton.version, .device.kind and more.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx := cmd.Context()
-			s, err := a.newSession(ctx)
-			if err != nil {
-				return err
-			}
-			w, err := a.startWorker(ctx, s)
-			if err != nil {
-				return err
-			}
-			defer w.Close()
-			r := buildEnvReport(s, w.Hello(), string(a.flags.device.value))
-			if asJSON {
-				enc := json.NewEncoder(a.stdout)
-				enc.SetIndent("", "  ")
-				return enc.Encode(r)
-			}
-			printEnv(a, r)
-			return nil
+			return a.withWorker(cmd.Context(), func(s *session, w *worker.Worker) error {
+				r := buildEnvReport(s, w.Hello(), string(a.flags.device.value))
+				if asJSON {
+					enc := json.NewEncoder(a.stdout)
+					enc.SetIndent("", "  ")
+					return enc.Encode(r)
+				}
+				printEnv(a, r)
+				return nil
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"github.com/vlkv/vlkv/gohost/testpy"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -59,20 +60,8 @@ func TestVersion(t *testing.T) {
 	}
 }
 
-func testPython(t *testing.T) string {
-	t.Helper()
-	py := os.Getenv("VLKV_TEST_PYTHON")
-	if py == "" {
-		if os.Getenv("CI") != "" {
-			t.Fatal("VLKV_TEST_PYTHON is not set; run the tests through scripts/test")
-		}
-		t.Skip("VLKV_TEST_PYTHON is not set; run the tests through scripts/test")
-	}
-	return py
-}
-
 func TestEnvJSON(t *testing.T) {
-	py := testPython(t)
+	py := testpy.Python(t)
 	code, stdout, stderr := runCLI(t, "--python", py, "--device", "cpu", "--log-format", "json", "env", "--json")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
@@ -110,7 +99,7 @@ func TestEnvJSON(t *testing.T) {
 
 // Editing a kernel's source and rerunning demo runs the edited kernel.
 func TestDemoPicksUpKernelEdits(t *testing.T) {
-	py := testPython(t)
+	py := testpy.Python(t)
 	root := t.TempDir()
 	if out, err := exec.Command("cp", "-r", "../kernels_py", root).CombinedOutput(); err != nil {
 		t.Fatalf("copy kernels_py: %v: %s", err, out)
@@ -152,7 +141,7 @@ func TestDemoPicksUpKernelEdits(t *testing.T) {
 }
 
 func TestWorkerPing(t *testing.T) {
-	py := testPython(t)
+	py := testpy.Python(t)
 	code, stdout, stderr := runCLI(t, "--python", py, "--device", "cpu", "worker-ping", "-n", "5")
 	if code != 0 || !strings.Contains(stdout, "5 round trips") {
 		t.Fatalf("exit %d\n%s%s", code, stdout, stderr)

@@ -58,6 +58,21 @@ func (a *app) newSession(ctx context.Context) (*session, error) {
 	return &session{runtime: rt, kernels: kernels, device: device}, nil
 }
 
+// withWorker resolves a session, starts one worker, runs fn with it and shuts
+// the worker down.
+func (a *app) withWorker(ctx context.Context, fn func(*session, *worker.Worker) error) error {
+	s, err := a.newSession(ctx)
+	if err != nil {
+		return err
+	}
+	w, err := a.startWorker(ctx, s)
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	return fn(s, w)
+}
+
 func (a *app) startWorker(ctx context.Context, s *session) (*worker.Worker, error) {
 	w, err := worker.Start(ctx, worker.Config{
 		Python:      s.runtime.Python,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/vlkv/vlkv/gohost/testpy"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,20 +14,6 @@ import (
 
 	"github.com/rs/zerolog"
 )
-
-// testPython is the interpreter with torch and triton that scripts/test
-// exports; these tests talk to real workers.
-func testPython(t *testing.T) string {
-	t.Helper()
-	py := os.Getenv("VLKV_TEST_PYTHON")
-	if py == "" {
-		if os.Getenv("CI") != "" {
-			t.Fatal("VLKV_TEST_PYTHON is not set; run the tests through scripts/test")
-		}
-		t.Skip("VLKV_TEST_PYTHON is not set; run the tests through scripts/test")
-	}
-	return py
-}
 
 func repoRoot(t *testing.T) string {
 	t.Helper()
@@ -41,7 +28,7 @@ func startWorker(t *testing.T, kernelsRoot string) *Worker {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	w, err := Start(ctx, Config{Python: testPython(t), KernelsRoot: kernelsRoot, Device: CPU, Log: zerolog.Nop()})
+	w, err := Start(ctx, Config{Python: testpy.Python(t), KernelsRoot: kernelsRoot, Device: CPU, Log: zerolog.Nop()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,7 +171,7 @@ func TestWorkerReloadPicksUpEdits(t *testing.T) {
 }
 
 func TestWorkerStartFailures(t *testing.T) {
-	py := testPython(t)
+	py := testpy.Python(t)
 	tests := []struct {
 		name    string
 		cfg     Config
