@@ -3,12 +3,13 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"github.com/vlkv/vlkv/gohost/testpy"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/vlkv/vlkv/gohost/testpy"
 )
 
 func runCLI(t *testing.T, args ...string) (int, string, string) {

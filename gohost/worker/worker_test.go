@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"github.com/vlkv/vlkv/gohost/testpy"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +12,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/vlkv/vlkv/gohost/testpy"
 )
 
 func repoRoot(t *testing.T) string {
