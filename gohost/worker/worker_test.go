@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -106,6 +107,25 @@ func TestWorkerCrashMidJob(t *testing.T) {
 	w2 := startWorker(t, repoRoot(t))
 	if _, err := run(t, w2, "kernels_py.diag:echo", nil, time.Minute); err != nil {
 		t.Fatalf("fresh worker: %v", err)
+	}
+}
+
+// A worker killed from outside while it runs a job fails that job with a
+// readable error, as a kernel that takes the process down would.
+func TestWorkerKilledFromOutsideMidJob(t *testing.T) {
+	w := startWorker(t, repoRoot(t))
+	go func() {
+		time.Sleep(500 * time.Millisecond)
+		syscall.Kill(w.Pid(), syscall.SIGKILL)
+	}()
+	_, err := run(t, w, "kernels_py.diag:sleep", map[string]any{"seconds": 60}, time.Minute)
+	var ee *ExitError
+	if !errors.As(err, &ee) || !strings.Contains(err.Error(), "signal: killed") {
+		t.Fatalf("got %v, want a killed-worker error", err)
+	}
+	w2 := startWorker(t, repoRoot(t))
+	if _, err := run(t, w2, "kernels_py.diag:echo", nil, time.Minute); err != nil {
+		t.Fatalf("fresh worker after the kill: %v", err)
 	}
 }
 
