@@ -1,11 +1,15 @@
 """Long-lived worker process driven by the Go host (gohost/worker).
 
 Run as `python -m kernels_py.worker`. The host passes two pipe file descriptors
-in VLKV_WORKER_FDS ("READ,WRITE"); frames (kernels_py.protocol) travel only on
-those, so anything user code prints to stdout or stderr cannot corrupt the
+and a unix socket in VLKV_WORKER_FDS ("READ,WRITE,SOCKET"); frames
+(kernels_py.protocol) travel only on the pipes, arena file descriptors
+(SCM_RIGHTS) on the socket, so anything user code prints to stdout or stderr cannot corrupt the
 channel. The host keeps the tail of stdout/stderr to explain a crash.
 
-Messages from the host:   {"type": "run", "id": N, "job": {"fn": "kernels_py.mod:func", "args": {...}}}
+Messages from the host:   {"type": "run", "id": N, "job": {"fn": "kernels_py.mod:func", "args": {...},
+                                                          "scratch": {"arena", "offset", "size"}?}}
+                          {"type": "map_arena", "id": N, "arena": {"id", "size"}}, its fd on the socket
+                          {"type": "unmap_arena", "id": N, "arena": {"id"}}
                           {"type": "reload", "id": N}
                           {"type": "shutdown", "id": N}
 Replies:                  {"type": "result", "id": N, "result": ...}
@@ -19,6 +23,7 @@ import linecache
 import math
 import os
 import platform
+import socket
 import sys
 import sysconfig
 import traceback
@@ -109,8 +114,16 @@ def hello() -> dict:
 
 
 def jsonable(value):
-    """Turn a job's return value into JSON: tensors and arrays become lists,
-    non-finite floats become None (JSON has no NaN)."""
+    """Turn a job's return value into JSON: tensors in a mapped arena become
+    {"__tensor__": descriptor} references, other tensors and arrays become
+    lists, non-finite floats become None (JSON has no NaN)."""
+    from kernels_py import arena
+
+    if isinstance(value, arena.ArenaTensor):
+        return {"__tensor__": value.desc}
+    desc = arena.describe(value)
+    if desc is not None:
+        return {"__tensor__": desc}
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if value is None or isinstance(value, (bool, int, str)):
@@ -145,12 +158,40 @@ def resolve_function(fn: str):
 
 
 def run_job(job) -> object:
+    from kernels_py import arena
+
     if not isinstance(job, dict):
         raise JobError(f"job must be an object, got {type(job).__name__}")
     args = job.get("args") or {}
     if not isinstance(args, dict):
         raise JobError(f"job args must be an object, got {type(args).__name__}")
-    return jsonable(resolve_function(job.get("fn"))(**args))
+    fn = resolve_function(job.get("fn"))
+    with arena.scratch(job.get("scratch")):
+        return jsonable(fn(**arena.decode_args(args)))
+
+
+def map_arena(sock, info) -> dict:
+    from kernels_py import arena
+
+    if not isinstance(info, dict):
+        raise JobError("map_arena needs an arena object")
+    _, fds, _, _ = socket.recv_fds(sock, 1, 1)
+    if len(fds) != 1:
+        for fd in fds:
+            os.close(fd)
+        raise JobError(f"map_arena: expected one file descriptor on the socket, got {len(fds)}")
+    arena.map_arena(info.get("id"), fds[0], info.get("size"))
+    return {"mapped": arena.mapped()}
+
+
+def unmap_arena(info) -> dict:
+    import gc
+
+    from kernels_py import arena
+
+    arena.unmap_arena((info or {}).get("id"))
+    gc.collect()  # drop tensors of finished jobs, so the pages go with them
+    return {"mapped": arena.mapped()}
 
 
 class Reloader:
@@ -185,7 +226,7 @@ def error_payload(exc: BaseException) -> dict:
     }
 
 
-def serve(rx, tx) -> int:
+def serve(rx, tx, sock=None) -> int:
     reloader = Reloader()
     info = hello()
     protocol.write_frame(tx, info)
@@ -203,6 +244,10 @@ def serve(rx, tx) -> int:
         try:
             if kind == "run":
                 reply = {"type": "result", "id": msg_id, "result": run_job(msg.get("job"))}
+            elif kind == "map_arena":
+                reply = {"type": "result", "id": msg_id, "result": map_arena(sock, msg.get("arena"))}
+            elif kind == "unmap_arena":
+                reply = {"type": "result", "id": msg_id, "result": unmap_arena(msg.get("arena"))}
             elif kind == "reload":
                 reply = {"type": "result", "id": msg_id, "result": reloader.reload()}
             elif kind == "shutdown":
@@ -220,12 +265,13 @@ def serve(rx, tx) -> int:
 def main() -> int:
     fds = os.environ.get("VLKV_WORKER_FDS", "")
     try:
-        read_fd, write_fd = (int(x) for x in fds.split(","))
+        read_fd, write_fd, *rest = (int(x) for x in fds.split(","))
     except ValueError:
         print("kernels_py.worker is started by the workbench host (VLKV_WORKER_FDS is not set)", file=sys.stderr)
         return 2
+    sock = socket.socket(fileno=rest[0]) if rest else None
     with os.fdopen(read_fd, "rb", buffering=0) as rx, os.fdopen(write_fd, "wb", buffering=0) as tx:
-        return serve(rx, tx)
+        return serve(rx, tx, sock)
 
 
 if __name__ == "__main__":

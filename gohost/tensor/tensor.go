@@ -91,3 +91,11 @@ func (t *Tensor) UInt8() ([]uint8, error)     { return view[uint8](t, UInt8, Boo
 func (t *Tensor) Int16() ([]int16, error)     { return view[int16](t, Int16) }
 func (t *Tensor) Int32() ([]int32, error)     { return view[int32](t, Int32) }
 func (t *Tensor) Int64() ([]int64, error)     { return view[int64](t, Int64) }
+
+// Region is a byte range of an arena lent to a worker for one job's output
+// tensors (kernels_py.arena.empty allocates from it).
+type Region struct {
+	Arena  uint32 `json:"arena"`
+	Offset int64  `json:"offset"`
+	Size   int64  `json:"size"`
+}

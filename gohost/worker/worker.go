@@ -18,18 +18,32 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
+
+	"github.com/vlkv/vlkv/gohost/tensor"
 )
 
 // Job names a function in the kernels_py package and its keyword arguments.
+// Arguments may hold *tensor.Tensor values: they travel as descriptors into
+// arenas the worker has mapped (see MapArena), never as data.
 type Job struct {
 	Fn   string         `json:"fn"`
 	Args map[string]any `json:"args,omitempty"`
+	// Scratch, if set, is where the job may allocate tensors it returns
+	// (kernels_py.arena.empty); they come back as tensor.Ref descriptors.
+	Scratch *tensor.Region `json:"scratch,omitempty"`
+}
+
+type arenaInfo struct {
+	ID   uint32 `json:"id"`
+	Size int64  `json:"size"`
 }
 
 type message struct {
 	Type   string          `json:"type"`
 	ID     uint64          `json:"id,omitempty"`
 	Job    *Job            `json:"job,omitempty"`
+	Arena  *arenaInfo      `json:"arena,omitempty"`
 	Result json.RawMessage `json:"result,omitempty"`
 	Error  *JobError       `json:"error,omitempty"`
 }
@@ -52,6 +66,7 @@ type Worker struct {
 	cmd   *exec.Cmd
 	tx    *os.File
 	rx    *os.File
+	sock  *os.File // arena fds go over this unix socket
 	hello Hello
 	log   zerolog.Logger
 	out   *tail
@@ -83,6 +98,17 @@ func Start(ctx context.Context, cfg Config) (*Worker, error) {
 		return nil, fmt.Errorf("start worker: %w", err)
 	}
 
+	// A unix socket for handing over arena file descriptors (SCM_RIGHTS).
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		workerRx.Close()
+		hostTx.Close()
+		hostRx.Close()
+		workerTx.Close()
+		return nil, fmt.Errorf("start worker: socketpair: %w", err)
+	}
+	hostSock, workerSock := os.NewFile(uintptr(pair[0]), "fd-host"), os.NewFile(uintptr(pair[1]), "fd-worker")
+
 	out := newTail(64 << 10)
 	cmd := exec.Command(cfg.Python, "-m", "kernels_py.worker")
 	cmd.Dir = cfg.KernelsRoot
@@ -90,8 +116,8 @@ func Start(ctx context.Context, cfg Config) (*Worker, error) {
 	if base == nil {
 		base = os.Environ()
 	}
-	cmd.Env = append(Environment(base, cfg.KernelsRoot, cfg.Device), "VLKV_WORKER_FDS=3,4")
-	cmd.ExtraFiles = []*os.File{workerRx, workerTx}
+	cmd.Env = append(Environment(base, cfg.KernelsRoot, cfg.Device), "VLKV_WORKER_FDS=3,4,5")
+	cmd.ExtraFiles = []*os.File{workerRx, workerTx, workerSock}
 	cmd.Stdout = io.MultiWriter(out, lineLogger(cfg.Log, "stdout"))
 	cmd.Stderr = io.MultiWriter(out, lineLogger(cfg.Log, "stderr"))
 	// Own process group: a Ctrl-C at the terminal reaches the host, which
@@ -101,14 +127,16 @@ func Start(ctx context.Context, cfg Config) (*Worker, error) {
 	startErr := cmd.Start()
 	workerRx.Close()
 	workerTx.Close()
+	workerSock.Close()
 	if startErr != nil {
 		hostRx.Close()
 		hostTx.Close()
+		hostSock.Close()
 		return nil, fmt.Errorf("start worker %s: %w", cfg.Python, startErr)
 	}
 
 	w := &Worker{
-		cmd: cmd, tx: hostTx, rx: hostRx, out: out,
+		cmd: cmd, tx: hostTx, rx: hostRx, sock: hostSock, out: out,
 		log:      cfg.Log.With().Int("worker_pid", cmd.Process.Pid).Logger(),
 		frames:   make(chan []byte),
 		readDone: make(chan struct{}),
@@ -241,19 +269,28 @@ func (w *Worker) Output() string { return w.out.String() }
 // call sends one request and waits for its reply. If ctx ends first the worker
 // is killed: a Python job cannot be interrupted safely, and a half-finished
 // kernel leaves the process in an unknown state.
-func (w *Worker) call(ctx context.Context, msgType string, job *Job) (json.RawMessage, error) {
+func (w *Worker) call(ctx context.Context, msg message, afterWrite func() error) (json.RawMessage, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if !w.Alive() {
 		return nil, w.deathError()
 	}
+	msgType := msg.Type
 	w.nextID++
 	id := w.nextID
-	if err := WriteFrame(w.tx, message{Type: msgType, ID: id, Job: job}); err != nil {
+	msg.ID = id
+	if err := WriteFrame(w.tx, msg); err != nil {
 		if !w.Alive() || errors.Is(err, syscall.EPIPE) {
 			return nil, w.deathError()
 		}
 		return nil, err
+	}
+	if afterWrite != nil {
+		if err := afterWrite(); err != nil {
+			// The worker now waits for something that will not come.
+			w.kill()
+			return nil, fmt.Errorf("%s: %w; worker killed", msgType, err)
+		}
 	}
 	body, err := w.receive(ctx)
 	if err != nil {
@@ -288,7 +325,7 @@ func (w *Worker) call(ctx context.Context, msgType string, job *Job) (json.RawMe
 // Run runs one job and returns its JSON result. A Python exception comes back
 // as *JobError; a worker that dies mid-job as *ExitError.
 func (w *Worker) Run(ctx context.Context, job Job) (json.RawMessage, error) {
-	return w.call(ctx, "run", &job)
+	return w.call(ctx, message{Type: "run", Job: &job}, nil)
 }
 
 // ReloadResult lists the kernels_py sources that changed since the last
@@ -301,7 +338,7 @@ type ReloadResult struct {
 // Reload makes the worker pick up edited kernels_py sources.
 func (w *Worker) Reload(ctx context.Context) (ReloadResult, error) {
 	var res ReloadResult
-	raw, err := w.call(ctx, "reload", nil)
+	raw, err := w.call(ctx, message{Type: "reload"}, nil)
 	if err != nil {
 		return res, err
 	}
@@ -313,7 +350,7 @@ func (w *Worker) Reload(ctx context.Context) (ReloadResult, error) {
 func (w *Worker) Close() error {
 	if w.Alive() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_, err := w.call(ctx, "shutdown", nil)
+		_, err := w.call(ctx, message{Type: "shutdown"}, nil)
 		cancel()
 		if err != nil {
 			w.kill()
@@ -326,6 +363,29 @@ func (w *Worker) Close() error {
 	}
 	w.tx.Close()
 	w.rx.Close()
+	w.sock.Close()
+	return nil
+}
+
+// MapArena hands the arena's file descriptor to the worker, which maps it
+// once; afterwards jobs may refer to its tensors. The arena stays the host's:
+// it outlives the worker and must be closed by its owner.
+func (w *Worker) MapArena(ctx context.Context, a *tensor.Arena) error {
+	_, err := w.call(ctx, message{Type: "map_arena", Arena: &arenaInfo{ID: a.ID(), Size: a.Size()}}, func() error {
+		rights := unix.UnixRights(int(a.File().Fd()))
+		return unix.Sendmsg(int(w.sock.Fd()), []byte{0}, rights, nil, 0)
+	})
+	if err != nil {
+		return fmt.Errorf("map arena %d in worker %d: %w", a.ID(), w.Pid(), err)
+	}
+	return nil
+}
+
+// UnmapArena tells the worker to drop its mapping of arena id.
+func (w *Worker) UnmapArena(ctx context.Context, id uint32) error {
+	if _, err := w.call(ctx, message{Type: "unmap_arena", Arena: &arenaInfo{ID: id}}, nil); err != nil {
+		return fmt.Errorf("unmap arena %d in worker %d: %w", id, w.Pid(), err)
+	}
 	return nil
 }
 
