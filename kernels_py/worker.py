@@ -184,6 +184,29 @@ def map_arena(sock, info) -> dict:
     return {"mapped": arena.mapped()}
 
 
+def pipe_double(rx, nbytes):
+    """The baseline of `workbench bench exchange`: the tensor's bytes come
+    through the pipe, are doubled as float32 and go back the same way."""
+    import time
+
+    import torch
+
+    if not isinstance(nbytes, int) or nbytes < 0 or nbytes % 4:
+        raise protocol.ProtocolError(f"pipe_double needs a whole number of float32s, got {nbytes!r} bytes")
+    buf = bytearray(nbytes)
+    view = memoryview(buf)
+    got = 0
+    while got < nbytes:
+        n = rx.readinto(view[got:])
+        if not n:
+            raise protocol.ProtocolError(f"truncated blob: {got} of {nbytes} bytes")
+        got += n
+    t0 = time.perf_counter()
+    if nbytes:
+        torch.frombuffer(buf, dtype=torch.float32).mul_(2)
+    return {"compute_seconds": time.perf_counter() - t0}, buf
+
+
 def unmap_arena(info) -> dict:
     import gc
 
@@ -244,6 +267,13 @@ def serve(rx, tx, sock=None) -> int:
         try:
             if kind == "run":
                 reply = {"type": "result", "id": msg_id, "result": run_job(msg.get("job"))}
+            elif kind == "pipe_double":
+                result, blob = pipe_double(rx, msg.get("blob"))
+                encoded = protocol.encode_frame({"type": "result", "id": msg_id, "result": result, "blob": len(blob)})
+                tx.write(encoded)
+                tx.write(blob)
+                tx.flush()
+                continue
             elif kind == "map_arena":
                 reply = {"type": "result", "id": msg_id, "result": map_arena(sock, msg.get("arena"))}
             elif kind == "unmap_arena":
@@ -256,6 +286,9 @@ def serve(rx, tx, sock=None) -> int:
             else:
                 raise JobError(f"unknown message type {kind!r}")
             encoded = protocol.encode_frame(reply)
+        except protocol.ProtocolError as e:  # the byte stream is out of step: stop
+            print(f"vlkv worker: {e}; exiting", file=sys.stderr, flush=True)
+            return 2
         except Exception as e:  # every failure of a job becomes a structured error
             encoded = protocol.encode_frame({"type": "error", "id": msg_id, "error": error_payload(e)})
         tx.write(encoded)

@@ -5,6 +5,7 @@
 package worker
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -41,6 +42,7 @@ type arenaInfo struct {
 
 type message struct {
 	Type   string          `json:"type"`
+	Blob   int64           `json:"blob,omitempty"` // raw bytes that follow the frame
 	ID     uint64          `json:"id,omitempty"`
 	Job    *Job            `json:"job,omitempty"`
 	Arena  *arenaInfo      `json:"arena,omitempty"`
@@ -74,8 +76,8 @@ type Worker struct {
 	mu     sync.Mutex // serialises requests
 	nextID uint64
 
-	frames   chan []byte // frames read from the worker
-	readErr  error       // why the reader stopped; read after readDone closes
+	frames   chan frame // frames read from the worker
+	readErr  error      // why the reader stopped; read after readDone closes
 	readDone chan struct{}
 	exited   chan struct{} // closed once the process has been reaped
 	waitErr  error         // cmd.Wait's result; read after exited closes
@@ -138,7 +140,7 @@ func Start(ctx context.Context, cfg Config) (*Worker, error) {
 	w := &Worker{
 		cmd: cmd, tx: hostTx, rx: hostRx, sock: hostSock, out: out,
 		log:      cfg.Log.With().Int("worker_pid", cmd.Process.Pid).Logger(),
-		frames:   make(chan []byte),
+		frames:   make(chan frame),
 		readDone: make(chan struct{}),
 		exited:   make(chan struct{}),
 	}
@@ -154,11 +156,12 @@ func Start(ctx context.Context, cfg Config) (*Worker, error) {
 	}
 	helloCtx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	body, err := w.receive(helloCtx)
+	first, err := w.receive(helloCtx)
 	if err != nil {
 		w.kill()
 		return nil, fmt.Errorf("worker did not start: %w", err)
 	}
+	body := first.body
 	if err := json.Unmarshal(body, &w.hello); err != nil || w.hello.Type != "hello" {
 		w.kill()
 		return nil, fmt.Errorf("worker did not start: first frame is not a hello: %.200s", body)
@@ -200,6 +203,16 @@ func Environment(base []string, kernelsRoot string, device Device) []string {
 	return env
 }
 
+// frame is one message from the worker and the raw bytes that followed it,
+// if it announced any ("blob": n).
+type frame struct {
+	body []byte
+	blob []byte
+}
+
+// MaxBlobBytes caps the raw bytes one message may carry after its frame.
+const MaxBlobBytes = 4 << 30
+
 func (w *Worker) readLoop() {
 	defer close(w.readDone)
 	for {
@@ -208,8 +221,23 @@ func (w *Worker) readLoop() {
 			w.readErr = err
 			return
 		}
+		f := frame{body: body}
+		if bytes.Contains(body, []byte(`"blob"`)) {
+			var hdr struct {
+				Blob int64 `json:"blob"`
+			}
+			if err := json.Unmarshal(body, &hdr); err != nil || hdr.Blob < 0 || hdr.Blob > MaxBlobBytes {
+				w.readErr = fmt.Errorf("frame announces a blob of %d bytes", hdr.Blob)
+				return
+			}
+			f.blob = make([]byte, hdr.Blob)
+			if _, err := io.ReadFull(w.rx, f.blob); err != nil {
+				w.readErr = fmt.Errorf("truncated blob: %w", err)
+				return
+			}
+		}
 		select {
-		case w.frames <- body:
+		case w.frames <- f:
 		case <-w.exited:
 			w.readErr = errors.New("worker exited")
 			return
@@ -218,14 +246,14 @@ func (w *Worker) readLoop() {
 }
 
 // receive waits for the next frame, the worker's death, or ctx.
-func (w *Worker) receive(ctx context.Context) ([]byte, error) {
+func (w *Worker) receive(ctx context.Context) (frame, error) {
 	select {
-	case body := <-w.frames:
-		return body, nil
+	case f := <-w.frames:
+		return f, nil
 	case <-w.readDone:
-		return nil, w.deathError()
+		return frame{}, w.deathError()
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return frame{}, ctx.Err()
 	}
 }
 
@@ -270,10 +298,16 @@ func (w *Worker) Output() string { return w.out.String() }
 // is killed: a Python job cannot be interrupted safely, and a half-finished
 // kernel leaves the process in an unknown state.
 func (w *Worker) call(ctx context.Context, msg message, afterWrite func() error) (json.RawMessage, error) {
+	result, _, err := w.callBlob(ctx, msg, afterWrite)
+	return result, err
+}
+
+// callBlob is call that also returns the raw bytes that followed the reply.
+func (w *Worker) callBlob(ctx context.Context, msg message, afterWrite func() error) (json.RawMessage, []byte, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if !w.Alive() {
-		return nil, w.deathError()
+		return nil, nil, w.deathError()
 	}
 	msgType := msg.Type
 	w.nextID++
@@ -281,44 +315,44 @@ func (w *Worker) call(ctx context.Context, msg message, afterWrite func() error)
 	msg.ID = id
 	if err := WriteFrame(w.tx, msg); err != nil {
 		if !w.Alive() || errors.Is(err, syscall.EPIPE) {
-			return nil, w.deathError()
+			return nil, nil, w.deathError()
 		}
-		return nil, err
+		return nil, nil, err
 	}
 	if afterWrite != nil {
 		if err := afterWrite(); err != nil {
 			// The worker now waits for something that will not come.
 			w.kill()
-			return nil, fmt.Errorf("%s: %w; worker killed", msgType, err)
+			return nil, nil, fmt.Errorf("%s: %w; worker killed", msgType, err)
 		}
 	}
-	body, err := w.receive(ctx)
+	f, err := w.receive(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
 			w.kill()
-			return nil, fmt.Errorf("%s stopped, worker %d killed: %w", msgType, w.Pid(), ctx.Err())
+			return nil, nil, fmt.Errorf("%s stopped, worker %d killed: %w", msgType, w.Pid(), ctx.Err())
 		}
-		return nil, err
+		return nil, nil, err
 	}
 	var reply message
-	if err := json.Unmarshal(body, &reply); err != nil {
+	if err := json.Unmarshal(f.body, &reply); err != nil {
 		w.kill()
-		return nil, fmt.Errorf("worker sent an unreadable reply (%v); worker killed", err)
+		return nil, nil, fmt.Errorf("worker sent an unreadable reply (%v); worker killed", err)
 	}
 	if reply.ID != id {
 		w.kill()
-		return nil, fmt.Errorf("worker answered request %d while %d was pending; worker killed", reply.ID, id)
+		return nil, nil, fmt.Errorf("worker answered request %d while %d was pending; worker killed", reply.ID, id)
 	}
 	switch reply.Type {
 	case "result":
-		return reply.Result, nil
+		return reply.Result, f.blob, nil
 	case "error":
 		if reply.Error == nil {
-			return nil, errors.New("worker reported an error without details")
+			return nil, nil, errors.New("worker reported an error without details")
 		}
-		return nil, reply.Error
+		return nil, nil, reply.Error
 	default:
-		return nil, fmt.Errorf("worker sent a reply of unknown type %q", reply.Type)
+		return nil, nil, fmt.Errorf("worker sent a reply of unknown type %q", reply.Type)
 	}
 }
 
@@ -394,4 +428,28 @@ func (w *Worker) kill() {
 		_ = w.cmd.Process.Kill()
 	}
 	<-w.exited
+}
+
+// PipeRoundTrip sends data through the pipe itself (not an arena): the worker
+// reads it, doubles it as float32 in place and sends it back. It is the
+// baseline `workbench bench exchange` compares arenas against; compute is the
+// time the worker spent doubling.
+func (w *Worker) PipeRoundTrip(ctx context.Context, data []byte) (out []byte, compute float64, err error) {
+	if len(data)%4 != 0 {
+		return nil, 0, fmt.Errorf("pipe round trip: %d bytes is not a whole number of float32s", len(data))
+	}
+	raw, blob, err := w.callBlob(ctx, message{Type: "pipe_double", Blob: int64(len(data))}, func() error {
+		_, err := w.tx.Write(data)
+		return err
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	var res struct {
+		ComputeSeconds float64 `json:"compute_seconds"`
+	}
+	if err := json.Unmarshal(raw, &res); err != nil {
+		return nil, 0, err
+	}
+	return blob, res.ComputeSeconds, nil
 }

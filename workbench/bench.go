@@ -1,0 +1,166 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/vlkv/vlkv/gohost/tensor"
+	"github.com/vlkv/vlkv/gohost/worker"
+)
+
+func newBenchCmd(a *app) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Benchmarks (timings only; correctness lives in the tests)",
+	}
+	cmd.AddCommand(newBenchExchangeCmd(a))
+	return cmd
+}
+
+// exchangeRow is one size of `bench exchange`; seconds are medians.
+type exchangeRow struct {
+	Bytes          int64   `json:"bytes"`
+	ShmSeconds     float64 `json:"shm_seconds"`  // round trip through an arena, doubling excluded
+	PipeSeconds    float64 `json:"pipe_seconds"` // the same bytes through the pipe, doubling excluded
+	ComputeSeconds float64 `json:"compute_seconds"`
+	ShmGBps        float64 `json:"shm_gbps"`
+	PipeGBps       float64 `json:"pipe_gbps"`
+	Speedup        float64 `json:"speedup"`
+}
+
+func newBenchExchangeCmd(a *app) *cobra.Command {
+	var (
+		asJSON   bool
+		minBytes int64
+		maxBytes int64
+		repeat   int
+	)
+	cmd := &cobra.Command{
+		Use:   "exchange",
+		Short: "Round-trip a tensor to a worker through a shared-memory arena vs through the pipe",
+		Long: `exchange measures handing a float32 tensor to a worker that doubles it in
+place with torch and hands it back, for sizes from --min-bytes to --max-bytes
+(x16 steps): once by reference into a shared-memory arena (DLPack descriptor
+over memfd), once with the same bytes sent through the worker's pipe and back.
+The doubling time, measured inside the worker, is subtracted from both.
+Columns: median latency, bytes/latency in GB/s, and pipe/arena ratio.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if minBytes < 4 || maxBytes < minBytes || repeat < 1 {
+				return &usageError{fmt.Errorf("need 4 <= --min-bytes <= --max-bytes and --repeat >= 1")}
+			}
+			return a.withWorker(cmd.Context(), func(_ *session, w *worker.Worker) error {
+				rows, err := benchExchange(cmd.Context(), a, w, minBytes, maxBytes, repeat)
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					enc := json.NewEncoder(a.stdout)
+					enc.SetIndent("", "  ")
+					return enc.Encode(map[string]any{"benchmark": "exchange", "repeat": repeat, "rows": rows})
+				}
+				tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+				fmt.Fprintln(tw, "bytes\tarena\tarena GB/s\tpipe\tpipe GB/s\tpipe/arena\tdoubling\t")
+				for _, r := range rows {
+					fmt.Fprintf(tw, "%s\t%s\t%.1f\t%s\t%.2f\t%.0fx\t%s\t\n", humanBytes(r.Bytes), secs(r.ShmSeconds), r.ShmGBps,
+						secs(r.PipeSeconds), r.PipeGBps, r.Speedup, secs(r.ComputeSeconds))
+				}
+				return tw.Flush()
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON rows (bytes, shm_seconds, pipe_seconds, ...)")
+	cmd.Flags().Int64Var(&minBytes, "min-bytes", 4<<10, "smallest tensor")
+	cmd.Flags().Int64Var(&maxBytes, "max-bytes", 1<<30, "largest tensor")
+	cmd.Flags().IntVar(&repeat, "repeat", 5, "round trips per size and path (the median is reported)")
+	return cmd
+}
+
+func benchExchange(ctx context.Context, a *app, w *worker.Worker, minBytes, maxBytes int64, repeat int) ([]exchangeRow, error) {
+	var rows []exchangeRow
+	for size := minBytes / 4 * 4; size <= maxBytes; size *= 16 {
+		ar, err := tensor.NewArena(1000, "bench", size)
+		if err != nil {
+			return nil, err
+		}
+		row, err := benchSize(ctx, w, ar, size, repeat)
+		ar.Close()
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", humanBytes(size), err)
+		}
+		a.log.Info().Str("bytes", humanBytes(size)).Str("arena", secs(row.ShmSeconds)).Str("pipe", secs(row.PipeSeconds)).Msg("measured")
+		rows = append(rows, row)
+	}
+	return rows, nil
+}
+
+func benchSize(ctx context.Context, w *worker.Worker, ar *tensor.Arena, size int64, repeat int) (exchangeRow, error) {
+	if err := w.MapArena(ctx, ar); err != nil {
+		return exchangeRow{}, err
+	}
+	defer w.UnmapArena(ctx, ar.ID())
+	x, err := ar.NewTensor(tensor.Float32, size/4)
+	if err != nil {
+		return exchangeRow{}, err
+	}
+	data := make([]byte, size)
+	var shm, pipe, compute []float64
+	for i := 0; i < repeat; i++ {
+		t0 := time.Now()
+		raw, err := w.Run(ctx, worker.Job{Fn: "kernels_py.exchange:double_inplace", Args: map[string]any{"x": x}})
+		total := time.Since(t0).Seconds()
+		if err != nil {
+			return exchangeRow{}, err
+		}
+		var res struct {
+			ComputeSeconds float64 `json:"compute_seconds"`
+		}
+		json.Unmarshal(raw, &res)
+		shm = append(shm, total-res.ComputeSeconds)
+		compute = append(compute, res.ComputeSeconds)
+
+		t0 = time.Now()
+		out, c, err := w.PipeRoundTrip(ctx, data)
+		total = time.Since(t0).Seconds()
+		if err != nil {
+			return exchangeRow{}, err
+		}
+		if int64(len(out)) != size {
+			return exchangeRow{}, fmt.Errorf("pipe returned %d bytes, sent %d", len(out), size)
+		}
+		pipe = append(pipe, total-c)
+	}
+	r := exchangeRow{Bytes: size, ShmSeconds: median(shm), PipeSeconds: median(pipe), ComputeSeconds: median(compute)}
+	r.ShmGBps = float64(size) / r.ShmSeconds / 1e9
+	r.PipeGBps = float64(size) / r.PipeSeconds / 1e9
+	r.Speedup = r.PipeSeconds / r.ShmSeconds
+	return r, nil
+}
+
+func median(xs []float64) float64 {
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	return s[len(s)/2]
+}
+
+func secs(s float64) string {
+	return time.Duration(s * float64(time.Second)).Round(time.Microsecond).String()
+}
+
+func humanBytes(n int64) string {
+	for _, u := range []struct {
+		unit string
+		size int64
+	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if n >= u.size && n%u.size == 0 {
+			return fmt.Sprintf("%d %s", n/u.size, u.unit)
+		}
+	}
+	return fmt.Sprintf("%d B", n)
+}
