@@ -268,7 +268,7 @@ def serve(rx, tx, sock=None) -> int:
             if kind == "run":
                 reply = {"type": "result", "id": msg_id, "result": run_job(msg.get("job"))}
             elif kind == "pipe_double":
-                result, blob = pipe_double(rx, msg.get("blob"))
+                result, blob = pipe_double(rx, msg.get("blob", 0))
                 encoded = protocol.encode_frame({"type": "result", "id": msg_id, "result": result, "blob": len(blob)})
                 tx.write(encoded)
                 tx.write(blob)

@@ -46,7 +46,7 @@ func newBenchExchangeCmd(a *app) *cobra.Command {
 		Short: "Round-trip a tensor to a worker through a shared-memory arena vs through the pipe",
 		Long: `exchange measures handing a float32 tensor to a worker that doubles it in
 place with torch and hands it back, for sizes from --min-bytes to --max-bytes
-(x16 steps): once by reference into a shared-memory arena (DLPack descriptor
+(x4 steps): once by reference into a shared-memory arena (DLPack descriptor
 over memfd), once with the same bytes sent through the worker's pipe and back.
 The doubling time, measured inside the worker, is subtracted from both.
 Columns: median latency, bytes/latency in GB/s, and pipe/arena ratio.`,
@@ -84,7 +84,7 @@ Columns: median latency, bytes/latency in GB/s, and pipe/arena ratio.`,
 
 func benchExchange(ctx context.Context, a *app, w *worker.Worker, minBytes, maxBytes int64, repeat int) ([]exchangeRow, error) {
 	var rows []exchangeRow
-	for size := minBytes / 4 * 4; size <= maxBytes; size *= 16 {
+	for size := minBytes / 4 * 4; size <= maxBytes; size *= 4 {
 		ar, err := tensor.NewArena(1000, "bench", size)
 		if err != nil {
 			return nil, err

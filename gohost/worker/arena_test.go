@@ -2,9 +2,11 @@ package worker
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"strings"
 	"testing"
@@ -363,5 +365,36 @@ func TestArenaOutlivesCrashedWorker(t *testing.T) {
 	}
 	if v := values(t, x); v[0] != 6 || v[9] != 60 {
 		t.Fatalf("after a fresh worker doubled it: %v", v)
+	}
+}
+
+func TestPipeRoundTripDoublesTheBytes(t *testing.T) {
+	w := startWorker(t, repoRoot(t))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, n := range []int{0, 1, 1000, 300000} {
+		data := make([]byte, 4*n)
+		for i := 0; i < n; i++ {
+			binary.LittleEndian.PutUint32(data[4*i:], math.Float32bits(float32(i)))
+		}
+		out, compute, err := w.PipeRoundTrip(ctx, data)
+		if err != nil {
+			t.Fatalf("%d floats: %v", n, err)
+		}
+		if len(out) != len(data) || compute < 0 {
+			t.Fatalf("%d floats: got %d bytes back, compute %v", n, len(out), compute)
+		}
+		for i := 0; i < n; i++ {
+			if got := math.Float32frombits(binary.LittleEndian.Uint32(out[4*i:])); got != float32(2*i) {
+				t.Fatalf("element %d = %v, want %v", i, got, 2*i)
+			}
+		}
+	}
+	if _, _, err := w.PipeRoundTrip(ctx, make([]byte, 3)); err == nil {
+		t.Error("accepted a partial float32")
+	}
+	// The channel is still in step afterwards.
+	if _, err := w.Run(ctx, Job{Fn: "kernels_py.diag:echo"}); err != nil {
+		t.Fatal(err)
 	}
 }
