@@ -534,11 +534,15 @@ func TestWriteNPY(t *testing.T) {
 	}
 }
 
-// numpyPython is python3 when it can import numpy, else "".
+// numpyPython is the interpreter scripts/test resolved (VLKV_TEST_PYTHON),
+// else python3 from PATH, when it can import numpy; else "".
 func numpyPython() string {
-	python, err := exec.LookPath("python3")
-	if err != nil {
-		return ""
+	python := os.Getenv("VLKV_TEST_PYTHON")
+	if python == "" {
+		var err error
+		if python, err = exec.LookPath("python3"); err != nil {
+			return ""
+		}
 	}
 	if err := exec.Command(python, "-c", "import numpy").Run(); err != nil {
 		return ""

@@ -1,0 +1,169 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/vlkv/vlkv/gohost/tensor"
+)
+
+func newTensorsCmd(a *app) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "tensors",
+		Short: "Inspect .safetensors files and export their tensors as .npy for notebooks",
+	}
+	cmd.AddCommand(newTensorsInspectCmd(a), newTensorsToNPYCmd(a))
+	return cmd
+}
+
+func newTensorsInspectCmd(a *app) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "inspect FILE.safetensors",
+		Short: "Check a .safetensors header and list its tensors",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			f, err := os.Open(args[0])
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			st, err := f.Stat()
+			if err != nil {
+				return err
+			}
+			h, err := tensor.ParseSafetensorsHeader(f, st.Size())
+			if err != nil {
+				return fmt.Errorf("%s: %w", args[0], err)
+			}
+			if asJSON {
+				type entry struct {
+					Name  string  `json:"name"`
+					DType string  `json:"dtype"`
+					Shape []int64 `json:"shape"`
+					Bytes int64   `json:"bytes"`
+				}
+				out := struct {
+					Tensors  []entry           `json:"tensors"`
+					Metadata map[string]string `json:"metadata"`
+				}{Tensors: []entry{}, Metadata: h.Metadata}
+				for _, e := range h.Entries {
+					out.Tensors = append(out.Tensors, entry{e.Name, e.DType.String(), e.Shape, e.End - e.Begin})
+				}
+				enc := json.NewEncoder(a.stdout)
+				enc.SetIndent("", "  ")
+				return enc.Encode(out)
+			}
+			tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
+			fmt.Fprintln(tw, "name\tdtype\tshape\tbytes")
+			total := int64(0)
+			for _, e := range h.Entries {
+				fmt.Fprintf(tw, "%s\t%s\t%v\t%d\n", e.Name, e.DType, e.Shape, e.End-e.Begin)
+				total += e.End - e.Begin
+			}
+			tw.Flush()
+			keys := make([]string, 0, len(h.Metadata))
+			for k := range h.Metadata {
+				keys = append(keys, k)
+			}
+			sort.Strings(keys)
+			for _, k := range keys {
+				fmt.Fprintf(a.stdout, "metadata %s = %s\n", k, h.Metadata[k])
+			}
+			fmt.Fprintf(a.stdout, "%d tensors, %s of data\n", len(h.Entries), humanSize(total))
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func newTensorsToNPYCmd(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:   "to-npy FILE.safetensors OUTDIR",
+		Short: "Load a .safetensors file into an arena and write each tensor as OUTDIR/<name>.npy",
+		Long: `to-npy reads every tensor of a .safetensors file into a shared-memory arena
+and writes it as OUTDIR/<name>.npy (numpy has no bfloat16: those are widened
+to float32). Characters other than letters, digits, '.', '_' and '-' in
+tensor names become '_'. Existing files are replaced whole, never half-written.`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			st, err := os.Stat(args[0])
+			if err != nil {
+				return err
+			}
+			ar, err := tensor.NewArena(1, "to-npy", 2*st.Size()+(1<<20)) // room for bf16 widened to f32
+			if err != nil {
+				return err
+			}
+			defer ar.Close()
+			tensors, h, err := tensor.LoadSafetensors(args[0], ar)
+			if err != nil {
+				return err
+			}
+			if err := os.MkdirAll(args[1], 0o755); err != nil {
+				return err
+			}
+			for _, e := range h.Entries {
+				t := tensors[e.Name]
+				if t.DType() == tensor.BFloat16 {
+					if t, err = widenBFloat16(ar, t); err != nil {
+						return fmt.Errorf("%s: %w", e.Name, err)
+					}
+				}
+				path := filepath.Join(args[1], npyName(e.Name))
+				if err := tensor.WriteNPY(path, t); err != nil {
+					return err
+				}
+				a.log.Debug().Str("tensor", e.Name).Str("path", path).Msg("wrote")
+			}
+			fmt.Fprintf(a.stdout, "wrote %d tensors to %s\n", len(h.Entries), args[1])
+			return nil
+		},
+	}
+}
+
+func widenBFloat16(ar *tensor.Arena, t *tensor.Tensor) (*tensor.Tensor, error) {
+	src, err := t.BFloat16()
+	if err != nil {
+		return nil, err
+	}
+	out, err := ar.NewTensor(tensor.Float32, t.Shape()...)
+	if err != nil {
+		return nil, err
+	}
+	dst, _ := out.Float32()
+	for i, b := range src {
+		dst[i] = tensor.BFloat16ToFloat32(b)
+	}
+	return out, nil
+}
+
+func npyName(name string) string {
+	safe := strings.Map(func(r rune) rune {
+		if r == '.' || r == '_' || r == '-' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' {
+			return r
+		}
+		return '_'
+	}, name)
+	return safe + ".npy"
+}
+
+func humanSize(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}

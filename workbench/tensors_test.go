@@ -1,0 +1,139 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/vlkv/vlkv/gohost/tensor"
+	"github.com/vlkv/vlkv/gohost/testpy"
+)
+
+func writeSample(t *testing.T, path string) {
+	t.Helper()
+	ar, err := tensor.NewArena(1, "sample", 1<<16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ar.Close()
+	k, _ := ar.NewTensor(tensor.Float32, 2, 3)
+	kv, _ := k.Float32()
+	for i := range kv {
+		kv[i] = float32(i) / 2
+	}
+	v, _ := ar.NewTensor(tensor.BFloat16, 4)
+	vv, _ := v.BFloat16()
+	for i := range vv {
+		vv[i] = tensor.Float32ToBFloat16(float32(i) + 0.5)
+	}
+	if err := tensor.WriteSafetensors(path, map[string]*tensor.Tensor{"attn/k": k, "attn.v": v}, map[string]string{"layer": "3"}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestTensorsInspectAndToNPY(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "trace.safetensors")
+	writeSample(t, file)
+
+	code, stdout, stderr := runCLI(t, "tensors", "inspect", "--json", file)
+	if code != 0 {
+		t.Fatalf("inspect: exit %d: %s", code, stderr)
+	}
+	var got struct {
+		Tensors []struct {
+			Name, DType string
+			Shape       []int64
+		}
+		Metadata map[string]string
+	}
+	if err := json.Unmarshal([]byte(stdout), &got); err != nil || len(got.Tensors) != 2 || got.Metadata["layer"] != "3" {
+		t.Fatalf("inspect --json: %v\n%s", err, stdout)
+	}
+
+	out := filepath.Join(dir, "npy")
+	if code, _, stderr := runCLI(t, "tensors", "to-npy", file, out); code != 0 {
+		t.Fatalf("to-npy: exit %d: %s", code, stderr)
+	}
+	for name, want := range map[string]string{"attn_k.npy": "<f4 [2 3]", "attn.v.npy": "<f4 [4]"} {
+		f, err := os.Open(filepath.Join(out, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		descr, shape, err := tensor.ReadNPYHeader(f)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := descr + " " + fmtInts(shape); got != want {
+			t.Errorf("%s: header %q, want %q", name, got, want)
+		}
+	}
+
+	// Files written here are read by the Python side's own libraries.
+	if os.Getenv("VLKV_TEST_PYTHON") != "" || os.Getenv("CI") != "" {
+		py := testpy.Python(t)
+		check := `
+import sys, numpy as np, torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+d = load_file(sys.argv[1])
+assert d["attn/k"].tolist() == [[0, .5, 1], [1.5, 2, 2.5]], d["attn/k"]
+assert d["attn.v"].dtype == torch.bfloat16 and d["attn.v"].float().tolist() == [.5, 1.5, 2.5, 3.5], d["attn.v"]
+with safe_open(sys.argv[1], "pt") as f:
+    assert f.metadata() == {"layer": "3"}, f.metadata()
+k = np.load(sys.argv[2] + "/attn_k.npy"); v = np.load(sys.argv[2] + "/attn.v.npy")
+assert (k == d["attn/k"].numpy()).all() and v.tolist() == [.5, 1.5, 2.5, 3.5], v
+print("ok")
+`
+		res, err := exec.Command(py, "-c", check, file, out).CombinedOutput()
+		if err != nil || strings.TrimSpace(string(res)) != "ok" {
+			t.Fatalf("python could not read what Go wrote: %v\n%s", err, res)
+		}
+	}
+}
+
+func fmtInts(xs []int64) string {
+	b, _ := json.Marshal(xs)
+	return strings.NewReplacer(",", " ").Replace(string(b))
+}
+
+func TestTensorsBadFiles(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.safetensors")
+	writeSample(t, good)
+	data, _ := os.ReadFile(good)
+	truncated := filepath.Join(dir, "truncated.safetensors")
+	os.WriteFile(truncated, data[:len(data)-3], 0o644)
+	garbage := filepath.Join(dir, "garbage.safetensors")
+	os.WriteFile(garbage, []byte("\x10\x00\x00\x00\x00\x00\x00\x00not json at all!"), 0o644)
+	tests := []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"truncated data", []string{"tensors", "inspect", truncated}, 1, "truncated"},
+		{"not json", []string{"tensors", "inspect", garbage}, 1, "safetensors header"},
+		{"missing file", []string{"tensors", "inspect", filepath.Join(dir, "nope")}, 1, "no such file"},
+		{"truncated to-npy", []string{"tensors", "to-npy", truncated, filepath.Join(dir, "out")}, 1, "truncated"},
+		{"no argument", []string{"tensors", "inspect"}, 2, "accepts 1 arg"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, stderr := runCLI(t, tc.args...)
+			if code != tc.code || !strings.Contains(stderr, tc.want) {
+				t.Fatalf("exit %d, stderr %q; want %d and %q", code, stderr, tc.code, tc.want)
+			}
+		})
+	}
+	if _, err := os.Stat(filepath.Join(dir, "out")); err == nil {
+		entries, _ := os.ReadDir(filepath.Join(dir, "out"))
+		if len(entries) != 0 {
+			t.Errorf("a failed export left files: %v", entries)
+		}
+	}
+}
