@@ -131,7 +131,7 @@ tensor names become '_'. Existing files are replaced whole, never half-written.`
 }
 
 func widenBFloat16(ar *tensor.Arena, t *tensor.Tensor) (*tensor.Tensor, error) {
-	src, err := t.BFloat16()
+	values, err := t.Float64s()
 	if err != nil {
 		return nil, err
 	}
@@ -139,11 +139,7 @@ func widenBFloat16(ar *tensor.Arena, t *tensor.Tensor) (*tensor.Tensor, error) {
 	if err != nil {
 		return nil, err
 	}
-	dst, _ := out.Float32()
-	for i, b := range src {
-		dst[i] = tensor.BFloat16ToFloat32(b)
-	}
-	return out, nil
+	return out, out.SetFloat64s(values) // bfloat16 values are exact in float32
 }
 
 func npyName(name string) string {

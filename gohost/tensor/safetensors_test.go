@@ -15,16 +15,6 @@ import (
 	"testing"
 )
 
-func stArena(t testing.TB, size int64) *Arena {
-	t.Helper()
-	a, err := NewArena(7, "safetensors-test", size)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Close() })
-	return a
-}
-
 // stFile is a safetensors file with the given header, its length prefix
 // right, followed by data zero bytes.
 func stFile(header string, data int) []byte {
@@ -102,7 +92,7 @@ func dtypeCases() []dtypeCase {
 }
 
 func TestSafetensorsRoundTrip(t *testing.T) {
-	src, dst := stArena(t, 1<<20), stArena(t, 1<<20)
+	src, dst := newArena(t, 1<<20), newArena(t, 1<<20)
 	cases := dtypeCases()
 	tensors := map[string]*Tensor{}
 	for _, tc := range cases {
@@ -177,7 +167,7 @@ func TestSafetensorsRoundTrip(t *testing.T) {
 }
 
 func TestSafetensorsMetadata(t *testing.T) {
-	a := stArena(t, 4096)
+	a := newArena(t, 4096)
 	x, _ := a.NewTensor(Float32, 2)
 	tests := []struct {
 		name string
@@ -221,7 +211,7 @@ func TestSafetensorsMetadata(t *testing.T) {
 }
 
 func TestWriteSafetensorsErrors(t *testing.T) {
-	a := stArena(t, 4096)
+	a := newArena(t, 4096)
 	x, _ := a.NewTensor(Float32, 2, 3)
 	transposed, err := a.Tensor(Descriptor{Arena: a.ID(), Offset: x.Desc().Offset, DType: Float32, Shape: []int64{3, 2}, Strides: []int64{1, 3}, Device: CPU})
 	if err != nil {
@@ -305,7 +295,7 @@ func TestParseSafetensorsMalformed(t *testing.T) {
 		{"metadata not a map", stFile(`{"__metadata__":["a"]}`, 0), []string{"__metadata__", "not a JSON object"}},
 		{"metadata value not a string", stFile(`{"__metadata__":{"epoch":3}}`, 0), []string{"__metadata__", "epoch"}},
 	}
-	a := stArena(t, 1<<16)
+	a := newArena(t, 1<<16)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "bad.safetensors")
@@ -360,7 +350,7 @@ func TestLoadSafetensorsFreesOnError(t *testing.T) {
 	if err := os.WriteFile(path, file, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	a := stArena(t, 4096) // room for one of the two
+	a := newArena(t, 4096) // room for one of the two
 	_, _, err := LoadSafetensors(path, a)
 	wantErr(t, err, `tensor "b"`, "no room")
 	if a.Used() != 0 {
@@ -466,7 +456,7 @@ func npyValues(t *testing.T, x *Tensor, vals []float64) {
 }
 
 func TestWriteNPY(t *testing.T) {
-	a := stArena(t, 1<<16)
+	a := newArena(t, 1<<16)
 	tests := []struct {
 		name   string
 		dt     DType
@@ -575,7 +565,7 @@ print(json.dumps({"descr": a.dtype.str, "shape": list(a.shape), "values": a.rave
 }
 
 func TestWriteNPYErrors(t *testing.T) {
-	a := stArena(t, 4096)
+	a := newArena(t, 4096)
 	bf, _ := a.NewTensor(BFloat16, 4)
 	x, _ := a.NewTensor(Float32, 2, 3)
 	transposed, err := a.Tensor(Descriptor{Arena: a.ID(), Offset: x.Desc().Offset, DType: Float32, Shape: []int64{3, 2}, Strides: []int64{1, 3}, Device: CPU})

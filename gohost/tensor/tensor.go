@@ -99,3 +99,63 @@ type Region struct {
 	Offset int64  `json:"offset"`
 	Size   int64  `json:"size"`
 }
+
+// Float64s copies a contiguous tensor of any dtype out as float64s (half
+// types widened, integers converted), for checks and small reports.
+func (t *Tensor) Float64s() ([]float64, error) {
+	n := t.desc.NumElements()
+	out := make([]float64, n)
+	err := t.elements(func(get func(int) float64, _ func(int, float64)) {
+		for i := range out {
+			out[i] = get(i)
+		}
+	})
+	return out, err
+}
+
+// SetFloat64s writes values into a contiguous tensor of any dtype, rounding
+// to its precision (half types round to nearest even; integers truncate).
+func (t *Tensor) SetFloat64s(values []float64) error {
+	if int64(len(values)) != t.desc.NumElements() {
+		return fmt.Errorf("%d values for a tensor of %d elements", len(values), t.desc.NumElements())
+	}
+	return t.elements(func(_ func(int) float64, set func(int, float64)) {
+		for i, v := range values {
+			set(i, v)
+		}
+	})
+}
+
+// elements hands fn a getter and a setter over the tensor's elements.
+func (t *Tensor) elements(fn func(get func(int) float64, set func(int, float64))) error {
+	switch t.desc.DType {
+	case Float64:
+		return elementsOf(t, Float64, func(v float64) float64 { return v }, func(f float64) float64 { return f }, fn)
+	case Float32:
+		return elementsOf(t, Float32, func(v float32) float64 { return float64(v) }, func(f float64) float32 { return float32(f) }, fn)
+	case Float16:
+		return elementsOf(t, Float16, func(v uint16) float64 { return float64(HalfToFloat32(v)) }, func(f float64) uint16 { return Float32ToHalf(float32(f)) }, fn)
+	case BFloat16:
+		return elementsOf(t, BFloat16, func(v uint16) float64 { return float64(BFloat16ToFloat32(v)) }, func(f float64) uint16 { return Float32ToBFloat16(float32(f)) }, fn)
+	case Int8:
+		return elementsOf(t, Int8, func(v int8) float64 { return float64(v) }, func(f float64) int8 { return int8(f) }, fn)
+	case Int16:
+		return elementsOf(t, Int16, func(v int16) float64 { return float64(v) }, func(f float64) int16 { return int16(f) }, fn)
+	case Int32:
+		return elementsOf(t, Int32, func(v int32) float64 { return float64(v) }, func(f float64) int32 { return int32(f) }, fn)
+	case Int64:
+		return elementsOf(t, Int64, func(v int64) float64 { return float64(v) }, func(f float64) int64 { return int64(f) }, fn)
+	case UInt8, Bool:
+		return elementsOf(t, t.desc.DType, func(v uint8) float64 { return float64(v) }, func(f float64) uint8 { return uint8(f) }, fn)
+	}
+	return fmt.Errorf("no element access for %s", t.desc.DType)
+}
+
+func elementsOf[T any](t *Tensor, dt DType, get func(T) float64, set func(float64) T, fn func(func(int) float64, func(int, float64))) error {
+	v, err := view[T](t, dt)
+	if err != nil {
+		return err
+	}
+	fn(func(i int) float64 { return get(v[i]) }, func(i int, f float64) { v[i] = set(f) })
+	return nil
+}

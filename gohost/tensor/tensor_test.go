@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-func newArena(t *testing.T, size int64) *Arena {
+func newArena(t testing.TB, size int64) *Arena {
 	t.Helper()
 	a, err := NewArena(1, "test", size)
 	if err != nil {
@@ -250,5 +250,40 @@ func TestParseDType(t *testing.T) {
 	}
 	if _, err := ParseDType("complex64"); err == nil || !strings.Contains(err.Error(), "known:") {
 		t.Errorf("unknown dtype: %v", err)
+	}
+}
+
+func TestFloat64sRoundTripEveryDType(t *testing.T) {
+	a := newArena(t, 1<<16)
+	want := []float64{0, 1, -2, 3.5, 100}
+	for _, n := range names {
+		t.Run(n.name, func(t *testing.T) {
+			x, err := a.NewTensor(n.dt, 5)
+			if err != nil {
+				t.Fatal(err)
+			}
+			in := append([]float64(nil), want...)
+			exact := map[DType][]float64{UInt8: {0, 1, 254, 3, 100}, Bool: {0, 1, 1, 1, 1}, Int8: {0, 1, -2, 3, 100},
+				Int16: {0, 1, -2, 3, 100}, Int32: {0, 1, -2, 3, 100}, Int64: {0, 1, -2, 3, 100}}
+			if e, ok := exact[n.dt]; ok {
+				in = e
+			}
+			if err := x.SetFloat64s(in); err != nil {
+				t.Fatal(err)
+			}
+			got, err := x.Float64s()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range in {
+				if got[i] != in[i] {
+					t.Fatalf("element %d: wrote %v, read %v", i, in[i], got[i])
+				}
+			}
+		})
+	}
+	x, _ := a.NewTensor(Float32, 3)
+	if err := x.SetFloat64s([]float64{1}); err == nil {
+		t.Error("accepted 1 value for 3 elements")
 	}
 }

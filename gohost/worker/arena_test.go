@@ -37,104 +37,22 @@ func mapArena(t *testing.T, w *Worker, a *tensor.Arena) {
 // fill writes i+1 into element i of x, whatever its dtype.
 func fill(t *testing.T, x *tensor.Tensor) {
 	t.Helper()
-	var err error
-	switch x.DType() {
-	case tensor.Float32:
-		var v []float32
-		if v, err = x.Float32(); err == nil {
-			for i := range v {
-				v[i] = float32(i + 1)
-			}
-		}
-	case tensor.Float16, tensor.BFloat16:
-		conv, view := tensor.Float32ToHalf, x.Float16
-		if x.DType() == tensor.BFloat16 {
-			conv, view = tensor.Float32ToBFloat16, x.BFloat16
-		}
-		var v []uint16
-		if v, err = view(); err == nil {
-			for i := range v {
-				v[i] = conv(float32(i + 1))
-			}
-		}
-	case tensor.Int8:
-		var v []int8
-		if v, err = x.Int8(); err == nil {
-			for i := range v {
-				v[i] = int8(i + 1)
-			}
-		}
-	case tensor.UInt8:
-		var v []uint8
-		if v, err = x.UInt8(); err == nil {
-			for i := range v {
-				v[i] = uint8(i + 1)
-			}
-		}
-	case tensor.Int32:
-		var v []int32
-		if v, err = x.Int32(); err == nil {
-			for i := range v {
-				v[i] = int32(i + 1)
-			}
-		}
-	case tensor.Int64:
-		var v []int64
-		if v, err = x.Int64(); err == nil {
-			for i := range v {
-				v[i] = int64(i + 1)
-			}
-		}
-	default:
-		err = fmt.Errorf("no fill for %s", x.DType())
+	v := make([]float64, x.Desc().NumElements())
+	for i := range v {
+		v[i] = float64(i + 1)
 	}
-	if err != nil {
+	if err := x.SetFloat64s(v); err != nil {
 		t.Fatal(err)
 	}
 }
 
-// values reads x back as float64s.
 func values(t *testing.T, x *tensor.Tensor) []float64 {
 	t.Helper()
-	var out []float64
-	switch x.DType() {
-	case tensor.Float32:
-		v, _ := x.Float32()
-		for _, e := range v {
-			out = append(out, float64(e))
-		}
-	case tensor.Float16:
-		v, _ := x.Float16()
-		for _, e := range v {
-			out = append(out, float64(tensor.HalfToFloat32(e)))
-		}
-	case tensor.BFloat16:
-		v, _ := x.BFloat16()
-		for _, e := range v {
-			out = append(out, float64(tensor.BFloat16ToFloat32(e)))
-		}
-	case tensor.Int8:
-		v, _ := x.Int8()
-		for _, e := range v {
-			out = append(out, float64(e))
-		}
-	case tensor.UInt8:
-		v, _ := x.UInt8()
-		for _, e := range v {
-			out = append(out, float64(e))
-		}
-	case tensor.Int32:
-		v, _ := x.Int32()
-		for _, e := range v {
-			out = append(out, float64(e))
-		}
-	case tensor.Int64:
-		v, _ := x.Int64()
-		for _, e := range v {
-			out = append(out, float64(e))
-		}
+	v, err := x.Float64s()
+	if err != nil {
+		t.Fatal(err)
 	}
-	return out
+	return v
 }
 
 func TestWorkerModifiesArenaTensorsInPlace(t *testing.T) {
