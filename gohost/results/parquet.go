@@ -1,0 +1,198 @@
+package results
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"sort"
+
+	"github.com/parquet-go/parquet-go"
+)
+
+// Table columns: fixed ones, then param_<name>, workload_<name>, metric_<name>
+// for every scalar that any record has (null where a record lacks it).
+// Non-scalar values (per-layer lists, ...) become JSON text columns.
+
+type column struct {
+	name string
+	kind string // "double", "int64", "string", "bool"
+}
+
+// BuildParquet rewrites results.parquet from the journal: the journal is the
+// source of truth, so the table can always be rebuilt.
+func BuildParquet(dir string) (int, error) {
+	recs, err := ReadJournal(dir)
+	if err != nil {
+		return 0, err
+	}
+	// The last record of a job wins (a resumed run may journal it again).
+	last := map[string]int{}
+	for i, r := range recs {
+		last[r.JobID] = i
+	}
+	var rows []map[string]any
+	for i, r := range recs {
+		if last[r.JobID] == i {
+			rows = append(rows, flatten(r))
+		}
+	}
+	cols := columns(rows)
+	group := parquet.Group{}
+	for _, c := range cols {
+		group[c.name] = parquet.Optional(leaf(c.kind))
+	}
+	schema := parquet.NewSchema("results", group)
+	var buf bytes.Buffer
+	w := parquet.NewGenericWriter[any](&buf, schema)
+	for _, row := range rows {
+		conformed := map[string]any{}
+		for _, c := range cols {
+			if v, ok := row[c.name]; ok {
+				conformed[c.name] = convert(v, c.kind)
+			}
+		}
+		if _, err := w.Write([]any{conformed}); err != nil {
+			return 0, fmt.Errorf("write results.parquet: %w", err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		return 0, fmt.Errorf("write results.parquet: %w", err)
+	}
+	return len(rows), writeAtomic(filepath.Join(dir, ParquetFile), buf.Bytes())
+}
+
+func flatten(r Record) map[string]any {
+	row := map[string]any{
+		"job_id": r.JobID, "experiment": r.Experiment, "method": r.Method, "status": r.Status,
+		"attempts": int64(r.Attempts), "duration_seconds": r.Seconds, "finished": r.Finished.UTC().Format("2006-01-02T15:04:05.000Z"),
+	}
+	if r.Error != "" {
+		row["error"] = r.Error
+	}
+	for prefix, m := range map[string]map[string]any{"param_": r.Params, "workload_": r.Workload, "metric_": r.Metrics, "extra_": r.Extra} {
+		for k, v := range m {
+			row[prefix+k] = v
+		}
+	}
+	return row
+}
+
+func kindOf(v any) string {
+	switch x := v.(type) {
+	case bool:
+		return "bool"
+	case string:
+		return "string"
+	case float64:
+		if x == float64(int64(x)) && x < 1<<53 && x > -(1<<53) {
+			return "int64"
+		}
+		return "double"
+	case int, int64:
+		return "int64"
+	case json.Number:
+		if _, err := x.Int64(); err == nil {
+			return "int64"
+		}
+		return "double"
+	case nil:
+		return ""
+	}
+	return "json"
+}
+
+// columns picks each column's type from all rows: ints widen to doubles,
+// anything mixed becomes JSON text.
+func columns(rows []map[string]any) []column {
+	kinds := map[string]string{}
+	for _, row := range rows {
+		for k, v := range row {
+			kinds[k] = merge(kinds[k], kindOf(v))
+		}
+	}
+	var cols []column
+	for name, kind := range kinds {
+		if kind == "" {
+			kind = "string" // only nulls seen
+		}
+		if kind == "json" {
+			kind = "string"
+		}
+		cols = append(cols, column{name, kind})
+	}
+	sort.Slice(cols, func(i, j int) bool { return order(cols[i].name) < order(cols[j].name) })
+	return cols
+}
+
+func merge(a, b string) string {
+	switch {
+	case a == "" || a == b:
+		return b
+	case b == "":
+		return a
+	case (a == "int64" && b == "double") || (a == "double" && b == "int64"):
+		return "double"
+	}
+	return "json"
+}
+
+// order keeps fixed columns first, then params, workload, metrics, extras.
+func order(name string) string {
+	fixed := []string{"job_id", "experiment", "method", "status", "error", "attempts", "duration_seconds", "finished"}
+	for i, f := range fixed {
+		if name == f {
+			return fmt.Sprintf("0%02d", i)
+		}
+	}
+	for i, p := range []string{"param_", "workload_", "metric_", "extra_"} {
+		if len(name) > len(p) && name[:len(p)] == p {
+			return fmt.Sprintf("%d%s", i+1, name)
+		}
+	}
+	return "9" + name
+}
+
+func leaf(kind string) parquet.Node {
+	switch kind {
+	case "double":
+		return parquet.Leaf(parquet.DoubleType)
+	case "int64":
+		return parquet.Int(64)
+	case "bool":
+		return parquet.Leaf(parquet.BooleanType)
+	}
+	return parquet.String()
+}
+
+func convert(v any, kind string) any {
+	switch kind {
+	case "double":
+		switch x := v.(type) {
+		case float64:
+			return x
+		case int64:
+			return float64(x)
+		case int:
+			return float64(x)
+		}
+	case "int64":
+		switch x := v.(type) {
+		case float64:
+			return int64(x)
+		case int:
+			return int64(x)
+		case int64:
+			return x
+		}
+	case "bool":
+		return v
+	case "string":
+		if s, ok := v.(string); ok {
+			return s
+		}
+		b, _ := json.Marshal(v)
+		return string(b)
+	}
+	return v
+}

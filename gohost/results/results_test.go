@@ -1,0 +1,158 @@
+package results
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/parquet-go/parquet-go"
+)
+
+func newRun(t *testing.T) *Run {
+	t.Helper()
+	r, err := Create(t.TempDir(), Manifest{Experiment: "quick", RunID: NewRunID(time.Now()), File: "x.star", Jobs: 3, Started: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return r
+}
+
+func rec(id string, status string, metrics map[string]any) Record {
+	return Record{JobID: id, Experiment: "quick", Method: "h2o", Params: map[string]any{"budget": 0.25},
+		Workload: map[string]any{"seed": float64(0), "dtype": "float32"}, Status: status, Attempts: 1, Seconds: 1.5,
+		Metrics: metrics, Finished: time.Unix(1700000000, 0)}
+}
+
+func TestJournalRoundTripAndTornLine(t *testing.T) {
+	r := newRun(t)
+	for _, id := range []string{"a", "b"} {
+		if err := r.Append(rec(id, StatusOK, map[string]any{"rel_err_mean": 0.1})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.Close()
+	// A crash mid-write leaves half a line.
+	f, _ := os.OpenFile(filepath.Join(r.Dir, JournalFile), os.O_APPEND|os.O_WRONLY, 0)
+	f.WriteString(`{"job_id":"c","status":"o`)
+	f.Close()
+	recs, err := ReadJournal(r.Dir)
+	if err != nil || len(recs) != 2 || recs[1].JobID != "b" {
+		t.Fatalf("read %d records, %v", len(recs), err)
+	}
+	r2, err := Open(r.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r2.Close()
+	if err := r2.Append(rec("c", StatusFailed, nil)); err != nil {
+		t.Fatal(err)
+	}
+	done, err := Finished(r.Dir)
+	if err != nil || len(done) != 3 || done["c"].Status != StatusFailed {
+		t.Fatalf("after resume: %v, %v", done, err)
+	}
+	// A corrupt line that is not the last one is an error, not silently skipped.
+	data, _ := os.ReadFile(filepath.Join(r.Dir, JournalFile))
+	os.WriteFile(filepath.Join(r.Dir, JournalFile), append([]byte("garbage\n"), data...), 0o644)
+	if _, err := ReadJournal(r.Dir); err == nil || !strings.Contains(err.Error(), "line 1") {
+		t.Errorf("corrupt first line: %v", err)
+	}
+}
+
+func TestCreateRejectsUnsafeNames(t *testing.T) {
+	for _, m := range []Manifest{{Experiment: "../x", RunID: "r"}, {Experiment: "x", RunID: "a/b"}, {Experiment: "", RunID: "r"}} {
+		if _, err := Create(t.TempDir(), m); err == nil {
+			t.Errorf("accepted %+v", m)
+		}
+	}
+}
+
+func TestLatest(t *testing.T) {
+	root := t.TempDir()
+	if dir, err := Latest(root, "quick"); dir != "" || err != nil {
+		t.Fatalf("empty root: %q %v", dir, err)
+	}
+	for _, id := range []string{"20261101-000000-aaaaaa", "20261102-000000-bbbbbb"} {
+		r, err := Create(root, Manifest{Experiment: "quick", RunID: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Close()
+	}
+	os.MkdirAll(filepath.Join(root, "quick", "zzz-not-a-run"), 0o755)
+	if dir, _ := Latest(root, "quick"); filepath.Base(dir) != "20261102-000000-bbbbbb" {
+		t.Errorf("latest = %s", dir)
+	}
+}
+
+func TestManifestUpdate(t *testing.T) {
+	r := newRun(t)
+	end := time.Now()
+	if err := r.UpdateManifest(func(m *Manifest) { m.Ended = &end }); err != nil {
+		t.Fatal(err)
+	}
+	r2, err := Open(r.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r2.Close()
+	if m := r2.Manifest(); m.Ended == nil || m.Experiment != "quick" || m.Jobs != 3 {
+		t.Errorf("reopened manifest %+v", m)
+	}
+}
+
+func TestBuildParquet(t *testing.T) {
+	r := newRun(t)
+	r.Append(rec("a", StatusOK, map[string]any{"rel_err_mean": 0.1, "cache_bytes": float64(1024)}))
+	failed := rec("b", StatusFailed, nil)
+	failed.Error = "ValueError: boom"
+	r.Append(failed)
+	retried := rec("b", StatusOK, map[string]any{"rel_err_mean": 0.2, "cache_bytes": 2048.5})
+	retried.Extra = map[string]any{"per_layer_rel_err": []any{0.1, 0.3}}
+	r.Append(retried) // a resumed run journaled b again: the last record wins
+	n, err := BuildParquet(r.Dir)
+	if err != nil || n != 2 {
+		t.Fatalf("rows %d, %v", n, err)
+	}
+	data, err := os.ReadFile(filepath.Join(r.Dir, ParquetFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := parquet.OpenFile(bytes.NewReader(data), int64(len(data)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, c := range f.Schema().Fields() {
+		names = append(names, c.Name())
+	}
+	got := strings.Join(names, ",")
+	for _, want := range []string{"job_id", "status", "param_budget", "workload_dtype", "metric_rel_err_mean", "metric_cache_bytes", "extra_per_layer_rel_err"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("columns %s lack %s", got, want)
+		}
+	}
+	if f.NumRows() != 2 {
+		t.Fatalf("%d rows", f.NumRows())
+	}
+	reader := parquet.NewReader(bytes.NewReader(data))
+	defer reader.Close()
+	rows := map[string]map[string]any{}
+	for i := 0; i < 2; i++ {
+		row := map[string]any{}
+		if err := reader.Read(&row); err != nil {
+			t.Fatal(err)
+		}
+		rows[row["job_id"].(string)] = row
+	}
+	if rows["b"]["status"] != "ok" || rows["b"]["metric_cache_bytes"] != 2048.5 || rows["a"]["metric_cache_bytes"] != 1024.0 {
+		t.Errorf("rows %v", rows)
+	}
+	if rows["b"]["extra_per_layer_rel_err"] != "[0.1,0.3]" {
+		t.Errorf("list column %v", rows["b"]["extra_per_layer_rel_err"])
+	}
+}
