@@ -37,3 +37,13 @@ def crash(message: str = "worker crashing on request", code: int = 0):
     if code:
         os._exit(code)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def crash_once(marker: str):
+    """Crash the first time (leaving a marker file), succeed afterwards: a job
+    that a retry on a fresh worker rescues."""
+    if not os.path.exists(marker):
+        with open(marker, "w"):
+            pass
+        crash("crashing once")
+    return {"second_try": True}

@@ -1,0 +1,158 @@
+package sched
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/vlkv/vlkv/gohost/testpy"
+	"github.com/vlkv/vlkv/gohost/worker"
+)
+
+func starter(t *testing.T) (func(context.Context) (*worker.Worker, error), *int) {
+	py := testpy.Python(t)
+	root, _ := filepath.Abs("../..")
+	var mu sync.Mutex
+	started := 0
+	return func(ctx context.Context) (*worker.Worker, error) {
+		mu.Lock()
+		started++
+		mu.Unlock()
+		return worker.Start(ctx, worker.Config{Python: py, KernelsRoot: root, Device: worker.CPU, Log: zerolog.Nop()})
+	}, &started
+}
+
+func job(id, fn string, args map[string]any, timeout time.Duration) Job {
+	return Job{ID: id, Label: fn, Spec: worker.Job{Fn: fn, Args: args}, Timeout: timeout}
+}
+
+type collected struct {
+	mu  sync.Mutex
+	out map[string]Outcome
+}
+
+func (c *collected) done(o Outcome) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.out == nil {
+		c.out = map[string]Outcome{}
+	}
+	c.out[o.Job.ID] = o
+	return nil
+}
+
+func TestRunRetriesTimeoutsAndFailures(t *testing.T) {
+	start, started := starter(t)
+	marker := filepath.Join(t.TempDir(), "crashed")
+	jobs := []Job{
+		job("echo1", "kernels_py.diag:echo", map[string]any{"i": 1}, time.Minute),
+		job("once", "kernels_py.diag:crash_once", map[string]any{"marker": marker}, time.Minute),
+		job("always", "kernels_py.diag:crash", nil, time.Minute),
+		job("slow", "kernels_py.diag:sleep", map[string]any{"seconds": 60}, time.Second),
+		job("raises", "kernels_py.diag:fail", map[string]any{"message": "bad params"}, time.Minute),
+		job("echo2", "kernels_py.diag:echo", map[string]any{"i": 2}, time.Minute),
+	}
+	var c collected
+	var out bytes.Buffer
+	err := Run(context.Background(), jobs, Config{Workers: 2, Start: start, Done: c.done,
+		Progress: NewProgress(&out, false, len(jobs), 0), Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.out) != len(jobs) {
+		t.Fatalf("%d outcomes for %d jobs", len(c.out), len(jobs))
+	}
+	tests := []struct {
+		id       string
+		ok       bool
+		attempts int
+		errMsg   string
+	}{
+		{"echo1", true, 1, ""},
+		{"once", true, 2, ""},
+		{"always", false, 2, "worker died"},
+		{"slow", false, 1, "timed out after 1s"},
+		{"raises", false, 1, "ValueError: bad params"},
+		{"echo2", true, 1, ""},
+	}
+	for _, tc := range tests {
+		o := c.out[tc.id]
+		if (o.Err == nil) != tc.ok || o.Attempts != tc.attempts || (tc.errMsg != "" && !strings.Contains(o.Err.Error(), tc.errMsg)) {
+			t.Errorf("%s: err %v, attempts %d; want ok=%v attempts=%d %q", tc.id, o.Err, o.Attempts, tc.ok, tc.attempts, tc.errMsg)
+		}
+	}
+	// 2 initial + 1 after "once" crashed + 2 after "always" crashed twice + 1 after the timeout.
+	if *started < 5 {
+		t.Errorf("only %d workers started; crashed and timed-out ones must be replaced", *started)
+	}
+	if lines := strings.Count(out.String(), "\n"); lines != len(jobs) || !strings.Contains(out.String(), "[6/6]") {
+		t.Errorf("progress lines:\n%s", out.String())
+	}
+}
+
+func TestCancelKeepsFinishedJobs(t *testing.T) {
+	start, _ := starter(t)
+	jobs := []Job{job("fast", "kernels_py.diag:echo", nil, 0)}
+	for _, id := range []string{"s1", "s2", "s3"} {
+		jobs = append(jobs, job(id, "kernels_py.diag:sleep", map[string]any{"seconds": 60}, 0))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var c collected
+	done := func(o Outcome) error {
+		c.done(o)
+		if o.Job.ID == "fast" {
+			go func() { time.Sleep(500 * time.Millisecond); cancel() }()
+		}
+		return nil
+	}
+	begin := time.Now()
+	err := Run(ctx, jobs, Config{Workers: 2, Start: start, Done: done, Log: zerolog.Nop()})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("got %v, want context.Canceled", err)
+	}
+	if time.Since(begin) > 30*time.Second {
+		t.Errorf("cancel took %v", time.Since(begin))
+	}
+	if len(c.out) != 1 || c.out["fast"].Err != nil {
+		t.Errorf("outcomes after cancel: %v", c.out)
+	}
+}
+
+func TestDoneErrorStopsTheRun(t *testing.T) {
+	start, _ := starter(t)
+	jobs := []Job{job("a", "kernels_py.diag:echo", nil, 0), job("b", "kernels_py.diag:echo", nil, 0), job("c", "kernels_py.diag:echo", nil, 0)}
+	calls := 0
+	err := Run(context.Background(), jobs, Config{Workers: 1, Start: start, Log: zerolog.Nop(),
+		Done: func(Outcome) error { calls++; return errors.New("disk full") }})
+	if err == nil || !strings.Contains(err.Error(), "disk full") || calls != 1 {
+		t.Fatalf("err %v after %d calls", err, calls)
+	}
+}
+
+func TestStartFailureStopsTheRun(t *testing.T) {
+	err := Run(context.Background(), []Job{job("a", "kernels_py.diag:echo", nil, 0)}, Config{Workers: 1, Log: zerolog.Nop(),
+		Start: func(context.Context) (*worker.Worker, error) { return nil, errors.New("no python") },
+		Done:  func(Outcome) error { return nil }})
+	if err == nil || !strings.Contains(err.Error(), "start a worker: no python") {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func TestProgressTerminalBar(t *testing.T) {
+	var out bytes.Buffer
+	p := NewProgress(&out, true, 4, 1)
+	p.Finished(Outcome{Job: Job{ID: "x"}})
+	p.Finished(Outcome{Job: Job{ID: "y"}, Err: errors.New("boom\ntraceback")})
+	p.Close()
+	last := out.String()[strings.LastIndex(out.String(), "\r"):]
+	if !strings.Contains(last, "3/4 done, 1 failed") || strings.Contains(out.String(), "traceback") {
+		t.Errorf("bar %q", last)
+	}
+}
