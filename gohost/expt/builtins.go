@@ -1,0 +1,531 @@
+package expt
+
+import (
+	"fmt"
+	"math"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"go.starlark.net/starlark"
+)
+
+// nameRE is what an experiment name must look like: it becomes part of
+// result paths and job ids, so it stays filesystem- and shell-safe.
+var nameRE = regexp.MustCompile(`^[a-z0-9_-]+$`)
+
+// maxTimeoutSeconds keeps timeout*time.Second inside a time.Duration.
+const maxTimeoutSeconds = math.MaxInt64 / int64(time.Second)
+
+var experimentArgs = []string{"doc", "extra", "grid", "methods", "name", "timeout", "workloads"}
+
+// keywords collects a built-in's keyword arguments, refusing unknown and
+// repeated names (a built-in, unlike a def, gets no such check for free).
+func (l *loader) keywords(thread *starlark.Thread, fn string, kwargs []starlark.Tuple, known []string) (map[string]starlark.Value, error) {
+	kw := make(map[string]starlark.Value, len(kwargs))
+	for _, kv := range kwargs {
+		name := string(kv[0].(starlark.String))
+		if known != nil && !slices.Contains(known, name) {
+			return nil, l.pos.errorf(thread, path{name}, "%s: unknown argument %q (known: %s)", fn, name, strings.Join(known, ", "))
+		}
+		if _, dup := kw[name]; dup {
+			return nil, l.pos.errorf(thread, path{name}, "%s: argument %q given twice", fn, name)
+		}
+		kw[name] = kv[1]
+	}
+	return kw, nil
+}
+
+// asList returns the elements of a list, tuple or range. Strings are
+// iterable in Python but never meant as a list of values here.
+func asList(v starlark.Value) ([]starlark.Value, bool) {
+	switch v.(type) {
+	case starlark.String, starlark.Bytes:
+		return nil, false
+	}
+	x, ok := v.(starlark.Indexable)
+	if !ok {
+		return nil, false
+	}
+	out := make([]starlark.Value, x.Len())
+	for i := range out {
+		out[i] = x.Index(i)
+	}
+	return out, true
+}
+
+// known lists names for an error message.
+func known(names []string) string {
+	if len(names) == 0 {
+		return "none"
+	}
+	return strings.Join(names, ", ")
+}
+
+// workload(**params) returns a complete, checked workload value.
+func (l *loader) workload(thread *starlark.Thread, _ *starlark.Builtin, args starlark.Tuple, kwargs []starlark.Tuple) (starlark.Value, error) {
+	if len(args) > 0 {
+		return nil, l.pos.errorf(thread, nil, "workload: takes keyword arguments only, e.g. workload(seed=0)")
+	}
+	kw, err := l.keywords(thread, "workload", kwargs, nil)
+	if err != nil {
+		return nil, err
+	}
+	vals := l.schema.Workload.defaults()
+	for _, kv := range kwargs {
+		name := string(kv[0].(starlark.String))
+		p, ok := l.schema.Workload[name]
+		if !ok {
+			return nil, l.pos.errorf(thread, path{name}, "workload: param %q is unknown (known: %s)", name, known(l.schema.Workload.Names()))
+		}
+		v, err := checkValue(p, kw[name])
+		if err != nil {
+			return nil, l.pos.errorf(thread, path{name}, "workload: param %q: %v", name, err)
+		}
+		vals[name] = v
+	}
+	return newWorkloadValue(vals), nil
+}
+
+// grid(**lists) returns {name: list} in argument order: a way to write a
+// grid without quoting the names.
+func (l *loader) grid(thread *starlark.Thread, _ *starlark.Builtin, args starlark.Tuple, kwargs []starlark.Tuple) (starlark.Value, error) {
+	if len(args) > 0 {
+		return nil, l.pos.errorf(thread, nil, "grid: takes keyword arguments only, e.g. grid(budget=[0.1, 0.5])")
+	}
+	if _, err := l.keywords(thread, "grid", kwargs, nil); err != nil {
+		return nil, err
+	}
+	d := starlark.NewDict(len(kwargs))
+	for _, kv := range kwargs {
+		if _, ok := asList(kv[1]); !ok {
+			return nil, l.pos.errorf(thread, path{string(kv[0].(starlark.String))}, "grid: %q: want a list of values, got %s %s", string(kv[0].(starlark.String)), kv[1].Type(), shortRepr(kv[1]))
+		}
+		if err := d.SetKey(kv[0], kv[1]); err != nil {
+			return nil, err
+		}
+	}
+	return d, nil
+}
+
+// product(*lists) returns the cartesian product as a list of tuples, the
+// first list varying slowest (itertools.product); product(**lists)
+// returns it as a list of dicts, handy for extra points.
+func (l *loader) product(thread *starlark.Thread, _ *starlark.Builtin, args starlark.Tuple, kwargs []starlark.Tuple) (starlark.Value, error) {
+	if len(args) > 0 && len(kwargs) > 0 {
+		return nil, l.pos.errorf(thread, nil, "product: give the lists either all positionally (tuples) or all by keyword (dicts)")
+	}
+	if len(args) == 0 && len(kwargs) == 0 {
+		return nil, l.pos.errorf(thread, nil, "product: needs at least one list")
+	}
+	if _, err := l.keywords(thread, "product", kwargs, nil); err != nil {
+		return nil, err
+	}
+	var keys []starlark.Value
+	var lists [][]starlark.Value
+	add := func(at any, v starlark.Value) error {
+		xs, ok := asList(v)
+		if !ok {
+			return l.pos.errorf(thread, path{at}, "product: want lists, got %s %s", v.Type(), shortRepr(v))
+		}
+		lists = append(lists, xs)
+		return nil
+	}
+	for i, a := range args {
+		if err := add(i, a); err != nil {
+			return nil, err
+		}
+	}
+	for _, kv := range kwargs {
+		keys = append(keys, kv[0])
+		if err := add(string(kv[0].(starlark.String)), kv[1]); err != nil {
+			return nil, err
+		}
+	}
+	sizes := make([]int, len(lists))
+	for i, xs := range lists {
+		sizes[i] = len(xs)
+	}
+	if n := productSize(sizes); n > MaxJobs {
+		return nil, l.pos.errorf(thread, nil, "product: %d combinations, more than the limit of %d", n, MaxJobs)
+	}
+	var out []starlark.Value
+	for combo := range combos(sizes) {
+		if keys == nil {
+			t := make(starlark.Tuple, len(combo))
+			for i, j := range combo {
+				t[i] = lists[i][j]
+			}
+			out = append(out, t)
+			continue
+		}
+		d := starlark.NewDict(len(keys))
+		for i, j := range combo {
+			if err := d.SetKey(keys[i], lists[i][j]); err != nil {
+				return nil, err
+			}
+		}
+		out = append(out, d)
+	}
+	return starlark.NewList(out), nil
+}
+
+// productSize multiplies sizes, saturating just above MaxJobs so that a
+// huge product cannot overflow into a small number.
+func productSize(sizes []int) int {
+	n := 1
+	for _, s := range sizes {
+		if s == 0 {
+			return 0
+		}
+		n *= s
+		if n > MaxJobs {
+			return MaxJobs + 1
+		}
+	}
+	return n
+}
+
+// combos yields every index tuple into lists of the given sizes, the last
+// index varying fastest. No sizes yields one empty tuple; the slice is
+// reused between iterations.
+func combos(sizes []int) func(yield func([]int) bool) {
+	return func(yield func([]int) bool) {
+		for _, s := range sizes {
+			if s == 0 {
+				return
+			}
+		}
+		idx := make([]int, len(sizes))
+		for {
+			if !yield(idx) {
+				return
+			}
+			i := len(idx) - 1
+			for ; i >= 0; i-- {
+				idx[i]++
+				if idx[i] < sizes[i] {
+					break
+				}
+				idx[i] = 0
+			}
+			if i < 0 {
+				return
+			}
+		}
+	}
+}
+
+// axis is one grid parameter as a given method sees it: values already
+// checked and converted against that method's declaration.
+type axis struct {
+	name   string
+	values []any
+}
+
+// point is one extra job before it gets an id.
+type point struct {
+	method   *Method
+	params   map[string]any
+	workload *workloadValue
+}
+
+// experiment(name, methods, grid, workloads, extra, timeout, doc) checks
+// its arguments and appends the expanded experiment to the plan.
+func (l *loader) experiment(thread *starlark.Thread, _ *starlark.Builtin, args starlark.Tuple, kwargs []starlark.Tuple) (starlark.Value, error) {
+	if len(args) > 0 {
+		return nil, l.pos.errorf(thread, nil, `experiment: takes keyword arguments only, e.g. experiment(name="q", methods=["full"])`)
+	}
+	kw, err := l.keywords(thread, "experiment", kwargs, experimentArgs)
+	if err != nil {
+		return nil, err
+	}
+	here := l.pos.locate(l.pos.callPos(thread), nil).String()
+
+	nv, ok := kw["name"]
+	if !ok {
+		return nil, l.pos.errorf(thread, nil, "experiment: name is required")
+	}
+	ns, ok := nv.(starlark.String)
+	if !ok {
+		return nil, l.pos.errorf(thread, path{"name"}, "experiment: name: want str, got %s %s", nv.Type(), shortRepr(nv))
+	}
+	name := string(ns)
+	// fail reports a problem with this experiment, prefixed by its name.
+	fail := func(at path, format string, args ...any) error {
+		return l.pos.errorf(thread, at, "experiment %q: "+format, append([]any{name}, args...)...)
+	}
+	if !nameRE.MatchString(name) {
+		return nil, fail(path{"name"}, "name must match [a-z0-9_-]+")
+	}
+	if prev, dup := l.names[name]; dup {
+		return nil, fail(path{"name"}, "name already used by the experiment at %s", prev)
+	}
+
+	methods, err := l.methods(kw, fail)
+	if err != nil {
+		return nil, err
+	}
+	workloads, err := l.workloads(kw, fail)
+	if err != nil {
+		return nil, err
+	}
+	axes, err := l.gridAxes(kw, methods, fail)
+	if err != nil {
+		return nil, err
+	}
+	extras, err := l.extras(kw, workloads[0], fail)
+	if err != nil {
+		return nil, err
+	}
+
+	e := Experiment{Name: name, Pos: here, Timeout: DefaultTimeout}
+	if v, ok := kw["timeout"]; ok {
+		i, ok := v.(starlark.Int)
+		if !ok {
+			return nil, fail(path{"timeout"}, "timeout: want whole seconds (int), got %s %s", v.Type(), shortRepr(v))
+		}
+		n, ok := i.Int64()
+		if !ok || n <= 0 || n > maxTimeoutSeconds {
+			return nil, fail(path{"timeout"}, "timeout: %s seconds is out of range (want 1 to %d)", i, maxTimeoutSeconds)
+		}
+		e.Timeout = time.Duration(n) * time.Second
+	}
+	if v, ok := kw["doc"]; ok {
+		s, ok := v.(starlark.String)
+		if !ok {
+			return nil, fail(path{"doc"}, "doc: want str, got %s %s", v.Type(), shortRepr(v))
+		}
+		e.Doc = string(s)
+	}
+
+	// Count before building anything, so a runaway grid fails fast.
+	n := len(extras)
+	for _, m := range methods {
+		sizes := make([]int, len(axes[m.Name]))
+		for i, a := range axes[m.Name] {
+			sizes[i] = len(a.values)
+		}
+		n += productSize(sizes) * len(workloads)
+		if l.jobs+n > MaxJobs {
+			return nil, fail(nil, "expands to more than %d jobs in this plan (the limit)", MaxJobs)
+		}
+	}
+
+	seen := make(map[string]bool, n)
+	add := func(m *Method, params map[string]any, w *workloadValue) {
+		j := Job{Experiment: name, Method: m.Name, Params: params, Workload: w.values(), Timeout: e.Timeout}
+		j.ID = j.ComputeID()
+		if seen[j.ID] {
+			return // same job spelt twice (a repeated value, an extra inside the grid): first wins
+		}
+		seen[j.ID] = true
+		e.Jobs = append(e.Jobs, j)
+	}
+	for _, w := range workloads {
+		for _, m := range methods {
+			ax := axes[m.Name]
+			sizes := make([]int, len(ax))
+			for i, a := range ax {
+				sizes[i] = len(a.values)
+			}
+			for combo := range combos(sizes) {
+				params := m.Params.defaults()
+				for i, j := range combo {
+					params[ax[i].name] = ax[i].values[j]
+				}
+				add(m, params, w)
+			}
+		}
+	}
+	for _, p := range extras {
+		add(p.method, p.params, p.workload)
+	}
+
+	l.names[name] = here
+	l.jobs += n
+	l.plan.Experiments = append(l.plan.Experiments, e)
+	return starlark.None, nil
+}
+
+type failFunc func(at path, format string, args ...any) error
+
+// methods checks the methods argument: a non-empty list of known names.
+// Repeats are dropped, first kept, since a method listed twice is the same
+// jobs twice.
+func (l *loader) methods(kw map[string]starlark.Value, fail failFunc) ([]*Method, error) {
+	v, ok := kw["methods"]
+	if !ok {
+		return nil, fail(nil, "methods is required")
+	}
+	xs, ok := asList(v)
+	if !ok {
+		return nil, fail(path{"methods"}, "methods: want a list of method names, got %s %s", v.Type(), shortRepr(v))
+	}
+	if len(xs) == 0 {
+		return nil, fail(path{"methods"}, "methods is empty")
+	}
+	var out []*Method
+	for i, x := range xs {
+		s, ok := x.(starlark.String)
+		if !ok {
+			return nil, fail(path{"methods", i}, "methods[%d]: want a method name (str), got %s %s", i, x.Type(), shortRepr(x))
+		}
+		m, ok := l.schema.Methods[string(s)]
+		if !ok {
+			return nil, fail(path{"methods", i}, "method %q is unknown (known: %s)", string(s), known(l.schema.MethodNames()))
+		}
+		if !slices.Contains(out, m) {
+			out = append(out, m)
+		}
+	}
+	return out, nil
+}
+
+// workloads checks the workloads argument; absent means one workload of
+// schema defaults.
+func (l *loader) workloads(kw map[string]starlark.Value, fail failFunc) ([]*workloadValue, error) {
+	v, ok := kw["workloads"]
+	if !ok {
+		return []*workloadValue{newWorkloadValue(l.schema.Workload.defaults())}, nil
+	}
+	xs, ok := asList(v)
+	if !ok {
+		return nil, fail(path{"workloads"}, "workloads: want a list of workload(...) values, got %s %s", v.Type(), shortRepr(v))
+	}
+	if len(xs) == 0 {
+		return nil, fail(path{"workloads"}, "workloads is empty (leave it out for the default workload)")
+	}
+	out := make([]*workloadValue, len(xs))
+	for i, x := range xs {
+		w, ok := x.(*workloadValue)
+		if !ok {
+			hint := ""
+			if _, isDict := x.(*starlark.Dict); isDict {
+				hint = " (wrap a dict d as workload(**d))"
+			}
+			return nil, fail(path{"workloads", i}, "workloads[%d]: want a workload(...) value, got %s %s%s", i, x.Type(), shortRepr(x), hint)
+		}
+		out[i] = w
+	}
+	return out, nil
+}
+
+// gridAxes checks the grid argument and returns, per method name, the
+// axes that method accepts, in the order the grid lists them. A method
+// without a param simply does not vary along it: that is how "full" ends
+// up once per workload in a budget sweep.
+func (l *loader) gridAxes(kw map[string]starlark.Value, methods []*Method, fail failFunc) (map[string][]axis, error) {
+	axes := make(map[string][]axis)
+	v, ok := kw["grid"]
+	if !ok {
+		return axes, nil
+	}
+	d, ok := v.(*starlark.Dict)
+	if !ok {
+		return nil, fail(path{"grid"}, "grid: want a dict of param name to list of values, got %s %s", v.Type(), shortRepr(v))
+	}
+	for _, item := range d.Items() {
+		ks, ok := item[0].(starlark.String)
+		if !ok {
+			return nil, fail(path{"grid"}, "grid: keys must be param names (str), got %s %s", item[0].Type(), shortRepr(item[0]))
+		}
+		k := string(ks)
+		xs, ok := asList(item[1])
+		if !ok {
+			return nil, fail(path{"grid", k}, "grid[%q]: want a list of values, got %s %s (write [x] for a single value)", k, item[1].Type(), shortRepr(item[1]))
+		}
+		if len(xs) == 0 {
+			return nil, fail(path{"grid", k}, "grid[%q] is empty", k)
+		}
+		accepted := false
+		for _, m := range methods {
+			p, ok := m.Params[k]
+			if !ok {
+				continue
+			}
+			accepted = true
+			vals := make([]any, len(xs))
+			for i, x := range xs {
+				var err error
+				if vals[i], err = checkValue(p, x); err != nil {
+					return nil, fail(path{"grid", k, i}, "grid[%q][%d]: %v (method %q)", k, i, err, m.Name)
+				}
+			}
+			axes[m.Name] = append(axes[m.Name], axis{name: k, values: vals})
+		}
+		if !accepted {
+			if _, ok := l.schema.Workload[k]; ok {
+				return nil, fail(path{"grid", k}, "grid param %q is a workload param, not a method param: use workloads=[workload(%s=v) for v in ...]", k, k)
+			}
+			var accepts []string
+			for _, m := range methods {
+				accepts = append(accepts, fmt.Sprintf("%s: %s", m.Name, known(m.Params.Names())))
+			}
+			return nil, fail(path{"grid", k}, "grid param %q is not a param of any listed method (%s)", k, strings.Join(accepts, "; "))
+		}
+	}
+	return axes, nil
+}
+
+// extras checks the extra argument: explicit points, each a dict with a
+// "method", an optional "workload" (default: the experiment's first) and
+// that method's params; the rest take defaults.
+func (l *loader) extras(kw map[string]starlark.Value, first *workloadValue, fail failFunc) ([]point, error) {
+	v, ok := kw["extra"]
+	if !ok {
+		return nil, nil
+	}
+	xs, ok := asList(v)
+	if !ok {
+		return nil, fail(path{"extra"}, `extra: want a list of dicts like {"method": "h2o", "budget": 0.5}, got %s %s`, v.Type(), shortRepr(v))
+	}
+	out := make([]point, 0, len(xs))
+	for i, x := range xs {
+		d, ok := x.(*starlark.Dict)
+		if !ok {
+			return nil, fail(path{"extra", i}, "extra[%d]: want a dict, got %s %s", i, x.Type(), shortRepr(x))
+		}
+		mv, found, _ := d.Get(starlark.String("method"))
+		if !found {
+			return nil, fail(path{"extra", i}, `extra[%d]: "method" is required`, i)
+		}
+		ms, ok := mv.(starlark.String)
+		if !ok {
+			return nil, fail(path{"extra", i, "method"}, "extra[%d]: method: want str, got %s %s", i, mv.Type(), shortRepr(mv))
+		}
+		m, ok := l.schema.Methods[string(ms)]
+		if !ok {
+			return nil, fail(path{"extra", i, "method"}, "extra[%d]: method %q is unknown (known: %s)", i, string(ms), known(l.schema.MethodNames()))
+		}
+		p := point{method: m, params: m.Params.defaults(), workload: first}
+		for _, kv := range d.Items() {
+			ks, ok := kv[0].(starlark.String)
+			if !ok {
+				return nil, fail(path{"extra", i}, "extra[%d]: keys must be str, got %s %s", i, kv[0].Type(), shortRepr(kv[0]))
+			}
+			switch k := string(ks); k {
+			case "method":
+			case "workload":
+				w, ok := kv[1].(*workloadValue)
+				if !ok {
+					return nil, fail(path{"extra", i, k}, "extra[%d]: workload: want a workload(...) value, got %s %s", i, kv[1].Type(), shortRepr(kv[1]))
+				}
+				p.workload = w
+			default:
+				param, ok := m.Params[k]
+				if !ok {
+					return nil, fail(path{"extra", i, k}, "extra[%d]: param %q is unknown for method %q (known: %s)", i, k, m.Name, known(m.Params.Names()))
+				}
+				val, err := checkValue(param, kv[1])
+				if err != nil {
+					return nil, fail(path{"extra", i, k}, "extra[%d]: param %q of method %q: %v", i, k, m.Name, err)
+				}
+				p.params[k] = val
+			}
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}

@@ -1,0 +1,172 @@
+// Package expt turns experiment scripts into job plans.
+//
+// An experiment script is a Starlark file (Python syntax, deterministic,
+// no I/O) that calls the predeclared workload() and experiment() built-ins.
+// Load evaluates it, checks every method and parameter against the Schema
+// the Python side publishes, and expands each experiment into a
+// deterministic list of Jobs whose ids are hashes of their complete
+// contents. Everything that can be wrong with a script is reported here,
+// as a *ScriptError with a file:line:col position, before any job runs.
+package expt
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"go.starlark.net/starlark"
+	"go.starlark.net/syntax"
+)
+
+// Limits on what a script may cost. A script is trusted not to be hostile
+// but may well have a bug: these turn a runaway loop or an accidental
+// ten-way product into an error rather than a hung or swapping CLI.
+const (
+	DefaultTimeout = 600 * time.Second // per job, when experiment() gives none
+	MaxSteps       = 10_000_000        // Starlark execution steps per script
+	MaxJobs        = 100_000           // jobs per plan, counted before de-duplication
+)
+
+// Job is one unit of work: one method with complete parameters on one
+// complete workload.
+type Job struct {
+	ID         string // first 16 hex digits of sha256(CanonicalJSON())
+	Experiment string
+	Method     string
+	Params     map[string]any // every method param, defaults filled in
+	Workload   map[string]any // every workload param, defaults filled in
+	Timeout    time.Duration  // not part of the id
+}
+
+// Experiment is one experiment() call, expanded.
+type Experiment struct {
+	Name    string
+	Doc     string
+	Pos     string // file:line:col of the experiment() call
+	Jobs    []Job
+	Timeout time.Duration
+}
+
+// Plan is everything one script declares.
+type Plan struct {
+	File        string // as given to Load or LoadSource
+	Hash        string // hex sha256 of the script bytes
+	Experiments []Experiment
+	Prints      []string // output of print() in the script, each "file:line:col: text"
+}
+
+// fileOptions are the Starlark dialect scripts are written in. Top-level
+// loops, while and reassignment let a script read like a Python notebook
+// cell; MaxSteps bounds what while can do. Recursion stays off, as in
+// standard Starlark: deep recursion would exhaust the Go stack, which no
+// step count catches.
+var fileOptions = &syntax.FileOptions{
+	Set:             true,
+	While:           true,
+	TopLevelControl: true,
+	GlobalReassign:  true,
+}
+
+// Load reads and evaluates the script at path. Positions in errors name
+// the file as path is written.
+func Load(ctx context.Context, path string, schema *Schema) (*Plan, error) {
+	src, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("expt: read script: %w", err)
+	}
+	return load(ctx, path, src, schema)
+}
+
+// LoadSource evaluates src as if read from filename.
+func LoadSource(filename string, src []byte, schema *Schema) (*Plan, error) {
+	return load(context.Background(), filename, src, schema)
+}
+
+func load(ctx context.Context, filename string, src []byte, schema *Schema) (*Plan, error) {
+	if schema == nil {
+		return nil, errors.New("expt: no schema")
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("expt: %s: %w", filename, err)
+	}
+	sum := sha256.Sum256(src)
+	plan := &Plan{File: filename, Hash: hex.EncodeToString(sum[:])}
+
+	// Parse first ourselves, rather than ExecFile, to keep the syntax tree:
+	// errors point at arguments and literal values through it.
+	f, err := fileOptions.Parse(filename, src, 0)
+	if err != nil {
+		return nil, asScriptError(err, filename, nil)
+	}
+	l := &loader{
+		schema: schema,
+		pos:    indexCalls(f),
+		plan:   plan,
+		names:  make(map[string]string),
+	}
+	predeclared := l.builtins()
+	prog, err := starlark.FileProgram(f, predeclared.Has)
+	if err != nil {
+		return nil, asScriptError(err, filename, l.pos)
+	}
+	if prog.NumLoads() > 0 {
+		_, pos := prog.Load(0)
+		return nil, &ScriptError{Pos: pos.String(), Msg: "load is not allowed: an experiment script must be self-contained"}
+	}
+
+	var overSteps bool
+	thread := &starlark.Thread{
+		Name: "expt:" + filename,
+		Print: func(t *starlark.Thread, msg string) {
+			plan.Prints = append(plan.Prints, l.pos.locate(l.pos.callPos(t), nil).String()+": "+msg)
+		},
+		Load: func(*starlark.Thread, string) (starlark.StringDict, error) {
+			return nil, errors.New("load is not allowed") // unreachable: refused above
+		},
+		OnMaxSteps: func(t *starlark.Thread) {
+			overSteps = true
+			t.Cancel("too many steps")
+		},
+	}
+	thread.SetMaxExecutionSteps(MaxSteps)
+	stop := context.AfterFunc(ctx, func() { thread.Cancel(ctx.Err().Error()) })
+	defer stop()
+
+	if _, err := prog.Init(thread, predeclared); err != nil {
+		se := asScriptError(err, filename, l.pos)
+		switch {
+		case overSteps:
+			se.Msg = fmt.Sprintf("script ran for more than %d steps (an endless loop?)", MaxSteps)
+		case ctx.Err() != nil:
+			se.Msg = "evaluation cancelled: " + ctx.Err().Error()
+			se.err = ctx.Err()
+		}
+		return nil, se
+	}
+	if len(plan.Experiments) == 0 {
+		return nil, &ScriptError{Pos: filename + ":1:1", Msg: "the script declares no experiment (call experiment(name=..., methods=[...]))"}
+	}
+	return plan, nil
+}
+
+// loader is the state of one script evaluation, shared by the built-ins.
+type loader struct {
+	schema *Schema
+	pos    *positions
+	plan   *Plan
+	names  map[string]string // experiment name -> position of its declaration
+	jobs   int               // jobs expanded so far, for MaxJobs
+}
+
+func (l *loader) builtins() starlark.StringDict {
+	return starlark.StringDict{
+		"workload":   starlark.NewBuiltin("workload", l.workload),
+		"experiment": starlark.NewBuiltin("experiment", l.experiment),
+		"grid":       starlark.NewBuiltin("grid", l.grid),
+		"product":    starlark.NewBuiltin("product", l.product),
+	}
+}

@@ -1,0 +1,474 @@
+package expt
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+func testSchema(t *testing.T) *Schema {
+	t.Helper()
+	s, err := LoadSchema("testdata/schema.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func mustLoad(t *testing.T, s *Schema, src string) *Plan {
+	t.Helper()
+	p, err := LoadSource("x.star", []byte(src), s)
+	if err != nil {
+		t.Fatalf("LoadSource: %v", err)
+	}
+	return p
+}
+
+// desc is a job in one line: method(params)@seed, params sorted.
+func desc(j Job) string {
+	var ps []string
+	for _, k := range sortedKeys(j.Params) {
+		ps = append(ps, k+"="+formatValue(j.Params[k]))
+	}
+	return fmt.Sprintf("%s(%s)@%v", j.Method, strings.Join(ps, ","), j.Workload["seed"])
+}
+
+func descs(jobs []Job) []string {
+	out := make([]string, len(jobs))
+	for i, j := range jobs {
+		out[i] = desc(j)
+	}
+	return out
+}
+
+func TestExpansionOrder(t *testing.T) {
+	s := testSchema(t)
+	plan, err := Load(context.Background(), "testdata/seeds.star", s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range plan.Experiments {
+		got = append(got, e.Name)
+	}
+	if want := []string{"seeds", "layers-2", "layers-8"}; !slices.Equal(got, want) {
+		t.Fatalf("experiments = %v, want %v", got, want)
+	}
+
+	var want []string
+	for seed := range 3 { // workloads, then methods, then the grid, first key slowest
+		want = append(want,
+			fmt.Sprintf("full()@%d", seed),
+			fmt.Sprintf(`snapkv(budget=0.1,pooling="max",window=16)@%d`, seed),
+			fmt.Sprintf(`snapkv(budget=0.1,pooling="max",window=64)@%d`, seed),
+			fmt.Sprintf(`snapkv(budget=0.5,pooling="max",window=16)@%d`, seed),
+			fmt.Sprintf(`snapkv(budget=0.5,pooling="max",window=64)@%d`, seed),
+		)
+	}
+	want = append(want, // extras last, on the first workload
+		`snapkv(budget=0.1,pooling="avg",window=32)@0`,
+		`snapkv(budget=0.5,pooling="avg",window=32)@0`,
+	)
+	seeds := plan.Experiments[0]
+	if got := descs(seeds.Jobs); !slices.Equal(got, want) {
+		t.Errorf("seeds jobs:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if seeds.Timeout != DefaultTimeout {
+		t.Errorf("seeds timeout = %v, want the default %v", seeds.Timeout, DefaultTimeout)
+	}
+	for _, j := range seeds.Jobs {
+		if j.Workload["dtype"] != "float16" {
+			t.Errorf("%s: workload dtype = %v, want float16", desc(j), j.Workload["dtype"])
+		}
+	}
+
+	l2 := plan.Experiments[1]
+	if got, want := descs(l2.Jobs), []string{"streamingllm(budget=0.25,sinks=0)@0", "streamingllm(budget=0.25,sinks=4)@0"}; !slices.Equal(got, want) {
+		t.Errorf("layers-2 jobs = %v, want %v", got, want)
+	}
+	for _, j := range l2.Jobs {
+		if j.Workload["layers"] != int64(2) || j.Timeout != 60*time.Second || j.Experiment != "layers-2" {
+			t.Errorf("layers-2 job %+v: want layers 2, timeout 60s", j)
+		}
+	}
+}
+
+func TestQuickstartFile(t *testing.T) {
+	s := testSchema(t)
+	plan, err := Load(context.Background(), "testdata/quickstart.star", s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := os.ReadFile("testdata/quickstart.star")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(src)
+	if plan.File != "testdata/quickstart.star" || plan.Hash != hex.EncodeToString(sum[:]) {
+		t.Errorf("plan file/hash = %s %s", plan.File, plan.Hash)
+	}
+	e := plan.Experiments[0]
+	want := []string{
+		"full()@0", // once: full has no budget
+		"h2o(budget=0.1,recent=0.5)@0", "h2o(budget=0.25,recent=0.5)@0", "h2o(budget=0.5,recent=0.5)@0",
+		`snapkv(budget=0.1,pooling="max",window=32)@0`, `snapkv(budget=0.25,pooling="max",window=32)@0`, `snapkv(budget=0.5,pooling="max",window=32)@0`,
+		"streamingllm(budget=0.1,sinks=4)@0", "streamingllm(budget=0.25,sinks=4)@0", "streamingllm(budget=0.5,sinks=4)@0",
+		"h2o(budget=1.0,recent=0.5)@0",
+	}
+	if got := descs(e.Jobs); !slices.Equal(got, want) {
+		t.Errorf("jobs:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if e.Name != "quickstart" || e.Doc != "Budget sweep, one workload." || e.Timeout != 300*time.Second || e.Pos != "testdata/quickstart.star:4:1" {
+		t.Errorf("experiment = %q %q %v %q", e.Name, e.Doc, e.Timeout, e.Pos)
+	}
+	for _, j := range e.Jobs {
+		if j.Timeout != 300*time.Second || j.ID != j.ComputeID() || len(j.ID) != 16 {
+			t.Errorf("job %s: timeout %v id %q", desc(j), j.Timeout, j.ID)
+		}
+	}
+}
+
+func TestFullNotMultipliedByGrid(t *testing.T) {
+	s := testSchema(t)
+	tests := []struct {
+		name string
+		src  string
+		want []string
+	}{
+		{
+			name: "full alone in a budget grid is an error-free single job per workload",
+			src: `experiment(name = "a", methods = ["full", "h2o"], grid = {"budget": [0.1, 0.5]},
+                workloads = [workload(seed = 1), workload(seed = 2)])`,
+			want: []string{
+				"full()@1", "h2o(budget=0.1,recent=0.5)@1", "h2o(budget=0.5,recent=0.5)@1",
+				"full()@2", "h2o(budget=0.1,recent=0.5)@2", "h2o(budget=0.5,recent=0.5)@2",
+			},
+		},
+		{
+			name: "a param only some methods have varies only those",
+			src:  `experiment(name = "a", methods = ["h2o", "snapkv"], grid = {"window": [8, 16], "budget": [0.5]})`,
+			want: []string{
+				"h2o(budget=0.5,recent=0.5)@0",
+				`snapkv(budget=0.5,pooling="max",window=8)@0`,
+				`snapkv(budget=0.5,pooling="max",window=16)@0`,
+			},
+		},
+		{
+			name: "repeats are dropped, first kept",
+			src: `experiment(name = "a", methods = ["h2o", "full", "h2o"], grid = {"budget": [0.5, 0.1, 0.5]},
+                extra = [{"method": "h2o", "budget": 0.1}, {"method": "h2o", "recent": 0.25}, {"method": "full"}])`,
+			want: []string{
+				"h2o(budget=0.5,recent=0.5)@0", "h2o(budget=0.1,recent=0.5)@0", "full()@0",
+				"h2o(budget=0.25,recent=0.25)@0",
+			},
+		},
+		{
+			name: "an extra may name its own workload",
+			src: `w = [workload(seed = 3), workload(seed = 4)]
+experiment(name = "a", methods = ["full"], workloads = w, extra = [{"method": "full", "workload": workload(seed = 9)}])`,
+			want: []string{"full()@3", "full()@4", "full()@9"},
+		},
+		{
+			name: "range and tuples are lists too",
+			src:  `experiment(name = "a", methods = ("streamingllm",), grid = {"sinks": range(2)})`,
+			want: []string{"streamingllm(budget=0.25,sinks=0)@0", "streamingllm(budget=0.25,sinks=1)@0"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			plan := mustLoad(t, s, tt.src)
+			if got := descs(plan.Experiments[0].Jobs); !slices.Equal(got, tt.want) {
+				t.Errorf("jobs:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(tt.want, "\n"))
+			}
+		})
+	}
+}
+
+func TestDefaultsFilled(t *testing.T) {
+	s := testSchema(t)
+	plan := mustLoad(t, s, `experiment(name = "a", methods = ["snapkv"], workloads = [workload(layers = 2)])`)
+	j := plan.Experiments[0].Jobs[0]
+	wantParams := map[string]any{"budget": 0.25, "window": int64(32), "pooling": "max"}
+	wantWorkload := map[string]any{"seed": int64(0), "layers": int64(2), "tokens_per_image": int64(576), "dtype": "float32", "causal": true}
+	if fmt.Sprint(j.Params) != fmt.Sprint(wantParams) {
+		t.Errorf("params = %v, want %v", j.Params, wantParams)
+	}
+	if fmt.Sprint(j.Workload) != fmt.Sprint(wantWorkload) {
+		t.Errorf("workload = %v, want %v", j.Workload, wantWorkload)
+	}
+	for k, v := range wantParams { // fmt.Sprint hides int64 vs float64
+		if fmt.Sprintf("%T", j.Params[k]) != fmt.Sprintf("%T", v) {
+			t.Errorf("params[%s] is %T, want %T", k, j.Params[k], v)
+		}
+	}
+	// Jobs must not share maps: one caller editing a job leaves others alone.
+	plan = mustLoad(t, s, `experiment(name = "a", methods = ["h2o"], grid = {"budget": [0.1, 0.2]})`)
+	jobs := plan.Experiments[0].Jobs
+	jobs[0].Workload["seed"] = int64(99)
+	jobs[0].Params["recent"] = 0.0
+	if jobs[1].Workload["seed"] != int64(0) || jobs[1].Params["recent"] != 0.5 {
+		t.Errorf("jobs share maps: %v %v", jobs[1].Workload, jobs[1].Params)
+	}
+}
+
+func TestIDsStable(t *testing.T) {
+	s := testSchema(t)
+	ids := func(src string) []string {
+		t.Helper()
+		var out []string
+		for _, j := range mustLoad(t, s, src).Experiments[0].Jobs {
+			out = append(out, j.ID)
+		}
+		return out
+	}
+	base := `experiment(name = "a", methods = ["full", "h2o"], grid = {"budget": [0.1, 1.0]}, workloads = [workload()])`
+	tests := []struct {
+		name string
+		src  string
+	}{
+		{"same script again", base},
+		{"defaults spelt out", `experiment(name = "a", methods = ["full", "h2o"], grid = {"budget": [0.1, 1.0], "recent": [0.5]},
+            workloads = [workload(seed = 0, layers = 4, tokens_per_image = 576, dtype = "float32", causal = True)], timeout = 5, doc = "x")`},
+		{"int for a float param", `experiment(name = "a", methods = ["full", "h2o"], grid = {"budget": [0.1, 1]})`},
+		{"built by code", `b = [x / 10 for x in [1, 10]]
+experiment(name = "a", methods = ["full"] + ["h2o"], grid = grid(budget = b))`},
+		{"workload derived from another", `w = workload(seed = 5)
+experiment(name = "a", methods = ["full", "h2o"], grid = {"budget": [0.1, 1.0]}, workloads = [workload(**dict(w, seed = 0))])`},
+	}
+	want := ids(base)
+	if len(want) != 3 {
+		t.Fatalf("base ids = %v, want 3", want)
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := ids(tt.src); !slices.Equal(got, want) {
+				t.Errorf("ids = %v, want %v", got, want)
+			}
+		})
+	}
+	// Negative zero equals zero, so it is the same job.
+	if a, b := ids(`experiment(name = "a", methods = ["h2o"], grid = {"budget": [0.0]})`),
+		ids(`experiment(name = "a", methods = ["h2o"], grid = {"budget": [-0.0]})`); !slices.Equal(a, b) {
+		t.Errorf("-0.0 and 0.0 give ids %v and %v", a, b)
+	}
+	// The experiment name is part of a job's identity; the timeout is not.
+	if a, b := ids(`experiment(name = "a", methods = ["full"])`), ids(`experiment(name = "b", methods = ["full"])`); slices.Equal(a, b) {
+		t.Errorf("experiments a and b share ids %v", a)
+	}
+	if a, b := ids(`experiment(name = "a", methods = ["full"], timeout = 1)`), ids(`experiment(name = "a", methods = ["full"], timeout = 2)`); !slices.Equal(a, b) {
+		t.Errorf("timeouts change ids: %v vs %v", a, b)
+	}
+}
+
+func TestScriptFeatures(t *testing.T) {
+	s := testSchema(t)
+	plan := mustLoad(t, s, `
+w = workload(seed = 7, dtype = "bfloat16")
+print(w["seed"], w.layers, w.dtype, len(w), sorted(w.keys()) if hasattr(w, "keys") else list(w))
+print(w == workload(dtype = "bfloat16", seed = 7), w != workload(), {w: 1}[workload(seed = 7, dtype = "bfloat16")])
+print(product([1, 2], ["a"]))
+print(product(x = [1], y = [2, 3]))
+print(grid(budget = [0.1]), "%s-%d" % ("n", 3), "{}{}".format("a", 1))
+experiment(name = "a", methods = ["full"], workloads = [w])
+`)
+	want := []string{
+		`x.star:3:1: 7 4 bfloat16 5 ["causal", "dtype", "layers", "seed", "tokens_per_image"]`,
+		`x.star:4:1: True True 1`,
+		`x.star:5:1: [(1, "a"), (2, "a")]`,
+		`x.star:6:1: [{"x": 1, "y": 2}, {"x": 1, "y": 3}]`,
+		`x.star:7:1: {"budget": [0.1]} n-3 a1`,
+	}
+	if !slices.Equal(plan.Prints, want) {
+		t.Errorf("prints:\n%s\nwant:\n%s", strings.Join(plan.Prints, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+func TestErrors(t *testing.T) {
+	s := testSchema(t)
+	tests := []struct {
+		name string
+		src  string
+		want string // the complete message, position first
+	}{
+		// Syntax, resolution and runtime errors from Starlark itself.
+		{"syntax", "experiment(name = \"a\",\n    methods = [\"full\"]\n", `x.star:3:1: got end of file, want ')'`},
+		{"undefined name", `experimnt(name = "a")`, `x.star:1:1: undefined: experimnt`},
+		{"runtime", "def f(x):\n    return x // 0\nf(1)\n", `x.star:2:14: floored division by zero`},
+		{"runtime in a built-in", `experiment(name = "a", methods = ["full"], doc = len(3))`, `x.star:1:50: len: value of type int has no len`},
+		{"load", `load("other.star", "x")`, `x.star:1:6: load is not allowed: an experiment script must be self-contained`},
+		{"no experiment", `x = 1`, `x.star:1:1: the script declares no experiment (call experiment(name=..., methods=[...]))`},
+
+		// experiment() arguments.
+		{"unknown method", "wl = workload(seed=0)\n\nexperiment(\n    name = \"q\",\n    methods = [\"full\", \"h2oo\"],\n)\n",
+			`x.star:5:24: experiment "q": method "h2oo" is unknown (known: full, h2o, snapkv, streamingllm)`},
+		{"unknown method via a variable", "M = [\"h2oo\"]\nexperiment(\n    name = \"q\",\n    methods = M,\n)\n",
+			`x.star:4:5: experiment "q": method "h2oo" is unknown (known: full, h2o, snapkv, streamingllm)`},
+		{"method not a string", `experiment(name = "q", methods = ["full", 3])`, `x.star:1:43: experiment "q": methods[1]: want a method name (str), got int 3`},
+		{"methods a string", `experiment(name = "q", methods = "full")`, `x.star:1:24: experiment "q": methods: want a list of method names, got string "full"`},
+		{"empty methods", `experiment(name = "q", methods = [])`, `x.star:1:24: experiment "q": methods is empty`},
+		{"missing methods", `experiment(name = "q")`, `x.star:1:1: experiment "q": methods is required`},
+		{"missing name", "\nexperiment(methods = [\"full\"])", `x.star:2:1: experiment: name is required`},
+		{"bad name", `experiment(name = "Q!", methods = ["full"])`, `x.star:1:12: experiment "Q!": name must match [a-z0-9_-]+`},
+		{"name not a string", `experiment(name = 1, methods = ["full"])`, `x.star:1:12: experiment: name: want str, got int 1`},
+		{"duplicate name", "experiment(name = \"a\", methods = [\"full\"])\nexperiment(name = \"a\", methods = [\"h2o\"])",
+			`x.star:2:12: experiment "a": name already used by the experiment at x.star:1:1`},
+		{"unknown argument", `experiment(name = "a", methods = ["full"], grids = {})`,
+			`x.star:1:44: experiment: unknown argument "grids" (known: doc, extra, grid, methods, name, timeout, workloads)`},
+		{"positional argument", `experiment("a", ["full"])`, `x.star:1:1: experiment: takes keyword arguments only, e.g. experiment(name="q", methods=["full"])`},
+		{"repeated argument", `experiment(name = "a", methods = ["full"], **{"name": "b"})`, `x.star:1:12: experiment: argument "name" given twice`},
+		{"timeout zero", `experiment(name = "a", methods = ["full"], timeout = 0)`, `x.star:1:44: experiment "a": timeout: 0 seconds is out of range (want 1 to 9223372036)`},
+		{"timeout float", `experiment(name = "a", methods = ["full"], timeout = 1.5)`, `x.star:1:44: experiment "a": timeout: want whole seconds (int), got float 1.5`},
+		{"doc not a string", `experiment(name = "a", methods = ["full"], doc = 1)`, `x.star:1:44: experiment "a": doc: want str, got int 1`},
+
+		// Grid.
+		{"grid param of no listed method", "experiment(\n    name = \"a\",\n    methods = [\"full\", \"h2o\"],\n    grid = {\"budgte\": [0.1]},\n)",
+			`x.star:4:13: experiment "a": grid param "budgte" is not a param of any listed method (full: none; h2o: budget, recent)`},
+		{"grid workload param", `experiment(name = "a", methods = ["h2o"], grid = {"seed": [0, 1]})`,
+			`x.star:1:51: experiment "a": grid param "seed" is a workload param, not a method param: use workloads=[workload(seed=v) for v in ...]`},
+		{"grid wrong type", `experiment(name = "a", methods = ["snapkv"], grid = {"window": [16, "big"]})`,
+			`x.star:1:69: experiment "a": grid["window"][1]: want int, got str "big" (method "snapkv")`},
+		{"grid float for int", `experiment(name = "a", methods = ["snapkv"], grid = grid(window = [16.0]))`,
+			`x.star:1:68: experiment "a": grid["window"][0]: want int, got float 16.0 (method "snapkv")`},
+		{"grid out of range", "experiment(\n    name = \"a\",\n    methods = [\"h2o\"],\n    grid = {\"budget\": [0.5,\n                       1.5]},\n)",
+			`x.star:5:24: experiment "a": grid["budget"][1]: 1.5 is above the maximum 1 (method "h2o")`},
+		{"grid choices", `experiment(name = "a", methods = ["snapkv"], grid = {"pooling": ["max", "mean"]})`,
+			`x.star:1:73: experiment "a": grid["pooling"][1]: "mean" is not one of "max", "avg" (method "snapkv")`},
+		{"grid nan", `experiment(name = "a", methods = ["h2o"], grid = {"budget": [float("nan")]})`,
+			`x.star:1:62: experiment "a": grid["budget"][0]: nan is not a finite number (method "h2o")`},
+		{"grid scalar", `experiment(name = "a", methods = ["h2o"], grid = {"budget": 0.5})`,
+			`x.star:1:51: experiment "a": grid["budget"]: want a list of values, got float 0.5 (write [x] for a single value)`},
+		{"grid empty list", `experiment(name = "a", methods = ["h2o"], grid = {"budget": []})`, `x.star:1:51: experiment "a": grid["budget"] is empty`},
+		{"grid not a dict", `experiment(name = "a", methods = ["h2o"], grid = [0.5])`,
+			`x.star:1:43: experiment "a": grid: want a dict of param name to list of values, got list [0.5]`},
+
+		// Workloads.
+		{"unknown workload param", "wl = workload(\n    seeds = 1)", `x.star:2:5: workload: param "seeds" is unknown (known: causal, dtype, layers, seed, tokens_per_image)`},
+		{"workload float for int", `workload(layers = 2.5)`, `x.star:1:10: workload: param "layers": want int, got float 2.5`},
+		{"workload bool for int", `workload(seed = True)`, `x.star:1:10: workload: param "seed": want int, got bool True`},
+		{"workload below min", `workload(layers = 0)`, `x.star:1:10: workload: param "layers": 0 is below the minimum 1`},
+		{"workload choices", `workload(dtype = "fp8")`, `x.star:1:10: workload: param "dtype": "fp8" is not one of "float32", "float16", "bfloat16"`},
+		{"workload huge int", `workload(seed = 1 << 70)`, `x.star:1:10: workload: param "seed": integer 1180591620717411303424 does not fit in 64 bits`},
+		{"workload list", `workload(seed = [1])`, `x.star:1:10: workload: param "seed": want int, got list [1]`},
+		{"workload positional", `workload(1)`, `x.star:1:1: workload: takes keyword arguments only, e.g. workload(seed=0)`},
+		{"workloads of dicts", `experiment(name = "a", methods = ["full"], workloads = [{"seed": 1}])`,
+			`x.star:1:57: experiment "a": workloads[0]: want a workload(...) value, got dict {"seed": 1} (wrap a dict d as workload(**d))`},
+		{"workloads empty", `experiment(name = "a", methods = ["full"], workloads = [])`,
+			`x.star:1:44: experiment "a": workloads is empty (leave it out for the default workload)`},
+
+		// Extras.
+		{"extra unknown param", "experiment(\n    name = \"a\",\n    methods = [\"h2o\"],\n    extra = [{\"method\": \"full\", \"budget\": 1.0}],\n)",
+			`x.star:4:33: experiment "a": extra[0]: param "budget" is unknown for method "full" (known: none)`},
+		{"extra unknown method", `experiment(name = "a", methods = ["h2o"], extra = [dict(method = "h3o")])`,
+			`x.star:1:57: experiment "a": extra[0]: method "h3o" is unknown (known: full, h2o, snapkv, streamingllm)`},
+		{"extra without method", `experiment(name = "a", methods = ["h2o"], extra = [{"budget": 0.5}])`,
+			`x.star:1:52: experiment "a": extra[0]: "method" is required`},
+		{"extra out of range", `experiment(name = "a", methods = ["h2o"], extra = [{"method": "h2o", "recent": -1}])`,
+			`x.star:1:70: experiment "a": extra[0]: param "recent" of method "h2o": -1 is below the minimum 0`},
+		{"extra bad workload", `experiment(name = "a", methods = ["h2o"], extra = [{"method": "h2o", "workload": 1}])`,
+			`x.star:1:70: experiment "a": extra[0]: workload: want a workload(...) value, got int 1`},
+
+		// Errors raised inside a def point at the call inside the def.
+		{"inside a function", "def add(n):\n    experiment(name = n, methods = [\"nope\"])\n\nadd(\"a\")\n",
+			`x.star:2:37: experiment "a": method "nope" is unknown (known: full, h2o, snapkv, streamingllm)`},
+
+		// Helpers.
+		{"product mixed", `product([1], x = [2])`, `x.star:1:1: product: give the lists either all positionally (tuples) or all by keyword (dicts)`},
+		{"product not a list", `product([1], 2)`, `x.star:1:14: product: want lists, got int 2`},
+		{"product too big", `r = list(range(1000))
+product(r, r)`, `x.star:2:1: product: 100001 combinations, more than the limit of 100000`},
+		{"grid helper not a list", `grid(budget = 0.5)`, `x.star:1:6: grid: "budget": want a list of values, got float 0.5`},
+		{"too many jobs", `experiment(name = "a", methods = ["snapkv"], grid = {"budget": [x / 1000 for x in range(1000)], "window": range(1, 102)})`,
+			`x.star:1:1: experiment "a": expands to more than 100000 jobs in this plan (the limit)`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			plan, err := LoadSource("x.star", []byte(tt.src), s)
+			if err == nil {
+				t.Fatalf("LoadSource succeeded with %d experiments, want error %q", len(plan.Experiments), tt.want)
+			}
+			var se *ScriptError
+			if !errors.As(err, &se) {
+				t.Fatalf("error %v (%T) is not a *ScriptError", err, err)
+			}
+			if err.Error() != tt.want {
+				t.Errorf("error:\n got %s\nwant %s", err, tt.want)
+			}
+			if pos, _, _ := strings.Cut(tt.want, ": "); se.Pos != pos {
+				t.Errorf("Pos = %q, want %q", se.Pos, pos)
+			}
+		})
+	}
+}
+
+func TestEndlessLoopIsBounded(t *testing.T) {
+	s := testSchema(t)
+	tests := []struct {
+		name string
+		src  string
+		pos  string
+	}{
+		{"while", "experiment(name = \"a\", methods = [\"full\"])\nn = 0\nwhile True:\n    n += 1\n", "x.star:4:"},
+		{"huge for", "n = 0\nfor i in range(1 << 40):\n    n += i\n", "x.star:2:"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			start := time.Now()
+			_, err := LoadSource("x.star", []byte(tt.src), s)
+			var se *ScriptError
+			if !errors.As(err, &se) {
+				t.Fatalf("err = %v, want a *ScriptError", err)
+			}
+			if !strings.HasPrefix(se.Pos, tt.pos) || se.Msg != "script ran for more than 10000000 steps (an endless loop?)" {
+				t.Errorf("err = %v", err)
+			}
+			t.Logf("stopped after %v: %v", time.Since(start), err)
+		})
+	}
+}
+
+func TestContextCancel(t *testing.T) {
+	s := testSchema(t)
+	dir := t.TempDir()
+	script := dir + "/loop.star"
+	if err := os.WriteFile(script, []byte("experiment(name = \"a\", methods = [\"full\"])\nn = 0\nwhile True:\n    n += 1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(10*time.Millisecond, cancel)
+	_, err := Load(ctx, script, s)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v, want context.Canceled", err)
+	}
+	// Not the position: Starlark's position table places some loop
+	// instructions at the last positioned statement before the loop.
+	var se *ScriptError
+	if !errors.As(err, &se) || se.Msg != "evaluation cancelled: context canceled" {
+		t.Errorf("err = %v, want a *ScriptError saying it was cancelled", err)
+	}
+
+	// Already cancelled: nothing runs.
+	if _, err := Load(ctx, "testdata/quickstart.star", s); !errors.Is(err, context.Canceled) {
+		t.Errorf("err = %v, want context.Canceled", err)
+	}
+}
+
+func TestLoadErrors(t *testing.T) {
+	s := testSchema(t)
+	if _, err := Load(context.Background(), "testdata/missing.star", s); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("missing file: err = %v, want ErrNotExist", err)
+	}
+	if _, err := LoadSource("x.star", []byte(`experiment(name = "a", methods = ["full"])`), nil); err == nil {
+		t.Error("nil schema: no error")
+	}
+	_, err := Load(context.Background(), "testdata/bad_method.star", s)
+	if want := `testdata/bad_method.star:5:24: experiment "q": method "h2oo" is unknown (known: full, h2o, snapkv, streamingllm)`; err == nil || err.Error() != want {
+		t.Errorf("err = %v, want %s", err, want)
+	}
+}

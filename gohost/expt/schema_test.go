@@ -1,0 +1,89 @@
+package expt
+
+import (
+	"errors"
+	"os"
+	"strings"
+	"testing"
+)
+
+func TestParseSchema(t *testing.T) {
+	s := testSchema(t)
+	if got := strings.Join(s.MethodNames(), ","); got != "full,h2o,snapkv,streamingllm" {
+		t.Errorf("methods = %s", got)
+	}
+	budget := s.Methods["h2o"].Params["budget"]
+	if budget.Type != TypeFloat || budget.Default != 0.25 || *budget.Min != 0 || *budget.Max != 1 || budget.Doc == "" {
+		t.Errorf("h2o budget = %+v", budget)
+	}
+	// A float declared with an int default holds a float; an int holds int64.
+	if v := s.Methods["h2o"].Params["recent"]; v.Default != 0.5 {
+		t.Errorf("recent default = %#v", v.Default)
+	}
+	if v := s.Workload["layers"]; v.Default != int64(4) {
+		t.Errorf("layers default = %#v, want int64(4)", v.Default)
+	}
+	if got := strings.Join(s.Workload.Names(), ","); got != "causal,dtype,layers,seed,tokens_per_image" {
+		t.Errorf("workload params = %s", got)
+	}
+
+	// What kernels_py/params.py writes for a str param: explicit null bounds.
+	p, err := ParseSchema([]byte(`{"methods": {"m": {"params": {"x": {"type": "float", "default": 1, "doc": "d", "min": 0, "max": null}}}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if x := p.Methods["m"].Params["x"]; x.Default != 1.0 || x.Max != nil || len(p.Workload) != 0 {
+		t.Errorf("x = %+v, workload = %v", x, p.Workload)
+	}
+}
+
+func TestParseSchemaErrors(t *testing.T) {
+	method := func(params string) string {
+		return `{"methods": {"m": {"params": {` + params + `}}}}`
+	}
+	tests := []struct {
+		name, json, want string
+	}{
+		{"not json", `{`, "expt: schema: unexpected EOF"},
+		{"trailing", `{"methods": {"m": {}}} {}`, "expt: schema: trailing data after the JSON object"},
+		{"no methods", `{"workload": {"params": {}}}`, `expt: schema: "methods" is missing or empty`},
+		{"unknown field", `{"methods": {"m": {"parms": {}}}}`, `expt: schema: json: unknown field "parms"`},
+		{"bad method name", `{"methods": {"a b": {}}}`, `expt: schema: method name "a b" is not valid (want ^[A-Za-z0-9][A-Za-z0-9_.-]*$)`},
+		{"bad param name", method(`"x-y": {"type": "int", "default": 1}`), `expt: schema: method "m": param name "x-y" is not an identifier`},
+		{"reserved", method(`"workload": {"type": "int", "default": 1}`), `expt: schema: method "m": param name "workload" is reserved`},
+		{"no type", method(`"x": {"default": 1}`), `expt: schema: method "m": param "x": "type" is missing`},
+		{"bad type", method(`"x": {"type": "double", "default": 1}`), `expt: schema: method "m": param "x": type "double" is unknown (known: bool, float, int, str)`},
+		{"no default", method(`"x": {"type": "int"}`), `expt: schema: method "m": param "x": "default" is missing`},
+		{"null default", method(`"x": {"type": "int", "default": null}`), `expt: schema: method "m": param "x": "default" is missing`},
+		{"default type", method(`"x": {"type": "int", "default": 1.5}`), `expt: schema: method "m": param "x": default: want int, got float 1.5`},
+		{"default range", method(`"x": {"type": "float", "default": 2, "max": 1}`), `expt: schema: method "m": param "x": default: 2 is above the maximum 1`},
+		{"min above max", method(`"x": {"type": "float", "default": 0, "min": 1, "max": 0}`), `expt: schema: method "m": param "x": min 1 is above max 0`},
+		{"bound on str", method(`"x": {"type": "str", "default": "a", "min": 1}`), `expt: schema: method "m": param "x": "min" is only for int and float params`},
+		{"empty choices", method(`"x": {"type": "str", "default": "a", "choices": []}`), `expt: schema: method "m": param "x": "choices" is empty`},
+		{"choice type", method(`"x": {"type": "str", "default": "a", "choices": ["a", 1]}`), `expt: schema: method "m": param "x": choices[1]: want str, got int 1`},
+		{"default not a choice", method(`"x": {"type": "str", "default": "c", "choices": ["a", "b"]}`), `expt: schema: method "m": param "x": default: "c" is not one of "a", "b"`},
+		{"workload", `{"methods": {"m": {}}, "workload": {"params": {"seed": {"type": "int", "default": true}}}}`, `expt: schema: workload: param "seed": default: want int, got bool True`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := ParseSchema([]byte(tt.json))
+			if err == nil || err.Error() != tt.want {
+				t.Errorf("err = %v\nwant  %s", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestLoadSchemaFileErrors(t *testing.T) {
+	if _, err := LoadSchema("testdata/nope.json"); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("err = %v, want ErrNotExist", err)
+	}
+	path := t.TempDir() + "/s.json"
+	if err := os.WriteFile(path, []byte(`{"methods": {}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := LoadSchema(path)
+	if want := "expt: schema " + path + `: "methods" is missing or empty`; err == nil || err.Error() != want {
+		t.Errorf("err = %v, want %s", err, want)
+	}
+}
