@@ -5,8 +5,9 @@ package vlkv
 
 import "embed"
 
-// Assets is rooted at the repository root: kernels_py/..., pyproject.toml, uv.lock.
+// Assets is rooted at the repository root: kernels_py/..., experiments/*.star,
+// pyproject.toml, uv.lock.
 // "all:" keeps __init__.py files, which plain directory embeds would skip.
 //
-//go:embed all:kernels_py pyproject.toml uv.lock
+//go:embed all:kernels_py pyproject.toml uv.lock experiments/*.star
 var Assets embed.FS

@@ -1,103 +1,84 @@
 package main
 
 import (
-	"encoding/json"
-	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
-	"github.com/vlkv/vlkv/gohost/worker"
+	"github.com/vlkv/vlkv/gohost/results"
 )
 
-// demoResult mirrors what kernels_py.demo.run returns.
-type demoResult struct {
-	Device      string `json:"device"`
-	Interpreter bool   `json:"interpreter"`
-	Dtype       string `json:"dtype"`
-	Shape       struct {
-		Heads     int `json:"heads"`
-		KVHeads   int `json:"kv_heads"`
-		HeadDim   int `json:"head_dim"`
-		QueryRows int `json:"query_rows"`
-		Keys      int `json:"keys"`
-	} `json:"shape"`
-	Segments []struct {
-		Segment        string  `json:"segment"`
-		Tokens         int     `json:"tokens"`
-		KernelShare    float64 `json:"kernel_share"`
-		ReferenceShare float64 `json:"reference_share"`
-		MaxAbsErr      float64 `json:"max_abs_err"`
-	} `json:"segments"`
-	SalientTokens   []int   `json:"salient_tokens"`
-	TopKernelTokens []int   `json:"top_kernel_tokens"`
-	MaxAbsErr       float64 `json:"max_abs_err"`
-	Tolerance       float64 `json:"tolerance"`
-	OK              bool    `json:"ok"`
-	KernelSeconds   float64 `json:"kernel_seconds"`
-}
-
 func newDemoCmd(a *app) *cobra.Command {
-	var (
-		dtype = enumFlag{value: "float32", allowed: []string{"float32", "float16", "bfloat16"}}
-		seed  int
-	)
+	o := runOptions{experiment: "quickstart"}
 	cmd := &cobra.Command{
 		Use:   "demo",
-		Short: "Run the attention-mass Triton kernel on a synthetic VLM prompt and check it against PyTorch",
-		Long: `demo builds a small synthetic vision-language prompt (system tokens, one
-image's visual tokens, then text), runs the attention-mass Triton kernel
-(kernels_py/triton/attention_mass.py) for the text queries in a worker, checks
-it against the PyTorch reference (kernels_py/ref/attention_mass.py), and prints
-the share of attention each segment receives. It exits non-zero if the kernel
-and the reference disagree. On CPU the kernel runs under the Triton interpreter.`,
+		Short: "Run the quickstart ablation (4 KV-cache policies x 3 budgets) and print its summary",
+		Long: `demo runs experiments/quickstart.star — full, H2O, SnapKV and StreamingLLM at
+budgets 0.1/0.25/0.5 on the default synthetic VLM workload — exactly as
+"workbench run experiments/quickstart.star" would (the copy in the checkout,
+else the one embedded in this binary), then prints compression ratio and
+attention-output error per policy. Results land in OUT/quickstart/<run-id>/;
+notebooks/quickstart.ipynb plots them.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.withWorker(cmd.Context(), func(_ *session, w *worker.Worker) error {
-				raw, err := w.Run(cmd.Context(), worker.Job{Fn: "kernels_py.demo:run", Args: map[string]any{"seed": seed, "dtype": dtype.value}})
-				if err != nil {
-					var je *worker.JobError
-					if errors.As(err, &je) {
-						return fmt.Errorf("demo job failed: %w\n%s", err, je.Traceback)
-					}
-					return fmt.Errorf("demo job failed: %w", err)
+			kernels, err := a.kernelsRoot()
+			if err != nil {
+				return err
+			}
+			file := filepath.Join(kernels.Dir, "experiments", "quickstart.star")
+			if _, err := os.Stat(file); err != nil {
+				file = "embedded:experiments/quickstart.star"
+			}
+			dirs, err := a.runExperiments(cmd.Context(), file, o)
+			for _, dir := range dirs {
+				if perr := printSummary(a, dir); perr != nil && err == nil {
+					err = perr
 				}
-				var r demoResult
-				if err := json.Unmarshal(raw, &r); err != nil {
-					return fmt.Errorf("demo job returned an unexpected result: %w", err)
-				}
-				printDemo(a, r)
-				if !r.OK {
-					return fmt.Errorf("kernel disagrees with the reference: max abs error %.3g > tolerance %.3g", r.MaxAbsErr, r.Tolerance)
-				}
-				return nil
-			})
+			}
+			return err
 		},
 	}
-	cmd.Flags().Var(&dtype, "dtype", "dtype of Q and K")
-	cmd.Flags().IntVar(&seed, "seed", 0, "seed of the synthetic prompt")
+	cmd.Flags().StringVar(&o.out, "out", "results", "results root directory")
+	cmd.Flags().IntVar(&o.workers, "workers", 0, "worker processes (default: one per GPU, or 1 on CPU)")
 	return cmd
 }
 
-func printDemo(a *app, r demoResult) {
-	mode := r.Device
-	if r.Interpreter {
-		mode += ", Triton interpreter"
+// printSummary prints one line per job of a run: method, budget, compression
+// ratio and attention-output error.
+func printSummary(a *app, dir string) error {
+	recs, err := results.ReadJournal(dir)
+	if err != nil {
+		return err
 	}
-	fmt.Fprintf(a.stdout, "attention mass of %d post-vision text queries over %d keys (%d heads, %d kv heads, head_dim %d, %s, %s)\n\n",
-		r.Shape.QueryRows, r.Shape.Keys, r.Shape.Heads, r.Shape.KVHeads, r.Shape.HeadDim, r.Dtype, mode)
+	sort.SliceStable(recs, func(i, j int) bool {
+		if recs[i].Method != recs[j].Method {
+			return recs[i].Method < recs[j].Method
+		}
+		return fmt.Sprint(recs[i].Params["budget"]) < fmt.Sprint(recs[j].Params["budget"])
+	})
+	fmt.Fprintln(a.stdout)
 	tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "segment\ttokens\tkernel share\treference share\tmax abs err\t")
-	for _, s := range r.Segments {
-		fmt.Fprintf(tw, "%s\t%d\t%.4f\t%.4f\t%.2e\t\n", s.Segment, s.Tokens, s.KernelShare, s.ReferenceShare, s.MaxAbsErr)
+	fmt.Fprintln(tw, "method\tbudget\tcompression\trel. error (mean)\trel. error (max)\tstatus\t")
+	for _, r := range recs {
+		budget := "-"
+		if b, ok := r.Params["budget"]; ok {
+			budget = fmt.Sprint(b)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t\n", r.Method, budget, metric(r, "compression_ratio", "%.2fx"),
+			metric(r, "rel_err_mean", "%.4f"), metric(r, "rel_err_max", "%.4f"), r.Status)
 	}
 	tw.Flush()
-	fmt.Fprintf(a.stdout, "\nsalient visual tokens %v, kernel's top tokens %v\n", r.SalientTokens, r.TopKernelTokens)
-	verdict := "OK"
-	if !r.OK {
-		verdict = "MISMATCH"
+	fmt.Fprintf(a.stdout, "\nresults: %s\n", dir)
+	return nil
+}
+
+func metric(r results.Record, name, format string) string {
+	if v, ok := r.Metrics[name].(float64); ok {
+		return fmt.Sprintf(format, v)
 	}
-	fmt.Fprintf(a.stdout, "kernel vs reference: max abs error %.2e (tolerance %.0e) %s; kernel took %.3fs\n",
-		r.MaxAbsErr, r.Tolerance, verdict, r.KernelSeconds)
+	return "-"
 }

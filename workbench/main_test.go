@@ -30,7 +30,7 @@ func TestUsageErrors(t *testing.T) {
 		{"bad device", []string{"--device", "gpu", "env"}, 2, `unknown device "gpu"`},
 		{"bad log format", []string{"--log-format", "xml", "env"}, 2, "must be one of auto, console, json"},
 		{"extra argument", []string{"env", "extra"}, 2, "unknown command \"extra\""},
-		{"bad dtype", []string{"demo", "--dtype", "int8"}, 2, "must be one of float32, float16, bfloat16"},
+		{"bad dtype", []string{"selftest", "--dtype", "int8"}, 2, "must be one of float32, float16, bfloat16"},
 		{"bad count", []string{"worker-ping", "--count", "0"}, 2, "--count must be at least 1"},
 		{"not a number", []string{"worker-ping", "--count", "x"}, 2, "invalid argument"},
 		{"unknown command", []string{"frobnicate"}, 2, "unknown command"},
@@ -98,8 +98,8 @@ func TestEnvJSON(t *testing.T) {
 	}
 }
 
-// Editing a kernel's source and rerunning demo runs the edited kernel.
-func TestDemoPicksUpKernelEdits(t *testing.T) {
+// Editing a kernel's source and rerunning selftest runs the edited kernel.
+func TestSelftestPicksUpKernelEdits(t *testing.T) {
 	py := testpy.Python(t)
 	root := t.TempDir()
 	if out, err := exec.Command("cp", "-r", "../kernels_py", root).CombinedOutput(); err != nil {
@@ -111,13 +111,13 @@ func TestDemoPicksUpKernelEdits(t *testing.T) {
 		t.Fatal(err)
 	}
 	demo := func() (int, string) {
-		code, stdout, stderr := runCLI(t, "--python", py, "--kernels", root, "--device", "cpu", "demo")
+		code, stdout, stderr := runCLI(t, "--python", py, "--kernels", root, "--device", "cpu", "selftest")
 		return code, stdout + stderr
 	}
 
 	code, out := demo()
 	if code != 0 || !strings.Contains(out, "OK") {
-		t.Fatalf("unedited demo: exit %d\n%s", code, out)
+		t.Fatalf("unedited selftest: exit %d\n%s", code, out)
 	}
 
 	const line = "mass = tl.sum(p, 0)"
@@ -130,14 +130,14 @@ func TestDemoPicksUpKernelEdits(t *testing.T) {
 	}
 	code, out = demo()
 	if code != 1 || !strings.Contains(out, "MISMATCH") || !strings.Contains(out, "kernel disagrees with the reference") {
-		t.Fatalf("edited demo: exit %d, want 1 with a mismatch\n%s", code, out)
+		t.Fatalf("edited selftest: exit %d, want 1 with a mismatch\n%s", code, out)
 	}
 
 	if err := os.WriteFile(kernel, orig, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if code, out = demo(); code != 0 {
-		t.Fatalf("restored demo: exit %d\n%s", code, out)
+		t.Fatalf("restored selftest: exit %d\n%s", code, out)
 	}
 }
 

@@ -89,7 +89,7 @@ checkout the command runs in, else from the copy embedded in this binary.`,
 	pf.Var(&a.flags.logFormat, "log-format", "log format: auto (colored on a terminal), console or json")
 	pf.BoolVarP(&a.flags.verbose, "verbose", "v", false, "debug logging, including what workers print")
 
-	root.AddCommand(newEnvCmd(a), newDemoCmd(a), newPingCmd(a), newPythonCmd(a), newBenchCmd(a), newTensorsCmd(a))
+	root.AddCommand(newEnvCmd(a), newDemoCmd(a), newSelftestCmd(a), newPingCmd(a), newPythonCmd(a), newBenchCmd(a), newTensorsCmd(a), newPlanCmd(a), newRunCmd(a))
 	return root
 }
 

@@ -62,10 +62,10 @@ def test_bad_inputs(q_shape, k_shape, q_dtype, k_dtype, q_start, error, match, d
         kernel.attention_mass(q, k, q_start)
 
 
-def test_demo_passes_its_own_check():
-    from kernels_py import demo
+def test_selftest_passes_its_own_check():
+    from kernels_py import selftest
 
-    result = demo.run(heads=4, kv_heads=2, visual_tokens=64, text_tokens=16)
+    result = selftest.run(heads=4, kv_heads=2, visual_tokens=64, text_tokens=16)
     assert result["ok"], result
     assert result["top_kernel_tokens"] == result["salient_tokens"]
     shares = sum(s["kernel_share"] for s in result["segments"])

@@ -1,9 +1,9 @@
-"""`workbench demo`: one Triton kernel on a small synthetic VLM-shaped prompt,
+"""`workbench selftest`: one Triton kernel on a small synthetic VLM-shaped prompt,
 checked against its PyTorch reference.
 
 The prompt is [system | image | text]; the queries are the text rows after the
 image (the post-vision span). The kernel reports how much attention each key
-receives; the demo sums it per segment and compares with the reference.
+receives; the selftest sums it per segment and compares with the reference.
 """
 
 import time

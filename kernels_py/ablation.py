@@ -1,0 +1,155 @@
+"""Job entry point for ablations: one policy on one synthetic workload, scored
+against the full cache.
+
+The scheduler calls `run(method, params, workload)` (job fn
+`kernels_py.ablation:run`). The workload and the full-cache reference depend
+only on the workload config, so they are cached per config in the worker
+process: a grid of policies over one workload generates it once.
+"""
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+
+from kernels_py import metrics
+from kernels_py.policies import Policy, make_policy
+from kernels_py.policies.base import LayerCache
+from kernels_py.workloads import SyntheticConfig, Workload, generate
+
+REFERENCE_METHOD = "full"
+PPCI_P = 0.9
+CACHED_WORKLOADS = 4
+
+
+@dataclass
+class Trace:
+    """What one policy did on one workload."""
+
+    outputs: list[list[torch.Tensor]]  # [layer][step] attention output [heads, 1, d]
+    prefill_bytes: list[int]  # per layer, right after prefill
+    final_bytes: list[int]  # per layer, after the last step
+    prefill_kept: list[torch.Tensor]  # per layer [kv_heads, k] prompt positions kept by prefill
+    ppci: list[list[float]]  # [layer][step]
+
+
+@dataclass
+class Reference:
+    """The workload and everything about it that does not depend on the policy."""
+
+    workload: Workload
+    trace: Trace  # of the full cache
+    first_step_attention: list[torch.Tensor]  # per layer [heads, T]: A_{m+1} of VL-Cache Def. 3.1
+    sparsity: list[float]  # per layer, VL-Cache gamma of the prefill attention
+
+
+def run(method: str, params: Mapping[str, Any], workload: Mapping[str, Any]) -> dict:
+    """Run `method` with `params` over the synthetic workload `workload` (a
+    SyntheticConfig as a mapping) and score it against the full cache.
+
+    Returns {"metrics": {name: float}, "per_layer": {name: [float per layer]}}:
+      cache_bytes, full_cache_bytes  K/V bytes held after the last step, all layers
+      compression_ratio              full_cache_bytes / cache_bytes (prefill_...: right after prefill)
+      rel_err_mean, rel_err_max      ||o - o_full|| / ||o_full|| over layers and decode steps
+      rel_err_last_step              its mean over layers at the last step
+      cache_hit_rate                 VL-Cache Def. 3.1 for the prompt tokens kept at prefill, k = tokens kept,
+                                     against the first decode query; mean over layers and query heads
+      ppci_90                        A-VL 90% PPCI over the image tokens between the full-cache ranking and
+                                     the ranking of the tokens held, each step; mean over layers, steps, heads
+      sparsity_mean                  VL-Cache gamma (p = 1%) of the prefill attention, mean over layers
+    per_layer: rel_err (mean over steps), sparsity, cache_hit_rate, ppci_90, cache_bytes.
+    Raises ValueError / TypeError on unknown or invalid methods and parameters.
+    """
+    policy = make_policy(method, params)
+    reference = _reference(SyntheticConfig.from_dict(workload))
+    trace = _trace(policy, reference.workload)
+    return _report(trace, reference)
+
+
+@functools.lru_cache(maxsize=CACHED_WORKLOADS)
+def _reference(cfg: SyntheticConfig) -> Reference:
+    workload = generate(cfg)
+    first_step_attention, sparsity = [], []
+    for layer in range(cfg.layers):
+        q, k = workload.q[layer], workload.k[layer]
+        first_q = workload.decode_q[layer][0]
+        first_step_attention.append(metrics.causal_attention(first_q, k, query_start=k.shape[1])[:, 0])
+        sparsity.append(metrics.layer_sparsity(metrics.causal_attention(q, k)).mean().item())
+    return Reference(workload, _trace(make_policy(REFERENCE_METHOD), workload), first_step_attention, sparsity)
+
+
+def _trace(policy: Policy, workload: Workload) -> Trace:
+    trace = Trace([], [], [], [], [])
+    visual = workload.spans.visual_positions().to(workload.positions.device)
+    for layer in range(workload.config.layers):
+        cache = policy.prefill(layer, workload.q[layer], workload.k[layer], workload.v[layer], workload.spans)
+        trace.prefill_bytes.append(policy.cache_bytes(cache))
+        trace.prefill_kept.append(cache.positions.clone())
+        outputs, ppci = [], []
+        for step in range(workload.config.decode_steps):
+            q_t = workload.decode_q[layer][step]
+            ppci.append(_visual_ppci(q_t, cache, workload.k[layer], visual))
+            k_t, v_t = workload.decode_k[layer][step], workload.decode_v[layer][step]
+            outputs.append(policy.decode(layer, cache, q_t, k_t, v_t))
+        trace.outputs.append(outputs)
+        trace.ppci.append(ppci)
+        trace.final_bytes.append(policy.cache_bytes(cache))
+    return trace
+
+
+def _visual_ppci(q_t: torch.Tensor, cache: LayerCache, prompt_keys: torch.Tensor, visual: torch.Tensor) -> float:
+    """A-VL 90% PPCI over the image tokens, mean over query heads: the decode
+    query's ranking of visual tokens under the full cache against its ranking
+    of the visual tokens the policy holds when the step starts. Logits stand in
+    for attention scores: softmax keeps each row's ranking."""
+    full_logits = _logits(q_t, prompt_keys)[:, visual]
+    group = q_t.shape[0] // cache.keys.shape[0]
+    by_position = torch.full((q_t.shape[0], cache.seen), float("-inf"), device=q_t.device)
+    by_position.scatter_(1, cache.positions.repeat_interleave(group, dim=0), _logits(q_t, cache.keys))
+    held_logits = by_position[:, visual]
+    present = held_logits > float("-inf")
+    return metrics.ppci(full_logits, held_logits, PPCI_P, present).mean().item()
+
+
+def _logits(q_t: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """[heads, n] unscaled logits of one query token over held keys (GQA)."""
+    group = q_t.shape[0] // keys.shape[0]
+    return (q_t.float() @ keys.float().repeat_interleave(group, dim=0).transpose(1, 2))[:, 0]
+
+
+def _report(trace: Trace, reference: Reference) -> dict:
+    full = reference.trace
+    errors = torch.tensor(
+        [[metrics.relative_error(o, r) for o, r in zip(mine, ref)] for mine, ref in zip(trace.outputs, full.outputs)],
+        dtype=torch.float64,
+    )  # [layers, steps]
+    hit_rates = [_hit_rate(kept, truth) for kept, truth in zip(trace.prefill_kept, reference.first_step_attention)]
+    ppci = torch.tensor(trace.ppci, dtype=torch.float64)
+    per_layer = {
+        "rel_err": errors.mean(dim=1).tolist(),
+        "sparsity": list(reference.sparsity),
+        "cache_hit_rate": hit_rates,
+        "ppci_90": ppci.mean(dim=1).tolist(),
+        "cache_bytes": [float(b) for b in trace.final_bytes],
+    }
+    cache_bytes, full_bytes = sum(trace.final_bytes), sum(full.final_bytes)
+    scalars = {
+        "cache_bytes": float(cache_bytes),
+        "full_cache_bytes": float(full_bytes),
+        "compression_ratio": metrics.compression_ratio(full_bytes, cache_bytes),
+        "prefill_compression_ratio": metrics.compression_ratio(sum(full.prefill_bytes), sum(trace.prefill_bytes)),
+        "rel_err_mean": errors.mean().item(),
+        "rel_err_max": errors.max().item(),
+        "rel_err_last_step": errors[:, -1].mean().item(),
+        "cache_hit_rate": sum(hit_rates) / len(hit_rates),
+        "ppci_90": ppci.mean().item(),
+        "sparsity_mean": sum(reference.sparsity) / len(reference.sparsity),
+    }
+    return {"metrics": scalars, "per_layer": per_layer}
+
+
+def _hit_rate(kept: torch.Tensor, first_step_attention: torch.Tensor) -> float:
+    """VL-Cache CacheHitRate of the tokens kept at prefill, mean over query heads."""
+    group = first_step_attention.shape[0] // kept.shape[0]
+    return metrics.cache_hit_rate(kept.repeat_interleave(group, dim=0), first_step_attention).mean().item()

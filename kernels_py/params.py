@@ -1,0 +1,106 @@
+"""Typed, bounded parameters for policies and workloads.
+
+One `ParamSpec` per dataclass field drives three things that must never drift
+apart: validation of what a job message carries (JSON has no types we can
+trust), the defaults, and the schema the Go host reads to check experiment
+scripts without starting Python (`kernels_py/policies/schema.json`).
+"""
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+TYPE_NAMES = ("float", "int", "str", "bool")
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """What one parameter accepts. Bounds are inclusive; `None` means unbounded
+    (and is what str/bool parameters carry)."""
+
+    type: str
+    default: Any
+    doc: str
+    min: float | int | None = None
+    max: float | int | None = None
+    choices: tuple | None = None
+
+    def check(self, owner: str, name: str, value: Any) -> Any:
+        """Return `value` in the parameter's Python type, or raise TypeError
+        (wrong type) / ValueError (out of range, not a choice)."""
+        value = self._coerce(owner, name, value)
+        if self.choices is not None and value not in self.choices:
+            raise ValueError(f"{owner}: {name}={value!r} is not one of {list(self.choices)}")
+        if self.min is not None and value < self.min:
+            raise ValueError(f"{owner}: {name}={value!r} is below its minimum {self.min}")
+        if self.max is not None and value > self.max:
+            raise ValueError(f"{owner}: {name}={value!r} is above its maximum {self.max}")
+        return value
+
+    def _coerce(self, owner: str, name: str, value: Any) -> Any:
+        # bool is an int subclass in Python; a JSON true must never pass as 1.
+        is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if self.type == "float" and is_number:
+            if not math.isfinite(value):
+                raise ValueError(f"{owner}: {name} must be finite, got {value!r}")
+            return float(value)
+        if self.type == "int" and is_number and isinstance(value, int):
+            return value
+        if self.type == "str" and isinstance(value, str):
+            return value
+        if self.type == "bool" and isinstance(value, bool):
+            return value
+        raise TypeError(f"{owner}: {name} must be {self.type}, got {type(value).__name__} {value!r}")
+
+    def schema(self) -> dict:
+        """The parameter as the Go host reads it."""
+        entry = {"type": self.type, "default": self.default, "min": self.min, "max": self.max}
+        if self.choices is not None:
+            entry["choices"] = list(self.choices)
+        return entry
+
+
+def knob(type: str, default: Any, doc: str, *, min=None, max=None, choices=None):
+    """A dataclass field whose default, documentation and bounds live in one place."""
+    if type not in TYPE_NAMES:
+        raise ValueError(f"parameter type {type!r} is not one of {TYPE_NAMES}")
+    spec = ParamSpec(type, default, doc, min, max, None if choices is None else tuple(choices))
+    return dataclasses.field(default=default, metadata={"spec": spec})
+
+
+class Knobs:
+    """Mixin for frozen dataclasses whose fields are all `knob`s: validates on
+    construction and builds instances from untyped mappings (job messages)."""
+
+    @classmethod
+    def param_specs(cls) -> dict[str, ParamSpec]:
+        return {f.name: f.metadata["spec"] for f in dataclasses.fields(cls)}
+
+    @classmethod
+    def owner_name(cls) -> str:
+        """How error messages name what is being configured."""
+        return cls.__name__
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]):
+        """Build from a mapping, rejecting keys that are not parameters."""
+        if not isinstance(values, Mapping):
+            raise TypeError(f"{cls.owner_name()}: parameters must be a mapping, got {type(values).__name__}")
+        specs = cls.param_specs()
+        unknown = sorted(set(values) - set(specs))
+        if unknown:
+            raise ValueError(f"{cls.owner_name()}: unknown parameter(s) {unknown}; known: {sorted(specs)}")
+        return cls(**values)
+
+    def __post_init__(self):
+        for name, spec in self.param_specs().items():
+            # Frozen dataclasses forbid plain assignment; coercion (int -> float) needs it.
+            object.__setattr__(self, name, spec.check(self.owner_name(), name, getattr(self, name)))
+
+    def to_dict(self) -> dict:
+        return {name: getattr(self, name) for name in self.param_specs()}
+
+    @classmethod
+    def schema(cls) -> dict:
+        return {name: spec.schema() for name, spec in cls.param_specs().items()}

@@ -1,0 +1,86 @@
+"""ablation.run end to end on a small workload, as the scheduler calls it."""
+
+import json
+import math
+
+import pytest
+
+from kernels_py import ablation, worker
+from kernels_py.workloads import SyntheticConfig
+
+WORKLOAD = dict(layers=3, heads=4, kv_heads=2, head_dim=32, tokens_per_image=144, system_tokens=8,
+                text_tokens=24, decode_steps=5, salient_tokens=12, dense_layers=1)
+METRICS = {
+    "cache_bytes", "full_cache_bytes", "compression_ratio", "prefill_compression_ratio",
+    "rel_err_mean", "rel_err_max", "rel_err_last_step", "cache_hit_rate", "ppci_90", "sparsity_mean",
+}
+PER_LAYER = {"rel_err", "sparsity", "cache_hit_rate", "ppci_90", "cache_bytes"}
+
+
+def test_report_shape_and_json(device):
+    result = ablation.run("h2o", {"budget": 0.25}, WORKLOAD)
+    assert set(result) == {"metrics", "per_layer"}
+    assert set(result["metrics"]) == METRICS
+    assert all(type(v) is float and math.isfinite(v) for v in result["metrics"].values())
+    assert set(result["per_layer"]) == PER_LAYER
+    for values in result["per_layer"].values():
+        assert len(values) == WORKLOAD["layers"] and all(type(v) is float for v in values)
+    # The worker sends it as is.
+    assert json.loads(json.dumps(worker.jsonable(result))) == result
+
+
+def test_full_is_its_own_reference():
+    m = ablation.run("full", {}, WORKLOAD)["metrics"]
+    assert m["rel_err_mean"] == m["rel_err_max"] == m["rel_err_last_step"] == 0.0
+    assert m["cache_hit_rate"] == m["ppci_90"] == m["compression_ratio"] == 1.0
+    assert m["cache_bytes"] == m["full_cache_bytes"]
+
+
+@pytest.mark.parametrize("method", ["h2o", "streamingllm", "snapkv"])
+def test_compressing_methods_are_scored_sanely(method):
+    result = ablation.run(method, {"budget": 0.25}, WORKLOAD)
+    m, per_layer = result["metrics"], result["per_layer"]
+    prompt = 8 + 144 + 24
+    kept = math.ceil(0.25 * prompt)
+    assert m["prefill_compression_ratio"] == pytest.approx(prompt / kept)
+    assert 1.0 < m["compression_ratio"] <= m["prefill_compression_ratio"] + 1e-9
+    assert m["cache_bytes"] == sum(per_layer["cache_bytes"]) < m["full_cache_bytes"]
+    assert 0.0 < m["rel_err_mean"] <= m["rel_err_max"]
+    assert m["rel_err_mean"] == pytest.approx(sum(per_layer["rel_err"]) / len(per_layer["rel_err"]))
+    assert 0.0 < m["cache_hit_rate"] < 1.0 and 0.0 <= m["ppci_90"] < 1.0
+    # ppci_90 can count only what is held: at most the kept share over 90%.
+    assert m["ppci_90"] <= (kept + WORKLOAD["decode_steps"]) / (0.9 * 144) + 1e-9
+    # Sparsity describes the workload, not the method: dense first layer, sparse rest.
+    assert per_layer["sparsity"][0] < min(per_layer["sparsity"][1:])
+
+
+def test_more_budget_less_error():
+    errors = [ablation.run("h2o", {"budget": b}, WORKLOAD)["metrics"]["rel_err_mean"] for b in (0.2, 0.5, 1.0)]
+    assert errors[0] > errors[1] > errors[2] == 0.0
+
+
+def test_workload_is_generated_once_per_config():
+    cfg = SyntheticConfig.from_dict(WORKLOAD)
+    ablation.run("streamingllm", {}, WORKLOAD)
+    assert ablation._reference(cfg) is ablation._reference(SyntheticConfig.from_dict(dict(WORKLOAD)))
+
+
+@pytest.mark.parametrize(
+    "method,params,workload,error,match",
+    [
+        ("lookm", {}, WORKLOAD, ValueError, "unknown policy 'lookm'"),
+        ("h2o", {"budget": 2.0}, WORKLOAD, ValueError, "above its maximum"),
+        ("h2o", {"budget": "half"}, WORKLOAD, TypeError, "budget must be float"),
+        ("h2o", {}, {**WORKLOAD, "frames": 2}, ValueError, "unknown parameter.*'frames'"),
+        ("h2o", {}, {**WORKLOAD, "layers": "3"}, TypeError, "layers must be int"),
+        ("h2o", {}, None, TypeError, "must be a mapping"),
+    ],
+)
+def test_invalid_arguments_raise_clear_errors(method, params, workload, error, match):
+    with pytest.raises(error, match=match):
+        ablation.run(method, params, workload)
+
+
+def test_runs_as_a_worker_job():
+    job = {"fn": "kernels_py.ablation:run", "args": {"method": "snapkv", "params": {"window": 8}, "workload": WORKLOAD}}
+    assert worker.run_job(job) == ablation.run("snapkv", {"window": 8}, WORKLOAD)

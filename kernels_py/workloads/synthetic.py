@@ -1,0 +1,426 @@
+"""Synthetic VLM attention workload: per-layer prompt and decode-step Q/K/V with
+the structure the papers measured on LLaVA-class models, deterministic from a seed.
+
+Why synthetic: compression policies react to attention *structure*, and the
+structure below is what the papers report, so policies can be compared without
+a model on the machine. What is built in, and where it comes from:
+
+- Prompt layout `[system][image 1]...[image n][text]`, then `decode_steps`
+  generated tokens (LLaVA-1.5: 576 visual tokens per image).
+- Visual K and V are low rank with a power-law singular spectrum, *shared
+  across kv heads* (one latent per token, one basis over all heads), so an SVD
+  of the heads concatenated (`[T, kv_heads * head_dim]`) compresses well
+  (AttentionPack section 3, Figure 2). Keys are low rank before RoPE, which is
+  what AttentionPack's reference code decomposes; use `apply_rope(k, -positions)`
+  to undo the rotation.
+- Heavy hitters: the keys of token 0 and of `sink_tokens - 1` visual tokens are
+  a large component in the lowest-frequency RoPE channel pair and nothing else;
+  every query matches it, so they draw large attention from every row at any
+  distance.
+- Text (post-vision) and decode queries each target `targets_per_query` visual
+  tokens drawn from a per-layer pool of salient tokens with Zipf weights, so
+  their attention is concentrated; visual queries see only noise, sinks and a
+  recency bias, so their attention is broad (VL-Cache section 3, Figure 1b).
+  Text and decode queries of a head mostly share their targets and part of
+  their random component (`text_query_similarity`): post-vision attention
+  predicts decoding attention (VL-Cache Figure 3) and the same tokens recur
+  from step to step (A-VL "continuity"); pools differ per layer (A-VL
+  "heterogeneity").
+- Values of a kv head share a mean vector (`value_mean`), as real value caches
+  are anisotropic; without it, flat attention would average to nearly zero.
+- Recency: a few high-frequency RoPE channel pairs carry a constant vector in
+  queries and keys, so the logit gains a kernel peaked at distance 0.
+- Sparsity varies by layer: every logit component is scaled per layer; the first
+  `dense_layers` use `dense_scale` (flat attention, low VL-Cache gamma), the rest
+  a scale drawn around 1 (VL-Cache Figure 2: two dense layers, then sparse ones
+  of varying sparsity).
+
+Channels are split so each component moves logits independently: the sink pair,
+the recency pairs, and the remaining "content" pairs (visual latent, noise,
+targeting). Queries are built in the rotated (post-RoPE) frame, where logits
+are dot products; the stored tensors are exactly what a model would cache:
+q and k after RoPE at their positions, v without.
+"""
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from kernels_py import runtime
+from kernels_py.params import Knobs, knob
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# Ridge added to the visual key covariance, as a fraction of its mean eigenvalue,
+# before whitening: keeps targeted queries from blowing up along noise directions.
+WHITENING_RIDGE = 0.1
+# Extra sinks draw a little less attention than token 0, as in real models.
+SECONDARY_SINK_WEIGHT = (0.8, 1.0)
+
+
+@dataclass(frozen=True)
+class Spans:
+    """Modality spans of the prompt as half-open (start, end) token ranges."""
+
+    system: tuple[int, int]
+    images: tuple[tuple[int, int], ...]
+    text: tuple[int, int]
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.text[1]
+
+    def visual_positions(self) -> torch.Tensor:
+        return torch.cat([torch.arange(start, end) for start, end in self.images])
+
+
+@dataclass(frozen=True)
+class SyntheticConfig(Knobs):
+    """Every knob of the synthetic workload; defaults are sized for a CPU.
+    Logit-valued knobs are in logits (after the 1/sqrt(head_dim) scale), before
+    the per-layer scale."""
+
+    # Model shape
+    seed: int = knob("int", 0, "seed; the workload is a pure function of the config", min=0, max=2**31 - 1)
+    layers: int = knob("int", 4, "transformer layers", min=1, max=256)
+    heads: int = knob("int", 8, "query heads", min=1, max=256)
+    kv_heads: int = knob("int", 2, "key/value heads (GQA); must divide heads", min=1, max=256)
+    head_dim: int = knob("int", 64, "channels per head; even (RoPE pairs)", min=16, max=512)
+    dtype: str = knob("str", "float32", "dtype of the tensors", choices=tuple(DTYPES))
+    rope_base: float = knob("float", 10000.0, "RoPE base (theta)", min=2.0, max=1e9)
+    # Sequence layout
+    images: int = knob("int", 1, "images (or video frames) in the prompt", min=1, max=256)
+    tokens_per_image: int = knob(
+        "int", 576, "visual tokens per image (LLaVA-1.5: 576; a video frame: 256)", min=8, max=65536
+    )
+    system_tokens: int = knob(
+        "int", 32, "system prompt tokens before the images; token 0 is the main sink", min=1, max=65536
+    )
+    text_tokens: int = knob("int", 64, "post-vision text tokens after the images", min=1, max=65536)
+    decode_steps: int = knob("int", 16, "generated tokens", min=1, max=65536)
+    # Visual K/V spectrum (AttentionPack)
+    visual_rank: int = knob(
+        "int", 96,
+        "rank of the visual K/V latent shared by all kv heads, before noise; capped at the channels it spans "
+        "(kv_heads * head_dim for V, a little less for K)",
+        min=1, max=65536,
+    )
+    spectrum_decay: float = knob(
+        "float", 0.5, "singular value i of the visual latent is (i + 1) ** -spectrum_decay", min=0.0, max=8.0
+    )
+    visual_noise: float = knob(
+        "float", 0.05, "std of full-rank noise on visual K/V (the signal has unit std)", min=0.0, max=10.0
+    )
+    value_mean: float = knob(
+        "float", 1.0, "per-channel std of a mean vector added to every value of a kv head (anisotropy)",
+        min=0.0, max=20.0,
+    )
+    # Attention structure (VL-Cache, A-VL)
+    sink_tokens: int = knob(
+        "int", 4, "heavy-hitter sinks: token 0 plus sink_tokens - 1 visual tokens", min=0, max=1024
+    )
+    sink_strength: float = knob("float", 8.0, "logit every query gives token 0", min=0.0, max=50.0)
+    salient_tokens: int = knob(
+        "int", 24, "visual tokens per image that text and decode queries target", min=1, max=65536
+    )
+    targets_per_query: int = knob("int", 4, "salient tokens each text/decode query head targets", min=1, max=1024)
+    text_sharpness: float = knob("float", 8.0, "logit a text/decode query gives each target", min=0.0, max=50.0)
+    text_query_similarity: float = knob(
+        "float", 0.7,
+        "how alike a head's text and decode queries are: the share of their random part they have in common, "
+        "and the chance that each of their targets is the head's own",
+        min=0.0, max=1.0,
+    )
+    query_noise: float = knob("float", 1.0, "std of the random part of every logit", min=0.0, max=20.0)
+    locality: float = knob("float", 2.0, "logit bonus at distance 0 from the recency channels", min=0.0, max=50.0)
+    # Sparsity per layer (VL-Cache Figure 2)
+    dense_layers: int = knob("int", 2, "first layers with flat (dense) attention (all, if fewer)", min=0, max=256)
+    dense_scale: float = knob("float", 0.5, "logit scale of the dense layers", min=0.0, max=1.0)
+    layer_scale_spread: float = knob(
+        "float", 0.25, "the other layers' logit scale is uniform in 1 +- spread", min=0.0, max=0.9
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        visual = self.images * self.tokens_per_image
+        checks = [
+            (self.heads % self.kv_heads == 0, f"heads={self.heads} must be a multiple of kv_heads={self.kv_heads}"),
+            (self.head_dim % 2 == 0, f"head_dim={self.head_dim} must be even (RoPE rotates channel pairs)"),
+            (
+                max(self.sink_tokens - 1, 0) + self.images * self.salient_tokens <= visual,
+                f"sink_tokens - 1 + images * salient_tokens must fit in the {visual} visual tokens",
+            ),
+            (
+                2 * self.targets_per_query <= self.images * self.salient_tokens,
+                f"2 * targets_per_query={2 * self.targets_per_query} exceeds the salient pool "
+                f"({self.images * self.salient_tokens} tokens): a query's own targets and the head's must not collide",
+            ),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(f"{self.owner_name()}: {message}")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    def spans(self) -> Spans:
+        images_start = self.system_tokens
+        images = tuple(
+            (images_start + i * self.tokens_per_image, images_start + (i + 1) * self.tokens_per_image)
+            for i in range(self.images)
+        )
+        text_start = images_start + self.images * self.tokens_per_image
+        return Spans((0, self.system_tokens), images, (text_start, text_start + self.text_tokens))
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Per-layer tensors, on `runtime.device()`, in the config's dtype.
+
+    q[l]: [heads, T, head_dim]; k[l], v[l]: [kv_heads, T, head_dim] for the T
+    prompt tokens (q and k after RoPE). decode_q[l]: [steps, heads, 1, head_dim];
+    decode_k[l], decode_v[l]: [steps, kv_heads, 1, head_dim]; step s is the token at
+    position T + s, whose query sees the prompt, earlier decode tokens and itself.
+    Query head h reads kv head h // (heads // kv_heads).
+    """
+
+    config: SyntheticConfig
+    spans: Spans
+    positions: torch.Tensor  # [T] int64
+    decode_positions: torch.Tensor  # [steps] int64
+    sinks: tuple[int, ...]  # positions built to be heavy hitters
+    q: tuple[torch.Tensor, ...]
+    k: tuple[torch.Tensor, ...]
+    v: tuple[torch.Tensor, ...]
+    decode_q: tuple[torch.Tensor, ...]
+    decode_k: tuple[torch.Tensor, ...]
+    decode_v: tuple[torch.Tensor, ...]
+
+
+@dataclass(frozen=True)
+class ChannelLayout:
+    """Which channels of a head carry which logit component. Index sets are
+    closed under RoPE pairing (c, c + head_dim / 2), so rotation keeps them apart."""
+
+    sink: int  # first channel of the lowest-frequency pair: barely rotates over a prompt
+    locality: torch.Tensor  # first channels of a few high-frequency pairs
+    content: torch.Tensor  # both channels of every other pair
+
+
+def channel_layout(head_dim: int) -> ChannelLayout:
+    half = head_dim // 2
+    sink_pair = half - 1
+    locality_pairs = list(range(0, max(1, head_dim // 4), 3))
+    content_pairs = [p for p in range(half) if p != sink_pair and p not in locality_pairs]
+    content = torch.tensor(content_pairs + [p + half for p in content_pairs])
+    return ChannelLayout(sink_pair, torch.tensor(locality_pairs), content)
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
+    """Rotary embedding, "rotate half" convention (Llama/LLaVA): channel pair
+    (i, i + d/2) turns by positions * base ** (-2i / d). x: [..., T, d]; negative
+    positions undo the rotation."""
+    half = x.shape[-1] // 2
+    inv_freq = base ** (-torch.arange(half, dtype=torch.float64, device=x.device) * 2 / x.shape[-1])
+    angles = positions.to(device=x.device, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    cos = torch.cat([angles.cos(), angles.cos()], dim=-1).to(x.dtype)
+    sin = torch.cat([angles.sin(), angles.sin()], dim=-1).to(x.dtype)
+    rotated_half = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated_half * sin
+
+
+def generate(cfg: SyntheticConfig) -> Workload:
+    """Build the workload; equal configs give bit-identical tensors."""
+    spans = cfg.spans()
+    prompt = spans.prompt_tokens
+    positions = torch.arange(prompt)
+    decode_positions = torch.arange(prompt, prompt + cfg.decode_steps)
+    sinks = _choose_sinks(cfg, spans)
+    layers = [_generate_layer(cfg, spans, sinks, layer) for layer in range(cfg.layers)]
+    dev, dtype = runtime.device(), cfg.torch_dtype
+
+    def stack(name):
+        return tuple(getattr(layer, name).to(device=dev, dtype=dtype) for layer in layers)
+
+    return Workload(
+        cfg, spans, positions.to(dev), decode_positions.to(dev), sinks,
+        stack("q"), stack("k"), stack("v"), stack("decode_q"), stack("decode_k"), stack("decode_v"),
+    )
+
+
+@dataclass
+class _Layer:
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    decode_q: torch.Tensor
+    decode_k: torch.Tensor
+    decode_v: torch.Tensor
+
+
+def _generator(seed: int, *stream: int) -> torch.Generator:
+    """Independent, well-mixed random streams per (seed, purpose): changing the
+    number of layers leaves the other layers unchanged."""
+    state = np.random.SeedSequence([seed, *stream]).generate_state(1, dtype=np.uint64)[0]
+    return torch.Generator().manual_seed(int(state))
+
+
+def _choose_sinks(cfg: SyntheticConfig, spans: Spans) -> tuple[int, ...]:
+    if cfg.sink_tokens == 0:
+        return ()
+    visual = spans.visual_positions()
+    picks = torch.randperm(len(visual), generator=_generator(cfg.seed, 0))[: cfg.sink_tokens - 1]
+    return (0, *sorted(visual[picks].tolist()))
+
+
+def _layer_scale(cfg: SyntheticConfig, layer: int, rng: torch.Generator) -> float:
+    if layer < cfg.dense_layers:
+        return cfg.dense_scale
+    return 1.0 + cfg.layer_scale_spread * (2 * torch.rand((), generator=rng, dtype=torch.float64).item() - 1)
+
+
+def _generate_layer(cfg: SyntheticConfig, spans: Spans, sinks: tuple[int, ...], layer: int) -> _Layer:
+    rng = _generator(cfg.seed, 1, layer)
+    chans = channel_layout(cfg.head_dim)
+    prompt = spans.prompt_tokens
+    scale = _layer_scale(cfg, layer, rng)
+
+    keys_pre = _prompt_keys(cfg, spans, sinks, chans, rng)
+    keys = apply_rope(keys_pre, torch.arange(prompt), cfg.rope_base)
+    values = _prompt_values(cfg, spans, rng)
+    decode_pos = torch.arange(prompt, prompt + cfg.decode_steps)
+    decode_keys = apply_rope(_text_keys(cfg, chans, cfg.decode_steps, rng), decode_pos, cfg.rope_base)
+    decode_values = torch.randn(cfg.kv_heads, cfg.decode_steps, cfg.head_dim, generator=rng, dtype=torch.float64)
+    value_mean = cfg.value_mean * torch.randn(cfg.kv_heads, 1, cfg.head_dim, generator=rng, dtype=torch.float64)
+
+    pool, pool_weights = _salient_pool(cfg, spans, sinks, rng)
+    directions = _target_directions(keys, spans, sinks, pool, chans)
+    # Text rows end the prompt and decode rows follow: one contiguous block from spans.text[0].
+    queries = _queries(cfg, torch.cat([torch.arange(prompt), decode_pos]), spans.text[0], chans, scale, rng)
+    targeted_rows = prompt + cfg.decode_steps - spans.text[0]
+    queries[:, spans.text[0]:, chans.content] += _targeting(cfg, directions, pool_weights, targeted_rows, scale, rng)
+
+    return _Layer(
+        q=queries[:, :prompt],
+        k=keys,
+        v=values + value_mean,
+        decode_q=queries[:, prompt:].transpose(0, 1).unsqueeze(2),
+        decode_k=decode_keys.transpose(0, 1).unsqueeze(2),
+        decode_v=(decode_values + value_mean).transpose(0, 1).unsqueeze(2),
+    )
+
+
+def _text_keys(cfg: SyntheticConfig, chans: ChannelLayout, tokens: int, rng: torch.Generator) -> torch.Tensor:
+    """Pre-RoPE keys of non-visual tokens: full-rank content plus the recency channels."""
+    keys = torch.zeros(cfg.kv_heads, tokens, cfg.head_dim, dtype=torch.float64)
+    keys[..., chans.content] = torch.randn(cfg.kv_heads, tokens, len(chans.content), generator=rng, dtype=torch.float64)
+    keys[..., chans.locality] = 1.0
+    return keys
+
+
+def _low_rank(cfg: SyntheticConfig, tokens: int, channels: int, rng: torch.Generator) -> torch.Tensor:
+    """[tokens, kv_heads * channels]: one latent per token times one basis shared
+    by all heads, singular values decaying as a power law, unit mean variance per
+    channel, plus full-rank noise."""
+    width = cfg.kv_heads * channels
+    rank = min(cfg.visual_rank, width)
+    spectrum = (torch.arange(rank, dtype=torch.float64) + 1) ** -cfg.spectrum_decay
+    spectrum *= math.sqrt(width / spectrum.square().sum())
+    basis, _ = torch.linalg.qr(torch.randn(width, rank, generator=rng, dtype=torch.float64))
+    latent = torch.randn(tokens, rank, generator=rng, dtype=torch.float64)
+    noise = torch.randn(tokens, width, generator=rng, dtype=torch.float64)
+    return latent * spectrum @ basis.T + cfg.visual_noise * noise
+
+
+def _per_head(rows: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """[tokens, kv_heads * c] -> [kv_heads, tokens, c]."""
+    return rows.reshape(rows.shape[0], kv_heads, -1).transpose(0, 1)
+
+
+def _prompt_keys(cfg, spans, sinks, chans, rng) -> torch.Tensor:
+    keys = _text_keys(cfg, chans, spans.prompt_tokens, rng)
+    for start, end in spans.images:
+        visual = _per_head(_low_rank(cfg, end - start, len(chans.content), rng), cfg.kv_heads)
+        keys[:, start:end, chans.content] = visual
+    if sinks:
+        # A sink's key is its sink channel alone, so no query's content part moves its logit;
+        # the value sqrt(head_dim) turns a query coefficient into that many logits.
+        keys[:, list(sinks)] = 0.0
+        weights = torch.empty(len(sinks), dtype=torch.float64).uniform_(*SECONDARY_SINK_WEIGHT, generator=rng)
+        weights[0] = 1.0
+        keys[:, list(sinks), chans.sink] = math.sqrt(cfg.head_dim) * weights
+    return keys
+
+
+def _prompt_values(cfg, spans, rng) -> torch.Tensor:
+    values = torch.randn(cfg.kv_heads, spans.prompt_tokens, cfg.head_dim, generator=rng, dtype=torch.float64)
+    for start, end in spans.images:
+        values[:, start:end] = _per_head(_low_rank(cfg, end - start, cfg.head_dim, rng), cfg.kv_heads)
+    return values
+
+
+def _salient_pool(cfg, spans, sinks, rng) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-layer salient visual positions (never sinks) and Zipf weights over them."""
+    pool = []
+    for start, end in spans.images:
+        candidates = torch.tensor([p for p in range(start, end) if p not in sinks])
+        pool.append(candidates[torch.randperm(len(candidates), generator=rng)[: cfg.salient_tokens]])
+    pool = torch.cat(pool)
+    ranks = torch.randperm(len(pool), generator=rng).to(torch.float64)
+    return pool, 1.0 / (ranks + 1.0)
+
+
+def _target_directions(keys, spans, sinks, pool, chans) -> torch.Tensor:
+    """[kv_heads, pool, content]: for each salient token, the content-channel
+    query direction giving logit 1 on it (after the 1/sqrt(d) scale) and little
+    on other visual tokens: its key whitened by the (ridged) visual key covariance."""
+    visual = [p for p in spans.visual_positions().tolist() if p not in sinks]
+    content = keys[:, visual][..., chans.content]
+    cov = content.transpose(1, 2) @ content / len(visual)
+    ridge = WHITENING_RIDGE * cov.diagonal(dim1=1, dim2=2).mean(-1)
+    cov = cov + ridge[:, None, None] * torch.eye(cov.shape[-1], dtype=cov.dtype)
+    targets = keys[:, pool][..., chans.content]
+    whitened = torch.linalg.solve(cov, targets.transpose(1, 2)).transpose(1, 2)
+    self_logit = (whitened * targets).sum(-1, keepdim=True)
+    return whitened / self_logit * math.sqrt(keys.shape[-1])
+
+
+def _queries(cfg, positions, first_text_row, chans, scale, rng) -> torch.Tensor:
+    """[heads, rows, d] post-RoPE queries with the parts every row has: the sink
+    and recency channels (constant before RoPE) and random content, which from
+    `first_text_row` on shares a per-head component (the question being asked)."""
+    bias = torch.zeros(cfg.head_dim, dtype=torch.float64)
+    bias[chans.sink] = scale * cfg.sink_strength
+    bias[chans.locality] = scale * cfg.locality * math.sqrt(cfg.head_dim) / len(chans.locality)
+    rows = len(positions)
+    queries = apply_rope(bias.expand(cfg.heads, rows, -1), positions, cfg.rope_base)
+    # Content keys have unit variance per channel: this std gives logits of std scale * query_noise.
+    std = scale * cfg.query_noise * math.sqrt(cfg.head_dim / len(chans.content))
+    noise = torch.randn(cfg.heads, rows, len(chans.content), generator=rng, dtype=torch.float64)
+    shared = torch.randn(cfg.heads, 1, len(chans.content), generator=rng, dtype=torch.float64)
+    similarity = cfg.text_query_similarity
+    noise[:, first_text_row:] = math.sqrt(similarity) * shared + math.sqrt(1 - similarity) * noise[:, first_text_row:]
+    queries[..., chans.content] += std * noise
+    return queries
+
+
+def _targeting(cfg, directions, pool_weights, rows, scale, rng) -> torch.Tensor:
+    """[heads, rows, content]: the content part that makes each (row, head) attend
+    to its targets, each at logit about scale * text_sharpness.
+
+    Every head has its own targets (what the question is about); each target slot
+    of a row keeps the head's target with probability text_query_similarity and
+    otherwise takes another pool token, drawn by weight, so the same tokens recur
+    across rows and decode steps while attention drifts a little."""
+    group = cfg.heads // cfg.kv_heads
+    count = cfg.targets_per_query
+    head_targets = torch.multinomial(pool_weights.expand(cfg.heads, -1), count, generator=rng)  # [heads, count]
+    others = pool_weights.expand(cfg.heads, -1).scatter(1, head_targets, 0.0).repeat_interleave(rows, dim=0)
+    drawn = torch.multinomial(others, count, generator=rng).reshape(cfg.heads, rows, count)
+    keep = torch.rand(cfg.heads, rows, count, generator=rng, dtype=torch.float64) < cfg.text_query_similarity
+    picks = torch.where(keep, head_targets[:, None, :], drawn)
+    head_directions = directions.repeat_interleave(group, dim=0)  # [heads, pool, content]
+    chosen = torch.stack([head_directions[h][picks[h]] for h in range(cfg.heads)])  # [heads, rows, t, content]
+    return scale * cfg.text_sharpness * chosen.sum(2)

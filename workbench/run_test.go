@@ -1,0 +1,159 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vlkv/vlkv/gohost/results"
+	"github.com/vlkv/vlkv/gohost/testpy"
+)
+
+func TestPlanIsStable(t *testing.T) {
+	ids := func() string {
+		code, stdout, stderr := runCLI(t, "plan", "--json", "../experiments/quickstart.star")
+		if code != 0 {
+			t.Fatalf("plan: exit %d: %s", code, stderr)
+		}
+		var p struct{ Jobs []struct{ ID, Method string } }
+		if err := json.Unmarshal([]byte(stdout), &p); err != nil || len(p.Jobs) != 10 {
+			t.Fatalf("plan --json: %v, %d jobs\n%s", err, len(p.Jobs), stdout)
+		}
+		var out []string
+		for _, j := range p.Jobs {
+			out = append(out, j.ID)
+		}
+		return strings.Join(out, ",")
+	}
+	if a, b := ids(), ids(); a != b {
+		t.Fatalf("ids changed between two plans:\n%s\n%s", a, b)
+	}
+}
+
+// Bad scripts fail before any job starts, naming the place.
+func TestBadScriptsFailBeforeRunning(t *testing.T) {
+	dir := t.TempDir()
+	scripts := []struct {
+		name, src, want string
+	}{
+		{"syntax", "experiment(name = \"x\", methods = [\"full\"]\n", "syntax.star:2:1"},
+		{"method", "experiment(\n    name = \"x\",\n    methods = [\"full\", \"h2oo\"],\n)\n", `method.star:3:24: experiment "x": method "h2oo" is unknown`},
+		{"type", "experiment(name = \"x\", methods = [\"h2o\"], grid = {\"budget\": [\"a lot\"]})\n", "type.star:1:"},
+		{"workload", "experiment(name = \"x\", methods = [\"full\"], workloads = [workload(layers = 2.5)])\n", `param "layers": want int`},
+	}
+	for _, s := range scripts {
+		t.Run(s.name, func(t *testing.T) {
+			path := filepath.Join(dir, s.name+".star")
+			os.WriteFile(path, []byte(s.src), 0o644)
+			for _, cmd := range [][]string{{"plan", path}, {"--python", "/nonexistent", "run", "--out", filepath.Join(dir, "out"), path}} {
+				code, _, stderr := runCLI(t, cmd...)
+				if code != 1 || !strings.Contains(stderr, s.want) {
+					t.Errorf("%v: exit %d, stderr %q; want %q", cmd, code, stderr, s.want)
+				}
+			}
+			if _, err := os.Stat(filepath.Join(dir, "out")); err == nil {
+				t.Error("a bad script created a run directory")
+			}
+		})
+	}
+}
+
+// Killing the host mid-run loses only jobs in flight; --resume finishes the
+// run without redoing journaled jobs.
+func TestKilledRunResumes(t *testing.T) {
+	py := testpy.Python(t)
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "workbench")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	// A kernels root whose jobs take a while, so the kill lands mid-run.
+	root := filepath.Join(dir, "root")
+	os.MkdirAll(root, 0o755)
+	if out, err := exec.Command("cp", "-r", "../kernels_py", root).CombinedOutput(); err != nil {
+		t.Fatalf("copy: %v %s", err, out)
+	}
+	ablation := filepath.Join(root, "kernels_py", "ablation.py")
+	f, _ := os.OpenFile(ablation, os.O_APPEND|os.O_WRONLY, 0)
+	f.WriteString("\n_unslowed_run = run\n\ndef run(**kw):\n    import time\n    time.sleep(0.7)\n    return _unslowed_run(**kw)\n")
+	f.Close()
+	script := filepath.Join(dir, "slow.star")
+	os.WriteFile(script, []byte(`experiment(
+    name = "slow",
+    methods = ["h2o", "streamingllm"],
+    grid = {"budget": [0.1, 0.2, 0.3, 0.4, 0.5]},
+    workloads = [workload(layers = 2, tokens_per_image = 64, text_tokens = 16, decode_steps = 4)],
+)
+`), 0o644)
+	out := filepath.Join(dir, "results")
+	args := []string{"--python", py, "--kernels", root, "--device", "cpu", "run", "--out", out, script}
+
+	cmd := exec.Command(bin, args...)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	journal := ""
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		if journal == "" {
+			if d, _ := results.Latest(out, "slow"); d != "" {
+				journal = filepath.Join(d, results.JournalFile)
+			}
+		}
+		if data, _ := os.ReadFile(journal); strings.Count(string(data), "\n") >= 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			t.Fatal("the run never journaled 3 jobs")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	cmd.Process.Signal(syscall.SIGKILL)
+	cmd.Wait()
+	runDir := filepath.Dir(journal)
+	before, err := results.ReadJournal(runDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(before) < 3 || len(before) >= 10 {
+		t.Fatalf("%d jobs journaled at the kill; want a run stopped midway", len(before))
+	}
+
+	resume := exec.Command(bin, append(args[:len(args)-1], "--resume", script)...)
+	if output, err := resume.CombinedOutput(); err != nil {
+		t.Fatalf("resume: %v\n%s", err, output)
+	}
+	after, err := results.ReadJournal(runDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]int{}
+	for _, r := range after {
+		seen[r.JobID]++
+		if r.Status != results.StatusOK {
+			t.Errorf("job %s: %s %s", r.JobID, r.Status, r.Error)
+		}
+	}
+	if len(seen) != 10 || len(after) != 10 {
+		t.Fatalf("after resume: %d records for %d distinct jobs; want 10 and 10 (none redone)", len(after), len(seen))
+	}
+	for i, r := range before {
+		if after[i].JobID != r.JobID || !after[i].Finished.Equal(r.Finished) {
+			t.Errorf("journal line %d changed across the resume", i+1)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(runDir, results.ParquetFile)); err != nil {
+		t.Error(err)
+	}
+	m, _ := os.ReadFile(filepath.Join(runDir, results.ManifestFile))
+	if !strings.Contains(string(m), `"resumed"`) || !strings.Contains(string(m), `"ended"`) {
+		t.Errorf("manifest after resume:\n%s", m)
+	}
+}
