@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 import torch
 
-from kernels_py import metrics
+from kernels_py import arena, metrics
 from kernels_py.policies import Policy, make_policy
 from kernels_py.policies.base import LayerCache
 from kernels_py.workloads import SyntheticConfig, Workload, generate
@@ -48,7 +48,9 @@ def run(method: str, params: Mapping[str, Any], workload: Mapping[str, Any]) -> 
     """Run `method` with `params` over the synthetic workload `workload` (a
     SyntheticConfig as a mapping) and score it against the full cache.
 
-    Returns {"metrics": {name: float}, "per_layer": {name: [float per layer]}}:
+    Returns {"metrics": {name: float}, "per_layer": {name: [float per layer]}},
+    plus {"tensors": {"rel_err": [layers, steps] float32}} in the job's scratch
+    region when the host lent one:
       cache_bytes, full_cache_bytes  K/V bytes held after the last step, all layers
       compression_ratio              full_cache_bytes / cache_bytes (prefill_...: right after prefill)
       rel_err_mean, rel_err_max      ||o - o_full|| / ||o_full|| over layers and decode steps
@@ -146,7 +148,12 @@ def _report(trace: Trace, reference: Reference) -> dict:
         "ppci_90": ppci.mean().item(),
         "sparsity_mean": sum(reference.sparsity) / len(reference.sparsity),
     }
-    return {"metrics": scalars, "per_layer": per_layer}
+    report = {"metrics": scalars, "per_layer": per_layer}
+    if arena.has_scratch():  # the host saves these as tensors/<job>/<name>.npy
+        rel_err = arena.empty(errors.shape, torch.float32)
+        rel_err.copy_(errors)
+        report["tensors"] = {"rel_err": rel_err}
+    return report
 
 
 def _hit_rate(kept: torch.Tensor, first_step_attention: torch.Tensor) -> float:

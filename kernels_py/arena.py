@@ -280,6 +280,11 @@ def scratch(region):
         _scratch.reset(token)
 
 
+def has_scratch() -> bool:
+    """Whether the running job may return tensors by reference (empty() works)."""
+    return _scratch.get() is not None
+
+
 def empty(shape, dtype: torch.dtype) -> torch.Tensor:
     """A new contiguous tensor in the job's scratch region; returned to the host by reference."""
     s = _scratch.get()

@@ -26,6 +26,7 @@ import (
 	"github.com/vlkv/vlkv/gohost/pyrt"
 	"github.com/vlkv/vlkv/gohost/results"
 	"github.com/vlkv/vlkv/gohost/sched"
+	"github.com/vlkv/vlkv/gohost/tensor"
 	"github.com/vlkv/vlkv/gohost/worker"
 )
 
@@ -264,23 +265,28 @@ func (a *app) runExperiment(ctx context.Context, s *session, plan *expt.Plan, e 
 	}
 	progress := sched.NewProgress(a.stderr, isTerminal(a.stderr), len(e.Jobs), len(e.Jobs)-len(todo))
 	var once sync.Once
-	var slot int
-	var slotMu sync.Mutex
+	scratch := newScratchArenas()
+	defer scratch.Close()
 	start := func(ctx context.Context) (*worker.Worker, error) {
-		slotMu.Lock()
-		env := workerEnv(s.device, slot, workers, gpus)
-		slot++
-		slotMu.Unlock()
+		env := workerEnv(s.device, scratch.Slot(), workers, gpus)
 		w, err := worker.Start(ctx, worker.Config{Python: s.runtime.Python, KernelsRoot: s.kernels.Dir, Device: s.device, Env: env, Log: a.log})
-		if err == nil {
-			once.Do(func() { recordVersions(run, w.Hello()) })
+		if err != nil {
+			return nil, err
 		}
-		return w, err
+		once.Do(func() { recordVersions(run, w.Hello()) })
+		if err := scratch.Lend(ctx, w); err != nil {
+			w.Close()
+			return nil, err
+		}
+		return w, nil
 	}
 	failed := 0
-	err = sched.Run(ctx, todo, sched.Config{Workers: workers, Start: start, Progress: progress, Log: log,
+	err = sched.Run(ctx, todo, sched.Config{Workers: workers, Start: start, Progress: progress, Log: log, Prepare: scratch.Prepare,
 		Done: func(out sched.Outcome) error {
 			rec := record(specs[out.Job.ID], out)
+			if err := saveTensors(run.Dir, &rec, out.Result, scratch); err != nil {
+				rec.Status, rec.Error = results.StatusFailed, err.Error()
+			}
 			if rec.Status == results.StatusFailed {
 				failed++
 				log.Warn().Str("job", rec.JobID).Str("error", firstLine(rec.Error)).Msg("job failed")
@@ -375,6 +381,103 @@ func record(j expt.Job, out sched.Outcome) results.Record {
 		}
 	}
 	return rec
+}
+
+// scratchArenas gives every worker an arena whose whole extent each of its
+// jobs may use for the tensors it returns; the host saves them as .npy before
+// the worker takes its next job.
+type scratchArenas struct {
+	mu       sync.Mutex
+	slots    int
+	byWorker map[*worker.Worker]*tensor.Arena
+	byID     map[uint32]*tensor.Arena
+}
+
+const scratchBytes = 16 << 20
+
+func newScratchArenas() *scratchArenas {
+	return &scratchArenas{byWorker: map[*worker.Worker]*tensor.Arena{}, byID: map[uint32]*tensor.Arena{}}
+}
+
+// Slot numbers worker starts, to spread them over GPUs.
+func (s *scratchArenas) Slot() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.slots++
+	return s.slots - 1
+}
+
+func (s *scratchArenas) Lend(ctx context.Context, w *worker.Worker) error {
+	s.mu.Lock()
+	id := uint32(len(s.byID) + 1)
+	s.mu.Unlock()
+	a, err := tensor.NewArena(id, "scratch", scratchBytes)
+	if err != nil {
+		return err
+	}
+	if err := w.MapArena(ctx, a); err != nil {
+		a.Close()
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.byWorker[w], s.byID[id] = a, a
+	return nil
+}
+
+func (s *scratchArenas) Prepare(w *worker.Worker, spec *worker.Job) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if a := s.byWorker[w]; a != nil {
+		spec.Scratch = &tensor.Region{Arena: a.ID(), Offset: 0, Size: a.Size()}
+	}
+}
+
+func (s *scratchArenas) Arena(id uint32) *tensor.Arena {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.byID[id]
+}
+
+func (s *scratchArenas) Close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, a := range s.byID {
+		a.Close()
+	}
+}
+
+// saveTensors writes the tensors a job returned by reference to
+// tensors/<job id>/<name>.npy and notes their paths in the record.
+func saveTensors(runDir string, rec *results.Record, result json.RawMessage, scratch *scratchArenas) error {
+	var res struct {
+		Tensors map[string]tensor.Ref `json:"tensors"`
+	}
+	if rec.Status != results.StatusOK || json.Unmarshal(result, &res) != nil || len(res.Tensors) == 0 {
+		return nil
+	}
+	if rec.Extra == nil {
+		rec.Extra = map[string]any{}
+	}
+	for name, ref := range res.Tensors {
+		a := scratch.Arena(ref.Desc.Arena)
+		if a == nil {
+			return fmt.Errorf("tensor %q names arena %d, which was not lent", name, ref.Desc.Arena)
+		}
+		t, err := a.Tensor(ref.Desc)
+		if err != nil {
+			return fmt.Errorf("tensor %q: %w", name, err)
+		}
+		rel := filepath.Join(results.TensorsDir, rec.JobID, npyName(name))
+		if err := os.MkdirAll(filepath.Join(runDir, results.TensorsDir, rec.JobID), 0o755); err != nil {
+			return err
+		}
+		if err := tensor.WriteNPY(filepath.Join(runDir, rel), t); err != nil {
+			return err
+		}
+		rec.Extra["tensor_"+name] = rel
+	}
+	return nil
 }
 
 func recordVersions(run *results.Run, h worker.Hello) {

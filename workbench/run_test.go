@@ -152,6 +152,15 @@ func TestKilledRunResumes(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(runDir, results.ParquetFile)); err != nil {
 		t.Error(err)
 	}
+	// Each job returned its per-step errors by reference; the host saved them.
+	if npys, _ := filepath.Glob(filepath.Join(runDir, results.TensorsDir, "*", "rel_err.npy")); len(npys) != 10 {
+		t.Errorf("%d rel_err.npy files, want one per job", len(npys))
+	}
+	for _, r := range after {
+		if r.Extra["tensor_rel_err"] != filepath.Join(results.TensorsDir, r.JobID, "rel_err.npy") {
+			t.Errorf("job %s: tensor path %v", r.JobID, r.Extra["tensor_rel_err"])
+		}
+	}
 	m, _ := os.ReadFile(filepath.Join(runDir, results.ManifestFile))
 	if !strings.Contains(string(m), `"resumed"`) || !strings.Contains(string(m), `"ended"`) {
 		t.Errorf("manifest after resume:\n%s", m)

@@ -41,7 +41,10 @@ type Config struct {
 	// it (say, the journal cannot be written) stops the run.
 	Done     func(Outcome) error
 	Progress *Progress // may be nil
-	Log      zerolog.Logger
+	// Prepare, if set, adjusts a job for the worker about to run it (say, to
+	// lend it a scratch region of that worker's arena).
+	Prepare func(w *worker.Worker, spec *worker.Job)
+	Log     zerolog.Logger
 }
 
 // Run runs jobs until all finished or ctx ends. Jobs in flight when ctx ends
@@ -126,6 +129,9 @@ func serve(ctx context.Context, queue <-chan Job, cfg Config, report func(Outcom
 					}
 					return fmt.Errorf("start a worker: %w", err)
 				}
+			}
+			if cfg.Prepare != nil {
+				cfg.Prepare(w, &job.Spec)
 			}
 			result, err := runOne(ctx, w, job)
 			if ctx.Err() != nil {

@@ -84,3 +84,33 @@ def test_invalid_arguments_raise_clear_errors(method, params, workload, error, m
 def test_runs_as_a_worker_job():
     job = {"fn": "kernels_py.ablation:run", "args": {"method": "snapkv", "params": {"window": 8}, "workload": WORKLOAD}}
     assert worker.run_job(job) == ablation.run("snapkv", {"window": 8}, WORKLOAD)
+
+
+def test_returns_per_step_errors_by_reference_when_lent_scratch(tmp_path):
+    import os
+
+    import torch
+
+    from kernels_py import arena
+
+    size = 1 << 16
+    with open(tmp_path / "arena", "w+b") as f:
+        f.truncate(size)
+        arena.map_arena(99, os.dup(f.fileno()), size)
+    try:
+        with arena.scratch({"arena": 99, "offset": 0, "size": size}):
+            report = ablation.run("h2o", {"budget": 0.3}, WORKLOAD)
+            encoded = worker.jsonable(report)
+        desc = encoded["tensors"]["rel_err"]["__tensor__"]
+        steps = SyntheticConfig.from_dict(WORKLOAD).decode_steps
+        assert desc["arena"] == 99 and desc["shape"] == [WORKLOAD["layers"], steps]
+        values = torch.from_dlpack(arena.ArenaTensor(desc))
+        assert math.isclose(values.double().mean().item(), report["metrics"]["rel_err_mean"], rel_tol=1e-5)
+        # Without a scratch region the report carries no tensors.
+        assert "tensors" not in ablation.run("h2o", {"budget": 0.3}, WORKLOAD)
+    finally:
+        import gc
+
+        del report, values
+        gc.collect()
+        arena.unmap_arena(99)
