@@ -93,40 +93,58 @@ func TestKilledRunResumes(t *testing.T) {
 	out := filepath.Join(dir, "results")
 	args := []string{"--python", py, "--kernels", root, "--device", "cpu", "run", "--out", out, script}
 
-	cmd := exec.Command(bin, args...)
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	// waitFor starts the command and returns once the journal has n lines.
 	journal := ""
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		if journal == "" {
-			if d, _ := results.Latest(out, "slow"); d != "" {
-				journal = filepath.Join(d, results.JournalFile)
+	waitFor := func(cmd *exec.Cmd, n int) {
+		t.Helper()
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(2 * time.Minute)
+		for {
+			if journal == "" {
+				if d, _ := results.Latest(out, "slow"); d != "" {
+					journal = filepath.Join(d, results.JournalFile)
+				}
 			}
+			if data, _ := os.ReadFile(journal); strings.Count(string(data), "\n") >= n {
+				return
+			}
+			if time.Now().After(deadline) {
+				cmd.Process.Kill()
+				t.Fatalf("the run never journaled %d jobs", n)
+			}
+			time.Sleep(50 * time.Millisecond)
 		}
-		if data, _ := os.ReadFile(journal); strings.Count(string(data), "\n") >= 3 {
-			break
-		}
-		if time.Now().After(deadline) {
-			cmd.Process.Kill()
-			t.Fatal("the run never journaled 3 jobs")
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
-	cmd.Process.Signal(syscall.SIGKILL)
-	cmd.Wait()
+
+	// Ctrl-C: in-flight jobs are dropped, finished ones kept, and the user is told how to go on.
+	first := exec.Command(bin, args...)
+	var stderr strings.Builder
+	first.Stderr = &stderr
+	waitFor(first, 2)
+	first.Process.Signal(os.Interrupt)
+	err := first.Wait()
+	if code := first.ProcessState.ExitCode(); code != 1 || !strings.Contains(stderr.String(), "interrupted") || !strings.Contains(stderr.String(), "--resume") {
+		t.Fatalf("after Ctrl-C: %v, exit %d\n%s", err, code, stderr.String())
+	}
+
+	// A kill at any moment: resume, then kill the resumed run midway.
+	resumeArgs := append(append([]string(nil), args[:len(args)-1]...), "--resume", script)
+	second := exec.Command(bin, resumeArgs...)
+	waitFor(second, 4)
+	second.Process.Signal(syscall.SIGKILL)
+	second.Wait()
 	runDir := filepath.Dir(journal)
 	before, err := results.ReadJournal(runDir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(before) < 3 || len(before) >= 10 {
+	if len(before) < 4 || len(before) >= 10 {
 		t.Fatalf("%d jobs journaled at the kill; want a run stopped midway", len(before))
 	}
 
-	resume := exec.Command(bin, append(args[:len(args)-1], "--resume", script)...)
+	resume := exec.Command(bin, resumeArgs...)
 	if output, err := resume.CombinedOutput(); err != nil {
 		t.Fatalf("resume: %v\n%s", err, output)
 	}
