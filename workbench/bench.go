@@ -163,13 +163,17 @@ func secs(s float64) string {
 	return time.Duration(s * float64(time.Second)).Round(time.Microsecond).String()
 }
 
+// humanBytes prints sizes in binary units: exact ones as "4 KiB", others as "1.5 MiB".
 func humanBytes(n int64) string {
 	for _, u := range []struct {
 		unit string
 		size int64
 	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
-		if n >= u.size && n%u.size == 0 {
-			return fmt.Sprintf("%d %s", n/u.size, u.unit)
+		if n >= u.size {
+			if n%u.size == 0 {
+				return fmt.Sprintf("%d %s", n/u.size, u.unit)
+			}
+			return fmt.Sprintf("%.1f %s", float64(n)/float64(u.size), u.unit)
 		}
 	}
 	return fmt.Sprintf("%d B", n)

@@ -77,7 +77,7 @@ func newTensorsInspectCmd(a *app) *cobra.Command {
 			for _, k := range keys {
 				fmt.Fprintf(a.stdout, "metadata %s = %s\n", k, h.Metadata[k])
 			}
-			fmt.Fprintf(a.stdout, "%d tensors, %s of data\n", len(h.Entries), humanSize(total))
+			fmt.Fprintf(a.stdout, "%d tensors, %s of data\n", len(h.Entries), humanBytes(total))
 			return nil
 		},
 	}
@@ -150,16 +150,4 @@ func npyName(name string) string {
 		return '_'
 	}, name)
 	return safe + ".npy"
-}
-
-func humanSize(n int64) string {
-	switch {
-	case n >= 1<<30:
-		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
-	}
-	return fmt.Sprintf("%d B", n)
 }
