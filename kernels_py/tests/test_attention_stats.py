@@ -1,0 +1,374 @@
+"""kernels_py.triton.attention_stats against its reference.
+
+How the ThresholdFilter counts (`below`) are compared. The count is a step
+function of the score: entry (i, j) is below when s_ij - max_j s_ij < log p.
+Kernel and reference read the same inputs and both turn fp16/bf16 values into
+float32 exactly (and the product of two 16-bit values is exact in float32), so
+the probabilities are float32 on both sides for every input dtype; there is no
+"16-bit probability" to redo the count in. What differs is only the order (and,
+on tensor cores, the internal precision) of the float32 accumulation of q . k,
+a relative error of about 1e-6 in the scores, up to about 1e-5 on a GPU. So a
+count may differ from the reference only by the number of entries whose
+log-distance to the cut, |s_ij - max_j s_ij - log p| (ref.threshold_distance),
+is within BAND of it, checked per (head, key). For float32 the test data are
+also required to have no entry in that band, and the counts must then match
+exactly. Scores are spread (queries scaled by SPREAD) so that a good share of
+the entries fall below the cut and the counts are not trivially zero.
+"""
+
+import math
+
+import pytest
+import torch
+
+from kernels_py.ref import attention_stats as ref
+from kernels_py.triton import attention_stats as kernel
+from kernels_py.workloads.synthetic import Spans
+
+SPREAD = 2.5
+# Tolerance on float results (row statistics and attention sums).
+TOL = {torch.float32: 1e-4, torch.float16: 1e-3, torch.bfloat16: 1e-3}
+# Entries this close (natural-log units) to the ThresholdFilter's cut may be
+# counted on either side of it.
+BAND = {torch.float32: 1e-4, torch.float16: 1e-3, torch.bfloat16: 1e-3}
+
+
+def make(heads, kv_heads, keys, rows, head_dim, dtype, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = (SPREAD * torch.randn(heads, rows, head_dim, generator=g)).to(device=device, dtype=dtype)
+    k = torch.randn(kv_heads, keys, head_dim, generator=g).to(device=device, dtype=dtype)
+    return q, k
+
+
+def positions(kind, n, r, seed=0):
+    """Selected rows of each kind; r is their count."""
+    if kind == "last":
+        return kernel.last_row(n)
+    if kind == "recent":
+        return kernel.recent_rows(n, r)
+    if kind == "probe":  # non-contiguous: the r // 2 most recent plus random earlier ones
+        return kernel.probe_rows(n, recent=r // 2, random=r - r // 2, seed=seed)
+    if kind == "start":  # rows at the very start, position 0 included
+        return torch.arange(r, dtype=torch.int64)
+    if kind == "post":
+        return kernel.post_vision_rows(n - r, n)
+    if kind == "scattered":  # unsorted, with a duplicate, int32
+        return torch.tensor([n // 2, 3, n - 1, 0, n // 2][:r], dtype=torch.int32)
+    if kind.startswith("at"):
+        return torch.tensor([int(kind[2:])], dtype=torch.int64)
+    raise ValueError(kind)
+
+
+def check_against_reference(got, want, q, k, q_pos, p, dtype, scale=None):
+    heads, rows, _ = q.shape
+    kv_heads, keys, _ = k.shape
+    tol = TOL[dtype]
+    assert got.row_max.shape == got.row_sumexp.shape == (heads, rows)
+    assert got.attn_sum.shape == got.below.shape == got.nonzero.shape == (heads, keys)
+    assert got.attn_sum_kv.shape == (kv_heads, keys)
+    assert got.row_max.dtype == got.row_sumexp.dtype == got.attn_sum.dtype == torch.float32
+    assert got.below.dtype == got.nonzero.dtype == torch.int32
+    assert got.p == p
+
+    torch.testing.assert_close(got.row_max, want.row_max, atol=tol, rtol=tol)
+    torch.testing.assert_close(got.row_sumexp, want.row_sumexp, atol=tol, rtol=tol)
+    scores, visible = ref.causal_scores(q, k, q_pos, scale)
+    torch.testing.assert_close(got.row_lse(), torch.logsumexp(scores, dim=-1), atol=tol, rtol=tol)
+    torch.testing.assert_close(got.attn_sum, want.attn_sum, atol=tol, rtol=tol)
+    torch.testing.assert_close(got.attn_sum_kv, want.attn_sum_kv, atol=tol, rtol=tol)
+    assert torch.equal(got.nonzero, want.nonzero)
+
+    # The ThresholdFilter counts (see the module docstring).
+    near_cut = (ref.threshold_distance(q, k, q_pos, p, scale) < BAND[dtype]).sum(dim=1)
+    diff = (got.below - want.below).abs()
+    assert torch.all(diff <= near_cut), f"{int((diff > near_cut).sum())} counts differ away from the cut"
+    if dtype == torch.float32:
+        assert int(near_cut.sum()) == 0, "fp32 test data put an entry on the cut: pick another seed"
+        assert torch.equal(got.below, want.below)
+    torch.testing.assert_close(got.sparsity(), want.sparsity(), atol=near_cut.sum().item() + 1e-6, rtol=0)
+
+    # Invariants that do not lean on the reference.
+    causal = int(visible.sum())
+    assert torch.equal(got.nonzero[0].sum(), torch.tensor(causal, dtype=torch.int64, device=q.device))
+    assert torch.all(got.below <= got.nonzero)
+    torch.testing.assert_close(got.attn_sum.sum(1), torch.full((heads,), float(rows), device=q.device),
+                               atol=1e-3, rtol=1e-4)  # each row is a distribution
+    last = int(q_pos.max())
+    assert torch.all(got.attn_sum[:, last + 1:] == 0) and torch.all(got.nonzero[:, last + 1:] == 0)
+    torch.testing.assert_close(got.attn_sum_kv, got.attn_sum.view(kv_heads, heads // kv_heads, keys).sum(1),
+                               atol=1e-6, rtol=1e-6)
+    if causal >= 64 and 0 < p < 1:  # enough entries for the data to exercise the cut
+        assert 0 < int(want.below.sum()) < heads * causal
+
+
+CASES = [
+    # heads, kv_heads, keys, rows kind, rows, head_dim, dtype, rows_per_split, seed
+    # (fp32 seeds chosen so that no entry sits within BAND of the cut)
+    pytest.param(2, 2, 37, "last", 1, 64, torch.float32, 64, 1, id="mha-N37-last-d64-fp32"),
+    pytest.param(4, 1, 100, "recent", 5, 80, torch.float32, 64, 0, id="gqa4-N100-recent5-d80-fp32"),
+    pytest.param(7, 1, 257, "probe", 33, 96, torch.float32, 16, 2, id="gqa7-N257-probe33-d96-fp32-3splits"),
+    pytest.param(2, 2, 100, "start", 5, 128, torch.float32, 64, 0, id="mha-N100-start5-d128-fp32"),
+    pytest.param(1, 1, 257, "at0", 1, 128, torch.float32, 64, 0, id="N257-row-at-0-d128-fp32"),
+    pytest.param(14, 2, 100, "scattered", 5, 80, torch.float32, 16, 0, id="gqa7x2-N100-scattered-d80-fp32"),
+    pytest.param(4, 2, 257, "post", 33, 64, torch.float32, 32, 2, id="gqa2-N257-post33-d64-fp32-2splits"),
+    pytest.param(4, 4, 100, "probe", 33, 128, torch.float16, 64, 0, id="mha-N100-probe33-d128-fp16"),
+    pytest.param(4, 1, 257, "post", 33, 96, torch.float16, 16, 0, id="gqa4-N257-post33-d96-fp16-3splits"),
+    pytest.param(7, 1, 100, "scattered", 5, 64, torch.float16, 64, 0, id="gqa7-N100-scattered-d64-fp16"),
+    pytest.param(2, 2, 37, "start", 33, 80, torch.float16, 16, 0, id="mha-N37-start33-d80-fp16"),
+    pytest.param(7, 1, 37, "start", 5, 64, torch.bfloat16, 64, 0, id="gqa7-N37-start5-d64-bf16"),
+    pytest.param(8, 2, 257, "at200", 1, 80, torch.bfloat16, 64, 0, id="gqa4-N257-row-at-200-d80-bf16"),
+    pytest.param(2, 2, 37, "recent", 33, 128, torch.bfloat16, 16, 0, id="mha-N37-recent33-d128-bf16"),
+    pytest.param(4, 4, 257, "probe", 33, 96, torch.bfloat16, 32, 0, id="mha-N257-probe33-d96-bf16"),
+]
+
+
+@pytest.mark.parametrize("heads,kv_heads,keys,kind,rows,head_dim,dtype,rows_per_split,seed", CASES)
+def test_matches_reference(heads, kv_heads, keys, kind, rows, head_dim, dtype, rows_per_split, seed, device):
+    q_pos = positions(kind, keys, rows).to(device)
+    assert q_pos.shape == (rows,)
+    q, k = make(heads, kv_heads, keys, rows, head_dim, dtype, device, seed)
+    got = kernel.attention_stats(q, k, q_pos, rows_per_split=rows_per_split)
+    want = ref.attention_stats(q, k, q_pos)
+    check_against_reference(got, want, q, k, q_pos, 0.01, dtype)
+
+
+@pytest.mark.parametrize("p,scale", [(0.1, None), (0.002, 0.05), (0.0, None)])
+def test_threshold_and_scale(p, scale, device):
+    q, k = make(4, 2, 100, 9, 64, torch.float32, device, seed=1)
+    q_pos = kernel.probe_rows(100, recent=4, random=5, seed=1).to(device)
+    got = kernel.attention_stats(q, k, q_pos, p=p, scale=scale)
+    check_against_reference(got, ref.attention_stats(q, k, q_pos, p=p, scale=scale), q, k, q_pos, p,
+                            torch.float32, scale)
+    if p == 0.0:
+        assert int(got.below.sum()) == 0  # nothing is below zero
+
+
+def test_stages_compose(device):
+    """The three launchers by hand: partial shapes, one partial per row split
+    equal to the statistics of that split's rows alone, and their reduction."""
+    q, k = make(4, 1, 100, 20, 64, torch.float16, device, seed=2)
+    q_pos = kernel.probe_rows(100, recent=10, random=10, seed=2).to(device)
+    m, l = kernel.row_stats(q, k, q_pos)
+    partials = kernel.column_stats(q, k, q_pos, m, l, 0.01, rows_per_split=16)
+    assert partials.attn_sum.shape == partials.below.shape == (2, 4, 100)
+    assert partials.nonzero.shape == (2, 100)
+    for split, rows in enumerate((slice(0, 16), slice(16, 20))):
+        alone = ref.attention_stats(q[:, rows], k, q_pos[rows])
+        torch.testing.assert_close(partials.attn_sum[split], alone.attn_sum, atol=1e-4, rtol=1e-4)
+        assert torch.equal(partials.nonzero[split], alone.nonzero[0])
+        near = (ref.threshold_distance(q[:, rows], k, q_pos[rows]) < BAND[torch.float16]).sum(1)
+        assert torch.all((partials.below[split] - alone.below).abs() <= near)
+    reduced = kernel.reduce(partials, kv_heads=1)
+    assert torch.equal(reduced.below, partials.below.sum(0, dtype=torch.int32))
+    assert torch.equal(reduced.nonzero, partials.nonzero.sum(0, dtype=torch.int32).expand(4, 100))
+    torch.testing.assert_close(reduced.attn_sum, partials.attn_sum.sum(0), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(reduced.attn_sum_kv, reduced.attn_sum.sum(0, keepdim=True), atol=1e-6, rtol=1e-6)
+    whole = kernel.attention_stats(q, k, q_pos, rows_per_split=16)
+    assert torch.equal(whole.row_max, m) and torch.equal(whole.row_sumexp, l)
+    assert torch.equal(whole.attn_sum, reduced.attn_sum) and torch.equal(whole.below, reduced.below)
+
+
+def test_deterministic_and_split_independent_counts(device):
+    q, k = make(4, 2, 100, 33, 80, torch.float32, device, seed=3)
+    q_pos = kernel.recent_rows(100, 33).to(device)
+    a = kernel.attention_stats(q, k, q_pos)
+    b = kernel.attention_stats(q, k, q_pos)
+    for name in ("row_max", "row_sumexp", "attn_sum", "below", "nonzero", "attn_sum_kv"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name  # no atomics: bitwise repeatable
+    c = kernel.attention_stats(q, k, q_pos, block_n=32, rows_per_split=16)
+    assert torch.equal(a.below, c.below) and torch.equal(a.nonzero, c.nonzero)
+    torch.testing.assert_close(a.attn_sum, c.attn_sum, atol=1e-6, rtol=1e-5)
+
+
+def test_strided_inputs(device):
+    """Non-contiguous q, k and q_pos go through their strides."""
+    q, k = make(4, 2, 100, 9, 64, torch.float32, device, seed=4)
+    q_pos = kernel.probe_rows(100, recent=4, random=5, seed=4).to(device)
+    q_t = q.transpose(0, 1).contiguous().transpose(0, 1)
+    k_wide = torch.zeros(2, 100, 128, device=device)
+    k_wide[..., :64] = k
+    k_s = k_wide[..., :64]
+    pos_s = torch.stack([q_pos, torch.zeros_like(q_pos)], dim=1)[:, 0]
+    assert not (q_t.is_contiguous() or k_s.is_contiguous() or pos_s.is_contiguous())
+    got = kernel.attention_stats(q_t, k_s, pos_s)
+    want = kernel.attention_stats(q, k, q_pos)
+    for name in ("row_max", "row_sumexp", "attn_sum", "below", "nonzero", "attn_sum_kv"):
+        torch.testing.assert_close(getattr(got, name), getattr(want, name), atol=1e-6, rtol=1e-6)
+    check_against_reference(got, ref.attention_stats(q, k, q_pos), q, k, q_pos, 0.01, torch.float32)
+
+
+def _hand_case(device):
+    """Head 0: every row has the same query and key j scores log w_j with
+    w = (1, 1, 0.001, 0.5); head 1: all scores 0 (uniform rows). Rows 0..3."""
+    w = torch.tensor([1.0, 1.0, 0.001, 0.5])
+    k = torch.zeros(1, 4, 16)
+    k[0, :, 0] = torch.log(w)
+    q = torch.zeros(2, 4, 16)
+    q[0, :, 0] = 1.0
+    return q.to(device), k.to(device), torch.arange(4, device=device), w
+
+
+@pytest.mark.parametrize("impl", ["kernel", "ref"])
+def test_sparsity_hand_computed(impl, device):
+    q, k, q_pos, w = _hand_case(device)
+    stats = (kernel if impl == "kernel" else ref).attention_stats(q, k, q_pos, p=0.01, scale=1.0)
+    # Head 0: row 2 sees (1, 1, .001) and row 3 sees (1, 1, .001, .5); .001 < 0.01 * 1 in
+    # both, nothing else is below. Causal entries: 1 + 2 + 3 + 4 = 10. Head 1 is uniform.
+    assert stats.below.tolist() == [[0, 0, 2, 0], [0, 0, 0, 0]]
+    assert stats.nonzero.tolist() == [[4, 3, 2, 1], [4, 3, 2, 1]]
+    assert stats.sparsity().tolist() == pytest.approx([0.2, 0.0])
+    assert float(stats.sparsity(per_head=False)) == pytest.approx(0.1)
+    want0 = torch.zeros(4)
+    for row in range(4):
+        want0[: row + 1] += w[: row + 1] / w[: row + 1].sum()
+    want1 = torch.tensor([1 + 1 / 2 + 1 / 3 + 1 / 4, 1 / 2 + 1 / 3 + 1 / 4, 1 / 3 + 1 / 4, 1 / 4])
+    torch.testing.assert_close(stats.attn_sum.cpu(), torch.stack([want0, want1]), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(stats.attn_sum_kv.cpu(), (want0 + want1)[None], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(stats.normalized().cpu(), torch.stack([want0, want1]) / torch.tensor([4.0, 3, 2, 1]))
+    # Row max in log2 units: head 0's max score is log 1 = 0; row sums of exp are sum(w).
+    torch.testing.assert_close(stats.row_max.cpu(), torch.zeros(2, 4), atol=1e-6, rtol=0)
+    sums = torch.stack([torch.cumsum(w, 0), torch.arange(1.0, 5.0)])
+    torch.testing.assert_close(stats.row_sumexp.cpu(), sums, atol=1e-5, rtol=1e-5)
+
+
+def test_sparsity_helper_alone():
+    z = torch.zeros(2, 3)
+    stats = kernel.AttentionStats(
+        row_max=z, row_sumexp=z, attn_sum=torch.tensor([[1.0, 2.0, 0.0], [0.0, 0.0, 0.0]]),
+        below=torch.tensor([[2, 1, 0], [0, 0, 0]], dtype=torch.int32),
+        nonzero=torch.tensor([[3, 2, 0], [3, 2, 0]], dtype=torch.int32),
+        attn_sum_kv=z[:1], p=0.01)
+    # Head 0: 3 of 5 causal entries below the cut; head 1: none.
+    assert stats.sparsity().tolist() == pytest.approx([0.6, 0.0])
+    assert float(stats.sparsity(per_head=False)) == pytest.approx(0.3)
+    # A key no row sees normalizes to 0, not NaN.
+    torch.testing.assert_close(stats.normalized(), torch.tensor([[1 / 3, 1.0, 0.0], [0.0, 0.0, 0.0]]))
+
+
+# ---------------------------------------------------------------------------
+# Row selectors
+# ---------------------------------------------------------------------------
+
+
+def _well_formed(rows, n):
+    assert rows.dtype == torch.int64 and rows.dim() == 1
+    assert torch.all(rows[1:] > rows[:-1])  # sorted, no duplicates
+    assert int(rows.min()) >= 0 and int(rows.max()) < n
+
+
+def test_probe_rows():
+    rows = kernel.probe_rows(1000, seed=3)
+    _well_formed(rows, 1000)
+    assert rows.numel() == 128
+    assert torch.equal(rows[-64:], torch.arange(936, 1000))  # the 64 most recent
+    assert int(rows[:64].max()) < 936  # and 64 earlier ones
+    assert torch.equal(rows, kernel.probe_rows(1000, seed=3))  # the seed fixes them
+    assert not torch.equal(rows, kernel.probe_rows(1000, seed=4))
+    assert torch.equal(kernel.probe_rows(100), torch.arange(100))  # 64 recent + all 36 earlier
+    assert torch.equal(kernel.probe_rows(10), torch.arange(10))  # clipped to n
+    few = kernel.probe_rows(200, recent=0, random=5, seed=1)
+    _well_formed(few, 200)
+    assert few.numel() == 5
+    assert torch.equal(kernel.probe_rows(50, recent=3, random=0), torch.tensor([47, 48, 49]))
+
+
+def test_other_selectors():
+    assert kernel.recent_rows(10, 4).tolist() == [6, 7, 8, 9]
+    assert kernel.recent_rows(3, 8).tolist() == [0, 1, 2]
+    assert kernel.last_row(7).tolist() == [6]
+    assert kernel.all_rows(5).tolist() == [0, 1, 2, 3, 4]
+    assert kernel.post_vision_rows(12, 15).tolist() == [12, 13, 14]
+    assert kernel.post_vision_rows([(2, 5), (8, 12)], 15).tolist() == [12, 13, 14]
+    spans = Spans((0, 4), ((4, 10), (10, 16)), (16, 20))
+    assert kernel.post_vision_rows(spans, spans.prompt_tokens).tolist() == [16, 17, 18, 19]
+    for rows in (kernel.recent_rows(10, 4), kernel.last_row(7), kernel.all_rows(5), kernel.post_vision_rows(spans, 20)):
+        assert rows.dtype == torch.int64
+
+
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda: kernel.all_rows(0), "positive int"),
+        (lambda: kernel.last_row(-1), "positive int"),
+        (lambda: kernel.recent_rows(10, 0), "window"),
+        (lambda: kernel.probe_rows(10, recent=-1), "recent"),
+        (lambda: kernel.post_vision_rows(15, 15), "no post-vision rows"),
+        (lambda: kernel.post_vision_rows([(2, 20)], 15), "no post-vision rows"),
+        (lambda: kernel.post_vision_rows([], 15), "no visual spans"),
+    ],
+)
+def test_selector_errors(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+# ---------------------------------------------------------------------------
+# Bad inputs
+# ---------------------------------------------------------------------------
+
+
+def _good(device):
+    q = torch.zeros(2, 4, 64, device=device)
+    k = torch.zeros(2, 8, 64, device=device)
+    return q, k, torch.arange(4, 8, device=device)
+
+
+@pytest.mark.parametrize(
+    "change,error,match",
+    [
+        (lambda q, k, pos: (q[0], k, pos), ValueError, "3-D"),
+        (lambda q, k, pos: (q.int(), k.int(), pos), TypeError, "dtype"),
+        (lambda q, k, pos: (q, k.half(), pos), TypeError, "must match"),
+        (lambda q, k, pos: (q, k[..., :32], pos), ValueError, "head_dim differs"),
+        (lambda q, k, pos: (torch.zeros(2, 4, 512), torch.zeros(2, 8, 512), pos.cpu()), ValueError, "head_dim must"),
+        (lambda q, k, pos: (torch.cat([q, q[:1]]), k, pos), ValueError, "multiple"),
+        (lambda q, k, pos: (q, k, pos.tolist()), TypeError, "tensor of positions"),
+        (lambda q, k, pos: (q, k, pos.float()), TypeError, "int32 or torch.int64"),
+        (lambda q, k, pos: (q, k, pos[:3]), ValueError, "one position per query row"),
+        (lambda q, k, pos: (q, k, pos[None]), ValueError, "one position per query row"),
+        (lambda q, k, pos: (q, k, pos + 1), ValueError, r"\[0, 8\)"),
+        (lambda q, k, pos: (q, k, pos - 5), ValueError, r"\[0, 8\)"),
+    ],
+)
+def test_bad_inputs(change, error, match, device):
+    q, k, pos = change(*_good(device))
+    with pytest.raises(error, match=match):
+        kernel.attention_stats(q, k, pos)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"p": 1.5}, "p must lie"),
+        ({"p": math.nan}, "p must lie"),
+        ({"scale": -1.0}, "scale"),
+        ({"block_m": 8}, "power of two"),
+        ({"block_n": 48}, "power of two"),
+        ({"rows_per_split": 24}, "multiple of block_m"),
+    ],
+)
+def test_bad_options(kwargs, match, device):
+    q, k, pos = _good(device)
+    with pytest.raises(ValueError, match=match):
+        kernel.attention_stats(q, k, pos, **kwargs)
+
+
+def test_bad_stage_inputs(device):
+    q, k, pos = _good(device)
+    m, l = kernel.row_stats(q, k, pos)
+    with pytest.raises(ValueError, match="row_max must be float32"):
+        kernel.column_stats(q, k, pos, m[:, :3], l)
+    with pytest.raises(ValueError, match="row_sumexp must be float32"):
+        kernel.column_stats(q, k, pos, m, l.double())
+    partials = kernel.column_stats(q, k, pos, m, l)
+    with pytest.raises(ValueError, match="multiple of kv heads"):
+        kernel.reduce_stats(partials, kv_heads=3)
+    with pytest.raises(ValueError, match="partial below"):
+        kernel.reduce_stats(partials._replace(below=partials.below.float()), kv_heads=2)
+
+
+def test_no_rows(device):
+    q, k, _ = _good(device)
+    stats = kernel.attention_stats(q[:, :0], k, torch.zeros(0, dtype=torch.int64, device=device))
+    assert stats.row_max.shape == (2, 0) and stats.attn_sum.shape == (2, 8)
+    assert int(stats.nonzero.sum()) == 0 and float(stats.attn_sum.abs().sum()) == 0.0
