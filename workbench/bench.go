@@ -19,7 +19,7 @@ func newBenchCmd(a *app) *cobra.Command {
 		Use:   "bench",
 		Short: "Benchmarks (timings only; correctness lives in the tests)",
 	}
-	cmd.AddCommand(newBenchExchangeCmd(a))
+	cmd.AddCommand(newBenchExchangeCmd(a), newBenchStatsCmd(a))
 	return cmd
 }
 
@@ -177,4 +177,109 @@ func humanBytes(n int64) string {
 		}
 	}
 	return fmt.Sprintf("%d B", n)
+}
+
+// statsRow mirrors a row of kernels_py.benchmarks.stats.run.
+type statsRow struct {
+	PromptLen          int      `json:"prompt_len"`
+	Batch              int      `json:"batch"`
+	Rows               int      `json:"rows"`
+	StatsSeconds       float64  `json:"stats_seconds"`
+	MaterializeSeconds float64  `json:"materialize_seconds"`
+	SDPASeconds        float64  `json:"sdpa_seconds"`
+	StatsPeak          *float64 `json:"stats_peak_bytes"`
+	MaterializePeak    *float64 `json:"materialize_peak_bytes"`
+	SDPAPeak           *float64 `json:"sdpa_peak_bytes"`
+	StatsGBps          float64  `json:"stats_gbps"`
+	StatsVsSDPA        float64  `json:"stats_vs_sdpa"`
+	MaterializeVsStats float64  `json:"materialize_vs_stats"`
+}
+
+func newBenchStatsCmd(a *app) *cobra.Command {
+	var (
+		asJSON  bool
+		lengths []int
+		batches []int
+		rows    int
+		repeat  int
+		dtype   = enumFlag{value: "float16", allowed: []string{"float16", "bfloat16", "float32"}}
+	)
+	cmd := &cobra.Command{
+		Use:   "stats",
+		Short: "Attention-statistics kernels vs materialised softmax and vs one SDPA forward over the same rows",
+		Long: `stats times the three-kernel attention-statistics pipeline
+(kernels_py/triton/attention_stats.py: row stats, column stats, reduction) for
+--rows selected query rows (the last ones of the prompt) against PyTorch
+materialising softmax(QK^T) for those rows and against one
+scaled_dot_product_attention forward over the same rows, for each prompt
+length and batch (32 query heads, 8 kv heads, head_dim 128). Reports median
+times, the pipeline's achieved GB/s on K, the ratios, and on a GPU the peak
+extra memory of each path. On the CPU the kernels run under the Triton
+interpreter: the command then runs one tiny size to prove the benchmark works
+(its timings say nothing about kernel speed).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if rows < 1 || repeat < 1 {
+				return &usageError{fmt.Errorf("--rows and --repeat must be at least 1")}
+			}
+			return a.withWorker(cmd.Context(), func(s *session, w *worker.Worker) error {
+				args := map[string]any{"rows": rows, "repeat": repeat, "dtype": dtype.value}
+				if len(lengths) > 0 {
+					args["lengths"] = lengths
+				}
+				if len(batches) > 0 {
+					args["batches"] = batches
+				}
+				if s.device == worker.CPU && !cmd.Flags().Changed("lengths") {
+					a.log.Warn().Msg("CPU interpreter: running one tiny size to show the benchmark works; its timings are not kernel speed")
+					raw, err := w.Run(cmd.Context(), worker.Job{Fn: "kernels_py.benchmarks.stats:smoke_sizes"})
+					if err != nil {
+						return err
+					}
+					args = map[string]any{}
+					if err := json.Unmarshal(raw, &args); err != nil {
+						return err
+					}
+				}
+				raw, err := w.Run(cmd.Context(), worker.Job{Fn: "kernels_py.benchmarks.stats:run", Args: args})
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					_, err := a.stdout.Write(append(raw, '\n'))
+					return err
+				}
+				var res struct {
+					Device      string     `json:"device"`
+					Interpreter bool       `json:"interpreter"`
+					Rows        []statsRow `json:"rows"`
+				}
+				if err := json.Unmarshal(raw, &res); err != nil {
+					return err
+				}
+				tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+				fmt.Fprintln(tw, "prompt\tbatch\tstats\tGB/s\tmaterialise\tSDPA\tstats/SDPA\tmaterialise/stats\tpeak stats\tpeak materialise\t")
+				for _, r := range res.Rows {
+					fmt.Fprintf(tw, "%d\t%d\t%s\t%.0f\t%s\t%s\t%.2fx\t%.1fx\t%s\t%s\t\n", r.PromptLen, r.Batch, secs(r.StatsSeconds),
+						r.StatsGBps, secs(r.MaterializeSeconds), secs(r.SDPASeconds), r.StatsVsSDPA, r.MaterializeVsStats,
+						peak(r.StatsPeak), peak(r.MaterializePeak))
+				}
+				return tw.Flush()
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the rows as JSON")
+	cmd.Flags().IntSliceVar(&lengths, "lengths", nil, "prompt lengths (default 1024,4096,16384,65536,131072)")
+	cmd.Flags().IntSliceVar(&batches, "batches", nil, "batch sizes (default 1,4,16)")
+	cmd.Flags().IntVar(&rows, "rows", 50, "selected query rows")
+	cmd.Flags().IntVar(&repeat, "repeat", 10, "timed runs per path (median reported)")
+	cmd.Flags().Var(&dtype, "dtype", "dtype of Q and K")
+	return cmd
+}
+
+func peak(b *float64) string {
+	if b == nil {
+		return "-"
+	}
+	return humanBytes(int64(*b))
 }

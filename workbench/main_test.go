@@ -148,3 +148,21 @@ func TestWorkerPing(t *testing.T) {
 		t.Fatalf("exit %d\n%s%s", code, stdout, stderr)
 	}
 }
+
+func TestBenchCommandsRun(t *testing.T) {
+	py := testpy.Python(t)
+	code, stdout, stderr := runCLI(t, "--python", py, "--device", "cpu", "bench", "exchange", "--json", "--max-bytes", "65536", "--repeat", "1")
+	var ex struct {
+		Rows []struct {
+			Bytes                   int64
+			ShmSeconds, PipeSeconds float64
+		} `json:"rows"`
+	}
+	if code != 0 || json.Unmarshal([]byte(stdout), &ex) != nil || len(ex.Rows) != 3 || ex.Rows[2].Bytes != 65536 {
+		t.Fatalf("bench exchange: exit %d, %s\n%s", code, stdout, stderr)
+	}
+	code, stdout, stderr = runCLI(t, "--python", py, "--device", "cpu", "bench", "stats")
+	if code != 0 || !strings.Contains(stdout, "stats/SDPA") || !strings.Contains(stderr, "not kernel speed") {
+		t.Fatalf("bench stats: exit %d\n%s%s", code, stdout, stderr)
+	}
+}

@@ -1,0 +1,2 @@
+"""Benchmarks run by `workbench bench ...`: timings only; correctness lives in
+the tests."""
