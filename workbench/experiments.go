@@ -256,7 +256,7 @@ func (a *app) runExperiment(ctx context.Context, s *session, plan *expt.Plan, e 
 	log.Info().Int("jobs", len(e.Jobs)).Int("to_run", len(todo)).Int("already_done", len(e.Jobs)-len(todo)).Msg("running")
 
 	workers := o.workers
-	gpus := gpuCount()
+	gpus := worker.GPUs("/")
 	if workers == 0 {
 		workers = 1
 		if s.device == worker.CUDA && gpus > 0 {
@@ -507,11 +507,6 @@ func workerEnv(device worker.Device, slot, workers, gpus int) []string {
 		env = append(env, fmt.Sprintf("OMP_NUM_THREADS=%d", max(1, runtime.NumCPU()/workers)))
 	}
 	return env
-}
-
-func gpuCount() int {
-	nodes, _ := filepath.Glob("/dev/nvidia[0-9]*")
-	return len(nodes)
 }
 
 func gitState(dir string) results.Git {

@@ -22,11 +22,7 @@ func (a *app) newSession(ctx context.Context) (*session, error) {
 	if err != nil {
 		return nil, err
 	}
-	cwd, err := os.Getwd()
-	if err != nil {
-		return nil, err
-	}
-	kernels, err := pyrt.ResolveKernels(a.flags.kernels, cwd, vlkv.Assets, cacheDir)
+	kernels, err := a.kernelsRoot()
 	if err != nil {
 		return nil, err
 	}

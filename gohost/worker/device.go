@@ -36,8 +36,14 @@ func ResolveDevice(d Device, lookupEnv func(string) (string, bool), devRoot stri
 			return CPU
 		}
 	}
-	if nodes, _ := filepath.Glob(filepath.Join(devRoot, "dev", "nvidia[0-9]*")); len(nodes) > 0 {
+	if GPUs(devRoot) > 0 {
 		return CUDA
 	}
 	return CPU
+}
+
+// GPUs counts the NVIDIA device nodes under devRoot ("/" on a real host).
+func GPUs(devRoot string) int {
+	nodes, _ := filepath.Glob(filepath.Join(devRoot, "dev", "nvidia[0-9]*"))
+	return len(nodes)
 }
