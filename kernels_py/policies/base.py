@@ -133,6 +133,11 @@ class Policy(Knobs, ABC):
         """Bytes of K and V held."""
         return tensor_bytes(cache.keys, cache.values)
 
+    def layer_metrics(self, layer: int, cache: LayerCache) -> dict[str, float]:
+        """Method-specific numbers about one layer after the last step (e.g. the
+        budget it was given); reported per layer and averaged. Default: none."""
+        return {}
+
 
 @dataclass(frozen=True)
 class BudgetPolicy(Policy):
