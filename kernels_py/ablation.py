@@ -14,7 +14,7 @@ from typing import Any, Mapping
 import torch
 
 from kernels_py import arena, metrics
-from kernels_py.policies import Policy, make_policy
+from kernels_py.policies import Policy, make_policy, scoring
 from kernels_py.policies.base import LayerCache
 from kernels_py.workloads import SyntheticConfig, Workload, generate
 
@@ -32,6 +32,7 @@ class Trace:
     final_bytes: list[int]  # per layer, after the last step
     prefill_kept: list[torch.Tensor]  # per layer [kv_heads, k] prompt positions kept by prefill
     ppci: list[list[float]]  # [layer][step]
+    layer_metrics: list[dict[str, float]]  # per layer, Policy.layer_metrics after the last step
 
 
 @dataclass
@@ -42,6 +43,7 @@ class Reference:
     trace: Trace  # of the full cache
     first_step_attention: list[torch.Tensor]  # per layer [heads, T]: A_{m+1} of VL-Cache Def. 3.1
     sparsity: list[float]  # per layer, VL-Cache gamma of the prefill attention
+    post_vision_sparsity: list[float]  # per layer, gamma over the post-vision rows only (Algorithm 1's estimate)
 
 
 def run(method: str, params: Mapping[str, Any], workload: Mapping[str, Any]) -> dict:
@@ -60,7 +62,10 @@ def run(method: str, params: Mapping[str, Any], workload: Mapping[str, Any]) -> 
       ppci_90                        A-VL 90% PPCI over the image tokens between the full-cache ranking and
                                      the ranking of the tokens held, each step; mean over layers, steps, heads
       sparsity_mean                  VL-Cache gamma (p = 1%) of the prefill attention, mean over layers
-    per_layer: rel_err (mean over steps), sparsity, cache_hit_rate, ppci_90, cache_bytes.
+      prefill_kept_fraction          prompt tokens kept by prefill / prompt tokens, mean over layers
+      <policy metrics>               what Policy.layer_metrics reports (e.g. vlcache's layer_budget), layer mean
+    per_layer: rel_err (mean over steps), sparsity, post_vision_sparsity (gamma over the rows after the
+    last visual token), cache_hit_rate, ppci_90, cache_bytes, prefill_kept_fraction, and the policy's metrics.
     Raises ValueError / TypeError on unknown or invalid methods and parameters.
     """
     policy = make_policy(method, params)
@@ -72,20 +77,26 @@ def run(method: str, params: Mapping[str, Any], workload: Mapping[str, Any]) -> 
 @functools.lru_cache(maxsize=CACHED_WORKLOADS)
 def _reference(cfg: SyntheticConfig) -> Reference:
     workload = generate(cfg)
-    first_step_attention, sparsity = [], []
+    first_step_attention, sparsity, post_vision_sparsity = [], [], []
+    post_vision = scoring.post_vision_rows(workload.spans, workload.spans.prompt_tokens)
     for layer in range(cfg.layers):
         q, k = workload.q[layer], workload.k[layer]
         first_q = workload.decode_q[layer][0]
         first_step_attention.append(metrics.causal_attention(first_q, k, query_start=k.shape[1])[:, 0])
-        sparsity.append(metrics.layer_sparsity(metrics.causal_attention(q, k)).mean().item())
-    return Reference(workload, _trace(make_policy(REFERENCE_METHOD), workload), first_step_attention, sparsity)
+        attention = metrics.causal_attention(q, k)
+        sparsity.append(metrics.layer_sparsity(attention).mean().item())
+        post_vision_attention = attention[:, post_vision]
+        post_vision_sparsity.append(
+            metrics.layer_sparsity(post_vision_attention, query_start=int(post_vision[0])).mean().item())
+    return Reference(workload, _trace(make_policy(REFERENCE_METHOD), workload), first_step_attention, sparsity,
+                     post_vision_sparsity)
 
 
 def _trace(policy: Policy, workload: Workload) -> Trace:
-    trace = Trace([], [], [], [], [])
+    trace = Trace([], [], [], [], [], [])
     visual = workload.spans.visual_positions().to(workload.positions.device)
-    for layer in range(workload.config.layers):
-        cache = policy.prefill(layer, workload.q[layer], workload.k[layer], workload.v[layer], workload.spans)
+    caches = policy.prefill_all(workload.q, workload.k, workload.v, workload.spans)
+    for layer, cache in enumerate(caches):
         trace.prefill_bytes.append(policy.cache_bytes(cache))
         trace.prefill_kept.append(cache.positions.clone())
         outputs, ppci = [], []
@@ -97,6 +108,7 @@ def _trace(policy: Policy, workload: Workload) -> Trace:
         trace.outputs.append(outputs)
         trace.ppci.append(ppci)
         trace.final_bytes.append(policy.cache_bytes(cache))
+        trace.layer_metrics.append(policy.layer_metrics(layer, cache))
     return trace
 
 
@@ -128,13 +140,17 @@ def _report(trace: Trace, reference: Reference) -> dict:
     )  # [layers, steps]
     hit_rates = [_hit_rate(kept, truth) for kept, truth in zip(trace.prefill_kept, reference.first_step_attention)]
     ppci = torch.tensor(trace.ppci, dtype=torch.float64)
+    prompt = reference.workload.spans.prompt_tokens
     per_layer = {
         "rel_err": errors.mean(dim=1).tolist(),
         "sparsity": list(reference.sparsity),
+        "post_vision_sparsity": list(reference.post_vision_sparsity),
         "cache_hit_rate": hit_rates,
         "ppci_90": ppci.mean(dim=1).tolist(),
         "cache_bytes": [float(b) for b in trace.final_bytes],
+        "prefill_kept_fraction": [kept.shape[1] / prompt for kept in trace.prefill_kept],
     }
+    policy_metrics = sorted({name for layer in trace.layer_metrics for name in layer})
     cache_bytes, full_bytes = sum(trace.final_bytes), sum(full.final_bytes)
     scalars = {
         "cache_bytes": float(cache_bytes),
@@ -147,7 +163,13 @@ def _report(trace: Trace, reference: Reference) -> dict:
         "cache_hit_rate": sum(hit_rates) / len(hit_rates),
         "ppci_90": ppci.mean().item(),
         "sparsity_mean": sum(reference.sparsity) / len(reference.sparsity),
+        "prefill_kept_fraction": sum(per_layer["prefill_kept_fraction"]) / len(trace.prefill_kept),
     }
+    for name in policy_metrics:
+        if name in per_layer or name in scalars:
+            raise ValueError(f"policy layer metric {name!r} clashes with a metric the ablation reports")
+        per_layer[name] = [float(layer.get(name, float("nan"))) for layer in trace.layer_metrics]
+        scalars[name] = sum(per_layer[name]) / len(per_layer[name])
     report = {"metrics": scalars, "per_layer": per_layer}
     if arena.has_scratch():  # the host saves these as tensors/<job>/<name>.npy
         rel_err = arena.empty(errors.shape, torch.float32)

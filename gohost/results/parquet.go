@@ -43,16 +43,26 @@ func BuildParquet(dir string) (int, error) {
 		group[c.name] = parquet.Optional(leaf(c.kind))
 	}
 	schema := parquet.NewSchema("results", group)
+	kinds := map[string]string{}
+	for _, c := range cols {
+		kinds[c.name] = c.kind
+	}
+	// Rows are built value by value with explicit definition levels: writing
+	// Go maps would store zero values (an error of 0, false, "") as nulls.
+	leaves := schema.Columns()
 	var buf bytes.Buffer
 	w := parquet.NewGenericWriter[any](&buf, schema)
 	for _, row := range rows {
-		conformed := map[string]any{}
-		for _, c := range cols {
-			if v, ok := row[c.name]; ok {
-				conformed[c.name] = convert(v, c.kind)
+		out := make(parquet.Row, len(leaves))
+		for i, path := range leaves {
+			v, ok := row[path[0]]
+			if !ok || v == nil {
+				out[i] = parquet.NullValue().Level(0, 0, i)
+				continue
 			}
+			out[i] = parquet.ValueOf(convert(v, kinds[path[0]])).Level(0, 1, i)
 		}
-		if _, err := w.Write([]any{conformed}); err != nil {
+		if _, err := w.WriteRows([]parquet.Row{out}); err != nil {
 			return 0, fmt.Errorf("write results.parquet: %w", err)
 		}
 	}

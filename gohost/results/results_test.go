@@ -156,3 +156,40 @@ func TestBuildParquet(t *testing.T) {
 		t.Errorf("list column %v", rows["b"]["extra_per_layer_rel_err"])
 	}
 }
+
+// Zero values are values: an error of exactly 0, a count of 0, false, "" must
+// not come back as missing.
+func TestBuildParquetKeepsZeroValues(t *testing.T) {
+	r := newRun(t)
+	zero := rec("z", StatusOK, map[string]any{"rel_err_mean": float64(0), "kept": float64(0), "exact": false, "note": ""})
+	zero.Params = map[string]any{"budget": float64(0), "scoring": ""}
+	r.Append(zero)
+	r.Append(rec("n", StatusOK, map[string]any{"rel_err_mean": 0.5, "kept": float64(3), "exact": true, "note": "x"}))
+	if _, err := BuildParquet(r.Dir); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(r.Dir, ParquetFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reader := parquet.NewReader(bytes.NewReader(data))
+	defer reader.Close()
+	for i := 0; i < 2; i++ {
+		row := map[string]any{}
+		if err := reader.Read(&row); err != nil {
+			t.Fatal(err)
+		}
+		if row["job_id"] != "z" {
+			continue
+		}
+		want := map[string]any{"metric_rel_err_mean": 0.0, "metric_kept": int64(0), "metric_exact": false,
+			"metric_note": "", "param_budget": 0.0, "param_scoring": ""}
+		for k, v := range want {
+			if row[k] != v {
+				t.Errorf("%s = %#v, want %#v", k, row[k], v)
+			}
+		}
+		return
+	}
+	t.Fatal("row z not found")
+}

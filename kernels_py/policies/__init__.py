@@ -1,4 +1,4 @@
-"""KV-cache compression policies (plain-PyTorch baselines) and their registry.
+"""KV-cache compression policies and their registry.
 
 `make_policy(name, params)` builds one from a job message; `schema_document()`
 describes every policy's and the workload's parameters, and is what
@@ -16,9 +16,11 @@ from kernels_py.policies.full import Full
 from kernels_py.policies.h2o import H2O
 from kernels_py.policies.snapkv import SnapKV
 from kernels_py.policies.streamingllm import StreamingLLM
+from kernels_py.policies.vlcache import VLCache
+from kernels_py.policies.zipvl import ZipVL
 from kernels_py.workloads import SyntheticConfig
 
-POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in (Full, H2O, StreamingLLM, SnapKV)}
+POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in (Full, H2O, StreamingLLM, SnapKV, VLCache, ZipVL)}
 
 
 def make_policy(name: str, params: Mapping[str, Any] | None = None) -> Policy:

@@ -18,7 +18,7 @@ Prompt tokens sit at positions 0..T-1 and step s at position T + s.
 
 import math
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
@@ -38,6 +38,7 @@ class LayerCache:
     positions: torch.Tensor  # [kv_heads, n] int64, where each held token sits in the sequence
     scores: torch.Tensor | None  # [kv_heads, n] float32 per-token statistics, if the policy keeps any
     seen: int  # tokens this layer has processed: prompt plus generated
+    notes: dict[str, float] = field(default_factory=dict)  # per-layer facts a policy reports (layer_metrics)
 
     @classmethod
     def from_prompt(cls, k: torch.Tensor, v: torch.Tensor, scores: torch.Tensor | None = None) -> "LayerCache":
@@ -89,6 +90,17 @@ def group_sum(per_query_head: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return per_query_head.reshape(kv_heads, heads // kv_heads, n).sum(dim=1)
 
 
+def keep_top_and_recent(scores: torch.Tensor, capacity: int, recent: int) -> torch.Tensor:
+    """[kv_heads, capacity] indices: the `recent` last tokens plus the
+    `capacity - recent` highest-scoring earlier ones. scores: [kv_heads, n]."""
+    tokens = scores.shape[1]
+    recent = min(recent, capacity)
+    older = tokens - recent
+    top = scores[:, :older].topk(capacity - recent, dim=-1).indices
+    window = torch.arange(older, tokens, device=scores.device).expand(scores.shape[0], -1)
+    return torch.cat([top, window], dim=-1)
+
+
 def kept_count(fraction: float, tokens: int) -> int:
     """ceil(fraction * tokens), at least 1. The product is rounded first so that
     e.g. 0.3 * 10 = 3.0000000000000004 keeps 3, not 4."""
@@ -113,6 +125,13 @@ class Policy(Knobs, ABC):
     def prefill(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spans: Spans) -> LayerCache:
         """Build the layer's cache from the prompt."""
 
+    def prefill_all(self, q: list[torch.Tensor], k: list[torch.Tensor], v: list[torch.Tensor],
+                    spans: Spans) -> list[LayerCache]:
+        """Build every layer's cache once the whole prompt has been seen (lists
+        indexed by layer). Methods that compare layers (VL-Cache's budget
+        allocation) override this; the default prefills layer by layer."""
+        return [self.prefill(layer, *qkv, spans) for layer, qkv in enumerate(zip(q, k, v))]
+
     def decode(
         self, layer: int, cache: LayerCache, q_t: torch.Tensor, k_t: torch.Tensor, v_t: torch.Tensor
     ) -> torch.Tensor:
@@ -135,8 +154,9 @@ class Policy(Knobs, ABC):
 
     def layer_metrics(self, layer: int, cache: LayerCache) -> dict[str, float]:
         """Method-specific numbers about one layer after the last step (e.g. the
-        budget it was given); reported per layer and averaged. Default: none."""
-        return {}
+        budget it was given); reported per layer and averaged. Default: the
+        cache's notes."""
+        return dict(cache.notes)
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 Keeps the tokens with the largest accumulated attention (heavy hitters) plus
 the most recent ones. Prefill scores are the column sums of the causal
-attention over all prompt rows; each decode step adds the new query's weights,
+attention over all prompt rows (the attention-statistics kernel, see
+kernels_py.policies.scoring); each decode step adds the new query's weights,
 and the lowest-scoring token outside the recent window is evicted whenever the
 cache exceeds its budget. Scores are per kv head, summed over its query heads.
 """
@@ -12,9 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels_py.backend import BACKENDS
 from kernels_py.params import knob
-from kernels_py.policies.base import BudgetPolicy, LayerCache, group_sum
-from kernels_py.ref.attention_mass import attention_mass
+from kernels_py.policies import scoring
+from kernels_py.policies.base import BudgetPolicy, LayerCache, group_sum, keep_top_and_recent
 
 
 @dataclass(frozen=True)
@@ -27,8 +29,12 @@ class H2O(BudgetPolicy):
         "float", 0.5, "share of the budget reserved for the most recent tokens (H2O: half)", min=0.0, max=1.0
     )
 
+    backend: str = knob("str", "auto", "prefill statistics: Triton kernel (on CUDA when auto) or PyTorch reference",
+                        choices=BACKENDS)
+
     def prefill(self, layer, q, k, v, spans) -> LayerCache:
-        accumulated = group_sum(attention_mass(q, k, q_start=0), k.shape[0])
+        rows = scoring.all_rows(k.shape[1])
+        accumulated = scoring.stats(q, k, rows, backend=self.backend).attn_sum_kv
         cache = LayerCache.from_prompt(k, v, accumulated)
         self.enforce_budget(cache)
         return cache
@@ -38,7 +44,4 @@ class H2O(BudgetPolicy):
 
     def survivors(self, cache: LayerCache, capacity: int) -> torch.Tensor:
         recent = math.floor(self.recent_fraction * capacity + 0.5)  # rounded half up
-        older = cache.tokens - recent
-        heavy = cache.scores[:, :older].topk(capacity - recent, dim=-1).indices
-        recent_window = torch.arange(older, cache.tokens, device=heavy.device).expand(heavy.shape[0], -1)
-        return torch.cat([heavy, recent_window], dim=-1)
+        return keep_top_and_recent(cache.scores, capacity, recent)

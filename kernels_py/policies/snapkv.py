@@ -15,9 +15,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kernels_py.backend import BACKENDS
 from kernels_py.params import knob
+from kernels_py.policies import scoring
 from kernels_py.policies.base import BudgetPolicy, LayerCache
-from kernels_py.ref.attention_mass import attention_mass
 
 POOLING = {"avg": F.avg_pool1d, "max": F.max_pool1d}
 
@@ -34,6 +35,8 @@ class SnapKV(BudgetPolicy):
         min=1, max=31, choices=range(1, 32, 2),
     )
     pooling: str = knob("str", "avg", "pooling of the token scores", choices=tuple(POOLING))
+    backend: str = knob("str", "auto", "window statistics: Triton kernel (on CUDA when auto) or PyTorch reference",
+                        choices=BACKENDS)
 
     def prefill(self, layer, q, k, v, spans) -> LayerCache:
         prompt = k.shape[1]
@@ -61,7 +64,8 @@ class SnapKV(BudgetPolicy):
         heads, prompt, _ = q.shape
         kv_heads = k.shape[0]
         prefix = prompt - self.window
-        votes = attention_mass(q[:, prefix:], k, q_start=prefix)[:, :prefix]
+        rows = scoring.recent_rows(prompt, self.window)
+        votes = scoring.stats(q, k, rows, backend=self.backend).attn_sum[:, :prefix]
         pooled = POOLING[self.pooling](votes[:, None], self.kernel_size, stride=1, padding=self.kernel_size // 2)[:, 0]
         per_kv_head = pooled.reshape(kv_heads, heads // kv_heads, prefix).mean(dim=1)
         return torch.cat([per_kv_head, per_kv_head.new_full((kv_heads, self.window), float("inf"))], dim=-1)

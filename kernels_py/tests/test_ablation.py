@@ -13,8 +13,10 @@ WORKLOAD = dict(layers=3, heads=4, kv_heads=2, head_dim=32, tokens_per_image=144
 METRICS = {
     "cache_bytes", "full_cache_bytes", "compression_ratio", "prefill_compression_ratio",
     "rel_err_mean", "rel_err_max", "rel_err_last_step", "cache_hit_rate", "ppci_90", "sparsity_mean",
+    "prefill_kept_fraction",
 }
-PER_LAYER = {"rel_err", "sparsity", "cache_hit_rate", "ppci_90", "cache_bytes"}
+PER_LAYER = {"rel_err", "sparsity", "post_vision_sparsity", "cache_hit_rate", "ppci_90", "cache_bytes",
+             "prefill_kept_fraction"}
 
 
 def test_report_shape_and_json(device):
@@ -52,6 +54,17 @@ def test_compressing_methods_are_scored_sanely(method):
     assert m["ppci_90"] <= (kept + WORKLOAD["decode_steps"]) / (0.9 * 144) + 1e-9
     # Sparsity describes the workload, not the method: dense first layer, sparse rest.
     assert per_layer["sparsity"][0] < min(per_layer["sparsity"][1:])
+    assert per_layer["post_vision_sparsity"][0] < min(per_layer["post_vision_sparsity"][1:])
+    assert per_layer["prefill_kept_fraction"] == [kept / prompt] * WORKLOAD["layers"]
+
+
+def test_policy_layer_metrics_are_reported_per_layer_and_averaged():
+    result = ablation.run("vlcache", {"budget": 0.25}, WORKLOAD)
+    budgets = result["per_layer"]["layer_budget"]
+    assert len(budgets) == WORKLOAD["layers"] and result["metrics"]["layer_budget"] == pytest.approx(sum(budgets) / 3)
+    # vlcache's own estimate of post-vision sparsity (kernel path) is the ablation's reference one.
+    assert result["per_layer"]["allocation_sparsity"] == pytest.approx(result["per_layer"]["post_vision_sparsity"],
+                                                                       abs=1e-6)
 
 
 def test_more_budget_less_error():

@@ -54,7 +54,7 @@ def full_outputs(workload):
 
 
 def test_registry_names_match_classes():
-    assert set(POLICIES) == {"full", "h2o", "streamingllm", "snapkv"}
+    assert set(POLICIES) == {"full", "h2o", "streamingllm", "snapkv", "vlcache", "zipvl"}
     for name, cls in POLICIES.items():
         assert cls.name == name and make_policy(name).name == name
 
@@ -209,7 +209,7 @@ def test_layer_cache_append_and_keep():
         ("h2o2", {}, ValueError, "unknown policy 'h2o2'"),
         (None, {}, TypeError, "policy name must be a str"),
         ("full", {"budget": 0.5}, ValueError, "unknown parameter.*'budget'"),
-        ("h2o", {"window": 4}, ValueError, "unknown parameter.*known: \\['budget', 'recent_fraction'\\]"),
+        ("h2o", {"window": 4}, ValueError, "unknown parameter.*known: \\['backend', 'budget', 'recent_fraction'\\]"),
         ("h2o", {"budget": "0.5"}, TypeError, "budget must be float"),
         ("h2o", {"budget": 0.0}, ValueError, "below its minimum"),
         ("h2o", {"budget": 1.5}, ValueError, "above its maximum"),

@@ -1,0 +1,194 @@
+"""VL-Cache (budget allocation, post-vision scoring, the section 3.2 scoring
+baselines), ZipVL token selection, and the policies that switched to the
+attention-statistics kernel: checked against attention materialised here."""
+
+import math
+
+import pytest
+import torch
+
+from kernels_py import metrics
+from kernels_py.policies import make_policy
+from kernels_py.policies import scoring
+from kernels_py.policies.base import kept_count
+from kernels_py.policies.vlcache import allocate_budgets
+from kernels_py.policies.zipvl import important_count
+from kernels_py.workloads import SyntheticConfig, generate
+
+SMALL = SyntheticConfig(layers=4, heads=4, kv_heads=2, head_dim=32, tokens_per_image=144, system_tokens=8,
+                        text_tokens=24, decode_steps=4, salient_tokens=12, dense_layers=1)
+PROMPT = 8 + 144 + 24
+# Small enough for the Triton interpreter: every policy's statistics on the kernel path.
+TINY = SyntheticConfig(layers=2, heads=4, kv_heads=2, head_dim=32, tokens_per_image=48, system_tokens=4,
+                       text_tokens=12, decode_steps=2, salient_tokens=8, dense_layers=1)
+
+
+@pytest.fixture(scope="module")
+def workload():
+    return generate(SMALL)
+
+
+def column_sums(q, k, rows):
+    """Attention of the prompt rows `rows`, materialised: [H, n_rows, T] -> column sums [H, T]
+    and how many of the rows see each key [T]."""
+    attention = metrics.causal_attention(q, k, query_start=0)[:, rows]
+    visible = torch.arange(k.shape[1])[None, :] <= rows[:, None]
+    return attention.sum(dim=1), visible.sum(dim=0)
+
+
+def per_kv_head(x, kv_heads):
+    return x.reshape(kv_heads, -1, x.shape[-1]).sum(dim=1)
+
+
+def kept_sets(caches):
+    return [sorted(map(int, c.positions[h])) for c in caches for h in range(c.positions.shape[0])]
+
+
+# --- Algorithm 1 --------------------------------------------------------------------------------------------
+
+
+def test_budgets_follow_the_non_sparse_share_and_keep_the_overall_budget():
+    sparsity = [0.5, 0.75, 0.9, 0.85]  # non-sparse shares 0.5, 0.25, 0.1, 0.15: sum 1.0
+    budgets = allocate_budgets(sparsity, alpha=0.1)
+    assert budgets == pytest.approx([0.2, 0.1, 0.04, 0.06])
+    assert sum(budgets) == pytest.approx(0.1 * 4)
+
+
+def test_budgets_are_clipped_to_one_percent_and_one():
+    budgets = allocate_budgets([0.0, 0.999, 0.999], alpha=0.9)
+    assert budgets[0] == 1.0  # 0.998... * 0.9 * 3 would be 2.7
+    assert budgets[1] == budgets[2] == pytest.approx(max(0.01, 0.001 / 1.002 * 2.7))
+    assert allocate_budgets([0.99, 0.999], alpha=0.001) == [0.01, 0.01]
+    assert allocate_budgets([0.5, 0.5], alpha=0.3) == pytest.approx([0.3, 0.3])
+
+
+def test_vlcache_gives_dense_layers_more_and_keeps_the_top_post_vision_tokens(workload):
+    policy = make_policy("vlcache", {"budget": 0.2, "recent_fraction": 0.25})
+    caches = policy.prefill_all(workload.q, workload.k, workload.v, workload.spans)
+    rows = torch.arange(8 + 144, PROMPT)
+    sparsity = [metrics.layer_sparsity(metrics.causal_attention(q, k, query_start=0)[:, rows], query_start=152)
+                .mean().item() for q, k in zip(workload.q, workload.k)]
+    want_budgets = allocate_budgets(sparsity, 0.2)
+    for layer, cache in enumerate(caches):
+        assert cache.notes["allocation_sparsity"] == pytest.approx(sparsity[layer], abs=1e-6)
+        assert cache.notes["layer_budget"] == pytest.approx(want_budgets[layer], abs=1e-6)
+        capacity = kept_count(want_budgets[layer], PROMPT)
+        assert cache.tokens == capacity
+        recent = round(0.25 * capacity)
+        scores = per_kv_head(column_sums(workload.q[layer], workload.k[layer], rows)[0], 2)
+        for h in range(2):
+            held = set(map(int, cache.positions[h]))
+            assert set(range(PROMPT - recent, PROMPT)) <= held
+            top = scores[h, : PROMPT - recent].topk(capacity - recent).indices
+            assert held - set(range(PROMPT - recent, PROMPT)) == set(map(int, top))
+    budgets = [c.notes["layer_budget"] for c in caches]
+    assert budgets[0] == max(budgets)  # the dense first layer (dense_layers=1)
+
+
+def test_vlcache_uniform_at_full_budget_is_the_full_cache(workload):
+    policy = make_policy("vlcache", {"budget": 1.0, "allocation": "uniform"})
+    caches = policy.prefill_all(workload.q, workload.k, workload.v, workload.spans)
+    assert all(c.tokens == PROMPT and c.notes["layer_budget"] == 1.0 for c in caches)
+
+
+def test_vlcache_keeps_every_generated_token(workload):
+    policy = make_policy("vlcache", {"budget": 0.1})
+    cache = policy.prefill_all(workload.q, workload.k, workload.v, workload.spans)[2]
+    held = cache.tokens
+    for q_t, k_t, v_t in zip(workload.decode_q[2], workload.decode_k[2], workload.decode_v[2]):
+        policy.decode(2, cache, q_t, k_t, v_t)
+    assert cache.tokens == held + SMALL.decode_steps
+
+
+@pytest.mark.parametrize("name", scoring.SCORINGS)
+def test_scoring_policies_match_materialised_attention(workload, name):
+    q, k = workload.q[1], workload.k[1]
+    rows = scoring.scoring_rows(name, workload.spans, PROMPT, window=16)
+    want_rows = {"accumulated": torch.arange(PROMPT), "normalized": torch.arange(PROMPT),
+                 "sliding_window": torch.arange(PROMPT - 16, PROMPT), "post_vision": torch.arange(152, PROMPT)}[name]
+    assert torch.equal(rows, want_rows)
+    sums, counts = column_sums(q, k, rows)
+    want = per_kv_head(sums, 2) / (counts.clamp_min(1) if name == "normalized" else 1)
+    got = scoring.token_scores(name, scoring.stats(q, k, rows, backend="torch"))
+    torch.testing.assert_close(got, want.float(), rtol=1e-4, atol=1e-6)
+
+
+def test_post_vision_scores_hit_more_of_the_decode_attention_than_accumulated(workload):
+    """VL-Cache Figure 3's claim, on the synthetic workload: post-vision scores
+    recall more of the first decode query's top tokens than accumulated ones."""
+    rates = {}
+    for name in ("accumulated", "post_vision"):
+        policy = make_policy("vlcache", {"budget": 0.2, "allocation": "uniform", "recent_fraction": 0.0,
+                                         "scoring": name})
+        caches = policy.prefill_all(workload.q, workload.k, workload.v, workload.spans)
+        rate = []
+        for layer, cache in enumerate(caches):
+            truth = metrics.causal_attention(workload.decode_q[layer][0], workload.k[layer], query_start=PROMPT)[:, 0]
+            rate.append(metrics.cache_hit_rate(cache.positions.repeat_interleave(2, dim=0), truth).mean().item())
+        rates[name] = sum(rate) / len(rate)
+    assert rates["post_vision"] > rates["accumulated"] + 0.05, rates
+
+
+# --- ZipVL --------------------------------------------------------------------------------------------------
+
+
+def test_important_count_is_eq_6():
+    a = torch.tensor([0.1, 2.0, 0.4, 1.0, 0.5], dtype=torch.float64)  # sorted: 2.0 1.0 0.5 0.4 0.1, total 4.0
+    assert important_count(a, 0.5) == 1  # 2.0 >= 2.0
+    assert important_count(a, 0.75) == 2  # 3.0 >= 3.0
+    assert important_count(a, 0.76) == 3
+    assert important_count(a, 0.975) == 4  # 3.9 >= 3.9
+    assert important_count(a, 0.98) == 5
+    assert important_count(a, 1.0) == 5
+    assert important_count(torch.tensor([1.0, 0.0, 0.0]), 1.0) == 1
+
+
+def test_zipvl_keeps_the_top_normalized_probe_scores_and_adapts_per_layer(workload):
+    policy = make_policy("zipvl", {"tau": 0.9, "probe_recent": 16, "probe_random": 16, "probe_seed": 3})
+    rows = scoring.probe_rows(PROMPT, 16, 16, 3)
+    assert rows.numel() == 32 and torch.equal(rows[-16:], torch.arange(PROMPT - 16, PROMPT))
+    ratios = []
+    for layer in range(SMALL.layers):
+        cache = policy.prefill(layer, workload.q[layer], workload.k[layer], workload.v[layer], workload.spans)
+        sums, counts = column_sums(workload.q[layer], workload.k[layer], rows)
+        p = important_count(sums.sum(dim=0), 0.9)
+        assert cache.tokens == p and cache.notes["important_ratio"] == pytest.approx(p / PROMPT)
+        normalized = per_kv_head(sums, 2) / counts.clamp_min(1)
+        for h in range(2):
+            assert set(map(int, cache.positions[h])) == set(map(int, normalized[h].topk(p).indices))
+        ratios.append(p / PROMPT)
+    assert ratios[0] > max(ratios[1:])  # flat attention in the dense layer needs more tokens
+
+
+def test_zipvl_keeps_more_as_tau_rises(workload):
+    kept = [make_policy("zipvl", {"tau": tau}).prefill(2, workload.q[2], workload.k[2], workload.v[2],
+                                                       workload.spans).tokens for tau in (0.5, 0.8, 0.95, 1.0)]
+    assert kept == sorted(kept) and kept[0] < kept[-1]
+
+
+def test_zipvl_needs_probe_rows():
+    with pytest.raises(ValueError, match="probe_recent \\+ probe_random must be at least 1"):
+        make_policy("zipvl", {"probe_recent": 0, "probe_random": 0})
+
+
+# --- kernel path --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, params", [
+    ("h2o", {"budget": 0.3}),
+    ("snapkv", {"budget": 0.3, "window": 8}),
+    ("vlcache", {"budget": 0.3}),
+    ("vlcache", {"budget": 0.3, "scoring": "normalized", "allocation": "uniform"}),
+    ("zipvl", {"tau": 0.9, "probe_recent": 8, "probe_random": 8}),
+])
+def test_kernel_and_reference_statistics_keep_the_same_tokens(name, params):
+    """The Triton kernels (interpreted on CPU) drive the same selection as the
+    reference; scores closer than float rounding could legitimately swap, so
+    allow a token or two per head to differ."""
+    w = generate(TINY)
+    kept = {}
+    for backend in ("triton", "torch"):
+        policy = make_policy(name, {**params, "backend": backend})
+        kept[backend] = kept_sets(policy.prefill_all(w.q, w.k, w.v, w.spans))
+    for a, b in zip(kept["triton"], kept["torch"]):
+        assert len(a) == len(b) and len(set(a) ^ set(b)) <= 2 * max(1, math.ceil(0.02 * len(a)))
