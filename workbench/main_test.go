@@ -166,3 +166,25 @@ func TestBenchCommandsRun(t *testing.T) {
 		t.Fatalf("bench stats: exit %d\n%s%s", code, stdout, stderr)
 	}
 }
+
+func TestBenchLowrankRuns(t *testing.T) {
+	py := testpy.Python(t)
+	code, stdout, stderr := runCLI(t, "--python", py, "--device", "cpu", "bench", "lowrank")
+	if code != 0 || !strings.Contains(stdout, "SDPA/fused") || !strings.Contains(stderr, "not kernel speed") {
+		t.Fatalf("bench lowrank: exit %d\n%s%s", code, stdout, stderr)
+	}
+	code, stdout, stderr = runCLI(t, "--python", py, "--device", "cpu", "bench", "lowrank", "--json")
+	var res struct {
+		Interpreter bool         `json:"interpreter"`
+		Rows        []lowrankRow `json:"rows"`
+	}
+	if code != 0 || json.Unmarshal([]byte(stdout), &res) != nil || !res.Interpreter || len(res.Rows) != 1 {
+		t.Fatalf("bench lowrank --json: exit %d, %s\n%s", code, stdout, stderr)
+	}
+	if r := res.Rows[0]; r.FusedMs <= 0 || r.UnfusedMs <= 0 || r.SDPAMs <= 0 || r.CompressionRatio <= 1 || r.FusedPeak != nil {
+		t.Errorf("bench lowrank --json row: %+v", r)
+	}
+	if code, _, stderr = runCLI(t, "bench", "lowrank", "--rank", "0"); code != 2 || !strings.Contains(stderr, "--rank and --repeat") {
+		t.Errorf("bench lowrank --rank 0: exit %d\n%s", code, stderr)
+	}
+}

@@ -11,6 +11,7 @@ parameter, regenerate the file:
 
 from typing import Any, Mapping
 
+from kernels_py.policies.attentionpack import AttentionPack
 from kernels_py.policies.base import BudgetPolicy, LayerCache, Policy
 from kernels_py.policies.full import Full
 from kernels_py.policies.h2o import H2O
@@ -20,7 +21,7 @@ from kernels_py.policies.vlcache import VLCache
 from kernels_py.policies.zipvl import ZipVL
 from kernels_py.workloads import SyntheticConfig
 
-POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in (Full, H2O, StreamingLLM, SnapKV, VLCache, ZipVL)}
+POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in (Full, H2O, StreamingLLM, SnapKV, VLCache, ZipVL, AttentionPack)}
 
 
 def make_policy(name: str, params: Mapping[str, Any] | None = None) -> Policy:

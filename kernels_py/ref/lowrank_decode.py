@@ -24,7 +24,7 @@ def decompress(comp: CompressedKV, kv_heads: int, rope_base: float | None) -> tu
         return full.view(batch, tokens, kv_heads, head_dim).transpose(1, 2)
 
     k = rebuild(comp.uk, comp.wk, comp.rank_k)
-    if rope_base is not None:
+    if rope_base is not None and batch:  # (torch.stack needs at least one sequence)
         k = torch.stack([apply_rope(k[b], comp.pos[b], rope_base) for b in range(batch)])
     return k, rebuild(comp.uv, comp.wv, comp.rank_v)
 

@@ -54,7 +54,7 @@ def full_outputs(workload):
 
 
 def test_registry_names_match_classes():
-    assert set(POLICIES) == {"full", "h2o", "streamingllm", "snapkv", "vlcache", "zipvl"}
+    assert set(POLICIES) == {"full", "h2o", "streamingllm", "snapkv", "vlcache", "zipvl", "attentionpack"}
     for name, cls in POLICIES.items():
         assert cls.name == name and make_policy(name).name == name
 

@@ -1,0 +1,412 @@
+"""AttentionPack: exact at full rank, storage as the paper counts it, periodic
+folding, Eq. 1 importance, decompression groups, rank schemes, quantization
+and eviction, and clear errors for bad settings."""
+
+import math
+
+import pytest
+import torch
+
+from kernels_py import ablation, metrics
+from kernels_py.policies import POLICIES, make_policy
+from kernels_py.policies.attentionpack import (
+    AttentionPack, ema_update, group_ranks, group_sizes, paper_compression_ratio, parse_groups,
+)
+from kernels_py.workloads import SyntheticConfig, generate
+
+SMALL = SyntheticConfig(layers=2, heads=4, kv_heads=2, head_dim=32, tokens_per_image=64, system_tokens=8,
+                        text_tokens=16, decode_steps=6, salient_tokens=8)
+VISUAL, TEXT, WIDTH = 64, 24, 2 * 32  # visual tokens, system + text tokens, kv_heads * head_dim
+PAPER_GROUPS = "0.25:1,0.75:0.25"
+
+
+@pytest.fixture(scope="module")
+def workload():
+    return generate(SMALL)
+
+
+@pytest.fixture(scope="module")
+def full_outputs(workload):
+    return run(make_policy("full"), workload)[0]
+
+
+def prefill(policy, workload, layer=0):
+    return policy.prefill(layer, workload.q[layer], workload.k[layer], workload.v[layer], workload.spans)
+
+
+def run(policy, workload, layers=None, after_step=None):
+    """Prefill and decode every step; returns (outputs [layer][step], caches)."""
+    outputs, caches = [], []
+    for layer in range(workload.config.layers) if layers is None else layers:
+        cache = prefill(policy, workload, layer)
+        steps = []
+        for step in range(workload.config.decode_steps):
+            q_t, k_t, v_t = (t[layer][step] for t in (workload.decode_q, workload.decode_k, workload.decode_v))
+            steps.append(policy.decode(layer, cache, q_t, k_t, v_t))
+            if after_step is not None:
+                after_step(step, cache)
+        outputs.append(steps)
+        caches.append(cache)
+    return outputs, caches
+
+
+def mean_error(outputs, reference):
+    errors = [metrics.relative_error(o, r) for mine, ref in zip(outputs, reference) for o, r in zip(mine, ref)]
+    return sum(errors) / len(errors)
+
+
+def factor_bytes(cache):
+    return sum(s.k.nbytes + s.v.nbytes for s in cache.segments)
+
+
+# --- exactness and error -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("settings", [
+    dict(rank_k=WIDTH, rank_v=WIDTH),
+    dict(rank_k=WIDTH, rank_v=WIDTH, rope="after"),
+    dict(rank_k=WIDTH, rank_v=WIDTH, rope="after", absorbed=True),
+    dict(rank_k=32, rank_v=32, head_mode="per_head"),  # full rank of a head: min(T, D) = 32
+    dict(rank_k=WIDTH, rank_v=WIDTH, compress_text=True, text_rank=TEXT),
+], ids=["rope_before", "rope_after", "absorbed", "per_head", "text_segment"])
+def test_full_rank_reproduces_full_attention(workload, full_outputs, settings):
+    policy = AttentionPack(factor_dtype="float32", backend="torch", **settings)
+    outputs, caches = run(policy, workload)
+    for mine, ref in zip(outputs, full_outputs):
+        for o, r in zip(mine, ref):
+            torch.testing.assert_close(o, r, atol=1e-4, rtol=1e-4)
+    # The keys attention sees (what the ablation's PPCI reads) are the cached, rotated ones.
+    layer, cache = 1, caches[1]
+    expected = torch.cat([workload.k[layer]] + list(workload.decode_k[layer]), dim=1)
+    torch.testing.assert_close(cache.keys, expected, atol=1e-4, rtol=1e-4)
+    assert cache.positions[0].tolist() == list(range(cache.seen))
+
+
+def test_fp16_factors_stay_close_at_full_rank(workload, full_outputs):
+    outputs, _ = run(AttentionPack(rank_k=WIDTH, rank_v=WIDTH, backend="torch"), workload)
+    assert mean_error(outputs, full_outputs) < 2e-3
+
+
+def test_error_decreases_as_rank_increases(workload, full_outputs):
+    errors = [mean_error(run(AttentionPack(rank_k=r, rank_v=r, backend="torch"), workload)[0], full_outputs)
+              for r in (4, 16, 48)]
+    assert errors[0] > errors[1] > errors[2] > 0
+
+
+def test_combined_heads_capture_more_variance_than_per_head_at_equal_storage():
+    """Figure 2's claim on a workload whose visual K/V share one latent across heads:
+    combined rank 26 stores 26 * (T + H*D) = 2 * 17 * (T + D) values, per-head rank 17."""
+    cfg = SyntheticConfig(layers=1, heads=4, kv_heads=2, head_dim=64, tokens_per_image=144, system_tokens=8,
+                          text_tokens=16, decode_steps=1, salient_tokens=12)
+    wl = generate(cfg)
+    combined = AttentionPack(rank_k=26, rank_v=26)
+    per_head = AttentionPack(rank_k=17, rank_v=17, head_mode="per_head")
+    c_cache, p_cache = prefill(combined, wl), prefill(per_head, wl)
+    assert factor_bytes(c_cache) == factor_bytes(p_cache) == 2 * 2 * 26 * (144 + 128)
+    c_metrics, p_metrics = combined.layer_metrics(0, c_cache), per_head.layer_metrics(0, p_cache)
+    for which in ("explained_variance_k", "explained_variance_v"):
+        assert c_metrics[which] > p_metrics[which] + 0.01
+
+
+# --- storage -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("head_mode, rank_k, rank_v", [("combined", 8, 24), ("combined", 40, 40), ("per_head", 8, 4)])
+def test_compression_ratio_formula_equals_actual_bytes(workload, head_mode, rank_k, rank_v):
+    policy = AttentionPack(rank_k=rank_k, rank_v=rank_v, head_mode=head_mode)
+    cache = prefill(policy, workload)
+    fp16_visual = 2 * VISUAL * WIDTH * 2  # K and V of the visual tokens at 2 bytes
+    reported = policy.layer_metrics(0, cache)["formula_compression_ratio"]
+    assert reported == pytest.approx(fp16_visual / factor_bytes(cache), rel=1e-12)
+    heads = 2 if head_mode == "per_head" else 1
+    per_matrix = lambda r: VISUAL * WIDTH / (heads * (VISUAL * r + r * WIDTH // heads))  # noqa: E731
+    assert reported == pytest.approx(2 / (1 / per_matrix(rank_k) + 1 / per_matrix(rank_v)))
+    dense = 2 * TEXT * WIDTH * 4  # text K/V stay float32, as the workload caches them
+    assert policy.cache_bytes(cache) == factor_bytes(cache) + dense
+
+
+def test_paper_numerical_example():
+    """Section 3.1: T = 1000, H = 40, D = 128, R = 64 is "around 13x" smaller."""
+    assert paper_compression_ratio(1000, 40, 128, 64, 64) == pytest.approx(13.07, abs=0.01)
+
+
+def test_quantized_factors_count_packed_bytes_and_stay_accurate(workload, full_outputs):
+    rank, group = 24, 8
+    plain = AttentionPack(rank_k=rank, rank_v=rank, backend="torch")
+    packed = AttentionPack(rank_k=rank, rank_v=rank, quant_bits=4, quant_group=group, backend="torch")
+    p_out, p_caches = run(plain, workload)
+    q_out, q_caches = run(packed, workload)
+    runs = math.ceil(rank / group)
+    u_bytes = VISUAL * runs * group // 2 + 2 * VISUAL * runs * 2  # packed codes + fp16 scale and zero
+    w_bytes = rank * WIDTH * 2
+    dense = (TEXT + SMALL.decode_steps) * WIDTH * 4 * 2
+    assert packed.cache_bytes(q_caches[0]) == 2 * (u_bytes + w_bytes) + dense
+    assert packed.cache_bytes(q_caches[0]) < plain.cache_bytes(p_caches[0])
+    # Same seed, same SVD: the 4-bit U is the fp16 one within half a quantization step.
+    plain_u = p_caches[0].segments[0].v.u.float()
+    packed_u = q_caches[0].segments[0].v.dense_u(torch.float16).float()
+    runs_u = plain_u.reshape(VISUAL, runs, group)
+    half_step = (runs_u.amax(-1) - runs_u.amin(-1)) / 15 / 2
+    assert ((packed_u - plain_u).abs().reshape(VISUAL, runs, group) <= half_step[..., None] * 1.01 + 1e-3).all()
+    drift = mean_error(q_out, p_out)
+    assert 0 < drift < 0.05
+
+
+# --- periodic compression ------------------------------------------------------------------------
+
+def test_periodic_compression_folds_the_buffer_at_the_period(workload, full_outputs):
+    period = 2
+    seen = []
+
+    def check(step, cache):
+        assert cache.buffer < period
+        folded = (step + 1) // period * period
+        seen.append(cache.compressed_tokens)
+        assert cache.compressed_tokens == VISUAL + folded
+        assert cache.dense_positions.shape[0] == TEXT + (step + 1 - folded)
+
+    # Full rank stays full rank after a fold, so the outputs stay exact: the
+    # generated keys were moved into the decomposition frame correctly.
+    policy = AttentionPack(rank_k=WIDTH, rank_v=WIDTH, period=period, factor_dtype="float32", backend="torch")
+    outputs, caches = run(policy, workload, layers=[0], after_step=check)
+    assert seen == [64, 66, 66, 68, 68, 70]
+    assert caches[0].folds == 3
+    assert caches[0].segments[0].positions[-period:].tolist() == [VISUAL + TEXT + 4, VISUAL + TEXT + 5]
+    for o, r in zip(outputs[0], full_outputs[0]):
+        torch.testing.assert_close(o, r, atol=1e-4, rtol=1e-4)
+
+
+def test_generated_tokens_fold_into_the_text_segment_when_text_is_compressed(workload):
+    policy = AttentionPack(rank_k=16, rank_v=16, compress_text=True, text_rank=8, period=3, backend="torch")
+    _, caches = run(policy, workload, layers=[0])
+    visual, text = caches[0].segments
+    assert visual.tokens == VISUAL and text.tokens == TEXT + SMALL.decode_steps
+    assert caches[0].dense_positions.numel() == 0 and caches[0].folds == 2
+
+
+def test_period_zero_never_folds(workload):
+    _, caches = run(AttentionPack(rank_k=16, rank_v=16, period=0, backend="torch"), workload, layers=[0])
+    assert caches[0].compressed_tokens == VISUAL and caches[0].buffer == SMALL.decode_steps
+
+
+# --- importance and groups -----------------------------------------------------------------------
+
+def test_ema_update_matches_eq1_on_a_hand_made_example():
+    importance = torch.tensor([0.5, 0.1, 0.0])
+    mass = torch.tensor([0.2, 0.6, 0.2])
+    torch.testing.assert_close(ema_update(importance, mass, 0.25), torch.tensor([0.275, 0.475, 0.15]))
+    # Two new query tokens: alpha^2 = 0.0625 weighs the past.
+    torch.testing.assert_close(ema_update(importance, mass, 0.25, new_tokens=2),
+                               torch.tensor([0.5 * 0.0625 + 0.2 * 0.9375, 0.1 * 0.0625 + 0.6 * 0.9375, 0.1875]))
+
+
+def test_importance_follows_eq1_through_decode(workload):
+    """Prefill importance = the last prompt query's attention averaged over
+    heads; one step later I = alpha I + (1 - alpha) A_t, A_t from the decode
+    kernel's mass (exact at full rank), the new token starting from 0."""
+    alpha, layer = 0.4, 1
+    policy = AttentionPack(rank_k=WIDTH, rank_v=WIDTH, alpha=alpha, factor_dtype="float32", backend="torch")
+    cache = prefill(policy, workload, layer)
+    q, k = workload.q[layer], workload.k[layer]
+    initial = metrics.causal_attention(q[:, -1:], k)[:, 0].mean(dim=0)
+    torch.testing.assert_close(cache.scores[0], initial, atol=1e-6, rtol=1e-5)
+    q_t, k_t, v_t = workload.decode_q[layer][0], workload.decode_k[layer][0], workload.decode_v[layer][0]
+    policy.decode(layer, cache, q_t, k_t, v_t)
+    step_mass = metrics.causal_attention(q_t, torch.cat([k, k_t], dim=1))[:, 0].mean(dim=0)
+    expected = alpha * torch.cat([initial, initial.new_zeros(1)]) + (1 - alpha) * step_mass
+    torch.testing.assert_close(cache.scores[0], expected, atol=1e-6, rtol=1e-4)
+
+
+def test_group_sizes_and_ranks_on_a_hand_made_example():
+    importance = torch.tensor([0.1, 0.9, 0.3, 0.05, 0.7, 0.2, 0.0, 0.6, 0.4, 0.8])
+    ranks = group_ranks(importance, parse_groups("0.3:1,0.7:0.25"), 16)
+    assert ranks.tolist() == [4, 16, 4, 4, 16, 4, 4, 4, 4, 16]  # top 3: 0.9, 0.7, 0.8 at full rank, the rest R/4
+    assert group_sizes(10, [0.5, 0.3, 0.2]) == [5, 3, 2]
+    assert group_sizes(64, [0.25, 0.75]) == [16, 48]
+    three = group_ranks(importance, parse_groups("0.5:1,0.3:0.5,0.2:0.25"), 64)
+    assert three[importance.argsort(descending=True)].tolist() == [64] * 5 + [32] * 3 + [16] * 2
+
+
+@pytest.mark.parametrize("partial", ["values", "keys", "both"])
+def test_most_important_tokens_get_full_rank(workload, partial):
+    rank = 16
+    policy = AttentionPack(rank_k=rank, rank_v=rank, groups=PAPER_GROUPS, partial=partial, backend="torch")
+    cache = prefill(policy, workload)
+    visual = cache.segments[0]
+    top = set(visual.importance.topk(16).indices.tolist())  # ceil(0.25 * 64)
+    for which, ranks in (("keys", visual.ranks_k), ("values", visual.ranks_v)):
+        if partial in (which, "both"):
+            assert set(torch.nonzero(ranks == rank)[:, 0].tolist()) == top
+            assert (ranks == rank // 4).sum() == 48
+        else:
+            assert (ranks == rank).all()
+    # Groups are re-derived from the updated importance at every step.
+    q_t, k_t, v_t = workload.decode_q[0][0], workload.decode_k[0][0], workload.decode_v[0][0]
+    policy.decode(0, cache, q_t, k_t, v_t)
+    ranks = visual.ranks_v if partial != "keys" else visual.ranks_k
+    assert set(torch.nonzero(ranks == rank)[:, 0].tolist()) == set(visual.importance.topk(16).indices.tolist())
+    # Section 3.2: (r_1 R + r_2 R / 4) / R on the partial factors, 1 on the others.
+    ratio = policy.layer_metrics(0, cache)["decompression_flops_ratio"]
+    partial_ratio = (16 * rank + 48 * rank // 4) / (64 * rank)
+    assert ratio == pytest.approx(partial_ratio if partial == "both" else (1 + partial_ratio) / 2)
+
+
+def test_partial_decompression_changes_the_output_but_not_storage(workload, full_outputs):
+    full_rank = AttentionPack(rank_k=32, rank_v=32, backend="torch")
+    partial = AttentionPack(rank_k=32, rank_v=32, groups=PAPER_GROUPS, backend="torch")
+    f_out, f_caches = run(full_rank, workload, layers=[0])
+    p_out, p_caches = run(partial, workload, layers=[0])
+    assert full_rank.cache_bytes(f_caches[0]) == partial.cache_bytes(p_caches[0])
+    assert mean_error(p_out, full_outputs[:1]) > mean_error(f_out, full_outputs[:1])
+
+
+# --- rank schemes --------------------------------------------------------------------------------
+
+def test_linear_scheme_rises_from_rank_min_to_rank(workload):
+    policy = AttentionPack(rank_scheme="linear", rank_min_k=4, rank_k=20, rank_min_v=8, rank_v=32)
+    assert [policy.layer_ranks(layer, 5) for layer in range(5)] == [(4, 8), (8, 14), (12, 20), (16, 26), (20, 32)]
+    caches = policy.prefill_all(list(workload.q), list(workload.k), list(workload.v), workload.spans)
+    assert [(c.segments[0].k.rank, c.segments[0].v.rank) for c in caches] == [(4, 8), (20, 32)]
+    with pytest.raises(ValueError, match="num_layers"):
+        prefill(policy, workload)
+    spanning = AttentionPack(rank_scheme="linear", rank_min_k=4, rank_k=20, rank_min_v=8, rank_v=32, num_layers=5)
+    metrics_1 = spanning.layer_metrics(1, prefill(spanning, workload, 1))
+    assert (metrics_1["rank_k"], metrics_1["rank_v"]) == (8, 14)
+
+
+def test_variance_scheme_picks_the_smallest_rank_reaching_the_target(workload):
+    vis = workload.spans.visual_positions()
+    rows = workload.v[0][:, vis].transpose(0, 1).reshape(VISUAL, WIDTH).double()
+    energy = torch.linalg.svdvals(rows).square()
+    captured = (energy.cumsum(0) / energy.sum()).tolist()
+    target = (captured[7] + captured[8]) / 2  # rank 8 falls short, rank 9 reaches it
+    policy = AttentionPack(rank_scheme="variance", variance_target=target, rank_k=32, rank_v=32)
+    m = policy.layer_metrics(0, prefill(policy, workload))
+    assert m["rank_v"] == 9
+    assert m["explained_variance_v"] == pytest.approx(captured[8], abs=1e-4)
+    capped = AttentionPack(rank_scheme="variance", variance_target=1.0, rank_k=20, rank_v=12)
+    m = capped.layer_metrics(0, prefill(capped, workload))
+    assert (m["rank_k"], m["rank_v"]) == (20, 12) and m["explained_variance_v"] < 1.0
+
+
+# --- eviction ------------------------------------------------------------------------------------
+
+def test_eviction_keeps_the_first_group_and_shrinks_bytes(workload):
+    decompress = AttentionPack(rank_k=16, rank_v=16, groups=PAPER_GROUPS, backend="torch")
+    evict = AttentionPack(rank_k=16, rank_v=16, groups=PAPER_GROUPS, low_group="evict", backend="torch")
+    d_cache, e_cache = prefill(decompress, workload), prefill(evict, workload)
+    kept = e_cache.segments[0].positions
+    assert kept.numel() == 16
+    vis = workload.spans.visual_positions()
+    initial = metrics.causal_attention(workload.q[0][:, -1:], workload.k[0])[:, 0].mean(dim=0)
+    assert set(kept.tolist()) == set(vis[initial[vis].topk(16).indices].tolist())
+    # U loses 48 of its 64 rows (K and V, fp16); W is shared and stays.
+    assert decompress.cache_bytes(d_cache) - evict.cache_bytes(e_cache) == 2 * 48 * 16 * 2
+    _, caches = run(evict, workload, layers=[0])
+    m = evict.layer_metrics(0, caches[0])
+    assert m["compressed_tokens"] == 16 and m["evicted_tokens"] == 48
+    assert m["decompression_flops_ratio"] == pytest.approx(0.25)
+    # With folding the budget follows the tokens admitted: ceil(0.25 * (64 + 6)).
+    _, caches = run(AttentionPack(rank_k=16, rank_v=16, groups=PAPER_GROUPS, low_group="evict", period=3,
+                                  backend="torch"), workload, layers=[0])
+    assert caches[0].compressed_tokens == 18 and caches[0].buffer == 0
+    # Tokens held can drop below the rank; a fold factorizes at what they allow, up to the layer's rank again.
+    _, caches = run(AttentionPack(rank_k=32, rank_v=32, groups=PAPER_GROUPS, low_group="evict", period=3,
+                                  backend="torch"), workload, layers=[0])
+    assert caches[0].segments[0].k.rank == caches[0].segments[0].v.rank == 18
+
+
+# --- validation ----------------------------------------------------------------------------------
+
+def test_bad_settings_get_clear_errors(workload):
+    with pytest.raises(ValueError, match="rank_k=0 is below its minimum"):
+        AttentionPack.from_dict({"rank_k": 0})
+    with pytest.raises(ValueError, match=r"layer 0: rank_k=65 of the visual segment exceeds min\(T, H\*D\) = "
+                                         r"min\(64, 64\) = 64"):
+        prefill(AttentionPack(rank_k=65), workload)
+    with pytest.raises(ValueError, match=r"layer 1: rank_v=33 .* min\(T, D\) = min\(64, 32\)"):
+        prefill(AttentionPack(rank_k=8, rank_v=33, head_mode="per_head"), workload, 1)
+    with pytest.raises(ValueError, match="text segment exceeds"):
+        prefill(AttentionPack(compress_text=True, text_rank=25), workload)
+    with pytest.raises(ValueError, match="sum to 0.9, not 1"):
+        AttentionPack(groups="0.5:1,0.4:0.25")
+    with pytest.raises(ValueError, match="must start at 1"):
+        AttentionPack(groups="0.5:0.5,0.5:1")
+    with pytest.raises(ValueError, match="is not 'token_fraction:rank_fraction'"):
+        AttentionPack(groups="0.5,0.5")
+    with pytest.raises(ValueError, match=r"in \(0, 1\]"):
+        AttentionPack(groups="1:1.5")
+    with pytest.raises(ValueError, match="absorbed=True .* rope='after'"):
+        AttentionPack(absorbed=True)
+    with pytest.raises(ValueError, match="multiple of 2"):
+        AttentionPack(quant_bits=4, quant_group=5)
+    with pytest.raises(ValueError, match="rises from rank_min"):
+        AttentionPack(rank_scheme="linear", rank_min_k=80)
+    with pytest.raises(ValueError, match="quant_bits=3"):
+        AttentionPack(quant_bits=3)
+
+
+def test_mismatched_shapes_get_clear_errors(workload):
+    policy = AttentionPack(rank_k=8, rank_v=8, backend="torch")
+    q, k, v = workload.q[0], workload.k[0], workload.v[0]
+    with pytest.raises(ValueError, match="layer 0: q must be"):
+        policy.prefill(0, q, k, v[:, :-1], workload.spans)
+    with pytest.raises(ValueError, match="multiple of kv_heads"):
+        policy.prefill(0, q[:3], k, v, workload.spans)
+    with pytest.raises(ValueError, match="spans describe 88"):
+        policy.prefill(0, q[:, :-1], k[:, :-1], v[:, :-1], workload.spans)
+    cache = prefill(policy, workload)
+    q_t, k_t, v_t = workload.decode_q[0][0], workload.decode_k[0][0], workload.decode_v[0][0]
+    with pytest.raises(ValueError, match=r"k_t, v_t \[2, 1, 32\]"):
+        policy.decode(0, cache, q_t, k_t[:1], v_t)
+    with pytest.raises(ValueError, match="expected q_t"):
+        policy.decode(0, cache, q_t[..., :16], k_t, v_t)
+    with pytest.raises(TypeError, match="the cache its prefill built"):
+        policy.decode(0, make_policy("full").prefill(0, q, k, v, workload.spans), q_t, k_t, v_t)
+
+
+# --- determinism, drivers, kernel ----------------------------------------------------------------
+
+def test_same_seed_same_result_and_seed_matters(workload):
+    a = run(AttentionPack(rank_k=8, rank_v=8, backend="torch"), workload, layers=[0])[0][0]
+    b = run(AttentionPack(rank_k=8, rank_v=8, backend="torch"), workload, layers=[0])[0][0]
+    c = run(AttentionPack(rank_k=8, rank_v=8, seed=1, backend="torch"), workload, layers=[0])[0][0]
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert not all(torch.equal(x, y) for x, y in zip(a, c))
+
+
+def test_runs_through_the_ablation_driver(monkeypatch):
+    monkeypatch.setitem(POLICIES, "attentionpack", AttentionPack)
+    workload = SMALL.to_dict()
+    exact = ablation.run("attentionpack", {"rank_k": 64, "rank_v": 64, "factor_dtype": "float32",
+                                           "backend": "torch"}, workload)
+    assert exact["metrics"]["rel_err_max"] < 1e-4
+    assert exact["metrics"]["ppci_90"] == pytest.approx(1.0)
+    small = ablation.run("attentionpack", {"rank_k": 8, "rank_v": 8, "groups": PAPER_GROUPS, "backend": "torch"},
+                         workload)
+    assert small["metrics"]["compression_ratio"] > 2.0
+    assert 0 < small["metrics"]["rel_err_mean"] < 1.0
+
+
+@pytest.mark.parametrize("settings", [dict(rope="before"), dict(rope="after", absorbed=True)],
+                         ids=["rope_before", "absorbed"])
+def test_triton_kernel_matches_the_reference(settings, monkeypatch):
+    from kernels_py.triton import lowrank_decode as kernels
+
+    calls = []
+    for name in ("lowrank_decode", "lowrank_decode_absorbed"):
+        def counted(*args, _kernel=getattr(kernels, name), _name=name, **kwargs):
+            calls.append(_name)
+            return _kernel(*args, **kwargs)
+        monkeypatch.setattr(kernels, name, counted)
+    cfg = SyntheticConfig(layers=1, heads=2, kv_heads=1, head_dim=16, tokens_per_image=16, system_tokens=4,
+                          text_tokens=4, decode_steps=2, salient_tokens=4, targets_per_query=2)
+    wl = generate(cfg)
+    common = dict(rank_k=8, rank_v=8, groups="0.5:1,0.5:0.5", partial="both", period=2, **settings)
+    t_out, t_caches = run(AttentionPack(backend="triton", **common), wl)
+    expected = "lowrank_decode_absorbed" if settings.get("absorbed") else "lowrank_decode"
+    assert calls == [expected] * cfg.decode_steps
+    r_out, r_caches = run(AttentionPack(backend="torch", **common), wl)
+    assert len(calls) == cfg.decode_steps  # the reference path never reaches the kernels
+    for o, r in zip(t_out[0], r_out[0]):
+        torch.testing.assert_close(o, r, atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(t_caches[0].scores, r_caches[0].scores, atol=1e-4, rtol=1e-3)
+

@@ -1,0 +1,61 @@
+"""The lowrank benchmark runs and reports every field (its timings are not
+checked), and its baselines compute what the kernel computes."""
+
+import pytest
+import torch
+
+from kernels_py.benchmarks import lowrank
+from kernels_py.ref import lowrank_decode as ref
+from kernels_py.triton import lowrank_decode as kernel
+
+
+def test_smoke_run_reports_every_path():
+    sizes = dict(lowrank.smoke_sizes(), lengths=[40, 70], batches=[1, 2], repeat=1)
+    result = lowrank.run(**sizes)
+    assert result["interpreter"] == (result["device"] == "cpu")
+    assert [(r["visual_len"], r["batch"]) for r in result["rows"]] == [(40, 1), (40, 2), (70, 1), (70, 2)]
+    for r in result["rows"]:
+        for key in ("fused_ms", "absorbed_ms", "unfused_ms", "sdpa_ms", "fused_gbps"):
+            assert r[key] > 0
+        assert r["speedup_vs_unfused"] == pytest.approx(r["unfused_ms"] / r["fused_ms"])
+        assert r["speedup_vs_sdpa"] == pytest.approx(r["sdpa_ms"] / r["fused_ms"])
+        assert r["fused_gbps"] == pytest.approx(r["compressed_bytes"] / r["fused_ms"] / 1e6)
+        # Sizes alone give the bytes: 4-byte floats here (smoke dtype float32).
+        n, b, s, rank = r["visual_len"], r["batch"], r["dense_len"], r["rank_k"]
+        width = r["kv_heads"] * r["head_dim"]
+        packed = b * 4 * 2 * (n * rank + rank * width + s * width)
+        assert r["compressed_bytes"] == packed
+        assert r["full_bytes"] == b * 4 * 2 * (n + s) * width
+        assert r["compression_ratio"] == pytest.approx(r["full_bytes"] / packed)
+
+
+def test_baselines_compute_what_the_kernels_compute(device):
+    g = torch.Generator(device=device).manual_seed(3)
+    q, q_pos, comp, dense = lowrank._make(2, 50, 6, 4, 2, 64, 16, torch.float32, device, g)
+    # The benchmark's cache: values in two rank groups, every token visible.
+    assert set(comp.rank_v.unique().tolist()) == {16, 4}
+    want = ref.lowrank_decode(q, q_pos, comp, dense, rope_base=lowrank.ROPE_BASE)
+    fused = kernel.lowrank_decode(q, q_pos, comp, dense, rope_base=lowrank.ROPE_BASE)
+    torch.testing.assert_close(fused.out, want.out, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(lowrank._unfused(q, comp, dense, lowrank.ROPE_BASE), want.out, atol=1e-4, rtol=1e-4)
+    no_rope = ref.lowrank_decode(q, q_pos, comp, dense, rope_base=None).out
+    torch.testing.assert_close(lowrank._unfused(q, comp, dense, None), no_rope, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(kernel.lowrank_decode_absorbed(q, q_pos, comp, dense).out, no_rope,
+                               atol=1e-4, rtol=1e-4)
+    # Full-cache SDPA is plain attention over whatever K/V it is given.
+    ck, cv = ref.decompress(comp, 2, lowrank.ROPE_BASE)
+    out, _ = lowrank._sdpa(q, torch.cat([ck, dense.k], 2), torch.cat([cv, dense.v], 2))
+    torch.testing.assert_close(out, want.out, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"dtype": "int8"}, "dtype"),
+    ({"heads": 6, "kv_heads": 4}, "multiple"),
+    ({"rank": 0}, "rank"),
+    ({"rank": 1000}, "rank"),
+    ({"dense_len": 0}, "at least 1"),
+    ({"lengths": [0]}, "at least 1"),
+])
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        lowrank.run(**dict(lowrank.smoke_sizes(), **kwargs))

@@ -1,0 +1,389 @@
+"""kernels_py.triton.lowrank_decode (fused decompress + split-K flash-decoding,
+and the rank-space "absorbed" variant) against kernels_py.ref.lowrank_decode.
+
+The reference rebuilds K and V in float32. The kernels accumulate in float32
+but feed tl.dot 16-bit operands when the inputs are 16-bit: rebuilt keys and
+values, and the probabilities, are rounded to the input dtype as a 16-bit KV
+cache would be; hence the fp16 / bf16 tolerances. Shapes are tiny so the file
+runs quickly under the CPU interpreter; tiles are pinned to BLOCK_N (32)
+tokens, so lengths such as 37 and 21 end mid-tile.
+"""
+
+import math
+
+import pytest
+import torch
+
+from kernels_py.ref import lowrank_decode as ref
+from kernels_py.triton import lowrank_decode as kernel
+from kernels_py.triton.lowrank_decode import CompressedKV, DenseKV
+
+SPREAD = 2.0  # query scale: peaked attention, so errors in the scores show
+# (out, lse, mass) tolerances by the dtype of q and the cache.
+# Measured worst cases over these shapes (with bf16 rounding of K, V and p as
+# a GPU does it, emulated): fp16 out 9e-4, lse 1.4e-4, mass 9e-5; bf16 out
+# 7e-3, lse 2e-3, mass 7e-4 (relative to 1 + |value|; mass absolute).
+TOL = {torch.float32: (1e-4, 1e-4, 1e-5), torch.float16: (4e-3, 1e-3, 5e-4), torch.bfloat16: (2.5e-2, 1e-2, 3e-3)}
+DTYPES = [pytest.param(d, id=str(d).removeprefix("torch.")) for d in (torch.float16, torch.bfloat16, torch.float32)]
+# A pinned token tile: on a GPU, autotuning every test shape would take long
+# (test_rope_is_applied runs the default, autotuned path).
+BLOCK_N = 32
+
+
+def decode(*args, **kwargs):
+    return kernel.lowrank_decode(*args, **{"block_n": BLOCK_N, **kwargs})
+
+
+def decode_absorbed(*args, **kwargs):
+    return kernel.lowrank_decode_absorbed(*args, **{"block_n": BLOCK_N, **kwargs})
+
+
+def make_case(device, *, batch=2, heads=4, kv_heads=2, queries=1, head_dim=64, comp_lens=(37, 20), dense_lens=(9, 0),
+              rank_k=16, rank_v=16, full_share=0.25, dtype=torch.float16, uw_dtype=None, interleave=False,
+              pad=3, seed=0):
+    """q, q_pos, CompressedKV, DenseKV for one test.
+
+    Token ranks follow AttentionPack's grouping: a share `full_share` of each
+    sequence's tokens keeps the full rank, the rest rank R // 4. Positions: the
+    compressed tokens first, then the dense ones; the M queries are the last M
+    dense tokens (so they attend causally among themselves), or follow the
+    dense segment when it is shorter. interleave=True instead scatters the
+    positions of both segments at random and puts the queries inside the
+    sequence, so causality cuts both segments. `pad` padding tokens follow the
+    longest sequence of each segment."""
+    g = torch.Generator().manual_seed(seed)
+    uw_dtype = uw_dtype or dtype
+    tokens, slots = max(comp_lens) + pad, max(dense_lens) + pad
+    width = kv_heads * head_dim
+
+    def ranks(r):
+        full = torch.rand(batch, tokens, generator=g) < full_share
+        return torch.where(full, r, max(1, r // 4)).to(torch.int32)
+
+    q = SPREAD * torch.randn(batch, heads, queries, head_dim, generator=g)
+    uk = torch.randn(batch, tokens, rank_k, generator=g)
+    wk = torch.randn(batch, rank_k, width, generator=g) / math.sqrt(rank_k)
+    uv = torch.randn(batch, tokens, rank_v, generator=g)
+    wv = torch.randn(batch, rank_v, width, generator=g) / math.sqrt(rank_v)
+    dk = torch.randn(batch, kv_heads, slots, head_dim, generator=g)
+    dv = torch.randn(batch, kv_heads, slots, head_dim, generator=g)
+    clen = torch.tensor(comp_lens, dtype=torch.int64)
+    dlen = torch.tensor(dense_lens, dtype=torch.int64)
+    cpos = torch.zeros(batch, tokens, dtype=torch.int64)
+    dpos = torch.zeros(batch, slots, dtype=torch.int64)
+    q_pos = torch.zeros(batch, queries, dtype=torch.int64)
+    start = 5  # a prompt prefix before the cache: positions do not start at 0
+    for b, (c, d) in enumerate(zip(comp_lens, dense_lens)):
+        order = torch.randperm(c + d, generator=g) if interleave else torch.arange(c + d)
+        cpos[b, :c] = start + order[:c]
+        dpos[b, :d] = start + order[c:]
+        if interleave:
+            q_pos[b] = start + torch.linspace(0.3 * (c + d), c + d - 1, queries).long()
+        elif d >= queries:
+            q_pos[b] = dpos[b, d - queries:d]
+        else:
+            q_pos[b] = start + c + d + torch.arange(queries)
+    comp = CompressedKV(uk.to(device, uw_dtype), wk.to(device, uw_dtype), uv.to(device, uw_dtype),
+                        wv.to(device, uw_dtype), ranks(rank_k).to(device), ranks(rank_v).to(device),
+                        cpos.to(device), clen.to(device))
+    dense = DenseKV(dk.to(device, dtype), dv.to(device, dtype), dpos.to(device), dlen.to(device))
+    return q.to(device, dtype), q_pos.to(device), comp, dense
+
+
+def check(got, want, q, comp, dense, dtype):
+    batch, heads, queries, head_dim = q.shape
+    atol_o, atol_l, atol_m = TOL[dtype]
+    assert got.out.shape == (batch, heads, queries, head_dim) and got.out.dtype == q.dtype
+    assert got.lse.shape == (batch, heads, queries) and got.lse.dtype == torch.float32
+    assert got.mass_comp.shape == comp.uk.shape[:2] and got.mass_comp.dtype == torch.float32
+    assert got.mass_dense.shape == dense.pos.shape and got.mass_dense.dtype == torch.float32
+    torch.testing.assert_close(got.out.float(), want.out.float(), atol=atol_o, rtol=atol_o)
+    torch.testing.assert_close(got.lse, want.lse, atol=atol_l, rtol=atol_l)
+    torch.testing.assert_close(got.mass_comp, want.mass_comp, atol=atol_m, rtol=1e-2)
+    torch.testing.assert_close(got.mass_dense, want.mass_dense, atol=atol_m, rtol=1e-2)
+    # Each query row's weights sum to 1 over the tokens it sees; padding gets none.
+    seen = (want.lse > float("-inf")).float().mean(dim=(1, 2))
+    total = got.mass_comp.sum(1) + got.mass_dense.sum(1)
+    torch.testing.assert_close(total, seen, atol=2e-5, rtol=0)
+    ar_c = torch.arange(comp.uk.shape[1], device=q.device)[None, :]
+    ar_d = torch.arange(dense.pos.shape[1], device=q.device)[None, :]
+    assert torch.all(got.mass_comp[ar_c >= comp.length[:, None]] == 0)
+    assert torch.all(got.mass_dense[ar_d >= dense.length[:, None]] == 0)
+
+
+CASES = {
+    # ragged batch of 3: a 0-length dense segment, lengths ending mid-tile, GQA 4
+    "ragged": dict(batch=3, heads=4, kv_heads=1, comp_lens=(37, 64, 5), dense_lens=(0, 21, 13), rank_k=8, rank_v=8),
+    "mha_rank24": dict(heads=2, kv_heads=2, rank_k=24, rank_v=24),
+    "gqa7_rank64": dict(heads=7, kv_heads=1, comp_lens=(70, 33), dense_lens=(4, 11), rank_k=64, rank_v=64),
+    "mixed_ranks_m3": dict(queries=3, rank_k=24, rank_v=8, full_share=0.5),
+    "head_dim80": dict(head_dim=80, queries=3, dense_lens=(9, 2)),
+    "head_dim128_gqa4": dict(heads=8, kv_heads=2, head_dim=128, comp_lens=(40, 90), dense_lens=(6, 3)),
+    "interleaved": dict(queries=3, interleave=True, comp_lens=(50, 29), dense_lens=(12, 30)),
+    "no_compressed": dict(comp_lens=(0, 11), dense_lens=(17, 5)),
+    # ranks above one 64-rank chunk: the rebuild loops over chunks and skips
+    # those past a tile's largest rank prefix (most tokens here have rank 25 / 18)
+    "rank100_chunked": dict(rank_k=100, rank_v=72, full_share=0.1, comp_lens=(60, 45)),
+    "rank1": dict(rank_k=1, rank_v=2, comp_lens=(33, 8)),
+}
+
+
+@pytest.mark.parametrize("rope_base", [None, 10000.0])
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_matches_reference(case, dtype, rope_base, device):
+    q, q_pos, comp, dense = make_case(device, dtype=dtype, **CASES[case])
+    got = decode(q, q_pos, comp, dense, rope_base=rope_base, num_splits=2)
+    want = ref.lowrank_decode(q, q_pos, comp, dense, rope_base=rope_base)
+    check(got, want, q, comp, dense, dtype)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_absorbed_matches_reference(case, dtype, device):
+    q, q_pos, comp, dense = make_case(device, dtype=dtype, **CASES[case])
+    got = decode_absorbed(q, q_pos, comp, dense, num_splits=3)
+    want = ref.lowrank_decode(q, q_pos, comp, dense, rope_base=None)
+    check(got, want, q, comp, dense, dtype)
+
+
+@pytest.mark.parametrize("absorbed", [False, True])
+def test_rank_256(absorbed, device):
+    q, q_pos, comp, dense = make_case(device, dtype=torch.float16, rank_k=256, rank_v=256, comp_lens=(20, 9),
+                                      dense_lens=(3, 4))
+    rope_base = None if absorbed else 10000.0
+    got = (decode_absorbed if absorbed else decode)(q, q_pos, comp, dense, **({} if absorbed else {"rope_base": rope_base}))
+    check(got, ref.lowrank_decode(q, q_pos, comp, dense, rope_base=rope_base), q, comp, dense, torch.float16)
+
+
+def test_rope_is_applied(device):
+    """Rotating the rebuilt keys changes the result, and the kernel follows the
+    reference in both settings (guards against a kernel that skips RoPE)."""
+    q, q_pos, comp, dense = make_case(device, dtype=torch.float32)
+    rot = kernel.lowrank_decode(q, q_pos, comp, dense, rope_base=10000.0)
+    plain = kernel.lowrank_decode(q, q_pos, comp, dense, rope_base=None)
+    assert (rot.out - plain.out).abs().max() > 0.05
+    torch.testing.assert_close(rot.out, ref.lowrank_decode(q, q_pos, comp, dense, rope_base=10000.0).out,
+                               atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("absorbed", [False, True])
+def test_splits_and_tiles_do_not_change_the_result(absorbed, device):
+    q, q_pos, comp, dense = make_case(device, dtype=torch.float32, comp_lens=(90, 41), dense_lens=(20, 7))
+    run = decode_absorbed if absorbed else (lambda *a, **k: decode(*a, rope_base=500.0, **k))
+    one = run(q, q_pos, comp, dense, num_splits=1)
+    # 7 splits of 32-token tiles leave some splits empty; 16- and 64-token
+    # tiles move the split and tile boundaries.
+    for kwargs in ({"num_splits": 3}, {"num_splits": 7}, {"num_splits": 4, "block_n": 16},
+                   {"num_splits": 2, "block_n": 64}):
+        many = run(q, q_pos, comp, dense, **kwargs)
+        for a, b in zip(one, many):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_causality_among_new_tokens(device):
+    """With M = 3 new tokens at the end of the dense segment, query m must not
+    see tokens m+1.. : changing the newest token's key and value leaves the
+    first two queries untouched and changes the last one."""
+    q, q_pos, comp, dense = make_case(device, queries=3, dtype=torch.float32, dense_lens=(9, 4))
+    before = decode(q, q_pos, comp, dense, rope_base=None)
+    k, v = dense.k.clone(), dense.v.clone()
+    for b, d in enumerate(dense.length.tolist()):
+        k[b, :, d - 1] += 3.0
+        v[b, :, d - 1] -= 5.0
+    after = decode(q, q_pos, comp, DenseKV(k, v, dense.pos, dense.length), rope_base=None)
+    torch.testing.assert_close(after.out[:, :, :2], before.out[:, :, :2], atol=0, rtol=0)
+    assert (after.out[:, :, 2] - before.out[:, :, 2]).abs().amax(-1).amin() > 1e-3  # every (sequence, head)
+    # Query 0 gives no weight to the two tokens after it.
+    assert torch.all(before.mass_dense[0, 7:9] > 0) and torch.all(before.mass_dense[1, 2:4] > 0)
+    assert torch.all(decode(q[:, :, :1], q_pos[:, :1], comp, dense, rope_base=None)
+                     .mass_dense[0, 7:9] == 0)
+
+
+def test_ignores_padding_and_columns_past_each_rank(device):
+    """The kernel never reads padding tokens or U columns past a token's rank
+    prefix: filling them with NaN changes nothing (the reference, which
+    multiplies them by zero, is run on the clean inputs)."""
+    q, q_pos, comp, dense = make_case(device, dtype=torch.float32, rank_k=16, rank_v=24, interleave=True)
+    want = ref.lowrank_decode(q, q_pos, comp, dense, rope_base=10000.0)
+    nan = float("nan")
+    uk, uv, dk, dv = comp.uk.clone(), comp.uv.clone(), dense.k.clone(), dense.v.clone()
+    cols_k = torch.arange(uk.shape[2], device=device)
+    cols_v = torch.arange(uv.shape[2], device=device)
+    uk[cols_k[None, None, :] >= comp.rank_k[..., None]] = nan
+    uv[cols_v[None, None, :] >= comp.rank_v[..., None]] = nan
+    for b in range(q.shape[0]):
+        uk[b, comp.length[b]:] = nan
+        uv[b, comp.length[b]:] = nan
+        dk[b, :, dense.length[b]:] = nan
+        dv[b, :, dense.length[b]:] = nan
+    poisoned_c = CompressedKV(uk, comp.wk, uv, comp.wv, comp.rank_k, comp.rank_v, comp.pos, comp.length)
+    poisoned_d = DenseKV(dk, dv, dense.pos, dense.length)
+    got = decode(q, q_pos, poisoned_c, poisoned_d, rope_base=10000.0)
+    check(got, want, q, comp, dense, torch.float32)
+    absorbed = decode_absorbed(q, q_pos, poisoned_c, poisoned_d)
+    check(absorbed, ref.lowrank_decode(q, q_pos, comp, dense, rope_base=None), q, comp, dense, torch.float32)
+
+
+def test_strided_inputs_and_int32_indices(device):
+    q, q_pos, comp, dense = make_case(device, dtype=torch.float32, heads=4, kv_heads=2, queries=2)
+    want = ref.lowrank_decode(q, q_pos, comp, dense, rope_base=10000.0)
+    want_abs = ref.lowrank_decode(q, q_pos, comp, dense, rope_base=None)
+
+    def restride(t):  # same values, other memory order
+        return t.transpose(0, -1).contiguous().transpose(0, -1)
+
+    def widen(t):  # a view into a larger buffer: last dim not at stride 1 from a packed tensor
+        big = torch.zeros(*t.shape[:-1], t.shape[-1] + 5, dtype=t.dtype, device=t.device)
+        big[..., 2:2 + t.shape[-1]] = t
+        return big[..., 2:2 + t.shape[-1]]
+
+    comp_s = CompressedKV(widen(comp.uk), restride(comp.wk), restride(comp.uv), widen(comp.wv),
+                          comp.rank_k.to(torch.int32).t().contiguous().t(), comp.rank_v.to(torch.int32),
+                          comp.pos.to(torch.int32), comp.length.to(torch.int32))
+    dense_s = DenseKV(dense.k.transpose(1, 2).contiguous().transpose(1, 2), restride(dense.v),
+                      dense.pos.to(torch.int32), dense.length.to(torch.int32))
+    q_s = restride(q)
+    assert not (q_s.is_contiguous() or comp_s.uk.is_contiguous() or dense_s.k.is_contiguous())
+    check(decode(q_s, q_pos.to(torch.int32), comp_s, dense_s, rope_base=10000.0), want, q, comp,
+          dense, torch.float32)
+    check(decode_absorbed(q_s, q_pos.to(torch.int32), comp_s, dense_s), want_abs, q, comp, dense,
+          torch.float32)
+
+
+@pytest.mark.parametrize("q_dtype,uw_dtype", [(torch.float16, torch.float32), (torch.bfloat16, torch.float16)])
+def test_mixed_dtypes(q_dtype, uw_dtype, device):
+    """U/W in another float dtype than q and the dense segment."""
+    q, q_pos, comp, dense = make_case(device, dtype=q_dtype, uw_dtype=uw_dtype, rank_k=24, rank_v=16)
+    for absorbed in (False, True):
+        if absorbed:
+            got = decode_absorbed(q, q_pos, comp, dense)
+        else:
+            got = decode(q, q_pos, comp, dense, rope_base=10000.0)
+        check(got, ref.lowrank_decode(q, q_pos, comp, dense, rope_base=None if absorbed else 10000.0),
+              q, comp, dense, q_dtype)
+
+
+def test_sm_scale(device):
+    q, q_pos, comp, dense = make_case(device, dtype=torch.float32)
+    got = decode(q, q_pos, comp, dense, rope_base=None, sm_scale=0.3)
+    check(got, ref.lowrank_decode(q, q_pos, comp, dense, rope_base=None, sm_scale=0.3), q, comp, dense, torch.float32)
+    default = decode(q, q_pos, comp, dense, rope_base=None)
+    assert (got.lse - default.lse).abs().max() > 0.1
+
+
+def test_rows_that_see_nothing(device):
+    """A query before every cached token: lse -inf, output 0, no mass; the
+    other sequence is unaffected. Also a sequence with no tokens at all."""
+    q, q_pos, comp, dense = make_case(device, dtype=torch.float32, batch=3, comp_lens=(20, 30, 0),
+                                      dense_lens=(5, 7, 0))
+    q_pos = q_pos.clone()
+    q_pos[0] = 0  # positions start at 5
+    want = ref.lowrank_decode(q, q_pos, comp, dense, rope_base=10000.0)
+    for got in (decode(q, q_pos, comp, dense, rope_base=10000.0),
+                decode_absorbed(q, q_pos, comp, dense)):
+        assert torch.all(got.lse[0] == float("-inf")) and torch.all(got.lse[2] == float("-inf"))
+        assert torch.all(got.out[0] == 0) and torch.all(got.out[2] == 0)
+        assert torch.all(got.mass_comp[0] == 0) and torch.all(got.mass_dense[0] == 0)
+        assert not got.out.isnan().any()
+    check(decode(q, q_pos, comp, dense, rope_base=10000.0), want, q, comp, dense, torch.float32)
+
+
+def test_empty_segments(device):
+    """No compressed slots at all (T = 0), and no dense slots at all (S = 0)."""
+    q, q_pos, comp, dense = make_case(device, dtype=torch.float32, comp_lens=(0, 0), dense_lens=(6, 3), pad=0)
+    assert comp.uk.shape[1] == 0
+    check(decode(q, q_pos, comp, dense, rope_base=10000.0),
+          ref.lowrank_decode(q, q_pos, comp, dense, rope_base=10000.0), q, comp, dense, torch.float32)
+    q, q_pos, comp, dense = make_case(device, dtype=torch.float32, comp_lens=(12, 40), dense_lens=(0, 0), pad=0)
+    assert dense.k.shape[2] == 0
+    check(decode_absorbed(q, q_pos, comp, dense),
+          ref.lowrank_decode(q, q_pos, comp, dense, rope_base=None), q, comp, dense, torch.float32)
+
+
+def test_empty_batch(device):
+    q, q_pos, comp, dense = make_case(device, dtype=torch.float32)
+    q, q_pos = q[:0], q_pos[:0]
+    comp = CompressedKV(*(getattr(comp, f)[:0] for f in comp.__dataclass_fields__))
+    dense = DenseKV(*(getattr(dense, f)[:0] for f in dense.__dataclass_fields__))
+    for got in (decode(q, q_pos, comp, dense, rope_base=10000.0), decode_absorbed(q, q_pos, comp, dense),
+                ref.lowrank_decode(q, q_pos, comp, dense, rope_base=10000.0)):
+        assert got.out.shape == (0, 4, 1, 64) and got.lse.shape == (0, 4, 1)
+        assert got.mass_comp.shape == (0, comp.uk.shape[1]) and got.mass_dense.shape == (0, dense.k.shape[2])
+
+
+def test_default_num_splits():
+    def lengths(c, d):
+        return (CompressedKV(*[None] * 7, torch.tensor(c)), DenseKV(None, None, None, torch.tensor(d)))
+
+    cpu = torch.device("cpu")
+    assert kernel._num_splits(None, *lengths([100, 700], [20, 64]), 8, cpu) == 3  # ceil(764 / 256)
+    assert kernel._num_splits(None, *lengths([0], [0]), 8, cpu) == 1
+    assert kernel._num_splits(None, *lengths([200_000], [64]), 8, cpu) == kernel.DEFAULT_MAX_SPLITS
+    assert kernel._num_splits(5, *lengths([10], [0]), 8, cpu) == 5
+    assert kernel.default_num_splits(*lengths([300, 10], [250, 0]), 8) == 3  # ceil(550 / 256)
+
+
+def _replace(case, **changes):
+    q, q_pos, comp, dense = case
+    fields = {**comp.__dict__, **{k: v for k, v in changes.items() if k in comp.__dict__}}
+    dfields = {**dense.__dict__, **{k[6:]: v for k, v in changes.items() if k.startswith("dense_")}}
+    return changes.get("q", q), changes.get("q_pos", q_pos), CompressedKV(**fields), DenseKV(**dfields)
+
+
+@pytest.mark.parametrize("change,error,match", [
+    (lambda c: dict(q=c[0].to(torch.int32)), TypeError, "q has dtype"),
+    (lambda c: dict(uk=c[2].uk.to(torch.int8)), TypeError, "uk has dtype"),
+    (lambda c: dict(rank_k=c[2].rank_k.float()), TypeError, "comp.rank_k must be int32 or int64"),
+    (lambda c: dict(uk=c[2].uk[..., :0], wk=c[2].wk[:, :0]), ValueError, "uk has rank 0"),
+    (lambda c: dict(uk=c[2].uk[..., :0]), ValueError, "uk has rank 0"),
+    (lambda c: dict(wv=c[2].wv[:, :, :-1]), ValueError, "wv must be"),
+    (lambda c: dict(wk=c[2].wk[:, :-1]), ValueError, "wk must be"),
+    (lambda c: dict(q=c[0][0]), ValueError, "q must be"),
+    (lambda c: dict(uv=c[2].uv[0]), ValueError, "uk and uv must be"),
+    (lambda c: dict(dense_k=c[3].k[:, :, :, :32]), ValueError, "dense k and v"),
+    (lambda c: dict(uv=c[2].uv.to("meta")), ValueError, "uv is on meta"),
+    (lambda c: dict(q_pos=c[1].to("meta")), ValueError, "q_pos is on meta"),
+    (lambda c: dict(rank_v=c[2].rank_v * 0), ValueError, "rank_v entries"),
+    (lambda c: dict(rank_k=c[2].rank_k + 16), ValueError, "rank_k entries"),
+    (lambda c: dict(length=c[2].length + 100), ValueError, "lengths"),
+    (lambda c: dict(pos=c[2].pos[:, :-1]), ValueError, "comp.pos must have shape"),
+])
+def test_bad_inputs(change, error, match, device):
+    case = make_case(device, dtype=torch.float16, rank_k=16, rank_v=16)
+    bad = _replace(case, **change(case))
+    with pytest.raises(error, match=match):
+        kernel.lowrank_decode(*bad, rope_base=10000.0)
+    with pytest.raises(error, match=match):
+        kernel.lowrank_decode_absorbed(*bad)
+
+
+def test_bad_options(device):
+    q, q_pos, comp, dense = make_case(device, dtype=torch.float16)
+    for kwargs, match in (({"num_splits": 0}, "num_splits"), ({"num_splits": 2.0}, "num_splits"),
+                          ({"sm_scale": float("nan")}, "sm_scale"), ({"sm_scale": -1.0}, "sm_scale"),
+                          ({"block_n": 8}, "block_n"), ({"block_n": 48}, "block_n")):
+        with pytest.raises(ValueError, match=match):
+            kernel.lowrank_decode(q, q_pos, comp, dense, rope_base=None, **kwargs)
+    with pytest.raises(ValueError, match="rope_base > 1"):
+        kernel.lowrank_decode(q, q_pos, comp, dense, rope_base=1.0)
+    # head_dim must be even for the fused kernel, which handles keys in RoPE's
+    # two halves; the absorbed one does not split them.
+    odd = make_case(device, dtype=torch.float32, head_dim=63)
+    with pytest.raises(ValueError, match="even"):
+        kernel.lowrank_decode(*odd, rope_base=None)
+    check(decode_absorbed(*odd), ref.lowrank_decode(*odd, rope_base=None), *odd[:1], *odd[2:], torch.float32)
+    # 64 query heads per kv head x 3 queries is more rows than one program holds.
+    many = torch.zeros(2, 64, 3, 64, dtype=torch.float16, device=device)
+    dense1 = DenseKV(dense.k[:, :1], dense.v[:, :1], dense.pos, dense.length)
+    comp1 = CompressedKV(comp.uk, comp.wk[..., :64], comp.uv, comp.wv[..., :64], comp.rank_k, comp.rank_v,
+                         comp.pos, comp.length)
+    with pytest.raises(ValueError, match="exceeds"):
+        kernel.lowrank_decode(many, q_pos[:, :1].repeat(1, 3), comp1, dense1, rope_base=None)
+
+
+def test_absorbed_rank_limit(device):
+    q, q_pos, comp, dense = make_case(device, dtype=torch.float16, rank_k=300, rank_v=16, comp_lens=(3, 2),
+                                      dense_lens=(1, 1))
+    with pytest.raises(ValueError, match="up to 256"):
+        kernel.lowrank_decode_absorbed(q, q_pos, comp, dense)
