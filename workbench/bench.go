@@ -222,33 +222,14 @@ interpreter: the command then runs one tiny size to prove the benchmark works
 			if rows < 1 || repeat < 1 {
 				return &usageError{fmt.Errorf("--rows and --repeat must be at least 1")}
 			}
-			return a.withWorker(cmd.Context(), func(s *session, w *worker.Worker) error {
-				args := map[string]any{"rows": rows, "repeat": repeat, "dtype": dtype.value}
-				if len(lengths) > 0 {
-					args["lengths"] = lengths
-				}
-				if len(batches) > 0 {
-					args["batches"] = batches
-				}
-				if s.device == worker.CPU && !cmd.Flags().Changed("lengths") {
-					a.log.Warn().Msg("CPU interpreter: running one tiny size to show the benchmark works; its timings are not kernel speed")
-					raw, err := w.Run(cmd.Context(), worker.Job{Fn: "kernels_py.benchmarks.stats:smoke_sizes"})
-					if err != nil {
-						return err
-					}
-					args = map[string]any{}
-					if err := json.Unmarshal(raw, &args); err != nil {
-						return err
-					}
-				}
-				raw, err := w.Run(cmd.Context(), worker.Job{Fn: "kernels_py.benchmarks.stats:run", Args: args})
-				if err != nil {
-					return err
-				}
-				if asJSON {
-					_, err := a.stdout.Write(append(raw, '\n'))
-					return err
-				}
+			args := map[string]any{"rows": rows, "repeat": repeat, "dtype": dtype.value}
+			if len(lengths) > 0 {
+				args["lengths"] = lengths
+			}
+			if len(batches) > 0 {
+				args["batches"] = batches
+			}
+			return a.runKernelBench(cmd, "kernels_py.benchmarks.stats", args, asJSON, func(raw []byte) error {
 				var res struct {
 					Device      string     `json:"device"`
 					Interpreter bool       `json:"interpreter"`
@@ -341,33 +322,14 @@ speed).`,
 			if rank < 1 || repeat < 1 {
 				return &usageError{fmt.Errorf("--rank and --repeat must be at least 1")}
 			}
-			return a.withWorker(cmd.Context(), func(s *session, w *worker.Worker) error {
-				args := map[string]any{"rank": rank, "repeat": repeat, "dtype": dtype.value}
-				if len(lengths) > 0 {
-					args["lengths"] = lengths
-				}
-				if len(batches) > 0 {
-					args["batches"] = batches
-				}
-				if s.device == worker.CPU && !cmd.Flags().Changed("lengths") {
-					a.log.Warn().Msg("CPU interpreter: running one tiny size to show the benchmark works; its timings are not kernel speed")
-					raw, err := w.Run(cmd.Context(), worker.Job{Fn: "kernels_py.benchmarks.lowrank:smoke_sizes"})
-					if err != nil {
-						return err
-					}
-					args = map[string]any{}
-					if err := json.Unmarshal(raw, &args); err != nil {
-						return err
-					}
-				}
-				raw, err := w.Run(cmd.Context(), worker.Job{Fn: "kernels_py.benchmarks.lowrank:run", Args: args})
-				if err != nil {
-					return err
-				}
-				if asJSON {
-					_, err := a.stdout.Write(append(raw, '\n'))
-					return err
-				}
+			args := map[string]any{"rank": rank, "repeat": repeat, "dtype": dtype.value}
+			if len(lengths) > 0 {
+				args["lengths"] = lengths
+			}
+			if len(batches) > 0 {
+				args["batches"] = batches
+			}
+			return a.runKernelBench(cmd, "kernels_py.benchmarks.lowrank", args, asJSON, func(raw []byte) error {
 				var res struct {
 					Device      string       `json:"device"`
 					Interpreter bool         `json:"interpreter"`
@@ -399,4 +361,33 @@ speed).`,
 // ms prints milliseconds the way secs prints seconds.
 func ms(m float64) string {
 	return secs(m / 1e3)
+}
+
+// runKernelBench runs module:run with args on a worker and prints its JSON
+// (--json) or hands it to render. On the CPU, unless --lengths was given, it
+// swaps args for module:smoke_sizes: interpreted kernels only prove the
+// benchmark works.
+func (a *app) runKernelBench(cmd *cobra.Command, module string, args map[string]any, asJSON bool, render func(raw []byte) error) error {
+	return a.withWorker(cmd.Context(), func(s *session, w *worker.Worker) error {
+		if s.device == worker.CPU && !cmd.Flags().Changed("lengths") {
+			a.log.Warn().Msg("CPU interpreter: running one tiny size to show the benchmark works; its timings are not kernel speed")
+			raw, err := w.Run(cmd.Context(), worker.Job{Fn: module + ":smoke_sizes"})
+			if err != nil {
+				return err
+			}
+			args = map[string]any{}
+			if err := json.Unmarshal(raw, &args); err != nil {
+				return err
+			}
+		}
+		raw, err := w.Run(cmd.Context(), worker.Job{Fn: module + ":run", Args: args})
+		if err != nil {
+			return err
+		}
+		if asJSON {
+			_, err := a.stdout.Write(append(raw, '\n'))
+			return err
+		}
+		return render(raw)
+	})
 }

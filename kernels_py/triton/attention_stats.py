@@ -34,7 +34,6 @@ Row selectors for the query subsets of the methods built on this kernel
 Reference: kernels_py.ref.attention_stats.
 """
 
-import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -334,7 +333,7 @@ def row_stats(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, scale: floa
     _check_blocks(block_m, block_n)
     heads, n_rows, head_dim = q.shape
     kv_heads, n_keys, _ = k.shape
-    qk_scale = _scale(scale, head_dim) * LOG2E
+    qk_scale = compat.softmax_scale(scale, head_dim) * LOG2E
     m = torch.empty((heads, n_rows), dtype=torch.float32, device=q.device)
     l = torch.empty((heads, n_rows), dtype=torch.float32, device=q.device)
     if n_rows == 0:
@@ -378,7 +377,7 @@ def column_stats(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, row_max:
             raise ValueError(f"{name} must be float32 [{heads}, {n_rows}] as row_stats returns it, got {got}")
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
-    qk_scale = _scale(scale, head_dim) * LOG2E
+    qk_scale = compat.softmax_scale(scale, head_dim) * LOG2E
     n_splits = triton.cdiv(n_rows, rows_per_split)
     dev = q.device
     attn = torch.empty((n_splits, heads, n_keys), dtype=torch.float32, device=dev)
@@ -452,15 +451,6 @@ def reduce_stats(partials: ColumnPartials, kv_heads: int, *, block_n: int = 64) 
 
 
 reduce = reduce_stats  # the name VL-Cache A.5 gives the third kernel
-
-
-def _scale(scale, head_dim: int) -> float:
-    if scale is None:
-        return head_dim ** -0.5
-    scale = float(scale)
-    if not math.isfinite(scale) or scale <= 0:
-        raise ValueError(f"scale must be a finite positive number, got {scale}")
-    return scale
 
 
 def _block_d(head_dim: int) -> int:

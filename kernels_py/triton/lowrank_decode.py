@@ -703,7 +703,7 @@ def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, *, 
     if group * queries > MAX_ROWS:
         raise ValueError(f"query heads per kv head x query tokens = {group} x {queries} exceeds {MAX_ROWS}, "
                          f"the rows one program holds")
-    scale = _scale(sm_scale, head_dim)
+    scale = compat.softmax_scale(sm_scale, head_dim, "sm_scale")
     if block_n is not None and (isinstance(block_n, bool) or not isinstance(block_n, int) or block_n < 16
                                 or block_n & (block_n - 1)):
         raise ValueError(f"block_n must be a power of two >= 16 (tl.dot's minimum), got {block_n!r}")
@@ -810,12 +810,3 @@ def _dot_dtype(*dtypes: torch.dtype):
 def _pow2(n: int) -> int:
     """Block size for a dimension of n: a power of two, at least tl.dot's 16."""
     return max(16, triton.next_power_of_2(n))
-
-
-def _scale(sm_scale, head_dim: int) -> float:
-    if sm_scale is None:
-        return head_dim ** -0.5
-    scale = float(sm_scale)
-    if not math.isfinite(scale) or scale <= 0:
-        raise ValueError(f"sm_scale must be a finite positive number, got {sm_scale}")
-    return scale
