@@ -52,10 +52,10 @@ import torch
 from kernels_py.backend import BACKENDS, use_triton
 from kernels_py.metrics import tensor_bytes
 from kernels_py.params import knob
+from kernels_py.policies import scoring
 from kernels_py.policies.base import LayerCache, Policy, kept_count
 from kernels_py.quantize import Quantized, check_params, dequantize, quantize
 from kernels_py.ref import lowrank_decode as reference
-from kernels_py.ref.attention_mass import attention_mass
 from kernels_py.triton.lowrank_decode import CompressedKV, DenseKV
 from kernels_py.workloads import Spans, apply_rope
 
@@ -476,7 +476,7 @@ class AttentionPack(Policy):
         is_visual[visual] = True
         text = (~is_visual).nonzero()[:, 0]
         # Importance before the first step: the last prompt query's attention, averaged over heads.
-        importance = attention_mass(q[:, -1:], k, q_start=prompt - 1).mean(dim=0)
+        importance = scoring.stats(q, k, scoring.last_row(prompt), backend=self.backend).attn_sum.mean(dim=0)
         frame = self._decomposition_frame(k, torch.arange(prompt, device=k.device))
 
         rank_k, rank_v = self.layer_ranks(layer, num_layers)

@@ -21,7 +21,7 @@ from kernels_py.backend import use_triton
 from kernels_py.ref import attention_stats as reference
 from kernels_py.triton import attention_stats as kernel
 from kernels_py.triton.attention_stats import (
-    AttentionStats, all_rows, post_vision_rows, probe_rows, recent_rows,
+    AttentionStats, all_rows, last_row, post_vision_rows, probe_rows, recent_rows,
 )
 
 SCORINGS = ("accumulated", "normalized", "sliding_window", "post_vision")
@@ -59,4 +59,4 @@ def token_scores(scoring: str, s: AttentionStats) -> torch.Tensor:
 
 
 __all__ = ["SCORINGS", "THRESHOLD", "stats", "scoring_rows", "token_scores",
-           "all_rows", "post_vision_rows", "probe_rows", "recent_rows"]
+           "all_rows", "last_row", "post_vision_rows", "probe_rows", "recent_rows"]
