@@ -1,9 +1,11 @@
-"""`workbench selftest`: one Triton kernel on a small synthetic VLM-shaped prompt,
-checked against its PyTorch reference.
+"""`workbench selftest`: the attention-statistics kernels (the ones every
+scoring method runs) on a small synthetic VLM-shaped prompt, checked against
+their PyTorch reference.
 
-The prompt is [system | image | text]; the queries are the text rows after the
-image (the post-vision span). The kernel reports how much attention each key
-receives; the selftest sums it per segment and compares with the reference.
+The prompt is [system | image | text]; the selected query rows are the text
+after the image (VL-Cache's post-vision rows). The kernels report how much
+attention each key receives (`attn_sum`); the selftest sums it per segment and
+compares it with the reference.
 """
 
 import time
@@ -11,8 +13,8 @@ import time
 import torch
 
 from kernels_py import runtime
-from kernels_py.ref import attention_mass as ref
-from kernels_py.triton import attention_mass as kernel
+from kernels_py.ref import attention_stats as ref
+from kernels_py.triton import attention_stats as kernel
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 # fp32 inputs still accumulate in a different order than the reference.
@@ -49,12 +51,13 @@ def run(seed: int = 0, heads: int = 8, kv_heads: int = 2, head_dim: int = 64, sy
     q = q[:, q_start:].to(device=device, dtype=torch_dtype).contiguous()
     k = k.to(device=device, dtype=torch_dtype).contiguous()
 
+    post_vision = kernel.post_vision_rows(q_start, q_start + text_tokens, device=device)
     t0 = time.perf_counter()
-    got = kernel.attention_mass(q, k, q_start)
+    got = kernel.attention_stats(q, k, post_vision).attn_sum
     if device.type == "cuda":
         torch.cuda.synchronize()
     kernel_s = time.perf_counter() - t0
-    want = ref.attention_mass(q, k, q_start)
+    want = ref.attention_stats(q, k, post_vision).attn_sum
     err = (got - want).abs().max().item()
     tol = TOLERANCE[torch_dtype]
 

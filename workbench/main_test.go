@@ -105,7 +105,7 @@ func TestSelftestPicksUpKernelEdits(t *testing.T) {
 	if out, err := exec.Command("cp", "-r", "../kernels_py", root).CombinedOutput(); err != nil {
 		t.Fatalf("copy kernels_py: %v: %s", err, out)
 	}
-	kernel := filepath.Join(root, "kernels_py", "triton", "attention_mass.py")
+	kernel := filepath.Join(root, "kernels_py", "triton", "attention_stats.py")
 	orig, err := os.ReadFile(kernel)
 	if err != nil {
 		t.Fatal(err)
@@ -120,7 +120,7 @@ func TestSelftestPicksUpKernelEdits(t *testing.T) {
 		t.Fatalf("unedited selftest: exit %d\n%s", code, out)
 	}
 
-	const line = "mass = tl.sum(p, 0)"
+	const line = "attn += tl.sum(e * (1.0 / l_i)[:, None], 0)"
 	if !bytes.Contains(orig, []byte(line)) {
 		t.Fatalf("kernel source no longer contains %q; update this test", line)
 	}

@@ -45,13 +45,15 @@ func newSelftestCmd(a *app) *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "selftest",
-		Short: "Run the attention-mass Triton kernel on a synthetic VLM prompt and check it against PyTorch",
+		Short: "Run the attention-statistics Triton kernels on a synthetic VLM prompt and check them against PyTorch",
 		Long: `selftest builds a small synthetic vision-language prompt (system tokens, one
-image's visual tokens, then text), runs the attention-mass Triton kernel
-(kernels_py/triton/attention_mass.py) for the text queries in a worker, checks
-it against the PyTorch reference (kernels_py/ref/attention_mass.py), and prints
-the share of attention each segment receives. It exits non-zero if the kernel
-and the reference disagree. On CPU the kernel runs under the Triton interpreter.`,
+image's visual tokens, then text), runs the attention-statistics Triton kernels
+(kernels_py/triton/attention_stats.py, the ones every scoring method uses) over
+the post-vision text queries in a worker, checks the attention each key
+receives against the PyTorch reference (kernels_py/ref/attention_stats.py), and
+prints the share of attention each segment receives. It exits non-zero if the
+kernels and the reference disagree. On CPU the kernels run under the Triton
+interpreter.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return a.withWorker(cmd.Context(), func(_ *session, w *worker.Worker) error {

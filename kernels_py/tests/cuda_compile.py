@@ -85,14 +85,6 @@ def _stats(dtype, heads, kv_heads, head_dim):
     attention_stats(_randn(heads, rows, head_dim, dtype=dtype), _randn(kv_heads, keys, head_dim, dtype=dtype), q_pos)
 
 
-def _mass(dtype, heads, kv_heads, head_dim):
-    from kernels_py.triton.attention_mass import attention_mass
-
-    rows, keys = 20, 40
-    attention_mass(_randn(heads, rows, head_dim, dtype=dtype), _randn(kv_heads, keys, head_dim, dtype=dtype),
-                   keys - rows)
-
-
 def _lowrank(*, dtype, head_dim, rank_k, rank_v, heads=4, kv_heads=2, queries=1, w_dtype=None,
              absorbed=False, rope_base=None, block_n=None):
     from kernels_py.triton import lowrank_decode as lr
@@ -120,7 +112,6 @@ def _lowrank(*, dtype, head_dim, rank_k, rank_v, heads=4, kv_heads=2, queries=1,
 
 
 STATS = ("_row_stats_kernel", "_column_stats_kernel", "_reduce_kernel")
-MASS = ("_attention_mass_kernel",)
 DECODE = ("_stage1_kernel", "_merge_kernel", "_mass_kernel")
 ABSORBED = ("_stage1_absorbed_kernel", "_merge_kernel", "_mass_kernel")
 f16, bf16, f32 = torch.float16, torch.bfloat16, torch.float32
@@ -133,9 +124,6 @@ CASES = [
     Case("stats-fp16-d128-gqa2", partial(_stats, f16, 4, 2, 128), STATS),
     Case("stats-bf16-d64", partial(_stats, bf16, 2, 2, 64), STATS),
     Case("stats-fp32-d80-gqa2", partial(_stats, f32, 2, 1, 80), STATS),
-    Case("mass-fp16-d128-gqa2", partial(_mass, f16, 4, 2, 128), MASS),
-    Case("mass-bf16-d64", partial(_mass, bf16, 2, 2, 64), MASS),
-    Case("mass-fp32-d80", partial(_mass, f32, 2, 2, 80), MASS),
     # Ranks within one 64-rank chunk (W loaded once per program) or above it
     # (chunked rebuild), for K and V separately.
     Case("decode-fp16-d128-rope-r32-gqa4",
