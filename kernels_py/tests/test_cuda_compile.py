@@ -10,6 +10,7 @@ in this process and how launches are recorded and specialized. Each child
 gets an empty Triton cache, so every run really compiles.
 """
 
+import ast
 import json
 import os
 import subprocess
@@ -146,3 +147,22 @@ def test_every_autotune_config_is_compiled(kernel, target, compiled):
            for case in cc.CASES for e in compiled[case.name, target]["compiled"]
            if e["kernel"] == kernel and e["autotuned"] and "constexprs" in e}
     assert got == want, f"autotune configs of {kernel} not compiled for sm_{target}: {sorted(want - got)}"
+
+
+def _launched_kernels() -> set[str]:
+    """The kernels of kernels_py/triton: @triton.jit functions named *_kernel
+    (the others are device functions they call, compiled with them)."""
+    found = set()
+    for path in (ROOT / "kernels_py" / "triton").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.FunctionDef) and node.name.endswith("_kernel") and any(
+                    ast.unparse(d) == "triton.jit" for d in node.decorator_list):
+                found.add(node.name)
+    return found
+
+
+def test_every_kernel_has_a_case():
+    kernels = _launched_kernels()
+    assert kernels, "found no @triton.jit *_kernel functions under kernels_py/triton"
+    missing = kernels - {k for case in cc.CASES for k in case.kernels}
+    assert not missing, f"no compile case launches {sorted(missing)}: add one to kernels_py/tests/cuda_compile.py CASES"
