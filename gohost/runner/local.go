@@ -1,0 +1,192 @@
+package runner
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+
+	"github.com/rs/zerolog"
+
+	"github.com/vlkv/vlkv/gohost/sched"
+	"github.com/vlkv/vlkv/gohost/tensor"
+	"github.com/vlkv/vlkv/gohost/worker"
+)
+
+// Local runs batches on a pool of Python workers on this machine (see
+// package sched): one per GPU, or CPU workers sharing the cores.
+type Local struct {
+	Python      string        // interpreter the workers run
+	KernelsRoot string        // directory holding kernels_py/
+	Device      worker.Device // cpu or cuda, already resolved
+	// Workers is the pool size; zero means one per GPU on CUDA, else one.
+	Workers int
+	Log     zerolog.Logger // for the workers themselves (what they print, with -v)
+}
+
+var _ Executor = (*Local)(nil)
+
+// scratchBytes is the arena each worker gets for the tensors a job returns.
+const scratchBytes = 16 << 20
+
+// Run runs b's jobs on a fresh pool; its workers and their arenas are gone
+// when it returns.
+func (l *Local) Run(ctx context.Context, b Batch) error {
+	gpus := worker.GPUs("/")
+	workers := l.Workers
+	if workers == 0 {
+		workers = 1
+		if l.Device == worker.CUDA && gpus > 0 {
+			workers = gpus
+		}
+	}
+	scratch := newScratchArenas()
+	defer scratch.Close()
+	var once sync.Once
+	start := func(ctx context.Context) (*worker.Worker, error) {
+		env := workerEnv(os.Environ(), l.Device, scratch.Slot(), workers, gpus)
+		w, err := worker.Start(ctx, worker.Config{Python: l.Python, KernelsRoot: l.KernelsRoot, Device: l.Device, Env: env, Log: l.Log})
+		if err != nil {
+			return nil, err
+		}
+		if b.Started != nil {
+			once.Do(func() { b.Started(w.Hello()) })
+		}
+		if err := scratch.Lend(ctx, w); err != nil {
+			w.Close()
+			return nil, err
+		}
+		return w, nil
+	}
+	return sched.Run(ctx, b.Jobs, sched.Config{Workers: workers, Start: start, Log: b.Log, Prepare: scratch.Prepare,
+		Done: func(out sched.Outcome) error {
+			// Called before the worker takes its next job, so its scratch
+			// arena still holds what this one returned.
+			return b.Done(Outcome{Outcome: out, SaveTensors: func() (map[string]string, error) {
+				return saveTensors(b.Dir, out.Job.ID, out.Result, scratch)
+			}})
+		}})
+}
+
+// workerEnv is the environment of the slot-th worker started: workers take
+// the GPUs in turn, or CPU workers split the cores between them unless the
+// user set OMP_NUM_THREADS.
+func workerEnv(base []string, device worker.Device, slot, workers, gpus int) []string {
+	env := base
+	if device == worker.CUDA && gpus > 0 {
+		return append(env, fmt.Sprintf("CUDA_VISIBLE_DEVICES=%d", slot%gpus))
+	}
+	if !hasEnv(base, "OMP_NUM_THREADS") && workers > 1 {
+		env = append(env, fmt.Sprintf("OMP_NUM_THREADS=%d", max(1, runtime.NumCPU()/workers)))
+	}
+	return env
+}
+
+func hasEnv(env []string, key string) bool {
+	for _, kv := range env {
+		if strings.HasPrefix(kv, key+"=") {
+			return true
+		}
+	}
+	return false
+}
+
+// scratchArenas gives every worker an arena whose whole extent each of its
+// jobs may use for the tensors it returns; the host saves them as .npy before
+// the worker takes its next job.
+type scratchArenas struct {
+	mu       sync.Mutex
+	slots    int
+	byWorker map[*worker.Worker]*tensor.Arena
+	byID     map[uint32]*tensor.Arena
+}
+
+func newScratchArenas() *scratchArenas {
+	return &scratchArenas{byWorker: map[*worker.Worker]*tensor.Arena{}, byID: map[uint32]*tensor.Arena{}}
+}
+
+// Slot numbers worker starts, to spread them over GPUs.
+func (s *scratchArenas) Slot() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.slots++
+	return s.slots - 1
+}
+
+// Lend maps a new arena into w.
+func (s *scratchArenas) Lend(ctx context.Context, w *worker.Worker) error {
+	s.mu.Lock()
+	id := uint32(len(s.byID) + 1)
+	s.mu.Unlock()
+	a, err := tensor.NewArena(id, "scratch", scratchBytes)
+	if err != nil {
+		return err
+	}
+	if err := w.MapArena(ctx, a); err != nil {
+		a.Close()
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.byWorker[w], s.byID[id] = a, a
+	return nil
+}
+
+// Prepare lends the job the whole arena of the worker about to run it.
+func (s *scratchArenas) Prepare(w *worker.Worker, spec *worker.Job) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if a := s.byWorker[w]; a != nil {
+		spec.Scratch = &tensor.Region{Arena: a.ID(), Offset: 0, Size: a.Size()}
+	}
+}
+
+func (s *scratchArenas) Arena(id uint32) *tensor.Arena {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.byID[id]
+}
+
+func (s *scratchArenas) Close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, a := range s.byID {
+		a.Close()
+	}
+}
+
+// saveTensors writes the tensors a job returned by reference to
+// tensors/<job id>/<name>.npy under runDir and returns their paths relative
+// to it, by name.
+func saveTensors(runDir, jobID string, result json.RawMessage, scratch *scratchArenas) (map[string]string, error) {
+	var res struct {
+		Tensors map[string]tensor.Ref `json:"tensors"`
+	}
+	if json.Unmarshal(result, &res) != nil || len(res.Tensors) == 0 {
+		return nil, nil
+	}
+	paths := map[string]string{}
+	for name, ref := range res.Tensors {
+		a := scratch.Arena(ref.Desc.Arena)
+		if a == nil {
+			return paths, fmt.Errorf("tensor %q names arena %d, which was not lent", name, ref.Desc.Arena)
+		}
+		t, err := a.Tensor(ref.Desc)
+		if err != nil {
+			return paths, fmt.Errorf("tensor %q: %w", name, err)
+		}
+		rel := tensorPath(jobID, name)
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(runDir, rel)), 0o755); err != nil {
+			return paths, err
+		}
+		if err := tensor.WriteNPY(filepath.Join(runDir, rel), t); err != nil {
+			return paths, err
+		}
+		paths[name] = rel
+	}
+	return paths, nil
+}

@@ -1,0 +1,183 @@
+package runner
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/rs/zerolog"
+
+	"github.com/vlkv/vlkv/gohost/results"
+	"github.com/vlkv/vlkv/gohost/sched"
+	"github.com/vlkv/vlkv/gohost/tensor"
+	"github.com/vlkv/vlkv/gohost/testpy"
+	"github.com/vlkv/vlkv/gohost/worker"
+)
+
+func TestWorkerEnv(t *testing.T) {
+	base := []string{"PATH=/bin"}
+	omp := fmt.Sprintf("OMP_NUM_THREADS=%d", max(1, runtime.NumCPU()/2))
+	tests := []struct {
+		name                string
+		base                []string
+		device              worker.Device
+		slot, workers, gpus int
+		want                []string
+	}{
+		{"first gpu", base, worker.CUDA, 0, 2, 2, []string{"PATH=/bin", "CUDA_VISIBLE_DEVICES=0"}},
+		{"gpus taken in turn", base, worker.CUDA, 3, 2, 2, []string{"PATH=/bin", "CUDA_VISIBLE_DEVICES=1"}},
+		{"cuda without gpus splits the cores", base, worker.CUDA, 0, 2, 0, []string{"PATH=/bin", omp}},
+		{"cpu workers split the cores", base, worker.CPU, 1, 2, 4, []string{"PATH=/bin", omp}},
+		{"one cpu worker takes all", base, worker.CPU, 0, 1, 0, []string{"PATH=/bin"}},
+		{"the user's OMP_NUM_THREADS wins", []string{"OMP_NUM_THREADS=3"}, worker.CPU, 0, 2, 0, []string{"OMP_NUM_THREADS=3"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := workerEnv(tc.base, tc.device, tc.slot, tc.workers, tc.gpus)
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("got %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// float32s reads a little-endian float32 .npy file's values.
+func float32s(t *testing.T, path string) []float32 {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	descr, shape, err := tensor.ReadNPYHeader(f)
+	if err != nil || descr != "<f4" || len(shape) != 1 {
+		t.Fatalf("%s: %s %v %v", path, descr, shape, err)
+	}
+	v := make([]float32, shape[0])
+	if err := binary.Read(f, binary.LittleEndian, v); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func TestSaveTensors(t *testing.T) {
+	scratch := newScratchArenas()
+	defer scratch.Close()
+	a, err := tensor.NewArena(1, "scratch", 1<<16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scratch.byID[1] = a
+	x, err := a.NewTensor(tensor.Float32, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := x.SetFloat64s([]float64{1, 2, 3}); err != nil {
+		t.Fatal(err)
+	}
+	ref := func(v any) string {
+		b, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	bad := x.Desc()
+	bad.Arena = 7
+
+	dir := t.TempDir()
+	tests := []struct {
+		name   string
+		result string
+		want   map[string]string
+		err    string
+	}{
+		{"none", `{"metrics": {}}`, nil, ""},
+		{"not json", `nope`, nil, ""},
+		{"saved", `{"tensors": {"rel/err": ` + ref(x) + `}}`, map[string]string{"rel/err": filepath.Join("tensors", "job1", "rel_err.npy")}, ""},
+		{"arena not lent", `{"tensors": {"x": {"__tensor__": ` + ref(bad) + `}}}`, map[string]string{}, `tensor "x" names arena 7, which was not lent`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := saveTensors(dir, "job1", json.RawMessage(tc.result), scratch)
+			if (err == nil) != (tc.err == "") || err != nil && err.Error() != tc.err {
+				t.Fatalf("error %v, want %q", err, tc.err)
+			}
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("paths %v, want %v", got, tc.want)
+			}
+			for _, p := range got {
+				if v := float32s(t, filepath.Join(dir, p)); !reflect.DeepEqual(v, []float32{1, 2, 3}) {
+					t.Errorf("%s holds %v", p, v)
+				}
+			}
+		})
+	}
+}
+
+// Local runs a batch on real workers: versions come from the first worker's
+// hello, every job is reported, and each job's tensors are saved from the
+// worker's arena before its next job reuses it.
+func TestLocalRunsOnWorkers(t *testing.T) {
+	py := testpy.Python(t)
+	root := t.TempDir()
+	if out, err := exec.Command("cp", "-r", "../../kernels_py", root).CombinedOutput(); err != nil {
+		t.Fatalf("copy kernels_py: %v: %s", err, out)
+	}
+	mod := `import torch
+from kernels_py import arena
+
+def ramp(n):
+    t = arena.empty((n,), torch.float32)
+    t.copy_(torch.arange(n, dtype=torch.float32))
+    return {"metrics": {"n": n}, "tensors": {"ramp": t}}
+`
+	if err := os.WriteFile(filepath.Join(root, "kernels_py", "runnertest.py"), []byte(mod), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var jobs []Job
+	for _, n := range []int{3, 5} {
+		jobs = append(jobs, Job{Job: sched.Job{ID: fmt.Sprintf("ramp%d", n), Spec: worker.Job{Fn: "kernels_py.runnertest:ramp", Args: map[string]any{"n": n}}}})
+	}
+	jobs = append(jobs, Job{Job: sched.Job{ID: "fails", Spec: worker.Job{Fn: "kernels_py.diag:fail", Args: map[string]any{"message": "bad params"}}}})
+
+	o := Options{Out: t.TempDir(), Experiment: "local", Jobs: jobs, KernelsDir: root, Device: "cpu",
+		Executor: &Local{Python: py, KernelsRoot: root, Device: worker.CPU, Workers: 1, Log: zerolog.Nop()},
+		Progress: &bytes.Buffer{}, Log: zerolog.Nop()}
+	sum, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.Rows != 3 || sum.Failed != 1 || !sum.Ended {
+		t.Errorf("summary %+v", sum)
+	}
+	recs, err := results.ReadJournal(sum.Dir)
+	if err != nil || len(recs) != 3 {
+		t.Fatalf("journal: %d records, %v", len(recs), err)
+	}
+	for _, r := range recs[:2] {
+		want := filepath.Join(results.TensorsDir, r.JobID, "ramp.npy")
+		if r.Status != results.StatusOK || r.Extra["tensor_ramp"] != want {
+			t.Fatalf("job %s: %s %s, extra %v", r.JobID, r.Status, r.Error, r.Extra)
+		}
+		n := int(r.Metrics["n"].(float64))
+		if v := float32s(t, filepath.Join(sum.Dir, want)); len(v) != n || v[n-1] != float32(n-1) {
+			t.Errorf("job %s saved %v", r.JobID, v)
+		}
+	}
+	if f := recs[2]; f.Status != results.StatusFailed || !strings.Contains(f.Error, "bad params") || f.Extra["traceback"] == nil {
+		t.Errorf("failing job: %+v", f)
+	}
+	if m := manifest(t, sum.Dir); !strings.HasPrefix(m.Versions["python"], "3.") || m.Versions["torch"] == "" {
+		t.Errorf("versions %v", m.Versions)
+	}
+}

@@ -1,0 +1,78 @@
+package runner
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/vlkv/vlkv/gohost/results"
+	"github.com/vlkv/vlkv/gohost/worker"
+)
+
+// newManifest describes a new run of o: enough to tell later what code ran
+// it (script hash, git state, kernels_py hashes) and on what.
+func newManifest(o Options, now time.Time) results.Manifest {
+	return results.Manifest{
+		Experiment: o.Experiment, RunID: results.NewRunID(now), File: o.File, FileHash: o.FileHash,
+		Git: gitState(o.KernelsDir), KernelsHash: kernelsHashes(o.KernelsDir), Device: o.Device,
+		Jobs: len(o.Jobs), Started: now,
+		Versions: map[string]string{"workbench": o.Version, "go": runtime.Version()},
+	}
+}
+
+// recordVersions adds what a worker runs on to the manifest. A manifest
+// that cannot be rewritten keeps the versions it had: the run goes on.
+func recordVersions(run *results.Run, h worker.Hello) {
+	run.UpdateManifest(func(m *results.Manifest) {
+		set := func(k string, v *string) {
+			if v != nil {
+				m.Versions[k] = *v
+			}
+		}
+		m.Versions["python"] = h.Python.Version
+		set("torch", h.Torch.Version)
+		set("triton", h.Triton.Version)
+		set("numpy", h.Numpy.Version)
+		if len(h.Device.Names) > 0 {
+			m.Device += " (" + strings.Join(h.Device.Names, ", ") + ")"
+		}
+	})
+}
+
+// gitState is the checkout dir belongs to; the zero Git outside one.
+func gitState(dir string) results.Git {
+	out, err := exec.Command("git", "-C", dir, "rev-parse", "HEAD").Output()
+	if err != nil {
+		return results.Git{}
+	}
+	status, _ := exec.Command("git", "-C", dir, "status", "--porcelain").Output()
+	return results.Git{Commit: strings.TrimSpace(string(out)), Dirty: len(strings.TrimSpace(string(status))) > 0}
+}
+
+// kernelsHashes fingerprints the kernels_py sources a run used, by path
+// relative to kernels_py/: the kernels may come from no git checkout at all
+// (the copy embedded in the binary), and a dirty checkout's commit says
+// little.
+func kernelsHashes(root string) map[string]string {
+	hashes := map[string]string{}
+	base := filepath.Join(root, "kernels_py")
+	filepath.WalkDir(base, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !(strings.HasSuffix(p, ".py") || strings.HasSuffix(p, ".json")) {
+			return nil
+		}
+		data, err := os.ReadFile(p)
+		if err == nil {
+			rel, _ := filepath.Rel(base, p)
+			sum := sha256.Sum256(data)
+			hashes[rel] = hex.EncodeToString(sum[:])
+		}
+		return nil
+	})
+	return hashes
+}

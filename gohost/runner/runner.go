@@ -1,0 +1,298 @@
+// Package runner runs the jobs of one experiment into a run directory: it
+// creates the run (or resumes the newest one), skips the jobs its journal
+// already has, hands the rest to an Executor, journals every outcome as it
+// arrives, and rebuilds results.parquet at the end.
+//
+// The executor decides where jobs run; Local is a pool of Python workers on
+// this machine. Everything that makes a run resumable — the journal, the
+// manifest, which jobs still need to run — stays here, so every executor
+// gets it the same way.
+package runner
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/mattn/go-isatty"
+	"github.com/rs/zerolog"
+
+	"github.com/vlkv/vlkv/gohost/results"
+	"github.com/vlkv/vlkv/gohost/sched"
+	"github.com/vlkv/vlkv/gohost/worker"
+)
+
+// Job is one job of an experiment: what the executor runs, and what the
+// journal records about it besides the outcome.
+type Job struct {
+	sched.Job
+	Method   string
+	Params   map[string]any
+	Workload map[string]any
+}
+
+// Outcome is a finished job as an executor reports it.
+type Outcome struct {
+	sched.Outcome
+	// SaveTensors, if set, writes the tensors the job returned by reference
+	// to tensors/<job id>/<name>.npy under the run directory and returns
+	// their paths relative to it, by tensor name (those written before an
+	// error included). The runner calls it only for a job it counts as
+	// succeeded, and only before done returns: a local worker's tensors live
+	// in its scratch arena, which its next job overwrites.
+	SaveTensors func() (map[string]string, error)
+}
+
+// Batch is the work of one Executor.Run call: the jobs of one run.
+type Batch struct {
+	Dir  string      // the run directory
+	Jobs []sched.Job // to run, in order
+	Log  zerolog.Logger
+	// Started, if set, is called once, with the hello of the first worker to
+	// start, before any job finishes: the manifest records what jobs ran on.
+	Started func(worker.Hello)
+	// Done is called once per finished job, never concurrently. An error
+	// from it (say, the journal cannot be written) stops the batch, and Run
+	// returns that error.
+	Done func(Outcome) error
+}
+
+// Executor runs batches of jobs somewhere: on local workers, on a cluster.
+type Executor interface {
+	// Run runs b's jobs until all are done, Done fails, or ctx ends. Jobs in
+	// flight when ctx ends are abandoned and not reported; Run then returns
+	// ctx's error.
+	Run(ctx context.Context, b Batch) error
+}
+
+// Options says what to run, where its results go and how to report.
+type Options struct {
+	Out        string // results root: a run is Out/<Experiment>/<run id>/
+	Experiment string
+	File       string // the experiment script, for the manifest
+	FileHash   string // its sha256: a resumed run warns when it changed
+	Jobs       []Job  // every job of the experiment, done or not
+
+	KernelsDir string // holds kernels_py/; its git state and source hashes go in the manifest
+	Device     string // for the manifest, e.g. "cuda"
+	Version    string // the workbench's version, for the manifest
+
+	// Resume continues the newest run of the experiment (a new one when it
+	// has none), skipping the jobs its journal has; with RetryFailed, the
+	// ones journaled as failed run again.
+	Resume      bool
+	RetryFailed bool
+
+	Executor Executor  // runs the jobs; required
+	Progress io.Writer // progress lines, a redrawn bar on a terminal; nil: none
+	Log      zerolog.Logger
+}
+
+// Summary is how far a run got.
+type Summary struct {
+	Dir    string // the run directory; "" when none was opened
+	Rows   int    // rows of results.parquet: the jobs the journal has
+	Failed int    // jobs that failed in this call
+	// Ended is set when every job has run and the manifest records the end
+	// time (results.parquet may still have failed to build).
+	Ended bool
+}
+
+// Run runs the jobs of o.Experiment that its run has not done yet. A failed
+// job is journaled as failed and the run goes on; Summary.Failed counts
+// them. When ctx ends, the jobs journaled so far stay done and the error
+// says how to continue (it unwraps to ctx's error).
+func Run(ctx context.Context, o Options) (Summary, error) {
+	if o.Executor == nil {
+		return Summary{}, fmt.Errorf("run %s: no executor", o.Experiment)
+	}
+	run, done, err := openRun(o)
+	if err != nil {
+		return Summary{}, err
+	}
+	defer run.Close()
+	sum := Summary{Dir: run.Dir}
+	log := o.Log.With().Str("experiment", o.Experiment).Str("run", run.Dir).Logger()
+
+	var todo []sched.Job
+	jobs := map[string]Job{}
+	for _, j := range o.Jobs {
+		if rec, ok := done[j.ID]; ok && !(o.RetryFailed && rec.Status == results.StatusFailed) {
+			continue
+		}
+		jobs[j.ID] = j
+		todo = append(todo, j.Job)
+	}
+	log.Info().Int("jobs", len(o.Jobs)).Int("to_run", len(todo)).Int("already_done", len(o.Jobs)-len(todo)).Msg("running")
+
+	out := o.Progress
+	if out == nil {
+		out = io.Discard
+	}
+	progress := sched.NewProgress(out, isTerminal(out), len(o.Jobs), len(o.Jobs)-len(todo))
+	err = o.Executor.Run(ctx, Batch{
+		Dir:     run.Dir,
+		Jobs:    todo,
+		Log:     log,
+		Started: func(h worker.Hello) { recordVersions(run, h) },
+		Done: func(out Outcome) error {
+			progress.Finished(out.Outcome)
+			rec := record(o.Experiment, jobs[out.Job.ID], out)
+			if rec.Status == results.StatusFailed {
+				sum.Failed++
+				log.Warn().Str("job", rec.JobID).Str("error", firstLine(rec.Error)).Msg("job failed")
+			}
+			return run.Append(rec)
+		},
+	})
+	progress.Close()
+	rows, perr := results.BuildParquet(run.Dir)
+	sum.Rows = rows
+	if perr != nil {
+		log.Error().Err(perr).Msg("results.parquet not written; the journal has every finished job")
+	}
+	if err != nil {
+		if errors.Is(err, context.Canceled) {
+			return sum, &interruptedError{done: rows, total: len(o.Jobs), dir: run.Dir, err: err}
+		}
+		return sum, err
+	}
+	end := time.Now()
+	if err := run.UpdateManifest(func(m *results.Manifest) { m.Ended = &end }); err != nil {
+		return sum, err
+	}
+	sum.Ended = true
+	log.Info().Int("rows", rows).Int("failed", sum.Failed).Msg("results written")
+	return sum, perr
+}
+
+// interruptedError is a run stopped by its context: it tells the user how
+// far the run got and how to go on, and unwraps to the context's error.
+type interruptedError struct {
+	done, total int
+	dir         string
+	err         error
+}
+
+func (e *interruptedError) Error() string {
+	return fmt.Sprintf("interrupted: %d of %d jobs are done in %s; continue with --resume", e.done, e.total, e.dir)
+}
+
+func (e *interruptedError) Unwrap() error { return e.err }
+
+// openRun creates the run directory, or with Resume reopens the newest one
+// and returns what its journal has done.
+func openRun(o Options) (*results.Run, map[string]results.Record, error) {
+	if o.Resume {
+		dir, err := results.Latest(o.Out, o.Experiment)
+		if err != nil {
+			return nil, nil, err
+		}
+		if dir != "" {
+			run, err := results.Open(dir)
+			if err != nil {
+				return nil, nil, err
+			}
+			done, err := results.Finished(dir)
+			if err != nil {
+				run.Close()
+				return nil, nil, err
+			}
+			if m := run.Manifest(); m.FileHash != o.FileHash {
+				o.Log.Warn().Str("run", dir).Msg("the script changed since this run started; jobs whose ids changed run again")
+			}
+			err = run.UpdateManifest(func(m *results.Manifest) {
+				m.Resumed = append(m.Resumed, time.Now())
+				m.Ended = nil
+				m.Jobs = len(o.Jobs)
+			})
+			return run, done, err
+		}
+		o.Log.Info().Str("experiment", o.Experiment).Msg("nothing to resume: starting a new run")
+	}
+	run, err := results.Create(o.Out, newManifest(o, time.Now()))
+	return run, nil, err
+}
+
+// record is the journal line of a finished job. A job succeeded when it
+// returned metrics; only then are its tensors saved, and failing to save
+// them fails the job.
+func record(experiment string, j Job, out Outcome) results.Record {
+	rec := results.Record{JobID: j.ID, Experiment: experiment, Method: j.Method, Params: j.Params, Workload: j.Workload,
+		Status: results.StatusOK, Attempts: out.Attempts, Seconds: out.Duration.Seconds(), Finished: time.Now()}
+	if out.Err != nil {
+		rec.Status = results.StatusFailed
+		rec.Error = out.Err.Error()
+		var je *worker.JobError
+		if errors.As(out.Err, &je) {
+			rec.Extra = map[string]any{"traceback": je.Traceback}
+		}
+		return rec
+	}
+	var res struct {
+		Metrics  map[string]any `json:"metrics"`
+		PerLayer map[string]any `json:"per_layer"`
+	}
+	if err := json.Unmarshal(out.Result, &res); err != nil || res.Metrics == nil {
+		rec.Status = results.StatusFailed
+		rec.Error = fmt.Sprintf("job returned no metrics: %.200s", out.Result)
+		return rec
+	}
+	rec.Metrics = res.Metrics
+	if len(res.PerLayer) > 0 {
+		rec.Extra = map[string]any{}
+		for k, v := range res.PerLayer {
+			rec.Extra["per_layer_"+k] = v
+		}
+	}
+	if out.SaveTensors == nil {
+		return rec
+	}
+	paths, err := out.SaveTensors()
+	if len(paths) > 0 && rec.Extra == nil {
+		rec.Extra = map[string]any{}
+	}
+	for name, p := range paths {
+		rec.Extra["tensor_"+name] = p
+	}
+	if err != nil {
+		rec.Status, rec.Error = results.StatusFailed, err.Error()
+	}
+	return rec
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && isatty.IsTerminal(f.Fd())
+}
+
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
+}
+
+// npyName is a tensor's file name: its name with anything but letters,
+// digits, '.', '_' and '-' replaced, so a job cannot write outside its
+// directory.
+func npyName(name string) string {
+	safe := strings.Map(func(r rune) rune {
+		if r == '.' || r == '_' || r == '-' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' {
+			return r
+		}
+		return '_'
+	}, name)
+	return safe + ".npy"
+}
+
+// tensorPath is where a run keeps a job's tensor, relative to the run directory.
+func tensorPath(jobID, name string) string {
+	return filepath.Join(results.TensorsDir, jobID, npyName(name))
+}

@@ -1,0 +1,408 @@
+package runner
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/vlkv/vlkv/gohost/results"
+	"github.com/vlkv/vlkv/gohost/sched"
+	"github.com/vlkv/vlkv/gohost/worker"
+)
+
+// fakeExecutor runs jobs in order without Python, keeping the contract sched
+// keeps for Local: Started before any job, Done once per job, stop at the
+// first error from Done, and when ctx ends abandon the rest and return ctx's
+// error.
+type fakeExecutor struct {
+	fail  map[string]error // jobs that fail, by id; the others return metrics
+	hello *worker.Hello    // passed to Started when set
+	// after, if set, runs after each reported job with their count so far.
+	after func(n int)
+	ran   []string // ids of the jobs run, over every batch
+	dirs  []string // the run directory of every batch
+}
+
+func (f *fakeExecutor) Run(ctx context.Context, b Batch) error {
+	f.dirs = append(f.dirs, b.Dir)
+	if f.hello != nil && b.Started != nil && len(b.Jobs) > 0 {
+		b.Started(*f.hello)
+	}
+	for i, j := range b.Jobs {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		f.ran = append(f.ran, j.ID)
+		out := Outcome{Outcome: sched.Outcome{Job: j, Attempts: 1, Duration: time.Millisecond}}
+		if err := f.fail[j.ID]; err != nil {
+			out.Err = err
+		} else {
+			out.Result = json.RawMessage(fmt.Sprintf(`{"metrics": {"index": %d}}`, i))
+		}
+		if err := b.Done(out); err != nil {
+			return err
+		}
+		if f.after != nil {
+			f.after(i + 1)
+		}
+	}
+	return ctx.Err()
+}
+
+func testJobs(ids ...string) []Job {
+	jobs := make([]Job, len(ids))
+	for i, id := range ids {
+		jobs[i] = Job{
+			Job:    sched.Job{ID: id, Label: "h2o budget=0." + id},
+			Method: "h2o", Params: map[string]any{"budget": 0.5}, Workload: map[string]any{"layers": 2.0},
+		}
+	}
+	return jobs
+}
+
+// testOptions runs jobs into a fresh results root, with a kernels root of
+// one source file.
+func testOptions(t *testing.T, ex Executor, jobs []Job) Options {
+	t.Helper()
+	kernels := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(kernels, "kernels_py"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(kernels, "kernels_py", "policy.py"), []byte("x = 1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return Options{
+		Out: t.TempDir(), Experiment: "exp", File: "exp.star", FileHash: "hash1", Jobs: jobs,
+		KernelsDir: kernels, Device: "cpu", Version: "1.2.3",
+		Executor: ex, Progress: &bytes.Buffer{}, Log: zerolog.Nop(),
+	}
+}
+
+func journal(t *testing.T, dir string) []results.Record {
+	t.Helper()
+	recs, err := results.ReadJournal(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return recs
+}
+
+func ids(recs []results.Record) []string {
+	var out []string
+	for _, r := range recs {
+		out = append(out, r.JobID+":"+r.Status)
+	}
+	return out
+}
+
+func manifest(t *testing.T, dir string) results.Manifest {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(dir, results.ManifestFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m results.Manifest
+	if err := json.Unmarshal(data, &m); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func TestFreshRunJournalsEveryJob(t *testing.T) {
+	torch := "2.5.0"
+	hello := &worker.Hello{}
+	hello.Python.Version = "3.12.1"
+	hello.Torch.Version = &torch
+	hello.Device.Names = []string{"Fake GPU"}
+	ex := &fakeExecutor{hello: hello}
+	o := testOptions(t, ex, testJobs("a", "b", "c"))
+	progress := o.Progress.(*bytes.Buffer)
+
+	sum, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if filepath.Dir(sum.Dir) != filepath.Join(o.Out, "exp") || sum.Rows != 3 || sum.Failed != 0 || !sum.Ended {
+		t.Errorf("summary %+v", sum)
+	}
+	if !reflect.DeepEqual(ex.dirs, []string{sum.Dir}) {
+		t.Errorf("executor ran in %v, want %s", ex.dirs, sum.Dir)
+	}
+	recs := journal(t, sum.Dir)
+	if got := ids(recs); !reflect.DeepEqual(got, []string{"a:ok", "b:ok", "c:ok"}) {
+		t.Fatalf("journal %v", got)
+	}
+	r := recs[1]
+	if r.Experiment != "exp" || r.Method != "h2o" || r.Params["budget"] != 0.5 || r.Workload["layers"] != 2.0 ||
+		r.Metrics["index"] != 1.0 || r.Attempts != 1 || r.Seconds != 0.001 {
+		t.Errorf("record %+v", r)
+	}
+	if _, err := os.Stat(filepath.Join(sum.Dir, results.ParquetFile)); err != nil {
+		t.Error(err)
+	}
+	m := manifest(t, sum.Dir)
+	if m.Experiment != "exp" || m.File != "exp.star" || m.FileHash != "hash1" || m.Jobs != 3 || m.Ended == nil || m.Resumed != nil {
+		t.Errorf("manifest %+v", m)
+	}
+	if m.Device != "cpu (Fake GPU)" || m.Versions["workbench"] != "1.2.3" || m.Versions["go"] == "" ||
+		m.Versions["python"] != "3.12.1" || m.Versions["torch"] != "2.5.0" {
+		t.Errorf("manifest device %q, versions %v", m.Device, m.Versions)
+	}
+	if len(m.KernelsHash) != 1 || len(m.KernelsHash["policy.py"]) != 64 {
+		t.Errorf("kernels hashes %v", m.KernelsHash)
+	}
+	if !strings.Contains(progress.String(), "[3/3] c h2o budget=0.c (1ms) ok\n") {
+		t.Errorf("progress:\n%s", progress)
+	}
+}
+
+// Resuming reruns what the journal lacks, and with RetryFailed what it
+// has as failed; without Resume every job runs again in a new run.
+func TestResume(t *testing.T) {
+	tests := []struct {
+		name        string
+		resume      bool
+		retryFailed bool
+		wantRan     []string
+		wantJournal []string
+		wantFailed  int
+	}{
+		{"resume", true, false, []string{"d"}, []string{"a:ok", "b:failed", "c:ok", "d:ok"}, 0},
+		{"resume and retry failed", true, true, []string{"b", "d"}, []string{"a:ok", "b:failed", "c:ok", "b:ok", "d:ok"}, 0},
+		{"new run", false, false, []string{"a", "b", "c", "d"}, []string{"a:ok", "b:ok", "c:ok", "d:ok"}, 0},
+		{"retry failed without resume", false, true, []string{"a", "b", "c", "d"}, []string{"a:ok", "b:ok", "c:ok", "d:ok"}, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			first := &fakeExecutor{fail: map[string]error{"b": errors.New("out of memory")}}
+			o := testOptions(t, first, testJobs("a", "b", "c"))
+			sum1, err := Run(context.Background(), o)
+			if err != nil || sum1.Failed != 1 {
+				t.Fatalf("first run: %+v, %v", sum1, err)
+			}
+
+			second := &fakeExecutor{}
+			o.Executor, o.Jobs, o.Resume, o.RetryFailed = second, testJobs("a", "b", "c", "d"), tc.resume, tc.retryFailed
+			sum, err := Run(context.Background(), o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(second.ran, tc.wantRan) {
+				t.Errorf("ran %v, want %v", second.ran, tc.wantRan)
+			}
+			if (sum.Dir == sum1.Dir) != tc.resume {
+				t.Errorf("second run in %s, first in %s; resume %v", sum.Dir, sum1.Dir, tc.resume)
+			}
+			if got := ids(journal(t, sum.Dir)); !reflect.DeepEqual(got, tc.wantJournal) {
+				t.Errorf("journal %v, want %v", got, tc.wantJournal)
+			}
+			if sum.Rows != 4 || sum.Failed != tc.wantFailed || !sum.Ended {
+				t.Errorf("summary %+v", sum)
+			}
+			m := manifest(t, sum.Dir)
+			if m.Jobs != 4 || m.Ended == nil || (len(m.Resumed) == 1) != tc.resume {
+				t.Errorf("manifest: jobs %d, ended %v, resumed %v", m.Jobs, m.Ended, m.Resumed)
+			}
+		})
+	}
+}
+
+func TestResumeWarnsWhenTheScriptChanged(t *testing.T) {
+	o := testOptions(t, &fakeExecutor{}, testJobs("a"))
+	if _, err := Run(context.Background(), o); err != nil {
+		t.Fatal(err)
+	}
+	var log bytes.Buffer
+	o.Resume, o.FileHash, o.Log = true, "hash2", zerolog.New(&log)
+	if _, err := Run(context.Background(), o); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(log.String(), "the script changed since this run started") {
+		t.Errorf("log:\n%s", log.String())
+	}
+}
+
+func TestResumeWithoutRunStartsOne(t *testing.T) {
+	ex := &fakeExecutor{}
+	o := testOptions(t, ex, testJobs("a", "b"))
+	o.Resume = true
+	sum, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ex.ran) != 2 || sum.Rows != 2 || manifest(t, sum.Dir).Resumed != nil {
+		t.Errorf("ran %v, summary %+v", ex.ran, sum)
+	}
+}
+
+// A failed job is journaled as failed and counted; the run goes on and ends
+// without an error (saying jobs failed is the caller's business).
+func TestFailedJobCountsAndRunGoesOn(t *testing.T) {
+	ex := &fakeExecutor{fail: map[string]error{"b": &worker.JobError{Type: "ValueError", Message: "bad budget", Traceback: "Traceback ...\nValueError: bad budget"}}}
+	var log bytes.Buffer
+	o := testOptions(t, ex, testJobs("a", "b", "c"))
+	o.Log = zerolog.New(&log)
+	sum, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.Failed != 1 || sum.Rows != 3 || !sum.Ended {
+		t.Errorf("summary %+v", sum)
+	}
+	recs := journal(t, sum.Dir)
+	if got := ids(recs); !reflect.DeepEqual(got, []string{"a:ok", "b:failed", "c:ok"}) {
+		t.Fatalf("journal %v", got)
+	}
+	if recs[1].Error != "ValueError: bad budget" || recs[1].Extra["traceback"] != "Traceback ...\nValueError: bad budget" {
+		t.Errorf("failed record: error %q, extra %v", recs[1].Error, recs[1].Extra)
+	}
+	if !strings.Contains(log.String(), `"job":"b","error":"ValueError: bad budget","message":"job failed"`) {
+		t.Errorf("log:\n%s", log.String())
+	}
+	if !strings.Contains(o.Progress.(*bytes.Buffer).String(), "[2/3] b h2o budget=0.b (1ms) FAILED: ValueError: bad budget") {
+		t.Errorf("progress:\n%s", o.Progress)
+	}
+}
+
+// Cancelling keeps the jobs journaled so far and says how to go on; a
+// resume then runs only the rest.
+func TestCancelKeepsFinishedJobs(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ex := &fakeExecutor{after: func(n int) {
+		if n == 2 {
+			cancel()
+		}
+	}}
+	o := testOptions(t, ex, testJobs("a", "b", "c", "d"))
+	sum, err := Run(ctx, o)
+	want := fmt.Sprintf("interrupted: 2 of 4 jobs are done in %s; continue with --resume", sum.Dir)
+	if err == nil || err.Error() != want {
+		t.Fatalf("got %v, want %q", err, want)
+	}
+	if !errors.Is(err, context.Canceled) {
+		t.Error("the error does not unwrap to context.Canceled")
+	}
+	if sum.Rows != 2 || sum.Ended {
+		t.Errorf("summary %+v", sum)
+	}
+	if got := ids(journal(t, sum.Dir)); !reflect.DeepEqual(got, []string{"a:ok", "b:ok"}) {
+		t.Errorf("journal %v", got)
+	}
+	if _, err := os.Stat(filepath.Join(sum.Dir, results.ParquetFile)); err != nil {
+		t.Errorf("no results.parquet for the finished jobs: %v", err)
+	}
+	if m := manifest(t, sum.Dir); m.Ended != nil {
+		t.Errorf("an interrupted run's manifest has an end: %v", m.Ended)
+	}
+
+	rest := &fakeExecutor{}
+	o.Executor, o.Resume = rest, true
+	sum2, err := Run(context.Background(), o)
+	if err != nil || sum2.Dir != sum.Dir || sum2.Rows != 4 || !reflect.DeepEqual(rest.ran, []string{"c", "d"}) {
+		t.Errorf("resume: %+v, %v, ran %v", sum2, err, rest.ran)
+	}
+}
+
+// An error from done (the journal cannot be written) stops the run with that
+// error, not as an interruption, and the run has no end.
+func TestJournalErrorStopsRun(t *testing.T) {
+	jobs := testJobs("a", "b", "c")
+	jobs[1].Params = map[string]any{"budget": math.NaN()} // no JSON for it
+	ex := &fakeExecutor{}
+	o := testOptions(t, ex, jobs)
+	sum, err := Run(context.Background(), o)
+	if err == nil || !strings.HasPrefix(err.Error(), "journal job b: ") || strings.Contains(err.Error(), "interrupted") {
+		t.Fatalf("got %v, want the journal's error", err)
+	}
+	if !reflect.DeepEqual(ex.ran, []string{"a", "b"}) {
+		t.Errorf("ran %v: the run went on after the journal failed", ex.ran)
+	}
+	if got := ids(journal(t, sum.Dir)); !reflect.DeepEqual(got, []string{"a:ok"}) {
+		t.Errorf("journal %v", got)
+	}
+	if sum.Ended || manifest(t, sum.Dir).Ended != nil {
+		t.Errorf("a run stopped by an error has an end: %+v", sum)
+	}
+}
+
+// An executor error (say, no worker starts) is returned as it is.
+func TestExecutorErrorIsReturned(t *testing.T) {
+	boom := errors.New("start a worker: no such file")
+	o := testOptions(t, executorFunc(func(context.Context, Batch) error { return boom }), testJobs("a"))
+	sum, err := Run(context.Background(), o)
+	if err != boom || sum.Dir == "" || sum.Ended {
+		t.Errorf("got %+v, %v", sum, err)
+	}
+}
+
+type executorFunc func(context.Context, Batch) error
+
+func (f executorFunc) Run(ctx context.Context, b Batch) error { return f(ctx, b) }
+
+func TestRecord(t *testing.T) {
+	saved := func(paths map[string]string, err error) func() (map[string]string, error) {
+		return func() (map[string]string, error) { return paths, err }
+	}
+	tests := []struct {
+		name   string
+		out    Outcome
+		status string
+		err    string
+		extra  map[string]any
+	}{
+		{"metrics", Outcome{Outcome: sched.Outcome{Result: json.RawMessage(`{"metrics": {"x": 1}}`)}}, "ok", "", nil},
+		{"per layer", Outcome{Outcome: sched.Outcome{Result: json.RawMessage(`{"metrics": {"x": 1}, "per_layer": {"err": [1, 2]}}`)}},
+			"ok", "", map[string]any{"per_layer_err": []any{1.0, 2.0}}},
+		{"job error", Outcome{Outcome: sched.Outcome{Err: &worker.JobError{Type: "KeyError", Message: "'k'", Traceback: "tb"}}},
+			"failed", "KeyError: 'k'", map[string]any{"traceback": "tb"}},
+		{"timeout", Outcome{Outcome: sched.Outcome{Err: errors.New("timed out after 1s: context deadline exceeded")}},
+			"failed", "timed out after 1s: context deadline exceeded", nil},
+		{"no metrics", Outcome{Outcome: sched.Outcome{Result: json.RawMessage(`{"other": 1}`)}}, "failed", `job returned no metrics: {"other": 1}`, nil},
+		{"not json", Outcome{Outcome: sched.Outcome{Result: json.RawMessage(`nope`)}}, "failed", "job returned no metrics: nope", nil},
+		{"tensors", Outcome{Outcome: sched.Outcome{Result: json.RawMessage(`{"metrics": {"x": 1}}`)},
+			SaveTensors: saved(map[string]string{"rel_err": "tensors/j/rel_err.npy"}, nil)},
+			"ok", "", map[string]any{"tensor_rel_err": "tensors/j/rel_err.npy"}},
+		{"tensors not saved", Outcome{Outcome: sched.Outcome{Result: json.RawMessage(`{"metrics": {"x": 1}, "per_layer": {"e": 1}}`)},
+			SaveTensors: saved(map[string]string{"a": "tensors/j/a.npy"}, errors.New(`tensor "b": disk full`))},
+			"failed", `tensor "b": disk full`, map[string]any{"per_layer_e": 1.0, "tensor_a": "tensors/j/a.npy"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.out.Attempts, tc.out.Duration = 2, 1500*time.Millisecond
+			rec := record("exp", testJobs("j")[0], tc.out)
+			if rec.JobID != "j" || rec.Experiment != "exp" || rec.Method != "h2o" || rec.Attempts != 2 || rec.Seconds != 1.5 || rec.Finished.IsZero() {
+				t.Errorf("record %+v", rec)
+			}
+			if rec.Status != tc.status || rec.Error != tc.err {
+				t.Errorf("status %q, error %q; want %q, %q", rec.Status, rec.Error, tc.status, tc.err)
+			}
+			if !reflect.DeepEqual(rec.Extra, tc.extra) {
+				t.Errorf("extra %v, want %v", rec.Extra, tc.extra)
+			}
+		})
+	}
+}
+
+// Tensors of a failed job are not saved: its outputs are not trusted.
+func TestRecordSavesNoTensorsOfFailedJobs(t *testing.T) {
+	for _, result := range []string{`{"tensors": {}}`, `{"metrics": null}`} {
+		called := false
+		out := Outcome{Outcome: sched.Outcome{Result: json.RawMessage(result)},
+			SaveTensors: func() (map[string]string, error) { called = true; return nil, nil }}
+		if rec := record("exp", testJobs("j")[0], out); rec.Status != results.StatusFailed || called {
+			t.Errorf("%s: status %s, tensors saved %v", result, rec.Status, called)
+		}
+	}
+}
