@@ -1,0 +1,31 @@
+"""Every method's ablation results on two small workloads equal the recorded
+golden ones (kernels_py/tests/golden.py says when and how to rewrite them), so
+restructuring code cannot change results unnoticed."""
+
+import json
+import math
+
+import pytest
+
+from kernels_py import ablation
+from kernels_py.tests import golden
+
+RECORDED = json.loads(golden.PATH.read_text())
+
+
+def test_the_recorded_cases_are_the_listed_ones():
+    assert [(r["method"], r["params"], r["workload"]) for r in RECORDED] == \
+        [(m, p, w) for m, p in golden.CASES for w in golden.WORKLOADS]
+
+
+@pytest.mark.parametrize("case", RECORDED, ids=lambda r: f"{r['method']}-{len(r['params'])}-{r['workload'].get('dtype', 'fp32')}")
+def test_results_equal_the_recorded_ones(case):
+    result = ablation.run(case["method"], case["params"], case["workload"])
+    for kind in ("metrics", "per_layer"):
+        assert set(result[kind]) == set(case[kind]), kind
+        for name, want in case[kind].items():
+            got = result[kind][name]
+            for w, g in zip(want if isinstance(want, list) else [want], got if isinstance(got, list) else [got]):
+                same = (w is None and g is None) or (w is not None and g is not None and (
+                    math.isclose(w, g, rel_tol=1e-6, abs_tol=1e-9) or (math.isnan(w) and math.isnan(g))))
+                assert same, f"{kind}.{name}: recorded {want}, now {got}"
