@@ -1,10 +1,10 @@
-"""Job entry point for ablations: one policy on one synthetic workload, scored
-against the full cache.
+"""Job entry point for ablations: one method on one registered workload,
+scored against the full cache.
 
-The scheduler calls `run(method, params, workload)` (job fn
+The scheduler calls `run(method, params, workload, workload_name)` (job fn
 `kernels_py.ablation:run`). The workload and the full-cache reference depend
 only on the workload config, so they are cached per config in the worker
-process: a grid of policies over one workload generates it once.
+process: a grid of methods over one workload generates it once.
 """
 
 import functools
@@ -13,10 +13,12 @@ from typing import Any, Mapping
 
 import torch
 
-from kernels_py import arena, metrics
-from kernels_py.policies import Policy, make_policy, scoring
-from kernels_py.policies.base import LayerCache
-from kernels_py.workloads import SyntheticConfig, Workload, generate
+from kernels_py import metrics
+from kernels_py.methods import Method, make_method
+from kernels_py.methods.prompt import PostVisionRows
+from kernels_py.model import expand_kv
+from kernels_py.runtime import arena
+from kernels_py.workloads import DEFAULT_WORKLOAD, Workload, WorkloadConfig, make_workload
 
 REFERENCE_METHOD = "full"
 PPCI_P = 0.9
@@ -25,19 +27,19 @@ CACHED_WORKLOADS = 4
 
 @dataclass
 class Trace:
-    """What one policy did on one workload."""
+    """What one method did on one workload."""
 
     outputs: list[list[torch.Tensor]]  # [layer][step] attention output [heads, 1, d]
     prefill_bytes: list[int]  # per layer, right after prefill
     final_bytes: list[int]  # per layer, after the last step
     prefill_kept: list[torch.Tensor]  # per layer [kv_heads, k] prompt positions kept by prefill
     ppci: list[list[float]]  # [layer][step]
-    layer_metrics: list[dict[str, float]]  # per layer, Policy.layer_metrics after the last step
+    layer_metrics: list[dict[str, float]]  # per layer, Method.layer_metrics after the last step
 
 
 @dataclass
 class Reference:
-    """The workload and everything about it that does not depend on the policy."""
+    """The workload and everything about it that does not depend on the method."""
 
     workload: Workload
     trace: Trace  # of the full cache
@@ -46,9 +48,10 @@ class Reference:
     post_vision_sparsity: list[float]  # per layer, gamma over the post-vision rows only (Algorithm 1's estimate)
 
 
-def run(method: str, params: Mapping[str, Any], workload: Mapping[str, Any]) -> dict:
-    """Run `method` with `params` over the synthetic workload `workload` (a
-    SyntheticConfig as a mapping) and score it against the full cache.
+def run(method: str, params: Mapping[str, Any], workload: Mapping[str, Any],
+        workload_name: str = DEFAULT_WORKLOAD) -> dict:
+    """Run `method` with `params` over the registered workload `workload_name`
+    with knobs `workload` and score it against the full cache.
 
     Returns {"metrics": {name: float}, "per_layer": {name: [float per layer]}},
     plus {"tensors": {"rel_err": [layers, steps] float32}} in the job's scratch
@@ -63,23 +66,23 @@ def run(method: str, params: Mapping[str, Any], workload: Mapping[str, Any]) -> 
                                      the ranking of the tokens held, each step; mean over layers, steps, heads
       sparsity_mean                  VL-Cache gamma (p = 1%) of the prefill attention, mean over layers
       prefill_kept_fraction          prompt tokens kept by prefill / prompt tokens, mean over layers
-      <policy metrics>               what Policy.layer_metrics reports (e.g. vlcache's layer_budget), layer mean
+      <method metrics>               what Method.layer_metrics reports (e.g. vlcache's layer_budget), layer mean
     per_layer: rel_err (mean over steps), sparsity, post_vision_sparsity (gamma over the rows after the
-    last visual token), cache_hit_rate, ppci_90, cache_bytes, prefill_kept_fraction, and the policy's metrics.
-    Raises ValueError / TypeError on unknown or invalid methods and parameters.
+    last visual token), cache_hit_rate, ppci_90, cache_bytes, prefill_kept_fraction, and the method's metrics.
+    Raises ValueError / TypeError on unknown or invalid methods, workloads and parameters.
     """
-    policy = make_policy(method, params)
-    reference = _reference(SyntheticConfig.from_dict(workload))
-    trace = _trace(policy, reference.workload)
+    chosen = make_method(method, params)
+    reference = _reference(make_workload(workload_name, workload))
+    trace = _trace(chosen, reference.workload)
     return _report(trace, reference)
 
 
 @functools.lru_cache(maxsize=CACHED_WORKLOADS)
-def _reference(cfg: SyntheticConfig) -> Reference:
-    workload = generate(cfg)
+def _reference(cfg: WorkloadConfig) -> Reference:
+    workload = cfg.build()
     first_step_attention, sparsity, post_vision_sparsity = [], [], []
-    post_vision = scoring.post_vision_rows(workload.spans, workload.spans.prompt_tokens)
-    for layer in range(cfg.layers):
+    post_vision = PostVisionRows().positions(workload.spans.prompt_tokens, workload.spans)
+    for layer in range(workload.layers):
         q, k = workload.q[layer], workload.k[layer]
         first_q = workload.decode_q[layer][0]
         first_step_attention.append(metrics.causal_attention(first_q, k, query_start=k.shape[1])[:, 0])
@@ -88,39 +91,40 @@ def _reference(cfg: SyntheticConfig) -> Reference:
         post_vision_attention = attention[:, post_vision]
         post_vision_sparsity.append(
             metrics.layer_sparsity(post_vision_attention, query_start=int(post_vision[0])).mean().item())
-    return Reference(workload, _trace(make_policy(REFERENCE_METHOD), workload), first_step_attention, sparsity,
+    return Reference(workload, _trace(make_method(REFERENCE_METHOD), workload), first_step_attention, sparsity,
                      post_vision_sparsity)
 
 
-def _trace(policy: Policy, workload: Workload) -> Trace:
+def _trace(method: Method, workload: Workload) -> Trace:
     trace = Trace([], [], [], [], [], [])
     visual = workload.spans.visual_positions().to(workload.positions.device)
-    caches = policy.prefill_all(workload.q, workload.k, workload.v, workload.spans)
+    caches = method.prefill_all(workload.q, workload.k, workload.v, workload.spans)
     for layer, cache in enumerate(caches):
-        trace.prefill_bytes.append(policy.cache_bytes(cache))
+        trace.prefill_bytes.append(method.cache_bytes(cache))
         trace.prefill_kept.append(cache.positions.clone())
         outputs, ppci = [], []
-        for step in range(workload.config.decode_steps):
+        for step in range(workload.decode_steps):
             q_t = workload.decode_q[layer][step]
             ppci.append(_visual_ppci(q_t, cache, workload.k[layer], visual))
             k_t, v_t = workload.decode_k[layer][step], workload.decode_v[layer][step]
-            outputs.append(policy.decode(layer, cache, q_t, k_t, v_t))
+            outputs.append(method.decode(layer, cache, q_t, k_t, v_t))
         trace.outputs.append(outputs)
         trace.ppci.append(ppci)
-        trace.final_bytes.append(policy.cache_bytes(cache))
-        trace.layer_metrics.append(policy.layer_metrics(layer, cache))
+        trace.final_bytes.append(method.cache_bytes(cache))
+        trace.layer_metrics.append(method.layer_metrics(layer, cache))
     return trace
 
 
-def _visual_ppci(q_t: torch.Tensor, cache: LayerCache, prompt_keys: torch.Tensor, visual: torch.Tensor) -> float:
+def _visual_ppci(q_t: torch.Tensor, cache, prompt_keys: torch.Tensor, visual: torch.Tensor) -> float:
     """A-VL 90% PPCI over the image tokens, mean over query heads: the decode
     query's ranking of visual tokens under the full cache against its ranking
-    of the visual tokens the policy holds when the step starts. Logits stand in
-    for attention scores: softmax keeps each row's ranking."""
+    of the visual tokens the method holds when the step starts. Logits stand in
+    for attention scores: softmax keeps each row's ranking. A compressed cache
+    reconstructs the keys it holds for this (its `keys`)."""
     full_logits = _logits(q_t, prompt_keys)[:, visual]
-    group = q_t.shape[0] // cache.keys.shape[0]
-    by_position = torch.full((q_t.shape[0], cache.seen), float("-inf"), device=q_t.device)
-    by_position.scatter_(1, cache.positions.repeat_interleave(group, dim=0), _logits(q_t, cache.keys))
+    heads = q_t.shape[0]
+    by_position = torch.full((heads, cache.seen), float("-inf"), device=q_t.device)
+    by_position.scatter_(1, expand_kv(cache.positions, heads), _logits(q_t, cache.keys))
     held_logits = by_position[:, visual]
     present = held_logits > float("-inf")
     return metrics.ppci(full_logits, held_logits, PPCI_P, present).mean().item()
@@ -128,8 +132,7 @@ def _visual_ppci(q_t: torch.Tensor, cache: LayerCache, prompt_keys: torch.Tensor
 
 def _logits(q_t: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     """[heads, n] unscaled logits of one query token over held keys (GQA)."""
-    group = q_t.shape[0] // keys.shape[0]
-    return (q_t.float() @ keys.float().repeat_interleave(group, dim=0).transpose(1, 2))[:, 0]
+    return (q_t.float() @ expand_kv(keys.float(), q_t.shape[0]).transpose(1, 2))[:, 0]
 
 
 def _report(trace: Trace, reference: Reference) -> dict:
@@ -150,7 +153,7 @@ def _report(trace: Trace, reference: Reference) -> dict:
         "cache_bytes": [float(b) for b in trace.final_bytes],
         "prefill_kept_fraction": [kept.shape[1] / prompt for kept in trace.prefill_kept],
     }
-    policy_metrics = sorted({name for layer in trace.layer_metrics for name in layer})
+    method_metrics = sorted({name for layer in trace.layer_metrics for name in layer})
     cache_bytes, full_bytes = sum(trace.final_bytes), sum(full.final_bytes)
     scalars = {
         "cache_bytes": float(cache_bytes),
@@ -165,9 +168,9 @@ def _report(trace: Trace, reference: Reference) -> dict:
         "sparsity_mean": sum(reference.sparsity) / len(reference.sparsity),
         "prefill_kept_fraction": sum(per_layer["prefill_kept_fraction"]) / len(trace.prefill_kept),
     }
-    for name in policy_metrics:
+    for name in method_metrics:
         if name in per_layer or name in scalars:
-            raise ValueError(f"policy layer metric {name!r} clashes with a metric the ablation reports")
+            raise ValueError(f"method layer metric {name!r} clashes with a metric the ablation reports")
         per_layer[name] = [float(layer.get(name, float("nan"))) for layer in trace.layer_metrics]
         scalars[name] = sum(per_layer[name]) / len(per_layer[name])
     report = {"metrics": scalars, "per_layer": per_layer}
@@ -180,5 +183,4 @@ def _report(trace: Trace, reference: Reference) -> dict:
 
 def _hit_rate(kept: torch.Tensor, first_step_attention: torch.Tensor) -> float:
     """VL-Cache CacheHitRate of the tokens kept at prefill, mean over query heads."""
-    group = first_step_attention.shape[0] // kept.shape[0]
-    return metrics.cache_hit_rate(kept.repeat_interleave(group, dim=0), first_step_attention).mean().item()
+    return metrics.cache_hit_rate(expand_kv(kept, first_step_attention.shape[0]), first_step_attention).mean().item()

@@ -1,5 +1,5 @@
 """Metrics for KV-cache compression: memory, output error, and how well a
-policy keeps the tokens attention actually uses.
+method keeps the tokens attention actually uses.
 
 All functions compute in float32 (float64 where a sum of squares could lose
 digits) whatever the inputs' dtype, and run on the inputs' device.
@@ -8,6 +8,8 @@ digits) whatever the inputs' dtype, and run on the inputs' device.
 import math
 
 import torch
+
+from kernels_py.model import expand_kv
 
 
 def tensor_bytes(*tensors: torch.Tensor) -> int:
@@ -41,7 +43,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, query_start: int | None =
     heads, rows, head_dim = q.shape
     kv_heads, keys, _ = k.shape
     query_start = keys - rows if query_start is None else query_start
-    scores = q.float() @ k.float().repeat_interleave(heads // kv_heads, dim=0).transpose(1, 2) / math.sqrt(head_dim)
+    scores = q.float() @ expand_kv(k.float(), heads).transpose(1, 2) / math.sqrt(head_dim)
     return torch.softmax(scores.masked_fill(_future(rows, keys, query_start, q.device), float("-inf")), dim=-1)
 
 
@@ -70,7 +72,7 @@ def layer_sparsity(attention: torch.Tensor, query_start: int | None = None, thre
 def cache_hit_rate(kept: torch.Tensor, decode_attention: torch.Tensor) -> torch.Tensor:
     """VL-Cache Definition 3.1: |S_psi,k ∩ S_psi*,k| / |S_psi*,k|.
 
-    kept: [..., k] indices of the prompt tokens a policy kept (S_psi,k).
+    kept: [..., k] indices of the prompt tokens a method kept (S_psi,k).
     decode_attention: [..., m] the first decoding query's attention over the m
     prompt tokens, A_{m+1} = softmax(Q_{m+1} K_{:m}^T / sqrt(d)) (psi*); its top k
     is the ground truth S_psi*,k. Returns the rate per leading index.

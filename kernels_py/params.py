@@ -1,23 +1,29 @@
-"""Typed, bounded parameters for policies and workloads.
+"""Typed, bounded, documented parameters ("knobs") for methods, workloads and
+benchmarks.
 
-One `ParamSpec` per dataclass field drives three things that must never drift
-apart: validation of what a job message carries (JSON has no types we can
-trust), the defaults, and the schema the Go host reads to check experiment
-scripts without starting Python (`kernels_py/policies/schema.json`).
+One `ParamSpec` per dataclass field drives what must never drift apart:
+validation of what a job message carries (JSON has no types we can trust), the
+defaults, the documentation, and the schema the Go host reads to check
+experiment scripts and build command-line flags without starting Python
+(`kernels_py/schema.json`).
 """
 
 import dataclasses
+import difflib
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-TYPE_NAMES = ("float", "int", "str", "bool")
+# "ints" (a list of ints) is for benchmark sizes; job parameters are scalars.
+TYPE_NAMES = ("float", "int", "str", "bool", "ints")
 
 
 @dataclass(frozen=True)
 class ParamSpec:
     """What one parameter accepts. Bounds are inclusive; `None` means unbounded
-    (and is what str/bool parameters carry)."""
+    (and is what str/bool parameters carry); for "ints" they bound each element.
+    `ref` says where a paper defines the knob (e.g. "VL-Cache Alg. 1"); empty
+    for the workbench's own choices."""
 
     type: str
     default: Any
@@ -25,10 +31,16 @@ class ParamSpec:
     min: float | int | None = None
     max: float | int | None = None
     choices: tuple | None = None
+    ref: str = ""
 
     def check(self, owner: str, name: str, value: Any) -> Any:
         """Return `value` in the parameter's Python type, or raise TypeError
         (wrong type) / ValueError (out of range, not a choice)."""
+        if self.type == "ints":
+            if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+                raise TypeError(f"{owner}: {name} must be a list of ints, got {type(value).__name__} {value!r}")
+            element = dataclasses.replace(self, type="int")
+            return tuple(element.check(owner, f"{name}[{i}]", v) for i, v in enumerate(value))
         value = self._coerce(owner, name, value)
         if self.choices is not None and value not in self.choices:
             raise ValueError(f"{owner}: {name}={value!r} is not one of {list(self.choices)}")
@@ -55,18 +67,30 @@ class ParamSpec:
 
     def schema(self) -> dict:
         """The parameter as the Go host reads it."""
-        entry = {"type": self.type, "default": self.default, "min": self.min, "max": self.max}
+        default = list(self.default) if self.type == "ints" else self.default
+        entry = {"type": self.type, "default": default, "min": self.min, "max": self.max, "doc": self.doc}
         if self.choices is not None:
             entry["choices"] = list(self.choices)
+        if self.ref:
+            entry["ref"] = self.ref
         return entry
 
 
-def knob(type: str, default: Any, doc: str, *, min=None, max=None, choices=None):
-    """A dataclass field whose default, documentation and bounds live in one place."""
+def knob(type: str, default: Any, doc: str, *, min=None, max=None, choices=None, ref: str = ""):
+    """A dataclass field whose default, documentation, paper reference and
+    bounds live in one place."""
     if type not in TYPE_NAMES:
         raise ValueError(f"parameter type {type!r} is not one of {TYPE_NAMES}")
-    spec = ParamSpec(type, default, doc, min, max, None if choices is None else tuple(choices))
+    if type == "ints":
+        default = tuple(default)
+    spec = ParamSpec(type, default, doc, min, max, None if choices is None else tuple(choices), ref)
     return dataclasses.field(default=default, metadata={"spec": spec})
+
+
+def closest(name: str, known) -> str:
+    """" (did you mean 'x'?)" when a known name is close to `name`, else ""."""
+    match = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {match[0]!r}?)" if match else ""
 
 
 class Knobs:
@@ -90,7 +114,8 @@ class Knobs:
         specs = cls.param_specs()
         unknown = sorted(set(values) - set(specs))
         if unknown:
-            raise ValueError(f"{cls.owner_name()}: unknown parameter(s) {unknown}; known: {sorted(specs)}")
+            raise ValueError(f"{cls.owner_name()}: unknown parameter(s) {unknown}{closest(unknown[0], specs)}; "
+                             f"known: {sorted(specs)}")
         return cls(**values)
 
     def __post_init__(self):
@@ -104,3 +129,8 @@ class Knobs:
     @classmethod
     def schema(cls) -> dict:
         return {name: spec.schema() for name, spec in cls.param_specs().items()}
+
+    @classmethod
+    def summary(cls) -> str:
+        """First paragraph of the class docstring, on one line (the schema's doc)."""
+        return " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())

@@ -5,22 +5,142 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
-	"text/tabwriter"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/vlkv/vlkv/gohost/expt"
 	"github.com/vlkv/vlkv/gohost/tensor"
 	"github.com/vlkv/vlkv/gohost/worker"
 )
 
-func newBenchCmd(a *app) *cobra.Command {
+func newBenchCmd(a *app, benchmarks benchmarkList) *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "bench",
+		Use:   "bench [NAME]",
 		Short: "Benchmarks (timings only; correctness lives in the tests)",
+		Long: `bench runs a benchmark and prints its table (or --json). Every kernel
+benchmark is a file in kernels_py/benchmarks/ that describes its parameters
+(the flags below each one) and its columns; "exchange" measures the host's own
+tensor exchange with a worker. On the CPU the kernels run under the Triton
+interpreter: a kernel benchmark then shrinks the sizes you did not set to a
+tiny case that shows it works (its timings say nothing about kernel speed).`,
+		Args: cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return cmd.Help()
+			}
+			if benchmarks.err != nil {
+				return fmt.Errorf("benchmark %q: the benchmark list is unavailable: %w", args[0], benchmarks.err)
+			}
+			names := append(benchmarks.schema.BenchmarkNames(), "exchange")
+			return &usageError{fmt.Errorf("benchmark %s", unknownBenchmark(args[0], names))}
+		},
 	}
-	cmd.AddCommand(newBenchExchangeCmd(a), newBenchStatsCmd(a), newBenchLowrankCmd(a))
+	cmd.AddCommand(newBenchExchangeCmd(a))
+	if benchmarks.schema != nil {
+		for _, name := range benchmarks.schema.BenchmarkNames() {
+			cmd.AddCommand(newKernelBenchCmd(a, benchmarks.schema.Benchmarks[name]))
+		}
+	}
 	return cmd
+}
+
+func unknownBenchmark(name string, names []string) string {
+	return fmt.Sprintf("%q is unknown%s (known: %s)", name, expt.Closest(name, names), strings.Join(names, ", "))
+}
+
+// newKernelBenchCmd is `workbench bench NAME` for a benchmark the schema
+// describes: one flag per parameter (kv_heads is --kv-heads), checked against
+// its bounds before any Python starts.
+func newKernelBenchCmd(a *app, b *expt.Benchmark) *cobra.Command {
+	var asJSON bool
+	flags := map[string]func() any{} // param name -> its flag's value
+	cmd := &cobra.Command{
+		Use:   b.Name,
+		Short: b.Doc,
+		Long:  strings.TrimSpace(b.Doc+"\n\n"+b.Long) + "\n\nColumns (--json has them all; the table shows the main ones):\n" + columnDocs(b.Columns),
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			params := map[string]any{}
+			for _, name := range b.Params.Names() {
+				flag := flagName(name)
+				if !cmd.Flags().Changed(flag) {
+					continue
+				}
+				v, err := b.Params[name].Check(flags[name]())
+				if err != nil {
+					return &usageError{fmt.Errorf("--%s: %v (%s)", flag, err, b.Params[name].Describe())}
+				}
+				params[name] = v
+			}
+			return a.withWorker(cmd.Context(), func(_ *session, w *worker.Worker) error {
+				raw, err := w.Run(cmd.Context(), worker.Job{Fn: "kernels_py.benchmarks:run", Args: map[string]any{"name": b.Name, "params": params}})
+				if err != nil {
+					return jobFailed("benchmark "+b.Name, err)
+				}
+				var res struct {
+					table
+					Notes []string `json:"notes"`
+				}
+				if err := json.Unmarshal(raw, &res); err != nil {
+					return fmt.Errorf("benchmark %s returned an unexpected result: %w", b.Name, err)
+				}
+				for _, n := range res.Notes {
+					a.log.Warn().Msg(n)
+				}
+				if asJSON {
+					_, err := a.stdout.Write(append(raw, '\n'))
+					return err
+				}
+				return res.table.print(a.stdout)
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the result as JSON (every column, the parameters used, device)")
+	for _, name := range b.Params.Names() {
+		flags[name] = addParamFlag(cmd, b.Params[name])
+	}
+	return cmd
+}
+
+// flagName is a parameter's command-line spelling: kv_heads -> kv-heads.
+func flagName(param string) string {
+	return strings.ReplaceAll(param, "_", "-")
+}
+
+// addParamFlag declares a flag for p and returns how to read its value in
+// the form Param.Check takes.
+func addParamFlag(cmd *cobra.Command, p *expt.Param) func() any {
+	name, usage := flagName(p.Name), p.Describe()
+	fs := cmd.Flags()
+	switch p.Type {
+	case expt.TypeInt:
+		v := fs.Int64(name, p.Default.(int64), usage)
+		return func() any { return *v }
+	case expt.TypeFloat:
+		v := fs.Float64(name, p.Default.(float64), usage)
+		return func() any { return *v }
+	case expt.TypeBool:
+		v := fs.Bool(name, p.Default.(bool), usage)
+		return func() any { return *v }
+	case expt.TypeInts:
+		def := p.Default.([]int64)
+		ints := make([]int, len(def))
+		for i, x := range def {
+			ints[i] = int(x)
+		}
+		v := fs.IntSlice(name, ints, usage)
+		return func() any {
+			out := make([]int64, len(*v))
+			for i, x := range *v {
+				out[i] = int64(x)
+			}
+			return out
+		}
+	}
+	v := fs.String(name, p.Default.(string), usage)
+	return func() any { return *v }
 }
 
 // exchangeRow is one size of `bench exchange`; seconds are medians.
@@ -65,13 +185,7 @@ Columns: median latency, bytes/latency in GB/s, and pipe/arena ratio.`,
 					enc.SetIndent("", "  ")
 					return enc.Encode(map[string]any{"benchmark": "exchange", "repeat": repeat, "rows": rows})
 				}
-				tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-				fmt.Fprintln(tw, "bytes\tarena\tarena GB/s\tpipe\tpipe GB/s\tpipe/arena\tdoubling\t")
-				for _, r := range rows {
-					fmt.Fprintf(tw, "%s\t%s\t%.1f\t%s\t%.2f\t%.0fx\t%s\t\n", humanBytes(r.Bytes), secs(r.ShmSeconds), r.ShmGBps,
-						secs(r.PipeSeconds), r.PipeGBps, r.Speedup, secs(r.ComputeSeconds))
-				}
-				return tw.Flush()
+				return exchangeTable(rows).print(a.stdout)
 			})
 		},
 	}
@@ -80,6 +194,26 @@ Columns: median latency, bytes/latency in GB/s, and pipe/arena ratio.`,
 	cmd.Flags().Int64Var(&maxBytes, "max-bytes", 1<<30, "largest tensor")
 	cmd.Flags().IntVar(&repeat, "repeat", 5, "timed round trips per size and path, after one warm-up (the median is reported)")
 	return cmd
+}
+
+// exchangeColumns describe exchangeRow for the table printer.
+var exchangeColumns = []expt.Column{
+	{Name: "bytes", Unit: "bytes", Doc: "tensor size", Show: true},
+	{Name: "shm_seconds", Unit: "s", Doc: "round trip through an arena, doubling excluded", Label: "arena", Show: true},
+	{Name: "shm_gbps", Unit: "GB/s", Doc: "bytes / arena round trip", Label: "arena GB/s", Show: true},
+	{Name: "pipe_seconds", Unit: "s", Doc: "the same bytes through the pipe and back, doubling excluded", Label: "pipe", Show: true},
+	{Name: "pipe_gbps", Unit: "GB/s", Doc: "bytes / pipe round trip", Label: "pipe GB/s", Show: true},
+	{Name: "speedup", Unit: "x", Doc: "pipe time / arena time", Label: "pipe/arena", Show: true},
+	{Name: "compute_seconds", Unit: "s", Doc: "the doubling itself, inside the worker", Label: "doubling", Show: true},
+}
+
+func exchangeTable(rows []exchangeRow) table {
+	t := table{Columns: exchangeColumns}
+	for _, r := range rows {
+		t.Rows = append(t.Rows, map[string]any{"bytes": float64(r.Bytes), "shm_seconds": r.ShmSeconds, "shm_gbps": r.ShmGBps,
+			"pipe_seconds": r.PipeSeconds, "pipe_gbps": r.PipeGBps, "speedup": r.Speedup, "compute_seconds": r.ComputeSeconds})
+	}
+	return t
 }
 
 func benchExchange(ctx context.Context, a *app, w *worker.Worker, minBytes, maxBytes int64, repeat int) ([]exchangeRow, error) {
@@ -115,7 +249,7 @@ func benchSize(ctx context.Context, w *worker.Worker, ar *tensor.Arena, size int
 	var shm, pipe, compute []float64
 	for i := 0; i <= repeat; i++ {
 		t0 := time.Now()
-		raw, err := w.Run(ctx, worker.Job{Fn: "kernels_py.exchange:double_inplace", Args: map[string]any{"x": x}})
+		raw, err := w.Run(ctx, worker.Job{Fn: "kernels_py.runtime.exchange:double_inplace", Args: map[string]any{"x": x}})
 		total := time.Since(t0).Seconds()
 		if err != nil {
 			return exchangeRow{}, err
@@ -177,217 +311,4 @@ func humanBytes(n int64) string {
 		}
 	}
 	return fmt.Sprintf("%d B", n)
-}
-
-// statsRow mirrors a row of kernels_py.benchmarks.stats.run.
-type statsRow struct {
-	PromptLen          int      `json:"prompt_len"`
-	Batch              int      `json:"batch"`
-	Rows               int      `json:"rows"`
-	StatsSeconds       float64  `json:"stats_seconds"`
-	MaterializeSeconds float64  `json:"materialize_seconds"`
-	SDPASeconds        float64  `json:"sdpa_seconds"`
-	StatsPeak          *float64 `json:"stats_peak_bytes"`
-	MaterializePeak    *float64 `json:"materialize_peak_bytes"`
-	SDPAPeak           *float64 `json:"sdpa_peak_bytes"`
-	StatsGBps          float64  `json:"stats_gbps"`
-	StatsVsSDPA        float64  `json:"stats_vs_sdpa"`
-	MaterializeVsStats float64  `json:"materialize_vs_stats"`
-}
-
-func newBenchStatsCmd(a *app) *cobra.Command {
-	var (
-		asJSON  bool
-		lengths []int
-		batches []int
-		rows    int
-		repeat  int
-		dtype   = enumFlag{value: "float16", allowed: []string{"float16", "bfloat16", "float32"}}
-	)
-	cmd := &cobra.Command{
-		Use:   "stats",
-		Short: "Attention-statistics kernels vs materialised softmax and vs one SDPA forward over the same rows",
-		Long: `stats times the three-kernel attention-statistics pipeline
-(kernels_py/triton/attention_stats.py: row stats, column stats, reduction) for
---rows selected query rows (the last ones of the prompt) against PyTorch
-materialising softmax(QK^T) for those rows and against one
-scaled_dot_product_attention forward over the same rows, for each prompt
-length and batch (32 query heads, 8 kv heads, head_dim 128). Reports median
-times, the pipeline's achieved GB/s on K, the ratios, and on a GPU the peak
-extra memory of each path. On the CPU the kernels run under the Triton
-interpreter: the command then runs one tiny size to prove the benchmark works
-(its timings say nothing about kernel speed).`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if rows < 1 || repeat < 1 {
-				return &usageError{fmt.Errorf("--rows and --repeat must be at least 1")}
-			}
-			args := map[string]any{"rows": rows, "repeat": repeat, "dtype": dtype.value}
-			if len(lengths) > 0 {
-				args["lengths"] = lengths
-			}
-			if len(batches) > 0 {
-				args["batches"] = batches
-			}
-			return a.runKernelBench(cmd, "kernels_py.benchmarks.stats", args, asJSON, func(raw []byte) error {
-				var res struct {
-					Device      string     `json:"device"`
-					Interpreter bool       `json:"interpreter"`
-					Rows        []statsRow `json:"rows"`
-				}
-				if err := json.Unmarshal(raw, &res); err != nil {
-					return err
-				}
-				tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-				fmt.Fprintln(tw, "prompt\tbatch\tstats\tGB/s\tmaterialise\tSDPA\tstats/SDPA\tmaterialise/stats\tpeak stats\tpeak materialise\t")
-				for _, r := range res.Rows {
-					fmt.Fprintf(tw, "%d\t%d\t%s\t%.0f\t%s\t%s\t%.2fx\t%.1fx\t%s\t%s\t\n", r.PromptLen, r.Batch, secs(r.StatsSeconds),
-						r.StatsGBps, secs(r.MaterializeSeconds), secs(r.SDPASeconds), r.StatsVsSDPA, r.MaterializeVsStats,
-						peak(r.StatsPeak), peak(r.MaterializePeak))
-				}
-				return tw.Flush()
-			})
-		},
-	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print the rows as JSON")
-	cmd.Flags().IntSliceVar(&lengths, "lengths", nil, "prompt lengths (default 1024,4096,16384,65536,131072)")
-	cmd.Flags().IntSliceVar(&batches, "batches", nil, "batch sizes (default 1,4,16)")
-	cmd.Flags().IntVar(&rows, "rows", 50, "selected query rows")
-	cmd.Flags().IntVar(&repeat, "repeat", 10, "timed runs per path (median reported)")
-	cmd.Flags().Var(&dtype, "dtype", "dtype of Q and K")
-	return cmd
-}
-
-func peak(b *float64) string {
-	if b == nil {
-		return "-"
-	}
-	return humanBytes(int64(*b))
-}
-
-// lowrankRow mirrors a row of kernels_py.benchmarks.lowrank.run.
-type lowrankRow struct {
-	VisualLen        int      `json:"visual_len"`
-	Batch            int      `json:"batch"`
-	DenseLen         int      `json:"dense_len"`
-	RankK            int      `json:"rank_k"`
-	RankV            int      `json:"rank_v"`
-	NumSplits        int      `json:"num_splits"`
-	SDPABackend      string   `json:"sdpa_backend"`
-	FusedMs          float64  `json:"fused_ms"`
-	AbsorbedMs       float64  `json:"absorbed_ms"`
-	UnfusedMs        float64  `json:"unfused_ms"`
-	SDPAMs           float64  `json:"sdpa_ms"`
-	FusedPeak        *float64 `json:"fused_peak_bytes"`
-	UnfusedPeak      *float64 `json:"unfused_peak_bytes"`
-	SDPAPeak         *float64 `json:"sdpa_peak_bytes"`
-	CompressedBytes  int64    `json:"compressed_bytes"`
-	FullBytes        int64    `json:"full_bytes"`
-	FusedGBps        float64  `json:"fused_gbps"`
-	SpeedupVsUnfused float64  `json:"speedup_vs_unfused"`
-	SpeedupVsSDPA    float64  `json:"speedup_vs_sdpa"`
-	CompressionRatio float64  `json:"compression_ratio"`
-}
-
-func newBenchLowrankCmd(a *app) *cobra.Command {
-	var (
-		asJSON  bool
-		lengths []int
-		batches []int
-		rank    int
-		repeat  int
-		dtype   = enumFlag{value: "float16", allowed: []string{"float16", "bfloat16", "float32"}}
-	)
-	cmd := &cobra.Command{
-		Use:   "lowrank",
-		Short: "Fused low-rank decode attention (AttentionPack) vs decompress-then-SDPA and vs SDPA on the full cache",
-		Long: `lowrank times one decode step of attention over an AttentionPack cache: the
-fused Triton kernel (kernels_py/triton/lowrank_decode.py: rebuild K and V from
-U and W in SRAM, split-K flash-decoding, per-token attention mass), against
-the unfused path (batched matmuls rebuild the whole cache, RoPE, then
-scaled_dot_product_attention) and against scaled_dot_product_attention over a
-full uncompressed cache of the same length; the rank-space (absorbed) variant
-is timed as well. For each visual length and batch: 32 query heads, 8 kv
-heads, head_dim 128, keys and values at --rank (values in two importance
-groups: 25% of the tokens at full rank, 75% at a quarter), 64 dense text
-tokens, one new query token. Reports median times, the fused kernel's GB/s
-on the compressed cache (U, W, dense K/V), the time ratios unfused/fused and
-SDPA/fused (above 1: the fused kernel is faster), the cache's compression
-ratio, and on a GPU the peak extra memory of each path. On the
-CPU the kernels run under the Triton interpreter: the command then runs one
-tiny size to prove the benchmark works (its timings say nothing about kernel
-speed).`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if rank < 1 || repeat < 1 {
-				return &usageError{fmt.Errorf("--rank and --repeat must be at least 1")}
-			}
-			args := map[string]any{"rank": rank, "repeat": repeat, "dtype": dtype.value}
-			if len(lengths) > 0 {
-				args["lengths"] = lengths
-			}
-			if len(batches) > 0 {
-				args["batches"] = batches
-			}
-			return a.runKernelBench(cmd, "kernels_py.benchmarks.lowrank", args, asJSON, func(raw []byte) error {
-				var res struct {
-					Device      string       `json:"device"`
-					Interpreter bool         `json:"interpreter"`
-					Rows        []lowrankRow `json:"rows"`
-				}
-				if err := json.Unmarshal(raw, &res); err != nil {
-					return err
-				}
-				tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-				fmt.Fprintln(tw, "visual\tbatch\tfused\tGB/s\tabsorbed\tunfused\tSDPA\tunfused/fused\tSDPA/fused\tcompression\tpeak fused\tpeak unfused\t")
-				for _, r := range res.Rows {
-					fmt.Fprintf(tw, "%d\t%d\t%s\t%.0f\t%s\t%s\t%s\t%.2fx\t%.2fx\t%.1fx\t%s\t%s\t\n", r.VisualLen, r.Batch,
-						ms(r.FusedMs), r.FusedGBps, ms(r.AbsorbedMs), ms(r.UnfusedMs), ms(r.SDPAMs), r.SpeedupVsUnfused,
-						r.SpeedupVsSDPA, r.CompressionRatio, peak(r.FusedPeak), peak(r.UnfusedPeak))
-				}
-				return tw.Flush()
-			})
-		},
-	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print the rows as JSON")
-	cmd.Flags().IntSliceVar(&lengths, "lengths", nil, "visual (compressed) token counts (default 1024,4096,16384,32768)")
-	cmd.Flags().IntSliceVar(&batches, "batches", nil, "batch sizes (default 1,8,32,64)")
-	cmd.Flags().IntVar(&rank, "rank", 64, "compression rank of keys and values")
-	cmd.Flags().IntVar(&repeat, "repeat", 10, "timed runs per path (median reported)")
-	cmd.Flags().Var(&dtype, "dtype", "dtype of q, U, W and the dense K/V")
-	return cmd
-}
-
-// ms prints milliseconds the way secs prints seconds.
-func ms(m float64) string {
-	return secs(m / 1e3)
-}
-
-// runKernelBench runs module:run with args on a worker and prints its JSON
-// (--json) or hands it to render. On the CPU, unless --lengths was given, it
-// swaps args for module:smoke_sizes: interpreted kernels only prove the
-// benchmark works.
-func (a *app) runKernelBench(cmd *cobra.Command, module string, args map[string]any, asJSON bool, render func(raw []byte) error) error {
-	return a.withWorker(cmd.Context(), func(s *session, w *worker.Worker) error {
-		if s.device == worker.CPU && !cmd.Flags().Changed("lengths") {
-			a.log.Warn().Msg("CPU interpreter: running one tiny size to show the benchmark works; its timings are not kernel speed")
-			raw, err := w.Run(cmd.Context(), worker.Job{Fn: module + ":smoke_sizes"})
-			if err != nil {
-				return err
-			}
-			args = map[string]any{}
-			if err := json.Unmarshal(raw, &args); err != nil {
-				return err
-			}
-		}
-		raw, err := w.Run(cmd.Context(), worker.Job{Fn: module + ":run", Args: args})
-		if err != nil {
-			return err
-		}
-		if asJSON {
-			_, err := a.stdout.Write(append(raw, '\n'))
-			return err
-		}
-		return render(raw)
-	})
 }

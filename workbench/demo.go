@@ -16,12 +16,12 @@ func newDemoCmd(a *app) *cobra.Command {
 	o := runOptions{experiment: "quickstart"}
 	cmd := &cobra.Command{
 		Use:   "demo",
-		Short: "Run the quickstart ablation (4 KV-cache policies x 3 budgets) and print its summary",
+		Short: "Run the quickstart ablation (4 KV-cache methods x 3 budgets) and print its summary",
 		Long: `demo runs experiments/quickstart.star — full, H2O, SnapKV and StreamingLLM at
 budgets 0.1/0.25/0.5 on the default synthetic VLM workload — exactly as
 "workbench run experiments/quickstart.star" would (the copy in the checkout,
 else the one embedded in this binary), then prints compression ratio and
-attention-output error per policy. Results land in OUT/quickstart/<run-id>/;
+attention-output error per method. Results land in OUT/quickstart/<run-id>/;
 notebooks/quickstart.ipynb plots them.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

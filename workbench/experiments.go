@@ -32,7 +32,7 @@ func (a *app) loadPlan(ctx context.Context, file string) (*expt.Plan, pyrt.Kerne
 	if err != nil {
 		return nil, kernels, err
 	}
-	schema, err := expt.LoadSchema(filepath.Join(kernels.Dir, "kernels_py", "policies", "schema.json"))
+	schema, err := loadSchema(kernels)
 	if err != nil {
 		return nil, kernels, err
 	}
@@ -51,6 +51,9 @@ func (a *app) loadPlan(ctx context.Context, file string) (*expt.Plan, pyrt.Kerne
 	}
 	for _, p := range plan.Prints {
 		a.log.Info().Msg(p)
+	}
+	for _, w := range plan.Warnings {
+		a.log.Warn().Msg(w)
 	}
 	return plan, kernels, nil
 }
@@ -109,6 +112,7 @@ script are reported as file:line:col. No Python is started.`,
 					Experiment     string         `json:"experiment"`
 					Method         string         `json:"method"`
 					Params         map[string]any `json:"params"`
+					WorkloadName   string         `json:"workload_name"`
 					Workload       map[string]any `json:"workload"`
 					TimeoutSeconds float64        `json:"timeout_seconds"`
 				}
@@ -119,7 +123,7 @@ script are reported as file:line:col. No Python is started.`,
 				}{File: plan.File, Hash: plan.Hash, Jobs: []jobJSON{}}
 				for _, e := range exps {
 					for _, j := range e.Jobs {
-						out.Jobs = append(out.Jobs, jobJSON{j.ID, j.Experiment, j.Method, j.Params, j.Workload, j.Timeout.Seconds()})
+						out.Jobs = append(out.Jobs, jobJSON{j.ID, j.Experiment, j.Method, j.Params, j.WorkloadName, j.Workload, j.Timeout.Seconds()})
 					}
 				}
 				enc := json.NewEncoder(a.stdout)
@@ -243,8 +247,9 @@ func runnerJobs(e expt.Experiment) []runner.Job {
 	for i, j := range e.Jobs {
 		jobs[i] = runner.Job{
 			Job: sched.Job{ID: j.ID, Label: j.Method + " " + formatParams(j.Params), Timeout: j.Timeout,
-				Spec: worker.Job{Fn: ablationFn, Args: map[string]any{"method": j.Method, "params": j.Params, "workload": j.Workload}}},
-			Method: j.Method, Params: j.Params, Workload: j.Workload,
+				Spec: worker.Job{Fn: ablationFn, Args: map[string]any{"method": j.Method, "params": j.Params,
+					"workload_name": j.WorkloadName, "workload": j.Workload}}},
+			Method: j.Method, Params: j.Params, WorkloadName: j.WorkloadName, Workload: j.Workload,
 		}
 	}
 	return jobs

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -105,13 +106,13 @@ func TestSelftestPicksUpKernelEdits(t *testing.T) {
 	if out, err := exec.Command("cp", "-r", "../kernels_py", root).CombinedOutput(); err != nil {
 		t.Fatalf("copy kernels_py: %v: %s", err, out)
 	}
-	kernel := filepath.Join(root, "kernels_py", "triton", "attention_stats.py")
+	kernel := filepath.Join(root, "kernels_py", "ops", "attention_stats", "kernel.py")
 	orig, err := os.ReadFile(kernel)
 	if err != nil {
 		t.Fatal(err)
 	}
 	demo := func() (int, string) {
-		code, stdout, stderr := runCLI(t, "--python", py, "--kernels", root, "--device", "cpu", "selftest")
+		code, stdout, stderr := runCLI(t, "--python", py, "--kernels", root, "--device", "cpu", "selftest", "--op", "attention_stats")
 		return code, stdout + stderr
 	}
 
@@ -129,7 +130,7 @@ func TestSelftestPicksUpKernelEdits(t *testing.T) {
 		t.Fatal(err)
 	}
 	code, out = demo()
-	if code != 1 || !strings.Contains(out, "MISMATCH") || !strings.Contains(out, "kernel disagrees with the reference") {
+	if code != 1 || !strings.Contains(out, "MISMATCH") || !strings.Contains(out, "kernel disagrees with the reference: attention_stats") {
 		t.Fatalf("edited selftest: exit %d, want 1 with a mismatch\n%s", code, out)
 	}
 
@@ -173,18 +174,75 @@ func TestBenchLowrankRuns(t *testing.T) {
 	if code != 0 || !strings.Contains(stdout, "SDPA/fused") || !strings.Contains(stderr, "not kernel speed") {
 		t.Fatalf("bench lowrank: exit %d\n%s%s", code, stdout, stderr)
 	}
-	code, stdout, stderr = runCLI(t, "--python", py, "--device", "cpu", "bench", "lowrank", "--json")
+	code, stdout, stderr = runCLI(t, "--python", py, "--device", "cpu", "bench", "lowrank", "--json", "--lengths", "48,80", "--kv-heads", "1")
 	var res struct {
-		Interpreter bool         `json:"interpreter"`
-		Rows        []lowrankRow `json:"rows"`
+		Interpreter bool             `json:"interpreter"`
+		Params      map[string]any   `json:"params"`
+		Columns     []map[string]any `json:"columns"`
+		Rows        []map[string]any `json:"rows"`
 	}
-	if code != 0 || json.Unmarshal([]byte(stdout), &res) != nil || !res.Interpreter || len(res.Rows) != 1 {
+	if code != 0 || json.Unmarshal([]byte(stdout), &res) != nil || !res.Interpreter || len(res.Rows) != 2 {
 		t.Fatalf("bench lowrank --json: exit %d, %s\n%s", code, stdout, stderr)
 	}
-	if r := res.Rows[0]; r.FusedMs <= 0 || r.UnfusedMs <= 0 || r.SDPAMs <= 0 || r.CompressionRatio <= 1 || r.FusedPeak != nil {
-		t.Errorf("bench lowrank --json row: %+v", r)
+	if res.Params["kv_heads"] != 1.0 || fmt.Sprint(res.Params["lengths"]) != "[48 80]" {
+		t.Errorf("params used: %v", res.Params)
 	}
-	if code, _, stderr = runCLI(t, "bench", "lowrank", "--rank", "0"); code != 2 || !strings.Contains(stderr, "--rank and --repeat") {
-		t.Errorf("bench lowrank --rank 0: exit %d\n%s", code, stderr)
+	for i, r := range res.Rows {
+		positive := func(k string) bool { f, ok := r[k].(float64); return ok && f > 0 }
+		if r["visual_len"] != []float64{48, 80}[i] || r["kv_heads"] != 1.0 || !positive("fused_ms") || !positive("unfused_ms") ||
+			!positive("sdpa_ms") || r["compression_ratio"].(float64) <= 1 || r["fused_peak_bytes"] != nil {
+			t.Errorf("bench lowrank --json row %d: %+v", i, r)
+		}
+	}
+}
+
+// Bad benchmark flags fail before any Python starts, quoting the parameter.
+func TestBenchFlagsAreChecked(t *testing.T) {
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"bench", "lowrank", "--rank", "0"}, "--rank: 0 is below the minimum 1 (int in [1, 65536], default 64: compression rank of keys and values"},
+		{[]string{"bench", "stats", "--dtype", "int8"}, `--dtype: "int8" is not one of "float16", "bfloat16", "float32"`},
+		{[]string{"bench", "stats", "--lengths", "0,8"}, "--lengths: 0 is below the minimum 1"},
+		{[]string{"bench", "lowrnak"}, `benchmark "lowrnak" is unknown (did you mean "lowrank"?) (known: lowrank, stats, exchange)`},
+		{[]string{"--python", "/nonexistent", "bench", "stats", "--bogus"}, "unknown flag: --bogus"},
+	}
+	for _, tc := range tests {
+		code, _, stderr := runCLI(t, tc.args...)
+		if code != 2 || !strings.Contains(stderr, tc.want) {
+			t.Errorf("%v: exit %d, stderr %q; want 2 and %q", tc.args, code, stderr, tc.want)
+		}
+	}
+	code, stdout, _ := runCLI(t, "bench", "lowrank", "--help")
+	if code != 0 || !strings.Contains(stdout, "--kv-heads") || !strings.Contains(stdout, "speedup_vs_sdpa [x]: SDPA time / fused time") {
+		t.Errorf("bench lowrank --help: exit %d\n%s", code, stdout)
+	}
+}
+
+func TestMethodsListsKnobs(t *testing.T) {
+	code, stdout, stderr := runCLI(t, "methods")
+	if code != 0 || !strings.Contains(stdout, "attentionpack: AttentionPack") ||
+		!strings.Contains(stdout, "budget           float in [0.001, 1], default 0.2: fraction of the tokens seen that the cache keeps") ||
+		!strings.Contains(stdout, `workload "synthetic" (the default)`) {
+		t.Fatalf("methods: exit %d\n%s%s", code, stdout, stderr)
+	}
+	code, stdout, _ = runCLI(t, "methods", "--json", "zipvl")
+	var res struct {
+		Methods []struct {
+			Name   string
+			Params []struct{ Name, Doc, Ref string }
+		}
+	}
+	if code != 0 || json.Unmarshal([]byte(stdout), &res) != nil || len(res.Methods) != 1 || res.Methods[0].Name != "zipvl" {
+		t.Fatalf("methods --json zipvl: exit %d\n%s", code, stdout)
+	}
+	for _, p := range res.Methods[0].Params {
+		if p.Name == "tau" && (p.Ref != "ZipVL Eq. 6" || p.Doc == "") {
+			t.Errorf("tau: %+v", p)
+		}
+	}
+	if code, _, stderr := runCLI(t, "methods", "h2oo"); code != 2 || !strings.Contains(stderr, `method "h2oo" is unknown (did you mean "h2o"?)`) {
+		t.Errorf("methods h2oo: exit %d, %s", code, stderr)
 	}
 }

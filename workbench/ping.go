@@ -37,7 +37,7 @@ func newPingCmd(a *app) *cobra.Command {
 			rtts := make([]time.Duration, count)
 			for i := range rtts {
 				t0 := time.Now()
-				if _, err := w.Run(ctx, worker.Job{Fn: "kernels_py.diag:echo", Args: map[string]any{"i": i}}); err != nil {
+				if _, err := w.Run(ctx, worker.Job{Fn: "kernels_py.runtime.diag:echo", Args: map[string]any{"i": i}}); err != nil {
 					return fmt.Errorf("ping %d: %w", i, err)
 				}
 				rtts[i] = time.Since(t0)

@@ -6,6 +6,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"time"
 
@@ -53,7 +54,9 @@ type app struct {
 	log    zerolog.Logger
 }
 
-func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
+// newRootCmd builds the command tree for the command line args (the
+// benchmarks `bench` offers depend on the kernels root they name).
+func newRootCmd(stdout, stderr io.Writer, args []string) *cobra.Command {
 	a := &app{stdout: stdout, stderr: stderr}
 	a.flags.device = deviceFlag{value: worker.Auto}
 	a.flags.logFormat = enumFlag{value: "auto", allowed: []string{"auto", "console", "json"}}
@@ -89,7 +92,12 @@ checkout the command runs in, else from the copy embedded in this binary.`,
 	pf.Var(&a.flags.logFormat, "log-format", "log format: auto (colored on a terminal), console or json")
 	pf.BoolVarP(&a.flags.verbose, "verbose", "v", false, "debug logging, including what workers print")
 
-	root.AddCommand(newEnvCmd(a), newDemoCmd(a), newSelftestCmd(a), newPingCmd(a), newPythonCmd(a), newBenchCmd(a), newTensorsCmd(a), newPlanCmd(a), newRunCmd(a))
+	var benchmarks benchmarkList
+	if slices.Contains(args, "bench") { // the only command that needs the schema to exist at all
+		benchmarks = benchmarksFor(args)
+	}
+	root.AddCommand(newEnvCmd(a), newDemoCmd(a), newSelftestCmd(a), newPingCmd(a), newPythonCmd(a), newBenchCmd(a, benchmarks),
+		newTensorsCmd(a), newPlanCmd(a), newRunCmd(a), newMethodsCmd(a), newSchemaCmd(a))
 	return root
 }
 

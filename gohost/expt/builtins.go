@@ -63,29 +63,47 @@ func known(names []string) string {
 	return strings.Join(names, ", ")
 }
 
-// workload(**params) returns a complete, checked workload value.
+// unknownName says that name is not among known, suggesting the closest one.
+func unknownName(name string, names []string) string {
+	return fmt.Sprintf("%q is unknown%s (known: %s)", name, Closest(name, names), known(names))
+}
+
+// workload([name], **params) returns a complete, checked workload value of
+// the registered workload name (default: the schema's default workload).
 func (l *loader) workload(thread *starlark.Thread, _ *starlark.Builtin, args starlark.Tuple, kwargs []starlark.Tuple) (starlark.Value, error) {
-	if len(args) > 0 {
-		return nil, l.pos.errorf(thread, nil, "workload: takes keyword arguments only, e.g. workload(seed=0)")
+	kind := l.schema.DefaultWorkload
+	if len(args) > 1 {
+		return nil, l.pos.errorf(thread, nil, `workload: takes the workload's name and keyword arguments, e.g. workload("%s", seed=0)`, kind)
+	}
+	if len(args) == 1 {
+		s, ok := args[0].(starlark.String)
+		if !ok {
+			return nil, l.pos.errorf(thread, path{0}, `workload: the first argument names the workload (str), got %s %s; its knobs are keyword arguments, e.g. workload("%s", seed=0)`, args[0].Type(), shortRepr(args[0]), kind)
+		}
+		kind = string(s)
+		if _, ok := l.schema.Workloads[kind]; !ok {
+			return nil, l.pos.errorf(thread, path{0}, "workload: %s", unknownName(kind, l.schema.WorkloadNames()))
+		}
 	}
 	kw, err := l.keywords(thread, "workload", kwargs, nil)
 	if err != nil {
 		return nil, err
 	}
-	vals := l.schema.Workload.defaults()
+	params := l.schema.Workloads[kind].Params
+	vals := params.defaults()
 	for _, kv := range kwargs {
 		name := string(kv[0].(starlark.String))
-		p, ok := l.schema.Workload[name]
+		p, ok := params[name]
 		if !ok {
-			return nil, l.pos.errorf(thread, path{name}, "workload: param %q is unknown (known: %s)", name, known(l.schema.Workload.Names()))
+			return nil, l.pos.errorf(thread, path{name}, "workload: param %s", unknownName(name, params.Names()))
 		}
 		v, err := checkValue(p, kw[name])
 		if err != nil {
-			return nil, l.pos.errorf(thread, path{name}, "workload: param %q: %v", name, err)
+			return nil, l.pos.errorf(thread, path{name}, "workload: param %q: %v (%s: %s)", name, err, name, p.Describe())
 		}
 		vals[name] = v
 	}
-	return newWorkloadValue(vals), nil
+	return newWorkloadValue(kind, vals), nil
 }
 
 // grid(**lists) returns {name: list} in argument order: a way to write a
@@ -237,6 +255,10 @@ func (l *loader) experiment(thread *starlark.Thread, _ *starlark.Builtin, args s
 	if len(args) > 0 {
 		return nil, l.pos.errorf(thread, nil, `experiment: takes keyword arguments only, e.g. experiment(name="q", methods=["full"])`)
 	}
+	kwargs, err := l.renameOld(thread, kwargs)
+	if err != nil {
+		return nil, err
+	}
 	kw, err := l.keywords(thread, "experiment", kwargs, experimentArgs)
 	if err != nil {
 		return nil, err
@@ -275,7 +297,10 @@ func (l *loader) experiment(thread *starlark.Thread, _ *starlark.Builtin, args s
 	if err != nil {
 		return nil, err
 	}
-	extras, err := l.extras(kw, workloads[0], fail)
+	warn := func(at path, format string, args ...any) {
+		l.warn(thread, at, "experiment %q: "+format, append([]any{name}, args...)...)
+	}
+	extras, err := l.extras(kw, workloads[0], fail, warn)
 	if err != nil {
 		return nil, err
 	}
@@ -315,7 +340,7 @@ func (l *loader) experiment(thread *starlark.Thread, _ *starlark.Builtin, args s
 
 	seen := make(map[string]bool, n)
 	add := func(m *Method, params map[string]any, w *workloadValue) {
-		j := Job{Experiment: name, Method: m.Name, Params: params, Workload: w.values(), Timeout: e.Timeout}
+		j := Job{Experiment: name, Method: m.Name, Params: params, WorkloadName: w.name, Workload: w.values(), Timeout: e.Timeout}
 		j.ID = j.ComputeID()
 		if seen[j.ID] {
 			return // same job spelt twice (a repeated value, an extra inside the grid): first wins
@@ -349,7 +374,36 @@ func (l *loader) experiment(thread *starlark.Thread, _ *starlark.Builtin, args s
 	return starlark.None, nil
 }
 
-type failFunc func(at path, format string, args ...any) error
+// renameOld reads experiment(policies=...), the old word for methods, as
+// methods=..., with a warning.
+func (l *loader) renameOld(thread *starlark.Thread, kwargs []starlark.Tuple) ([]starlark.Tuple, error) {
+	out := make([]starlark.Tuple, len(kwargs))
+	for i, kv := range kwargs {
+		out[i] = kv
+		if string(kv[0].(starlark.String)) != "policies" {
+			continue
+		}
+		for _, other := range kwargs {
+			if string(other[0].(starlark.String)) == "methods" {
+				return nil, l.pos.errorf(thread, path{"policies"}, "experiment: give methods only (policies is its old name)")
+			}
+		}
+		l.warn(thread, path{"policies"}, `experiment: "policies" is the old word for methods; write methods=[...]`)
+		out[i] = starlark.Tuple{starlark.String("methods"), kv[1]}
+	}
+	return out, nil
+}
+
+type (
+	failFunc func(at path, format string, args ...any) error
+	warnFunc func(at path, format string, args ...any)
+)
+
+// warn records, at the place in the call that path names, something that
+// works but should change.
+func (l *loader) warn(thread *starlark.Thread, at path, format string, args ...any) {
+	l.plan.Warnings = append(l.plan.Warnings, l.pos.locate(l.pos.callPos(thread), at).String()+": "+fmt.Sprintf(format, args...))
+}
 
 // methods checks the methods argument: a non-empty list of known names.
 // Repeats are dropped, first kept, since a method listed twice is the same
@@ -374,7 +428,7 @@ func (l *loader) methods(kw map[string]starlark.Value, fail failFunc) ([]*Method
 		}
 		m, ok := l.schema.Methods[string(s)]
 		if !ok {
-			return nil, fail(path{"methods", i}, "method %q is unknown (known: %s)", string(s), known(l.schema.MethodNames()))
+			return nil, fail(path{"methods", i}, "method %s", unknownName(string(s), l.schema.MethodNames()))
 		}
 		if !slices.Contains(out, m) {
 			out = append(out, m)
@@ -388,7 +442,8 @@ func (l *loader) methods(kw map[string]starlark.Value, fail failFunc) ([]*Method
 func (l *loader) workloads(kw map[string]starlark.Value, fail failFunc) ([]*workloadValue, error) {
 	v, ok := kw["workloads"]
 	if !ok {
-		return []*workloadValue{newWorkloadValue(l.schema.Workload.defaults())}, nil
+		kind := l.schema.DefaultWorkload
+		return []*workloadValue{newWorkloadValue(kind, l.schema.Workloads[kind].Params.defaults())}, nil
 	}
 	xs, ok := asList(v)
 	if !ok {
@@ -450,20 +505,23 @@ func (l *loader) gridAxes(kw map[string]starlark.Value, methods []*Method, fail 
 			for i, x := range xs {
 				var err error
 				if vals[i], err = checkValue(p, x); err != nil {
-					return nil, fail(path{"grid", k, i}, "grid[%q][%d]: %v (method %q)", k, i, err, m.Name)
+					return nil, fail(path{"grid", k, i}, "grid[%q][%d]: %v (method %q; %s: %s)", k, i, err, m.Name, k, p.Describe())
 				}
 			}
 			axes[m.Name] = append(axes[m.Name], axis{name: k, values: vals})
 		}
 		if !accepted {
-			if _, ok := l.schema.Workload[k]; ok {
-				return nil, fail(path{"grid", k}, "grid param %q is a workload param, not a method param: use workloads=[workload(%s=v) for v in ...]", k, k)
+			for _, w := range l.schema.WorkloadNames() {
+				if _, ok := l.schema.Workloads[w].Params[k]; ok {
+					return nil, fail(path{"grid", k}, "grid param %q is a workload param, not a method param: use workloads=[workload(%s=v) for v in ...]", k, k)
+				}
 			}
-			var accepts []string
+			var accepts, all []string
 			for _, m := range methods {
 				accepts = append(accepts, fmt.Sprintf("%s: %s", m.Name, known(m.Params.Names())))
+				all = append(all, m.Params.Names()...)
 			}
-			return nil, fail(path{"grid", k}, "grid param %q is not a param of any listed method (%s)", k, strings.Join(accepts, "; "))
+			return nil, fail(path{"grid", k}, "grid param %q is not a param of any listed method%s (%s)", k, Closest(k, all), strings.Join(accepts, "; "))
 		}
 	}
 	return axes, nil
@@ -472,7 +530,7 @@ func (l *loader) gridAxes(kw map[string]starlark.Value, methods []*Method, fail 
 // extras checks the extra argument: explicit points, each a dict with a
 // "method", an optional "workload" (default: the experiment's first) and
 // that method's params; the rest take defaults.
-func (l *loader) extras(kw map[string]starlark.Value, first *workloadValue, fail failFunc) ([]point, error) {
+func (l *loader) extras(kw map[string]starlark.Value, first *workloadValue, fail failFunc, warn warnFunc) ([]point, error) {
 	v, ok := kw["extra"]
 	if !ok {
 		return nil, nil
@@ -487,17 +545,25 @@ func (l *loader) extras(kw map[string]starlark.Value, first *workloadValue, fail
 		if !ok {
 			return nil, fail(path{"extra", i}, "extra[%d]: want a dict, got %s %s", i, x.Type(), shortRepr(x))
 		}
-		mv, found, _ := d.Get(starlark.String("method"))
+		key := "method"
+		mv, found, _ := d.Get(starlark.String(key))
+		if old, oldFound, _ := d.Get(starlark.String("policy")); oldFound {
+			if found {
+				return nil, fail(path{"extra", i, "policy"}, `extra[%d]: give "method" only ("policy" is its old name)`, i)
+			}
+			key, mv, found = "policy", old, true
+			warn(path{"extra", i, "policy"}, `extra[%d]: "policy" is the old word; write "method"`, i)
+		}
 		if !found {
 			return nil, fail(path{"extra", i}, `extra[%d]: "method" is required`, i)
 		}
 		ms, ok := mv.(starlark.String)
 		if !ok {
-			return nil, fail(path{"extra", i, "method"}, "extra[%d]: method: want str, got %s %s", i, mv.Type(), shortRepr(mv))
+			return nil, fail(path{"extra", i, key}, "extra[%d]: method: want str, got %s %s", i, mv.Type(), shortRepr(mv))
 		}
 		m, ok := l.schema.Methods[string(ms)]
 		if !ok {
-			return nil, fail(path{"extra", i, "method"}, "extra[%d]: method %q is unknown (known: %s)", i, string(ms), known(l.schema.MethodNames()))
+			return nil, fail(path{"extra", i, key}, "extra[%d]: method %s", i, unknownName(string(ms), l.schema.MethodNames()))
 		}
 		p := point{method: m, params: m.Params.defaults(), workload: first}
 		for _, kv := range d.Items() {
@@ -506,7 +572,7 @@ func (l *loader) extras(kw map[string]starlark.Value, first *workloadValue, fail
 				return nil, fail(path{"extra", i}, "extra[%d]: keys must be str, got %s %s", i, kv[0].Type(), shortRepr(kv[0]))
 			}
 			switch k := string(ks); k {
-			case "method":
+			case "method", "policy":
 			case "workload":
 				w, ok := kv[1].(*workloadValue)
 				if !ok {
@@ -516,11 +582,11 @@ func (l *loader) extras(kw map[string]starlark.Value, first *workloadValue, fail
 			default:
 				param, ok := m.Params[k]
 				if !ok {
-					return nil, fail(path{"extra", i, k}, "extra[%d]: param %q is unknown for method %q (known: %s)", i, k, m.Name, known(m.Params.Names()))
+					return nil, fail(path{"extra", i, k}, "extra[%d]: param %q is unknown for method %q%s (known: %s)", i, k, m.Name, Closest(k, m.Params.Names()), known(m.Params.Names()))
 				}
 				val, err := checkValue(param, kv[1])
 				if err != nil {
-					return nil, fail(path{"extra", i, k}, "extra[%d]: param %q of method %q: %v", i, k, m.Name, err)
+					return nil, fail(path{"extra", i, k}, "extra[%d]: param %q of method %q: %v (%s: %s)", i, k, m.Name, err, k, param.Describe())
 				}
 				p.params[k] = val
 			}

@@ -162,9 +162,12 @@ func appendString(b []byte, s string) []byte {
 }
 
 // CanonicalJSON returns the canonical JSON of the job's identity: the object
-// {"experiment", "method", "params", "workload"}. The timeout is left out on
-// purpose: giving a slow job more time must not make it a different job (and
-// so must not lose its finished result on resume).
+// {"experiment", "method", "params", "workload"}, plus "workload_name" for a
+// job on a workload other than the synthetic one. Jobs were identified by that
+// object before workloads had names, all of them on the synthetic workload, so
+// leaving the name out for it keeps their ids (and resumable runs) unchanged.
+// The timeout is left out on purpose: giving a slow job more time must not
+// make it a different job (and so must not lose its finished result on resume).
 func (j Job) CanonicalJSON() []byte {
 	params, workload := j.Params, j.Workload
 	if params == nil {
@@ -173,13 +176,20 @@ func (j Job) CanonicalJSON() []byte {
 	if workload == nil {
 		workload = map[string]any{}
 	}
-	return appendCanonical(nil, map[string]any{
+	identity := map[string]any{
 		"experiment": j.Experiment,
 		"method":     j.Method,
 		"params":     params,
 		"workload":   workload,
-	})
+	}
+	if j.WorkloadName != "" && j.WorkloadName != unnamedWorkload {
+		identity["workload_name"] = j.WorkloadName
+	}
+	return appendCanonical(nil, identity)
 }
+
+// unnamedWorkload is the workload of every job whose id has no workload_name.
+const unnamedWorkload = "synthetic"
 
 // ComputeID returns the id the job's contents imply: the first 16 hex digits
 // of the SHA-256 of CanonicalJSON. Load sets Job.ID to this; other packages

@@ -34,12 +34,13 @@ const (
 // Job is one unit of work: one method with complete parameters on one
 // complete workload.
 type Job struct {
-	ID         string // first 16 hex digits of sha256(CanonicalJSON())
-	Experiment string
-	Method     string
-	Params     map[string]any // every method param, defaults filled in
-	Workload   map[string]any // every workload param, defaults filled in
-	Timeout    time.Duration  // not part of the id
+	ID           string // first 16 hex digits of sha256(CanonicalJSON())
+	Experiment   string
+	Method       string
+	Params       map[string]any // every method param, defaults filled in
+	WorkloadName string         // the registered workload
+	Workload     map[string]any // every param of that workload, defaults filled in
+	Timeout      time.Duration  // not part of the id
 }
 
 // Experiment is one experiment() call, expanded.
@@ -57,6 +58,7 @@ type Plan struct {
 	Hash        string // hex sha256 of the script bytes
 	Experiments []Experiment
 	Prints      []string // output of print() in the script, each "file:line:col: text"
+	Warnings    []string // what still works but should change (an old word), each "file:line:col: text"
 }
 
 // fileOptions are the Starlark dialect scripts are written in. Top-level

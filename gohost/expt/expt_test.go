@@ -239,6 +239,8 @@ func TestIDsStable(t *testing.T) {
 		{"int for a float param", `experiment(name = "a", methods = ["full", "h2o"], grid = {"budget": [0.1, 1]})`},
 		{"built by code", `b = [x / 10 for x in [1, 10]]
 experiment(name = "a", methods = ["full"] + ["h2o"], grid = grid(budget = b))`},
+		{"the default workload named", `experiment(name = "a", methods = ["full", "h2o"], grid = {"budget": [0.1, 1.0]}, workloads = [workload("synthetic")])`},
+		{"old word for methods", `experiment(name = "a", policies = ["full", "h2o"], grid = {"budget": [0.1, 1.0]})`},
 		{"workload derived from another", `w = workload(seed = 5)
 experiment(name = "a", methods = ["full", "h2o"], grid = {"budget": [0.1, 1.0]}, workloads = [workload(**dict(w, seed = 0))])`},
 	}
@@ -307,9 +309,9 @@ func TestErrors(t *testing.T) {
 
 		// experiment() arguments.
 		{"unknown method", "wl = workload(seed=0)\n\nexperiment(\n    name = \"q\",\n    methods = [\"full\", \"h2oo\"],\n)\n",
-			`x.star:5:24: experiment "q": method "h2oo" is unknown (known: full, h2o, snapkv, streamingllm)`},
+			`x.star:5:24: experiment "q": method "h2oo" is unknown (did you mean "h2o"?) (known: full, h2o, snapkv, streamingllm)`},
 		{"unknown method via a variable", "M = [\"h2oo\"]\nexperiment(\n    name = \"q\",\n    methods = M,\n)\n",
-			`x.star:4:5: experiment "q": method "h2oo" is unknown (known: full, h2o, snapkv, streamingllm)`},
+			`x.star:4:5: experiment "q": method "h2oo" is unknown (did you mean "h2o"?) (known: full, h2o, snapkv, streamingllm)`},
 		{"method not a string", `experiment(name = "q", methods = ["full", 3])`, `x.star:1:43: experiment "q": methods[1]: want a method name (str), got int 3`},
 		{"methods a string", `experiment(name = "q", methods = "full")`, `x.star:1:24: experiment "q": methods: want a list of method names, got string "full"`},
 		{"empty methods", `experiment(name = "q", methods = [])`, `x.star:1:24: experiment "q": methods is empty`},
@@ -329,19 +331,19 @@ func TestErrors(t *testing.T) {
 
 		// Grid.
 		{"grid param of no listed method", "experiment(\n    name = \"a\",\n    methods = [\"full\", \"h2o\"],\n    grid = {\"budgte\": [0.1]},\n)",
-			`x.star:4:13: experiment "a": grid param "budgte" is not a param of any listed method (full: none; h2o: budget, recent)`},
+			`x.star:4:13: experiment "a": grid param "budgte" is not a param of any listed method (did you mean "budget"?) (full: none; h2o: budget, recent)`},
 		{"grid workload param", `experiment(name = "a", methods = ["h2o"], grid = {"seed": [0, 1]})`,
 			`x.star:1:51: experiment "a": grid param "seed" is a workload param, not a method param: use workloads=[workload(seed=v) for v in ...]`},
 		{"grid wrong type", `experiment(name = "a", methods = ["snapkv"], grid = {"window": [16, "big"]})`,
-			`x.star:1:69: experiment "a": grid["window"][1]: want int, got str "big" (method "snapkv")`},
+			`x.star:1:69: experiment "a": grid["window"][1]: want int, got str "big" (method "snapkv"; window: int in [1, 1024], default 32)`},
 		{"grid float for int", `experiment(name = "a", methods = ["snapkv"], grid = grid(window = [16.0]))`,
-			`x.star:1:68: experiment "a": grid["window"][0]: want int, got float 16.0 (method "snapkv")`},
+			`x.star:1:68: experiment "a": grid["window"][0]: want int, got float 16.0 (method "snapkv"; window: int in [1, 1024], default 32)`},
 		{"grid out of range", "experiment(\n    name = \"a\",\n    methods = [\"h2o\"],\n    grid = {\"budget\": [0.5,\n                       1.5]},\n)",
-			`x.star:5:24: experiment "a": grid["budget"][1]: 1.5 is above the maximum 1 (method "h2o")`},
+			`x.star:5:24: experiment "a": grid["budget"][1]: 1.5 is above the maximum 1 (method "h2o"; budget: float in [0, 1], default 0.25: fraction of the cache kept [H2O section 5])`},
 		{"grid choices", `experiment(name = "a", methods = ["snapkv"], grid = {"pooling": ["max", "mean"]})`,
-			`x.star:1:73: experiment "a": grid["pooling"][1]: "mean" is not one of "max", "avg" (method "snapkv")`},
+			`x.star:1:73: experiment "a": grid["pooling"][1]: "mean" is not one of "max", "avg" (method "snapkv"; pooling: str in {"max", "avg"}, default "max")`},
 		{"grid nan", `experiment(name = "a", methods = ["h2o"], grid = {"budget": [float("nan")]})`,
-			`x.star:1:62: experiment "a": grid["budget"][0]: nan is not a finite number (method "h2o")`},
+			`x.star:1:62: experiment "a": grid["budget"][0]: nan is not a finite number (method "h2o"; budget: float in [0, 1], default 0.25: fraction of the cache kept [H2O section 5])`},
 		{"grid scalar", `experiment(name = "a", methods = ["h2o"], grid = {"budget": 0.5})`,
 			`x.star:1:51: experiment "a": grid["budget"]: want a list of values, got float 0.5 (write [x] for a single value)`},
 		{"grid empty list", `experiment(name = "a", methods = ["h2o"], grid = {"budget": []})`, `x.star:1:51: experiment "a": grid["budget"] is empty`},
@@ -349,14 +351,14 @@ func TestErrors(t *testing.T) {
 			`x.star:1:43: experiment "a": grid: want a dict of param name to list of values, got list [0.5]`},
 
 		// Workloads.
-		{"unknown workload param", "wl = workload(\n    seeds = 1)", `x.star:2:5: workload: param "seeds" is unknown (known: causal, dtype, layers, seed, tokens_per_image)`},
-		{"workload float for int", `workload(layers = 2.5)`, `x.star:1:10: workload: param "layers": want int, got float 2.5`},
-		{"workload bool for int", `workload(seed = True)`, `x.star:1:10: workload: param "seed": want int, got bool True`},
-		{"workload below min", `workload(layers = 0)`, `x.star:1:10: workload: param "layers": 0 is below the minimum 1`},
-		{"workload choices", `workload(dtype = "fp8")`, `x.star:1:10: workload: param "dtype": "fp8" is not one of "float32", "float16", "bfloat16"`},
-		{"workload huge int", `workload(seed = 1 << 70)`, `x.star:1:10: workload: param "seed": integer 1180591620717411303424 does not fit in 64 bits`},
-		{"workload list", `workload(seed = [1])`, `x.star:1:10: workload: param "seed": want int, got list [1]`},
-		{"workload positional", `workload(1)`, `x.star:1:1: workload: takes keyword arguments only, e.g. workload(seed=0)`},
+		{"unknown workload param", "wl = workload(\n    seeds = 1)", `x.star:2:5: workload: param "seeds" is unknown (did you mean "seed"?) (known: causal, dtype, layers, seed, tokens_per_image)`},
+		{"workload float for int", `workload(layers = 2.5)`, `x.star:1:10: workload: param "layers": want int, got float 2.5 (layers: int >= 1, default 4)`},
+		{"workload bool for int", `workload(seed = True)`, `x.star:1:10: workload: param "seed": want int, got bool True (seed: int, default 0)`},
+		{"workload below min", `workload(layers = 0)`, `x.star:1:10: workload: param "layers": 0 is below the minimum 1 (layers: int >= 1, default 4)`},
+		{"workload choices", `workload(dtype = "fp8")`, `x.star:1:10: workload: param "dtype": "fp8" is not one of "float32", "float16", "bfloat16" (dtype: str in {"float32", "float16", "bfloat16"}, default "float32")`},
+		{"workload huge int", `workload(seed = 1 << 70)`, `x.star:1:10: workload: param "seed": integer 1180591620717411303424 does not fit in 64 bits (seed: int, default 0)`},
+		{"workload list", `workload(seed = [1])`, `x.star:1:10: workload: param "seed": want int, got list [1] (seed: int, default 0)`},
+		{"workload positional", `workload(1)`, `x.star:1:10: workload: the first argument names the workload (str), got int 1; its knobs are keyword arguments, e.g. workload("synthetic", seed=0)`},
 		{"workloads of dicts", `experiment(name = "a", methods = ["full"], workloads = [{"seed": 1}])`,
 			`x.star:1:57: experiment "a": workloads[0]: want a workload(...) value, got dict {"seed": 1} (wrap a dict d as workload(**d))`},
 		{"workloads empty", `experiment(name = "a", methods = ["full"], workloads = [])`,
@@ -366,11 +368,11 @@ func TestErrors(t *testing.T) {
 		{"extra unknown param", "experiment(\n    name = \"a\",\n    methods = [\"h2o\"],\n    extra = [{\"method\": \"full\", \"budget\": 1.0}],\n)",
 			`x.star:4:33: experiment "a": extra[0]: param "budget" is unknown for method "full" (known: none)`},
 		{"extra unknown method", `experiment(name = "a", methods = ["h2o"], extra = [dict(method = "h3o")])`,
-			`x.star:1:57: experiment "a": extra[0]: method "h3o" is unknown (known: full, h2o, snapkv, streamingllm)`},
+			`x.star:1:57: experiment "a": extra[0]: method "h3o" is unknown (did you mean "h2o"?) (known: full, h2o, snapkv, streamingllm)`},
 		{"extra without method", `experiment(name = "a", methods = ["h2o"], extra = [{"budget": 0.5}])`,
 			`x.star:1:52: experiment "a": extra[0]: "method" is required`},
 		{"extra out of range", `experiment(name = "a", methods = ["h2o"], extra = [{"method": "h2o", "recent": -1}])`,
-			`x.star:1:70: experiment "a": extra[0]: param "recent" of method "h2o": -1 is below the minimum 0`},
+			`x.star:1:70: experiment "a": extra[0]: param "recent" of method "h2o": -1 is below the minimum 0 (recent: float in [0, 1], default 0.5)`},
 		{"extra bad workload", `experiment(name = "a", methods = ["h2o"], extra = [{"method": "h2o", "workload": 1}])`,
 			`x.star:1:70: experiment "a": extra[0]: workload: want a workload(...) value, got int 1`},
 
@@ -468,7 +470,80 @@ func TestLoadErrors(t *testing.T) {
 		t.Error("nil schema: no error")
 	}
 	_, err := Load(context.Background(), "testdata/bad_method.star", s)
-	if want := `testdata/bad_method.star:5:24: experiment "q": method "h2oo" is unknown (known: full, h2o, snapkv, streamingllm)`; err == nil || err.Error() != want {
+	if want := `testdata/bad_method.star:5:24: experiment "q": method "h2oo" is unknown (did you mean "h2o"?) (known: full, h2o, snapkv, streamingllm)`; err == nil || err.Error() != want {
 		t.Errorf("err = %v, want %s", err, want)
+	}
+}
+
+func TestWorkloadsByName(t *testing.T) {
+	s := testSchema(t)
+	plan := mustLoad(t, s, `experiment(name = "a", methods = ["full"], workloads = [workload(), workload("trace", path = "b.safetensors")],
+    extra = [{"method": "full", "workload": workload("trace")}])`)
+	jobs := plan.Experiments[0].Jobs
+	if len(jobs) != 3 {
+		t.Fatalf("%d jobs, want 3", len(jobs))
+	}
+	if jobs[0].WorkloadName != "synthetic" || jobs[1].WorkloadName != "trace" || jobs[2].WorkloadName != "trace" {
+		t.Errorf("workload names %q %q %q", jobs[0].WorkloadName, jobs[1].WorkloadName, jobs[2].WorkloadName)
+	}
+	if fmt.Sprint(jobs[1].Workload) != "map[path:b.safetensors seed:0]" || fmt.Sprint(jobs[2].Workload) != "map[path:t.safetensors seed:0]" {
+		t.Errorf("trace workloads %v, %v", jobs[1].Workload, jobs[2].Workload)
+	}
+	// The synthetic workload's jobs keep the ids they had before workloads had
+	// names; any other workload's name is part of the id.
+	unnamed := jobs[0]
+	unnamed.WorkloadName = ""
+	if unnamed.ComputeID() != jobs[0].ID || strings.Contains(string(jobs[0].CanonicalJSON()), "workload_name") {
+		t.Errorf("synthetic job %s: %s", jobs[0].ID, jobs[0].CanonicalJSON())
+	}
+	renamed := jobs[1]
+	renamed.WorkloadName = "other"
+	if !strings.Contains(string(jobs[1].CanonicalJSON()), `"workload_name":"trace"`) || renamed.ComputeID() == jobs[1].ID {
+		t.Errorf("trace job: %s", jobs[1].CanonicalJSON())
+	}
+	// Same knobs on two workloads are two values.
+	if p := mustLoad(t, s, `print(workload("trace") == workload("trace"), workload("trace", seed = 1) == workload(seed = 1))
+experiment(name = "a", methods = ["full"])`); !slices.Equal(p.Prints, []string{"x.star:1:1: True False"}) {
+		t.Errorf("prints %v", p.Prints)
+	}
+
+	for src, want := range map[string]string{
+		`workload("trac")`:               `x.star:1:10: workload: "trac" is unknown (did you mean "trace"?) (known: synthetic, trace)`,
+		`workload("trace", layers = 2)`:  `x.star:1:19: workload: param "layers" is unknown (known: path, seed)`,
+		`workload("synthetic", "trace")`: `x.star:1:1: workload: takes the workload's name and keyword arguments, e.g. workload("synthetic", seed=0)`,
+	} {
+		_, err := LoadSource("x.star", []byte(src), s)
+		if err == nil || err.Error() != want {
+			t.Errorf("%s: err = %v\nwant %s", src, err, want)
+		}
+	}
+}
+
+func TestOldWordsWarn(t *testing.T) {
+	s := testSchema(t)
+	old := mustLoad(t, s, `experiment(
+    name = "a",
+    policies = ["h2o"],
+    extra = [{"policy": "full"}, {"method": "h2o", "budget": 0.5}],
+)`)
+	current := mustLoad(t, s, `experiment(name = "a", methods = ["h2o"], extra = [{"method": "full"}, {"method": "h2o", "budget": 0.5}])`)
+	if got, want := descs(old.Experiments[0].Jobs), descs(current.Experiments[0].Jobs); !slices.Equal(got, want) {
+		t.Errorf("old words give %v, want %v", got, want)
+	}
+	want := []string{
+		`x.star:3:5: experiment: "policies" is the old word for methods; write methods=[...]`,
+		`x.star:4:15: experiment "a": extra[0]: "policy" is the old word; write "method"`,
+	}
+	if !slices.Equal(old.Warnings, want) || len(current.Warnings) != 0 {
+		t.Errorf("warnings:\n%s\nwant:\n%s (and none for the current words: %v)", strings.Join(old.Warnings, "\n"), strings.Join(want, "\n"), current.Warnings)
+	}
+	for src, want := range map[string]string{
+		`experiment(name = "a", methods = ["h2o"], policies = ["full"])`:                          `x.star:1:43: experiment: give methods only (policies is its old name)`,
+		`experiment(name = "a", methods = ["h2o"], extra = [{"method": "h2o", "policy": "h2o"}])`: `x.star:1:70: experiment "a": extra[0]: give "method" only ("policy" is its old name)`,
+	} {
+		_, err := LoadSource("x.star", []byte(src), s)
+		if err == nil || err.Error() != want {
+			t.Errorf("%s: err = %v\nwant %s", src, err, want)
+		}
 	}
 }

@@ -14,32 +14,65 @@ import (
 	"unicode/utf8"
 )
 
-// Type is the type of a method or workload parameter.
+// Type is the type of a method, workload or benchmark parameter.
 type Type string
 
 // The parameter types a schema may declare. Values are held in Go as bool,
-// int64, float64 and string; an int given for a float parameter is stored
-// as a float so that 1 and 1.0 make the same job.
+// int64, float64, string and []int64; an int given for a float parameter is
+// stored as a float so that 1 and 1.0 make the same job. Lists (TypeInts)
+// are for benchmark sizes only: a job's parameters are scalars.
 const (
 	TypeInt   Type = "int"
 	TypeFloat Type = "float"
 	TypeStr   Type = "str"
 	TypeBool  Type = "bool"
+	TypeInts  Type = "ints"
 )
 
-// Schema is the method and workload parameter schema. The Python side owns
-// it (kernels_py/policies/schema.json); Go only reads it, so that Go never
-// needs to know what a method means, only which knobs it has.
+// Schema is what the Python side publishes about its registries
+// (kernels_py/schema.json): the methods, workloads and benchmarks with their
+// knobs. Go only reads it, so that Go never needs to know what a method
+// means, only which knobs it has.
 type Schema struct {
-	Methods  map[string]*Method
-	Workload Params
+	Methods         map[string]*Method
+	Workloads       map[string]*Workload
+	DefaultWorkload string // what workload() and an experiment without workloads use
+	Benchmarks      map[string]*Benchmark
 }
 
 // Method is one compression method and the parameters it accepts.
 type Method struct {
 	Name   string
 	Doc    string
+	Paper  string // where the method comes from
 	Params Params
+}
+
+// Workload is one registered workload and its knobs.
+type Workload struct {
+	Name   string
+	Doc    string
+	Params Params
+}
+
+// Benchmark is one kernel benchmark: its parameters (command-line flags) and
+// the columns of the table it returns.
+type Benchmark struct {
+	Name    string
+	Doc     string // one line
+	Long    string // what it compares and how, for --help
+	Op      string // the op it measures, if any
+	Params  Params
+	Columns []Column
+}
+
+// Column describes one column of a table a worker returns.
+type Column struct {
+	Name  string `json:"name"`
+	Unit  string `json:"unit"`
+	Doc   string `json:"doc"`
+	Label string `json:"label"`
+	Show  bool   `json:"show"`
 }
 
 // Params maps parameter names to their declarations.
@@ -51,10 +84,11 @@ type Params map[string]*Param
 type Param struct {
 	Name    string
 	Doc     string
+	Ref     string // where a paper defines it, if one does
 	Type    Type
-	Default any      // bool, int64, float64 or string, per Type
-	Min     *float64 // inclusive; int and float only
-	Max     *float64 // inclusive; int and float only
+	Default any      // bool, int64, float64, string or []int64, per Type
+	Min     *float64 // inclusive; numbers only (each element of a list)
+	Max     *float64 // inclusive; numbers only (each element of a list)
 	Choices []any    // allowed values, converted to Type; nil means any
 }
 
@@ -76,20 +110,31 @@ func LoadSchema(path string) (*Schema, error) {
 // contract live in the same repository, so they change together.
 type (
 	schemaJSON struct {
-		Methods  map[string]methodJSON `json:"methods"`
-		Workload *paramSetJSON         `json:"workload"`
+		Methods    map[string]methodJSON    `json:"methods"`
+		Workloads  map[string]paramSetJSON  `json:"workloads"`
+		Default    string                   `json:"default_workload"`
+		Benchmarks map[string]benchmarkJSON `json:"benchmarks"`
 	}
 	methodJSON struct {
 		Doc    string               `json:"doc"`
+		Paper  string               `json:"paper"`
 		Params map[string]paramJSON `json:"params"`
 	}
 	paramSetJSON struct {
 		Doc    string               `json:"doc"`
 		Params map[string]paramJSON `json:"params"`
 	}
+	benchmarkJSON struct {
+		Doc     string               `json:"doc"`
+		Long    string               `json:"long"`
+		Op      string               `json:"op"`
+		Params  map[string]paramJSON `json:"params"`
+		Columns []Column             `json:"columns"`
+	}
 	paramJSON struct {
 		Type    Type         `json:"type"`
 		Doc     string       `json:"doc"`
+		Ref     string       `json:"ref"`
 		Default any          `json:"default"`
 		Min     *json.Number `json:"min"`
 		Max     *json.Number `json:"max"`
@@ -104,8 +149,9 @@ var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 // methodRE keeps method names to what reads well in a list and a path.
 var methodRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]*$`)
 
-// reservedParams are keys with a meaning of their own in an extra point.
-var reservedParams = []string{"method", "workload"}
+// reservedParams are keys with a meaning of their own in an extra point
+// ("policy" is the old word for "method", still read in scripts).
+var reservedParams = []string{"method", "policy", "workload"}
 
 // ParseSchema parses and checks a schema: known types, defaults present and
 // valid, min <= max, choices of the declared type.
@@ -131,13 +177,14 @@ func parseSchema(data []byte) (*Schema, error) {
 	if len(w.Methods) == 0 {
 		return nil, errors.New(`"methods" is missing or empty`)
 	}
-	s := &Schema{Methods: make(map[string]*Method, len(w.Methods)), Workload: Params{}}
+	s := &Schema{Methods: make(map[string]*Method, len(w.Methods)), Workloads: map[string]*Workload{},
+		Benchmarks: map[string]*Benchmark{}}
 	for _, name := range sortedKeys(w.Methods) { // sorted: the same schema always reports the same error
 		mj := w.Methods[name]
 		if !methodRE.MatchString(name) {
 			return nil, fmt.Errorf("method name %q is not valid (want %s)", name, methodRE)
 		}
-		ps, err := parseParams(mj.Params)
+		ps, err := parseParams(mj.Params, false)
 		if err != nil {
 			return nil, fmt.Errorf("method %q: %w", name, err)
 		}
@@ -146,24 +193,48 @@ func parseSchema(data []byte) (*Schema, error) {
 				return nil, fmt.Errorf("method %q: param name %q is reserved", name, r)
 			}
 		}
-		s.Methods[name] = &Method{Name: name, Doc: mj.Doc, Params: ps}
+		s.Methods[name] = &Method{Name: name, Doc: mj.Doc, Paper: mj.Paper, Params: ps}
 	}
-	if w.Workload != nil {
-		ps, err := parseParams(w.Workload.Params)
-		if err != nil {
-			return nil, fmt.Errorf("workload: %w", err)
+	for _, name := range sortedKeys(w.Workloads) {
+		if !methodRE.MatchString(name) {
+			return nil, fmt.Errorf("workload name %q is not valid (want %s)", name, methodRE)
 		}
-		s.Workload = ps
+		ps, err := parseParams(w.Workloads[name].Params, false)
+		if err != nil {
+			return nil, fmt.Errorf("workload %q: %w", name, err)
+		}
+		s.Workloads[name] = &Workload{Name: name, Doc: w.Workloads[name].Doc, Params: ps}
+	}
+	if len(s.Workloads) == 0 {
+		return nil, errors.New(`"workloads" is missing or empty`)
+	}
+	if _, ok := s.Workloads[w.Default]; !ok {
+		return nil, fmt.Errorf("default_workload %q is not one of the workloads (%s)", w.Default, known(sortedKeys(s.Workloads)))
+	}
+	s.DefaultWorkload = w.Default
+	for _, name := range sortedKeys(w.Benchmarks) {
+		bj := w.Benchmarks[name]
+		if !methodRE.MatchString(name) {
+			return nil, fmt.Errorf("benchmark name %q is not valid (want %s)", name, methodRE)
+		}
+		ps, err := parseParams(bj.Params, true)
+		if err != nil {
+			return nil, fmt.Errorf("benchmark %q: %w", name, err)
+		}
+		s.Benchmarks[name] = &Benchmark{Name: name, Doc: bj.Doc, Long: bj.Long, Op: bj.Op, Params: ps, Columns: bj.Columns}
 	}
 	return s, nil
 }
 
-func parseParams(in map[string]paramJSON) (Params, error) {
+func parseParams(in map[string]paramJSON, lists bool) (Params, error) {
 	out := make(Params, len(in))
 	for _, name := range sortedKeys(in) {
 		pj := in[name]
 		if !identRE.MatchString(name) {
 			return nil, fmt.Errorf("param name %q is not an identifier", name)
+		}
+		if pj.Type == TypeInts && !lists {
+			return nil, fmt.Errorf("param %q: type %q is only for benchmarks (job params are scalars)", name, pj.Type)
 		}
 		p, err := parseParam(name, pj)
 		if err != nil {
@@ -175,19 +246,19 @@ func parseParams(in map[string]paramJSON) (Params, error) {
 }
 
 func parseParam(name string, pj paramJSON) (*Param, error) {
-	p := &Param{Name: name, Doc: pj.Doc, Type: pj.Type}
+	p := &Param{Name: name, Doc: pj.Doc, Ref: pj.Ref, Type: pj.Type}
 	switch pj.Type {
-	case TypeInt, TypeFloat, TypeStr, TypeBool:
+	case TypeInt, TypeFloat, TypeStr, TypeBool, TypeInts:
 	case "":
 		return nil, errors.New(`"type" is missing`)
 	default:
-		return nil, fmt.Errorf("type %q is unknown (known: bool, float, int, str)", pj.Type)
+		return nil, fmt.Errorf("type %q is unknown (known: bool, float, int, ints, str)", pj.Type)
 	}
 	bound := func(key string, n *json.Number) (*float64, error) {
 		if n == nil {
 			return nil, nil
 		}
-		if pj.Type != TypeInt && pj.Type != TypeFloat {
+		if pj.Type != TypeInt && pj.Type != TypeFloat && pj.Type != TypeInts {
 			return nil, fmt.Errorf("%q is only for int and float params", key)
 		}
 		f, err := n.Float64()
@@ -228,8 +299,20 @@ func parseParam(name string, pj paramJSON) (*Param, error) {
 	return p, nil
 }
 
-// fromJSON turns a decoded JSON scalar into the Go value check expects.
+// fromJSON turns a decoded JSON scalar (or list of them) into the Go value
+// check expects.
 func fromJSON(v any) any {
+	if xs, ok := v.([]any); ok {
+		ints := make([]int64, len(xs))
+		for i, x := range xs {
+			n, ok := fromJSON(x).(int64)
+			if !ok {
+				return v // check reports the type
+			}
+			ints[i] = n
+		}
+		return ints
+	}
 	n, ok := v.(json.Number)
 	if !ok {
 		return v
@@ -248,6 +331,20 @@ func fromJSON(v any) any {
 // values from the schema and values from scripts are normalized, so both
 // produce identical job values.
 func (p *Param) check(v any) (any, error) {
+	if p.Type == TypeInts {
+		xs, ok := v.([]int64)
+		if !ok {
+			return nil, wantErr(p.Type, v)
+		}
+		element := *p
+		element.Type = TypeInt
+		for _, x := range xs {
+			if _, err := element.check(x); err != nil {
+				return nil, err
+			}
+		}
+		return slices.Clone(xs), nil
+	}
 	var out any
 	switch p.Type {
 	case TypeInt:
@@ -330,6 +427,8 @@ func typeName(v any) string {
 		return "float"
 	case string:
 		return "str"
+	case []int64:
+		return "list"
 	case nil:
 		return "None"
 	}
@@ -350,6 +449,12 @@ func formatValue(v any) string {
 		return string(appendFloat(nil, x))
 	case string:
 		return strconv.Quote(x)
+	case []int64:
+		parts := make([]string, len(x))
+		for i, n := range x {
+			parts[i] = strconv.FormatInt(n, 10)
+		}
+		return "[" + strings.Join(parts, ", ") + "]"
 	case nil:
 		return "None"
 	}
@@ -357,6 +462,9 @@ func formatValue(v any) string {
 }
 
 func formatBound(f float64) string {
+	if f == math.Trunc(f) && math.Abs(f) < 1e15 {
+		return strconv.FormatFloat(f, 'f', -1, 64) // 2147483647, not 2.147483647e+09
+	}
 	return strconv.FormatFloat(f, 'g', -1, 64)
 }
 
@@ -379,6 +487,50 @@ func (s *Schema) MethodNames() []string {
 	return sortedKeys(s.Methods)
 }
 
+// WorkloadNames returns the workload names, sorted.
+func (s *Schema) WorkloadNames() []string {
+	return sortedKeys(s.Workloads)
+}
+
+// BenchmarkNames returns the benchmark names, sorted.
+func (s *Schema) BenchmarkNames() []string {
+	return sortedKeys(s.Benchmarks)
+}
+
+// Check converts a value (bool, int64, float64, string or []int64) to the
+// parameter's type and checks its range and choices.
+func (p *Param) Check(v any) (any, error) { return p.check(v) }
+
+// Describe is the parameter in one line for errors and listings: its type,
+// bounds, default and what it means, e.g.
+// "float in [0.001, 1], default 0.2: fraction of the tokens seen that the cache keeps".
+func (p *Param) Describe() string {
+	var b strings.Builder
+	b.WriteString(string(p.Type))
+	switch {
+	case p.Choices != nil:
+		cs := make([]string, len(p.Choices))
+		for i, c := range p.Choices {
+			cs[i] = formatValue(c)
+		}
+		b.WriteString(" in {" + strings.Join(cs, ", ") + "}")
+	case p.Min != nil && p.Max != nil:
+		fmt.Fprintf(&b, " in [%s, %s]", formatBound(*p.Min), formatBound(*p.Max))
+	case p.Min != nil:
+		b.WriteString(" >= " + formatBound(*p.Min))
+	case p.Max != nil:
+		b.WriteString(" <= " + formatBound(*p.Max))
+	}
+	b.WriteString(", default " + formatValue(p.Default))
+	if p.Doc != "" {
+		b.WriteString(": " + p.Doc)
+	}
+	if p.Ref != "" {
+		b.WriteString(" [" + p.Ref + "]")
+	}
+	return b.String()
+}
+
 func sortedKeys[V any](m map[string]V) []string {
 	keys := make([]string, 0, len(m))
 	for k := range m {
@@ -386,4 +538,44 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	slices.Sort(keys)
 	return keys
+}
+
+// Closest returns ` (did you mean "x"?)` when one of names is a likely
+// misspelling of name (a small edit distance for its length), else "".
+func Closest(name string, names []string) string {
+	best, bestDist := "", len(name)/3+1
+	for _, n := range names {
+		if d := editDistance(strings.ToLower(name), strings.ToLower(n)); d < bestDist {
+			best, bestDist = n, d
+		}
+	}
+	if best == "" {
+		return ""
+	}
+	return fmt.Sprintf(" (did you mean %q?)", best)
+}
+
+// editDistance is the Levenshtein distance between a and b, in runes, with a
+// swap of two neighbouring runes counting as one edit.
+func editDistance(a, b string) int {
+	x, y := []rune(a), []rune(b)
+	prev2, prev, cur := make([]int, len(y)+1), make([]int, len(y)+1), make([]int, len(y)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(x); i++ {
+		cur[0] = i
+		for j := 1; j <= len(y); j++ {
+			cost := 1
+			if x[i-1] == y[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+			if i > 1 && j > 1 && x[i-1] == y[j-2] && x[i-2] == y[j-1] {
+				cur[j] = min(cur[j], prev2[j-2]+1)
+			}
+		}
+		prev2, prev, cur = prev, cur, prev2
+	}
+	return prev[len(y)]
 }

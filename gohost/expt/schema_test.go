@@ -3,6 +3,7 @@ package expt
 import (
 	"errors"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -20,39 +21,95 @@ func TestParseSchema(t *testing.T) {
 	if v := s.Methods["h2o"].Params["recent"]; v.Default != 0.5 {
 		t.Errorf("recent default = %#v", v.Default)
 	}
-	if v := s.Workload["layers"]; v.Default != int64(4) {
+	if budget.Ref != "H2O section 5" || budget.Describe() != "float in [0, 1], default 0.25: fraction of the cache kept [H2O section 5]" {
+		t.Errorf("h2o budget ref %q, described as %q", budget.Ref, budget.Describe())
+	}
+	if s.DefaultWorkload != "synthetic" || strings.Join(s.WorkloadNames(), ",") != "synthetic,trace" {
+		t.Errorf("workloads %v, default %q", s.WorkloadNames(), s.DefaultWorkload)
+	}
+	synthetic := s.Workloads["synthetic"].Params
+	if v := synthetic["layers"]; v.Default != int64(4) {
 		t.Errorf("layers default = %#v, want int64(4)", v.Default)
 	}
-	if got := strings.Join(s.Workload.Names(), ","); got != "causal,dtype,layers,seed,tokens_per_image" {
+	if got := strings.Join(synthetic.Names(), ","); got != "causal,dtype,layers,seed,tokens_per_image" {
 		t.Errorf("workload params = %s", got)
+	}
+	tiny := s.Benchmarks["tiny"]
+	if lengths := tiny.Params["lengths"]; lengths.Type != TypeInts || !slices.Equal(lengths.Default.([]int64), []int64{64, 128}) {
+		t.Errorf("benchmark lengths = %+v", lengths)
+	}
+	if len(tiny.Columns) != 2 || tiny.Columns[1] != (Column{Name: "ms", Unit: "ms", Doc: "time", Label: "time", Show: true}) || tiny.Op != "attention_stats" {
+		t.Errorf("benchmark = %+v", tiny)
 	}
 
 	// What kernels_py/params.py writes for a str param: explicit null bounds.
-	p, err := ParseSchema([]byte(`{"methods": {"m": {"params": {"x": {"type": "float", "default": 1, "doc": "d", "min": 0, "max": null}}}}}`))
+	p, err := ParseSchema([]byte(`{"methods": {"m": {"params": {"x": {"type": "float", "default": 1, "doc": "d", "min": 0, "max": null}}}}, ` + oneWorkload + `}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if x := p.Methods["m"].Params["x"]; x.Default != 1.0 || x.Max != nil || len(p.Workload) != 0 {
-		t.Errorf("x = %+v, workload = %v", x, p.Workload)
+	if x := p.Methods["m"].Params["x"]; x.Default != 1.0 || x.Max != nil || len(p.Benchmarks) != 0 {
+		t.Errorf("x = %+v, benchmarks = %v", x, p.Benchmarks)
+	}
+}
+
+// oneWorkload completes a schema that tests something else.
+const oneWorkload = `"workloads": {"w": {"params": {}}}, "default_workload": "w"`
+
+func TestParamCheckLists(t *testing.T) {
+	lengths := testSchema(t).Benchmarks["tiny"].Params["lengths"]
+	tests := []struct {
+		v       any
+		wantErr string
+	}{
+		{[]int64{1, 4096}, ""},
+		{[]int64{0}, "0 is below the minimum 1"},
+		{[]int64{64, 5000}, "5000 is above the maximum 4096"},
+		{int64(64), "want ints, got int 64"},
+	}
+	for _, tt := range tests {
+		_, err := lengths.Check(tt.v)
+		if (err == nil) != (tt.wantErr == "") || (err != nil && err.Error() != tt.wantErr) {
+			t.Errorf("Check(%v) = %v, want %q", tt.v, err, tt.wantErr)
+		}
+	}
+}
+
+func TestClosest(t *testing.T) {
+	names := []string{"budget", "recent_fraction", "sink_tokens", "window"}
+	tests := []struct{ name, want string }{
+		{"budgett", ` (did you mean "budget"?)`},
+		{"budegt", ` (did you mean "budget"?)`},
+		{"Window", ` (did you mean "window"?)`},
+		{"sink_token", ` (did you mean "sink_tokens"?)`},
+		{"alpha", ""},
+		{"b", ""},
+	}
+	for _, tt := range tests {
+		if got := Closest(tt.name, names); got != tt.want {
+			t.Errorf("Closest(%q) = %q, want %q", tt.name, got, tt.want)
+		}
 	}
 }
 
 func TestParseSchemaErrors(t *testing.T) {
 	method := func(params string) string {
-		return `{"methods": {"m": {"params": {` + params + `}}}}`
+		return `{"methods": {"m": {"params": {` + params + `}}}, ` + oneWorkload + `}`
 	}
 	tests := []struct {
 		name, json, want string
 	}{
 		{"not json", `{`, "expt: schema: unexpected EOF"},
 		{"trailing", `{"methods": {"m": {}}} {}`, "expt: schema: trailing data after the JSON object"},
-		{"no methods", `{"workload": {"params": {}}}`, `expt: schema: "methods" is missing or empty`},
+		{"no methods", `{` + oneWorkload + `}`, `expt: schema: "methods" is missing or empty`},
+		{"no workloads", `{"methods": {"m": {}}}`, `expt: schema: "workloads" is missing or empty`},
+		{"unknown default workload", `{"methods": {"m": {}}, "workloads": {"w": {}}, "default_workload": "x"}`, `expt: schema: default_workload "x" is not one of the workloads (w)`},
+		{"list for a method", method(`"x": {"type": "ints", "default": [1]}`), `expt: schema: method "m": param "x": type "ints" is only for benchmarks (job params are scalars)`},
 		{"unknown field", `{"methods": {"m": {"parms": {}}}}`, `expt: schema: json: unknown field "parms"`},
 		{"bad method name", `{"methods": {"a b": {}}}`, `expt: schema: method name "a b" is not valid (want ^[A-Za-z0-9][A-Za-z0-9_.-]*$)`},
 		{"bad param name", method(`"x-y": {"type": "int", "default": 1}`), `expt: schema: method "m": param name "x-y" is not an identifier`},
 		{"reserved", method(`"workload": {"type": "int", "default": 1}`), `expt: schema: method "m": param name "workload" is reserved`},
 		{"no type", method(`"x": {"default": 1}`), `expt: schema: method "m": param "x": "type" is missing`},
-		{"bad type", method(`"x": {"type": "double", "default": 1}`), `expt: schema: method "m": param "x": type "double" is unknown (known: bool, float, int, str)`},
+		{"bad type", method(`"x": {"type": "double", "default": 1}`), `expt: schema: method "m": param "x": type "double" is unknown (known: bool, float, int, ints, str)`},
 		{"no default", method(`"x": {"type": "int"}`), `expt: schema: method "m": param "x": "default" is missing`},
 		{"null default", method(`"x": {"type": "int", "default": null}`), `expt: schema: method "m": param "x": "default" is missing`},
 		{"default type", method(`"x": {"type": "int", "default": 1.5}`), `expt: schema: method "m": param "x": default: want int, got float 1.5`},
@@ -62,7 +119,8 @@ func TestParseSchemaErrors(t *testing.T) {
 		{"empty choices", method(`"x": {"type": "str", "default": "a", "choices": []}`), `expt: schema: method "m": param "x": "choices" is empty`},
 		{"choice type", method(`"x": {"type": "str", "default": "a", "choices": ["a", 1]}`), `expt: schema: method "m": param "x": choices[1]: want str, got int 1`},
 		{"default not a choice", method(`"x": {"type": "str", "default": "c", "choices": ["a", "b"]}`), `expt: schema: method "m": param "x": default: "c" is not one of "a", "b"`},
-		{"workload", `{"methods": {"m": {}}, "workload": {"params": {"seed": {"type": "int", "default": true}}}}`, `expt: schema: workload: param "seed": default: want int, got bool True`},
+		{"workload", `{"methods": {"m": {}}, "workloads": {"w": {"params": {"seed": {"type": "int", "default": true}}}}, "default_workload": "w"}`, `expt: schema: workload "w": param "seed": default: want int, got bool True`},
+		{"benchmark list default", `{"methods": {"m": {}}, ` + oneWorkload + `, "benchmarks": {"b": {"params": {"n": {"type": "ints", "default": [1, "x"]}}}}}`, `expt: schema: benchmark "b": param "n": default: want ints, got []interface {} [1 x]`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -79,7 +137,7 @@ func TestLoadSchemaFileErrors(t *testing.T) {
 		t.Errorf("err = %v, want ErrNotExist", err)
 	}
 	path := t.TempDir() + "/s.json"
-	if err := os.WriteFile(path, []byte(`{"methods": {}}`), 0o644); err != nil {
+	if err := os.WriteFile(path, []byte(`{"methods": {}, `+oneWorkload+`}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	_, err := LoadSchema(path)

@@ -5,6 +5,7 @@ import (
 	"hash/fnv"
 	"maps"
 	"math"
+	"strconv"
 	"strings"
 
 	"go.starlark.net/starlark"
@@ -72,11 +73,12 @@ func checkValue(p *Param, v starlark.Value) (any, error) {
 	return p.check(g)
 }
 
-// workloadValue is what workload() returns: a complete, validated, frozen
-// set of workload parameters. It reads like a dict (wl["seed"], wl.seed,
-// keys(), **wl) so scripts can derive one workload from another with
-// workload(**dict(wl, seed=1)).
+// workloadValue is what workload() returns: a registered workload's name and
+// a complete, validated, frozen set of its parameters. It reads like a dict
+// of the parameters (wl["seed"], wl.seed, keys(), **wl) so scripts can derive
+// one workload from another with workload(**dict(wl, seed=1)).
 type workloadValue struct {
+	name string         // the registered workload
 	vals map[string]any // complete: every schema param, defaults filled in
 	keys []string       // sorted, for deterministic iteration and printing
 }
@@ -88,8 +90,8 @@ var (
 	_ starlark.Comparable      = (*workloadValue)(nil)
 )
 
-func newWorkloadValue(vals map[string]any) *workloadValue {
-	return &workloadValue{vals: vals, keys: sortedKeys(vals)}
+func newWorkloadValue(name string, vals map[string]any) *workloadValue {
+	return &workloadValue{name: name, vals: vals, keys: sortedKeys(vals)}
 }
 
 // values returns a copy, so each job owns its map.
@@ -97,12 +99,9 @@ func (w *workloadValue) values() map[string]any { return maps.Clone(w.vals) }
 
 func (w *workloadValue) String() string {
 	var b strings.Builder
-	b.WriteString("workload(")
-	for i, k := range w.keys {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		fmt.Fprintf(&b, "%s=%s", k, formatValue(w.vals[k]))
+	b.WriteString("workload(" + strconv.Quote(w.name))
+	for _, k := range w.keys {
+		fmt.Fprintf(&b, ", %s=%s", k, formatValue(w.vals[k]))
 	}
 	b.WriteString(")")
 	return b.String()
@@ -115,6 +114,7 @@ func (w *workloadValue) Len() int             { return len(w.keys) }
 
 func (w *workloadValue) Hash() (uint32, error) {
 	h := fnv.New32a()
+	h.Write([]byte(w.name))
 	h.Write(appendCanonical(nil, w.vals))
 	return h.Sum32(), nil
 }
@@ -153,7 +153,8 @@ func (w *workloadValue) Attr(name string) (starlark.Value, error) {
 func (w *workloadValue) AttrNames() []string { return w.keys }
 
 func (w *workloadValue) CompareSameType(op syntax.Token, y starlark.Value, depth int) (bool, error) {
-	eq := maps.Equal(w.vals, y.(*workloadValue).vals)
+	other := y.(*workloadValue)
+	eq := w.name == other.name && maps.Equal(w.vals, other.vals)
 	switch op {
 	case syntax.EQL:
 		return eq, nil

@@ -80,6 +80,9 @@ func flatten(r Record) map[string]any {
 	if r.Error != "" {
 		row["error"] = r.Error
 	}
+	if r.WorkloadName != "" {
+		row["workload"] = r.WorkloadName
+	}
 	for prefix, m := range map[string]map[string]any{"param_": r.Params, "workload_": r.Workload, "metric_": r.Metrics, "extra_": r.Extra} {
 		for k, v := range m {
 			row[prefix+k] = v

@@ -51,18 +51,19 @@ type Git struct {
 
 // Record is one finished job: a line of the journal, a row of the table.
 type Record struct {
-	JobID      string         `json:"job_id"`
-	Experiment string         `json:"experiment"`
-	Method     string         `json:"method"`
-	Params     map[string]any `json:"params"`
-	Workload   map[string]any `json:"workload"`
-	Status     string         `json:"status"` // StatusOK or StatusFailed
-	Error      string         `json:"error,omitempty"`
-	Attempts   int            `json:"attempts"`
-	Seconds    float64        `json:"duration_seconds"`
-	Metrics    map[string]any `json:"metrics,omitempty"`
-	Extra      map[string]any `json:"extra,omitempty"` // non-scalar outputs (per-layer lists, ...)
-	Finished   time.Time      `json:"finished"`
+	JobID        string         `json:"job_id"`
+	Experiment   string         `json:"experiment"`
+	Method       string         `json:"method"`
+	Params       map[string]any `json:"params"`
+	WorkloadName string         `json:"workload_name,omitempty"` // the registered workload (absent in runs from before workloads had names: synthetic)
+	Workload     map[string]any `json:"workload"`
+	Status       string         `json:"status"` // StatusOK or StatusFailed
+	Error        string         `json:"error,omitempty"`
+	Attempts     int            `json:"attempts"`
+	Seconds      float64        `json:"duration_seconds"`
+	Metrics      map[string]any `json:"metrics,omitempty"`
+	Extra        map[string]any `json:"extra,omitempty"` // non-scalar outputs (per-layer lists, ...)
+	Finished     time.Time      `json:"finished"`
 }
 
 const (

@@ -134,7 +134,7 @@ func TestLocalRunsOnWorkers(t *testing.T) {
 		t.Fatalf("copy kernels_py: %v: %s", err, out)
 	}
 	mod := `import torch
-from kernels_py import arena
+from kernels_py.runtime import arena
 
 def ramp(n):
     t = arena.empty((n,), torch.float32)
@@ -148,7 +148,7 @@ def ramp(n):
 	for _, n := range []int{3, 5} {
 		jobs = append(jobs, Job{Job: sched.Job{ID: fmt.Sprintf("ramp%d", n), Spec: worker.Job{Fn: "kernels_py.runnertest:ramp", Args: map[string]any{"n": n}}}})
 	}
-	jobs = append(jobs, Job{Job: sched.Job{ID: "fails", Spec: worker.Job{Fn: "kernels_py.diag:fail", Args: map[string]any{"message": "bad params"}}}})
+	jobs = append(jobs, Job{Job: sched.Job{ID: "fails", Spec: worker.Job{Fn: "kernels_py.runtime.diag:fail", Args: map[string]any{"message": "bad params"}}}})
 
 	o := Options{Out: t.TempDir(), Experiment: "local", Jobs: jobs, KernelsDir: root, Device: "cpu",
 		Executor: &Local{Python: py, KernelsRoot: root, Device: worker.CPU, Workers: 1, Log: zerolog.Nop()},

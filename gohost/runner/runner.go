@@ -32,9 +32,10 @@ import (
 // journal records about it besides the outcome.
 type Job struct {
 	sched.Job
-	Method   string
-	Params   map[string]any
-	Workload map[string]any
+	Method       string
+	Params       map[string]any
+	WorkloadName string
+	Workload     map[string]any
 }
 
 // Outcome is a finished job as an executor reports it.
@@ -224,7 +225,8 @@ func openRun(o Options) (*results.Run, map[string]results.Record, error) {
 // returned metrics; only then are its tensors saved, and failing to save
 // them fails the job.
 func record(experiment string, j Job, out Outcome) results.Record {
-	rec := results.Record{JobID: j.ID, Experiment: experiment, Method: j.Method, Params: j.Params, Workload: j.Workload,
+	rec := results.Record{JobID: j.ID, Experiment: experiment, Method: j.Method, Params: j.Params,
+		WorkloadName: j.WorkloadName, Workload: j.Workload,
 		Status: results.StatusOK, Attempts: out.Attempts, Seconds: out.Duration.Seconds(), Finished: time.Now()}
 	if out.Err != nil {
 		rec.Status = results.StatusFailed

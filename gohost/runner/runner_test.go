@@ -79,7 +79,7 @@ func testOptions(t *testing.T, ex Executor, jobs []Job) Options {
 	if err := os.MkdirAll(filepath.Join(kernels, "kernels_py"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(kernels, "kernels_py", "policy.py"), []byte("x = 1\n"), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(kernels, "kernels_py", "method.py"), []byte("x = 1\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	return Options{
@@ -159,7 +159,7 @@ func TestFreshRunJournalsEveryJob(t *testing.T) {
 		m.Versions["python"] != "3.12.1" || m.Versions["torch"] != "2.5.0" {
 		t.Errorf("manifest device %q, versions %v", m.Device, m.Versions)
 	}
-	if len(m.KernelsHash) != 1 || len(m.KernelsHash["policy.py"]) != 64 {
+	if len(m.KernelsHash) != 1 || len(m.KernelsHash["method.py"]) != 64 {
 		t.Errorf("kernels hashes %v", m.KernelsHash)
 	}
 	if !strings.Contains(progress.String(), "[3/3] c h2o budget=0.c (1ms) ok\n") {

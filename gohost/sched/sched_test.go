@@ -52,12 +52,12 @@ func TestRunRetriesTimeoutsAndFailures(t *testing.T) {
 	start, started := starter(t)
 	marker := filepath.Join(t.TempDir(), "crashed")
 	jobs := []Job{
-		job("echo1", "kernels_py.diag:echo", map[string]any{"i": 1}, time.Minute),
-		job("once", "kernels_py.diag:crash_once", map[string]any{"marker": marker}, time.Minute),
-		job("always", "kernels_py.diag:crash", nil, time.Minute),
-		job("slow", "kernels_py.diag:sleep", map[string]any{"seconds": 60}, time.Second),
-		job("raises", "kernels_py.diag:fail", map[string]any{"message": "bad params"}, time.Minute),
-		job("echo2", "kernels_py.diag:echo", map[string]any{"i": 2}, time.Minute),
+		job("echo1", "kernels_py.runtime.diag:echo", map[string]any{"i": 1}, time.Minute),
+		job("once", "kernels_py.runtime.diag:crash_once", map[string]any{"marker": marker}, time.Minute),
+		job("always", "kernels_py.runtime.diag:crash", nil, time.Minute),
+		job("slow", "kernels_py.runtime.diag:sleep", map[string]any{"seconds": 60}, time.Second),
+		job("raises", "kernels_py.runtime.diag:fail", map[string]any{"message": "bad params"}, time.Minute),
+		job("echo2", "kernels_py.runtime.diag:echo", map[string]any{"i": 2}, time.Minute),
 	}
 	var c collected
 	var out bytes.Buffer
@@ -99,9 +99,9 @@ func TestRunRetriesTimeoutsAndFailures(t *testing.T) {
 
 func TestCancelKeepsFinishedJobs(t *testing.T) {
 	start, _ := starter(t)
-	jobs := []Job{job("fast", "kernels_py.diag:echo", nil, 0)}
+	jobs := []Job{job("fast", "kernels_py.runtime.diag:echo", nil, 0)}
 	for _, id := range []string{"s1", "s2", "s3"} {
-		jobs = append(jobs, job(id, "kernels_py.diag:sleep", map[string]any{"seconds": 60}, 0))
+		jobs = append(jobs, job(id, "kernels_py.runtime.diag:sleep", map[string]any{"seconds": 60}, 0))
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var c collected
@@ -127,7 +127,7 @@ func TestCancelKeepsFinishedJobs(t *testing.T) {
 
 func TestDoneErrorStopsTheRun(t *testing.T) {
 	start, _ := starter(t)
-	jobs := []Job{job("a", "kernels_py.diag:echo", nil, 0), job("b", "kernels_py.diag:echo", nil, 0), job("c", "kernels_py.diag:echo", nil, 0)}
+	jobs := []Job{job("a", "kernels_py.runtime.diag:echo", nil, 0), job("b", "kernels_py.runtime.diag:echo", nil, 0), job("c", "kernels_py.runtime.diag:echo", nil, 0)}
 	calls := 0
 	err := Run(context.Background(), jobs, Config{Workers: 1, Start: start, Log: zerolog.Nop(),
 		Done: func(Outcome) error { calls++; return errors.New("disk full") }})
@@ -137,7 +137,7 @@ func TestDoneErrorStopsTheRun(t *testing.T) {
 }
 
 func TestStartFailureStopsTheRun(t *testing.T) {
-	err := Run(context.Background(), []Job{job("a", "kernels_py.diag:echo", nil, 0)}, Config{Workers: 1, Log: zerolog.Nop(),
+	err := Run(context.Background(), []Job{job("a", "kernels_py.runtime.diag:echo", nil, 0)}, Config{Workers: 1, Log: zerolog.Nop(),
 		Start: func(context.Context) (*worker.Worker, error) { return nil, errors.New("no python") },
 		Done:  func(Outcome) error { return nil }})
 	if err == nil || !strings.Contains(err.Error(), "start a worker: no python") {

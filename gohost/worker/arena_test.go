@@ -68,7 +68,7 @@ func TestWorkerModifiesArenaTensorsInPlace(t *testing.T) {
 		fill(t, x)
 		xs = append(xs, x)
 	}
-	if _, err := run(t, w, "kernels_py.exchange:scale_inplace", map[string]any{"tensors": xs, "factor": 2}, time.Minute); err != nil {
+	if _, err := run(t, w, "kernels_py.runtime.exchange:scale_inplace", map[string]any{"tensors": xs, "factor": 2}, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	for _, x := range xs {
@@ -92,7 +92,7 @@ func TestWorkerSeesStridesAndOffsets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	raw, err := run(t, w, "kernels_py.exchange:describe", map[string]any{"x": view}, time.Minute)
+	raw, err := run(t, w, "kernels_py.runtime.exchange:describe", map[string]any{"x": view}, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +138,7 @@ func TestWorkerRejectsBadDescriptors(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := run(t, w, "kernels_py.exchange:describe", map[string]any{"x": map[string]any{"__tensor__": tc.desc}}, time.Minute)
+			_, err := run(t, w, "kernels_py.runtime.exchange:describe", map[string]any{"x": map[string]any{"__tensor__": tc.desc}}, time.Minute)
 			var je *JobError
 			if !errors.As(err, &je) || !strings.Contains(je.Message, tc.want) {
 				t.Fatalf("got %v, want a job error mentioning %q", err, tc.want)
@@ -149,7 +149,7 @@ func TestWorkerRejectsBadDescriptors(t *testing.T) {
 		})
 	}
 	// The worker still serves good descriptors.
-	if _, err := run(t, w, "kernels_py.exchange:describe", map[string]any{"x": map[string]any{"__tensor__": good}}, time.Minute); err != nil {
+	if _, err := run(t, w, "kernels_py.runtime.exchange:describe", map[string]any{"x": map[string]any{"__tensor__": good}}, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -164,7 +164,7 @@ func TestWorkerReturnsTensorsFromScratch(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	raw, err := w.Run(ctx, Job{Fn: "kernels_py.exchange:arange_out", Args: map[string]any{"n": 100},
+	raw, err := w.Run(ctx, Job{Fn: "kernels_py.runtime.exchange:arange_out", Args: map[string]any{"n": 100},
 		Scratch: &tensor.Region{Arena: 2, Offset: off, Size: 4096}})
 	if err != nil {
 		t.Fatal(err)
@@ -188,11 +188,11 @@ func TestWorkerReturnsTensorsFromScratch(t *testing.T) {
 		t.Fatalf("values %v (err %v), sum %v", v, err, res.Sum)
 	}
 	// Without a scratch region the job fails cleanly.
-	if _, err := run(t, w, "kernels_py.exchange:arange_out", map[string]any{"n": 4}, time.Minute); err == nil || !strings.Contains(err.Error(), "no scratch region") {
+	if _, err := run(t, w, "kernels_py.runtime.exchange:arange_out", map[string]any{"n": 4}, time.Minute); err == nil || !strings.Contains(err.Error(), "no scratch region") {
 		t.Errorf("job without scratch: %v", err)
 	}
 	// Too small a region is a job error too.
-	_, err = w.Run(ctx, Job{Fn: "kernels_py.exchange:arange_out", Args: map[string]any{"n": 10000},
+	_, err = w.Run(ctx, Job{Fn: "kernels_py.runtime.exchange:arange_out", Args: map[string]any{"n": 10000},
 		Scratch: &tensor.Region{Arena: 2, Offset: off, Size: 4096}})
 	if err == nil || !strings.Contains(err.Error(), "no room") {
 		t.Errorf("overflowing scratch: %v", err)
@@ -224,12 +224,12 @@ func TestNoDescriptorOrMappingLeaks(t *testing.T) {
 	a := newArena(t, 1, 1<<20)
 	mapArena(t, w, a)
 	x, _ := a.NewTensor(tensor.Float32, 64)
-	run(t, w, "kernels_py.exchange:scale_inplace", map[string]any{"tensors": []*tensor.Tensor{x}}, time.Minute)
+	run(t, w, "kernels_py.runtime.exchange:scale_inplace", map[string]any{"tensors": []*tensor.Tensor{x}}, time.Minute)
 
 	hostFDs, workerFDs := countFDs(t, os.Getpid()), countFDs(t, w.Pid())
 	workerMaps := countMappings(t, w.Pid())
 	for i := 0; i < 2000; i++ {
-		if _, err := run(t, w, "kernels_py.exchange:scale_inplace", map[string]any{"tensors": []*tensor.Tensor{x}, "factor": 1}, time.Minute); err != nil {
+		if _, err := run(t, w, "kernels_py.runtime.exchange:scale_inplace", map[string]any{"tensors": []*tensor.Tensor{x}, "factor": 1}, time.Minute); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -244,7 +244,7 @@ func TestNoDescriptorOrMappingLeaks(t *testing.T) {
 		if err := w.MapArena(ctx, b); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := w.Run(ctx, Job{Fn: "kernels_py.exchange:scale_inplace", Args: map[string]any{"tensors": []*tensor.Tensor{y}}}); err != nil {
+		if _, err := w.Run(ctx, Job{Fn: "kernels_py.runtime.exchange:scale_inplace", Args: map[string]any{"tensors": []*tensor.Tensor{y}}}); err != nil {
 			t.Fatal(err)
 		}
 		if err := w.UnmapArena(ctx, b.ID()); err != nil {
@@ -269,8 +269,8 @@ func TestArenaOutlivesCrashedWorker(t *testing.T) {
 	fill(t, x)
 	w := startWorker(t, repoRoot(t))
 	mapArena(t, w, a)
-	run(t, w, "kernels_py.exchange:scale_inplace", map[string]any{"tensors": []*tensor.Tensor{x}, "factor": 3}, time.Minute)
-	if _, err := run(t, w, "kernels_py.diag:crash", nil, time.Minute); err == nil {
+	run(t, w, "kernels_py.runtime.exchange:scale_inplace", map[string]any{"tensors": []*tensor.Tensor{x}, "factor": 3}, time.Minute)
+	if _, err := run(t, w, "kernels_py.runtime.diag:crash", nil, time.Minute); err == nil {
 		t.Fatal("crash job succeeded")
 	}
 	if v := values(t, x); v[9] != 30 {
@@ -278,7 +278,7 @@ func TestArenaOutlivesCrashedWorker(t *testing.T) {
 	}
 	w2 := startWorker(t, repoRoot(t))
 	mapArena(t, w2, a)
-	if _, err := run(t, w2, "kernels_py.exchange:scale_inplace", map[string]any{"tensors": []*tensor.Tensor{x}, "factor": 2}, time.Minute); err != nil {
+	if _, err := run(t, w2, "kernels_py.runtime.exchange:scale_inplace", map[string]any{"tensors": []*tensor.Tensor{x}, "factor": 2}, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	if v := values(t, x); v[0] != 6 || v[9] != 60 {
@@ -312,7 +312,7 @@ func TestPipeRoundTripDoublesTheBytes(t *testing.T) {
 		t.Error("accepted a partial float32")
 	}
 	// The channel is still in step afterwards.
-	if _, err := w.Run(ctx, Job{Fn: "kernels_py.diag:echo"}); err != nil {
+	if _, err := w.Run(ctx, Job{Fn: "kernels_py.runtime.diag:echo"}); err != nil {
 		t.Fatal(err)
 	}
 }

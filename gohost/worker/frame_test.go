@@ -11,7 +11,7 @@ import (
 func TestFrameRoundTrip(t *testing.T) {
 	var buf bytes.Buffer
 	msgs := []message{
-		{Type: "run", ID: 1, Job: &Job{Fn: "kernels_py.diag:echo", Args: map[string]any{"x": 1.5}}},
+		{Type: "run", ID: 1, Job: &Job{Fn: "kernels_py.runtime.diag:echo", Args: map[string]any{"x": 1.5}}},
 		{Type: "reload", ID: 2},
 		{Type: "shutdown", ID: 3},
 	}

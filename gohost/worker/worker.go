@@ -1,5 +1,5 @@
 // Package worker starts long-lived Python worker processes
-// (python -m kernels_py.worker) and talks to them with length-prefixed JSON
+// (python -m kernels_py.runtime.worker) and talks to them with length-prefixed JSON
 // frames on a pair of dedicated pipes, so nothing the Python side prints can
 // corrupt the channel.
 package worker
@@ -112,7 +112,7 @@ func Start(ctx context.Context, cfg Config) (*Worker, error) {
 	hostSock, workerSock := os.NewFile(uintptr(pair[0]), "fd-host"), os.NewFile(uintptr(pair[1]), "fd-worker")
 
 	out := newTail(64 << 10)
-	cmd := exec.Command(cfg.Python, "-m", "kernels_py.worker")
+	cmd := exec.Command(cfg.Python, "-m", "kernels_py.runtime.worker")
 	cmd.Dir = cfg.KernelsRoot
 	base := cfg.Env
 	if base == nil {

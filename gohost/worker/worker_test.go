@@ -53,7 +53,7 @@ func TestWorkerLifecycle(t *testing.T) {
 	}
 
 	t.Run("echo through stdout noise", func(t *testing.T) {
-		raw, err := run(t, w, "kernels_py.diag:noisy_echo", map[string]any{"lines": 200, "x": "y"}, time.Minute)
+		raw, err := run(t, w, "kernels_py.runtime.diag:noisy_echo", map[string]any{"lines": 200, "x": "y"}, time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -72,7 +72,7 @@ func TestWorkerLifecycle(t *testing.T) {
 	})
 
 	t.Run("python exception", func(t *testing.T) {
-		_, err := run(t, w, "kernels_py.diag:fail", map[string]any{"message": "kaboom"}, time.Minute)
+		_, err := run(t, w, "kernels_py.runtime.diag:fail", map[string]any{"message": "kaboom"}, time.Minute)
 		var je *JobError
 		if !errors.As(err, &je) {
 			t.Fatalf("got %v, want a *JobError", err)
@@ -88,7 +88,7 @@ func TestWorkerLifecycle(t *testing.T) {
 
 func TestWorkerCrashMidJob(t *testing.T) {
 	w := startWorker(t, repoRoot(t))
-	_, err := run(t, w, "kernels_py.diag:crash", map[string]any{"message": "segfault in my kernel"}, time.Minute)
+	_, err := run(t, w, "kernels_py.runtime.diag:crash", map[string]any{"message": "segfault in my kernel"}, time.Minute)
 	var ee *ExitError
 	if !errors.As(err, &ee) {
 		t.Fatalf("got %v, want an *ExitError", err)
@@ -100,12 +100,12 @@ func TestWorkerCrashMidJob(t *testing.T) {
 		t.Error("worker still reported alive")
 	}
 	// Later calls on the dead worker fail the same way instead of hanging.
-	if _, err := run(t, w, "kernels_py.diag:echo", nil, 10*time.Second); !errors.As(err, &ee) {
+	if _, err := run(t, w, "kernels_py.runtime.diag:echo", nil, 10*time.Second); !errors.As(err, &ee) {
 		t.Errorf("call on a dead worker: got %v", err)
 	}
 	// A fresh worker takes the next job.
 	w2 := startWorker(t, repoRoot(t))
-	if _, err := run(t, w2, "kernels_py.diag:echo", nil, time.Minute); err != nil {
+	if _, err := run(t, w2, "kernels_py.runtime.diag:echo", nil, time.Minute); err != nil {
 		t.Fatalf("fresh worker: %v", err)
 	}
 }
@@ -118,20 +118,20 @@ func TestWorkerKilledFromOutsideMidJob(t *testing.T) {
 		time.Sleep(500 * time.Millisecond)
 		syscall.Kill(w.Pid(), syscall.SIGKILL)
 	}()
-	_, err := run(t, w, "kernels_py.diag:sleep", map[string]any{"seconds": 60}, time.Minute)
+	_, err := run(t, w, "kernels_py.runtime.diag:sleep", map[string]any{"seconds": 60}, time.Minute)
 	var ee *ExitError
 	if !errors.As(err, &ee) || !strings.Contains(err.Error(), "signal: killed") {
 		t.Fatalf("got %v, want a killed-worker error", err)
 	}
 	w2 := startWorker(t, repoRoot(t))
-	if _, err := run(t, w2, "kernels_py.diag:echo", nil, time.Minute); err != nil {
+	if _, err := run(t, w2, "kernels_py.runtime.diag:echo", nil, time.Minute); err != nil {
 		t.Fatalf("fresh worker after the kill: %v", err)
 	}
 }
 
 func TestWorkerExitCodeMidJob(t *testing.T) {
 	w := startWorker(t, repoRoot(t))
-	_, err := run(t, w, "kernels_py.diag:crash", map[string]any{"message": "bye", "code": 7}, time.Minute)
+	_, err := run(t, w, "kernels_py.runtime.diag:crash", map[string]any{"message": "bye", "code": 7}, time.Minute)
 	var ee *ExitError
 	if !errors.As(err, &ee) || !strings.Contains(ee.State, "exit status 7") {
 		t.Fatalf("got %v, want exit status 7", err)
@@ -141,7 +141,7 @@ func TestWorkerExitCodeMidJob(t *testing.T) {
 func TestWorkerTimeoutKillsWorker(t *testing.T) {
 	w := startWorker(t, repoRoot(t))
 	start := time.Now()
-	_, err := run(t, w, "kernels_py.diag:sleep", map[string]any{"seconds": 30}, 500*time.Millisecond)
+	_, err := run(t, w, "kernels_py.runtime.diag:sleep", map[string]any{"seconds": 30}, 500*time.Millisecond)
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("got %v, want a deadline error", err)
 	}

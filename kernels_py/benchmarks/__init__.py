@@ -1,2 +1,72 @@
-"""Benchmarks run by `workbench bench ...`: timings only; correctness lives in
-the tests."""
+"""Kernel benchmarks, run by `workbench bench NAME`: timings only; correctness
+lives in the tests. One file per benchmark in this package (a Benchmark
+subclass, see base.py); the registry below finds them, so adding a benchmark
+is one file. Go prints any of them from the columns they describe.
+"""
+
+import gc
+import importlib
+import pkgutil
+
+import torch
+
+from kernels_py import runtime
+from kernels_py.benchmarks.base import Benchmark
+from kernels_py.tables import Column, table
+
+SKIPPED = Column("skipped", "", "why the row has no timings (e.g. out of memory)")
+
+
+def _discover() -> dict[str, type[Benchmark]]:
+    found = {}
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if info.name == "base":
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        for value in vars(module).values():
+            if isinstance(value, type) and issubclass(value, Benchmark) and value.__module__ == module.__name__:
+                if value.name in found:
+                    raise ValueError(f"two benchmarks are named {value.name!r}")
+                found[value.name] = value
+    return found
+
+
+BENCHMARKS: dict[str, type[Benchmark]] = _discover()
+
+
+def run(name: str, params: dict | None = None) -> dict:
+    """Run benchmark `name` with `params` (the knobs the user set; the rest
+    take their defaults, or on the CPU interpreter the benchmark's smoke
+    sizes). Returns the table: columns, rows, and notes for the user."""
+    if name not in BENCHMARKS:
+        raise ValueError(f"unknown benchmark {name!r}; known: {sorted(BENCHMARKS)}")
+    cls = BENCHMARKS[name]
+    params = dict(params or {})
+    notes = []
+    interpreter = runtime.interpreter_mode()
+    if interpreter:
+        shrunk = {k: v for k, v in cls.smoke.items() if k not in params}
+        params.update(shrunk)
+        if shrunk:
+            notes.append(f"CPU interpreter: tiny sizes for {', '.join(sorted(shrunk))} show the benchmark works; "
+                         f"its timings are not kernel speed")
+    bench = cls.from_dict(params)
+    device = runtime.device()
+    rows = []
+    for case in bench.cases():
+        try:
+            rows.append({**case, **bench.measure(case)})
+        except torch.cuda.OutOfMemoryError as err:  # a size too large for this GPU: say so, keep the table
+            rows.append({**case, "skipped": f"out of memory: {str(err).splitlines()[0]}"})
+        finally:
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    columns = cls.columns + ((SKIPPED,) if any("skipped" in r for r in rows) else ())
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    return {"benchmark": name, "device": device.type, "gpu": gpu, "interpreter": interpreter,
+            "params": {k: list(v) if isinstance(v, tuple) else v for k, v in bench.to_dict().items()},
+            **table(columns, rows), "notes": notes}
+
+
+__all__ = ["BENCHMARKS", "Benchmark", "run"]

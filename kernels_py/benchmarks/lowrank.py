@@ -1,8 +1,8 @@
-"""`workbench bench lowrank`: one decode step of attention over an
-AttentionPack cache (kernels_py.triton.lowrank_decode) against
+"""One decode step of attention over an AttentionPack cache
+(kernels_py.ops.lowrank_decode) against
 
 (i)   scaled_dot_product_attention over the full, uncompressed cache of the
-      same length (FlashAttention where PyTorch has it for these shapes), and
+      same length (FlashAttention forced where PyTorch has it for these shapes), and
 (ii)  the unfused path: rebuild K and V from U and W with batched matmuls in
       the cache dtype, rotate the keys, concatenate the dense segment, SDPA.
 
@@ -19,15 +19,20 @@ K/V (the per-token ranks and positions, 12 bytes a token, are left out).
 Compression ratio: full K/V cache bytes / (U + W + dense K/V bytes).
 """
 
+from dataclasses import dataclass
+
 import torch
-import torch.nn.functional as F
 
 from kernels_py import runtime
-from kernels_py.benchmarks.stats import _peak, _time
-from kernels_py.triton import lowrank_decode as kernel
-from kernels_py.workloads.synthetic import apply_rope
+from kernels_py.benchmarks.base import (
+    AttentionBenchmark, generator, hbm_peak_gbps, nbytes, peak_bytes, percent_of, sdpa, time_median,
+)
+from kernels_py.model import apply_rope
+from kernels_py.ops import common
+from kernels_py.ops import lowrank_decode as op
+from kernels_py.params import knob
+from kernels_py.tables import Column
 
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 ROPE_BASE = 10000.0
 FULL_RANK_SHARE = 0.25  # values: share of tokens decompressed at full rank, the rest at rank // 4
 
@@ -44,29 +49,15 @@ def _make(batch: int, length: int, dense_len: int, heads: int, kv_heads: int, he
     full = torch.rand(batch, length, generator=g, device=device) < FULL_RANK_SHARE
     rank_v = torch.where(full, rank, max(1, rank // 4)).to(torch.int32)
     pos = torch.arange(length, dtype=torch.int32, device=device).expand(batch, length)
-    comp = kernel.CompressedKV(randn(batch, length, rank), randn(batch, rank, width, scale=rank ** -0.5),
-                               randn(batch, length, rank), randn(batch, rank, width, scale=rank ** -0.5),
-                               rank_k, rank_v, pos, torch.full((batch,), length, dtype=torch.int32, device=device))
+    comp = op.CompressedKV(randn(batch, length, rank), randn(batch, rank, width, scale=rank ** -0.5),
+                           randn(batch, length, rank), randn(batch, rank, width, scale=rank ** -0.5),
+                           rank_k, rank_v, pos, torch.full((batch,), length, dtype=torch.int32, device=device))
     dense_pos = (length + torch.arange(dense_len, dtype=torch.int32, device=device)).expand(batch, dense_len)
-    dense = kernel.DenseKV(randn(batch, kv_heads, dense_len, head_dim), randn(batch, kv_heads, dense_len, head_dim),
-                           dense_pos, torch.full((batch,), dense_len, dtype=torch.int32, device=device))
+    dense = op.DenseKV(randn(batch, kv_heads, dense_len, head_dim), randn(batch, kv_heads, dense_len, head_dim),
+                       dense_pos, torch.full((batch,), dense_len, dtype=torch.int32, device=device))
     q = randn(batch, heads, 1, head_dim)
     q_pos = torch.full((batch, 1), length + dense_len, dtype=torch.int32, device=device)
     return q, q_pos, comp, dense
-
-
-def _sdpa(q, k, v):
-    """SDPA with GQA, FlashAttention first; returns (out, backend name)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    gqa = q.shape[1] != k.shape[1]
-    if q.is_cuda:
-        try:
-            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa), "flash"
-        except RuntimeError:  # no FlashAttention for these shapes/dtype: let PyTorch choose
-            pass
-    return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa), "default"
 
 
 def _unfused(q, comp, dense, rope_base):
@@ -85,70 +76,93 @@ def _unfused(q, comp, dense, rope_base):
     if rope_base is not None:
         k = apply_rope(k, comp.pos[0], rope_base)
     v = rebuild(comp.uv, comp.wv, comp.rank_v)
-    return _sdpa(q, torch.cat([k, dense.k], 2), torch.cat([v, dense.v], 2))[0]
+    return sdpa(q, torch.cat([k, dense.k], 2), torch.cat([v, dense.v], 2))[0]
 
 
-def _nbytes(*ts) -> int:
-    return sum(t.numel() * t.element_size() for t in ts)
+@dataclass(frozen=True)
+class Lowrank(AttentionBenchmark):
+    """Fused low-rank decode attention (AttentionPack) vs decompress-then-SDPA and vs SDPA on the full cache."""
 
+    name = "lowrank"
+    columns = (
+        Column("visual_len", "", "compressed (visual) tokens per sequence", "visual"),
+        Column("batch", "", "sequences"),
+        Column("dense_len", "", "uncompressed text tokens per sequence", show=False),
+        *AttentionBenchmark.SHAPE_COLUMNS,
+        Column("rank_k", "", "key rank", show=False),
+        Column("rank_v", "", "value rank of the full-rank group", show=False),
+        Column("rank_v_low", "", "value rank of the other 75% of the tokens", show=False),
+        Column("num_splits", "", "split-K splits per (sequence, kv head)", show=False),
+        Column("sdpa_backend", "", "SDPA backend of the baselines (flash where PyTorch has it)", show=False),
+        Column("fused_ms", "ms", "the fused decompress + flash-decoding kernel, median", "fused"),
+        Column("fused_gbps", "GB/s", "compressed cache bytes / fused time", "GB/s"),
+        Column("fused_hbm_pct", "%", "fused_gbps as a share of the GPU's HBM bandwidth", "% HBM"),
+        Column("absorbed_ms", "ms", "the rank-space (absorbed) kernel", "absorbed"),
+        Column("unfused_ms", "ms", "rebuild K and V with batched matmuls, RoPE, then SDPA", "unfused"),
+        Column("sdpa_ms", "ms", "SDPA over a full uncompressed cache of the same length", "SDPA"),
+        Column("speedup_vs_unfused", "x", "unfused time / fused time (above 1: fused is faster)", "unfused/fused"),
+        Column("speedup_vs_sdpa", "x", "SDPA time / fused time (above 1: fused is faster)", "SDPA/fused"),
+        Column("compression_ratio", "x", "full K/V bytes / compressed cache bytes", "compression"),
+        Column("fused_peak_bytes", "bytes", "extra device memory of the fused kernel at its peak", "peak fused"),
+        Column("unfused_peak_bytes", "bytes", "extra device memory of the unfused path", "peak unfused"),
+        Column("sdpa_peak_bytes", "bytes", "extra device memory of SDPA on the full cache", show=False),
+        Column("compressed_bytes", "bytes", "U, W and dense K/V bytes the fused kernel reads", show=False),
+        Column("full_bytes", "bytes", "bytes of the uncompressed cache", show=False),
+    )
+    smoke = {"lengths": (96,), "batches": (1,), "heads": 4, "kv_heads": 2, "head_dim": 64, "rank": 16,
+             "dense_len": 8, "dtype": "float32", "repeat": 1}
 
-def run(lengths=(1024, 4096, 16384, 32768), batches=(1, 8, 32, 64), heads: int = 32, kv_heads: int = 8,
-        head_dim: int = 128, rank: int = 64, dense_len: int = 64, dtype: str = "float16", repeat: int = 10,
-        seed: int = 0) -> dict:
-    """Time the fused, absorbed, unfused and full-SDPA paths for every
-    (visual length, batch); returns {"device", "interpreter", "rows": [...]}."""
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
-    if heads < 1 or kv_heads < 1 or heads % kv_heads:
-        raise ValueError(f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
-    if not 1 <= rank <= kv_heads * head_dim:
-        raise ValueError(f"rank must lie in [1, kv_heads * head_dim = {kv_heads * head_dim}], got {rank}")
-    if dense_len < 1 or repeat < 1 or min(lengths, default=1) < 1 or min(batches, default=1) < 1:
-        raise ValueError("lengths, batches, dense_len and repeat must be at least 1")
-    device = runtime.device()
-    cuda = device.type == "cuda"
-    torch_dtype = DTYPES[dtype]
-    g = torch.Generator(device=device).manual_seed(seed)
-    out = []
-    for n in lengths:
-        for b in batches:
-            q, q_pos, comp, dense = _make(b, n, dense_len, heads, kv_heads, head_dim, rank, torch_dtype, device, g)
-            kernel.check_inputs(q, q_pos, comp, dense, ROPE_BASE)  # once: the timed calls skip the value checks
-            splits = kernel.default_num_splits(comp, dense, kv_heads)
-            full_k = torch.randn(b, kv_heads, n + dense_len, head_dim, generator=g, device=device).to(torch_dtype)
-            full_v = torch.randn_like(full_k)
-            fused = lambda: kernel.lowrank_decode(q, q_pos, comp, dense, rope_base=ROPE_BASE,  # noqa: E731
-                                                  num_splits=splits, check_values=False)
-            absorbed = lambda: kernel.lowrank_decode_absorbed(q, q_pos, comp, dense, num_splits=splits,  # noqa: E731
-                                                              check_values=False)
-            unfused = lambda: _unfused(q, comp, dense, ROPE_BASE)  # noqa: E731
-            sdpa = lambda: _sdpa(q, full_k, full_v)  # noqa: E731
-            read = _nbytes(comp.uk, comp.uv, comp.wk, comp.wv, dense.k, dense.v)
-            full = _nbytes(full_k, full_v)
-            row = {"visual_len": n, "batch": b, "dense_len": dense_len, "heads": heads, "kv_heads": kv_heads,
-                   "head_dim": head_dim, "rank_k": rank, "rank_v": rank, "rank_v_low": max(1, rank // 4),
-                   "dtype": dtype, "num_splits": splits, "sdpa_backend": sdpa()[1],
-                   "fused_ms": _time(fused, repeat, cuda) * 1e3,
-                   "absorbed_ms": _time(absorbed, repeat, cuda) * 1e3,
-                   "unfused_ms": _time(unfused, repeat, cuda) * 1e3,
-                   "sdpa_ms": _time(sdpa, repeat, cuda) * 1e3,
-                   "fused_peak_bytes": _peak(fused, cuda),
-                   "unfused_peak_bytes": _peak(unfused, cuda),
-                   "sdpa_peak_bytes": _peak(sdpa, cuda),
-                   "compressed_bytes": read, "full_bytes": full}
-            row["fused_gbps"] = read / (row["fused_ms"] / 1e3) / 1e9
-            row["speedup_vs_unfused"] = row["unfused_ms"] / row["fused_ms"]
-            row["speedup_vs_sdpa"] = row["sdpa_ms"] / row["fused_ms"]
-            row["compression_ratio"] = full / read
-            out.append(row)
-            del q, q_pos, comp, dense, full_k, full_v, fused, absorbed, unfused, sdpa
-            if cuda:
-                torch.cuda.empty_cache()
-    return {"device": device.type, "interpreter": runtime.interpreter_mode(), "rows": out}
+    lengths: tuple = knob("ints", (1024, 4096, 16384, 32768), "visual (compressed) token counts", min=1,
+                          max=1 << 24)
+    batches: tuple = knob("ints", (1, 8, 32, 64), "batch sizes", min=1, max=4096)
+    rank: int = knob("int", 64, "compression rank of keys and values", min=1, max=65536,
+                     ref="AttentionPack section 4.3")
+    dense_len: int = knob("int", 64, "uncompressed text tokens after the visual ones", min=1, max=1 << 20)
 
+    def __post_init__(self):
+        super().__post_init__()
+        if self.head_dim % 2:
+            raise ValueError(f"{self.owner_name()}: head_dim ({self.head_dim}) must be even (RoPE rotates pairs)")
+        if self.rank > self.kv_heads * self.head_dim:
+            raise ValueError(f"{self.owner_name()}: rank must lie in [1, kv_heads * head_dim = "
+                             f"{self.kv_heads * self.head_dim}], got {self.rank}")
 
-def smoke_sizes() -> dict:
-    """Sizes small enough for the CPU interpreter: proves the benchmark runs."""
-    return {"lengths": [96], "batches": [1], "heads": 4, "kv_heads": 2, "head_dim": 64, "rank": 16,
-            "dense_len": 8, "dtype": "float32", "repeat": 1}
+    def cases(self):
+        return ({"visual_len": n, "batch": b} for n in self.lengths for b in self.batches)
 
+    def measure(self, case):
+        n, b = case["visual_len"], case["batch"]
+        device = runtime.device()
+        cuda = device.type == "cuda"
+        dt = common.dtype(self.dtype)
+        g = generator(self.seed, n, b, device=device)
+        q, q_pos, comp, dense = _make(b, n, self.dense_len, self.heads, self.kv_heads, self.head_dim, self.rank, dt,
+                                      device, g)
+        op.check_inputs(q, q_pos, comp, dense, ROPE_BASE)  # once: the timed calls skip the value checks
+        splits = op.default_num_splits(comp, dense, self.kv_heads)
+        full_k = torch.randn(b, self.kv_heads, n + self.dense_len, self.head_dim, generator=g, device=device).to(dt)
+        full_v = torch.randn_like(full_k)
+        fused = lambda: op.lowrank_decode(q, q_pos, comp, dense, rope_base=ROPE_BASE,  # noqa: E731
+                                          num_splits=splits, check_values=False)
+        absorbed = lambda: op.lowrank_decode_absorbed(q, q_pos, comp, dense, num_splits=splits,  # noqa: E731
+                                                      check_values=False)
+        unfused = lambda: _unfused(q, comp, dense, ROPE_BASE)  # noqa: E731
+        full = lambda: sdpa(q, full_k, full_v)  # noqa: E731
+        read = nbytes(comp.uk, comp.uv, comp.wk, comp.wv, dense.k, dense.v)
+        row = {"dense_len": self.dense_len, **self.shape(), "rank_k": self.rank, "rank_v": self.rank,
+               "rank_v_low": max(1, self.rank // 4), "num_splits": splits,
+               "sdpa_backend": full()[1],
+               "fused_ms": time_median(fused, self.repeat, cuda) * 1e3,
+               "absorbed_ms": time_median(absorbed, self.repeat, cuda) * 1e3,
+               "unfused_ms": time_median(unfused, self.repeat, cuda) * 1e3,
+               "sdpa_ms": time_median(full, self.repeat, cuda) * 1e3,
+               "fused_peak_bytes": peak_bytes(fused, cuda),
+               "unfused_peak_bytes": peak_bytes(unfused, cuda),
+               "sdpa_peak_bytes": peak_bytes(full, cuda),
+               "compressed_bytes": read, "full_bytes": nbytes(full_k, full_v)}
+        row["fused_gbps"] = read / (row["fused_ms"] / 1e3) / 1e9
+        row["fused_hbm_pct"] = percent_of(row["fused_gbps"], hbm_peak_gbps(device))
+        row["speedup_vs_unfused"] = row["unfused_ms"] / row["fused_ms"]
+        row["speedup_vs_sdpa"] = row["sdpa_ms"] / row["fused_ms"]
+        row["compression_ratio"] = row["full_bytes"] / read
+        return row

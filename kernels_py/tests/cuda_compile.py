@@ -1,5 +1,5 @@
-"""Compile the Triton kernels of kernels_py.triton for CUDA targets, without a
-GPU, with the exact specializations their launchers use.
+"""Compile the Triton kernels of every registered op (kernels_py.ops) for CUDA
+targets, without a GPU, with the exact specializations their launchers use.
 
 Run as a script (test_cuda_compile.py does, once per target):
 
@@ -9,7 +9,7 @@ It must run in a process where TRITON_INTERPRET is unset, for two reasons:
 - `import triton` decorates triton.language's own jit helpers (tl.cdiv, the
   reductions' combine functions) as interpreter functions when it is set, and
   the code generator cannot compile kernels that call those.
-- the launchers choose some constexprs by compat.interpreting() (bf16 tl.dot
+- the launchers choose some constexprs by runtime.interpreter_mode() (bf16 tl.dot
   operands upcast to float32, the absorbed kernel's tf32 products, fixed tiles
   instead of autotuning). Without the interpreter they choose what a launch on
   a GPU chooses, which is what must compile.
@@ -25,13 +25,10 @@ compiled once per selected autotune config, with its num_warps/num_stages.
 import argparse
 import contextlib
 import json
-import math
 import sys
 import time
 import traceback
 from dataclasses import dataclass
-from functools import partial
-from typing import Callable
 
 import torch
 import triton
@@ -47,18 +44,6 @@ TARGETS = (80, 90)
 MAX_SHARED = {80: 166912, 90: 232448}
 
 
-@dataclass(frozen=True)
-class Case:
-    """One representative launcher call. `kernels`: the kernels it must launch
-    (so a launcher that stops launching one cannot pass unnoticed). `tune`:
-    which of an autotuned kernel's configs to compile."""
-
-    name: str
-    call: Callable[[], None]
-    kernels: tuple[str, ...]
-    tune: slice = slice(None)
-
-
 @dataclass
 class Launch:
     kernel: JITFunction
@@ -67,91 +52,11 @@ class Launch:
     configs: list | None  # the autotuner's configs; None for a plain launch
 
 
-# ----------------------------------------------------------------------------
-# Cases: tiny CPU inputs with the shapes, dtypes and options that decide the
-# specialization (head_dim, GQA group, query tokens, ranks, RoPE).
-# ----------------------------------------------------------------------------
+def cases():
+    """Every registered op's compile cases (kernels_py.ops: cases.COMPILE_CASES)."""
+    from kernels_py.ops import OPS
 
-
-def _randn(*shape, dtype):
-    return torch.randn(*shape).to(dtype)
-
-
-def _stats(dtype, heads, kv_heads, head_dim):
-    from kernels_py.triton.attention_stats import attention_stats
-
-    rows, keys = 20, 40
-    q_pos = torch.arange(keys - rows, keys, dtype=torch.int64)
-    attention_stats(_randn(heads, rows, head_dim, dtype=dtype), _randn(kv_heads, keys, head_dim, dtype=dtype), q_pos)
-
-
-def _lowrank(*, dtype, head_dim, rank_k, rank_v, heads=4, kv_heads=2, queries=1, w_dtype=None,
-             absorbed=False, rope_base=None, block_n=None):
-    from kernels_py.triton import lowrank_decode as lr
-
-    w_dtype = w_dtype or dtype
-    batch, tokens, slots = 2, 40, 8
-    width = kv_heads * head_dim
-
-    def ranks(r):
-        return torch.randint(1, r + 1, (batch, tokens), dtype=torch.int32)
-
-    comp = lr.CompressedKV(
-        _randn(batch, tokens, rank_k, dtype=dtype), _randn(batch, rank_k, width, dtype=w_dtype) / math.sqrt(rank_k),
-        _randn(batch, tokens, rank_v, dtype=dtype), _randn(batch, rank_v, width, dtype=w_dtype) / math.sqrt(rank_v),
-        ranks(rank_k), ranks(rank_v), torch.arange(tokens).repeat(batch, 1), torch.tensor([tokens, tokens - 7]))
-    dense = lr.DenseKV(_randn(batch, kv_heads, slots, head_dim, dtype=dtype),
-                       _randn(batch, kv_heads, slots, head_dim, dtype=dtype),
-                       (tokens + torch.arange(slots)).repeat(batch, 1), torch.tensor([slots, 3]))
-    q = _randn(batch, heads, queries, head_dim, dtype=dtype)
-    q_pos = (tokens + slots - queries + torch.arange(queries)).repeat(batch, 1)
-    if absorbed:
-        lr.lowrank_decode_absorbed(q, q_pos, comp, dense, block_n=block_n)
-    else:
-        lr.lowrank_decode(q, q_pos, comp, dense, rope_base=rope_base, block_n=block_n)
-
-
-STATS = ("_row_stats_kernel", "_column_stats_kernel", "_reduce_kernel")
-DECODE = ("_stage1_kernel", "_merge_kernel", "_mass_kernel")
-ABSORBED = ("_stage1_absorbed_kernel", "_merge_kernel", "_mass_kernel")
-f16, bf16, f32 = torch.float16, torch.bfloat16, torch.float32
-
-# The three autotuned cases of each stage-1 kernel take configs[k::3], k = 0,
-# 1, 2: every config is compiled once per target, each case with a mix of
-# tiles, warps and stages. float32 inputs take the pinned tile only: their
-# large-tile configs take 10-35 s each to compile.
-CASES = [
-    Case("stats-fp16-d128-gqa2", partial(_stats, f16, 4, 2, 128), STATS),
-    Case("stats-bf16-d64", partial(_stats, bf16, 2, 2, 64), STATS),
-    Case("stats-fp32-d80-gqa2", partial(_stats, f32, 2, 1, 80), STATS),
-    # Ranks within one 64-rank chunk (W loaded once per program) or above it
-    # (chunked rebuild), for K and V separately.
-    Case("decode-fp16-d128-rope-r32-gqa4",
-         partial(_lowrank, dtype=f16, head_dim=128, rank_k=32, rank_v=32, heads=8, rope_base=10000.0),
-         DECODE, slice(0, None, 3)),
-    Case("decode-bf16-d128-r96x160-m2", partial(_lowrank, dtype=bf16, head_dim=128, rank_k=96, rank_v=160, queries=2),
-         DECODE, slice(1, None, 3)),
-    Case("decode-fp16-d64-rope-r64x96", partial(_lowrank, dtype=f16, head_dim=64, rank_k=64, rank_v=96, rope_base=1e6),
-         DECODE, slice(2, None, 3)),
-    # Pinned tiles (block_n given: the path the GPU tests take).
-    Case("decode-fp32-d80-rope-r16x72-block32",
-         partial(_lowrank, dtype=f32, head_dim=80, rank_k=16, rank_v=72, rope_base=10000.0, block_n=32), DECODE),
-    # Mixed dtypes: fp16 attention, float32 rebuild (U fp16, W bf16); ranks
-    # below tl.dot's minimum K of 16, padded by the launcher.
-    Case("decode-fp16-wbf16-d64-rope-r4x8-block32",
-         partial(_lowrank, dtype=f16, w_dtype=bf16, head_dim=64, rank_k=4, rank_v=8, rope_base=10000.0, block_n=32),
-         DECODE),
-    Case("absorbed-fp16-d128-r64x96", partial(_lowrank, dtype=f16, head_dim=128, rank_k=64, rank_v=96, absorbed=True),
-         ABSORBED, slice(0, None, 3)),
-    Case("absorbed-bf16-d64-r256x200-m3",
-         partial(_lowrank, dtype=bf16, head_dim=64, rank_k=256, rank_v=200, queries=3, absorbed=True),
-         ABSORBED, slice(1, None, 3)),
-    Case("absorbed-fp16-d80-r4x40-gqa4",
-         partial(_lowrank, dtype=f16, head_dim=80, rank_k=4, rank_v=40, heads=8, absorbed=True),
-         ABSORBED, slice(2, None, 3)),
-    Case("absorbed-fp32-d80-r32-block32",
-         partial(_lowrank, dtype=f32, head_dim=80, rank_k=32, rank_v=32, absorbed=True, block_n=32), ABSORBED),
-]
+    return [case for op in OPS.values() for case in op.cases.COMPILE_CASES]
 
 
 # ----------------------------------------------------------------------------
@@ -192,6 +97,11 @@ def specialize(kernel: JITFunction, args: tuple, kwargs: dict, target: GPUTarget
     return ASTSource(kernel, signature, constexprs, attrs), options
 
 
+def config_key(config) -> list:
+    """An autotune config as [its kwargs in order, num_warps, num_stages]."""
+    return [sorted(config.kwargs.items()), config.num_warps, config.num_stages]
+
+
 def describe(kernel: JITFunction, src: ASTSource, options) -> dict:
     """The specialization in readable parts: the kernel's constexpr parameters,
     the int arguments specialized as the constant 1, the other arguments' types."""
@@ -218,9 +128,9 @@ def error_text(err: BaseException) -> str:
     return "\n--- caused by ---\n".join(parts)
 
 
-def compile_case(case: Case, cc: int) -> dict:
+def compile_case(case, cc: int) -> dict:
     target = GPUTarget("cuda", cc, 32)
-    result = {"case": case.name, "target": cc, "launched": [], "compiled": [], "error": None}
+    result = {"case": case.name, "target": cc, "launched": [], "compiled": [], "error": None, "configs": {}}
     try:
         with recording() as launches:
             case.call()
@@ -229,10 +139,13 @@ def compile_case(case: Case, cc: int) -> dict:
         return result
     result["launched"] = [launch.kernel.fn.__name__ for launch in launches]
     for launch in launches:
+        if launch.configs is not None:  # every config the autotuner could pick, whichever this case compiles
+            result["configs"][launch.kernel.fn.__name__] = [config_key(c) for c in launch.configs]
         configs = [None] if launch.configs is None else launch.configs[case.tune]
         for config in configs:
             kwargs = launch.kwargs if config is None else {**launch.kwargs, **config.all_kwargs()}
-            entry = {"kernel": launch.kernel.fn.__name__, "autotuned": config is not None}
+            entry = {"kernel": launch.kernel.fn.__name__, "autotuned": config is not None,
+                     "config": None if config is None else config_key(config)}
             try:
                 src, options = specialize(launch.kernel, launch.args, kwargs, target)
                 entry.update(describe(launch.kernel, src, options))
@@ -254,13 +167,13 @@ def main(argv=None) -> int:
     parser.add_argument("cases", nargs="*", help="case names (default: all)")
     opts = parser.parse_args(argv)
 
-    from kernels_py.triton import compat
+    from kernels_py.runtime import interpreter_mode
 
-    if knobs.runtime.interpret or compat.interpreting():
+    if knobs.runtime.interpret or interpreter_mode():
         print("TRITON_INTERPRET is set: launchers would choose the interpreter's constexprs", file=sys.stderr)
         return 2
     torch.manual_seed(0)
-    chosen = [c for c in CASES if not opts.cases or c.name in opts.cases]
+    chosen = [c for c in cases() if not opts.cases or c.name in opts.cases]
     results = [compile_case(case, opts.target) for case in chosen]
     with open(opts.out, "w") as f:
         json.dump(results, f, indent=1)

@@ -5,7 +5,8 @@ import math
 
 import pytest
 
-from kernels_py import ablation, worker
+from kernels_py import ablation
+from kernels_py.runtime import worker
 from kernels_py.workloads import SyntheticConfig
 
 WORKLOAD = dict(layers=3, heads=4, kv_heads=2, head_dim=32, tokens_per_image=144, system_tokens=8,
@@ -58,7 +59,7 @@ def test_compressing_methods_are_scored_sanely(method):
     assert per_layer["prefill_kept_fraction"] == [kept / prompt] * WORKLOAD["layers"]
 
 
-def test_policy_layer_metrics_are_reported_per_layer_and_averaged():
+def test_method_layer_metrics_are_reported_per_layer_and_averaged():
     result = ablation.run("vlcache", {"budget": 0.25}, WORKLOAD)
     budgets = result["per_layer"]["layer_budget"]
     assert len(budgets) == WORKLOAD["layers"] and result["metrics"]["layer_budget"] == pytest.approx(sum(budgets) / 3)
@@ -81,7 +82,7 @@ def test_workload_is_generated_once_per_config():
 @pytest.mark.parametrize(
     "method,params,workload,error,match",
     [
-        ("lookm", {}, WORKLOAD, ValueError, "unknown policy 'lookm'"),
+        ("lookm", {}, WORKLOAD, ValueError, "unknown method 'lookm'"),
         ("h2o", {"budget": 2.0}, WORKLOAD, ValueError, "above its maximum"),
         ("h2o", {"budget": "half"}, WORKLOAD, TypeError, "budget must be float"),
         ("h2o", {}, {**WORKLOAD, "frames": 2}, ValueError, "unknown parameter.*'frames'"),
@@ -104,7 +105,7 @@ def test_returns_per_step_errors_by_reference_when_lent_scratch(tmp_path):
 
     import torch
 
-    from kernels_py import arena
+    from kernels_py.runtime import arena
 
     size = 1 << 16
     with open(tmp_path / "arena", "w+b") as f:
@@ -127,3 +128,9 @@ def test_returns_per_step_errors_by_reference_when_lent_scratch(tmp_path):
         del report, values
         gc.collect()
         arena.unmap_arena(99)
+
+
+def test_workloads_are_picked_by_name():
+    assert ablation.run("full", {}, WORKLOAD, "synthetic") == ablation.run("full", {}, WORKLOAD)
+    with pytest.raises(ValueError, match="unknown workload 'synthetc' \\(did you mean 'synthetic'\\?\\)"):
+        ablation.run("full", {}, WORKLOAD, "synthetc")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from kernels_py import arena
+from kernels_py.runtime import arena
 
 ARENA_ID = 41
 SIZE = 1 << 16

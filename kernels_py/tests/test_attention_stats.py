@@ -1,4 +1,4 @@
-"""kernels_py.triton.attention_stats against its reference.
+"""kernels_py.ops.attention_stats: the kernels against their reference.
 
 How the ThresholdFilter counts (`below`) are compared. The count is a step
 function of the score: entry (i, j) is below when s_ij - max_j s_ij < log p.
@@ -21,9 +21,9 @@ import math
 import pytest
 import torch
 
-from kernels_py.ref import attention_stats as ref
-from kernels_py.triton import attention_stats as kernel
-from kernels_py.workloads.synthetic import Spans
+from kernels_py.ops.attention_stats import reference as ref
+from kernels_py.ops import attention_stats as kernel
+from kernels_py.model import Spans
 
 SPREAD = 2.5
 # Tolerance on float results (row statistics and attention sums).

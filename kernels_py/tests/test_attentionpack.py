@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from kernels_py import ablation, metrics
-from kernels_py.policies import POLICIES, make_policy
-from kernels_py.policies.attentionpack import (
-    AttentionPack, ema_update, group_ranks, group_sizes, paper_compression_ratio, parse_groups,
-)
+from kernels_py.methods import METHODS, make_method
+from kernels_py.methods.allocators import group_ranks, group_sizes, parse_groups
+from kernels_py.methods.attentionpack import AttentionPack, paper_compression_ratio
+from kernels_py.methods.scorers import ema_update
 from kernels_py.workloads import SyntheticConfig, generate
 
 SMALL = SyntheticConfig(layers=2, heads=4, kv_heads=2, head_dim=32, tokens_per_image=64, system_tokens=8,
@@ -27,22 +27,22 @@ def workload():
 
 @pytest.fixture(scope="module")
 def full_outputs(workload):
-    return run(make_policy("full"), workload)[0]
+    return run(make_method("full"), workload)[0]
 
 
-def prefill(policy, workload, layer=0):
-    return policy.prefill(layer, workload.q[layer], workload.k[layer], workload.v[layer], workload.spans)
+def prefill(method, workload, layer=0):
+    return method.prefill(layer, workload.q[layer], workload.k[layer], workload.v[layer], workload.spans)
 
 
-def run(policy, workload, layers=None, after_step=None):
+def run(method, workload, layers=None, after_step=None):
     """Prefill and decode every step; returns (outputs [layer][step], caches)."""
     outputs, caches = [], []
     for layer in range(workload.config.layers) if layers is None else layers:
-        cache = prefill(policy, workload, layer)
+        cache = prefill(method, workload, layer)
         steps = []
         for step in range(workload.config.decode_steps):
             q_t, k_t, v_t = (t[layer][step] for t in (workload.decode_q, workload.decode_k, workload.decode_v))
-            steps.append(policy.decode(layer, cache, q_t, k_t, v_t))
+            steps.append(method.decode(layer, cache, q_t, k_t, v_t))
             if after_step is not None:
                 after_step(step, cache)
         outputs.append(steps)
@@ -69,8 +69,8 @@ def factor_bytes(cache):
     dict(rank_k=WIDTH, rank_v=WIDTH, compress_text=True, text_rank=TEXT),
 ], ids=["rope_before", "rope_after", "absorbed", "per_head", "text_segment"])
 def test_full_rank_reproduces_full_attention(workload, full_outputs, settings):
-    policy = AttentionPack(factor_dtype="float32", backend="torch", **settings)
-    outputs, caches = run(policy, workload)
+    method = AttentionPack(factor_dtype="float32", backend="torch", **settings)
+    outputs, caches = run(method, workload)
     for mine, ref in zip(outputs, full_outputs):
         for o, r in zip(mine, ref):
             torch.testing.assert_close(o, r, atol=1e-4, rtol=1e-4)
@@ -111,16 +111,16 @@ def test_combined_heads_capture_more_variance_than_per_head_at_equal_storage():
 
 @pytest.mark.parametrize("head_mode, rank_k, rank_v", [("combined", 8, 24), ("combined", 40, 40), ("per_head", 8, 4)])
 def test_compression_ratio_formula_equals_actual_bytes(workload, head_mode, rank_k, rank_v):
-    policy = AttentionPack(rank_k=rank_k, rank_v=rank_v, head_mode=head_mode)
-    cache = prefill(policy, workload)
+    method = AttentionPack(rank_k=rank_k, rank_v=rank_v, head_mode=head_mode)
+    cache = prefill(method, workload)
     fp16_visual = 2 * VISUAL * WIDTH * 2  # K and V of the visual tokens at 2 bytes
-    reported = policy.layer_metrics(0, cache)["formula_compression_ratio"]
+    reported = method.layer_metrics(0, cache)["formula_compression_ratio"]
     assert reported == pytest.approx(fp16_visual / factor_bytes(cache), rel=1e-12)
     heads = 2 if head_mode == "per_head" else 1
     per_matrix = lambda r: VISUAL * WIDTH / (heads * (VISUAL * r + r * WIDTH // heads))  # noqa: E731
     assert reported == pytest.approx(2 / (1 / per_matrix(rank_k) + 1 / per_matrix(rank_v)))
     dense = 2 * TEXT * WIDTH * 4  # text K/V stay float32, as the workload caches them
-    assert policy.cache_bytes(cache) == factor_bytes(cache) + dense
+    assert method.cache_bytes(cache) == factor_bytes(cache) + dense
 
 
 def test_paper_numerical_example():
@@ -165,8 +165,8 @@ def test_periodic_compression_folds_the_buffer_at_the_period(workload, full_outp
 
     # Full rank stays full rank after a fold, so the outputs stay exact: the
     # generated keys were moved into the decomposition frame correctly.
-    policy = AttentionPack(rank_k=WIDTH, rank_v=WIDTH, period=period, factor_dtype="float32", backend="torch")
-    outputs, caches = run(policy, workload, layers=[0], after_step=check)
+    method = AttentionPack(rank_k=WIDTH, rank_v=WIDTH, period=period, factor_dtype="float32", backend="torch")
+    outputs, caches = run(method, workload, layers=[0], after_step=check)
     assert seen == [64, 66, 66, 68, 68, 70]
     assert caches[0].folds == 3
     assert caches[0].segments[0].positions[-period:].tolist() == [VISUAL + TEXT + 4, VISUAL + TEXT + 5]
@@ -175,8 +175,8 @@ def test_periodic_compression_folds_the_buffer_at_the_period(workload, full_outp
 
 
 def test_generated_tokens_fold_into_the_text_segment_when_text_is_compressed(workload):
-    policy = AttentionPack(rank_k=16, rank_v=16, compress_text=True, text_rank=8, period=3, backend="torch")
-    _, caches = run(policy, workload, layers=[0])
+    method = AttentionPack(rank_k=16, rank_v=16, compress_text=True, text_rank=8, period=3, backend="torch")
+    _, caches = run(method, workload, layers=[0])
     visual, text = caches[0].segments
     assert visual.tokens == VISUAL and text.tokens == TEXT + SMALL.decode_steps
     assert caches[0].dense_positions.numel() == 0 and caches[0].folds == 2
@@ -203,13 +203,13 @@ def test_importance_follows_eq1_through_decode(workload):
     heads; one step later I = alpha I + (1 - alpha) A_t, A_t from the decode
     kernel's mass (exact at full rank), the new token starting from 0."""
     alpha, layer = 0.4, 1
-    policy = AttentionPack(rank_k=WIDTH, rank_v=WIDTH, alpha=alpha, factor_dtype="float32", backend="torch")
-    cache = prefill(policy, workload, layer)
+    method = AttentionPack(rank_k=WIDTH, rank_v=WIDTH, alpha=alpha, factor_dtype="float32", backend="torch")
+    cache = prefill(method, workload, layer)
     q, k = workload.q[layer], workload.k[layer]
     initial = metrics.causal_attention(q[:, -1:], k)[:, 0].mean(dim=0)
     torch.testing.assert_close(cache.scores[0], initial, atol=1e-6, rtol=1e-5)
     q_t, k_t, v_t = workload.decode_q[layer][0], workload.decode_k[layer][0], workload.decode_v[layer][0]
-    policy.decode(layer, cache, q_t, k_t, v_t)
+    method.decode(layer, cache, q_t, k_t, v_t)
     step_mass = metrics.causal_attention(q_t, torch.cat([k, k_t], dim=1))[:, 0].mean(dim=0)
     expected = alpha * torch.cat([initial, initial.new_zeros(1)]) + (1 - alpha) * step_mass
     torch.testing.assert_close(cache.scores[0], expected, atol=1e-6, rtol=1e-4)
@@ -228,8 +228,8 @@ def test_group_sizes_and_ranks_on_a_hand_made_example():
 @pytest.mark.parametrize("partial", ["values", "keys", "both"])
 def test_most_important_tokens_get_full_rank(workload, partial):
     rank = 16
-    policy = AttentionPack(rank_k=rank, rank_v=rank, groups=PAPER_GROUPS, partial=partial, backend="torch")
-    cache = prefill(policy, workload)
+    method = AttentionPack(rank_k=rank, rank_v=rank, groups=PAPER_GROUPS, partial=partial, backend="torch")
+    cache = prefill(method, workload)
     visual = cache.segments[0]
     top = set(visual.importance.topk(16).indices.tolist())  # ceil(0.25 * 64)
     for which, ranks in (("keys", visual.ranks_k), ("values", visual.ranks_v)):
@@ -240,11 +240,11 @@ def test_most_important_tokens_get_full_rank(workload, partial):
             assert (ranks == rank).all()
     # Groups are re-derived from the updated importance at every step.
     q_t, k_t, v_t = workload.decode_q[0][0], workload.decode_k[0][0], workload.decode_v[0][0]
-    policy.decode(0, cache, q_t, k_t, v_t)
+    method.decode(0, cache, q_t, k_t, v_t)
     ranks = visual.ranks_v if partial != "keys" else visual.ranks_k
     assert set(torch.nonzero(ranks == rank)[:, 0].tolist()) == set(visual.importance.topk(16).indices.tolist())
     # Section 3.2: (r_1 R + r_2 R / 4) / R on the partial factors, 1 on the others.
-    ratio = policy.layer_metrics(0, cache)["decompression_flops_ratio"]
+    ratio = method.layer_metrics(0, cache)["decompression_flops_ratio"]
     partial_ratio = (16 * rank + 48 * rank // 4) / (64 * rank)
     assert ratio == pytest.approx(partial_ratio if partial == "both" else (1 + partial_ratio) / 2)
 
@@ -261,12 +261,12 @@ def test_partial_decompression_changes_the_output_but_not_storage(workload, full
 # --- rank schemes --------------------------------------------------------------------------------
 
 def test_linear_scheme_rises_from_rank_min_to_rank(workload):
-    policy = AttentionPack(rank_scheme="linear", rank_min_k=4, rank_k=20, rank_min_v=8, rank_v=32)
-    assert [policy.layer_ranks(layer, 5) for layer in range(5)] == [(4, 8), (8, 14), (12, 20), (16, 26), (20, 32)]
-    caches = policy.prefill_all(list(workload.q), list(workload.k), list(workload.v), workload.spans)
+    method = AttentionPack(rank_scheme="linear", rank_min_k=4, rank_k=20, rank_min_v=8, rank_v=32)
+    assert [method.layer_ranks(layer, 5) for layer in range(5)] == [(4, 8), (8, 14), (12, 20), (16, 26), (20, 32)]
+    caches = method.prefill_all(list(workload.q), list(workload.k), list(workload.v), workload.spans)
     assert [(c.segments[0].k.rank, c.segments[0].v.rank) for c in caches] == [(4, 8), (20, 32)]
     with pytest.raises(ValueError, match="num_layers"):
-        prefill(policy, workload)
+        prefill(method, workload)
     spanning = AttentionPack(rank_scheme="linear", rank_min_k=4, rank_k=20, rank_min_v=8, rank_v=32, num_layers=5)
     metrics_1 = spanning.layer_metrics(1, prefill(spanning, workload, 1))
     assert (metrics_1["rank_k"], metrics_1["rank_v"]) == (8, 14)
@@ -278,8 +278,8 @@ def test_variance_scheme_picks_the_smallest_rank_reaching_the_target(workload):
     energy = torch.linalg.svdvals(rows).square()
     captured = (energy.cumsum(0) / energy.sum()).tolist()
     target = (captured[7] + captured[8]) / 2  # rank 8 falls short, rank 9 reaches it
-    policy = AttentionPack(rank_scheme="variance", variance_target=target, rank_k=32, rank_v=32)
-    m = policy.layer_metrics(0, prefill(policy, workload))
+    method = AttentionPack(rank_scheme="variance", variance_target=target, rank_k=32, rank_v=32)
+    m = method.layer_metrics(0, prefill(method, workload))
     assert m["rank_v"] == 9
     assert m["explained_variance_v"] == pytest.approx(captured[8], abs=1e-4)
     capped = AttentionPack(rank_scheme="variance", variance_target=1.0, rank_k=20, rank_v=12)
@@ -345,22 +345,22 @@ def test_bad_settings_get_clear_errors(workload):
 
 
 def test_mismatched_shapes_get_clear_errors(workload):
-    policy = AttentionPack(rank_k=8, rank_v=8, backend="torch")
+    method = AttentionPack(rank_k=8, rank_v=8, backend="torch")
     q, k, v = workload.q[0], workload.k[0], workload.v[0]
     with pytest.raises(ValueError, match="layer 0: q must be"):
-        policy.prefill(0, q, k, v[:, :-1], workload.spans)
+        method.prefill(0, q, k, v[:, :-1], workload.spans)
     with pytest.raises(ValueError, match="multiple of kv_heads"):
-        policy.prefill(0, q[:3], k, v, workload.spans)
+        method.prefill(0, q[:3], k, v, workload.spans)
     with pytest.raises(ValueError, match="spans describe 88"):
-        policy.prefill(0, q[:, :-1], k[:, :-1], v[:, :-1], workload.spans)
-    cache = prefill(policy, workload)
+        method.prefill(0, q[:, :-1], k[:, :-1], v[:, :-1], workload.spans)
+    cache = prefill(method, workload)
     q_t, k_t, v_t = workload.decode_q[0][0], workload.decode_k[0][0], workload.decode_v[0][0]
     with pytest.raises(ValueError, match=r"k_t, v_t \[2, 1, 32\]"):
-        policy.decode(0, cache, q_t, k_t[:1], v_t)
+        method.decode(0, cache, q_t, k_t[:1], v_t)
     with pytest.raises(ValueError, match="expected q_t"):
-        policy.decode(0, cache, q_t[..., :16], k_t, v_t)
+        method.decode(0, cache, q_t[..., :16], k_t, v_t)
     with pytest.raises(TypeError, match="the cache its prefill built"):
-        policy.decode(0, make_policy("full").prefill(0, q, k, v, workload.spans), q_t, k_t, v_t)
+        method.decode(0, make_method("full").prefill(0, q, k, v, workload.spans), q_t, k_t, v_t)
 
 
 # --- determinism, drivers, kernel ----------------------------------------------------------------
@@ -374,7 +374,7 @@ def test_same_seed_same_result_and_seed_matters(workload):
 
 
 def test_runs_through_the_ablation_driver(monkeypatch):
-    monkeypatch.setitem(POLICIES, "attentionpack", AttentionPack)
+    monkeypatch.setitem(METHODS, "attentionpack", AttentionPack)
     workload = SMALL.to_dict()
     exact = ablation.run("attentionpack", {"rank_k": 64, "rank_v": 64, "factor_dtype": "float32",
                                            "backend": "torch"}, workload)
@@ -389,7 +389,7 @@ def test_runs_through_the_ablation_driver(monkeypatch):
 @pytest.mark.parametrize("settings", [dict(rope="before"), dict(rope="after", absorbed=True)],
                          ids=["rope_before", "absorbed"])
 def test_triton_kernel_matches_the_reference(settings, monkeypatch):
-    from kernels_py.triton import lowrank_decode as kernels
+    from kernels_py.ops import lowrank_decode as kernels
 
     calls = []
     for name in ("lowrank_decode", "lowrank_decode_absorbed"):

@@ -4,15 +4,17 @@ checked), and its baselines compute what the kernel computes."""
 import pytest
 import torch
 
-from kernels_py.benchmarks import lowrank
-from kernels_py.ref import lowrank_decode as ref
-from kernels_py.triton import lowrank_decode as kernel
+from kernels_py import benchmarks
+from kernels_py.benchmarks import base, lowrank
+from kernels_py.ops.lowrank_decode import reference as ref
+from kernels_py.ops import lowrank_decode as kernel
 
 
 def test_smoke_run_reports_every_path():
-    sizes = dict(lowrank.smoke_sizes(), lengths=[40, 70], batches=[1, 2], repeat=1)
-    result = lowrank.run(**sizes)
+    sizes = dict(lowrank.Lowrank.smoke, lengths=[40, 70], batches=[1, 2], repeat=1)
+    result = benchmarks.run("lowrank", sizes)
     assert result["interpreter"] == (result["device"] == "cpu")
+    assert [c["name"] for c in result["columns"]] == [c.name for c in lowrank.Lowrank.columns]
     assert [(r["visual_len"], r["batch"]) for r in result["rows"]] == [(40, 1), (40, 2), (70, 1), (70, 2)]
     for r in result["rows"]:
         for key in ("fused_ms", "absorbed_ms", "unfused_ms", "sdpa_ms", "fused_gbps"):
@@ -44,7 +46,7 @@ def test_baselines_compute_what_the_kernels_compute(device):
                                atol=1e-4, rtol=1e-4)
     # Full-cache SDPA is plain attention over whatever K/V it is given.
     ck, cv = ref.decompress(comp, 2, lowrank.ROPE_BASE)
-    out, _ = lowrank._sdpa(q, torch.cat([ck, dense.k], 2), torch.cat([cv, dense.v], 2))
+    out, _ = base.sdpa(q, torch.cat([ck, dense.k], 2), torch.cat([cv, dense.v], 2))
     torch.testing.assert_close(out, want.out, atol=1e-4, rtol=1e-4)
 
 
@@ -53,9 +55,10 @@ def test_baselines_compute_what_the_kernels_compute(device):
     ({"heads": 6, "kv_heads": 4}, "multiple"),
     ({"rank": 0}, "rank"),
     ({"rank": 1000}, "rank"),
-    ({"dense_len": 0}, "at least 1"),
-    ({"lengths": [0]}, "at least 1"),
+    ({"dense_len": 0}, "below its minimum 1"),
+    ({"lengths": [0]}, "below its minimum 1"),
+    ({"ranks": 8}, "did you mean 'rank'"),
 ])
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        lowrank.run(**dict(lowrank.smoke_sizes(), **kwargs))
+        benchmarks.run("lowrank", dict(lowrank.Lowrank.smoke, **kwargs))

@@ -2,12 +2,13 @@
 
 import pytest
 
+from kernels_py import benchmarks
 from kernels_py.benchmarks import stats
 
 
 def test_smoke_run_reports_every_path():
-    sizes = dict(stats.smoke_sizes(), lengths=[64, 100], batches=[1, 2], repeat=1)
-    result = stats.run(**sizes)
+    sizes = dict(stats.Stats.smoke, lengths=[64, 100], batches=[1, 2], repeat=1)
+    result = benchmarks.run("stats", sizes)
     assert [(r["prompt_len"], r["batch"]) for r in result["rows"]] == [(64, 1), (64, 2), (100, 1), (100, 2)]
     for r in result["rows"]:
         for key in ("stats_seconds", "materialize_seconds", "sdpa_seconds", "stats_gbps"):
@@ -18,7 +19,7 @@ def test_smoke_run_reports_every_path():
 def test_baselines_compute_what_the_kernels_compute(device):
     import torch
 
-    from kernels_py.triton.attention_stats import attention_stats, recent_rows
+    from kernels_py.ops.attention_stats import attention_stats, recent_rows
 
     g = torch.Generator().manual_seed(1)
     q = torch.randn(4, 8, 64, generator=g).to(device)
@@ -37,4 +38,19 @@ def test_baselines_compute_what_the_kernels_compute(device):
 ])
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        stats.run(**dict(stats.smoke_sizes(), **kwargs))
+        benchmarks.run("stats", dict(stats.Stats.smoke, **kwargs))
+
+
+def test_the_interpreter_shrinks_only_what_the_user_left_unset(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    result = benchmarks.run("stats", {"lengths": [48], "repeat": 1})
+    assert result["params"]["lengths"] == [48] and result["params"]["repeat"] == 1
+    assert result["params"]["heads"] == stats.Stats.smoke["heads"]
+    assert len(result["rows"]) == 1 and "not kernel speed" in result["notes"][0]
+
+
+def test_every_row_has_every_column():
+    result = benchmarks.run("stats", dict(stats.Stats.smoke, repeat=1))
+    names = [c["name"] for c in result["columns"]]
+    assert all(list(row) == names for row in result["rows"])
+    assert {c["unit"] for c in result["columns"]} <= {"", "ms", "s", "bytes", "GB/s", "%", "x"}

@@ -1,5 +1,6 @@
-"""Every Triton kernel of kernels_py.triton compiles for sm_80 and sm_90, with
-the specializations its launcher uses, on a machine without a GPU.
+"""Every Triton kernel of every registered op (kernels_py.ops) compiles for
+sm_80 and sm_90, with the specializations its launcher uses, on a machine
+without a GPU.
 
 The other kernel tests run under TRITON_INTERPRET=1, which never compiles:
 tl.dot shape and dtype rules, codegen type errors, constexpr mistakes and
@@ -10,7 +11,6 @@ in this process and how launches are recorded and specialized. Each child
 gets an empty Triton cache, so every run really compiles.
 """
 
-import ast
 import json
 import os
 import subprocess
@@ -19,7 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from kernels_py.ops import OPS, folders
 from kernels_py.tests import cuda_compile as cc
+
+CASES = cc.cases()
 
 ROOT = Path(__file__).resolve().parents[2]
 CHILD_TIMEOUT_S = 600
@@ -86,7 +89,7 @@ def _spec(entry: dict) -> str:
 
 
 @pytest.mark.parametrize("target", cc.TARGETS, ids=lambda t: f"sm{t}")
-@pytest.mark.parametrize("case", cc.CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_compiles(case, target, compiled):
     result = compiled[case.name, target]
     assert result["error"] is None, result["error"]
@@ -126,7 +129,7 @@ def _constexprs(compiled, case, kernel):
 
 def test_specializations_are_the_gpu_ones(compiled):
     """The recorded constexprs are what a launch on a GPU uses, not what the
-    interpreter would (compat.upcast_for_dot, the absorbed kernel's tf32)."""
+    interpreter would (ops.common.upcast_for_dot, the absorbed kernel's tf32)."""
     assert _constexprs(compiled, "stats-bf16-d64", "_row_stats_kernel")["UPCAST"] == "False"
     decode = _constexprs(compiled, "decode-bf16-d128-r96x160-m2", "_stage1_kernel")
     assert (decode["QK_DT"], decode["UW_DT"]) == ("bf16", "bf16")
@@ -138,31 +141,31 @@ def test_specializations_are_the_gpu_ones(compiled):
 
 
 @pytest.mark.parametrize("target", cc.TARGETS, ids=lambda t: f"sm{t}")
-@pytest.mark.parametrize("kernel", ["_stage1_kernel", "_stage1_absorbed_kernel"])
-def test_every_autotune_config_is_compiled(kernel, target, compiled):
-    from kernels_py.triton.lowrank_decode import _stage1_configs
-
-    want = {(c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in _stage1_configs()}
-    got = {(int(e["constexprs"]["BLOCK_N"]), e["num_warps"], e["num_stages"])
-           for case in cc.CASES for e in compiled[case.name, target]["compiled"]
-           if e["kernel"] == kernel and e["autotuned"] and "constexprs" in e}
-    assert got == want, f"autotune configs of {kernel} not compiled for sm_{target}: {sorted(want - got)}"
-
-
-def _launched_kernels() -> set[str]:
-    """The kernels of kernels_py/triton: @triton.jit functions named *_kernel
-    (the others are device functions they call, compiled with them)."""
-    found = set()
-    for path in (ROOT / "kernels_py" / "triton").glob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.FunctionDef) and node.name.endswith("_kernel") and any(
-                    ast.unparse(d) == "triton.jit" for d in node.decorator_list):
-                found.add(node.name)
-    return found
+def test_every_autotune_config_is_compiled(target, compiled):
+    """Each autotuned kernel has every config its autotuner may pick compiled
+    by some case (the cases split the configs between them)."""
+    want, got = {}, {}
+    for case in CASES:
+        result = compiled[case.name, target]
+        for kernel, configs in result["configs"].items():
+            want.setdefault(kernel, set()).update(json.dumps(c) for c in configs)
+        for e in result["compiled"]:
+            if e["autotuned"] and "constexprs" in e:
+                got.setdefault(e["kernel"], set()).add(json.dumps(e["config"]))
+    assert want, "no case launches an autotuned kernel"
+    for kernel, configs in want.items():
+        missing = configs - got.get(kernel, set())
+        assert not missing, f"autotune configs of {kernel} not compiled for sm_{target}: {sorted(missing)}"
 
 
 def test_every_kernel_has_a_case():
-    kernels = _launched_kernels()
-    assert kernels, "found no @triton.jit *_kernel functions under kernels_py/triton"
-    missing = kernels - {k for case in cc.CASES for k in case.kernels}
-    assert not missing, f"no compile case launches {sorted(missing)}: add one to kernels_py/tests/cuda_compile.py CASES"
+    for name, op in OPS.items():
+        kernels = op.kernels()
+        assert kernels, f"found no @triton.jit *_kernel functions in kernels_py/ops/{name}"
+        cased = {k for case in op.cases.COMPILE_CASES for k in case.kernels}
+        missing = kernels - cased
+        assert not missing, f"no compile case launches {sorted(missing)}: add one to kernels_py/ops/{name}/cases.py"
+
+
+def test_every_op_folder_is_registered():
+    assert folders() == set(OPS), "each folder of kernels_py/ops needs its line in OPS (kernels_py/ops/__init__.py)"

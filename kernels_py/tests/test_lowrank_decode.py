@@ -1,5 +1,5 @@
-"""kernels_py.triton.lowrank_decode (fused decompress + split-K flash-decoding,
-and the rank-space "absorbed" variant) against kernels_py.ref.lowrank_decode.
+"""kernels_py.ops.lowrank_decode (fused decompress + split-K flash-decoding,
+and the rank-space "absorbed" variant) against its reference.
 
 The reference rebuilds K and V in float32. The kernels accumulate in float32
 but feed tl.dot 16-bit operands when the inputs are 16-bit: rebuilt keys and
@@ -14,9 +14,9 @@ import math
 import pytest
 import torch
 
-from kernels_py.ref import lowrank_decode as ref
-from kernels_py.triton import lowrank_decode as kernel
-from kernels_py.triton.lowrank_decode import CompressedKV, DenseKV
+from kernels_py.ops.lowrank_decode import reference as ref
+from kernels_py.ops.lowrank_decode import kernel
+from kernels_py.ops.lowrank_decode import CompressedKV, DenseKV
 
 SPREAD = 2.0  # query scale: peaked attention, so errors in the scores show
 # (out, lse, mass) tolerances by the dtype of q and the cache.

@@ -2,7 +2,7 @@ import io
 
 import pytest
 
-from kernels_py import protocol
+from kernels_py.runtime import protocol
 
 
 def test_roundtrip_many_frames():

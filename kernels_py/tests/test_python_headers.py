@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from kernels_py.worker import python_headers
+from kernels_py.runtime.worker import python_headers
 
 SOURCE = r"""
 #include <Python.h>

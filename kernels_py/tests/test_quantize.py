@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from kernels_py.quantize import dequantize, quantize
+from kernels_py.methods.quantized import dequantize, quantize
 
 
 def runs_of(x: torch.Tensor, group: int, dim: int) -> torch.Tensor:

@@ -1,5 +1,5 @@
 """VL-Cache (budget allocation, post-vision scoring, the section 3.2 scoring
-baselines), ZipVL token selection, and the policies that switched to the
+baselines), ZipVL token selection, and the methods that switched to the
 attention-statistics kernel: checked against attention materialised here."""
 
 import math
@@ -8,17 +8,18 @@ import pytest
 import torch
 
 from kernels_py import metrics
-from kernels_py.policies import make_policy
-from kernels_py.policies import scoring
-from kernels_py.policies.base import kept_count
-from kernels_py.policies.vlcache import allocate_budgets
-from kernels_py.policies.zipvl import important_count
+from kernels_py.methods import make_method
+from kernels_py.methods.allocators import allocate_budgets, important_count
+from kernels_py.methods.caches import kept_count
+from kernels_py.methods.prompt import Prompt
+from kernels_py.methods.scorers import SCORINGS, vlcache_scorer
+from kernels_py.ops.attention_stats import probe_rows
 from kernels_py.workloads import SyntheticConfig, generate
 
 SMALL = SyntheticConfig(layers=4, heads=4, kv_heads=2, head_dim=32, tokens_per_image=144, system_tokens=8,
                         text_tokens=24, decode_steps=4, salient_tokens=12, dense_layers=1)
 PROMPT = 8 + 144 + 24
-# Small enough for the Triton interpreter: every policy's statistics on the kernel path.
+# Small enough for the Triton interpreter: every method's statistics on the kernel path.
 TINY = SyntheticConfig(layers=2, heads=4, kv_heads=2, head_dim=32, tokens_per_image=48, system_tokens=4,
                        text_tokens=12, decode_steps=2, salient_tokens=8, dense_layers=1)
 
@@ -63,8 +64,8 @@ def test_budgets_are_clipped_to_one_percent_and_one():
 
 
 def test_vlcache_gives_dense_layers_more_and_keeps_the_top_post_vision_tokens(workload):
-    policy = make_policy("vlcache", {"budget": 0.2, "recent_fraction": 0.25})
-    caches = policy.prefill_all(workload.q, workload.k, workload.v, workload.spans)
+    method = make_method("vlcache", {"budget": 0.2, "recent_fraction": 0.25})
+    caches = method.prefill_all(workload.q, workload.k, workload.v, workload.spans)
     rows = torch.arange(8 + 144, PROMPT)
     sparsity = [metrics.layer_sparsity(metrics.causal_attention(q, k, query_start=0)[:, rows], query_start=152)
                 .mean().item() for q, k in zip(workload.q, workload.k)]
@@ -86,30 +87,32 @@ def test_vlcache_gives_dense_layers_more_and_keeps_the_top_post_vision_tokens(wo
 
 
 def test_vlcache_uniform_at_full_budget_is_the_full_cache(workload):
-    policy = make_policy("vlcache", {"budget": 1.0, "allocation": "uniform"})
-    caches = policy.prefill_all(workload.q, workload.k, workload.v, workload.spans)
+    method = make_method("vlcache", {"budget": 1.0, "allocation": "uniform"})
+    caches = method.prefill_all(workload.q, workload.k, workload.v, workload.spans)
     assert all(c.tokens == PROMPT and c.notes["layer_budget"] == 1.0 for c in caches)
 
 
 def test_vlcache_keeps_every_generated_token(workload):
-    policy = make_policy("vlcache", {"budget": 0.1})
-    cache = policy.prefill_all(workload.q, workload.k, workload.v, workload.spans)[2]
+    method = make_method("vlcache", {"budget": 0.1})
+    cache = method.prefill_all(workload.q, workload.k, workload.v, workload.spans)[2]
     held = cache.tokens
     for q_t, k_t, v_t in zip(workload.decode_q[2], workload.decode_k[2], workload.decode_v[2]):
-        policy.decode(2, cache, q_t, k_t, v_t)
+        method.decode(2, cache, q_t, k_t, v_t)
     assert cache.tokens == held + SMALL.decode_steps
 
 
-@pytest.mark.parametrize("name", scoring.SCORINGS)
+@pytest.mark.parametrize("name", SCORINGS)
 def test_scoring_policies_match_materialised_attention(workload, name):
     q, k = workload.q[1], workload.k[1]
-    rows = scoring.scoring_rows(name, workload.spans, PROMPT, window=16)
+    prompt = Prompt([q], [k], [workload.v[1]], workload.spans)
+    scorer = vlcache_scorer(name, window=16, backend="torch")
+    rows = prompt.rows(scorer.rows)
     want_rows = {"accumulated": torch.arange(PROMPT), "normalized": torch.arange(PROMPT),
                  "sliding_window": torch.arange(PROMPT - 16, PROMPT), "post_vision": torch.arange(152, PROMPT)}[name]
     assert torch.equal(rows, want_rows)
     sums, counts = column_sums(q, k, rows)
     want = per_kv_head(sums, 2) / (counts.clamp_min(1) if name == "normalized" else 1)
-    got = scoring.token_scores(name, scoring.stats(q, k, rows, backend="torch"))
+    got = scorer.prefill(prompt, 0)
     torch.testing.assert_close(got, want.float(), rtol=1e-4, atol=1e-6)
 
 
@@ -118,9 +121,9 @@ def test_post_vision_scores_hit_more_of_the_decode_attention_than_accumulated(wo
     recall more of the first decode query's top tokens than accumulated ones."""
     rates = {}
     for name in ("accumulated", "post_vision"):
-        policy = make_policy("vlcache", {"budget": 0.2, "allocation": "uniform", "recent_fraction": 0.0,
+        method = make_method("vlcache", {"budget": 0.2, "allocation": "uniform", "recent_fraction": 0.0,
                                          "scoring": name})
-        caches = policy.prefill_all(workload.q, workload.k, workload.v, workload.spans)
+        caches = method.prefill_all(workload.q, workload.k, workload.v, workload.spans)
         rate = []
         for layer, cache in enumerate(caches):
             truth = metrics.causal_attention(workload.decode_q[layer][0], workload.k[layer], query_start=PROMPT)[:, 0]
@@ -144,12 +147,12 @@ def test_important_count_is_eq_6():
 
 
 def test_zipvl_keeps_the_top_normalized_probe_scores_and_adapts_per_layer(workload):
-    policy = make_policy("zipvl", {"tau": 0.9, "probe_recent": 16, "probe_random": 16, "probe_seed": 3})
-    rows = scoring.probe_rows(PROMPT, 16, 16, 3)
+    method = make_method("zipvl", {"tau": 0.9, "probe_recent": 16, "probe_random": 16, "probe_seed": 3})
+    rows = probe_rows(PROMPT, 16, 16, 3)
     assert rows.numel() == 32 and torch.equal(rows[-16:], torch.arange(PROMPT - 16, PROMPT))
     ratios = []
     for layer in range(SMALL.layers):
-        cache = policy.prefill(layer, workload.q[layer], workload.k[layer], workload.v[layer], workload.spans)
+        cache = method.prefill(layer, workload.q[layer], workload.k[layer], workload.v[layer], workload.spans)
         sums, counts = column_sums(workload.q[layer], workload.k[layer], rows)
         p = important_count(sums.sum(dim=0), 0.9)
         assert cache.tokens == p and cache.notes["important_ratio"] == pytest.approx(p / PROMPT)
@@ -161,14 +164,14 @@ def test_zipvl_keeps_the_top_normalized_probe_scores_and_adapts_per_layer(worklo
 
 
 def test_zipvl_keeps_more_as_tau_rises(workload):
-    kept = [make_policy("zipvl", {"tau": tau}).prefill(2, workload.q[2], workload.k[2], workload.v[2],
+    kept = [make_method("zipvl", {"tau": tau}).prefill(2, workload.q[2], workload.k[2], workload.v[2],
                                                        workload.spans).tokens for tau in (0.5, 0.8, 0.95, 1.0)]
     assert kept == sorted(kept) and kept[0] < kept[-1]
 
 
 def test_zipvl_needs_probe_rows():
     with pytest.raises(ValueError, match="probe_recent \\+ probe_random must be at least 1"):
-        make_policy("zipvl", {"probe_recent": 0, "probe_random": 0})
+        make_method("zipvl", {"probe_recent": 0, "probe_random": 0})
 
 
 # --- kernel path --------------------------------------------------------------------------------------------
@@ -188,7 +191,7 @@ def test_kernel_and_reference_statistics_keep_the_same_tokens(name, params):
     w = generate(TINY)
     kept = {}
     for backend in ("triton", "torch"):
-        policy = make_policy(name, {**params, "backend": backend})
-        kept[backend] = kept_sets(policy.prefill_all(w.q, w.k, w.v, w.spans))
+        method = make_method(name, {**params, "backend": backend})
+        kept[backend] = kept_sets(method.prefill_all(w.q, w.k, w.v, w.spans))
     for a, b in zip(kept["triton"], kept["torch"]):
         assert len(a) == len(b) and len(set(a) ^ set(b)) <= 2 * max(1, math.ceil(0.02 * len(a)))

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from kernels_py import protocol
+from kernels_py.runtime import protocol
 
 KERNELS_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -19,7 +19,7 @@ class Worker:
         worker_r, host_w = os.pipe()
         env = dict(os.environ, PYTHONPATH=root, VLKV_WORKER_FDS=f"{worker_r},{worker_w}")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kernels_py.worker"],
+            [sys.executable, "-m", "kernels_py.runtime.worker"],
             env=env, pass_fds=(worker_r, worker_w), stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=root,
         )
         os.close(worker_r)
@@ -78,10 +78,10 @@ def test_hello_reports_versions(worker):
 
 
 def test_run_echo_and_stdout_noise(worker):
-    reply = worker.call("run", job={"fn": "kernels_py.diag:noisy_echo", "args": {"lines": 50, "x": [1, 2.5, "s"]}})
+    reply = worker.call("run", job={"fn": "kernels_py.runtime.diag:noisy_echo", "args": {"lines": 50, "x": [1, 2.5, "s"]}})
     assert reply["type"] == "result"
     assert reply["result"]["echo"] == {"x": [1, 2.5, "s"]}
-    assert worker.call("run", job={"fn": "kernels_py.diag:echo", "args": {"n": 3}})["result"]["echo"] == {"n": 3}
+    assert worker.call("run", job={"fn": "kernels_py.runtime.diag:echo", "args": {"n": 3}})["result"]["echo"] == {"n": 3}
     code, out, err = worker.close()
     assert code == 0
     assert "noise line 49" in out and "err line 49" in err
@@ -90,13 +90,13 @@ def test_run_echo_and_stdout_noise(worker):
 @pytest.mark.parametrize(
     "job,error_type,match",
     [
-        ({"fn": "kernels_py.diag:fail", "args": {"message": "boom"}}, "ValueError", "boom"),
-        ({"fn": "os:system", "args": {"command": "true"}}, "kernels_py.worker.JobError", "outside"),
-        ({"fn": "kernels_py.diag:nope"}, "kernels_py.worker.JobError", "no attribute"),
+        ({"fn": "kernels_py.runtime.diag:fail", "args": {"message": "boom"}}, "ValueError", "boom"),
+        ({"fn": "os:system", "args": {"command": "true"}}, "kernels_py.runtime.worker.JobError", "outside"),
+        ({"fn": "kernels_py.runtime.diag:nope"}, "kernels_py.runtime.worker.JobError", "no attribute"),
         ({"fn": "kernels_py.nonexistent:f"}, "ModuleNotFoundError", "nonexistent"),
-        ({"fn": "kernels_py.diag:echo", "args": [1]}, "kernels_py.worker.JobError", "args must be an object"),
-        ({"fn": "kernels_py.diag:sleep", "args": {"bogus": 1}}, "TypeError", "bogus"),
-        ("not a job", "kernels_py.worker.JobError", "must be an object"),
+        ({"fn": "kernels_py.runtime.diag:echo", "args": [1]}, "kernels_py.runtime.worker.JobError", "args must be an object"),
+        ({"fn": "kernels_py.runtime.diag:sleep", "args": {"bogus": 1}}, "TypeError", "bogus"),
+        ("not a job", "kernels_py.runtime.worker.JobError", "must be an object"),
     ],
 )
 def test_structured_errors(shared_worker, job, error_type, match):
@@ -107,7 +107,7 @@ def test_structured_errors(shared_worker, job, error_type, match):
     assert match in reply["error"]["message"]
     assert "Traceback" in reply["error"]["traceback"]
     # The worker carries on after a failed job.
-    assert worker.call("run", job={"fn": "kernels_py.diag:echo"})["type"] == "result"
+    assert worker.call("run", job={"fn": "kernels_py.runtime.diag:echo"})["type"] == "result"
 
 
 def test_unknown_message_type(shared_worker):
@@ -153,6 +153,8 @@ def test_reload_picks_up_edited_module(tmp_path):
         reloaded = w.call("reload")["result"]
         assert reloaded["changed"] == ["scratch.py"]
         assert "kernels_py.scratch" in reloaded["purged"]
+        # The worker's own plumbing (and the arenas it mapped) stays loaded.
+        assert not [name for name in reloaded["purged"] if name.startswith("kernels_py.runtime")]
         assert w.call("run", job={"fn": "kernels_py.scratch:value"})["result"] == 2
         assert w.call("reload")["result"] == {"changed": [], "purged": []}
     finally:
@@ -167,7 +169,7 @@ def test_reload_picks_up_edited_module(tmp_path):
     ],
 )
 def test_jsonable(value, expected):
-    from kernels_py.worker import jsonable
+    from kernels_py.runtime.worker import jsonable
 
     assert jsonable(value) == expected
 
@@ -175,7 +177,7 @@ def test_jsonable(value, expected):
 def test_jsonable_tensor_and_rejects_objects():
     import torch
 
-    from kernels_py.worker import jsonable
+    from kernels_py.runtime.worker import jsonable
 
     assert jsonable(torch.tensor([1.0, float("inf")])) == [1.0, None]
     with pytest.raises(TypeError, match="no JSON form"):

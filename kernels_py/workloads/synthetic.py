@@ -1,8 +1,8 @@
 """Synthetic VLM attention workload: per-layer prompt and decode-step Q/K/V with
 the structure the papers measured on LLaVA-class models, deterministic from a seed.
 
-Why synthetic: compression policies react to attention *structure*, and the
-structure below is what the papers report, so policies can be compared without
+Why synthetic: compression methods react to attention *structure*, and the
+structure below is what the papers report, so methods can be compared without
 a model on the machine. What is built in, and where it comes from:
 
 - Prompt layout `[system][image 1]...[image n][text]`, then `decode_steps`
@@ -49,9 +49,10 @@ import numpy as np
 import torch
 
 from kernels_py import runtime
-from kernels_py.params import Knobs, knob
-
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+from kernels_py.model import Spans, apply_rope
+from kernels_py.ops.common import DTYPES
+from kernels_py.params import knob
+from kernels_py.workloads.base import Workload, WorkloadConfig
 # Ridge added to the visual key covariance, as a fraction of its mean eigenvalue,
 # before whitening: keeps targeted queries from blowing up along noise directions.
 WHITENING_RIDGE = 0.1
@@ -60,26 +61,14 @@ SECONDARY_SINK_WEIGHT = (0.8, 1.0)
 
 
 @dataclass(frozen=True)
-class Spans:
-    """Modality spans of the prompt as half-open (start, end) token ranges."""
+class SyntheticConfig(WorkloadConfig):
+    """Synthetic VLM attention: per-layer Q/K/V with the structure the papers
+    measured on LLaVA-class models, deterministic from a seed.
 
-    system: tuple[int, int]
-    images: tuple[tuple[int, int], ...]
-    text: tuple[int, int]
+    Defaults are sized for a CPU. Logit-valued knobs are in logits (after the
+    1/sqrt(head_dim) scale), before the per-layer scale."""
 
-    @property
-    def prompt_tokens(self) -> int:
-        return self.text[1]
-
-    def visual_positions(self) -> torch.Tensor:
-        return torch.cat([torch.arange(start, end) for start, end in self.images])
-
-
-@dataclass(frozen=True)
-class SyntheticConfig(Knobs):
-    """Every knob of the synthetic workload; defaults are sized for a CPU.
-    Logit-valued knobs are in logits (after the 1/sqrt(head_dim) scale), before
-    the per-layer scale."""
+    name = "synthetic"
 
     # Model shape
     seed: int = knob("int", 0, "seed; the workload is a pure function of the config", min=0, max=2**31 - 1)
@@ -165,6 +154,9 @@ class SyntheticConfig(Knobs):
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
 
+    def build(self) -> Workload:
+        return generate(self)
+
     def spans(self) -> Spans:
         images_start = self.system_tokens
         images = tuple(
@@ -173,30 +165,6 @@ class SyntheticConfig(Knobs):
         )
         text_start = images_start + self.images * self.tokens_per_image
         return Spans((0, self.system_tokens), images, (text_start, text_start + self.text_tokens))
-
-
-@dataclass(frozen=True)
-class Workload:
-    """Per-layer tensors, on `runtime.device()`, in the config's dtype.
-
-    q[l]: [heads, T, head_dim]; k[l], v[l]: [kv_heads, T, head_dim] for the T
-    prompt tokens (q and k after RoPE). decode_q[l]: [steps, heads, 1, head_dim];
-    decode_k[l], decode_v[l]: [steps, kv_heads, 1, head_dim]; step s is the token at
-    position T + s, whose query sees the prompt, earlier decode tokens and itself.
-    Query head h reads kv head h // (heads // kv_heads).
-    """
-
-    config: SyntheticConfig
-    spans: Spans
-    positions: torch.Tensor  # [T] int64
-    decode_positions: torch.Tensor  # [steps] int64
-    sinks: tuple[int, ...]  # positions built to be heavy hitters
-    q: tuple[torch.Tensor, ...]
-    k: tuple[torch.Tensor, ...]
-    v: tuple[torch.Tensor, ...]
-    decode_q: tuple[torch.Tensor, ...]
-    decode_k: tuple[torch.Tensor, ...]
-    decode_v: tuple[torch.Tensor, ...]
 
 
 @dataclass(frozen=True)
@@ -216,19 +184,6 @@ def channel_layout(head_dim: int) -> ChannelLayout:
     content_pairs = [p for p in range(half) if p != sink_pair and p not in locality_pairs]
     content = torch.tensor(content_pairs + [p + half for p in content_pairs])
     return ChannelLayout(sink_pair, torch.tensor(locality_pairs), content)
-
-
-def apply_rope(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
-    """Rotary embedding, "rotate half" convention (Llama/LLaVA): channel pair
-    (i, i + d/2) turns by positions * base ** (-2i / d). x: [..., T, d]; negative
-    positions undo the rotation."""
-    half = x.shape[-1] // 2
-    inv_freq = base ** (-torch.arange(half, dtype=torch.float64, device=x.device) * 2 / x.shape[-1])
-    angles = positions.to(device=x.device, dtype=torch.float64)[:, None] * inv_freq[None, :]
-    cos = torch.cat([angles.cos(), angles.cos()], dim=-1).to(x.dtype)
-    sin = torch.cat([angles.sin(), angles.sin()], dim=-1).to(x.dtype)
-    rotated_half = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated_half * sin
 
 
 def generate(cfg: SyntheticConfig) -> Workload:

@@ -1,0 +1,175 @@
+"""Allocators: how many tokens each layer keeps. An allocator sees the whole
+prompt (every layer, through methods.prompt's statistics) and gives each
+layer a token count for prefill, with the per-layer facts it decided on
+(reported as layer metrics); `capacity` says how many tokens a layer may hold
+while decoding (None: the cache is not trimmed while decoding).
+
+  Uniform          ceil(budget * tokens) in every layer (H2O, SnapKV, StreamingLLM)
+  SparsityGuided   VL-Cache Algorithm 1: layer budgets from post-vision sparsity
+  AdaptiveTau      ZipVL Eq. 6: the fewest tokens holding tau of the probe attention
+
+Rank groups (how many ranks each token of a low-rank cache is rebuilt with,
+AttentionPack section 3.2) are an allocation of ranks rather than tokens and
+live here too.
+"""
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from kernels_py.methods.caches import kept_count
+from kernels_py.methods.prompt import THRESHOLD, PostVisionRows, ProbeRows, Prompt
+
+BUDGET_CLIP = (0.01, 1.0)  # VL-Cache Algorithm 1, line 12
+
+
+@dataclass
+class Allocation:
+    """What one layer keeps after prefill, and why."""
+
+    count: int
+    notes: dict[str, float] = field(default_factory=dict)
+
+
+class Allocator:
+    def prefill(self, prompt: Prompt) -> list[Allocation]:
+        raise NotImplementedError
+
+    def capacity(self, layer: int, seen: int) -> int | None:
+        """Tokens the layer may hold after a decode step that brought it to
+        `seen` tokens; None: no trimming while decoding."""
+        return None
+
+
+@dataclass(frozen=True)
+class Uniform(Allocator):
+    """A fraction `budget` of the tokens seen, in every layer: ceil(budget * T)
+    after prefill, and with `while_decoding` ceil(budget * seen) after each
+    step, so the ratio stays constant and budget = 1 never evicts."""
+
+    budget: float
+    while_decoding: bool = False
+
+    def prefill(self, prompt):
+        return [Allocation(kept_count(self.budget, prompt.tokens)) for _ in range(prompt.layers)]
+
+    def capacity(self, layer, seen):
+        return kept_count(self.budget, seen) if self.while_decoding else None
+
+
+@dataclass(frozen=True)
+class SparsityGuided(Allocator):
+    """VL-Cache Algorithm 1: layer l keeps a share beta_l = clip((1 - gamma_l) /
+    sum_l'(1 - gamma_l') * alpha * L, 0.01, 1) of the prompt, gamma_l being its
+    sparsity over the post-vision rows (Eq. 1-2, averaged over heads). With
+    weigh=False every layer gets alpha (the paper's uniform ablation); the
+    sparsity is still measured and reported."""
+
+    budget: float
+    threshold: float = THRESHOLD
+    weigh: bool = True
+    backend: str = "auto"
+
+    def prefill(self, prompt):
+        sparsity = [prompt.stats(layer, PostVisionRows(), self.threshold, self.backend).sparsity(per_head=False).item()
+                    for layer in range(prompt.layers)]
+        budgets = allocate_budgets(sparsity, self.budget) if self.weigh else [self.budget] * prompt.layers
+        return [Allocation(kept_count(beta, prompt.tokens), {"layer_budget": beta, "allocation_sparsity": gamma})
+                for gamma, beta in zip(sparsity, budgets)]
+
+
+def allocate_budgets(sparsity: list[float], alpha: float) -> list[float]:
+    """Algorithm 1 lines 9-12: per-layer budgets from head-averaged sparsities."""
+    dense_share = [1.0 - g for g in sparsity]
+    total = sum(dense_share)
+    layers = len(sparsity)
+    if total <= 0:  # every layer fully sparse: nothing to weigh by
+        return [min(max(alpha, BUDGET_CLIP[0]), BUDGET_CLIP[1])] * layers
+    return [min(max(d / total * alpha * layers, BUDGET_CLIP[0]), BUDGET_CLIP[1]) for d in dense_share]
+
+
+@dataclass(frozen=True)
+class AdaptiveTau(Allocator):
+    """ZipVL Eq. 6: per layer, the fewest tokens whose accumulated attention
+    from the probe rows (column sums over all query heads) reaches tau times
+    the total. A layer whose attention is spread out keeps more: the ratio
+    adapts per layer and per prompt."""
+
+    tau: float
+    rows: ProbeRows
+    backend: str = "auto"
+
+    def prefill(self, prompt):
+        out = []
+        for layer in range(prompt.layers):
+            s = prompt.stats(layer, self.rows, backend=self.backend)
+            count = important_count(s.attn_sum.sum(dim=0), self.tau)
+            out.append(Allocation(count, {"important_ratio": count / prompt.tokens,
+                                          "probe_rows": float(prompt.rows(self.rows).numel())}))
+        return out
+
+
+def important_count(accumulated: torch.Tensor, tau: float) -> int:
+    """Eq. 6: min p such that the p largest of `accumulated` ([n], summed over
+    heads and probe rows) sum to at least tau times their total."""
+    ranked = accumulated.double().sort(descending=True).values
+    reach = ranked.cumsum(0) >= tau * ranked.sum() * (1 - 1e-12)  # rounding must not push tau = 1 past n
+    return int(reach.nonzero()[0].item()) + 1
+
+
+# --- ranks of a low-rank cache (AttentionPack section 3.2) -------------------------------------------
+
+SUM_TOLERANCE = 1e-6
+
+
+def parse_groups(text: str) -> tuple[tuple[float, float], ...]:
+    """"0.25:1,0.75:0.25" -> ((0.25, 1.0), (0.75, 0.25)): per group, most
+    important first, (share r_f of the compressed tokens, share of the rank R
+    it is rebuilt with). Shares of tokens must sum to 1; rank shares lie in
+    (0, 1], start at 1 (group 1 is rebuilt at the compression rank) and never grow."""
+    groups = []
+    for item in text.split(","):
+        parts = item.split(":")
+        try:
+            fraction, rank_share = (float(p) for p in parts)
+        except ValueError:
+            raise ValueError(f"groups={text!r}: {item!r} is not 'token_fraction:rank_fraction'") from None
+        if not (0.0 < fraction <= 1.0 and 0.0 < rank_share <= 1.0):
+            raise ValueError(f"groups={text!r}: {item!r} needs a token fraction and a rank fraction in (0, 1]")
+        groups.append((fraction, rank_share))
+    total = sum(f for f, _ in groups)
+    if abs(total - 1.0) > SUM_TOLERANCE:
+        raise ValueError(f"groups={text!r}: token fractions sum to {total:g}, not 1")
+    shares = [s for _, s in groups]
+    if shares[0] != 1.0 or any(b > a for a, b in zip(shares, shares[1:])):
+        raise ValueError(f"groups={text!r}: rank fractions must start at 1 (full rank for the most important "
+                         f"group) and never increase")
+    return tuple(groups)
+
+
+def group_sizes(tokens: int, fractions: list[float]) -> list[int]:
+    """Tokens per group: group f ends at ceil(tokens * (r_1 + ... + r_f))."""
+    bounds, cumulative = [], 0.0
+    for fraction in fractions:
+        cumulative += fraction
+        bounds.append(min(tokens, math.ceil(round(cumulative * tokens, 9))))
+    bounds[-1] = tokens
+    return [b - a for a, b in zip([0] + bounds[:-1], bounds)]
+
+
+def group_rank(rank_share: float, rank: int) -> int:
+    """R^(f) = ceil(share * R), at least 1 (the paper's R/4: 64 -> 16)."""
+    return max(1, math.ceil(round(rank_share * rank, 9)))
+
+
+def group_ranks(importance: torch.Tensor, groups: tuple[tuple[float, float], ...], rank: int) -> torch.Tensor:
+    """[T] int64 rank prefix of each token: tokens sorted by importance [T]
+    (ties: earlier first) fill the groups in order."""
+    order = torch.argsort(importance, descending=True, stable=True)
+    ranks = torch.empty(importance.shape[0], dtype=torch.int64, device=importance.device)
+    start = 0
+    for size, (_, share) in zip(group_sizes(importance.shape[0], [f for f, _ in groups]), groups):
+        ranks[order[start:start + size]] = group_rank(share, rank)
+        start += size
+    return ranks

@@ -1,0 +1,404 @@
+"""AttentionPack (Ilhan et al., "Attention-aware Inference Optimizations for
+Large Vision-Language Models with Memory-efficient Decoding").
+
+Compression (section 3.1): the visual keys and values of a layer are each
+factorized with one randomized SVD over all kv heads side by side,
+X [T, H*D] ~= U [T, R] @ W [R, H*D] (`torch.svd_lowrank(x.float(), q=R,
+niter=2)` as in the reference code, singular values folded into U), stored in
+fp16. Text and system tokens stay uncompressed by default (the paper's VLM
+runs); `compress_text` gives them a segment of their own. Keys are decomposed
+with RoPE undone and rebuilt keys are rotated at their positions (the
+reference code), or decomposed as cached, after RoPE (`rope`), which allows
+attending in rank space (`absorbed`).
+
+Decoding (Algorithm 1): each step appends the new token to the uncompressed
+segment and runs the low-rank decode op (kernels_py.ops.lowrank_decode; its
+reference on CPU, see the backend knob), which rebuilds every compressed
+token with its own rank prefix inside the attention and returns each token's
+attention mass averaged over query heads; that mass feeds the importance EMA
+of Eq. 1. Tokens are split into groups by importance (`groups`, re-derived
+every step): the most important group is rebuilt at full rank, the others at
+a fraction of it (section 3.2), or evicted (`low_group`, Table 4's "(E)").
+
+Where the paper is open, this implementation decides:
+- Importance before the first step is the last prompt query's attention,
+  averaged over heads (the reference code's first score); a generated token
+  starts at 0 and enters the EMA with its first step's mass.
+- Periodic compression (lines 14-17): generated tokens wait in the
+  uncompressed segment; when `period` of them are there they are folded into
+  the compressed segment (the text segment when `compress_text`, else the
+  visual one, the only compressed segment) by a new SVD of that segment's
+  tokens rebuilt at full compression rank plus the new ones, at the same rank.
+  Line 15 factors K~, the cache as retrieved; rebuilding at full rank keeps
+  the low group's rank cut a per-step saving rather than a permanent loss.
+  The reference code re-factors only the image span and never compresses
+  generated tokens; `period=0` does that.
+- Ranks are chosen at prefill and kept when folding (clipped to the tokens
+  held, which loses nothing).
+- Eviction ("evict") keeps the first group's share of the tokens ever
+  admitted to a segment, by importance, after prefill and after every step:
+  a budget, so the cache does not shrink geometrically step after step.
+- 4-bit (or 2-bit) quantization (section 4.5) applies to U, per token row in
+  runs of `quant_group` rank channels; W stays fp16 (it is shared by all
+  tokens and small next to U for long contexts).
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from kernels_py.methods.allocators import group_ranks, parse_groups
+from kernels_py.methods.base import Method, backend_knob
+from kernels_py.methods.caches import kept_count
+from kernels_py.methods.lowrank import LowRankCache, Segment, factorize
+from kernels_py.methods.prompt import Prompt
+from kernels_py.methods.quantized import check_params
+from kernels_py.methods.scorers import LastRowImportance
+from kernels_py.model import apply_rope
+from kernels_py.ops.common import DTYPES
+from kernels_py.params import knob
+
+
+def paper_compression_ratio(tokens: int, kv_heads: int, head_dim: int, rank_k: int, rank_v: int,
+                            per_head: bool = False) -> float:
+    """Section 3.1's C = T*H*D / (T*R + R*H*D), over K and V together; per head
+    each of the H factorizations stores T*R + R*D."""
+    full = 2 * tokens * kv_heads * head_dim
+    if per_head:
+        return full / sum(kv_heads * (tokens * r + r * head_dim) for r in (rank_k, rank_v))
+    return full / sum(tokens * r + r * kv_heads * head_dim for r in (rank_k, rank_v))
+
+
+@dataclass(frozen=True)
+class AttentionPack(Method):
+    """AttentionPack: visual K/V factorized by one SVD over all kv heads and
+    rebuilt inside decode attention at ranks set by attention importance.
+
+    Knob defaults are the paper's image-QA setting without attention-aware
+    decompression (groups "1:1"); its experiments use groups
+    "0.25:1,0.75:0.25" on values (F = 2, r_1 = 0.25, R^(2) = R/4).
+    """
+
+    name = "attentionpack"
+    paper = ("Ilhan et al., Attention-aware Inference Optimizations for Large Vision-Language Models with "
+             "Memory-efficient Decoding")
+
+    rank_k: int = knob(
+        "int", 64, "key rank R_k of the visual segment (the cap under rank_scheme=variance, the last layer's under "
+        "linear); paper: 32 or 64 for images, 128 for video", min=1, max=65536, ref="AttentionPack section 4.3",
+    )
+    rank_v: int = knob("int", 64, "value rank R_v, as rank_k", min=1, max=65536, ref="AttentionPack section 4.3")
+    rank_scheme: str = knob(
+        "str", "fixed",
+        "per-layer ranks (Table 3): fixed = rank_k/rank_v everywhere; linear = rising linearly from rank_min_k/_v "
+        "at the first layer to rank_k/rank_v at the last (paper: 16 -> 128); variance = the smallest rank whose "
+        "explained variance reaches variance_target, at most rank_k/rank_v (paper: 90%, cap 64)",
+        choices=("fixed", "linear", "variance"), ref="AttentionPack Table 3",
+    )
+    rank_min_k: int = knob("int", 16, "first layer's key rank under rank_scheme=linear (paper: 16)", min=1,
+                           max=65536, ref="AttentionPack Table 3")
+    rank_min_v: int = knob("int", 16, "first layer's value rank under rank_scheme=linear (paper: 16 or 32)", min=1,
+                           max=65536, ref="AttentionPack Table 3")
+    variance_target: float = knob("float", 0.9, "explained variance the variance scheme aims for (paper: 0.9)",
+                                  min=0.001, max=1.0, ref="AttentionPack Table 3")
+    num_layers: int = knob(
+        "int", 0, "layers the linear scheme spans; 0 = the number of layers prefill_all is given", min=0, max=4096
+    )
+    head_mode: str = knob(
+        "str", "combined",
+        "combined = one SVD of the kv heads side by side [T, H*D] (the paper); per_head = one SVD per kv head at "
+        "the same rank (Figure 2's baseline; stores H times the factors)",
+        choices=("combined", "per_head"), ref="AttentionPack section 3.1, Figure 2",
+    )
+    rope: str = knob(
+        "str", "before",
+        "before = decompose keys with RoPE undone and rotate rebuilt keys at their positions (the reference "
+        "code); after = decompose keys as cached, rotated",
+        choices=("before", "after"), ref="AttentionPack reference code",
+    )
+    rope_base: float = knob(
+        "float", 10000.0, "RoPE base used to undo and redo the rotation under rope=before; must match the model "
+        "(the workload's rope_base)", min=2.0, max=1e9,
+    )
+    absorbed: bool = knob(
+        "bool", False, "attend in rank space (q W^T against U, the lowrank_decode_absorbed kernel); needs "
+        "rope=after",
+    )
+    compress_text: bool = knob(
+        "bool", False, "also factorize the text and system tokens, as a segment of their own at text_rank "
+        "(the paper's VLM runs keep them uncompressed)",
+    )
+    text_rank: int = knob("int", 16, "rank of the text segment's keys and values when compress_text", min=1,
+                          max=65536)
+    period: int = knob(
+        "int", 64, "compression period T_p: once this many generated tokens wait uncompressed they are folded "
+        "into the compressed segment by a new SVD (Algorithm 1, lines 14-17; the paper gives no value); "
+        "0 = never", min=0, max=1 << 20, ref="AttentionPack Algorithm 1",
+    )
+    groups: str = knob(
+        "str", "1:1",
+        "attention-aware decompression groups, most important first, as 'token_fraction:rank_fraction,...' "
+        "(fractions sum to 1; group 1 at full rank); '1:1' = none; paper: '0.25:1,0.75:0.25'",
+        ref="AttentionPack section 3.2",
+    )
+    partial: str = knob(
+        "str", "values", "which factors the lower-ranked groups apply to (paper: values)",
+        choices=("values", "keys", "both"), ref="AttentionPack section 4.1",
+    )
+    alpha: float = knob("float", 0.25, "EMA weight alpha of Eq. 1 (paper: 0.25)", min=0.0, max=0.999,
+                        ref="AttentionPack Eq. 1")
+    low_group: str = knob(
+        "str", "decompress", "what happens to the groups after the first: decompress at their lower rank, or "
+        "evict (Table 4's '(E)': the cache keeps the first group's share of the tokens, by importance)",
+        choices=("decompress", "evict"), ref="AttentionPack section 4.5, Table 4",
+    )
+    quant_bits: int = knob(
+        "int", 0, "bits of U's quantization (section 4.5 uses 4); 0 = none", choices=(0, 2, 4), min=0, max=4,
+        ref="AttentionPack section 4.5",
+    )
+    quant_group: int = knob(
+        "int", 32, "rank channels per quantization run of a token's U row (one fp16 scale and zero each)",
+        min=4, max=65536,
+    )
+    factor_dtype: str = knob(
+        "str", "float16", "storage dtype of U and W (the paper: fp16)", choices=tuple(DTYPES),
+        ref="AttentionPack section 3.1",
+    )
+    seed: int = knob("int", 0, "seed of the randomized SVD's test matrices", min=0, max=2**31 - 1)
+    backend: str = backend_knob("decode attention and prefill statistics")
+
+    def __post_init__(self):
+        super().__post_init__()
+        try:
+            parse_groups(self.groups)
+        except ValueError as err:
+            raise ValueError(f"{self.owner_name()}: {err}") from None
+        if self.absorbed and self.rope != "after":
+            raise ValueError(f"{self.owner_name()}: absorbed=True attends in rank space, which needs keys "
+                             f"decomposed after RoPE: set rope='after' (rope={self.rope!r})")
+        if self.quant_bits:
+            try:
+                check_params(self.quant_bits, self.quant_group)
+            except ValueError as err:
+                raise ValueError(f"{self.owner_name()}: {err}") from None
+        if self.rank_scheme == "linear" and (self.rank_min_k > self.rank_k or self.rank_min_v > self.rank_v):
+            raise ValueError(f"{self.owner_name()}: the linear scheme rises from rank_min to rank: got "
+                             f"rank_min_k={self.rank_min_k}, rank_k={self.rank_k}, rank_min_v={self.rank_min_v}, "
+                             f"rank_v={self.rank_v}")
+
+    @property
+    def _groups(self) -> tuple[tuple[float, float], ...]:
+        return parse_groups(self.groups)
+
+    # --- prefill -----------------------------------------------------------------------------------
+
+    def prefill(self, layer, q, k, v, spans) -> LowRankCache:
+        return self._prefill(Prompt([q], [k], [v], spans), 0, layer, self.num_layers)
+
+    def prefill_all(self, q, k, v, spans) -> list[LowRankCache]:
+        prompt = Prompt(q, k, v, spans)
+        layers = self.num_layers or prompt.layers
+        return [self._prefill(prompt, layer, layer, layers) for layer in range(prompt.layers)]
+
+    def layer_ranks(self, layer: int, num_layers: int) -> tuple[int, int]:
+        """(R_k, R_v) of the visual segment; the cap under rank_scheme=variance."""
+        if self.rank_scheme != "linear":
+            return self.rank_k, self.rank_v
+        if num_layers < 1:
+            raise ValueError(f"{self.owner_name()}: rank_scheme='linear' needs the layer count: set num_layers "
+                             f"or build the caches with prefill_all")
+        if not 0 <= layer < num_layers:
+            raise ValueError(f"{self.owner_name()}: layer {layer} is outside the {num_layers} layers of num_layers")
+        t = layer / (num_layers - 1) if num_layers > 1 else 1.0
+        return tuple(math.floor(low + (high - low) * t + 0.5)
+                     for low, high in ((self.rank_min_k, self.rank_k), (self.rank_min_v, self.rank_v)))
+
+    def _prefill(self, prompt: Prompt, index: int, layer: int, num_layers: int) -> LowRankCache:
+        """The cache of prompt layer `index`, which is model layer `layer` (seeds, linear ranks)."""
+        q, k, v, spans = prompt.q[index], prompt.k[index], prompt.v[index], prompt.spans
+        self._check_prompt(layer, q, k, v, spans)
+        tokens = k.shape[1]
+        visual = spans.visual_positions().to(k.device)
+        is_visual = torch.zeros(tokens, dtype=torch.bool, device=k.device)
+        is_visual[visual] = True
+        text = (~is_visual).nonzero()[:, 0]
+        importance = self._importance.prefill(prompt, index)
+        frame = self._decomposition_frame(k, torch.arange(tokens, device=k.device))
+
+        rank_k, rank_v = self.layer_ranks(layer, num_layers)
+        variance = self.variance_target if self.rank_scheme == "variance" else None
+        segments = [self._segment(layer, "visual", 0, frame[:, visual], v[:, visual], visual, importance[visual],
+                                  rank_k, rank_v, variance)]
+        if self.compress_text:
+            segments.append(self._segment(layer, "text", 1, frame[:, text], v[:, text], text, importance[text],
+                                          self.text_rank, self.text_rank, None))
+            text = text[:0]
+        cache = LowRankCache(
+            segments, k[:, text], v[:, text], text, importance[text], tokens, tokens,
+            self.head_mode == "per_head", self.rope_base if self.rope == "before" else None,
+            DTYPES[self.factor_dtype], len(segments) - 1,
+        )
+        cache.notes.update(explained_variance_k=segments[0].k.explained, explained_variance_v=segments[0].v.explained)
+        self._settle(cache)
+        return cache
+
+    @property
+    def _importance(self) -> LastRowImportance:
+        """Importance before the first step: the last prompt query's attention,
+        averaged over heads; then Eq. 1's moving average."""
+        return LastRowImportance(self.alpha, self.backend)
+
+    def _check_prompt(self, layer, q, k, v, spans) -> None:
+        where = f"{self.owner_name()}: layer {layer}"
+        if q.dim() != 3 or k.dim() != 3 or k.shape != v.shape:
+            raise ValueError(f"{where}: q must be [heads, T, d] and k, v [kv_heads, T, d] alike; got q "
+                             f"{tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+        if q.shape[1:] != k.shape[1:] or q.shape[0] % k.shape[0]:
+            raise ValueError(f"{where}: q {tuple(q.shape)} and k {tuple(k.shape)} disagree on tokens or head_dim, "
+                             f"or heads is not a multiple of kv_heads")
+        if k.shape[1] != spans.prompt_tokens:
+            raise ValueError(f"{where}: the prompt has {k.shape[1]} tokens but the spans describe "
+                             f"{spans.prompt_tokens}")
+        if self.rope == "before" and k.shape[2] % 2:
+            raise ValueError(f"{where}: rope='before' needs an even head_dim, got {k.shape[2]}")
+
+    def _decomposition_frame(self, k: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Keys [kv_heads, n, d] float32 as they are decomposed: RoPE undone under rope=before."""
+        k = k.float()
+        return apply_rope(k, -positions, self.rope_base) if self.rope == "before" else k
+
+    def _segment(self, layer, name, index, k_frame, v, positions, importance, rank_k, rank_v, variance) -> Segment:
+        kv_heads, tokens, head_dim = v.shape
+        width = head_dim if self.head_mode == "per_head" else kv_heads * head_dim
+        bound = min(tokens, width)
+        for which, rank in (("rank_k", rank_k), ("rank_v", rank_v)):
+            if rank > bound:
+                shape = "T, D" if self.head_mode == "per_head" else "T, H*D"
+                raise ValueError(f"{self.owner_name()}: layer {layer}: {which}={rank} of the {name} segment exceeds "
+                                 f"min({shape}) = min({tokens}, {width}) = {bound}")
+        seed = self._seed(layer, index, 0)
+        k_factor = self._factorize(k_frame, rank_k, seed, variance, explained=True)
+        v_factor = self._factorize(v, rank_v, seed + 1, variance, explained=True)
+        return Segment(name, k_factor, v_factor, positions, importance.float(), tokens, k_factor.rank, v_factor.rank)
+
+    def _seed(self, layer: int, segment: int, folds: int) -> int:
+        return (self.seed * 1_000_003 + layer * 7919 + segment * 104_729 + folds * 2) % (2**62)
+
+    def _factorize(self, x, rank, seed, variance_target=None, explained=False):
+        return factorize(x, rank, per_head=self.head_mode == "per_head", dtype=DTYPES[self.factor_dtype], seed=seed,
+                         variance_target=variance_target, quant_bits=self.quant_bits, quant_group=self.quant_group,
+                         explained=explained)
+
+    # --- decode ------------------------------------------------------------------------------------
+
+    def decode(self, layer, cache, q_t, k_t, v_t) -> torch.Tensor:
+        """One step of Algorithm 1 (lines 4-17); returns the output [heads, 1, d]."""
+        if not isinstance(cache, LowRankCache):
+            raise TypeError(f"{self.owner_name()}: decode needs the cache its prefill built, "
+                            f"got {type(cache).__name__}")
+        want = (cache.kv_heads, 1, cache.head_dim)
+        if tuple(k_t.shape) != want or tuple(v_t.shape) != want or q_t.dim() != 3 or q_t.shape[1:] != (1, want[2]) \
+                or q_t.shape[0] % want[0]:
+            raise ValueError(f"{self.owner_name()}: layer {layer}: expected q_t [heads, 1, {want[2]}] with heads a "
+                             f"multiple of {want[0]} and k_t, v_t {list(want)}; got {tuple(q_t.shape)}, "
+                             f"{tuple(k_t.shape)}, {tuple(v_t.shape)}")
+        cache.append(k_t, v_t)
+        cache.flops_ratios.append(self._flops_ratio(cache))
+        result = cache.attend(q_t, absorbed=self.absorbed, backend=self.backend)
+        importance = self._importance
+        masses = result.mass_comp[0].split([s.tokens for s in cache.segments])
+        for seg, mass in zip(cache.segments, masses):
+            seg.importance = importance.update(seg.importance, mass)
+        cache.dense_importance = importance.update(cache.dense_importance, result.mass_dense[0])
+        if self.period and cache.buffer >= self.period:
+            self._fold(layer, cache)
+        self._settle(cache)
+        return result.out[0]
+
+    def _settle(self, cache: LowRankCache) -> None:
+        """Evict (low_group=evict) and re-derive each token's rank for the next step."""
+        cache.ranks_changed()
+        fractions_first = self._groups[0][0]
+        for seg in cache.segments:
+            if self.low_group == "evict":
+                budget = kept_count(fractions_first, seg.admitted)
+                if seg.tokens > budget:
+                    keep = seg.importance.topk(budget).indices.sort().values
+                    seg.k, seg.v = seg.k.select(keep), seg.v.select(keep)
+                    seg.positions, seg.importance = seg.positions[keep], seg.importance[keep]
+                    cache.segments_changed()
+                full_k = torch.full_like(seg.positions, seg.k.rank)
+                seg.ranks_k, seg.ranks_v = full_k, torch.full_like(seg.positions, seg.v.rank)
+                continue
+            grouped_k = group_ranks(seg.importance, self._groups, seg.k.rank)
+            grouped_v = group_ranks(seg.importance, self._groups, seg.v.rank)
+            seg.ranks_k = grouped_k if self.partial in ("keys", "both") else torch.full_like(grouped_k, seg.k.rank)
+            seg.ranks_v = grouped_v if self.partial in ("values", "both") else torch.full_like(grouped_v, seg.v.rank)
+
+    def _flops_ratio(self, cache: LowRankCache) -> float:
+        """Section 3.2: decompression FLOPs 2*H*D*sum_t R(t) against 2*H*D*T*R
+        at full rank, K and V together; T counts evicted tokens too."""
+        spent = sum(int(s.ranks_k.sum()) + int(s.ranks_v.sum()) for s in cache.segments)
+        full = sum(s.admitted * (s.k.rank + s.v.rank) for s in cache.segments)
+        return spent / full if full else 1.0
+
+    def _fold(self, layer: int, cache: LowRankCache) -> None:
+        """Lines 14-17: the buffer of generated tokens joins the target segment,
+        which is factorized again from its tokens rebuilt at full rank plus the new ones."""
+        seg = cache.segments[cache.fold_target]
+        waiting = cache.dense_positions >= cache.prompt_tokens
+        new_k = self._decomposition_frame(cache.dense_k[:, waiting], cache.dense_positions[waiting])
+        k_frame = torch.cat([self._rebuild(cache, seg.k), new_k], dim=1)
+        values = torch.cat([self._rebuild(cache, seg.v), cache.dense_v[:, waiting].float()], dim=1)
+        positions = torch.cat([seg.positions, cache.dense_positions[waiting]])
+        importance = torch.cat([seg.importance, cache.dense_importance[waiting]])
+        admitted = seg.admitted + int(waiting.sum())
+        if self.low_group == "evict":  # drop before factorizing: the basis should serve what is kept
+            keep = importance.topk(min(kept_count(self._groups[0][0], admitted), importance.numel())).indices
+            keep = keep.sort().values
+            k_frame, values = k_frame[:, keep], values[:, keep]
+            positions, importance = positions[keep], importance[keep]
+        cache.folds += 1
+        width = cache.head_dim if cache.per_head else cache.kv_heads * cache.head_dim
+        seed = self._seed(layer, cache.fold_target, cache.folds)
+        # A rank above the tokens held would be padding: the factors are exact at min(rank, T).
+        rank_k, rank_v = (min(target, positions.numel(), width) for target in (seg.target_k, seg.target_v))
+        cache.segments[cache.fold_target] = Segment(
+            seg.name, self._factorize(k_frame, rank_k, seed), self._factorize(values, rank_v, seed + 1),
+            positions, importance, admitted, seg.target_k, seg.target_v,
+        )
+        cache.dense_k, cache.dense_v = cache.dense_k[:, ~waiting], cache.dense_v[:, ~waiting]
+        cache.dense_positions = cache.dense_positions[~waiting]
+        cache.dense_importance = cache.dense_importance[~waiting]
+        cache.segments_changed()
+
+    def _rebuild(self, cache: LowRankCache, f) -> torch.Tensor:
+        """[kv_heads, T, d] float32 at full rank, in the decomposition frame."""
+        product = f.dense_u(cache.factor_dtype).float() @ f.w.float()
+        if cache.per_head:
+            return product
+        return product.view(product.shape[0], cache.kv_heads, cache.head_dim).transpose(0, 1)
+
+    # --- accounting --------------------------------------------------------------------------------
+
+    def layer_metrics(self, layer, cache) -> dict[str, float]:
+        """rank_k / rank_v of the visual segment; explained_variance_k / _v of
+        its prefill SVD at that rank; formula_compression_ratio: the paper's C
+        for the visual tokens held now; decompression_flops_ratio: section
+        3.2's ratio averaged over the decode steps; token counts."""
+        visual = cache.segments[0]
+        ratios = cache.flops_ratios or [self._flops_ratio(cache)]
+        return {
+            "rank_k": float(visual.k.rank),
+            "rank_v": float(visual.v.rank),
+            "explained_variance_k": cache.notes["explained_variance_k"],
+            "explained_variance_v": cache.notes["explained_variance_v"],
+            "formula_compression_ratio": paper_compression_ratio(
+                visual.tokens, cache.kv_heads, cache.head_dim, visual.k.rank, visual.v.rank, cache.per_head),
+            "decompression_flops_ratio": sum(ratios) / len(ratios),
+            "compressed_tokens": float(cache.compressed_tokens),
+            "dense_tokens": float(cache.dense_positions.shape[0]),
+            "evicted_tokens": float(sum(s.admitted - s.tokens for s in cache.segments)),
+            "folds": float(cache.folds),
+        }

@@ -1,0 +1,134 @@
+"""The method interface: how a compression method builds and maintains one
+layer's KV cache, and TokenSelection, the composition most methods are.
+
+A method is a small frozen dataclass of knobs (`knob` fields, validated on
+construction, documented in the schema) with two entry points, in the spirit
+of NVIDIA kvpress presses:
+
+- `prefill_all(q, k, v, spans) -> [cache per layer]` once the whole prompt has
+  been seen (`prefill(layer, ...)` for one layer alone);
+- `decode(layer, cache, q_t, k_t, v_t) -> output`: one generation step: the new
+  token joins the cache, attention runs over what is held, and the method
+  updates its statistics and trims the cache if it must.
+
+Most methods keep a subset of tokens and are three parts (TokenSelection): a
+scorer (which tokens matter, methods/scorers.py), an allocator (how many each
+layer keeps, methods/allocators.py) and the kept-tokens cache
+(methods/caches.py). A method that stores something else (low-rank factors,
+quantized codes) implements prefill_all and decode itself, from the same parts
+where they fit.
+
+Shapes: q [heads, T, d]; k, v [kv_heads, T, d]; q_t [heads, 1, d];
+k_t, v_t [kv_heads, 1, d]. GQA: query head h reads kv head h // (heads // kv_heads),
+and per-token statistics are kept per kv head, summed over its query heads.
+Prompt tokens sit at positions 0..T-1 and step s at position T + s.
+"""
+
+from abc import ABC, abstractmethod
+from functools import cached_property
+from typing import ClassVar
+
+import torch
+
+from kernels_py.methods.allocators import Allocator
+from kernels_py.methods.caches import KeptTokens
+from kernels_py.methods.prompt import Prompt
+from kernels_py.methods.scorers import Scorer
+from kernels_py.model import Spans
+from kernels_py.ops.common import BACKENDS
+from kernels_py.params import Knobs, knob
+
+
+class Method(Knobs, ABC):
+    """A KV-cache compression method; subclasses are frozen dataclasses of knobs."""
+
+    name: ClassVar[str]
+    paper: ClassVar[str] = ""  # where the method comes from, for the schema and `workbench methods`
+
+    @classmethod
+    def owner_name(cls) -> str:
+        return f"method {cls.name!r}"
+
+    @abstractmethod
+    def prefill_all(self, q: list[torch.Tensor], k: list[torch.Tensor], v: list[torch.Tensor], spans: Spans) -> list:
+        """Build every layer's cache once the whole prompt has been seen (lists
+        indexed by layer)."""
+
+    def prefill(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spans: Spans):
+        """Build one layer's cache as if it were the only layer."""
+        return self.prefill_all([q], [k], [v], spans)[0]
+
+    @abstractmethod
+    def decode(self, layer: int, cache, q_t: torch.Tensor, k_t: torch.Tensor, v_t: torch.Tensor) -> torch.Tensor:
+        """One decode step; updates `cache` in place and returns the attention output [heads, 1, d]."""
+
+    def cache_bytes(self, cache) -> int:
+        """Bytes the cache holds, as its representation counts them."""
+        return cache.nbytes
+
+    def layer_metrics(self, layer: int, cache) -> dict[str, float]:
+        """Method-specific numbers about one layer after the last step (e.g. the
+        budget it was given); reported per layer and averaged. Default: the
+        cache's notes."""
+        return dict(cache.notes)
+
+
+class TokenSelection(Method):
+    """A method that keeps a subset of tokens: after prefill each layer holds
+    the allocator's count of tokens, the `recent` latest plus the ones its
+    scorer ranks highest; while decoding, an allocator with a capacity trims
+    the cache after every step the same way."""
+
+    @abstractmethod
+    def scorer(self) -> Scorer:
+        """Which tokens matter."""
+
+    @abstractmethod
+    def allocator(self) -> Allocator:
+        """How many tokens each layer keeps."""
+
+    def recent(self, capacity: int) -> int:
+        """How many of `capacity` kept tokens are the latest ones; default none."""
+        return 0
+
+    @cached_property
+    def _parts(self) -> tuple[Scorer, Allocator]:
+        return self.scorer(), self.allocator()
+
+    def prefill_all(self, q, k, v, spans) -> list[KeptTokens]:
+        scorer, allocator = self._parts
+        prompt = Prompt(q, k, v, spans)
+        self.check_prompt(prompt)
+        caches = []
+        for layer, allocation in enumerate(allocator.prefill(prompt)):
+            cache = KeptTokens.from_prompt(k[layer], v[layer], scorer.prefill(prompt, layer))
+            cache.keep_top(scorer.held(cache), allocation.count, self.recent(allocation.count))
+            cache.notes.update(allocation.notes)
+            if allocator.capacity(layer, cache.seen) is None:
+                cache.scores = None  # nothing to maintain while decoding
+            caches.append(cache)
+        return caches
+
+    def decode(self, layer, cache: KeptTokens, q_t, k_t, v_t) -> torch.Tensor:
+        scorer, allocator = self._parts
+        cache.append(k_t, v_t)
+        output, weights = cache.attend(q_t)
+        scorer.decode(cache, weights)
+        capacity = allocator.capacity(layer, cache.seen)
+        if capacity is not None:
+            cache.keep_top(scorer.held(cache), capacity, self.recent(capacity))
+        return output
+
+    def check_prompt(self, prompt: Prompt) -> None:
+        """Reject a prompt the method cannot work on, with a reason; default: any."""
+
+
+def budget_knob(default: float = 0.2, doc: str = "fraction of the tokens seen that the cache keeps", ref: str = ""):
+    """The share-of-tokens knob every budgeted method has."""
+    return knob("float", default, doc, min=0.001, max=1.0, ref=ref)
+
+
+def backend_knob(what: str = "statistics"):
+    """Which implementation runs the method's hot path (ops.common.BACKENDS)."""
+    return knob("str", "auto", f"{what}: Triton kernel (on CUDA when auto) or PyTorch reference", choices=BACKENDS)
+

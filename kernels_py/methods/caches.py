@@ -1,0 +1,104 @@
+"""Cache representations a method can hold a layer's KV cache in, and the
+selection rule the token-keeping methods share. Each representation knows its
+exact byte count and how to attend over what it holds.
+
+Here: kept tokens (a subset of the full K/V, gathered, so memory really
+shrinks). Low-rank factors are in methods/lowrank.py, quantized codes in
+methods/quantized.py.
+"""
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from kernels_py.metrics import tensor_bytes
+from kernels_py.model import expand_kv
+
+
+@dataclass
+class KeptTokens:
+    """A layer's cache as a subset of its tokens. Tokens are in position order
+    per kv head; kv heads may hold different tokens but always the same number."""
+
+    keys: torch.Tensor  # [kv_heads, n, d]
+    values: torch.Tensor  # [kv_heads, n, d]
+    positions: torch.Tensor  # [kv_heads, n] int64, where each held token sits in the sequence
+    scores: torch.Tensor | None  # [kv_heads, n] float32 per-token statistics, if the method keeps any
+    seen: int  # tokens this layer has processed: prompt plus generated
+    notes: dict[str, float] = field(default_factory=dict)  # per-layer facts a method reports (layer_metrics)
+
+    @classmethod
+    def from_prompt(cls, k: torch.Tensor, v: torch.Tensor, scores: torch.Tensor | None = None) -> "KeptTokens":
+        kv_heads, tokens, _ = k.shape
+        positions = torch.arange(tokens, device=k.device).expand(kv_heads, -1)
+        return cls(k, v, positions, scores, tokens)
+
+    @property
+    def tokens(self) -> int:
+        return self.keys.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of K and V held (bookkeeping such as positions is not counted)."""
+        return tensor_bytes(self.keys, self.values)
+
+    def keep(self, indices: torch.Tensor) -> None:
+        """Keep only the tokens at `indices` ([kv_heads, n'] into the held tokens),
+        as new, smaller tensors."""
+        indices = indices.sort(dim=-1).values
+        channels = indices[..., None].expand(-1, -1, self.keys.shape[-1])
+        self.keys = self.keys.gather(1, channels)
+        self.values = self.values.gather(1, channels)
+        self.positions = self.positions.gather(1, indices)
+        if self.scores is not None:
+            self.scores = self.scores.gather(1, indices)
+
+    def keep_top(self, scores: torch.Tensor, capacity: int, recent: int) -> None:
+        """Hold at most `capacity` tokens: the `recent` latest plus the
+        highest-scoring earlier ones (scores [kv_heads, n] of the held tokens)."""
+        if self.tokens > capacity:
+            self.keep(top_and_recent(scores, capacity, recent))
+
+    def append(self, k_t: torch.Tensor, v_t: torch.Tensor) -> None:
+        """Add the token being generated ([kv_heads, 1, d]) at the next position."""
+        kv_heads = self.keys.shape[0]
+        self.keys = torch.cat([self.keys, k_t.to(self.keys.dtype)], dim=1)
+        self.values = torch.cat([self.values, v_t.to(self.values.dtype)], dim=1)
+        position = torch.full((kv_heads, 1), self.seen, dtype=self.positions.dtype, device=self.positions.device)
+        self.positions = torch.cat([self.positions, position], dim=1)
+        if self.scores is not None:
+            self.scores = torch.cat([self.scores, self.scores.new_zeros(kv_heads, 1)], dim=1)
+        self.seen += 1
+
+    def attend(self, q_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One query token q_t [heads, 1, d] over the held K/V. Returns the output
+        [heads, 1, d] in q's dtype and the attention weights [heads, n] in
+        float32 (for the method's statistics)."""
+        heads, _, head_dim = q_t.shape
+        keys = expand_kv(self.keys.float(), heads)
+        values = expand_kv(self.values.float(), heads)
+        weights = torch.softmax(q_t.float() @ keys.transpose(1, 2) / math.sqrt(head_dim), dim=-1)
+        return (weights @ values).to(q_t.dtype), weights[:, 0]
+
+
+def top_and_recent(scores: torch.Tensor, capacity: int, recent: int) -> torch.Tensor:
+    """[kv_heads, capacity] indices: the `recent` last tokens plus the
+    `capacity - recent` highest-scoring earlier ones. scores: [kv_heads, n]."""
+    tokens = scores.shape[1]
+    recent = min(recent, capacity)
+    older = tokens - recent
+    top = scores[:, :older].topk(capacity - recent, dim=-1).indices
+    window = torch.arange(older, tokens, device=scores.device).expand(scores.shape[0], -1)
+    return torch.cat([top, window], dim=-1)
+
+
+def kept_count(fraction: float, tokens: int) -> int:
+    """ceil(fraction * tokens), at least 1. The product is rounded first so that
+    e.g. 0.3 * 10 = 3.0000000000000004 keeps 3, not 4."""
+    return max(1, math.ceil(round(fraction * tokens, 9)))
+
+
+def half_up(x: float) -> int:
+    """x rounded half up (2.5 -> 3), unlike round()'s half to even."""
+    return math.floor(x + 0.5)

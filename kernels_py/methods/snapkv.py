@@ -1,0 +1,52 @@
+"""SnapKV (Li et al., 2024, "SnapKV: LLM Knows What You are Looking for
+Before Generation").
+
+The last `window` prompt queries (the observation window) vote for the earlier
+tokens: their causal attention is summed over the window rows, smoothed with a
+1-D pooling of width `kernel_size` (neighbouring tokens carry context), and
+averaged over the query heads of each kv head. The top-scoring earlier tokens
+are kept together with the window itself. Compression happens once, at
+prefill; generated tokens are all kept, as in the paper and its code
+(defaults from FasterDecoding/SnapKV: window 32, kernel 5, average pooling).
+"""
+
+from dataclasses import dataclass
+
+from kernels_py.methods.allocators import Uniform
+from kernels_py.methods.base import TokenSelection, backend_knob, budget_knob
+from kernels_py.methods.scorers import POOLING, WindowVotes
+from kernels_py.params import knob
+
+
+@dataclass(frozen=True)
+class SnapKV(TokenSelection):
+    """SnapKV: prompt tokens voted for by an observation window of the last prompt queries, pooled; prefill only."""
+
+    name = "snapkv"
+    paper = "Li et al., 2024, SnapKV: LLM Knows What You are Looking for Before Generation"
+
+    budget: float = budget_knob()
+    window: int = knob("int", 32, "observation window: the last prompt tokens whose queries vote", min=1, max=65536,
+                       ref="SnapKV")
+    kernel_size: int = knob(
+        "int", 5, "width of the pooling over token scores (odd, so scores stay aligned)",
+        min=1, max=31, choices=range(1, 32, 2), ref="SnapKV code (FasterDecoding/SnapKV)",
+    )
+    pooling: str = knob("str", "avg", "pooling of the token scores", choices=tuple(POOLING),
+                        ref="SnapKV code (FasterDecoding/SnapKV)")
+    backend: str = backend_knob("window statistics")
+
+    def scorer(self):
+        return WindowVotes(self.window, self.kernel_size, self.pooling, self.backend)
+
+    def allocator(self):
+        return Uniform(self.budget)
+
+    def recent(self, capacity):
+        return self.window  # the window itself (its votes are +inf), as much of it as fits
+
+    def check_prompt(self, prompt):
+        if self.window >= prompt.tokens:
+            raise ValueError(
+                f"{self.owner_name()}: window={self.window} must be shorter than the prompt ({prompt.tokens} tokens)"
+            )

@@ -1,0 +1,36 @@
+"""StreamingLLM (Xiao et al., 2024, "Efficient Streaming Language Models with
+Attention Sinks").
+
+Keeps the first `sink_tokens` tokens (attention sinks) and a sliding window
+of the most recent ones; no attention statistics at all. The window is what
+the budget leaves after the sinks, and the oldest token in it is evicted when
+a decode step takes the cache over budget.
+"""
+
+from dataclasses import dataclass
+
+from kernels_py.methods.allocators import Uniform
+from kernels_py.methods.base import TokenSelection, budget_knob
+from kernels_py.methods.scorers import Earliest
+from kernels_py.params import knob
+
+
+@dataclass(frozen=True)
+class StreamingLLM(TokenSelection):
+    """StreamingLLM: the first tokens (attention sinks) plus a window of the most recent ones."""
+
+    name = "streamingllm"
+    paper = "Xiao et al., 2024, Efficient Streaming Language Models with Attention Sinks"
+
+    sink_tokens: int = knob("int", 4, "initial tokens always kept (the paper uses 4)", min=0, max=1024,
+                            ref="StreamingLLM")
+    budget: float = budget_knob()
+
+    def scorer(self):
+        return Earliest()
+
+    def allocator(self):
+        return Uniform(self.budget, while_decoding=True)
+
+    def recent(self, capacity):
+        return capacity - min(self.sink_tokens, capacity)

@@ -1,0 +1,46 @@
+"""The attention-statistics op in plain PyTorch (the contract in contract.py):
+materialise the causal softmax of the selected rows in float32 and reduce it."""
+
+import torch
+
+from kernels_py.ops.attention_stats.contract import AttentionStats
+from kernels_py.ops.common import LOG2E, softmax_scale
+
+
+def causal_scores(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, scale: float | None = None):
+    """Scaled scores [H, R, N] in float32 (natural-log units), -inf where row i
+    does not see key j, and the visibility mask [R, N]."""
+    heads, _, head_dim = q.shape
+    kv_heads, n_keys, _ = k.shape
+    scale = softmax_scale(scale, head_dim)
+    k = k.float().repeat_interleave(heads // kv_heads, dim=0)
+    scores = torch.einsum("hmd,hnd->hmn", q.float(), k) * scale
+    visible = torch.arange(n_keys, device=q.device)[None, :] <= q_pos.to(q.device, torch.int64)[:, None]
+    return scores.masked_fill(~visible, float("-inf")), visible
+
+
+def attention_stats(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, p: float = 0.01,
+                    scale: float | None = None) -> AttentionStats:
+    heads = q.shape[0]
+    kv_heads, n_keys, _ = k.shape
+    scores, visible = causal_scores(q, k, q_pos, scale)
+    row_max = scores.amax(dim=-1)
+    row_sumexp = torch.exp(scores - row_max[..., None]).sum(dim=-1)
+    probs = torch.softmax(scores, dim=-1)
+    kept = probs >= p * probs.amax(dim=-1, keepdim=True)
+    below = (visible & ~kept).sum(dim=1, dtype=torch.int32)
+    nonzero = visible.sum(dim=0, dtype=torch.int32).expand(heads, n_keys).contiguous()
+    attn_sum = probs.sum(dim=1)
+    attn_sum_kv = attn_sum.view(kv_heads, heads // kv_heads, n_keys).sum(dim=1)
+    return AttentionStats(row_max * LOG2E, row_sumexp, attn_sum, below, nonzero, attn_sum_kv, float(p))
+
+
+def threshold_distance(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, p: float = 0.01,
+                       scale: float | None = None) -> torch.Tensor:
+    """|log A_ij - log(p * max_j A_ij)| = |s_ij - max_j s_ij - log p| for each
+    visible entry, inf elsewhere, [H, R, N]: how far an entry sits from the
+    ThresholdFilter's cut, in natural-log units. Entries closer than the score
+    error of an implementation can fall on either side of it."""
+    scores, visible = causal_scores(q, k, q_pos, scale)
+    dist = (scores - scores.amax(dim=-1, keepdim=True) - torch.log(torch.tensor(float(p)))).abs()
+    return dist.masked_fill(~visible, float("inf"))

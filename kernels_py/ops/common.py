@@ -1,0 +1,83 @@
+"""What the launchers of every op share, in one place: dtype tables, block
+sizes, the softmax-scale check, the differences between compiled Triton and
+its CPU interpreter, and the choice between a kernel and its reference."""
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels_py.runtime import interpreter_mode
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+# Names as knobs, flags and job messages spell them.
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+FLOAT_DTYPES = tuple(DTYPES.values())
+INDEX_DTYPES = (torch.int32, torch.int64)
+_TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
+
+# Which implementation a method's hot path runs. "auto" picks the kernel on
+# CUDA tensors and the reference on CPU tensors: without a GPU the kernels run
+# under the Triton interpreter, which is right for testing them but hundreds of
+# times too slow for experiment grids. Methods expose the choice as a `backend`
+# knob so it is recorded with every result.
+BACKENDS = ("auto", "triton", "torch")
+
+
+def dtype(name: str) -> torch.dtype:
+    """The torch dtype a name in DTYPES stands for."""
+    if name not in DTYPES:
+        raise ValueError(f"dtype {name!r} is not one of {sorted(DTYPES)}")
+    return DTYPES[name]
+
+
+def use_triton(backend: str, device: torch.device | str) -> bool:
+    """Whether `backend` means the Triton kernel for tensors on `device`."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        return torch.device(device).type == "cuda"
+    return backend == "triton"
+
+
+def upcast_for_dot(dt: torch.dtype) -> bool:
+    """The interpreter (Triton 3.6) computes tl.dot on bfloat16 operands as if
+    they were raw 16-bit integers; kernels take this as a constexpr and cast
+    such operands to float32 before tl.dot. Compiled kernels keep bf16."""
+    return dt == torch.bfloat16 and interpreter_mode()
+
+
+def dot_dtype(*dtypes: torch.dtype):
+    """tl.dot operand dtype for inputs of these dtypes: their common 16-bit
+    dtype, else float32 (mixed or float32 inputs, or bf16 under the
+    interpreter, whose bf16 tl.dot is wrong: see upcast_for_dot)."""
+    first = dtypes[0]
+    if first != torch.float32 and all(d == first for d in dtypes) and not upcast_for_dot(first):
+        return _TL_DTYPES[first]
+    return tl.float32
+
+
+def softmax_scale(scale, head_dim: int, name: str = "scale") -> float:
+    """The softmax scale a launcher uses: head_dim ** -0.5 unless given; a
+    given one must be finite and positive."""
+    if scale is None:
+        return head_dim ** -0.5
+    value = float(scale)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite positive number, got {scale}")
+    return value
+
+
+def block(n: int) -> int:
+    """Block size for a dimension of n: a power of two, at least tl.dot's 16."""
+    return max(16, triton.next_power_of_2(n))
+
+
+def check_block(name: str, value) -> int:
+    """A tile size given by a caller: a power of two >= 16 (tl.dot's minimum)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 16 or value & (value - 1):
+        raise ValueError(f"{name} must be a power of two >= 16 (tl.dot's minimum), got {value!r}")
+    return value

@@ -1,0 +1,34 @@
+"""Low-rank decode attention (AttentionPack): one decode step over a cache
+whose compressed segment is U @ W factors with a rank prefix per token, plus an
+uncompressed segment; output, LSE and each token's attention mass in one pass.
+
+contract.py   the cache segments, the output and the input checks
+kernel.py     the fused decompress + flash-decoding kernel, its rank-space
+              (absorbed) variant, and their launchers
+reference.py  the same contract in plain PyTorch (also the unfused path)
+cases.py      compile cases (sm_80 / sm_90) and the selftest
+"""
+
+from kernels_py.ops.common import use_triton
+from kernels_py.ops.lowrank_decode import reference
+from kernels_py.ops.lowrank_decode.contract import CompressedKV, DecodeOutput, DenseKV, check_inputs
+from kernels_py.ops.lowrank_decode.kernel import default_num_splits, lowrank_decode, lowrank_decode_absorbed
+
+
+def compute(q, q_pos, comp: CompressedKV, dense: DenseKV, *, rope_base: float | None, absorbed: bool = False,
+            backend: str = "auto") -> DecodeOutput:
+    """One decode step from the kernel or the reference as `backend` says
+    (ops.common.BACKENDS). absorbed=True picks the rank-space kernel, which
+    needs keys decomposed after RoPE (rope_base None); the reference computes
+    the same attention either way."""
+    if absorbed and rope_base is not None:
+        raise ValueError("the absorbed (rank-space) kernel needs keys decomposed after RoPE: rope_base must be None")
+    if not use_triton(backend, q.device):
+        return reference.lowrank_decode(q, q_pos, comp, dense, rope_base=rope_base)
+    if absorbed:
+        return lowrank_decode_absorbed(q, q_pos, comp, dense)
+    return lowrank_decode(q, q_pos, comp, dense, rope_base=rope_base)
+
+
+__all__ = ["CompressedKV", "DecodeOutput", "DenseKV", "check_inputs", "compute", "default_num_splits",
+           "lowrank_decode", "lowrank_decode_absorbed", "reference"]

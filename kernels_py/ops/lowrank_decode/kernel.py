@@ -1,0 +1,681 @@
+"""Fused decompress + split-K flash-decoding over a low-rank KV cache
+(AttentionPack), and its launchers. What is computed is in contract.py.
+
+`lowrank_decode` rebuilds K and V tiles from U and W in SRAM and attends with
+split-K flash-decoding (rotating the rebuilt keys when rope_base is set);
+`lowrank_decode_absorbed` attends in rank space instead (q~ = q W_k^T against
+U_k, values mapped back by W_v once per split), which is only exact for keys
+decomposed after RoPE. Why the fused kernel is slow on sm_90 today, line by
+line: notes/lowrank-decode-sm90.md in the design notes.
+
+Reference: reference.py beside this file.
+"""
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels_py.ops import common
+from kernels_py.runtime import interpreter_mode
+from kernels_py.ops.lowrank_decode.contract import CompressedKV, DecodeOutput, DenseKV, check_inputs
+
+# ----------------------------------------------------------------------------
+# Triton kernels: split-K flash-decoding over the two segments
+# ----------------------------------------------------------------------------
+#
+# Stage 1 (`_stage1_kernel`, `_stage1_absorbed_kernel`): one program per
+# (kv head, sequence, split). It owns every query row of its kv group: the
+# GROUP query heads times the M query tokens, folded into BLOCK_ROWS rows
+# (padded to a power of two >= 16 for tl.dot). Its split is a contiguous
+# range of the sequence [compressed tokens, then dense tokens]; each tile of
+# BLOCK_N tokens is scored, the scaled logits are written out (log2 units,
+# -inf where masked) for the masses, and an online softmax (base 2) keeps the
+# running max, sum and weighted values. It writes its split's normalised
+# output and log2-sum-exp.
+# Stage 2: `_merge_kernel` merges the splits of each query row into the output
+# and the natural-log LSE; `_mass_kernel` turns the stored logits into each
+# token's attention weight exp(logit - lse), averaged over heads and queries.
+#
+# Grid axis 0 is the kv head: programs launched next to each other then read
+# the same U tiles (U is shared by all kv heads), which keeps them in L2.
+#
+# Dot operand dtypes: the loads are cast to constexpr dtypes chosen by the
+# launcher (QK_DT for q against keys and p against values, UW_DT for U
+# against W), each the inputs' 16-bit dtype where they agree, else float32;
+# accumulation is always float32. Rebuilt keys/values are float32 and are
+# rounded to QK_DT only as tl.dot operands, as a 16-bit KV cache would be.
+
+MAX_HEAD_DIM = 256
+MAX_ROWS = 128  # query heads per kv head x query tokens, one program's rows
+MAX_ABSORBED_RANK = 256  # the absorbed kernel holds a whole rank-space row
+MAX_SPLITS = 256
+TOKENS_PER_SPLIT = 256  # default split size (num_splits=None)
+DEFAULT_MAX_SPLITS = 64
+MAX_BLOCK_R = 64  # rank chunk of the rebuild; larger ranks loop over chunks
+INTERPRET_BLOCK_N = 32  # fixed tile under the interpreter (no autotuning there)
+
+
+@triton.jit
+def _query_rows(kv_head, GROUP: tl.constexpr, N_QUERIES: tl.constexpr, BLOCK_ROWS: tl.constexpr):
+    """Row r of a program is query token r % M of query head kv_head * GROUP + r // M."""
+    offs_row = tl.arange(0, BLOCK_ROWS)
+    row_mask = offs_row < GROUP * N_QUERIES
+    head = kv_head * GROUP + offs_row // N_QUERIES
+    query = offs_row % N_QUERIES
+    return head, query, row_mask
+
+
+@triton.jit
+def _split_range(c_len, d_len, split, n_splits, BLOCK_N: tl.constexpr):
+    """This split's slice of [compressed tokens, dense tokens], as a compressed
+    range [c_lo, c_hi) and a dense range [d_lo, d_hi). Split sizes are rounded
+    up to whole tiles so compressed tiles start aligned."""
+    total = c_len + d_len
+    per_split = tl.cdiv(tl.cdiv(total, n_splits), BLOCK_N) * BLOCK_N
+    lo = tl.minimum(split * per_split, total)
+    hi = tl.minimum(lo + per_split, total)
+    c_lo = tl.minimum(lo, c_len)
+    c_hi = tl.minimum(hi, c_len)
+    d_lo = tl.maximum(lo, c_len) - c_len
+    d_hi = tl.maximum(hi, c_len) - c_len
+    return c_lo, c_hi, d_lo, d_hi
+
+
+@triton.jit
+def _mask_and_store(s, Logits_rows, offs_col, stride_ln, tok_pos, tok_mask, q_pos, row_mask):
+    """Set entries a row may not see (padding, or a token after the query's
+    position) to -inf and write the tile's logits for the masses."""
+    visible = (tok_pos[None, :] <= q_pos[:, None]) & tok_mask[None, :] & row_mask[:, None]
+    s = tl.where(visible, s, float("-inf"))
+    tl.store(Logits_rows + offs_col[None, :] * stride_ln, s, mask=row_mask[:, None] & tok_mask[None, :])
+    return s
+
+
+@triton.jit
+def _online_softmax(s, m_i, l_i):
+    """One tile of the base-2 online softmax: the tile's unnormalised
+    probabilities, the factor rescaling what was accumulated, new max and sum.
+    m_i starts at a finite floor, so a row that sees nothing yet gets p = 0
+    and alpha = 1 instead of inf - inf."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_new = l_i * alpha + tl.sum(p, 1)
+    return p, alpha, m_new, l_new
+
+
+@triton.jit
+def _store_split(PartO_rows, PartLse_rows, acc, m_i, l_i, offs_d, d_mask, row_mask, stride_od):
+    """The split's normalised output and log2-sum-exp (-inf, output 0 when the
+    row saw no token in this split)."""
+    seen = l_i > 0
+    safe_l = tl.where(seen, l_i, 1.0)
+    o = acc / safe_l[:, None]
+    lse2 = tl.where(seen, m_i + tl.log2(safe_l), float("-inf"))
+    tl.store(PartO_rows + offs_d[None, :] * stride_od, o, mask=row_mask[:, None] & d_mask[None, :])
+    tl.store(PartLse_rows, lse2, mask=row_mask)
+
+
+@triton.jit
+def _load_ut(UK_b, offs_n, rank, r0, stride_un, stride_ur, BLOCK_R: tl.constexpr, UW_DT: tl.constexpr):
+    """U columns [r0, r0 + BLOCK_R) of a tile, transposed: [BLOCK_R, BLOCK_N].
+    Token t keeps the columns < rank[t] (its rank prefix); padding has rank 0."""
+    offs_r = r0 + tl.arange(0, BLOCK_R)
+    return tl.load(UK_b + offs_n[None, :] * stride_un + offs_r[:, None] * stride_ur,
+                   mask=offs_r[:, None] < rank[None, :], other=0.0).to(UW_DT)
+
+
+@triton.jit
+def _load_u(UV_b, offs_n, rank, r0, stride_un, stride_ur, BLOCK_R: tl.constexpr, UW_DT: tl.constexpr):
+    """U columns [r0, r0 + BLOCK_R) of a tile: [BLOCK_N, BLOCK_R], rank prefixes as _load_ut."""
+    offs_r = r0 + tl.arange(0, BLOCK_R)
+    return tl.load(UV_b + offs_n[:, None] * stride_un + offs_r[None, :] * stride_ur,
+                   mask=offs_r[None, :] < rank[:, None], other=0.0).to(UW_DT)
+
+
+@triton.jit
+def _load_wk_t(WK_col, r0, offs_h, h_mask, n_rank, stride_wr, stride_wc,
+               HALF: tl.constexpr, BLOCK_R: tl.constexpr, UW_DT: tl.constexpr):
+    """Rows [r0, r0 + BLOCK_R) of this kv head's W_k, transposed and split in
+    RoPE's two halves (channels [0, D/2) and [D/2, D)): two [BLOCK_HALF, BLOCK_R]."""
+    offs_r = r0 + tl.arange(0, BLOCK_R)
+    ptrs = WK_col + offs_r[None, :] * stride_wr + offs_h[:, None] * stride_wc
+    mask = (offs_r[None, :] < n_rank) & h_mask[:, None]
+    w_lo = tl.load(ptrs, mask=mask, other=0.0).to(UW_DT)
+    w_hi = tl.load(ptrs + HALF * stride_wc, mask=mask, other=0.0).to(UW_DT)
+    return w_lo, w_hi
+
+
+@triton.jit
+def _load_wv(WV_col, r0, offs_d, d_mask, n_rank, stride_wr, stride_wc, BLOCK_R: tl.constexpr, UW_DT: tl.constexpr):
+    """Rows [r0, r0 + BLOCK_R) of this kv head's W_v: [BLOCK_R, BLOCK_D]."""
+    offs_r = r0 + tl.arange(0, BLOCK_R)
+    return tl.load(WV_col + offs_r[:, None] * stride_wr + offs_d[None, :] * stride_wc,
+                   mask=(offs_r[:, None] < n_rank) & d_mask[None, :], other=0.0).to(UW_DT)
+
+
+@triton.jit
+def _rebuild_keys_chunked(UK_b, WK_col, offs_n, rank, offs_h, h_mask, n_rank,
+                          stride_un, stride_ur, stride_wr, stride_wc,
+                          HALF: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
+                          BLOCK_HALF: tl.constexpr, UW_DT: tl.constexpr):
+    """Keys of a tile rebuilt chunk by chunk of BLOCK_R ranks (ranks above one
+    chunk), transposed, in two halves: float32 [BLOCK_HALF, BLOCK_N] each.
+    Chunks past the tile's largest rank prefix are skipped."""
+    k_lo = tl.zeros([BLOCK_HALF, BLOCK_N], dtype=tl.float32)
+    k_hi = tl.zeros([BLOCK_HALF, BLOCK_N], dtype=tl.float32)
+    for r0 in range(0, tl.max(rank, 0), BLOCK_R):
+        ut = _load_ut(UK_b, offs_n, rank, r0, stride_un, stride_ur, BLOCK_R, UW_DT)
+        w_lo, w_hi = _load_wk_t(WK_col, r0, offs_h, h_mask, n_rank, stride_wr, stride_wc, HALF, BLOCK_R, UW_DT)
+        k_lo += tl.dot(w_lo, ut, input_precision="ieee")
+        k_hi += tl.dot(w_hi, ut, input_precision="ieee")
+    return k_lo, k_hi
+
+
+@triton.jit
+def _rebuild_values_chunked(UV_b, WV_col, offs_n, rank, offs_d, d_mask, n_rank,
+                            stride_un, stride_ur, stride_wr, stride_wc,
+                            BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                            UW_DT: tl.constexpr):
+    """Values of a tile rebuilt chunk by chunk: float32 [BLOCK_N, BLOCK_D]."""
+    v = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    for r0 in range(0, tl.max(rank, 0), BLOCK_R):
+        u = _load_u(UV_b, offs_n, rank, r0, stride_un, stride_ur, BLOCK_R, UW_DT)
+        w = _load_wv(WV_col, r0, offs_d, d_mask, n_rank, stride_wr, stride_wc, BLOCK_R, UW_DT)
+        v += tl.dot(u, w, input_precision="ieee")
+    return v
+
+
+@triton.jit
+def _rope_t(k_lo, k_hi, tok_pos, inv_freq):
+    """Rotate transposed key halves ("rotate half"): pair (i, i + D/2) turns by
+    pos * inv_freq[i]. Angles are reduced to [-pi, pi] first because compiled
+    sin/cos may use approximations that are only accurate there."""
+    angle = inv_freq[:, None] * tok_pos[None, :].to(tl.float32)
+    angle = angle - 6.283185307179586 * tl.floor(angle * 0.15915494309189535 + 0.5)
+    c = tl.cos(angle)
+    s = tl.sin(angle)
+    return k_lo * c - k_hi * s, k_hi * c + k_lo * s
+
+
+@triton.jit
+def _stage1_kernel(
+    Q, QPos, UK, WK, UV, WV, RankK, RankV, CPos, CLen, DK, DV, DPos, DLen, Logits, PartO, PartLse,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_pb, stride_pm,
+    stride_ukb, stride_ukn, stride_ukr,
+    stride_wkb, stride_wkr, stride_wkc,
+    stride_uvb, stride_uvn, stride_uvr,
+    stride_wvb, stride_wvr, stride_wvc,
+    stride_rkb, stride_rkn,
+    stride_rvb, stride_rvn,
+    stride_cpb, stride_cpn,
+    stride_clb,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    stride_dpb, stride_dpn,
+    stride_dlb,
+    stride_lb, stride_lh, stride_lm, stride_ln,
+    stride_ob, stride_oh, stride_om, stride_os, stride_od,
+    stride_sb, stride_sh, stride_sm, stride_ss,
+    n_comp, rank_k_max, rank_v_max, qk_scale, rope_log2_step, tune_programs, tune_span,
+    GROUP: tl.constexpr,
+    N_QUERIES: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HALF: tl.constexpr,
+    ROPE: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    ONE_CHUNK_K: tl.constexpr,
+    ONE_CHUNK_V: tl.constexpr,
+    QK_DT: tl.constexpr,
+    UW_DT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    kv_head = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    split = tl.program_id(2)
+    n_splits = tl.num_programs(2)
+
+    head, query, row_mask = _query_rows(kv_head, GROUP, N_QUERIES, BLOCK_ROWS)
+    q_pos = tl.load(QPos + b * stride_pb + query * stride_pm, mask=row_mask, other=-1).to(tl.int32)
+    offs_h = tl.arange(0, BLOCK_HALF)
+    h_mask = offs_h < HALF
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    q_rows = Q + b * stride_qb + head[:, None] * stride_qh + query[:, None] * stride_qm
+    q_mask = row_mask[:, None] & h_mask[None, :]
+    q_lo = tl.load(q_rows + offs_h[None, :] * stride_qd, mask=q_mask, other=0.0).to(QK_DT)
+    q_hi = tl.load(q_rows + (HALF + offs_h[None, :]) * stride_qd, mask=q_mask, other=0.0).to(QK_DT)
+    logit_rows = Logits + b * stride_lb + head[:, None] * stride_lh + query[:, None] * stride_lm
+    # RoPE frequencies base ** (-2i / D) = 2 ** (i * rope_log2_step), float32.
+    inv_freq = tl.exp2(offs_h.to(tl.float32) * rope_log2_step)
+
+    c_len = tl.load(CLen + b * stride_clb).to(tl.int32)
+    d_len = tl.load(DLen + b * stride_dlb).to(tl.int32)
+    c_lo, c_hi, d_lo, d_hi = _split_range(c_len, d_len, split, n_splits, BLOCK_N)
+
+    m_i = tl.full([BLOCK_ROWS], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_ROWS, BLOCK_D], dtype=tl.float32)
+
+    UK_b = UK + b * stride_ukb
+    UV_b = UV + b * stride_uvb
+    WK_col = WK + b * stride_wkb + kv_head * HEAD_DIM * stride_wkc  # this kv head's columns of W
+    WV_col = WV + b * stride_wvb + kv_head * HEAD_DIM * stride_wvc
+    # When the rank fits one chunk, this kv head's W slices are loaded once,
+    # outside the token loop (they are the same for every tile).
+    if ONE_CHUNK_K:
+        wk_lo, wk_hi = _load_wk_t(WK_col, 0, offs_h, h_mask, rank_k_max, stride_wkr, stride_wkc, HALF, BLOCK_R, UW_DT)
+    if ONE_CHUNK_V:
+        wv = _load_wv(WV_col, 0, offs_d, d_mask, rank_v_max, stride_wvr, stride_wvc, BLOCK_R, UW_DT)
+    for start in range(c_lo, c_hi, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        tok_mask = offs_n < c_hi
+        tok_pos = tl.load(CPos + b * stride_cpb + offs_n * stride_cpn, mask=tok_mask, other=0).to(tl.int32)
+        rank_k = tl.load(RankK + b * stride_rkb + offs_n * stride_rkn, mask=tok_mask, other=0).to(tl.int32)
+        if ONE_CHUNK_K:
+            ut = _load_ut(UK_b, offs_n, rank_k, 0, stride_ukn, stride_ukr, BLOCK_R, UW_DT)
+            k_lo = tl.dot(wk_lo, ut, input_precision="ieee")
+            k_hi = tl.dot(wk_hi, ut, input_precision="ieee")
+        else:
+            k_lo, k_hi = _rebuild_keys_chunked(UK_b, WK_col, offs_n, rank_k, offs_h, h_mask, rank_k_max,
+                                               stride_ukn, stride_ukr, stride_wkr, stride_wkc,
+                                               HALF, BLOCK_N, BLOCK_R, BLOCK_HALF, UW_DT)
+        if ROPE:
+            k_lo, k_hi = _rope_t(k_lo, k_hi, tok_pos, inv_freq)
+        s = tl.dot(q_lo, k_lo.to(QK_DT), input_precision="ieee")
+        s += tl.dot(q_hi, k_hi.to(QK_DT), input_precision="ieee")
+        s = _mask_and_store(s * qk_scale, logit_rows, offs_n, stride_ln, tok_pos, tok_mask, q_pos, row_mask)
+        p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i)
+        rank_v = tl.load(RankV + b * stride_rvb + offs_n * stride_rvn, mask=tok_mask, other=0).to(tl.int32)
+        if ONE_CHUNK_V:
+            u = _load_u(UV_b, offs_n, rank_v, 0, stride_uvn, stride_uvr, BLOCK_R, UW_DT)
+            v = tl.dot(u, wv, input_precision="ieee")
+        else:
+            v = _rebuild_values_chunked(UV_b, WV_col, offs_n, rank_v, offs_d, d_mask, rank_v_max,
+                                        stride_uvn, stride_uvr, stride_wvr, stride_wvc, BLOCK_N, BLOCK_R, BLOCK_D,
+                                        UW_DT)
+        acc = acc * alpha[:, None] + tl.dot(p.to(QK_DT), v.to(QK_DT), input_precision="ieee")
+
+    DK_h = DK + b * stride_dkb + kv_head * stride_dkh
+    DV_h = DV + b * stride_dvb + kv_head * stride_dvh
+    for start in range(d_lo, d_hi, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        tok_mask = offs_n < d_hi
+        tok_pos = tl.load(DPos + b * stride_dpb + offs_n * stride_dpn, mask=tok_mask, other=0).to(tl.int32)
+        kt_ptrs = DK_h + offs_n[None, :] * stride_dkn + offs_h[:, None] * stride_dkd
+        kt_mask = tok_mask[None, :] & h_mask[:, None]
+        kt_lo = tl.load(kt_ptrs, mask=kt_mask, other=0.0).to(QK_DT)
+        kt_hi = tl.load(kt_ptrs + HALF * stride_dkd, mask=kt_mask, other=0.0).to(QK_DT)
+        s = tl.dot(q_lo, kt_lo, input_precision="ieee")
+        s += tl.dot(q_hi, kt_hi, input_precision="ieee")
+        s = _mask_and_store(s * qk_scale, logit_rows, n_comp + offs_n, stride_ln, tok_pos, tok_mask, q_pos, row_mask)
+        p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i)
+        v = tl.load(DV_h + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd,
+                    mask=tok_mask[:, None] & d_mask[None, :], other=0.0).to(QK_DT)
+        acc = acc * alpha[:, None] + tl.dot(p.to(QK_DT), v, input_precision="ieee")
+
+    part_rows = b * stride_ob + head[:, None] * stride_oh + query[:, None] * stride_om + split * stride_os
+    lse_rows = b * stride_sb + head * stride_sh + query * stride_sm + split * stride_ss
+    _store_split(PartO + part_rows, PartLse + lse_rows, acc, m_i, l_i, offs_d, d_mask, row_mask, stride_od)
+
+
+@triton.jit
+def _stage1_absorbed_kernel(
+    Q, QPos, UK, WK, UV, WV, RankK, RankV, CPos, CLen, DK, DV, DPos, DLen, Logits, PartO, PartLse,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_pb, stride_pm,
+    stride_ukb, stride_ukn, stride_ukr,
+    stride_wkb, stride_wkr, stride_wkc,
+    stride_uvb, stride_uvn, stride_uvr,
+    stride_wvb, stride_wvr, stride_wvc,
+    stride_rkb, stride_rkn,
+    stride_rvb, stride_rvn,
+    stride_cpb, stride_cpn,
+    stride_clb,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    stride_dpb, stride_dpn,
+    stride_dlb,
+    stride_lb, stride_lh, stride_lm, stride_ln,
+    stride_ob, stride_oh, stride_om, stride_os, stride_od,
+    stride_sb, stride_sh, stride_sm, stride_ss,
+    n_comp, rank_k_max, rank_v_max, qk_scale, tune_programs, tune_span,
+    GROUP: tl.constexpr,
+    N_QUERIES: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_RK: tl.constexpr,
+    BLOCK_RV: tl.constexpr,
+    QK_DT: tl.constexpr,
+    UW_DT: tl.constexpr,
+    RANK_PREC: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Rank-space attention for keys decomposed after RoPE: score = (q W_k,h^T) . U_k[t, :r_t],
+    values accumulated as sum_t p_t U_v[t, :r_t] and mapped by W_v,h once per split."""
+    kv_head = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    split = tl.program_id(2)
+    n_splits = tl.num_programs(2)
+
+    head, query, row_mask = _query_rows(kv_head, GROUP, N_QUERIES, BLOCK_ROWS)
+    q_pos = tl.load(QPos + b * stride_pb + query * stride_pm, mask=row_mask, other=-1).to(tl.int32)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    offs_rk = tl.arange(0, BLOCK_RK)
+    offs_rv = tl.arange(0, BLOCK_RV)
+    q_rows = Q + b * stride_qb + head[:, None] * stride_qh + query[:, None] * stride_qm
+    q = tl.load(q_rows + offs_d[None, :] * stride_qd, mask=row_mask[:, None] & d_mask[None, :], other=0.0)
+    # Rank-space queries, once per program, float32: q~ = q W_k,h^T [BLOCK_ROWS, BLOCK_RK].
+    WK_col = WK + b * stride_wkb + kv_head * HEAD_DIM * stride_wkc  # this kv head's columns of W_k
+    wk_t = tl.load(WK_col + offs_rk[None, :] * stride_wkr + offs_d[:, None] * stride_wkc,
+                   mask=(offs_rk[None, :] < rank_k_max) & d_mask[:, None], other=0.0)
+    q_rank = tl.dot(q.to(tl.float32), wk_t.to(tl.float32), input_precision=RANK_PREC).to(UW_DT)
+    q = q.to(QK_DT)
+    logit_rows = Logits + b * stride_lb + head[:, None] * stride_lh + query[:, None] * stride_lm
+
+    c_len = tl.load(CLen + b * stride_clb).to(tl.int32)
+    d_len = tl.load(DLen + b * stride_dlb).to(tl.int32)
+    c_lo, c_hi, d_lo, d_hi = _split_range(c_len, d_len, split, n_splits, BLOCK_N)
+
+    m_i = tl.full([BLOCK_ROWS], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
+    acc_rank = tl.zeros([BLOCK_ROWS, BLOCK_RV], dtype=tl.float32)  # sum_t p_t U_v[t, :r_t]
+    acc = tl.zeros([BLOCK_ROWS, BLOCK_D], dtype=tl.float32)  # the dense segment's sum_t p_t v_t
+
+    for start in range(c_lo, c_hi, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        tok_mask = offs_n < c_hi
+        tok_pos = tl.load(CPos + b * stride_cpb + offs_n * stride_cpn, mask=tok_mask, other=0).to(tl.int32)
+        rank_k = tl.load(RankK + b * stride_rkb + offs_n * stride_rkn, mask=tok_mask, other=0).to(tl.int32)
+        ut = tl.load(UK + b * stride_ukb + offs_n[None, :] * stride_ukn + offs_rk[:, None] * stride_ukr,
+                     mask=offs_rk[:, None] < rank_k[None, :], other=0.0).to(UW_DT)
+        s = tl.dot(q_rank, ut, input_precision="ieee")
+        s = _mask_and_store(s * qk_scale, logit_rows, offs_n, stride_ln, tok_pos, tok_mask, q_pos, row_mask)
+        p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i)
+        rank_v = tl.load(RankV + b * stride_rvb + offs_n * stride_rvn, mask=tok_mask, other=0).to(tl.int32)
+        uv = tl.load(UV + b * stride_uvb + offs_n[:, None] * stride_uvn + offs_rv[None, :] * stride_uvr,
+                     mask=offs_rv[None, :] < rank_v[:, None], other=0.0).to(UW_DT)
+        acc_rank = acc_rank * alpha[:, None] + tl.dot(p.to(UW_DT), uv, input_precision="ieee")
+        acc = acc * alpha[:, None]
+
+    DK_h = DK + b * stride_dkb + kv_head * stride_dkh
+    DV_h = DV + b * stride_dvb + kv_head * stride_dvh
+    for start in range(d_lo, d_hi, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        tok_mask = offs_n < d_hi
+        tok_pos = tl.load(DPos + b * stride_dpb + offs_n * stride_dpn, mask=tok_mask, other=0).to(tl.int32)
+        kt = tl.load(DK_h + offs_n[None, :] * stride_dkn + offs_d[:, None] * stride_dkd,
+                     mask=tok_mask[None, :] & d_mask[:, None], other=0.0).to(QK_DT)
+        s = tl.dot(q, kt, input_precision="ieee")
+        s = _mask_and_store(s * qk_scale, logit_rows, n_comp + offs_n, stride_ln, tok_pos, tok_mask, q_pos, row_mask)
+        p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i)
+        v = tl.load(DV_h + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd,
+                    mask=tok_mask[:, None] & d_mask[None, :], other=0.0).to(QK_DT)
+        acc = acc * alpha[:, None] + tl.dot(p.to(QK_DT), v, input_precision="ieee")
+        acc_rank = acc_rank * alpha[:, None]
+
+    # Back from rank space once per split, float32.
+    WV_col = WV + b * stride_wvb + kv_head * HEAD_DIM * stride_wvc
+    wv = tl.load(WV_col + offs_rv[:, None] * stride_wvr + offs_d[None, :] * stride_wvc,
+                 mask=(offs_rv[:, None] < rank_v_max) & d_mask[None, :], other=0.0)
+    acc += tl.dot(acc_rank, wv.to(tl.float32), input_precision=RANK_PREC)
+
+    part_rows = b * stride_ob + head[:, None] * stride_oh + query[:, None] * stride_om + split * stride_os
+    lse_rows = b * stride_sb + head * stride_sh + query * stride_sm + split * stride_ss
+    _store_split(PartO + part_rows, PartLse + lse_rows, acc, m_i, l_i, offs_d, d_mask, row_mask, stride_od)
+
+
+@triton.jit
+def _merge_kernel(
+    PartO, PartLse, Out, Lse,
+    stride_ob, stride_oh, stride_om, stride_os, stride_od,
+    stride_sb, stride_sh, stride_sm, stride_ss,
+    stride_yb, stride_yh, stride_ym, stride_yd,
+    stride_lb, stride_lh, stride_lm,
+    n_splits,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Merge one query row's splits: out = sum_s w_s o_s / sum_s w_s with
+    w_s = 2^(lse_s - max); lse = log of the summed softmax denominators."""
+    b = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    query = tl.program_id(2)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    part_o = PartO + b * stride_ob + head * stride_oh + query * stride_om
+    part_lse = PartLse + b * stride_sb + head * stride_sh + query * stride_sm
+
+    e_max = float("-inf")
+    e_sum = 0.0
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for s in range(0, n_splits):
+        lse_s = tl.load(part_lse + s * stride_ss)
+        o_s = tl.load(part_o + s * stride_os + offs_d * stride_od, mask=d_mask, other=0.0)
+        new_max = tl.maximum(e_max, lse_s)
+        ref_max = tl.where(new_max == float("-inf"), 0.0, new_max)  # empty so far: no inf - inf
+        old_scale = tl.exp2(e_max - ref_max)
+        w = tl.exp2(lse_s - ref_max)
+        acc = acc * old_scale + w * o_s
+        e_sum = e_sum * old_scale + w
+        e_max = new_max
+    seen = e_sum > 0
+    out = acc / tl.where(seen, e_sum, 1.0)
+    lse = tl.where(seen, (e_max + tl.log2(tl.where(seen, e_sum, 1.0))) * 0.6931471805599453, float("-inf"))
+    tl.store(Out + b * stride_yb + head * stride_yh + query * stride_ym + offs_d * stride_yd,
+             out.to(Out.dtype.element_ty), mask=d_mask)
+    tl.store(Lse + b * stride_lb + head * stride_lh + query * stride_lm, lse)
+
+
+@triton.jit
+def _mass_kernel(
+    Logits, Lse, MassC, MassD, CLen, DLen,
+    stride_lb, stride_lh, stride_lm, stride_ln,
+    stride_sb, stride_sh, stride_sm,
+    stride_cb, stride_cn,
+    stride_db, stride_dn,
+    stride_clb, stride_dlb,
+    n_comp, n_cols, n_rows, inv_rows,
+    N_QUERIES: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):
+    """Per-token attention weight exp(logit - lse), averaged over the n_rows =
+    heads x queries rows, for a block of columns of [compressed | dense]."""
+    b = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    c_len = tl.load(CLen + b * stride_clb).to(tl.int32)
+    d_len = tl.load(DLen + b * stride_dlb).to(tl.int32)
+    # Only columns of real tokens were written by stage 1; padding is never read.
+    valid = (cols < c_len) | ((cols >= n_comp) & (cols - n_comp < d_len))
+    total = tl.zeros([BLOCK_T], dtype=tl.float32)
+    for r in range(0, n_rows):
+        head = r // N_QUERIES
+        query = r % N_QUERIES
+        lse2 = tl.load(Lse + b * stride_sb + head * stride_sh + query * stride_sm) * 1.4426950408889634
+        lse2 = tl.where(lse2 == float("-inf"), 0.0, lse2)  # a row that saw nothing has only -inf logits
+        logit = tl.load(Logits + b * stride_lb + head * stride_lh + query * stride_lm + cols * stride_ln,
+                        mask=valid, other=float("-inf"))
+        total += tl.exp2(logit - lse2)
+    mass = tl.where(valid, total * inv_rows, 0.0)
+    tl.store(MassC + b * stride_cb + cols * stride_cn, mass, mask=cols < n_comp)
+    tl.store(MassD + b * stride_db + (cols - n_comp) * stride_dn, mass, mask=(cols >= n_comp) & (cols < n_cols))
+
+
+def _stage1_configs():
+    return [triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=s)
+            for n in (32, 64, 128) for w in (4, 8) for s in (2, 3)]
+
+
+# Autotuned on a GPU only: under the interpreter every config would run the
+# whole kernel in Python, so the launchers use INTERPRET_BLOCK_N there.
+_STAGE1_KEY = ["tune_programs", "tune_span", "GROUP", "N_QUERIES", "HEAD_DIM", "BLOCK_ROWS", "BLOCK_D"]
+_stage1_tuned = triton.autotune(configs=_stage1_configs(),
+                                key=_STAGE1_KEY + ["BLOCK_R", "ONE_CHUNK_K", "ONE_CHUNK_V", "ROPE"])(_stage1_kernel)
+_stage1_absorbed_tuned = triton.autotune(configs=_stage1_configs(), key=_STAGE1_KEY + ["BLOCK_RK", "BLOCK_RV"])(
+    _stage1_absorbed_kernel)
+
+
+# ----------------------------------------------------------------------------
+# Launchers
+# ----------------------------------------------------------------------------
+
+
+def lowrank_decode(q: torch.Tensor, q_pos: torch.Tensor, comp: CompressedKV, dense: DenseKV, *,
+                   rope_base: float | None, sm_scale: float | None = None,
+                   num_splits: int | None = None, check_values: bool = True,
+                   block_n: int | None = None) -> DecodeOutput:
+    """Fused decompress + split-K flash-decoding over [compressed | dense].
+
+    q: [B, Hq, M, D] fp16/bf16/fp32, the M new query tokens of each sequence
+    (M small, usually 1); q_pos: [B, M] int, their absolute positions. A token
+    is visible to a query iff its pos <= the query's q_pos (so M > 1 new
+    tokens attend causally among themselves when they are in `dense`).
+    comp, dense: the cache segments (see CompressedKV, DenseKV); U/W and the
+    dense K/V may have other float dtypes than q; any strides.
+    rope_base: keys were decomposed before RoPE: rebuilt keys are rotated at
+    comp.pos with this base. None: keys were decomposed after RoPE.
+    sm_scale: softmax scale, default D ** -0.5.
+    num_splits: sequence splits per (sequence, kv head); default from the
+    longest sequence (about TOKENS_PER_SPLIT tokens each, at most
+    DEFAULT_MAX_SPLITS).
+    check_values=False skips the input checks that wait for the device
+    (lengths and ranks in range; see check_inputs); with num_splits given the
+    call then never synchronises, e.g. in a timing loop over checked inputs.
+    block_n: a fixed token tile (power of two >= 16) instead of the autotuned
+    one (the interpreter uses INTERPRET_BLOCK_N unless given); tests on a GPU
+    pin it to avoid autotuning every shape.
+    Returns DecodeOutput(out [B, Hq, M, D] q.dtype, lse [B, Hq, M] float32,
+    mass_comp [B, T] float32, mass_dense [B, S] float32).
+    """
+    check_inputs(q, q_pos, comp, dense, rope_base, check_values)
+    return _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, absorbed=False)
+
+
+def lowrank_decode_absorbed(q: torch.Tensor, q_pos: torch.Tensor, comp: CompressedKV, dense: DenseKV, *,
+                            sm_scale: float | None = None, num_splits: int | None = None,
+                            check_values: bool = True, block_n: int | None = None) -> DecodeOutput:
+    """The same attention computed in rank space (like MLA decode), for keys
+    decomposed after RoPE (there is no rope_base: rank-space scores cannot be
+    rotated per token). Per query head h of kv head g: q~ = q W_k[:, g]^T [Rk]
+    is scored against U_k[t, :rank_k[t]], and sum_t p_t U_v[t, :rank_v[t]] is
+    mapped back by W_v[:, g] once per split. Ranks up to MAX_ABSORBED_RANK.
+    Shapes, outputs and the other arguments as lowrank_decode."""
+    check_inputs(q, q_pos, comp, dense, None, check_values)
+    for name, u in (("uk", comp.uk), ("uv", comp.uv)):
+        if u.shape[2] > MAX_ABSORBED_RANK:
+            raise ValueError(f"{name} has rank {u.shape[2]}; the absorbed kernel supports up to {MAX_ABSORBED_RANK}")
+    return _decode(q, q_pos, comp, dense, None, sm_scale, num_splits, block_n, absorbed=True)
+
+
+def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, *, absorbed: bool) -> DecodeOutput:
+    batch, heads, queries, head_dim = q.shape
+    kv_heads, slots = dense.k.shape[1], dense.k.shape[2]
+    tokens = comp.uk.shape[1]
+    group = heads // kv_heads
+    if not 1 <= head_dim <= MAX_HEAD_DIM or (head_dim % 2 and not absorbed):
+        raise ValueError(f"head_dim must be even (keys are handled in RoPE's halves) and at most {MAX_HEAD_DIM}, "
+                         f"got {head_dim}")
+    if queries < 1:
+        raise ValueError("q has no query tokens (M = 0)")
+    if group * queries > MAX_ROWS:
+        raise ValueError(f"query heads per kv head x query tokens = {group} x {queries} exceeds {MAX_ROWS}, "
+                         f"the rows one program holds")
+    scale = common.softmax_scale(sm_scale, head_dim, "sm_scale")
+    if block_n is not None:
+        common.check_block("block_n", block_n)
+    dev = q.device
+    out = torch.empty((batch, heads, queries, head_dim), dtype=q.dtype, device=dev)
+    lse = torch.empty((batch, heads, queries), dtype=torch.float32, device=dev)
+    mass_comp = torch.empty((batch, tokens), dtype=torch.float32, device=dev)
+    mass_dense = torch.empty((batch, slots), dtype=torch.float32, device=dev)
+    if batch == 0 or heads == 0:
+        return DecodeOutput(out, lse, mass_comp, mass_dense)
+    splits = _num_splits(num_splits, comp, dense, batch * kv_heads, dev)
+
+    # Scaled logits (log2 units) of every (row, token) for the masses; columns
+    # [0, T) are the compressed tokens, [T, T + S) the dense ones. Only real
+    # tokens' columns are written and read.
+    logits = torch.empty((batch, heads, queries, tokens + slots), dtype=torch.float32, device=dev)
+    part_o = torch.empty((batch, heads, queries, splits, head_dim), dtype=torch.float32, device=dev)
+    part_lse = torch.empty((batch, heads, queries, splits), dtype=torch.float32, device=dev)
+
+    block_d = common.block(head_dim)
+    shared = dict(GROUP=group, N_QUERIES=queries, HEAD_DIM=head_dim, BLOCK_ROWS=common.block(group * queries),
+                  BLOCK_D=block_d, QK_DT=common.dot_dtype(q.dtype, dense.k.dtype, dense.v.dtype),
+                  UW_DT=common.dot_dtype(comp.uk.dtype, comp.wk.dtype, comp.uv.dtype, comp.wv.dtype))
+    args = [q, q_pos, comp.uk, comp.wk, comp.uv, comp.wv, comp.rank_k, comp.rank_v, comp.pos, comp.length,
+            dense.k, dense.v, dense.pos, dense.length, logits, part_o, part_lse,
+            *q.stride(), *q_pos.stride(), *comp.uk.stride(), *comp.wk.stride(), *comp.uv.stride(),
+            *comp.wv.stride(), *comp.rank_k.stride(), *comp.rank_v.stride(), *comp.pos.stride(),
+            *comp.length.stride(), *dense.k.stride(), *dense.v.stride(), *dense.pos.stride(),
+            *dense.length.stride(), *logits.stride(), *part_o.stride(), *part_lse.stride(),
+            tokens, comp.uk.shape[2], comp.uv.shape[2], scale * common.LOG2E]
+    # Autotuning buckets (unused by the kernels): the best tile depends on how
+    # many programs run and how many tokens each walks, so tune once per
+    # power-of-two class of each rather than once for all shapes.
+    tune = [common.block(batch * kv_heads * splits), common.block(triton.cdiv(tokens + slots, splits))]
+    grid = (kv_heads, batch, splits)
+    if absorbed:
+        # The two float32 products into and out of rank space may use tf32
+        # tensor cores when q and W are 16-bit: such values are exact in tf32,
+        # so only the accumulated rank-space values get rounded (like fp16).
+        exact = all(t.dtype != torch.float32 for t in (q, comp.wk, comp.wv)) and not interpreter_mode()
+        meta = dict(shared, BLOCK_RK=common.block(comp.uk.shape[2]), BLOCK_RV=common.block(comp.uv.shape[2]),
+                    RANK_PREC="tf32" if exact else "ieee")
+        kernel, tuned = _stage1_absorbed_kernel, _stage1_absorbed_tuned
+        args += tune
+    else:
+        rope_step = 0.0 if rope_base is None else -2.0 * math.log2(rope_base) / head_dim
+        args += [rope_step, *tune]
+        block_r = min(common.block(max(comp.uk.shape[2], comp.uv.shape[2])), MAX_BLOCK_R)
+        meta = dict(shared, HALF=head_dim // 2, ROPE=rope_base is not None, BLOCK_HALF=common.block(head_dim // 2),
+                    BLOCK_R=block_r, ONE_CHUNK_K=comp.uk.shape[2] <= block_r, ONE_CHUNK_V=comp.uv.shape[2] <= block_r)
+        kernel, tuned = _stage1_kernel, _stage1_tuned
+    if block_n is not None or interpreter_mode():
+        kernel[grid](*args, **meta, BLOCK_N=block_n or INTERPRET_BLOCK_N, num_warps=4, num_stages=2)
+    else:
+        tuned[grid](*args, **meta)
+
+    _merge_kernel[(batch, heads, queries)](
+        part_o, part_lse, out, lse,
+        *part_o.stride(), *part_lse.stride(), *out.stride(), *lse.stride(),
+        splits, HEAD_DIM=head_dim, BLOCK_D=block_d)
+    if tokens + slots:
+        block_t = 256
+        _mass_kernel[(batch, triton.cdiv(tokens + slots, block_t))](
+            logits, lse, mass_comp, mass_dense, comp.length, dense.length,
+            *logits.stride(), *lse.stride(), *mass_comp.stride(), *mass_dense.stride(),
+            *comp.length.stride(), *dense.length.stride(),
+            tokens, tokens + slots, heads * queries, 1.0 / (heads * queries),
+            N_QUERIES=queries, BLOCK_T=block_t)
+    return DecodeOutput(out, lse, mass_comp, mass_dense)
+
+
+def default_num_splits(comp: CompressedKV, dense: DenseKV, kv_heads: int) -> int:
+    """The num_splits a call with num_splits=None uses (one host sync); pass it
+    explicitly to keep repeated calls free of synchronisation."""
+    return _num_splits(None, comp, dense, comp.length.shape[0] * kv_heads, comp.length.device)
+
+
+def _num_splits(num_splits, comp: CompressedKV, dense: DenseKV, programs_per_split: int, device) -> int:
+    """Splits per (sequence, kv head). Default: about TOKENS_PER_SPLIT tokens
+    each for the longest sequence, at most DEFAULT_MAX_SPLITS; on a GPU, more
+    (down to 64 tokens each) while the grid would not fill two waves of SMs."""
+    if num_splits is not None:
+        if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_SPLITS:
+            raise ValueError(f"num_splits must be an int in [1, {MAX_SPLITS}], got {num_splits!r}")
+        return num_splits
+    longest = int((comp.length.to(torch.int64) + dense.length.to(torch.int64)).max())  # one host sync
+    splits = triton.cdiv(longest, TOKENS_PER_SPLIT)
+    if device.type == "cuda" and not interpreter_mode():
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        splits = max(splits, min(triton.cdiv(2 * sms, programs_per_split), triton.cdiv(longest, 64)))
+    return max(1, min(splits, DEFAULT_MAX_SPLITS))

@@ -1,1 +1,0 @@
-"""Plain-PyTorch references for every kernel in kernels_py.triton."""

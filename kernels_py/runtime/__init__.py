@@ -1,0 +1,29 @@
+"""The worker's plumbing: the worker loop and its wire protocol (worker.py,
+protocol.py), tensors by reference over shared-memory arenas (arena.py), the
+exchange benchmark's jobs (exchange.py) and diagnostics jobs (diag.py).
+
+Research code (ops, methods, workloads, benchmarks) imports nothing from here
+except the device helpers below: what the host decided about this worker's
+device. The host sets VLKV_DEVICE (cpu or cuda) and, for cpu,
+TRITON_INTERPRET=1 before the worker starts, so Triton kernels run under the
+interpreter on CPU tensors.
+"""
+
+import os
+
+import torch
+
+
+def device_kind() -> str:
+    kind = os.environ.get("VLKV_DEVICE", "").strip().lower()
+    if kind in ("cpu", "cuda"):
+        return kind
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def device() -> torch.device:
+    return torch.device(device_kind())
+
+
+def interpreter_mode() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

@@ -1,0 +1,241 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/vlkv/vlkv/gohost/expt"
+	"github.com/vlkv/vlkv/gohost/pyrt"
+	"github.com/vlkv/vlkv/gohost/worker"
+)
+
+// schemaFile is where the Python side publishes its methods, workloads and
+// benchmarks with their knobs (kernels_py/schema.py writes it).
+var schemaFile = filepath.Join("kernels_py", "schema.json")
+
+const regenerateHint = "after adding or changing a method, workload or benchmark, regenerate it with `workbench schema`"
+
+func loadSchema(kernels pyrt.KernelsRoot) (*expt.Schema, error) {
+	s, err := expt.LoadSchema(filepath.Join(kernels.Dir, schemaFile))
+	if err != nil {
+		return nil, fmt.Errorf("%w (%s)", err, regenerateHint)
+	}
+	return s, nil
+}
+
+// benchmarkList is the schema `workbench bench` builds its subcommands from,
+// or why it could not be read.
+type benchmarkList struct {
+	schema *expt.Schema
+	err    error
+}
+
+// benchmarksFor reads the schema of the kernels root the command line will
+// use. Commands exist before flags are parsed, so --kernels is looked up in
+// the raw arguments here; a command that runs resolves the root again, the
+// usual way.
+func benchmarksFor(args []string) benchmarkList {
+	a := &app{}
+	for i, arg := range args {
+		if arg == "--" {
+			break
+		}
+		if v, ok := strings.CutPrefix(arg, "--kernels="); ok {
+			a.flags.kernels = v
+		} else if arg == "--kernels" && i+1 < len(args) {
+			a.flags.kernels = args[i+1]
+		}
+	}
+	kernels, err := a.kernelsRoot()
+	if err != nil {
+		return benchmarkList{err: err}
+	}
+	s, err := loadSchema(kernels)
+	return benchmarkList{schema: s, err: err}
+}
+
+func newSchemaCmd(a *app) *cobra.Command {
+	var check bool
+	cmd := &cobra.Command{
+		Use:   "schema",
+		Short: "Regenerate kernels_py/schema.json (the methods', workloads' and benchmarks' knobs) from the Python code",
+		Long: `schema asks a worker for the knobs of every registered method, workload and
+benchmark (with their types, defaults, bounds, docs and paper references) and
+writes them to kernels_py/schema.json, which plan, run, methods and bench read
+without starting Python. Run it after adding or changing a knob. --check only
+says whether the file is up to date (exit 1 when it is not).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return a.withWorker(cmd.Context(), func(s *session, w *worker.Worker) error {
+				raw, err := w.Run(cmd.Context(), worker.Job{Fn: "kernels_py.schema:text"})
+				if err != nil {
+					return jobFailed("schema", err)
+				}
+				var text string
+				if err := json.Unmarshal(raw, &text); err != nil {
+					return fmt.Errorf("schema: unexpected result: %w", err)
+				}
+				if _, err := expt.ParseSchema([]byte(text)); err != nil {
+					return fmt.Errorf("the Python side produced a schema Go cannot read: %w", err)
+				}
+				path := filepath.Join(s.kernels.Dir, schemaFile)
+				old, err := os.ReadFile(path)
+				if err != nil && !errors.Is(err, os.ErrNotExist) {
+					return err
+				}
+				switch {
+				case bytes.Equal(old, []byte(text)):
+					fmt.Fprintf(a.stdout, "%s is up to date\n", path)
+					return nil
+				case check:
+					return fmt.Errorf("%s is out of date: run `workbench schema`", path)
+				case s.kernels.Source == "embedded":
+					return fmt.Errorf("the kernels root is the copy embedded in this binary, which is not edited: run in a checkout or pass --kernels DIR")
+				}
+				if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+					return err
+				}
+				fmt.Fprintf(a.stdout, "wrote %s\n", path)
+				return nil
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&check, "check", false, "only check that the file is up to date")
+	return cmd
+}
+
+func newMethodsCmd(a *app) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "methods [NAME...]",
+		Short: "List the compression methods and workloads with their knobs, defaults, bounds and docs",
+		Long: `methods lists every registered compression method (or the ones named) with
+its knobs: type, bounds, default, what it does and where the paper defines
+it; then the workloads experiments run on, with theirs. It reads
+kernels_py/schema.json and starts no Python.`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			kernels, err := a.kernelsRoot()
+			if err != nil {
+				return err
+			}
+			s, err := loadSchema(kernels)
+			if err != nil {
+				return err
+			}
+			names := s.MethodNames()
+			if len(args) > 0 {
+				for _, n := range args {
+					if _, ok := s.Methods[n]; !ok {
+						return &usageError{fmt.Errorf("method %q is unknown%s (known: %s)", n, expt.Closest(n, names), strings.Join(names, ", "))}
+					}
+				}
+				names = args
+			}
+			if asJSON {
+				return writeSchemaJSON(a.stdout, s, names, len(args) == 0)
+			}
+			for _, n := range names {
+				m := s.Methods[n]
+				fmt.Fprintf(a.stdout, "%s: %s\n", m.Name, m.Doc)
+				if m.Paper != "" {
+					fmt.Fprintf(a.stdout, "  paper: %s\n", m.Paper)
+				}
+				printParams(a.stdout, m.Params)
+				fmt.Fprintln(a.stdout)
+			}
+			if len(args) == 0 {
+				for _, n := range s.WorkloadNames() {
+					w := s.Workloads[n]
+					def := ""
+					if n == s.DefaultWorkload {
+						def = " (the default)"
+					}
+					fmt.Fprintf(a.stdout, "workload %q%s: %s\n", n, def, w.Doc)
+					printParams(a.stdout, w.Params)
+				}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print methods and workloads as JSON")
+	return cmd
+}
+
+func printParams(w io.Writer, ps expt.Params) {
+	if len(ps) == 0 {
+		fmt.Fprintln(w, "  (no knobs)")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	for _, name := range ps.Names() {
+		fmt.Fprintf(tw, "  %s\t%s\n", name, ps[name].Describe())
+	}
+	tw.Flush()
+}
+
+// paramJSON is one knob in `workbench methods --json`.
+type paramJSON struct {
+	Name    string   `json:"name"`
+	Type    string   `json:"type"`
+	Default any      `json:"default"`
+	Min     *float64 `json:"min"`
+	Max     *float64 `json:"max"`
+	Choices []any    `json:"choices,omitempty"`
+	Doc     string   `json:"doc"`
+	Ref     string   `json:"ref,omitempty"`
+}
+
+func paramsJSON(ps expt.Params) []paramJSON {
+	out := []paramJSON{}
+	for _, name := range ps.Names() {
+		p := ps[name]
+		out = append(out, paramJSON{name, string(p.Type), p.Default, p.Min, p.Max, p.Choices, p.Doc, p.Ref})
+	}
+	return out
+}
+
+func writeSchemaJSON(w io.Writer, s *expt.Schema, methods []string, withWorkloads bool) error {
+	type entry struct {
+		Name   string      `json:"name"`
+		Doc    string      `json:"doc"`
+		Paper  string      `json:"paper,omitempty"`
+		Params []paramJSON `json:"params"`
+	}
+	out := struct {
+		Methods         []entry `json:"methods"`
+		Workloads       []entry `json:"workloads,omitempty"`
+		DefaultWorkload string  `json:"default_workload,omitempty"`
+	}{Methods: []entry{}}
+	for _, n := range methods {
+		m := s.Methods[n]
+		out.Methods = append(out.Methods, entry{m.Name, m.Doc, m.Paper, paramsJSON(m.Params)})
+	}
+	if withWorkloads {
+		for _, n := range s.WorkloadNames() {
+			out.Workloads = append(out.Workloads, entry{Name: n, Doc: s.Workloads[n].Doc, Params: paramsJSON(s.Workloads[n].Params)})
+		}
+		out.DefaultWorkload = s.DefaultWorkload
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(out)
+}
+
+// jobFailed wraps a worker job's failure, with the Python traceback when
+// there is one.
+func jobFailed(what string, err error) error {
+	var je *worker.JobError
+	if errors.As(err, &je) && je.Traceback != "" {
+		return fmt.Errorf("%s failed: %w\n%s", what, err, je.Traceback)
+	}
+	return fmt.Errorf("%s failed: %w", what, err)
+}
