@@ -87,6 +87,12 @@ def knob(type: str, default: Any, doc: str, *, min=None, max=None, choices=None,
     return dataclasses.field(default=default, metadata={"spec": spec})
 
 
+class BadKnobs(ValueError):
+    """Values given for knobs that cannot work together (or at all): the
+    caller's mistake, which the host reports as a usage error, without a
+    traceback."""
+
+
 def closest(name: str, known) -> str:
     """" (did you mean 'x'?)" when a known name is close to `name`, else ""."""
     match = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)

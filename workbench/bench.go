@@ -112,7 +112,7 @@ func flagName(param string) string {
 // addParamFlag declares a flag for p and returns how to read its value in
 // the form Param.Check takes.
 func addParamFlag(cmd *cobra.Command, p *expt.Param) func() any {
-	name, usage := flagName(p.Name), p.Describe()
+	name, usage := flagName(p.Name), p.Usage()
 	fs := cmd.Flags()
 	switch p.Type {
 	case expt.TypeInt:

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -47,6 +48,10 @@ func (a *app) loadPlan(ctx context.Context, file string) (*expt.Plan, pyrt.Kerne
 			return nil, kernels, err
 		}
 	} else if plan, err = expt.Load(ctx, file, schema); err != nil {
+		var se *expt.ScriptError
+		if errors.As(err, &se) && strings.Contains(se.Msg, "is unknown") {
+			se.Msg += staleSchemaHint(kernels)
+		}
 		return nil, kernels, err
 	}
 	for _, p := range plan.Prints {
@@ -133,8 +138,9 @@ script are reported as file:line:col. No Python is started.`,
 			for _, e := range exps {
 				fmt.Fprintf(a.stdout, "experiment %s: %d jobs (timeout %v each)\n", e.Name, len(e.Jobs), e.Timeout)
 				tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
+				workloads := describeWorkloads(plan.Schema, e.Jobs)
 				for _, j := range e.Jobs {
-					fmt.Fprintf(tw, "  %s\t%s\t%s\n", j.ID, j.Method, formatParams(j.Params))
+					fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", j.ID, j.Method, formatParams(j.Params), workloads[j.ID])
 				}
 				tw.Flush()
 			}
@@ -144,6 +150,32 @@ script are reported as file:line:col. No Python is started.`,
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the jobs as JSON")
 	cmd.Flags().StringVar(&experiment, "experiment", "", "only this experiment of the file")
 	return cmd
+}
+
+// describeWorkloads says, for each job of an experiment that runs on more
+// than one workload, which: its name and the knobs it sets away from their
+// defaults. With one workload it says nothing.
+func describeWorkloads(s *expt.Schema, jobs []expt.Job) map[string]string {
+	out := map[string]string{}
+	distinct := map[string]bool{}
+	for _, j := range jobs {
+		w := s.Workloads[j.WorkloadName]
+		changed := map[string]any{}
+		for k, v := range j.Workload {
+			if p := w.Params[k]; p == nil || fmt.Sprint(p.Default) != fmt.Sprint(v) {
+				changed[k] = v
+			}
+		}
+		out[j.ID] = "@" + j.WorkloadName
+		if len(changed) > 0 {
+			out[j.ID] += "(" + formatParams(changed) + ")"
+		}
+		distinct[out[j.ID]] = true
+	}
+	if len(distinct) < 2 {
+		return map[string]string{}
+	}
+	return out
 }
 
 func formatParams(p map[string]any) string {

@@ -174,7 +174,7 @@ func TestBenchLowrankRuns(t *testing.T) {
 	if code != 0 || !strings.Contains(stdout, "SDPA/fused") || !strings.Contains(stderr, "not kernel speed") {
 		t.Fatalf("bench lowrank: exit %d\n%s%s", code, stdout, stderr)
 	}
-	code, stdout, stderr = runCLI(t, "--python", py, "--device", "cpu", "bench", "lowrank", "--json", "--lengths", "48,80", "--kv-heads", "1")
+	code, stdout, stderr = runCLI(t, "--python", py, "--device", "cpu", "bench", "lowrank", "--json", "--lengths", "48,80", "--heads", "2", "--kv-heads", "1", "--head-dim", "64", "--rank", "16")
 	var res struct {
 		Interpreter bool             `json:"interpreter"`
 		Params      map[string]any   `json:"params"`
@@ -207,11 +207,19 @@ func TestBenchFlagsAreChecked(t *testing.T) {
 		{[]string{"bench", "stats", "--lengths", "0,8"}, "--lengths: 0 is below the minimum 1"},
 		{[]string{"bench", "lowrnak"}, `benchmark "lowrnak" is unknown (did you mean "lowrank"?) (known: lowrank, stats, exchange)`},
 		{[]string{"--python", "/nonexistent", "bench", "stats", "--bogus"}, "unknown flag: --bogus"},
+		{[]string{"selftest", "--op", "atention_stats"}, `--op: "atention_stats" is unknown (did you mean "attention_stats"?)`},
 	}
 	for _, tc := range tests {
 		code, _, stderr := runCLI(t, tc.args...)
 		if code != 2 || !strings.Contains(stderr, tc.want) {
 			t.Errorf("%v: exit %d, stderr %q; want 2 and %q", tc.args, code, stderr, tc.want)
+		}
+	}
+	// Knobs that cannot work together are a usage error too, found by Python: no traceback.
+	if py := os.Getenv("VLKV_TEST_PYTHON"); py != "" {
+		code, _, stderr := runCLI(t, "--python", py, "--device", "cpu", "bench", "lowrank", "--kv-heads", "3")
+		if code != 2 || !strings.Contains(stderr, "heads (32) must be a multiple of kv_heads (3)") || strings.Contains(stderr, "Traceback") {
+			t.Errorf("bench lowrank --kv-heads 3: exit %d, %s", code, stderr)
 		}
 	}
 	code, stdout, _ := runCLI(t, "bench", "lowrank", "--help")

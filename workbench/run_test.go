@@ -184,3 +184,27 @@ func TestKilledRunResumes(t *testing.T) {
 		t.Errorf("manifest after resume:\n%s", m)
 	}
 }
+
+// A method added to kernels_py but not yet in schema.json: plan says how to fix it.
+func TestUnknownNameHintsAtStaleSchema(t *testing.T) {
+	root := t.TempDir()
+	if out, err := exec.Command("cp", "-r", "../kernels_py", root).CombinedOutput(); err != nil {
+		t.Fatalf("copy kernels_py: %v: %s", err, out)
+	}
+	script := filepath.Join(root, "x.star")
+	os.WriteFile(script, []byte(`experiment(name = "x", methods = ["mine"])`+"\n"), 0o644)
+	schema := filepath.Join(root, "kernels_py", "schema.json")
+	for _, tc := range []struct {
+		age  time.Duration
+		hint bool
+	}{{-time.Hour, true}, {time.Hour, false}} {
+		when := time.Now().Add(tc.age)
+		if err := os.Chtimes(schema, when, when); err != nil {
+			t.Fatal(err)
+		}
+		code, _, stderr := runCLI(t, "--kernels", root, "plan", script)
+		if code != 1 || !strings.Contains(stderr, `method "mine" is unknown`) || strings.Contains(stderr, "run `workbench schema`") != tc.hint {
+			t.Errorf("schema written %v from now: exit %d, hint wanted %v:\n%s", tc.age, code, tc.hint, stderr)
+		}
+	}
+}

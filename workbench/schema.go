@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -30,6 +31,33 @@ func loadSchema(kernels pyrt.KernelsRoot) (*expt.Schema, error) {
 		return nil, fmt.Errorf("%w (%s)", err, regenerateHint)
 	}
 	return s, nil
+}
+
+// staleSchemaHint says how to fix an unknown name in a script when
+// kernels_py changed after schema.json was written (a method just added,
+// say), else "".
+func staleSchemaHint(kernels pyrt.KernelsRoot) string {
+	st, err := os.Stat(filepath.Join(kernels.Dir, schemaFile))
+	if err != nil {
+		return ""
+	}
+	newer := false
+	filepath.WalkDir(filepath.Join(kernels.Dir, "kernels_py"), func(p string, d fs.DirEntry, err error) error {
+		if err != nil || newer {
+			return filepath.SkipDir
+		}
+		if d.IsDir() && (d.Name() == "tests" || d.Name() == "__pycache__") {
+			return filepath.SkipDir
+		}
+		if info, err := d.Info(); err == nil && !d.IsDir() && strings.HasSuffix(p, ".py") && info.ModTime().After(st.ModTime()) {
+			newer = true
+		}
+		return nil
+	})
+	if !newer {
+		return ""
+	}
+	return " (kernels_py changed after kernels_py/schema.json was written: if you added or changed a method, workload or knob, run `workbench schema`)"
 }
 
 // benchmarkList is the schema `workbench bench` builds its subcommands from,
@@ -134,9 +162,13 @@ kernels_py/schema.json and starts no Python.`,
 			names := s.MethodNames()
 			if len(args) > 0 {
 				for _, n := range args {
-					if _, ok := s.Methods[n]; !ok {
-						return &usageError{fmt.Errorf("method %q is unknown%s (known: %s)", n, expt.Closest(n, names), strings.Join(names, ", "))}
+					if _, ok := s.Methods[n]; ok {
+						continue
 					}
+					if _, ok := s.Workloads[n]; ok {
+						return &usageError{fmt.Errorf("%q is a workload, not a method: `workbench methods` lists the workloads after the methods", n)}
+					}
+					return &usageError{fmt.Errorf("method %q is unknown%s (known: %s)", n, expt.Closest(n, names), strings.Join(names, ", "))}
 				}
 				names = args
 			}
@@ -187,8 +219,8 @@ type paramJSON struct {
 	Name    string   `json:"name"`
 	Type    string   `json:"type"`
 	Default any      `json:"default"`
-	Min     *float64 `json:"min"`
-	Max     *float64 `json:"max"`
+	Min     *float64 `json:"min,omitempty"`
+	Max     *float64 `json:"max,omitempty"`
 	Choices []any    `json:"choices,omitempty"`
 	Doc     string   `json:"doc"`
 	Ref     string   `json:"ref,omitempty"`
@@ -230,10 +262,17 @@ func writeSchemaJSON(w io.Writer, s *expt.Schema, methods []string, withWorkload
 	return enc.Encode(out)
 }
 
+// badKnobs is the Python exception (kernels_py.params.BadKnobs) for values
+// of knobs that cannot work together: the caller's mistake, not a bug.
+const badKnobs = "kernels_py.params.BadKnobs"
+
 // jobFailed wraps a worker job's failure, with the Python traceback when
-// there is one.
+// there is one; BadKnobs is a usage error and needs none.
 func jobFailed(what string, err error) error {
 	var je *worker.JobError
+	if errors.As(err, &je) && je.Type == badKnobs { // its message names what it is about
+		return &usageError{errors.New(je.Message)}
+	}
 	if errors.As(err, &je) && je.Traceback != "" {
 		return fmt.Errorf("%s failed: %w\n%s", what, err, je.Traceback)
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/vlkv/vlkv/gohost/expt"
 	"github.com/vlkv/vlkv/gohost/worker"
 )
 
@@ -15,7 +16,6 @@ import (
 type selftestResult struct {
 	Device      string `json:"device"`
 	Interpreter bool   `json:"interpreter"`
-	OK          bool   `json:"ok"`
 	Ops         []struct {
 		table
 		Op            string   `json:"op"`
@@ -47,6 +47,9 @@ if a kernel and its reference disagree. On CPU the kernels run under the
 Triton interpreter.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := a.checkOps(ops); err != nil {
+				return err
+			}
 			return a.withWorker(cmd.Context(), func(_ *session, w *worker.Worker) error {
 				args := map[string]any{"seed": seed, "dtype": dtype.value}
 				if len(ops) > 0 {
@@ -101,4 +104,26 @@ func printSelftest(a *app, r selftestResult) {
 		}
 		fmt.Fprintf(a.stdout, "kernel vs reference: %s %s; kernel took %.3fs\n", op.Verdict, verdict, op.KernelSeconds)
 	}
+}
+
+// checkOps refuses op names the schema does not know, before any Python starts.
+func (a *app) checkOps(ops []string) error {
+	if len(ops) == 0 {
+		return nil
+	}
+	kernels, err := a.kernelsRoot()
+	if err != nil {
+		return err
+	}
+	s, err := loadSchema(kernels)
+	if err != nil {
+		return err
+	}
+	names := s.OpNames()
+	for _, op := range ops {
+		if _, ok := s.Ops[op]; !ok {
+			return &usageError{fmt.Errorf("--op: %q is unknown%s (known: %s)", op, expt.Closest(op, names), strings.Join(names, ", "))}
+		}
+	}
+	return nil
 }

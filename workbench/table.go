@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -64,11 +63,7 @@ func formatCell(unit string, v any) string {
 	if v == nil {
 		return "-"
 	}
-	f, isNumber := v.(float64)
-	if n, ok := v.(json.Number); ok {
-		g, err := n.Float64()
-		f, isNumber = g, err == nil
-	}
+	f, isNumber := v.(float64) // JSON numbers decode as float64
 	if !isNumber {
 		return fmt.Sprint(v)
 	}

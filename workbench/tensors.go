@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -118,7 +117,7 @@ tensor names become '_'. Existing files are replaced whole, never half-written.`
 						return fmt.Errorf("%s: %w", e.Name, err)
 					}
 				}
-				path := filepath.Join(args[1], npyName(e.Name))
+				path := filepath.Join(args[1], tensor.NPYName(e.Name))
 				if err := tensor.WriteNPY(path, t); err != nil {
 					return err
 				}
@@ -140,14 +139,4 @@ func widenBFloat16(ar *tensor.Arena, t *tensor.Tensor) (*tensor.Tensor, error) {
 		return nil, err
 	}
 	return out, out.SetFloat64s(values) // bfloat16 values are exact in float32
-}
-
-func npyName(name string) string {
-	safe := strings.Map(func(r rune) rune {
-		if r == '.' || r == '_' || r == '-' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' {
-			return r
-		}
-		return '_'
-	}, name)
-	return safe + ".npy"
 }

@@ -68,21 +68,27 @@ func unknownName(name string, names []string) string {
 	return fmt.Sprintf("%q is unknown%s (known: %s)", name, Closest(name, names), known(names))
 }
 
-// workload([name], **params) returns a complete, checked workload value of
-// the registered workload name (default: the schema's default workload).
+// workload([name or workload], **params) returns a complete, checked
+// workload value of the registered workload name (default: the schema's
+// default workload), or of another workload value's kind with its knobs as
+// the starting point: workload(wl, seed=1) is wl with another seed.
 func (l *loader) workload(thread *starlark.Thread, _ *starlark.Builtin, args starlark.Tuple, kwargs []starlark.Tuple) (starlark.Value, error) {
 	kind := l.schema.DefaultWorkload
 	if len(args) > 1 {
 		return nil, l.pos.errorf(thread, nil, `workload: takes the workload's name and keyword arguments, e.g. workload("%s", seed=0)`, kind)
 	}
+	var base map[string]any
 	if len(args) == 1 {
-		s, ok := args[0].(starlark.String)
-		if !ok {
-			return nil, l.pos.errorf(thread, path{0}, `workload: the first argument names the workload (str), got %s %s; its knobs are keyword arguments, e.g. workload("%s", seed=0)`, args[0].Type(), shortRepr(args[0]), kind)
-		}
-		kind = string(s)
-		if _, ok := l.schema.Workloads[kind]; !ok {
-			return nil, l.pos.errorf(thread, path{0}, "workload: %s", unknownName(kind, l.schema.WorkloadNames()))
+		switch x := args[0].(type) {
+		case starlark.String:
+			kind = string(x)
+			if _, ok := l.schema.Workloads[kind]; !ok {
+				return nil, l.pos.errorf(thread, path{0}, "workload: %s", unknownName(kind, l.schema.WorkloadNames()))
+			}
+		case *workloadValue:
+			kind, base = x.name, x.values()
+		default:
+			return nil, l.pos.errorf(thread, path{0}, `workload: the first argument names the workload (str) or is a workload to start from, got %s %s; knobs are keyword arguments, e.g. workload("%s", seed=0)`, args[0].Type(), shortRepr(args[0]), kind)
 		}
 	}
 	kw, err := l.keywords(thread, "workload", kwargs, nil)
@@ -91,6 +97,9 @@ func (l *loader) workload(thread *starlark.Thread, _ *starlark.Builtin, args sta
 	}
 	params := l.schema.Workloads[kind].Params
 	vals := params.defaults()
+	if base != nil {
+		vals = base
+	}
 	for _, kv := range kwargs {
 		name := string(kv[0].(starlark.String))
 		p, ok := params[name]

@@ -59,6 +59,7 @@ type Plan struct {
 	Experiments []Experiment
 	Prints      []string // output of print() in the script, each "file:line:col: text"
 	Warnings    []string // what still works but should change (an old word), each "file:line:col: text"
+	Schema      *Schema  // what the script was checked against
 }
 
 // fileOptions are the Starlark dialect scripts are written in. Top-level
@@ -96,7 +97,7 @@ func load(ctx context.Context, filename string, src []byte, schema *Schema) (*Pl
 		return nil, fmt.Errorf("expt: %s: %w", filename, err)
 	}
 	sum := sha256.Sum256(src)
-	plan := &Plan{File: filename, Hash: hex.EncodeToString(sum[:])}
+	plan := &Plan{File: filename, Hash: hex.EncodeToString(sum[:]), Schema: schema}
 
 	// Parse first ourselves, rather than ExecFile, to keep the syntax tree:
 	// errors point at arguments and literal values through it.

@@ -358,7 +358,7 @@ func TestErrors(t *testing.T) {
 		{"workload choices", `workload(dtype = "fp8")`, `x.star:1:10: workload: param "dtype": "fp8" is not one of "float32", "float16", "bfloat16" (dtype: str in {"float32", "float16", "bfloat16"}, default "float32")`},
 		{"workload huge int", `workload(seed = 1 << 70)`, `x.star:1:10: workload: param "seed": integer 1180591620717411303424 does not fit in 64 bits (seed: int, default 0)`},
 		{"workload list", `workload(seed = [1])`, `x.star:1:10: workload: param "seed": want int, got list [1] (seed: int, default 0)`},
-		{"workload positional", `workload(1)`, `x.star:1:10: workload: the first argument names the workload (str), got int 1; its knobs are keyword arguments, e.g. workload("synthetic", seed=0)`},
+		{"workload positional", `workload(1)`, `x.star:1:10: workload: the first argument names the workload (str) or is a workload to start from, got int 1; knobs are keyword arguments, e.g. workload("synthetic", seed=0)`},
 		{"workloads of dicts", `experiment(name = "a", methods = ["full"], workloads = [{"seed": 1}])`,
 			`x.star:1:57: experiment "a": workloads[0]: want a workload(...) value, got dict {"seed": 1} (wrap a dict d as workload(**d))`},
 		{"workloads empty", `experiment(name = "a", methods = ["full"], workloads = [])`,
@@ -501,6 +501,12 @@ func TestWorkloadsByName(t *testing.T) {
 	if !strings.Contains(string(jobs[1].CanonicalJSON()), `"workload_name":"trace"`) || renamed.ComputeID() == jobs[1].ID {
 		t.Errorf("trace job: %s", jobs[1].CanonicalJSON())
 	}
+	// A workload derived from another keeps its kind and knobs.
+	derived := mustLoad(t, s, `base = workload("trace", path = "c.safetensors")
+experiment(name = "a", methods = ["full"], workloads = [workload(base, seed = 2)])`).Experiments[0].Jobs[0]
+	if derived.WorkloadName != "trace" || fmt.Sprint(derived.Workload) != "map[path:c.safetensors seed:2]" {
+		t.Errorf("derived workload %s %v", derived.WorkloadName, derived.Workload)
+	}
 	// Same knobs on two workloads are two values.
 	if p := mustLoad(t, s, `print(workload("trace") == workload("trace"), workload("trace", seed = 1) == workload(seed = 1))
 experiment(name = "a", methods = ["full"])`); !slices.Equal(p.Prints, []string{"x.star:1:1: True False"}) {
@@ -508,9 +514,10 @@ experiment(name = "a", methods = ["full"])`); !slices.Equal(p.Prints, []string{"
 	}
 
 	for src, want := range map[string]string{
-		`workload("trac")`:               `x.star:1:10: workload: "trac" is unknown (did you mean "trace"?) (known: synthetic, trace)`,
-		`workload("trace", layers = 2)`:  `x.star:1:19: workload: param "layers" is unknown (known: path, seed)`,
-		`workload("synthetic", "trace")`: `x.star:1:1: workload: takes the workload's name and keyword arguments, e.g. workload("synthetic", seed=0)`,
+		`workload("trac")`:                        `x.star:1:10: workload: "trac" is unknown (did you mean "trace"?) (known: synthetic, trace)`,
+		`workload("trace", layers = 2)`:           `x.star:1:19: workload: param "layers" is unknown (known: path, seed)`,
+		`workload("synthetic", "trace")`:          `x.star:1:1: workload: takes the workload's name and keyword arguments, e.g. workload("synthetic", seed=0)`,
+		`workload(workload("trace"), layers = 2)`: `x.star:1:29: workload: param "layers" is unknown (known: path, seed)`,
 	} {
 		_, err := LoadSource("x.star", []byte(src), s)
 		if err == nil || err.Error() != want {

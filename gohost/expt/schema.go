@@ -38,6 +38,14 @@ type Schema struct {
 	Workloads       map[string]*Workload
 	DefaultWorkload string // what workload() and an experiment without workloads use
 	Benchmarks      map[string]*Benchmark
+	Ops             map[string]*Op
+}
+
+// Op is one registered kernel op (kernels_py/ops/<name>/).
+type Op struct {
+	Name      string
+	Doc       string
+	Benchmark string // the benchmark that measures it
 }
 
 // Method is one compression method and the parameters it accepts.
@@ -61,7 +69,6 @@ type Benchmark struct {
 	Name    string
 	Doc     string // one line
 	Long    string // what it compares and how, for --help
-	Op      string // the op it measures, if any
 	Params  Params
 	Columns []Column
 }
@@ -114,6 +121,11 @@ type (
 		Workloads  map[string]paramSetJSON  `json:"workloads"`
 		Default    string                   `json:"default_workload"`
 		Benchmarks map[string]benchmarkJSON `json:"benchmarks"`
+		Ops        map[string]opJSON        `json:"ops"`
+	}
+	opJSON struct {
+		Doc       string `json:"doc"`
+		Benchmark string `json:"benchmark"`
 	}
 	methodJSON struct {
 		Doc    string               `json:"doc"`
@@ -127,7 +139,6 @@ type (
 	benchmarkJSON struct {
 		Doc     string               `json:"doc"`
 		Long    string               `json:"long"`
-		Op      string               `json:"op"`
 		Params  map[string]paramJSON `json:"params"`
 		Columns []Column             `json:"columns"`
 	}
@@ -152,6 +163,10 @@ var methodRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]*$`)
 // reservedParams are keys with a meaning of their own in an extra point
 // ("policy" is the old word for "method", still read in scripts).
 var reservedParams = []string{"method", "policy", "workload"}
+
+// reservedFlags are flags every `workbench bench NAME` already has: a
+// benchmark parameter cannot be one of them.
+var reservedFlags = []string{"json", "help", "h", "python", "kernels", "device", "log_format", "verbose", "v", "version"}
 
 // ParseSchema parses and checks a schema: known types, defaults present and
 // valid, min <= max, choices of the declared type.
@@ -178,7 +193,7 @@ func parseSchema(data []byte) (*Schema, error) {
 		return nil, errors.New(`"methods" is missing or empty`)
 	}
 	s := &Schema{Methods: make(map[string]*Method, len(w.Methods)), Workloads: map[string]*Workload{},
-		Benchmarks: map[string]*Benchmark{}}
+		Benchmarks: map[string]*Benchmark{}, Ops: map[string]*Op{}}
 	for _, name := range sortedKeys(w.Methods) { // sorted: the same schema always reports the same error
 		mj := w.Methods[name]
 		if !methodRE.MatchString(name) {
@@ -221,7 +236,19 @@ func parseSchema(data []byte) (*Schema, error) {
 		if err != nil {
 			return nil, fmt.Errorf("benchmark %q: %w", name, err)
 		}
-		s.Benchmarks[name] = &Benchmark{Name: name, Doc: bj.Doc, Long: bj.Long, Op: bj.Op, Params: ps, Columns: bj.Columns}
+		for _, r := range reservedFlags {
+			if _, ok := ps[r]; ok {
+				return nil, fmt.Errorf("benchmark %q: param name %q is taken by a flag every benchmark has", name, r)
+			}
+		}
+		s.Benchmarks[name] = &Benchmark{Name: name, Doc: bj.Doc, Long: bj.Long, Params: ps, Columns: bj.Columns}
+	}
+	for _, name := range sortedKeys(w.Ops) {
+		oj := w.Ops[name]
+		if _, ok := s.Benchmarks[oj.Benchmark]; oj.Benchmark != "" && !ok {
+			return nil, fmt.Errorf("op %q: its benchmark %q is not one of the benchmarks", name, oj.Benchmark)
+		}
+		s.Ops[name] = &Op{Name: name, Doc: oj.Doc, Benchmark: oj.Benchmark}
 	}
 	return s, nil
 }
@@ -497,6 +524,11 @@ func (s *Schema) BenchmarkNames() []string {
 	return sortedKeys(s.Benchmarks)
 }
 
+// OpNames returns the op names, sorted.
+func (s *Schema) OpNames() []string {
+	return sortedKeys(s.Ops)
+}
+
 // Check converts a value (bool, int64, float64, string or []int64) to the
 // parameter's type and checks its range and choices.
 func (p *Param) Check(v any) (any, error) { return p.check(v) }
@@ -504,7 +536,12 @@ func (p *Param) Check(v any) (any, error) { return p.check(v) }
 // Describe is the parameter in one line for errors and listings: its type,
 // bounds, default and what it means, e.g.
 // "float in [0.001, 1], default 0.2: fraction of the tokens seen that the cache keeps".
-func (p *Param) Describe() string {
+func (p *Param) Describe() string { return p.describe(true) }
+
+// Usage is Describe without the default, for flags (which show it themselves).
+func (p *Param) Usage() string { return p.describe(false) }
+
+func (p *Param) describe(withDefault bool) string {
 	var b strings.Builder
 	b.WriteString(string(p.Type))
 	switch {
@@ -521,7 +558,9 @@ func (p *Param) Describe() string {
 	case p.Max != nil:
 		b.WriteString(" <= " + formatBound(*p.Max))
 	}
-	b.WriteString(", default " + formatValue(p.Default))
+	if withDefault {
+		b.WriteString(", default " + formatValue(p.Default))
+	}
 	if p.Doc != "" {
 		b.WriteString(": " + p.Doc)
 	}

@@ -38,8 +38,11 @@ func TestParseSchema(t *testing.T) {
 	if lengths := tiny.Params["lengths"]; lengths.Type != TypeInts || !slices.Equal(lengths.Default.([]int64), []int64{64, 128}) {
 		t.Errorf("benchmark lengths = %+v", lengths)
 	}
-	if len(tiny.Columns) != 2 || tiny.Columns[1] != (Column{Name: "ms", Unit: "ms", Doc: "time", Label: "time", Show: true}) || tiny.Op != "attention_stats" {
+	if len(tiny.Columns) != 2 || tiny.Columns[1] != (Column{Name: "ms", Unit: "ms", Doc: "time", Label: "time", Show: true}) {
 		t.Errorf("benchmark = %+v", tiny)
+	}
+	if op := s.Ops["attention_stats"]; op == nil || op.Benchmark != "tiny" || strings.Join(s.OpNames(), ",") != "attention_stats" {
+		t.Errorf("ops = %v", s.Ops)
 	}
 
 	// What kernels_py/params.py writes for a str param: explicit null bounds.
@@ -120,6 +123,8 @@ func TestParseSchemaErrors(t *testing.T) {
 		{"choice type", method(`"x": {"type": "str", "default": "a", "choices": ["a", 1]}`), `expt: schema: method "m": param "x": choices[1]: want str, got int 1`},
 		{"default not a choice", method(`"x": {"type": "str", "default": "c", "choices": ["a", "b"]}`), `expt: schema: method "m": param "x": default: "c" is not one of "a", "b"`},
 		{"workload", `{"methods": {"m": {}}, "workloads": {"w": {"params": {"seed": {"type": "int", "default": true}}}}, "default_workload": "w"}`, `expt: schema: workload "w": param "seed": default: want int, got bool True`},
+		{"benchmark flag taken", `{"methods": {"m": {}}, ` + oneWorkload + `, "benchmarks": {"b": {"params": {"json": {"type": "bool", "default": false}}}}}`, `expt: schema: benchmark "b": param name "json" is taken by a flag every benchmark has`},
+		{"op without its benchmark", `{"methods": {"m": {}}, ` + oneWorkload + `, "ops": {"o": {"benchmark": "b"}}}`, `expt: schema: op "o": its benchmark "b" is not one of the benchmarks`},
 		{"benchmark list default", `{"methods": {"m": {}}, ` + oneWorkload + `, "benchmarks": {"b": {"params": {"n": {"type": "ints", "default": [1, "x"]}}}}}`, `expt: schema: benchmark "b": param "n": default: want ints, got []interface {} [1 x]`},
 	}
 	for _, tt := range tests {

@@ -75,8 +75,8 @@ func checkValue(p *Param, v starlark.Value) (any, error) {
 
 // workloadValue is what workload() returns: a registered workload's name and
 // a complete, validated, frozen set of its parameters. It reads like a dict
-// of the parameters (wl["seed"], wl.seed, keys(), **wl) so scripts can derive
-// one workload from another with workload(**dict(wl, seed=1)).
+// of the parameters (wl["seed"], wl.seed, keys(), **wl); workload(wl, seed=1)
+// derives another workload of the same kind from it.
 type workloadValue struct {
 	name string         // the registered workload
 	vals map[string]any // complete: every schema param, defaults filled in

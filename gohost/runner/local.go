@@ -101,6 +101,7 @@ func hasEnv(env []string, key string) bool {
 type scratchArenas struct {
 	mu       sync.Mutex
 	slots    int
+	lastID   uint32 // ids are taken under mu, so workers starting together never share one
 	byWorker map[*worker.Worker]*tensor.Arena
 	byID     map[uint32]*tensor.Arena
 }
@@ -117,11 +118,17 @@ func (s *scratchArenas) Slot() int {
 	return s.slots - 1
 }
 
+// nextID is a fresh arena id.
+func (s *scratchArenas) nextID() uint32 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lastID++
+	return s.lastID
+}
+
 // Lend maps a new arena into w.
 func (s *scratchArenas) Lend(ctx context.Context, w *worker.Worker) error {
-	s.mu.Lock()
-	id := uint32(len(s.byID) + 1)
-	s.mu.Unlock()
+	id := s.nextID()
 	a, err := tensor.NewArena(id, "scratch", scratchBytes)
 	if err != nil {
 		return err

@@ -12,6 +12,7 @@ import (
 	"reflect"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/rs/zerolog"
@@ -179,5 +180,28 @@ def ramp(n):
 	}
 	if m := manifest(t, sum.Dir); !strings.HasPrefix(m.Versions["python"], "3.") || m.Versions["torch"] == "" {
 		t.Errorf("versions %v", m.Versions)
+	}
+}
+
+// Workers that start together each get an arena of their own.
+func TestScratchArenaIDsAreDistinct(t *testing.T) {
+	s := newScratchArenas()
+	ids := make(chan uint32, 64)
+	var wg sync.WaitGroup
+	for range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ids <- s.nextID()
+		}()
+	}
+	wg.Wait()
+	close(ids)
+	seen := map[uint32]bool{}
+	for id := range ids {
+		if seen[id] || id == 0 {
+			t.Fatalf("arena id %d handed out twice (or zero)", id)
+		}
+		seen[id] = true
 	}
 }

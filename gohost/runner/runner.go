@@ -25,6 +25,7 @@ import (
 
 	"github.com/vlkv/vlkv/gohost/results"
 	"github.com/vlkv/vlkv/gohost/sched"
+	"github.com/vlkv/vlkv/gohost/tensor"
 	"github.com/vlkv/vlkv/gohost/worker"
 )
 
@@ -143,12 +144,16 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 		Log:     log,
 		Started: func(h worker.Hello) { recordVersions(run, h) },
 		Done: func(out Outcome) error {
-			progress.Finished(out.Outcome)
 			rec := record(o.Experiment, jobs[out.Job.ID], out)
+			finished := out.Outcome
 			if rec.Status == results.StatusFailed {
 				sum.Failed++
 				log.Warn().Str("job", rec.JobID).Str("error", firstLine(rec.Error)).Msg("job failed")
+				if finished.Err == nil { // no metrics, or its tensors could not be saved
+					finished.Err = errors.New(rec.Error)
+				}
 			}
+			progress.Finished(finished)
 			return run.Append(rec)
 		},
 	})
@@ -281,20 +286,7 @@ func firstLine(s string) string {
 	return s
 }
 
-// npyName is a tensor's file name: its name with anything but letters,
-// digits, '.', '_' and '-' replaced, so a job cannot write outside its
-// directory.
-func npyName(name string) string {
-	safe := strings.Map(func(r rune) rune {
-		if r == '.' || r == '_' || r == '-' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' {
-			return r
-		}
-		return '_'
-	}, name)
-	return safe + ".npy"
-}
-
 // tensorPath is where a run keeps a job's tensor, relative to the run directory.
 func tensorPath(jobID, name string) string {
-	return filepath.Join(results.TensorsDir, jobID, npyName(name))
+	return filepath.Join(results.TensorsDir, jobID, tensor.NPYName(name))
 }

@@ -40,6 +40,19 @@ func npyDescr(dt DType) (string, error) {
 	return "", fmt.Errorf("%s has no numpy dtype", dt)
 }
 
+// NPYName is the file name a tensor called name is saved under: name with
+// anything but letters, digits, '.', '_' and '-' replaced, plus ".npy", so a
+// name cannot reach outside the directory it is written to.
+func NPYName(name string) string {
+	safe := strings.Map(func(r rune) rune {
+		if r == '.' || r == '_' || r == '-' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' {
+			return r
+		}
+		return '_'
+	}, name)
+	return safe + ".npy"
+}
+
 // WriteNPY writes a contiguous tensor to path in NPY format version 1.0, the
 // format numpy.load reads. The file appears at path only once whole.
 func WriteNPY(path string, t *Tensor) error {

@@ -93,7 +93,7 @@ func (t *Tensor) Int32() ([]int32, error)     { return view[int32](t, Int32) }
 func (t *Tensor) Int64() ([]int64, error)     { return view[int64](t, Int64) }
 
 // Region is a byte range of an arena lent to a worker for one job's output
-// tensors (kernels_py.arena.empty allocates from it).
+// tensors (kernels_py.runtime.arena.empty allocates from it).
 type Region struct {
 	Arena  uint32 `json:"arena"`
 	Offset int64  `json:"offset"`

@@ -10,7 +10,7 @@ import (
 
 // MaxFrameBytes caps one frame. Tensors travel by reference, so frames carry
 // only metadata and small results; the cap stops a desynchronised stream from
-// turning into a huge allocation. Mirrors kernels_py/protocol.py.
+// turning into a huge allocation. Mirrors kernels_py/runtime/protocol.py.
 const MaxFrameBytes = 64 << 20
 
 // ErrFrameTooLarge reports a frame header announcing more than MaxFrameBytes.

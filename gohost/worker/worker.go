@@ -31,7 +31,7 @@ type Job struct {
 	Fn   string         `json:"fn"`
 	Args map[string]any `json:"args,omitempty"`
 	// Scratch, if set, is where the job may allocate tensors it returns
-	// (kernels_py.arena.empty); they come back as tensor.Ref descriptors.
+	// (kernels_py.runtime.arena.empty); they come back as tensor.Ref descriptors.
 	Scratch *tensor.Region `json:"scratch,omitempty"`
 }
 

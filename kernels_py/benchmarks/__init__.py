@@ -12,6 +12,7 @@ import torch
 
 from kernels_py import runtime
 from kernels_py.benchmarks.base import Benchmark
+from kernels_py.params import BadKnobs
 from kernels_py.tables import Column, table
 
 SKIPPED = Column("skipped", "", "why the row has no timings (e.g. out of memory)")
@@ -24,7 +25,8 @@ def _discover() -> dict[str, type[Benchmark]]:
             continue
         module = importlib.import_module(f"{__name__}.{info.name}")
         for value in vars(module).values():
-            if isinstance(value, type) and issubclass(value, Benchmark) and value.__module__ == module.__name__:
+            if isinstance(value, type) and issubclass(value, Benchmark) and value.__module__ == module.__name__ \
+                    and "name" in vars(value):  # an intermediate base class has none
                 if value.name in found:
                     raise ValueError(f"two benchmarks are named {value.name!r}")
                 found[value.name] = value
@@ -45,12 +47,15 @@ def run(name: str, params: dict | None = None) -> dict:
     notes = []
     interpreter = runtime.interpreter_mode()
     if interpreter:
-        shrunk = {k: v for k, v in cls.smoke.items() if k not in params}
+        shrunk = {k: v for group in cls.smoke if not set(group) & set(params) for k, v in group.items()}
         params.update(shrunk)
         if shrunk:
             notes.append(f"CPU interpreter: tiny sizes for {', '.join(sorted(shrunk))} show the benchmark works; "
                          f"its timings are not kernel speed")
-    bench = cls.from_dict(params)
+    try:
+        bench = cls.from_dict(params)
+    except (TypeError, ValueError) as err:
+        raise BadKnobs(str(err)) from None
     device = runtime.device()
     rows = []
     for case in bench.cases():

@@ -16,6 +16,8 @@ from typing import Any, ClassVar, Iterable
 import torch
 import torch.nn.functional as F
 
+from kernels_py import runtime
+from kernels_py.ops import common
 from kernels_py.params import Knobs, knob
 from kernels_py.tables import Column
 
@@ -30,13 +32,19 @@ class Benchmark(Knobs):
 
     name: ClassVar[str]
     columns: ClassVar[tuple[Column, ...]]
-    # On the CPU interpreter, values for the knobs the user did not set: a size
-    # that shows the benchmark works (its timings are not kernel speed).
-    smoke: ClassVar[dict[str, Any]] = {}
+    # On the CPU interpreter, tiny values that show the benchmark works (its
+    # timings are not kernel speed), in groups of knobs that must agree: a
+    # group applies only when the user set none of its knobs.
+    smoke: ClassVar[tuple[dict[str, Any], ...]] = ()
 
     @classmethod
     def owner_name(cls) -> str:
         return f"benchmark {cls.name!r}"
+
+    @classmethod
+    def smoke_sizes(cls) -> dict[str, Any]:
+        """Every smoke value at once: the tiny case."""
+        return {k: v for group in cls.smoke for k, v in group.items()}
 
     def cases(self) -> Iterable[dict]:
         """One dict per row: the values that say which size it is."""
@@ -54,9 +62,25 @@ class Benchmark(Knobs):
 
 
 @dataclass(frozen=True)
+class Inputs:
+    """What one case of an AttentionBenchmark measures on."""
+
+    tokens: int  # the case's length
+    batch: int
+    device: torch.device
+    cuda: bool
+    dtype: torch.dtype
+    generator: torch.Generator  # on device, seeded for this case alone
+
+
+@dataclass(frozen=True)
 class AttentionBenchmark(Benchmark):
     """Base of the benchmarks over attention inputs of one shape (GQA heads,
-    head_dim, dtype), timed `repeat` times from seeded random inputs."""
+    head_dim, dtype), timed `repeat` times from seeded random inputs, one row
+    per (length, batch): subclasses have `lengths` and `batches` knobs and
+    name the row key of a length (`length_column`)."""
+
+    length_column: ClassVar[str]
 
     heads: int = knob("int", 32, "query heads", min=1, max=1024)
     kv_heads: int = knob("int", 8, "key/value heads; must divide heads", min=1, max=1024)
@@ -83,10 +107,14 @@ class AttentionBenchmark(Benchmark):
         """The SHAPE_COLUMNS of a row."""
         return {"heads": self.heads, "kv_heads": self.kv_heads, "head_dim": self.head_dim, "dtype": self.dtype}
 
+    def cases(self):
+        return ({self.length_column: n, "batch": b} for n in self.lengths for b in self.batches)
 
-def generator(seed: int, *case: int, device="cpu") -> torch.Generator:
-    """A generator for one case, independent of the cases run before it."""
-    return torch.Generator(device=device).manual_seed(hash((seed, *case)) % (2**62))
+    def inputs(self, case: dict) -> Inputs:
+        device = runtime.device()
+        n, b = case[self.length_column], case["batch"]
+        g = torch.Generator(device=device).manual_seed(hash((self.seed, n, b)) % (2**62))
+        return Inputs(n, b, device, device.type == "cuda", common.dtype(self.dtype), g)
 
 
 def time_median(fn, repeat: int, cuda: bool) -> float:

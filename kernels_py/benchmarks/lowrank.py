@@ -23,12 +23,10 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels_py import runtime
 from kernels_py.benchmarks.base import (
-    AttentionBenchmark, generator, hbm_peak_gbps, nbytes, peak_bytes, percent_of, sdpa, time_median,
+    AttentionBenchmark, hbm_peak_gbps, nbytes, peak_bytes, percent_of, sdpa, time_median,
 )
 from kernels_py.model import apply_rope
-from kernels_py.ops import common
 from kernels_py.ops import lowrank_decode as op
 from kernels_py.params import knob
 from kernels_py.tables import Column
@@ -84,6 +82,7 @@ class Lowrank(AttentionBenchmark):
     """Fused low-rank decode attention (AttentionPack) vs decompress-then-SDPA and vs SDPA on the full cache."""
 
     name = "lowrank"
+    length_column = "visual_len"
     columns = (
         Column("visual_len", "", "compressed (visual) tokens per sequence", "visual"),
         Column("batch", "", "sequences"),
@@ -109,8 +108,8 @@ class Lowrank(AttentionBenchmark):
         Column("compressed_bytes", "bytes", "U, W and dense K/V bytes the fused kernel reads", show=False),
         Column("full_bytes", "bytes", "bytes of the uncompressed cache", show=False),
     )
-    smoke = {"lengths": (96,), "batches": (1,), "heads": 4, "kv_heads": 2, "head_dim": 64, "rank": 16,
-             "dense_len": 8, "dtype": "float32", "repeat": 1}
+    smoke = ({"lengths": (96,)}, {"batches": (1,)}, {"heads": 4, "kv_heads": 2, "head_dim": 64, "rank": 16},
+             {"dense_len": 8}, {"dtype": "float32"}, {"repeat": 1})
 
     lengths: tuple = knob("ints", (1024, 4096, 16384, 32768), "visual (compressed) token counts", min=1,
                           max=1 << 24)
@@ -127,15 +126,9 @@ class Lowrank(AttentionBenchmark):
             raise ValueError(f"{self.owner_name()}: rank must lie in [1, kv_heads * head_dim = "
                              f"{self.kv_heads * self.head_dim}], got {self.rank}")
 
-    def cases(self):
-        return ({"visual_len": n, "batch": b} for n in self.lengths for b in self.batches)
-
     def measure(self, case):
-        n, b = case["visual_len"], case["batch"]
-        device = runtime.device()
-        cuda = device.type == "cuda"
-        dt = common.dtype(self.dtype)
-        g = generator(self.seed, n, b, device=device)
+        x = self.inputs(case)
+        n, b, device, cuda, dt, g = x.tokens, x.batch, x.device, x.cuda, x.dtype, x.generator
         q, q_pos, comp, dense = _make(b, n, self.dense_len, self.heads, self.kv_heads, self.head_dim, self.rank, dt,
                                       device, g)
         op.check_inputs(q, q_pos, comp, dense, ROPE_BASE)  # once: the timed calls skip the value checks

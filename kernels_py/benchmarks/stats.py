@@ -11,12 +11,10 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels_py import runtime
 from kernels_py.benchmarks.base import (
-    AttentionBenchmark, generator, hbm_peak_gbps, nbytes, peak_bytes, percent_of, sdpa, time_median,
+    AttentionBenchmark, hbm_peak_gbps, nbytes, peak_bytes, percent_of, sdpa, time_median,
 )
 from kernels_py.model import expand_kv
-from kernels_py.ops import common
 from kernels_py.ops.attention_stats import attention_stats, recent_rows
 from kernels_py.params import knob
 from kernels_py.tables import Column
@@ -36,6 +34,7 @@ class Stats(AttentionBenchmark):
     """Attention-statistics kernels vs materialised softmax and vs one SDPA forward over the same rows."""
 
     name = "stats"
+    length_column = "prompt_len"
     columns = (
         Column("prompt_len", "", "keys (prompt tokens)", "prompt"),
         Column("batch", "", "sequences, folded into the heads"),
@@ -53,8 +52,8 @@ class Stats(AttentionBenchmark):
                "peak materialise"),
         Column("sdpa_peak_bytes", "bytes", "extra device memory of SDPA", show=False),
     )
-    smoke = {"lengths": (256,), "batches": (1,), "rows": 16, "heads": 4, "kv_heads": 2, "head_dim": 64,
-             "dtype": "float32", "repeat": 2}
+    smoke = ({"lengths": (256,), "rows": 16}, {"batches": (1,)}, {"heads": 4, "kv_heads": 2, "head_dim": 64},
+             {"dtype": "float32"}, {"repeat": 2})
 
     lengths: tuple = knob("ints", (1024, 4096, 16384, 65536, 131072), "prompt lengths (keys)", min=1,
                           max=1 << 24)
@@ -67,18 +66,12 @@ class Stats(AttentionBenchmark):
         if self.rows > min(self.lengths):
             raise ValueError(f"{self.owner_name()}: rows ({self.rows}) exceed the prompt length {min(self.lengths)}")
 
-    def cases(self):
-        return ({"prompt_len": n, "batch": b} for n in self.lengths for b in self.batches)
-
     def measure(self, case):
-        n, b = case["prompt_len"], case["batch"]
-        device = runtime.device()
-        cuda = device.type == "cuda"
-        g = generator(self.seed, n, b)
-        dt = common.dtype(self.dtype)
+        x = self.inputs(case)
+        n, b, device, cuda = x.tokens, x.batch, x.device, x.cuda
         q_pos = recent_rows(n, self.rows, device=device)
-        q = torch.randn(b * self.heads, self.rows, self.head_dim, generator=g).to(device, dt)
-        k = torch.randn(b * self.kv_heads, n, self.head_dim, generator=g).to(device, dt)
+        q = torch.randn(b * self.heads, self.rows, self.head_dim, generator=x.generator, device=device).to(x.dtype)
+        k = torch.randn(b * self.kv_heads, n, self.head_dim, generator=x.generator, device=device).to(x.dtype)
         v = torch.randn_like(k)
         visible = torch.arange(n, device=device)[None, :] <= q_pos[:, None]
         stats = lambda: attention_stats(q, k, q_pos, self.p)  # noqa: E731

@@ -6,7 +6,7 @@ frozen dataclass of knobs (kernels_py.params) built from shared parts:
 scorers.py (which tokens matter), allocators.py (how many per layer),
 caches.py / lowrank.py / quantized.py (what the cache holds); base.py says
 how they fit. Their knobs, docs and bounds reach the Go host through
-kernels_py/schema.json (python -m kernels_py.schema regenerates it).
+kernels_py/schema.json (`workbench schema` regenerates it).
 """
 
 from typing import Any, Mapping

@@ -160,7 +160,7 @@ def group_sizes(tokens: int, fractions: list[float]) -> list[int]:
 
 def group_rank(rank_share: float, rank: int) -> int:
     """R^(f) = ceil(share * R), at least 1 (the paper's R/4: 64 -> 16)."""
-    return max(1, math.ceil(round(rank_share * rank, 9)))
+    return kept_count(rank_share, rank)
 
 
 def group_ranks(importance: torch.Tensor, groups: tuple[tuple[float, float], ...], rank: int) -> torch.Tensor:

@@ -45,6 +45,7 @@ Where the paper is open, this implementation decides:
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -187,7 +188,7 @@ class AttentionPack(Method):
                              f"rank_min_k={self.rank_min_k}, rank_k={self.rank_k}, rank_min_v={self.rank_min_v}, "
                              f"rank_v={self.rank_v}")
 
-    @property
+    @cached_property
     def _groups(self) -> tuple[tuple[float, float], ...]:
         return parse_groups(self.groups)
 

@@ -4,7 +4,8 @@ exchange benchmark's jobs (exchange.py) and diagnostics jobs (diag.py).
 
 Research code (ops, methods, workloads, benchmarks) imports nothing from here
 except the device helpers below: what the host decided about this worker's
-device. The host sets VLKV_DEVICE (cpu or cuda) and, for cpu,
+device. (The ablation job, the glue between experiments and methods, also
+hands results back through arena.empty.) The host sets VLKV_DEVICE (cpu or cuda) and, for cpu,
 TRITON_INTERPRET=1 before the worker starts, so Triton kernels run under the
 interpreter on CPU tensors.
 """

@@ -11,7 +11,7 @@ from kernels_py.ops import lowrank_decode as kernel
 
 
 def test_smoke_run_reports_every_path():
-    sizes = dict(lowrank.Lowrank.smoke, lengths=[40, 70], batches=[1, 2], repeat=1)
+    sizes = dict(lowrank.Lowrank.smoke_sizes(), lengths=[40, 70], batches=[1, 2], repeat=1)
     result = benchmarks.run("lowrank", sizes)
     assert result["interpreter"] == (result["device"] == "cpu")
     assert [c["name"] for c in result["columns"]] == [c.name for c in lowrank.Lowrank.columns]
@@ -61,4 +61,4 @@ def test_baselines_compute_what_the_kernels_compute(device):
 ])
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        benchmarks.run("lowrank", dict(lowrank.Lowrank.smoke, **kwargs))
+        benchmarks.run("lowrank", dict(lowrank.Lowrank.smoke_sizes(), **kwargs))

@@ -7,7 +7,7 @@ from kernels_py.benchmarks import stats
 
 
 def test_smoke_run_reports_every_path():
-    sizes = dict(stats.Stats.smoke, lengths=[64, 100], batches=[1, 2], repeat=1)
+    sizes = dict(stats.Stats.smoke_sizes(), lengths=[64, 100], batches=[1, 2], repeat=1)
     result = benchmarks.run("stats", sizes)
     assert [(r["prompt_len"], r["batch"]) for r in result["rows"]] == [(64, 1), (64, 2), (100, 1), (100, 2)]
     for r in result["rows"]:
@@ -38,19 +38,25 @@ def test_baselines_compute_what_the_kernels_compute(device):
 ])
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        benchmarks.run("stats", dict(stats.Stats.smoke, **kwargs))
+        benchmarks.run("stats", dict(stats.Stats.smoke_sizes(), **kwargs))
 
 
 def test_the_interpreter_shrinks_only_what_the_user_left_unset(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    result = benchmarks.run("stats", {"lengths": [48], "repeat": 1})
+    result = benchmarks.run("stats", {"lengths": [48], "rows": 8, "repeat": 1})
     assert result["params"]["lengths"] == [48] and result["params"]["repeat"] == 1
-    assert result["params"]["heads"] == stats.Stats.smoke["heads"]
+    assert result["params"]["heads"] == stats.Stats.smoke_sizes()["heads"]
     assert len(result["rows"]) == 1 and "not kernel speed" in result["notes"][0]
+    # Knobs that must agree shrink together or not at all: kv_heads set alone keeps the default heads.
+    params = benchmarks.run("stats", {"kv_heads": 8, "lengths": [32], "rows": 4, "repeat": 1})["params"]
+    assert (params["heads"], params["kv_heads"], params["head_dim"]) == (32, 8, 128)
+    # A user's lengths do not take the smoke rows with them: rows must fit the length the user chose.
+    with pytest.raises(ValueError, match="rows \\(50\\) exceed the prompt length 8"):
+        benchmarks.run("stats", {"lengths": [8]})
 
 
 def test_every_row_has_every_column():
-    result = benchmarks.run("stats", dict(stats.Stats.smoke, repeat=1))
+    result = benchmarks.run("stats", dict(stats.Stats.smoke_sizes(), repeat=1))
     names = [c["name"] for c in result["columns"]]
     assert all(list(row) == names for row in result["rows"])
     assert {c["unit"] for c in result["columns"]} <= {"", "ms", "s", "bytes", "GB/s", "%", "x"}

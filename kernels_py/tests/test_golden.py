@@ -18,13 +18,19 @@ def test_the_recorded_cases_are_the_listed_ones():
         [(m, p, w) for m, p in golden.CASES for w in golden.WORKLOADS]
 
 
-@pytest.mark.parametrize("case", RECORDED, ids=lambda r: f"{r['method']}-{len(r['params'])}-{r['workload'].get('dtype', 'fp32')}")
+def _id(case: dict) -> str:
+    return f"{case['method']}-{len(case['params'])}-{case['workload'].get('dtype', 'float32')}"
+
+
+@pytest.mark.parametrize("case", RECORDED, ids=_id)
 def test_results_equal_the_recorded_ones(case):
     result = ablation.run(case["method"], case["params"], case["workload"])
     for kind in ("metrics", "per_layer"):
         assert set(result[kind]) == set(case[kind]), kind
         for name, want in case[kind].items():
             got = result[kind][name]
+            assert isinstance(got, list) == isinstance(want, list) and len(got if isinstance(got, list) else [got]) \
+                == len(want if isinstance(want, list) else [want]), f"{kind}.{name}: recorded {want}, now {got}"
             for w, g in zip(want if isinstance(want, list) else [want], got if isinstance(got, list) else [got]):
                 same = (w is None and g is None) or (w is not None and g is not None and (
                     math.isclose(w, g, rel_tol=1e-6, abs_tol=1e-9) or (math.isnan(w) and math.isnan(g))))

@@ -235,7 +235,7 @@ def test_integers_are_accepted_for_floats():
 
 def test_schema_file_is_up_to_date():
     """schema.json is what schema.document() produces; regenerate it with
-    `workbench schema` (or python -m kernels_py.schema) after changing a knob."""
+    `workbench schema` after changing a knob."""
     assert json.loads(SCHEMA_FILE.read_text()) == schema.document()
 
 
@@ -266,7 +266,7 @@ def check_params(schema_params: dict, dataclass_type) -> None:
 
 def test_schema_matches_the_registries():
     document = json.loads(SCHEMA_FILE.read_text())
-    assert set(document) == {"methods", "workloads", "default_workload", "benchmarks"}
+    assert set(document) == {"methods", "workloads", "default_workload", "benchmarks", "ops"}
     assert list(document["methods"]) == list(METHODS)
     for name, cls in METHODS.items():
         assert document["methods"][name]["doc"]

@@ -36,3 +36,4 @@ def test_every_op_names_a_registered_benchmark():
     for name, op in OPS.items():
         assert op.benchmark in BENCHMARKS, f"op {name} names benchmark {op.benchmark!r}, which is not registered"
         assert op.summary, f"op {name} has no docstring"
+        assert op.reference.__doc__, f"op {name} has no reference module with a docstring"
