@@ -98,7 +98,6 @@ def quantize(x: torch.Tensor, bits: int, group: int, dim: int = -1) -> Quantized
 
 def dequantize(q: Quantized) -> torch.Tensor:
     """The tensor q stands for, in its original shape and dtype."""
-    per_byte = 8 // q.bits
     shifts = torch.arange(0, 8, q.bits, dtype=torch.uint8, device=q.data.device)
     mask = (1 << q.bits) - 1
     codes = (q.data[..., None] >> shifts) & mask  # [*rest, L / per_byte, per_byte]
