@@ -29,11 +29,7 @@ const ablationFn = "kernels_py.ablation:run"
 // loadPlan evaluates an experiment script against the schema of the kernels
 // root. It starts no Python.
 func (a *app) loadPlan(ctx context.Context, file string) (*expt.Plan, pyrt.KernelsRoot, error) {
-	kernels, err := a.kernelsRoot()
-	if err != nil {
-		return nil, kernels, err
-	}
-	schema, err := loadSchema(kernels)
+	schema, kernels, err := a.schema()
 	if err != nil {
 		return nil, kernels, err
 	}

@@ -25,6 +25,16 @@ var schemaFile = filepath.Join("kernels_py", "schema.json")
 
 const regenerateHint = "after adding or changing a method, workload or benchmark, regenerate it with `workbench schema`"
 
+// schema reads the schema of the kernels root this command uses.
+func (a *app) schema() (*expt.Schema, pyrt.KernelsRoot, error) {
+	kernels, err := a.kernelsRoot()
+	if err != nil {
+		return nil, kernels, err
+	}
+	s, err := loadSchema(kernels)
+	return s, kernels, err
+}
+
 func loadSchema(kernels pyrt.KernelsRoot) (*expt.Schema, error) {
 	s, err := expt.LoadSchema(filepath.Join(kernels.Dir, schemaFile))
 	if err != nil {
@@ -151,11 +161,7 @@ its knobs: type, bounds, default, what it does and where the paper defines
 it; then the workloads experiments run on, with theirs. It reads
 kernels_py/schema.json and starts no Python.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			kernels, err := a.kernelsRoot()
-			if err != nil {
-				return err
-			}
-			s, err := loadSchema(kernels)
+			s, _, err := a.schema()
 			if err != nil {
 				return err
 			}

@@ -111,11 +111,7 @@ func (a *app) checkOps(ops []string) error {
 	if len(ops) == 0 {
 		return nil
 	}
-	kernels, err := a.kernelsRoot()
-	if err != nil {
-		return err
-	}
-	s, err := loadSchema(kernels)
+	s, _, err := a.schema()
 	if err != nil {
 		return err
 	}
