@@ -93,6 +93,11 @@ class BadKnobs(ValueError):
     traceback."""
 
 
+def first_paragraph(doc: str | None) -> str:
+    """A docstring's first paragraph on one line: what the schema and listings show."""
+    return " ".join((doc or "").strip().split("\n\n")[0].split())
+
+
 def closest(name: str, known) -> str:
     """" (did you mean 'x'?)" when a known name is close to `name`, else ""."""
     match = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
@@ -139,4 +144,4 @@ class Knobs:
     @classmethod
     def summary(cls) -> str:
         """First paragraph of the class docstring, on one line (the schema's doc)."""
-        return " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
+        return first_paragraph(cls.__doc__)

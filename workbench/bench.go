@@ -34,7 +34,7 @@ tiny case that shows it works (its timings say nothing about kernel speed).`,
 				return fmt.Errorf("benchmark %q: the benchmark list is unavailable: %w", args[0], benchmarks.err)
 			}
 			names := append(benchmarks.schema.BenchmarkNames(), "exchange")
-			return &usageError{fmt.Errorf("benchmark %s", unknownBenchmark(args[0], names))}
+			return &usageError{fmt.Errorf("benchmark %s", expt.UnknownName(args[0], names))}
 		},
 	}
 	cmd.AddCommand(newBenchExchangeCmd(a))
@@ -46,10 +46,6 @@ tiny case that shows it works (its timings say nothing about kernel speed).`,
 	return cmd
 }
 
-func unknownBenchmark(name string, names []string) string {
-	return fmt.Sprintf("%q is unknown%s (known: %s)", name, expt.Closest(name, names), strings.Join(names, ", "))
-}
-
 // newKernelBenchCmd is `workbench bench NAME` for a benchmark the schema
 // describes: one flag per parameter (kv_heads is --kv-heads), checked against
 // its bounds before any Python starts.
@@ -58,7 +54,7 @@ func newKernelBenchCmd(a *app, b *expt.Benchmark) *cobra.Command {
 	flags := map[string]func() any{} // param name -> its flag's value
 	cmd := &cobra.Command{
 		Use:   b.Name,
-		Short: b.Doc,
+		Short: strings.TrimSuffix(b.Doc, "."),
 		Long:  strings.TrimSpace(b.Doc+"\n\n"+b.Long) + "\n\nColumns (--json has them all; the table shows the main ones):\n" + columnDocs(b.Columns),
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

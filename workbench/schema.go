@@ -174,7 +174,7 @@ kernels_py/schema.json and starts no Python.`,
 					if _, ok := s.Workloads[n]; ok {
 						return &usageError{fmt.Errorf("%q is a workload, not a method: `workbench methods` lists the workloads after the methods", n)}
 					}
-					return &usageError{fmt.Errorf("method %q is unknown%s (known: %s)", n, expt.Closest(n, names), strings.Join(names, ", "))}
+					return &usageError{fmt.Errorf("method %s", expt.UnknownName(n, names))}
 				}
 				names = args
 			}

@@ -118,7 +118,7 @@ func (a *app) checkOps(ops []string) error {
 	names := s.OpNames()
 	for _, op := range ops {
 		if _, ok := s.Ops[op]; !ok {
-			return &usageError{fmt.Errorf("--op: %q is unknown%s (known: %s)", op, expt.Closest(op, names), strings.Join(names, ", "))}
+			return &usageError{fmt.Errorf("--op: %s", expt.UnknownName(op, names))}
 		}
 	}
 	return nil

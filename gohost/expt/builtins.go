@@ -63,8 +63,8 @@ func known(names []string) string {
 	return strings.Join(names, ", ")
 }
 
-// unknownName says that name is not among known, suggesting the closest one.
-func unknownName(name string, names []string) string {
+// UnknownName says that name is not among names, suggesting the closest one.
+func UnknownName(name string, names []string) string {
 	return fmt.Sprintf("%q is unknown%s (known: %s)", name, Closest(name, names), known(names))
 }
 
@@ -83,7 +83,7 @@ func (l *loader) workload(thread *starlark.Thread, _ *starlark.Builtin, args sta
 		case starlark.String:
 			kind = string(x)
 			if _, ok := l.schema.Workloads[kind]; !ok {
-				return nil, l.pos.errorf(thread, path{0}, "workload: %s", unknownName(kind, l.schema.WorkloadNames()))
+				return nil, l.pos.errorf(thread, path{0}, "workload: %s", UnknownName(kind, l.schema.WorkloadNames()))
 			}
 		case *workloadValue:
 			kind, base = x.name, x.values()
@@ -104,7 +104,7 @@ func (l *loader) workload(thread *starlark.Thread, _ *starlark.Builtin, args sta
 		name := string(kv[0].(starlark.String))
 		p, ok := params[name]
 		if !ok {
-			return nil, l.pos.errorf(thread, path{name}, "workload: param %s", unknownName(name, params.Names()))
+			return nil, l.pos.errorf(thread, path{name}, "workload: param %s", UnknownName(name, params.Names()))
 		}
 		v, err := checkValue(p, kw[name])
 		if err != nil {
@@ -437,7 +437,7 @@ func (l *loader) methods(kw map[string]starlark.Value, fail failFunc) ([]*Method
 		}
 		m, ok := l.schema.Methods[string(s)]
 		if !ok {
-			return nil, fail(path{"methods", i}, "method %s", unknownName(string(s), l.schema.MethodNames()))
+			return nil, fail(path{"methods", i}, "method %s", UnknownName(string(s), l.schema.MethodNames()))
 		}
 		if !slices.Contains(out, m) {
 			out = append(out, m)
@@ -572,7 +572,7 @@ func (l *loader) extras(kw map[string]starlark.Value, first *workloadValue, fail
 		}
 		m, ok := l.schema.Methods[string(ms)]
 		if !ok {
-			return nil, fail(path{"extra", i, key}, "extra[%d]: method %s", i, unknownName(string(ms), l.schema.MethodNames()))
+			return nil, fail(path{"extra", i, key}, "extra[%d]: method %s", i, UnknownName(string(ms), l.schema.MethodNames()))
 		}
 		p := point{method: m, params: m.Params.defaults(), workload: first}
 		for _, kv := range d.Items() {

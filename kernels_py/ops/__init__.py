@@ -19,6 +19,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Callable
 
+from kernels_py.params import first_paragraph
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -54,7 +56,7 @@ class Op:
     @property
     def summary(self) -> str:
         """First paragraph of the op's docstring, on one line."""
-        return " ".join((self.module.__doc__ or "").strip().split("\n\n")[0].split())
+        return first_paragraph(self.module.__doc__)
 
     def kernels(self) -> set[str]:
         """The op's @triton.jit functions named *_kernel (the others are device
