@@ -8,11 +8,13 @@ experiment scripts and build command-line flags without starting Python
 (`kernels_py/schema.json`).
 """
 
+import builtins
 import dataclasses
 import difflib
 import math
+import re
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping
 
 # "ints" (a list of ints) is for benchmark sizes; job parameters are scalars.
 TYPE_NAMES = ("float", "int", "str", "bool", "ints")
@@ -32,6 +34,7 @@ class ParamSpec:
     max: float | int | None = None
     choices: tuple | None = None
     ref: str = ""
+    pattern: str = ""  # str knobs: a regular expression the whole value must match (Go RE2 and Python re alike)
 
     def check(self, owner: str, name: str, value: Any) -> Any:
         """Return `value` in the parameter's Python type, or raise TypeError
@@ -48,6 +51,8 @@ class ParamSpec:
             raise ValueError(f"{owner}: {name}={value!r} is below its minimum {self.min}")
         if self.max is not None and value > self.max:
             raise ValueError(f"{owner}: {name}={value!r} is above its maximum {self.max}")
+        if self.pattern and not re.fullmatch(self.pattern, value):
+            raise ValueError(f"{owner}: {name}={value!r} is not well-formed ({name}: {self.doc})")
         return value
 
     def _coerce(self, owner: str, name: str, value: Any) -> Any:
@@ -73,18 +78,51 @@ class ParamSpec:
             entry["choices"] = list(self.choices)
         if self.ref:
             entry["ref"] = self.ref
+        if self.pattern:
+            entry["pattern"] = self.pattern
         return entry
 
 
-def knob(type: str, default: Any, doc: str, *, min=None, max=None, choices=None, ref: str = ""):
+def knob(type: str, default: Any, doc: str, *, min=None, max=None, choices=None, ref: str = "", pattern: str = ""):
     """A dataclass field whose default, documentation, paper reference and
     bounds live in one place."""
     if type not in TYPE_NAMES:
         raise ValueError(f"parameter type {type!r} is not one of {TYPE_NAMES}")
+    if pattern and type != "str":
+        raise ValueError("only str parameters take a pattern")
     if type == "ints":
         default = tuple(default)
-    spec = ParamSpec(type, default, doc, min, max, None if choices is None else tuple(choices), ref)
+    spec = ParamSpec(type, default, doc, min, max, None if choices is None else tuple(choices), ref, pattern)
     return dataclasses.field(default=default, metadata={"spec": spec})
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A constraint between knobs (or on one knob beyond its bounds), checked
+    on construction here and by `workbench plan` before anything runs.
+
+    `check` is an expression over the knob names in the common subset of
+    Python and Starlark: arithmetic, comparisons (not chained), and/or/not,
+    list comprehensions, indexing and slicing, str methods, and the
+    functions in RULE_FUNCTIONS. `message` is formatted with the knob values
+    (`{name}`, `{name!r}`; no format specs), and says what to change."""
+
+    check: str
+    message: str
+
+    def holds(self, values: Mapping[str, Any]) -> bool:
+        scope = {"__builtins__": RULE_FUNCTIONS, **values}  # globals: comprehensions see them
+        return bool(eval(self.check, scope))  # noqa: S307 - the team's own expressions, never user input
+
+    def schema(self) -> dict:
+        return {"check": self.check, "message": self.message}
+
+
+# What a rule may call: the built-ins both languages have, plus sum (which
+# the Go host supplies to Starlark).
+RULE_FUNCTIONS = {name: getattr(builtins, name)
+                  for name in ("abs", "all", "any", "bool", "float", "int", "len", "max", "min", "range", "sorted",
+                               "str", "sum", "zip")}
 
 
 class BadKnobs(ValueError):
@@ -106,7 +144,18 @@ def closest(name: str, known) -> str:
 
 class Knobs:
     """Mixin for frozen dataclasses whose fields are all `knob`s: validates on
-    construction and builds instances from untyped mappings (job messages)."""
+    construction (each knob, then the class's `RULES` and its bases') and
+    builds instances from untyped mappings (job messages)."""
+
+    RULES: ClassVar[tuple[Rule, ...]] = ()
+
+    @classmethod
+    def rules(cls) -> tuple[Rule, ...]:
+        """The rules of the class and its bases, the bases' first."""
+        out: list[Rule] = []
+        for klass in reversed(cls.__mro__):
+            out += [r for r in vars(klass).get("RULES", ()) if r not in out]
+        return tuple(out)
 
     @classmethod
     def param_specs(cls) -> dict[str, ParamSpec]:
@@ -133,6 +182,10 @@ class Knobs:
         for name, spec in self.param_specs().items():
             # Frozen dataclasses forbid plain assignment; coercion (int -> float) needs it.
             object.__setattr__(self, name, spec.check(self.owner_name(), name, getattr(self, name)))
+        values = {name: list(v) if isinstance(v, tuple) else v for name, v in self.to_dict().items()}
+        for rule in self.rules():
+            if not rule.holds(values):
+                raise ValueError(f"{self.owner_name()}: {rule.message.format(**values)}")
 
     def to_dict(self) -> dict:
         return {name: getattr(self, name) for name in self.param_specs()}
@@ -140,6 +193,10 @@ class Knobs:
     @classmethod
     def schema(cls) -> dict:
         return {name: spec.schema() for name, spec in cls.param_specs().items()}
+
+    @classmethod
+    def rules_schema(cls) -> list[dict]:
+        return [r.schema() for r in cls.rules()]
 
     @classmethod
     def summary(cls) -> str:

@@ -1,6 +1,6 @@
 """The schema the Go host reads: every method's, workload's and benchmark's
 knobs with type, default, bounds, doc and paper reference, and the registered
-ops, so that `workbench plan` checks scripts, `workbench bench` builds its flags
+ops, so that `workbench plan` checks scripts (knob rules included), `workbench bench` builds its flags
 and `workbench selftest` checks its --op without starting Python.
 kernels_py/schema.json holds it (`workbench schema` writes it); a test checks
 it is in step with the code.
@@ -19,9 +19,11 @@ def document() -> dict:
     from kernels_py.workloads import DEFAULT_WORKLOAD, WORKLOADS
 
     return {
-        "methods": {name: {"doc": cls.summary(), "paper": cls.paper, "params": cls.schema()}
+        "methods": {name: {"doc": cls.summary(), "paper": cls.paper, "params": cls.schema(),
+                           "rules": cls.rules_schema()}
                     for name, cls in METHODS.items()},
-        "workloads": {name: {"doc": cls.summary(), "params": cls.schema()} for name, cls in WORKLOADS.items()},
+        "workloads": {name: {"doc": cls.summary(), "params": cls.schema(), "rules": cls.rules_schema()}
+                      for name, cls in WORKLOADS.items()},
         "default_workload": DEFAULT_WORKLOAD,
         "benchmarks": {name: bench.describe() for name, bench in BENCHMARKS.items()},
         "ops": {name: {"doc": op.summary, "benchmark": op.benchmark} for name, op in OPS.items()},

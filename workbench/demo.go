@@ -25,6 +25,9 @@ attention-output error per method. Results land in OUT/quickstart/<run-id>/;
 notebooks/quickstart.ipynb plots them.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := o.check(); err != nil {
+				return err
+			}
 			kernels, err := a.kernelsRoot()
 			if err != nil {
 				return err
@@ -42,8 +45,7 @@ notebooks/quickstart.ipynb plots them.`,
 			return err
 		},
 	}
-	cmd.Flags().StringVar(&o.out, "out", "results", "results root directory")
-	cmd.Flags().IntVar(&o.workers, "workers", 0, "worker processes (default: one per GPU, or 1 on CPU)")
+	o.addRunFlags(cmd)
 	return cmd
 }
 

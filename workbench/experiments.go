@@ -132,9 +132,9 @@ script are reported as file:line:col. No Python is started.`,
 				return enc.Encode(out)
 			}
 			for _, e := range exps {
-				fmt.Fprintf(a.stdout, "experiment %s: %d jobs (timeout %v each)\n", e.Name, len(e.Jobs), e.Timeout)
+				workloads, shared := describeWorkloads(plan.Schema, e.Jobs)
+				fmt.Fprintf(a.stdout, "experiment %s: %d jobs (timeout %v each)%s\n", e.Name, len(e.Jobs), e.Timeout, shared)
 				tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
-				workloads := describeWorkloads(plan.Schema, e.Jobs)
 				for _, j := range e.Jobs {
 					fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", j.ID, j.Method, formatParams(j.Params), workloads[j.ID])
 				}
@@ -148,11 +148,11 @@ script are reported as file:line:col. No Python is started.`,
 	return cmd
 }
 
-// describeWorkloads says, for each job of an experiment that runs on more
-// than one workload, which: its name and the knobs it sets away from their
-// defaults. With one workload it says nothing.
-func describeWorkloads(s *expt.Schema, jobs []expt.Job) map[string]string {
-	out := map[string]string{}
+// describeWorkloads says which workload each job of an experiment runs on:
+// its name and the knobs it sets away from their defaults. When every job
+// runs on the same one, it is said once, for the header, instead.
+func describeWorkloads(s *expt.Schema, jobs []expt.Job) (perJob map[string]string, shared string) {
+	perJob = map[string]string{}
 	distinct := map[string]bool{}
 	for _, j := range jobs {
 		w := s.Workloads[j.WorkloadName]
@@ -162,16 +162,19 @@ func describeWorkloads(s *expt.Schema, jobs []expt.Job) map[string]string {
 				changed[k] = v
 			}
 		}
-		out[j.ID] = "@" + j.WorkloadName
+		perJob[j.ID] = "@" + j.WorkloadName
 		if len(changed) > 0 {
-			out[j.ID] += "(" + formatParams(changed) + ")"
+			perJob[j.ID] += "(" + formatParams(changed) + ")"
 		}
-		distinct[out[j.ID]] = true
+		distinct[perJob[j.ID]] = true
 	}
-	if len(distinct) < 2 {
-		return map[string]string{}
+	if len(distinct) == 1 {
+		for d := range distinct {
+			shared = " on " + d
+		}
+		return map[string]string{}, shared
 	}
-	return out
+	return perJob, ""
 }
 
 func formatParams(p map[string]any) string {
@@ -188,11 +191,38 @@ func formatParams(p map[string]any) string {
 }
 
 type runOptions struct {
-	experiment  string
-	out         string
-	workers     int
-	resume      bool
-	retryFailed bool
+	experiment      string
+	out             string
+	workers         int
+	resume          bool
+	retryFailed     bool
+	allowCodeChange bool
+}
+
+// addRunFlags registers the flags run and demo share.
+func (o *runOptions) addRunFlags(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&o.out, "out", "results", "results root directory")
+	cmd.Flags().IntVar(&o.workers, "workers", 0, "worker processes; 0: one per GPU, or 1 on CPU")
+	cmd.Flags().BoolVar(&o.resume, "resume", false, "continue the newest run of each experiment, skipping journaled jobs")
+	cmd.Flags().BoolVar(&o.retryFailed, "retry-failed", false, "with --resume, run again the jobs that failed")
+	cmd.Flags().BoolVar(&o.allowCodeChange, "allow-code-change", false,
+		"with --resume, continue a run although kernels_py changed since its rows were computed (each row records its code's digest)")
+}
+
+// check rejects flag values and combinations that cannot mean what the
+// user wants.
+func (o *runOptions) check() error {
+	switch {
+	case o.workers < 0:
+		return &usageError{fmt.Errorf("--workers must be 0 (one per GPU, or 1 on CPU) or more, got %d", o.workers)}
+	case strings.TrimSpace(o.out) == "":
+		return &usageError{errors.New("--out must name a directory (default: results)")}
+	case o.retryFailed && !o.resume:
+		return &usageError{errors.New("--retry-failed only applies to a resumed run: add --resume")}
+	case o.allowCodeChange && !o.resume:
+		return &usageError{errors.New("--allow-code-change only applies to a resumed run: add --resume")}
+	}
+	return nil
 }
 
 func newRunCmd(a *app) *cobra.Command {
@@ -202,28 +232,33 @@ func newRunCmd(a *app) *cobra.Command {
 		Short: "Run an experiment script's jobs on workers and write results files",
 		Long: `run expands an experiment script (as plan does), runs every job on a pool of
 workers and writes, per experiment, OUT/<experiment>/<run-id>/ with:
-  manifest.json    the script and its hash, git commit and dirty flag, hashes
+  manifest.json    the script and its hash, git commit (modified, untracked), hashes
                    of the kernels_py sources, versions, device, start/end
   journal.jsonl    one line per finished job, fsync'd: the source of truth
-  results.parquet  one row per job (params, workload, metrics, status, error)
+  results.parquet  one row per job: params, workload, metrics, status, error,
+                   duration_seconds (the job's own time), wall_seconds
+                   (worker start-ups and retries included), kernels_digest
   tensors/         arrays written by jobs
-A worker that crashes is replaced and its job retried once; a job over its
-timeout fails. Ctrl-C stops at once: finished jobs stay in the journal, and
---resume continues the newest run of each experiment without redoing them.`,
+  run.lock         held by the one workbench writing the run
+The run directory appears once the first worker is ready. A worker that
+crashes is replaced and its job retried once; a worker that fails to start is
+started again with backoff, and after 3 failures in a row its slot gives up
+(failing the job it held). A job over its timeout fails; the run goes on.
+Ctrl-C stops at once: finished jobs stay in the journal, and --resume
+continues the newest run of each experiment without redoing them. A resume is
+refused while another workbench writes the run, and when kernels_py changed
+since the run's rows were computed (unless --allow-code-change).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if o.workers < 0 {
-				return &usageError{fmt.Errorf("--workers must be positive, got %d", o.workers)}
+			if err := o.check(); err != nil {
+				return err
 			}
 			_, err := a.runExperiments(cmd.Context(), args[0], o)
 			return err
 		},
 	}
 	cmd.Flags().StringVar(&o.experiment, "experiment", "", "only this experiment of the file")
-	cmd.Flags().StringVar(&o.out, "out", "results", "results root directory")
-	cmd.Flags().IntVar(&o.workers, "workers", 0, "worker processes (default: one per GPU, or 1 on CPU)")
-	cmd.Flags().BoolVar(&o.resume, "resume", false, "continue the newest run of each experiment, skipping journaled jobs")
-	cmd.Flags().BoolVar(&o.retryFailed, "retry-failed", false, "with --resume, run again the jobs that failed")
+	o.addRunFlags(cmd)
 	return cmd
 }
 
@@ -249,7 +284,7 @@ func (a *app) runExperiments(ctx context.Context, file string, o runOptions) ([]
 		sum, err := runner.Run(ctx, runner.Options{
 			Out: o.out, Experiment: e.Name, File: plan.File, FileHash: plan.Hash, Jobs: runnerJobs(e),
 			KernelsDir: s.kernels.Dir, Device: string(s.device), Version: version,
-			Resume: o.resume, RetryFailed: o.retryFailed,
+			Resume: o.resume, RetryFailed: o.retryFailed, AllowCodeChange: o.allowCodeChange,
 			Executor: executor, Progress: a.stderr, Log: a.log,
 		})
 		if sum.Dir != "" {

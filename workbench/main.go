@@ -10,11 +10,40 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
 )
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	// Without this, a write to a closed stdout (workbench run ... | head)
+	// kills the process with SIGPIPE, mid-run and without a word; with it,
+	// the write fails with EPIPE and closedPipeWriter drops the rest.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
+	stdout := &closedPipeWriter{w: os.Stdout, notice: os.Stderr}
+	os.Exit(run(os.Args[1:], stdout, os.Stderr))
+}
+
+// closedPipeWriter passes writes on until the reader goes away (EPIPE); it
+// then says so once and drops what follows, so the command still finishes
+// its work (a run keeps journaling its jobs).
+type closedPipeWriter struct {
+	w      io.Writer
+	notice io.Writer
+	closed atomic.Bool
+}
+
+func (c *closedPipeWriter) Write(p []byte) (int, error) {
+	if c.closed.Load() {
+		return len(p), nil
+	}
+	n, err := c.w.Write(p)
+	if errors.Is(err, syscall.EPIPE) {
+		if !c.closed.Swap(true) {
+			fmt.Fprintln(c.notice, "workbench: stdout was closed (broken pipe); its output is dropped from here, the command goes on")
+		}
+		return len(p), nil
+	}
+	return n, err
 }
 
 // run executes the CLI and returns the process exit code: 0 success, 1 a

@@ -37,6 +37,11 @@ func TestUsageErrors(t *testing.T) {
 		{"unknown command", []string{"frobnicate"}, 2, "unknown command"},
 		{"missing python", []string{"--python", "/nonexistent", "env"}, 1, "/nonexistent (from --python) does not exist"},
 		{"missing kernels", []string{"--kernels", "/nonexistent", "env"}, 1, "no kernels_py package there"},
+		{"negative workers", []string{"run", "--workers", "-1", "../experiments/quickstart.star"}, 2, "--workers must be 0 (one per GPU, or 1 on CPU) or more, got -1"},
+		{"empty out", []string{"run", "--out", "", "../experiments/quickstart.star"}, 2, "--out must name a directory"},
+		{"empty out of demo", []string{"demo", "--out", " "}, 2, "--out must name a directory"},
+		{"retry without resume", []string{"run", "--retry-failed", "../experiments/quickstart.star"}, 2, "--retry-failed only applies to a resumed run: add --resume"},
+		{"code change without resume", []string{"run", "--allow-code-change", "../experiments/quickstart.star"}, 2, "--allow-code-change only applies to a resumed run"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -68,10 +69,7 @@ func TestBadScriptsFailBeforeRunning(t *testing.T) {
 func TestKilledRunResumes(t *testing.T) {
 	py := testpy.Python(t)
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "workbench")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
+	bin := workbenchBinary(t)
 	// A kernels root whose jobs take a while, so the kill lands mid-run.
 	root := filepath.Join(dir, "root")
 	os.MkdirAll(root, 0o755)
@@ -133,6 +131,12 @@ func TestKilledRunResumes(t *testing.T) {
 	resumeArgs := append(append([]string(nil), args[:len(args)-1]...), "--resume", script)
 	second := exec.Command(bin, resumeArgs...)
 	waitFor(second, 4)
+	// While it runs, a second writer on the same run is refused, by PID.
+	third := exec.Command(bin, resumeArgs...)
+	output, _ := third.CombinedOutput()
+	if code := third.ProcessState.ExitCode(); code != 1 || !strings.Contains(string(output), fmt.Sprintf("is being written by workbench process %d", second.Process.Pid)) {
+		t.Fatalf("second writer: exit %d\n%s", code, output)
+	}
 	second.Process.Signal(syscall.SIGKILL)
 	second.Wait()
 	runDir := filepath.Dir(journal)
@@ -182,6 +186,38 @@ func TestKilledRunResumes(t *testing.T) {
 	m, _ := os.ReadFile(filepath.Join(runDir, results.ManifestFile))
 	if !strings.Contains(string(m), `"resumed"`) || !strings.Contains(string(m), `"ended"`) {
 		t.Errorf("manifest after resume:\n%s", m)
+	}
+}
+
+// A run that cannot start a single worker leaves no run directory behind
+// (notebooks and --resume would take it for the newest run) and says why.
+func TestRunThatCannotStartLeavesNothing(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "results")
+	code, _, stderr := runCLI(t, "--python", "/bin/true", "--device", "cpu", "run", "--out", out, "../experiments/quickstart.star")
+	if code != 1 || !strings.Contains(stderr, "no worker could start (3 tries in a row): worker did not start: worker died") ||
+		!strings.Contains(stderr, "No run directory was created") {
+		t.Fatalf("exit %d\n%s", code, stderr)
+	}
+	if _, err := os.Stat(out); !os.IsNotExist(err) {
+		t.Errorf("%s exists after a run that never started", out)
+	}
+}
+
+// plan says which workload the jobs run on: per job when they differ, once
+// in the header when they share one that is not the default.
+func TestPlanShowsWorkloads(t *testing.T) {
+	script := filepath.Join(t.TempDir(), "w.star")
+	os.WriteFile(script, []byte(`experiment(name = "x", methods = ["h2o"], workloads = [workload(seed = 1), workload(seed = 2)])
+experiment(name = "y", methods = ["h2o"], workloads = [workload(seed = 3)])
+`), 0o644)
+	code, stdout, stderr := runCLI(t, "plan", script)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	for _, want := range []string{"@synthetic(seed=1)\n", "@synthetic(seed=2)\n", "experiment y: 1 jobs (timeout 10m0s each) on @synthetic(seed=3)\n"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("plan output lacks %q:\n%s", want, stdout)
+		}
 	}
 }
 

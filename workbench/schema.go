@@ -188,6 +188,7 @@ kernels_py/schema.json and starts no Python.`,
 					fmt.Fprintf(a.stdout, "  paper: %s\n", m.Paper)
 				}
 				printParams(a.stdout, m.Params)
+				printRules(a.stdout, m.Rules)
 				fmt.Fprintln(a.stdout)
 			}
 			if len(args) == 0 {
@@ -199,6 +200,7 @@ kernels_py/schema.json and starts no Python.`,
 					}
 					fmt.Fprintf(a.stdout, "workload %q%s: %s\n", n, def, w.Doc)
 					printParams(a.stdout, w.Params)
+					printRules(a.stdout, w.Rules)
 				}
 			}
 			return nil
@@ -218,6 +220,17 @@ func printParams(w io.Writer, ps expt.Params) {
 		fmt.Fprintf(tw, "  %s\t%s\n", name, ps[name].Describe())
 	}
 	tw.Flush()
+}
+
+// printRules lists the constraints between knobs that plan checks.
+func printRules(w io.Writer, rules expt.Rules) {
+	if len(rules) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "  rules (plan rejects a job that breaks one):")
+	for _, r := range rules {
+		fmt.Fprintf(w, "    %s\n", r.Check)
+	}
 }
 
 // paramJSON is one knob in `workbench methods --json`.
@@ -247,6 +260,7 @@ func writeSchemaJSON(w io.Writer, s *expt.Schema, methods []string, withWorkload
 		Doc    string      `json:"doc"`
 		Paper  string      `json:"paper,omitempty"`
 		Params []paramJSON `json:"params"`
+		Rules  expt.Rules  `json:"rules,omitempty"`
 	}
 	out := struct {
 		Methods         []entry `json:"methods"`
@@ -255,15 +269,16 @@ func writeSchemaJSON(w io.Writer, s *expt.Schema, methods []string, withWorkload
 	}{Methods: []entry{}}
 	for _, n := range methods {
 		m := s.Methods[n]
-		out.Methods = append(out.Methods, entry{m.Name, m.Doc, m.Paper, paramsJSON(m.Params)})
+		out.Methods = append(out.Methods, entry{m.Name, m.Doc, m.Paper, paramsJSON(m.Params), m.Rules})
 	}
 	if withWorkloads {
 		for _, n := range s.WorkloadNames() {
-			out.Workloads = append(out.Workloads, entry{Name: n, Doc: s.Workloads[n].Doc, Params: paramsJSON(s.Workloads[n].Params)})
+			out.Workloads = append(out.Workloads, entry{Name: n, Doc: s.Workloads[n].Doc, Params: paramsJSON(s.Workloads[n].Params), Rules: s.Workloads[n].Rules})
 		}
 		out.DefaultWorkload = s.DefaultWorkload
 	}
 	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false) // rules compare with < and >
 	enc.SetIndent("", "  ")
 	return enc.Encode(out)
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -90,8 +91,11 @@ func newTensorsToNPYCmd(a *app) *cobra.Command {
 		Short: "Load a .safetensors file into an arena and write each tensor as OUTDIR/<name>.npy",
 		Long: `to-npy reads every tensor of a .safetensors file into a shared-memory arena
 and writes it as OUTDIR/<name>.npy (numpy has no bfloat16: those are widened
-to float32). Characters other than letters, digits, '.', '_' and '-' in
-tensor names become '_'. Existing files are replaced whole, never half-written.`,
+to float32). Bytes of a tensor name other than letters, digits, '_', '-' and
+a '.' that does not lead are written %XX (URL escaping: "vision/proj.weight"
+becomes vision%2Fproj.weight.npy), so distinct names never share a file, and
+OUTDIR/tensors.json maps every tensor name to its file. Existing files are
+replaced whole, never half-written.`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			st, err := os.Stat(args[0])
@@ -110,6 +114,15 @@ tensor names become '_'. Existing files are replaced whole, never half-written.`
 			if err := os.MkdirAll(args[1], 0o755); err != nil {
 				return err
 			}
+			files := map[string]string{}
+			owner := map[string]string{} // lower-cased file name -> tensor: a case-insensitive file system would merge them
+			for _, e := range h.Entries {
+				file := tensor.NPYName(e.Name)
+				if other, ok := owner[strings.ToLower(file)]; ok {
+					return fmt.Errorf("tensors %q and %q would both be written to %s on a case-insensitive file system; rename one", other, e.Name, file)
+				}
+				owner[strings.ToLower(file)], files[e.Name] = e.Name, file
+			}
 			for _, e := range h.Entries {
 				t := tensors[e.Name]
 				if t.DType() == tensor.BFloat16 {
@@ -117,13 +130,17 @@ tensor names become '_'. Existing files are replaced whole, never half-written.`
 						return fmt.Errorf("%s: %w", e.Name, err)
 					}
 				}
-				path := filepath.Join(args[1], tensor.NPYName(e.Name))
+				path := filepath.Join(args[1], files[e.Name])
 				if err := tensor.WriteNPY(path, t); err != nil {
 					return err
 				}
 				a.log.Debug().Str("tensor", e.Name).Str("path", path).Msg("wrote")
 			}
-			fmt.Fprintf(a.stdout, "wrote %d tensors to %s\n", len(h.Entries), args[1])
+			index, _ := json.MarshalIndent(files, "", "  ")
+			if err := os.WriteFile(filepath.Join(args[1], "tensors.json"), append(index, '\n'), 0o644); err != nil {
+				return err
+			}
+			fmt.Fprintf(a.stdout, "wrote %d tensors to %s (names to files: %s)\n", len(h.Entries), args[1], filepath.Join(args[1], "tensors.json"))
 			return nil
 		},
 	}

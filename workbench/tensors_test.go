@@ -29,7 +29,8 @@ func writeSample(t *testing.T, path string) {
 	for i := range vv {
 		vv[i] = tensor.Float32ToBFloat16(float32(i) + 0.5)
 	}
-	if err := tensor.WriteSafetensors(path, map[string]*tensor.Tensor{"attn/k": k, "attn.v": v}, map[string]string{"layer": "3"}); err != nil {
+	k2, _ := ar.NewTensor(tensor.Float32, 1)
+	if err := tensor.WriteSafetensors(path, map[string]*tensor.Tensor{"attn/k": k, "attn_k": k2, "attn.v": v}, map[string]string{"layer": "3"}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -50,15 +51,26 @@ func TestTensorsInspectAndToNPY(t *testing.T) {
 		}
 		Metadata map[string]string
 	}
-	if err := json.Unmarshal([]byte(stdout), &got); err != nil || len(got.Tensors) != 2 || got.Metadata["layer"] != "3" {
+	if err := json.Unmarshal([]byte(stdout), &got); err != nil || len(got.Tensors) != 3 || got.Metadata["layer"] != "3" {
 		t.Fatalf("inspect --json: %v\n%s", err, stdout)
 	}
 
 	out := filepath.Join(dir, "npy")
-	if code, _, stderr := runCLI(t, "tensors", "to-npy", file, out); code != 0 {
-		t.Fatalf("to-npy: exit %d: %s", code, stderr)
+	code, stdout, stderr = runCLI(t, "tensors", "to-npy", file, out)
+	if code != 0 || !strings.Contains(stdout, "wrote 3 tensors") {
+		t.Fatalf("to-npy: exit %d: %s%s", code, stdout, stderr)
 	}
-	for name, want := range map[string]string{"attn_k.npy": "<f4 [2 3]", "attn.v.npy": "<f4 [4]"} {
+	// "attn/k" and "attn_k" once collided in one file; each has its own now,
+	// and tensors.json maps names to files.
+	var index map[string]string
+	data, _ := os.ReadFile(filepath.Join(out, "tensors.json"))
+	if err := json.Unmarshal(data, &index); err != nil || len(index) != 3 || index["attn/k"] != "attn%2Fk.npy" || index["attn_k"] != "attn_k.npy" {
+		t.Fatalf("tensors.json: %v %s", err, data)
+	}
+	if npys, _ := filepath.Glob(filepath.Join(out, "*.npy")); len(npys) != 3 {
+		t.Errorf("%d .npy files for 3 tensors", len(npys))
+	}
+	for name, want := range map[string]string{"attn%2Fk.npy": "<f4 [2 3]", "attn_k.npy": "<f4 [1]", "attn.v.npy": "<f4 [4]"} {
 		f, err := os.Open(filepath.Join(out, name))
 		if err != nil {
 			t.Fatal(err)
@@ -85,7 +97,7 @@ assert d["attn/k"].tolist() == [[0, .5, 1], [1.5, 2, 2.5]], d["attn/k"]
 assert d["attn.v"].dtype == torch.bfloat16 and d["attn.v"].float().tolist() == [.5, 1.5, 2.5, 3.5], d["attn.v"]
 with safe_open(sys.argv[1], "pt") as f:
     assert f.metadata() == {"layer": "3"}, f.metadata()
-k = np.load(sys.argv[2] + "/attn_k.npy"); v = np.load(sys.argv[2] + "/attn.v.npy")
+k = np.load(sys.argv[2] + "/attn%2Fk.npy"); v = np.load(sys.argv[2] + "/attn.v.npy")
 assert (k == d["attn/k"].numpy()).all() and v.tolist() == [.5, 1.5, 2.5, 3.5], v
 print("ok")
 `

@@ -112,6 +112,13 @@ func (l *loader) workload(thread *starlark.Thread, _ *starlark.Builtin, args sta
 		}
 		vals[name] = v
 	}
+	msg, err := l.schema.Workloads[kind].Rules.Violated(vals)
+	if err != nil {
+		return nil, l.pos.errorf(thread, nil, "workload %q: %v", kind, err)
+	}
+	if msg != "" {
+		return nil, l.pos.errorf(thread, nil, "workload %q: %s", kind, msg)
+	}
 	return newWorkloadValue(kind, vals), nil
 }
 
@@ -369,6 +376,9 @@ func (l *loader) experiment(thread *starlark.Thread, _ *starlark.Builtin, args s
 				for i, j := range combo {
 					params[ax[i].name] = ax[i].values[j]
 				}
+				if msg, err := m.Rules.Violated(params); err != nil || msg != "" {
+					return nil, fail(path{"grid"}, "method %q with %s: %s", m.Name, formatChanged(m.Params, params), ruleError(msg, err))
+				}
 				add(m, params, w)
 			}
 		}
@@ -600,7 +610,34 @@ func (l *loader) extras(kw map[string]starlark.Value, first *workloadValue, fail
 				p.params[k] = val
 			}
 		}
+		if msg, err := m.Rules.Violated(p.params); err != nil || msg != "" {
+			return nil, fail(path{"extra", i}, "extra[%d]: method %q: %s", i, m.Name, ruleError(msg, err))
+		}
 		out = append(out, p)
 	}
 	return out, nil
+}
+
+// ruleError is what a broken rule says, or the error that kept it from
+// being checked.
+func ruleError(msg string, err error) string {
+	if err != nil {
+		return err.Error()
+	}
+	return msg
+}
+
+// formatChanged lists the params that differ from their defaults, sorted:
+// which grid point broke a rule.
+func formatChanged(ps Params, values map[string]any) string {
+	var parts []string
+	for _, name := range ps.Names() {
+		if v := values[name]; fmt.Sprint(v) != fmt.Sprint(ps[name].Default) {
+			parts = append(parts, name+"="+formatValue(v))
+		}
+	}
+	if len(parts) == 0 {
+		return "its defaults"
+	}
+	return strings.Join(parts, " ")
 }

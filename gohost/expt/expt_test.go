@@ -554,3 +554,37 @@ func TestOldWordsWarn(t *testing.T) {
 		}
 	}
 }
+
+// Constraints between knobs are in the schema: plan rejects a job that
+// breaks one, at the place in the script that made it, before any Python.
+func TestRulesFailThePlan(t *testing.T) {
+	s, err := LoadSchema("../../kernels_py/schema.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct{ name, src, want string }{
+		{"heads % kv_heads", "experiment(name = \"a\", methods = [\"full\"],\n    workloads = [workload(heads = 6, kv_heads = 4)])",
+			`x.star:2:18: workload "synthetic": heads=6 must be a multiple of kv_heads=4`},
+		{"odd head_dim", `w = workload(head_dim = 63)`, `x.star:1:5: workload "synthetic": head_dim=63 must be even (RoPE rotates channel pairs)`},
+		{"groups in a grid", `experiment(name = "a", methods = ["attentionpack"], grid = {"groups": ["1:1", "0.5:1,0.4:0.25"]})`,
+			`x.star:1:53: experiment "a": method "attentionpack" with groups="0.5:1,0.4:0.25": groups="0.5:1,0.4:0.25": the token fractions must sum to 1`},
+		{"groups rank order", `experiment(name = "a", methods = ["attentionpack"], extra = [{"method": "attentionpack", "groups": "0.5:0.5,0.5:1"}])`,
+			`x.star:1:62: experiment "a": extra[0]: method "attentionpack": groups="0.5:0.5,0.5:1": rank fractions must start at 1 (full rank for the most important group) and never increase`},
+		{"groups form", `experiment(name = "a", methods = ["attentionpack"], grid = {"groups": ["0.5,0.5"]})`,
+			`x.star:1:72: experiment "a": grid["groups"][0]: "0.5,0.5" is not well-formed (method "attentionpack"; groups: str`},
+		{"cross-field on a method", `experiment(name = "a", methods = ["zipvl"], grid = {"probe_recent": [0], "probe_random": [0]})`,
+			`x.star:1:45: experiment "a": method "zipvl" with probe_random=0 probe_recent=0: probe_recent + probe_random must be at least 1`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := LoadSource("x.star", []byte(tt.src), s)
+			if err == nil || !strings.HasPrefix(err.Error(), tt.want) {
+				t.Errorf("err = %v\nwant  %s", err, tt.want)
+			}
+		})
+	}
+	// The paper's groups pass.
+	if _, err := LoadSource("x.star", []byte(`experiment(name = "a", methods = ["attentionpack"], grid = {"groups": ["0.25:1,0.75:0.25", ".5:1,.5:.25"]})`), s); err != nil {
+		t.Error(err)
+	}
+}

@@ -54,6 +54,7 @@ type Method struct {
 	Doc    string
 	Paper  string // where the method comes from
 	Params Params
+	Rules  Rules // constraints between params, checked per job
 }
 
 // Workload is one registered workload and its knobs.
@@ -61,6 +62,7 @@ type Workload struct {
 	Name   string
 	Doc    string
 	Params Params
+	Rules  Rules
 }
 
 // Benchmark is one kernel benchmark: its parameters (command-line flags) and
@@ -70,6 +72,7 @@ type Benchmark struct {
 	Doc     string // one line
 	Long    string // what it compares and how, for --help
 	Params  Params
+	Rules   Rules
 	Columns []Column
 }
 
@@ -93,10 +96,11 @@ type Param struct {
 	Doc     string
 	Ref     string // where a paper defines it, if one does
 	Type    Type
-	Default any      // bool, int64, float64, string or []int64, per Type
-	Min     *float64 // inclusive; numbers only (each element of a list)
-	Max     *float64 // inclusive; numbers only (each element of a list)
-	Choices []any    // allowed values, converted to Type; nil means any
+	Default any            // bool, int64, float64, string or []int64, per Type
+	Min     *float64       // inclusive; numbers only (each element of a list)
+	Max     *float64       // inclusive; numbers only (each element of a list)
+	Choices []any          // allowed values, converted to Type; nil means any
+	Pattern *regexp.Regexp // str only: the whole value must match; nil means any
 }
 
 // LoadSchema reads and parses a schema file.
@@ -131,15 +135,18 @@ type (
 		Doc    string               `json:"doc"`
 		Paper  string               `json:"paper"`
 		Params map[string]paramJSON `json:"params"`
+		Rules  []*Rule              `json:"rules"`
 	}
 	paramSetJSON struct {
 		Doc    string               `json:"doc"`
 		Params map[string]paramJSON `json:"params"`
+		Rules  []*Rule              `json:"rules"`
 	}
 	benchmarkJSON struct {
 		Doc     string               `json:"doc"`
 		Long    string               `json:"long"`
 		Params  map[string]paramJSON `json:"params"`
+		Rules   []*Rule              `json:"rules"`
 		Columns []Column             `json:"columns"`
 	}
 	paramJSON struct {
@@ -150,6 +157,7 @@ type (
 		Min     *json.Number `json:"min"`
 		Max     *json.Number `json:"max"`
 		Choices []any        `json:"choices"`
+		Pattern string       `json:"pattern"`
 	}
 )
 
@@ -208,7 +216,11 @@ func parseSchema(data []byte) (*Schema, error) {
 				return nil, fmt.Errorf("method %q: param name %q is reserved", name, r)
 			}
 		}
-		s.Methods[name] = &Method{Name: name, Doc: mj.Doc, Paper: mj.Paper, Params: ps}
+		rules, err := parseRules(mj.Rules, ps)
+		if err != nil {
+			return nil, fmt.Errorf("method %q: %w", name, err)
+		}
+		s.Methods[name] = &Method{Name: name, Doc: mj.Doc, Paper: mj.Paper, Params: ps, Rules: rules}
 	}
 	for _, name := range sortedKeys(w.Workloads) {
 		if !methodRE.MatchString(name) {
@@ -218,7 +230,11 @@ func parseSchema(data []byte) (*Schema, error) {
 		if err != nil {
 			return nil, fmt.Errorf("workload %q: %w", name, err)
 		}
-		s.Workloads[name] = &Workload{Name: name, Doc: w.Workloads[name].Doc, Params: ps}
+		rules, err := parseRules(w.Workloads[name].Rules, ps)
+		if err != nil {
+			return nil, fmt.Errorf("workload %q: %w", name, err)
+		}
+		s.Workloads[name] = &Workload{Name: name, Doc: w.Workloads[name].Doc, Params: ps, Rules: rules}
 	}
 	if len(s.Workloads) == 0 {
 		return nil, errors.New(`"workloads" is missing or empty`)
@@ -241,7 +257,11 @@ func parseSchema(data []byte) (*Schema, error) {
 				return nil, fmt.Errorf("benchmark %q: param name %q is taken by a flag every benchmark has", name, r)
 			}
 		}
-		s.Benchmarks[name] = &Benchmark{Name: name, Doc: bj.Doc, Long: bj.Long, Params: ps, Columns: bj.Columns}
+		rules, err := parseRules(bj.Rules, ps)
+		if err != nil {
+			return nil, fmt.Errorf("benchmark %q: %w", name, err)
+		}
+		s.Benchmarks[name] = &Benchmark{Name: name, Doc: bj.Doc, Long: bj.Long, Params: ps, Rules: rules, Columns: bj.Columns}
 	}
 	for _, name := range sortedKeys(w.Ops) {
 		oj := w.Ops[name]
@@ -303,6 +323,14 @@ func parseParam(name string, pj paramJSON) (*Param, error) {
 	}
 	if p.Min != nil && p.Max != nil && *p.Min > *p.Max {
 		return nil, fmt.Errorf("min %v is above max %v", *p.Min, *p.Max)
+	}
+	if pj.Pattern != "" {
+		if pj.Type != TypeStr {
+			return nil, errors.New(`"pattern" is only for str params`)
+		}
+		if p.Pattern, err = regexp.Compile(`^(?:` + pj.Pattern + `)$`); err != nil {
+			return nil, fmt.Errorf("pattern: %w", err)
+		}
 	}
 	if pj.Choices != nil {
 		if len(pj.Choices) == 0 {
@@ -401,6 +429,9 @@ func (p *Param) check(v any) (any, error) {
 		}
 		if !utf8.ValidString(s) {
 			return nil, fmt.Errorf("%q is not valid UTF-8", s)
+		}
+		if p.Pattern != nil && !p.Pattern.MatchString(s) {
+			return nil, fmt.Errorf("%q is not well-formed", s)
 		}
 		out = s
 	case TypeBool:

@@ -125,6 +125,14 @@ func TestParseSchemaErrors(t *testing.T) {
 		{"workload", `{"methods": {"m": {}}, "workloads": {"w": {"params": {"seed": {"type": "int", "default": true}}}}, "default_workload": "w"}`, `expt: schema: workload "w": param "seed": default: want int, got bool True`},
 		{"benchmark flag taken", `{"methods": {"m": {}}, ` + oneWorkload + `, "benchmarks": {"b": {"params": {"json": {"type": "bool", "default": false}}}}}`, `expt: schema: benchmark "b": param name "json" is taken by a flag every benchmark has`},
 		{"op without its benchmark", `{"methods": {"m": {}}, ` + oneWorkload + `, "ops": {"o": {"benchmark": "b"}}}`, `expt: schema: op "o": its benchmark "b" is not one of the benchmarks`},
+		{"rule syntax", `{"methods": {"m": {"params": {"x": {"type": "int", "default": 1}}, "rules": [{"check": "x %", "message": "m"}]}}, ` + oneWorkload + `}`, `expt: schema: method "m": rules[0]: "x %": rule:1:4: got end of file, want primary expression`},
+		{"rule unknown name", `{"methods": {"m": {"params": {"x": {"type": "int", "default": 1}}, "rules": [{"check": "y > 0", "message": "m"}]}}, ` + oneWorkload + `}`, `expt: schema: method "m": rules[0]: rule "y > 0": rule:1:1: undefined: y`},
+		{"rule not bool", `{"methods": {"m": {"params": {"x": {"type": "int", "default": 1}}, "rules": [{"check": "x + 1", "message": "m"}]}}, ` + oneWorkload + `}`, `expt: schema: method "m": rules[0]: rule "x + 1": gives int, not a bool`},
+		{"rule broken by defaults", `{"methods": {"m": {"params": {"x": {"type": "int", "default": 1}}, "rules": [{"check": "x % 2 == 0", "message": "x={x} must be even"}]}}, ` + oneWorkload + `}`, `expt: schema: method "m": rules[0]: the defaults break it: x=1 must be even`},
+		{"rule without message", `{"methods": {"m": {"rules": [{"check": "True"}]}}, ` + oneWorkload + `}`, `expt: schema: method "m": rules[0]: want a check and a message`},
+		{"pattern on int", method(`"x": {"type": "int", "default": 1, "pattern": "[0-9]+"}`), `expt: schema: method "m": param "x": "pattern" is only for str params`},
+		{"bad pattern", method(`"x": {"type": "str", "default": "a", "pattern": "(a"}`), "expt: schema: method \"m\": param \"x\": pattern: error parsing regexp: missing closing ): `^(?:(a)$`"},
+		{"default breaks pattern", method(`"x": {"type": "str", "default": "b", "pattern": "a+"}`), `expt: schema: method "m": param "x": default: "b" is not well-formed`},
 		{"benchmark list default", `{"methods": {"m": {}}, ` + oneWorkload + `, "benchmarks": {"b": {"params": {"n": {"type": "ints", "default": [1, "x"]}}}}}`, `expt: schema: benchmark "b": param "n": default: want ints, got []interface {} [1 x]`},
 	}
 	for _, tt := range tests {

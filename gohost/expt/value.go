@@ -57,6 +57,12 @@ func toStarlark(v any) starlark.Value {
 		return starlark.Float(x)
 	case string:
 		return starlark.String(x)
+	case []int64:
+		elems := make([]starlark.Value, len(x))
+		for i, e := range x {
+			elems[i] = starlark.MakeInt64(e)
+		}
+		return starlark.NewList(elems)
 	}
 	return starlark.None
 }

@@ -83,6 +83,12 @@ func flatten(r Record) map[string]any {
 	if r.WorkloadName != "" {
 		row["workload"] = r.WorkloadName
 	}
+	if r.WallSeconds > 0 {
+		row["wall_seconds"] = r.WallSeconds
+	}
+	if r.KernelsDigest != "" {
+		row["kernels_digest"] = r.KernelsDigest
+	}
 	for prefix, m := range map[string]map[string]any{"param_": r.Params, "workload_": r.Workload, "metric_": r.Metrics, "extra_": r.Extra} {
 		for k, v := range m {
 			row[prefix+k] = v
@@ -152,7 +158,7 @@ func merge(a, b string) string {
 
 // order keeps fixed columns first, then params, workload, metrics, extras.
 func order(name string) string {
-	fixed := []string{"job_id", "experiment", "method", "status", "error", "attempts", "duration_seconds", "finished"}
+	fixed := []string{"job_id", "experiment", "method", "status", "error", "attempts", "duration_seconds", "wall_seconds", "finished", "kernels_digest"}
 	for i, f := range fixed {
 		if name == f {
 			return fmt.Sprintf("0%02d", i)

@@ -1,12 +1,14 @@
 // Package results owns run directories: results/<experiment>/<run-id>/ with
 // manifest.json, journal.jsonl (one fsync'd line per finished job, the source
-// of truth), results.parquet (rebuilt from the journal) and tensors/.
+// of truth), results.parquet (rebuilt from the journal), tensors/, and
+// run.lock, which the one process writing the run holds.
 package results
 
 import (
 	"bufio"
 	"bytes"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -18,6 +20,8 @@ import (
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/gofrs/flock"
 )
 
 const (
@@ -25,6 +29,7 @@ const (
 	JournalFile  = "journal.jsonl"
 	ParquetFile  = "results.parquet"
 	TensorsDir   = "tensors"
+	LockFile     = "run.lock"
 )
 
 // Manifest describes a run: what ran, on what, when.
@@ -34,19 +39,84 @@ type Manifest struct {
 	File        string            `json:"file"`
 	FileHash    string            `json:"file_sha256"`
 	Git         Git               `json:"git"`
-	KernelsHash map[string]string `json:"kernels_sha256"` // per kernels_py source file
+	KernelsHash map[string]string `json:"kernels_sha256"` // per kernels_py source file, when the run started
+	// KernelsDigest is one hash of KernelsHash; every journal row carries
+	// the digest of the code that computed it.
+	KernelsDigest string `json:"kernels_digest,omitempty"`
+	// CodeChanges are the resumes that ran on different kernels_py sources
+	// (allowed with --allow-code-change), oldest first.
+	CodeChanges []CodeChange      `json:"code_changes,omitempty"`
 	Versions    map[string]string `json:"versions"`
 	Device      string            `json:"device"`
 	Jobs        int               `json:"jobs"`
 	Started     time.Time         `json:"started"`
 	Ended       *time.Time        `json:"ended,omitempty"`
 	Resumed     []time.Time       `json:"resumed,omitempty"`
+	// Rebuilt is set when manifest.json was lost and rebuilt from the
+	// journal: the script and source hashes are then unknown.
+	Rebuilt *time.Time `json:"rebuilt,omitempty"`
+}
+
+// CodeChange is a resume on kernels_py sources other than the run's.
+type CodeChange struct {
+	At            time.Time         `json:"at"`
+	KernelsDigest string            `json:"kernels_digest"`
+	Changed       []string          `json:"changed"` // files added, removed or edited since the previous sources
+	KernelsHash   map[string]string `json:"kernels_sha256"`
+}
+
+// CurrentKernels is the digest and per-file hashes of the sources the run's
+// newest rows were computed with.
+func (m Manifest) CurrentKernels() (string, map[string]string) {
+	if n := len(m.CodeChanges); n > 0 {
+		return m.CodeChanges[n-1].KernelsDigest, m.CodeChanges[n-1].KernelsHash
+	}
+	if m.KernelsDigest == "" && len(m.KernelsHash) > 0 {
+		return KernelsDigest(m.KernelsHash), m.KernelsHash
+	}
+	return m.KernelsDigest, m.KernelsHash
+}
+
+// KernelsDigest is one sha256 over per-file hashes: the same sources give
+// the same digest wherever they lie.
+func KernelsDigest(files map[string]string) string {
+	names := make([]string, 0, len(files))
+	for name := range files {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	h := sha256.New()
+	for _, name := range names {
+		fmt.Fprintf(h, "%s\x00%s\n", name, files[name])
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// ChangedFiles lists the files added, removed or edited between two sets
+// of per-file hashes.
+func ChangedFiles(before, after map[string]string) []string {
+	var changed []string
+	for name, h := range after {
+		if before[name] != h {
+			changed = append(changed, name)
+		}
+	}
+	for name := range before {
+		if _, ok := after[name]; !ok {
+			changed = append(changed, name)
+		}
+	}
+	sort.Strings(changed)
+	return changed
 }
 
 // Git is the checkout a run came from, if any.
 type Git struct {
 	Commit string `json:"commit,omitempty"`
-	Dirty  bool   `json:"dirty"`
+	// Dirty: tracked files differ from the commit. Untracked files alone
+	// (say, a results directory inside the checkout) do not make it dirty.
+	Dirty     bool `json:"dirty"`
+	Untracked bool `json:"untracked,omitempty"`
 }
 
 // Record is one finished job: a line of the journal, a row of the table.
@@ -60,10 +130,13 @@ type Record struct {
 	Status       string         `json:"status"` // StatusOK or StatusFailed
 	Error        string         `json:"error,omitempty"`
 	Attempts     int            `json:"attempts"`
-	Seconds      float64        `json:"duration_seconds"`
-	Metrics      map[string]any `json:"metrics,omitempty"`
-	Extra        map[string]any `json:"extra,omitempty"` // non-scalar outputs (per-layer lists, ...)
-	Finished     time.Time      `json:"finished"`
+	Seconds      float64        `json:"duration_seconds"`       // the job's own time on its worker (last attempt)
+	WallSeconds  float64        `json:"wall_seconds,omitempty"` // worker start-ups and failed attempts included
+	// KernelsDigest names the kernels_py sources the job ran on (Manifest.KernelsDigest).
+	KernelsDigest string         `json:"kernels_digest,omitempty"`
+	Metrics       map[string]any `json:"metrics,omitempty"`
+	Extra         map[string]any `json:"extra,omitempty"` // non-scalar outputs (per-layer lists, ...)
+	Finished      time.Time      `json:"finished"`
 }
 
 const (
@@ -75,6 +148,7 @@ const (
 type Run struct {
 	Dir      string
 	mu       sync.Mutex
+	lock     *flock.Flock
 	journal  *os.File
 	manifest Manifest
 }
@@ -88,23 +162,43 @@ func NewRunID(now time.Time) string {
 	return now.UTC().Format("20060102-150405") + "-" + hex.EncodeToString(b[:])
 }
 
-// Create makes root/<experiment>/<run-id>/ and writes its manifest.
-func Create(root string, m Manifest) (*Run, error) {
+// RunDir is where Create puts the run of m under root.
+func RunDir(root string, m Manifest) (string, error) {
 	if !safeName.MatchString(m.Experiment) || !safeName.MatchString(m.RunID) {
-		return nil, fmt.Errorf("experiment %q / run id %q: want letters, digits, '.', '_' or '-'", m.Experiment, m.RunID)
+		return "", fmt.Errorf("experiment %q / run id %q: want letters, digits, '.', '_' or '-'", m.Experiment, m.RunID)
 	}
-	dir := filepath.Join(root, m.Experiment, m.RunID)
+	return filepath.Join(root, m.Experiment, m.RunID), nil
+}
+
+// Create makes root/<experiment>/<run-id>/, locks it and writes its
+// manifest. The lock is taken before the manifest exists, so no other
+// process can resume the run before this one lets go of it.
+func Create(root string, m Manifest) (*Run, error) {
+	dir, err := RunDir(root, m)
+	if err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(filepath.Join(dir, TensorsDir), 0o755); err != nil {
 		return nil, fmt.Errorf("create run directory: %w", err)
 	}
-	r := &Run{Dir: dir, manifest: m}
-	if err := r.writeManifest(); err != nil {
+	lock, err := lockDir(dir)
+	if err != nil {
 		return nil, err
 	}
-	return r, r.openJournal()
+	r := &Run{Dir: dir, manifest: m, lock: lock}
+	if err := r.writeManifest(); err != nil {
+		lock.Unlock()
+		return nil, err
+	}
+	if err := r.openJournal(); err != nil {
+		lock.Unlock()
+		return nil, err
+	}
+	return r, nil
 }
 
-// Latest returns the newest run directory of an experiment under root, or "".
+// Latest returns the newest run directory of an experiment under root, or
+// "". A run counts once it has a manifest or a journal.
 func Latest(root, experiment string) (string, error) {
 	entries, err := os.ReadDir(filepath.Join(root, experiment))
 	if errors.Is(err, os.ErrNotExist) {
@@ -115,7 +209,8 @@ func Latest(root, experiment string) (string, error) {
 	}
 	var runs []string
 	for _, e := range entries {
-		if e.IsDir() && fileExists(filepath.Join(root, experiment, e.Name(), ManifestFile)) {
+		dir := filepath.Join(root, experiment, e.Name())
+		if e.IsDir() && (fileExists(filepath.Join(dir, ManifestFile)) || fileExists(filepath.Join(dir, JournalFile))) {
 			runs = append(runs, e.Name())
 		}
 	}
@@ -126,21 +221,66 @@ func Latest(root, experiment string) (string, error) {
 	return filepath.Join(root, experiment, runs[len(runs)-1]), nil
 }
 
-// Open reopens an existing run to resume it. A line torn by a crash at the
-// end of the journal is cut off, so new lines start clean.
+// Open locks an existing run to resume it (a *LockedError when another
+// process writes it). A line torn by a crash at the end of the journal is
+// cut off, so new lines start clean. A lost manifest is rebuilt from the
+// journal (Manifest.Rebuilt says so).
 func Open(dir string) (*Run, error) {
-	data, err := os.ReadFile(filepath.Join(dir, ManifestFile))
+	lock, err := lockDir(dir)
 	if err != nil {
-		return nil, fmt.Errorf("open run %s: %w", dir, err)
-	}
-	r := &Run{Dir: dir}
-	if err := json.Unmarshal(data, &r.manifest); err != nil {
-		return nil, fmt.Errorf("open run %s: manifest: %w", dir, err)
-	}
-	if err := truncateTornLine(filepath.Join(dir, JournalFile)); err != nil {
 		return nil, err
 	}
-	return r, r.openJournal()
+	r := &Run{Dir: dir, lock: lock}
+	if err := r.open(); err != nil {
+		lock.Unlock()
+		return nil, err
+	}
+	return r, nil
+}
+
+func (r *Run) open() error {
+	if err := truncateTornLine(filepath.Join(r.Dir, JournalFile)); err != nil {
+		return err
+	}
+	data, err := os.ReadFile(filepath.Join(r.Dir, ManifestFile))
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		if r.manifest, err = rebuildManifest(r.Dir); err != nil {
+			return err
+		}
+		if err := r.writeManifest(); err != nil {
+			return err
+		}
+	case err != nil:
+		return fmt.Errorf("open run %s: %w", r.Dir, err)
+	default:
+		if err := json.Unmarshal(data, &r.manifest); err != nil {
+			return fmt.Errorf("open run %s: manifest: %w", r.Dir, err)
+		}
+	}
+	return r.openJournal()
+}
+
+// rebuildManifest recovers what the journal knows of a run whose manifest
+// is gone: its experiment and id (from the path), when it started, and the
+// sources its newest rows ran on.
+func rebuildManifest(dir string) (Manifest, error) {
+	recs, err := ReadJournal(dir)
+	if err != nil {
+		return Manifest{}, err
+	}
+	if len(recs) == 0 {
+		return Manifest{}, fmt.Errorf("open run %s: no %s and an empty journal: nothing to resume; start a new run", dir, ManifestFile)
+	}
+	now := time.Now()
+	m := Manifest{Experiment: filepath.Base(filepath.Dir(dir)), RunID: filepath.Base(dir), Started: recs[0].Finished,
+		KernelsDigest: recs[len(recs)-1].KernelsDigest, Versions: map[string]string{}, Rebuilt: &now}
+	for _, rec := range recs {
+		if rec.Finished.Before(m.Started) {
+			m.Started = rec.Finished
+		}
+	}
+	return m, nil
 }
 
 func (r *Run) openJournal() error {
@@ -193,11 +333,15 @@ func (r *Run) Append(rec Record) error {
 	return nil
 }
 
-// Close closes the journal.
+// Close closes the journal and lets go of the run directory.
 func (r *Run) Close() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.journal.Close()
+	err := r.journal.Close()
+	if r.lock != nil {
+		r.lock.Unlock()
+	}
+	return err
 }
 
 // ReadJournal returns the journal's records in order; a torn last line (a

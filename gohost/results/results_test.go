@@ -2,6 +2,8 @@ package results
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -95,6 +97,7 @@ func TestManifestUpdate(t *testing.T) {
 	if err := r.UpdateManifest(func(m *Manifest) { m.Ended = &end }); err != nil {
 		t.Fatal(err)
 	}
+	r.Close()
 	r2, err := Open(r.Dir)
 	if err != nil {
 		t.Fatal(err)
@@ -192,4 +195,63 @@ func TestBuildParquetKeepsZeroValues(t *testing.T) {
 		return
 	}
 	t.Fatal("row z not found")
+}
+
+// One writer per run directory: a second Open is refused, naming the PID
+// that holds it, until the first closes.
+func TestRunDirectoryLock(t *testing.T) {
+	r := newRun(t)
+	_, err := Open(r.Dir)
+	var le *LockedError
+	if !errors.As(err, &le) || le.Holder.PID != os.Getpid() || !strings.Contains(err.Error(), fmt.Sprintf("workbench process %d", os.Getpid())) {
+		t.Fatalf("second writer: %v", err)
+	}
+	r.Close()
+	r2, err := Open(r.Dir)
+	if err != nil {
+		t.Fatalf("after the first writer closed: %v", err)
+	}
+	r2.Close()
+}
+
+// A run whose manifest.json is lost still counts as a run, and opening it
+// rebuilds the manifest from its journal rather than starting over.
+func TestOpenRebuildsALostManifest(t *testing.T) {
+	r := newRun(t)
+	first := rec("a", StatusOK, map[string]any{"x": 1.0})
+	first.KernelsDigest = "abc"
+	r.Append(first)
+	r.Close()
+	os.Remove(filepath.Join(r.Dir, ManifestFile))
+	root := filepath.Dir(filepath.Dir(r.Dir))
+	if dir, _ := Latest(root, "quick"); dir != r.Dir {
+		t.Fatalf("latest = %q, want the run without a manifest %q", dir, r.Dir)
+	}
+	r2, err := Open(r.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r2.Close()
+	m := r2.Manifest()
+	if m.Rebuilt == nil || m.Experiment != "quick" || m.RunID != filepath.Base(r.Dir) || m.KernelsDigest != "abc" || !m.Started.Equal(first.Finished) {
+		t.Errorf("rebuilt manifest %+v", m)
+	}
+	if _, err := os.Stat(filepath.Join(r.Dir, ManifestFile)); err != nil {
+		t.Error("the rebuilt manifest was not written")
+	}
+}
+
+func TestKernelsDigestAndChangedFiles(t *testing.T) {
+	a := map[string]string{"x.py": "1", "y.py": "2"}
+	b := map[string]string{"y.py": "2", "x.py": "1"}
+	if KernelsDigest(a) != KernelsDigest(b) || len(KernelsDigest(a)) != 64 {
+		t.Error("digest depends on map order or is not a sha256")
+	}
+	c := map[string]string{"x.py": "3", "z.py": "4"}
+	if KernelsDigest(a) == KernelsDigest(c) {
+		t.Error("different sources, same digest")
+	}
+	if got := ChangedFiles(a, c); strings.Join(got, ",") != "x.py,y.py,z.py" {
+		t.Errorf("changed %v", got)
+	}
 }

@@ -104,7 +104,7 @@ func TestSaveTensors(t *testing.T) {
 	}{
 		{"none", `{"metrics": {}}`, nil, ""},
 		{"not json", `nope`, nil, ""},
-		{"saved", `{"tensors": {"rel/err": ` + ref(x) + `}}`, map[string]string{"rel/err": filepath.Join("tensors", "job1", "rel_err.npy")}, ""},
+		{"saved", `{"tensors": {"rel/err": ` + ref(x) + `}}`, map[string]string{"rel/err": filepath.Join("tensors", "job1", "rel%2Ferr.npy")}, ""},
 		{"arena not lent", `{"tensors": {"x": {"__tensor__": ` + ref(bad) + `}}}`, map[string]string{}, `tensor "x" names arena 7, which was not lent`},
 	}
 	for _, tc := range tests {

@@ -17,10 +17,10 @@ import (
 
 // newManifest describes a new run of o: enough to tell later what code ran
 // it (script hash, git state, kernels_py hashes) and on what.
-func newManifest(o Options, now time.Time) results.Manifest {
+func newManifest(o Options, now time.Time, kernels map[string]string, digest string) results.Manifest {
 	return results.Manifest{
 		Experiment: o.Experiment, RunID: results.NewRunID(now), File: o.File, FileHash: o.FileHash,
-		Git: gitState(o.KernelsDir), KernelsHash: kernelsHashes(o.KernelsDir), Device: o.Device,
+		Git: gitState(o.KernelsDir), KernelsHash: kernels, KernelsDigest: digest, Device: o.Device,
 		Jobs: len(o.Jobs), Started: now,
 		Versions: map[string]string{"workbench": o.Version, "go": runtime.Version()},
 	}
@@ -51,18 +51,30 @@ func gitState(dir string) results.Git {
 	if err != nil {
 		return results.Git{}
 	}
+	g := results.Git{Commit: strings.TrimSpace(string(out))}
 	status, _ := exec.Command("git", "-C", dir, "status", "--porcelain").Output()
-	return results.Git{Commit: strings.TrimSpace(string(out)), Dirty: len(strings.TrimSpace(string(status))) > 0}
+	for _, line := range strings.Split(string(status), "\n") {
+		switch {
+		case strings.HasPrefix(line, "??"):
+			g.Untracked = true
+		case strings.TrimSpace(line) != "":
+			g.Dirty = true
+		}
+	}
+	return g
 }
 
 // kernelsHashes fingerprints the kernels_py sources a run used, by path
 // relative to kernels_py/: the kernels may come from no git checkout at all
 // (the copy embedded in the binary), and a dirty checkout's commit says
-// little.
+// little. The tests are left out: editing one changes no result.
 func kernelsHashes(root string) map[string]string {
 	hashes := map[string]string{}
 	base := filepath.Join(root, "kernels_py")
 	filepath.WalkDir(base, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.IsDir() && (d.Name() == "tests" || d.Name() == "__pycache__") {
+			return fs.SkipDir
+		}
 		if err != nil || d.IsDir() || !(strings.HasSuffix(p, ".py") || strings.HasSuffix(p, ".json")) {
 			return nil
 		}

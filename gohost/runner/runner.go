@@ -18,6 +18,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/mattn/go-isatty"
@@ -87,9 +88,12 @@ type Options struct {
 
 	// Resume continues the newest run of the experiment (a new one when it
 	// has none), skipping the jobs its journal has; with RetryFailed, the
-	// ones journaled as failed run again.
-	Resume      bool
-	RetryFailed bool
+	// ones journaled as failed run again. A resume whose kernels_py sources
+	// differ from the run's is refused (*CodeChangedError) unless
+	// AllowCodeChange, which records the change in the manifest.
+	Resume          bool
+	RetryFailed     bool
+	AllowCodeChange bool
 
 	Executor Executor  // runs the jobs; required
 	Progress io.Writer // progress lines, a redrawn bar on a terminal; nil: none
@@ -110,17 +114,23 @@ type Summary struct {
 // job is journaled as failed and the run goes on; Summary.Failed counts
 // them. When ctx ends, the jobs journaled so far stay done and the error
 // says how to continue (it unwraps to ctx's error).
+//
+// A new run's directory is created only once a worker is ready (or a job
+// has finished): a run that cannot start leaves nothing behind for
+// notebooks or --resume to mistake for a run.
 func Run(ctx context.Context, o Options) (Summary, error) {
 	if o.Executor == nil {
 		return Summary{}, fmt.Errorf("run %s: no executor", o.Experiment)
 	}
-	run, done, err := openRun(o)
+	kernels := kernelsHashes(o.KernelsDir)
+	digest := results.KernelsDigest(kernels)
+	run, done, err := openRun(o, kernels, digest)
 	if err != nil {
 		return Summary{}, err
 	}
-	defer run.Close()
-	sum := Summary{Dir: run.Dir}
-	log := o.Log.With().Str("experiment", o.Experiment).Str("run", run.Dir).Logger()
+	defer run.close()
+	sum := Summary{Dir: run.dir}
+	log := o.Log.With().Str("experiment", o.Experiment).Str("run", run.dir).Logger()
 
 	var todo []sched.Job
 	jobs := map[string]Job{}
@@ -131,6 +141,9 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 		jobs[j.ID] = j
 		todo = append(todo, j.Job)
 	}
+	if err := run.checkCode(o, kernels, digest, len(todo)); err != nil {
+		return Summary{}, err
+	}
 	log.Info().Int("jobs", len(o.Jobs)).Int("to_run", len(todo)).Int("already_done", len(o.Jobs)-len(todo)).Msg("running")
 
 	out := o.Progress
@@ -139,12 +152,21 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 	}
 	progress := sched.NewProgress(out, isTerminal(out), len(o.Jobs), len(o.Jobs)-len(todo))
 	err = o.Executor.Run(ctx, Batch{
-		Dir:     run.Dir,
-		Jobs:    todo,
-		Log:     log,
-		Started: func(h worker.Hello) { recordVersions(run, h) },
+		Dir:  run.dir,
+		Jobs: todo,
+		Log:  log,
+		Started: func(h worker.Hello) {
+			if r, err := run.get(); err == nil {
+				recordVersions(r, h)
+			}
+		},
 		Done: func(out Outcome) error {
+			r, err := run.get()
+			if err != nil {
+				return err
+			}
 			rec := record(o.Experiment, jobs[out.Job.ID], out)
+			rec.KernelsDigest = digest
 			finished := out.Outcome
 			if rec.Status == results.StatusFailed {
 				sum.Failed++
@@ -154,23 +176,42 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 				}
 			}
 			progress.Finished(finished)
-			return run.Append(rec)
+			return r.Append(rec)
 		},
 	})
 	progress.Close()
-	rows, perr := results.BuildParquet(run.Dir)
+	if err == nil {
+		if _, err := run.get(); err != nil { // nothing ran: the run still exists, complete
+			return sum, err
+		}
+	}
+	if !run.exists() {
+		var nw *sched.NoWorkerError
+		if errors.As(err, &nw) {
+			return sum, fmt.Errorf("%w. No run directory was created; check the interpreter and device (workbench env), then run again", err)
+		}
+		if errors.Is(err, context.Canceled) {
+			return sum, fmt.Errorf("interrupted before any job finished; no run directory was created: %w", err)
+		}
+		return sum, err
+	}
+	rows, perr := results.BuildParquet(run.dir)
 	sum.Rows = rows
 	if perr != nil {
 		log.Error().Err(perr).Msg("results.parquet not written; the journal has every finished job")
 	}
 	if err != nil {
-		if errors.Is(err, context.Canceled) {
-			return sum, &interruptedError{done: rows, total: len(o.Jobs), dir: run.Dir, err: err}
+		var nw *sched.NoWorkerError
+		switch {
+		case errors.Is(err, context.Canceled):
+			return sum, &interruptedError{done: rows, total: len(o.Jobs), dir: run.dir, err: err}
+		case errors.As(err, &nw):
+			return sum, fmt.Errorf("%w. %d of %d jobs are done in %s; fix the cause and continue with --resume", err, rows, len(o.Jobs), run.dir)
 		}
 		return sum, err
 	}
 	end := time.Now()
-	if err := run.UpdateManifest(func(m *results.Manifest) { m.Ended = &end }); err != nil {
+	if err := run.run.UpdateManifest(func(m *results.Manifest) { m.Ended = &end }); err != nil {
 		return sum, err
 	}
 	sum.Ended = true
@@ -192,9 +233,99 @@ func (e *interruptedError) Error() string {
 
 func (e *interruptedError) Unwrap() error { return e.err }
 
-// openRun creates the run directory, or with Resume reopens the newest one
-// and returns what its journal has done.
-func openRun(o Options) (*results.Run, map[string]results.Record, error) {
+// CodeChangedError refuses a resume whose kernels_py sources differ from
+// the ones the run's rows were computed with.
+type CodeChangedError struct {
+	Dir              string
+	Recorded, Now    string   // kernels digests
+	Changed          []string // files, when the run recorded its per-file hashes
+	RecordedFilesSet bool
+}
+
+func (e *CodeChangedError) Error() string {
+	files := "which files is unknown (the run recorded no per-file hashes)"
+	if e.RecordedFilesSet {
+		files = fmt.Sprintf("%d file(s) changed: %s", len(e.Changed), strings.Join(e.Changed, ", "))
+	}
+	return fmt.Sprintf("kernels_py changed since %s computed its rows (kernels digest %s then, %s now; %s): "+
+		"resuming would mix rows from two versions of the code. Start a new run (without --resume), undo the change, "+
+		"or pass --allow-code-change to resume anyway (every row records the digest of the code it ran on)",
+		e.Dir, short(e.Recorded), short(e.Now), files)
+}
+
+func short(digest string) string {
+	if len(digest) > 12 {
+		return digest[:12]
+	}
+	return digest
+}
+
+// lazyRun is the run directory of one Run call: an existing run (resumed)
+// or a new one, created on first use.
+type lazyRun struct {
+	dir    string
+	create func() (*results.Run, error)
+
+	mu  sync.Mutex
+	run *results.Run
+	err error
+}
+
+func (l *lazyRun) get() (*results.Run, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.run == nil && l.err == nil {
+		l.run, l.err = l.create()
+	}
+	return l.run, l.err
+}
+
+func (l *lazyRun) exists() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.run != nil
+}
+
+func (l *lazyRun) close() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.run != nil {
+		l.run.Close()
+	}
+}
+
+// checkCode refuses to resume on other kernels_py sources than the run's,
+// unless allowed; then the manifest records the new sources.
+func (l *lazyRun) checkCode(o Options, kernels map[string]string, digest string, todo int) error {
+	if !l.exists() || todo == 0 {
+		return nil
+	}
+	recorded, files := l.run.Manifest().CurrentKernels()
+	if recorded == "" {
+		o.Log.Warn().Str("run", l.dir).Msg("this run recorded no kernels digest: rows from before this resume cannot be told apart by code version")
+		return nil
+	}
+	if recorded == digest {
+		return nil
+	}
+	e := &CodeChangedError{Dir: l.dir, Recorded: recorded, Now: digest, RecordedFilesSet: len(files) > 0}
+	if e.RecordedFilesSet {
+		e.Changed = results.ChangedFiles(files, kernels)
+	}
+	if !o.AllowCodeChange {
+		return e
+	}
+	o.Log.Warn().Str("run", l.dir).Str("was", short(recorded)).Str("now", short(digest)).Strs("changed", e.Changed).
+		Msg("kernels_py changed since this run's rows were computed; resuming as --allow-code-change says (rows carry kernels_digest)")
+	return l.run.UpdateManifest(func(m *results.Manifest) {
+		m.CodeChanges = append(m.CodeChanges, results.CodeChange{At: time.Now(), KernelsDigest: digest, Changed: e.Changed, KernelsHash: kernels})
+	})
+}
+
+// openRun, with Resume, opens and locks the newest run and returns what its
+// journal has done; otherwise (or with no run to resume) it names a new run
+// directory, created when first used.
+func openRun(o Options, kernels map[string]string, digest string) (*lazyRun, map[string]results.Record, error) {
 	if o.Resume {
 		dir, err := results.Latest(o.Out, o.Experiment)
 		if err != nil {
@@ -204,6 +335,9 @@ func openRun(o Options) (*results.Run, map[string]results.Record, error) {
 			run, err := results.Open(dir)
 			if err != nil {
 				return nil, nil, err
+			}
+			if m := run.Manifest(); m.Rebuilt != nil {
+				o.Log.Warn().Str("run", dir).Msg("manifest.json was missing: rebuilt from the journal (script and source hashes of the first jobs are unknown)")
 			}
 			done, err := results.Finished(dir)
 			if err != nil {
@@ -217,13 +351,24 @@ func openRun(o Options) (*results.Run, map[string]results.Record, error) {
 				m.Resumed = append(m.Resumed, time.Now())
 				m.Ended = nil
 				m.Jobs = len(o.Jobs)
+				if m.FileHash == "" {
+					m.File, m.FileHash = o.File, o.FileHash
+				}
 			})
-			return run, done, err
+			if err != nil {
+				run.Close()
+				return nil, nil, err
+			}
+			return &lazyRun{dir: dir, run: run}, done, nil
 		}
 		o.Log.Info().Str("experiment", o.Experiment).Msg("nothing to resume: starting a new run")
 	}
-	run, err := results.Create(o.Out, newManifest(o, time.Now()))
-	return run, nil, err
+	m := newManifest(o, time.Now(), kernels, digest)
+	dir, err := results.RunDir(o.Out, m)
+	if err != nil {
+		return nil, nil, err
+	}
+	return &lazyRun{dir: dir, create: func() (*results.Run, error) { return results.Create(o.Out, m) }}, nil, nil
 }
 
 // record is the journal line of a finished job. A job succeeded when it
@@ -232,7 +377,8 @@ func openRun(o Options) (*results.Run, map[string]results.Record, error) {
 func record(experiment string, j Job, out Outcome) results.Record {
 	rec := results.Record{JobID: j.ID, Experiment: experiment, Method: j.Method, Params: j.Params,
 		WorkloadName: j.WorkloadName, Workload: j.Workload,
-		Status: results.StatusOK, Attempts: out.Attempts, Seconds: out.Duration.Seconds(), Finished: time.Now()}
+		Status: results.StatusOK, Attempts: out.Attempts, Seconds: out.Duration.Seconds(), WallSeconds: out.Wall.Seconds(),
+		Finished: time.Now()}
 	if out.Err != nil {
 		rec.Status = results.StatusFailed
 		rec.Error = out.Err.Error()

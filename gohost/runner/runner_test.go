@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -44,7 +45,7 @@ func (f *fakeExecutor) Run(ctx context.Context, b Batch) error {
 			return err
 		}
 		f.ran = append(f.ran, j.ID)
-		out := Outcome{Outcome: sched.Outcome{Job: j, Attempts: 1, Duration: time.Millisecond}}
+		out := Outcome{Outcome: sched.Outcome{Job: j, Attempts: 1, Duration: time.Millisecond, Wall: 3 * time.Millisecond}}
 		if err := f.fail[j.ID]; err != nil {
 			out.Err = err
 		} else {
@@ -145,7 +146,7 @@ func TestFreshRunJournalsEveryJob(t *testing.T) {
 	}
 	r := recs[1]
 	if r.Experiment != "exp" || r.Method != "h2o" || r.Params["budget"] != 0.5 || r.Workload["layers"] != 2.0 ||
-		r.Metrics["index"] != 1.0 || r.Attempts != 1 || r.Seconds != 0.001 {
+		r.Metrics["index"] != 1.0 || r.Attempts != 1 || r.Seconds != 0.001 || r.WallSeconds != 0.003 || len(r.KernelsDigest) != 64 {
 		t.Errorf("record %+v", r)
 	}
 	if _, err := os.Stat(filepath.Join(sum.Dir, results.ParquetFile)); err != nil {
@@ -159,7 +160,7 @@ func TestFreshRunJournalsEveryJob(t *testing.T) {
 		m.Versions["python"] != "3.12.1" || m.Versions["torch"] != "2.5.0" {
 		t.Errorf("manifest device %q, versions %v", m.Device, m.Versions)
 	}
-	if len(m.KernelsHash) != 1 || len(m.KernelsHash["method.py"]) != 64 {
+	if len(m.KernelsHash) != 1 || len(m.KernelsHash["method.py"]) != 64 || m.KernelsDigest != r.KernelsDigest {
 		t.Errorf("kernels hashes %v", m.KernelsHash)
 	}
 	if !strings.Contains(progress.String(), "[3/3] c h2o budget=0.c (1ms) ok\n") {
@@ -337,13 +338,117 @@ func TestJournalErrorStopsRun(t *testing.T) {
 	}
 }
 
-// An executor error (say, no worker starts) is returned as it is.
+// An executor error is returned as it is.
 func TestExecutorErrorIsReturned(t *testing.T) {
-	boom := errors.New("start a worker: no such file")
+	boom := errors.New("journal disk gone")
 	o := testOptions(t, executorFunc(func(context.Context, Batch) error { return boom }), testJobs("a"))
 	sum, err := Run(context.Background(), o)
-	if err != boom || sum.Dir == "" || sum.Ended {
+	if err != boom || sum.Ended {
 		t.Errorf("got %+v, %v", sum, err)
+	}
+}
+
+// A run where no worker ever starts (a Python without torch, no GPU) leaves
+// no run directory behind for notebooks or --resume to pick up.
+func TestNoWorkerLeavesNoRunDirectory(t *testing.T) {
+	noWorker := &sched.NoWorkerError{Tries: 3, NotRun: 1, Err: errors.New("worker died and printed nothing")}
+	o := testOptions(t, executorFunc(func(context.Context, Batch) error { return noWorker }), testJobs("a"))
+	_, err := Run(context.Background(), o)
+	if !errors.Is(err, noWorker) || !strings.Contains(err.Error(), "No run directory was created") {
+		t.Fatalf("got %v", err)
+	}
+	if entries, _ := os.ReadDir(o.Out); len(entries) != 0 {
+		t.Errorf("%s holds %d entries after a run that never started", o.Out, len(entries))
+	}
+}
+
+// When workers stop starting midway, the message says how far the run got
+// and how to go on.
+func TestNoWorkerMidRunSaysHowToResume(t *testing.T) {
+	ex := executorFunc(func(ctx context.Context, b Batch) error {
+		b.Done(Outcome{Outcome: sched.Outcome{Job: b.Jobs[0], Attempts: 1, Result: json.RawMessage(`{"metrics": {"x": 1}}`)}})
+		return &sched.NoWorkerError{Tries: 3, NotRun: 2, Err: errors.New("killed")}
+	})
+	o := testOptions(t, ex, testJobs("a", "b", "c"))
+	sum, err := Run(context.Background(), o)
+	if err == nil || !strings.Contains(err.Error(), "1 of 3 jobs are done in "+sum.Dir) || !strings.Contains(err.Error(), "--resume") {
+		t.Fatalf("got %v", err)
+	}
+	if got := ids(journal(t, sum.Dir)); !reflect.DeepEqual(got, []string{"a:ok"}) {
+		t.Errorf("journal %v", got)
+	}
+}
+
+// A second writer on a run directory is refused, naming the holder's PID.
+func TestSecondWriterIsRefused(t *testing.T) {
+	var second error
+	o := testOptions(t, nil, testJobs("a", "b"))
+	o.Executor = executorFunc(func(ctx context.Context, b Batch) error {
+		if err := b.Done(Outcome{Outcome: sched.Outcome{Job: b.Jobs[0], Attempts: 1, Result: json.RawMessage(`{"metrics": {"x": 1}}`)}}); err != nil {
+			return err
+		}
+		other := o
+		other.Resume, other.Executor = true, &fakeExecutor{}
+		_, second = Run(ctx, other)
+		return b.Done(Outcome{Outcome: sched.Outcome{Job: b.Jobs[1], Attempts: 1, Result: json.RawMessage(`{"metrics": {"x": 2}}`)}})
+	})
+	sum, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var le *results.LockedError
+	if !errors.As(second, &le) || le.Holder.PID != os.Getpid() || !strings.Contains(second.Error(), fmt.Sprint(os.Getpid())) {
+		t.Fatalf("second writer: %v", second)
+	}
+	if got := ids(journal(t, sum.Dir)); !reflect.DeepEqual(got, []string{"a:ok", "b:ok"}) {
+		t.Errorf("journal %v", got)
+	}
+}
+
+// Resuming after an edit under kernels_py/ is refused with both digests and
+// the changed file, unless allowed; then rows carry their own digest and the
+// manifest records the change.
+func TestResumeAfterKernelEdit(t *testing.T) {
+	o := testOptions(t, &fakeExecutor{}, testJobs("a"))
+	sum1, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := manifest(t, sum1.Dir).KernelsDigest
+	os.WriteFile(filepath.Join(o.KernelsDir, "kernels_py", "method.py"), []byte("x = 2\n"), 0o644)
+	os.MkdirAll(filepath.Join(o.KernelsDir, "kernels_py", "tests"), 0o755)
+	os.WriteFile(filepath.Join(o.KernelsDir, "kernels_py", "tests", "test_x.py"), []byte("y = 1\n"), 0o644)
+
+	ex := &fakeExecutor{}
+	o.Executor, o.Jobs, o.Resume = ex, testJobs("a", "b"), true
+	_, err = Run(context.Background(), o)
+	var ce *CodeChangedError
+	if !errors.As(err, &ce) || ce.Recorded != before || ce.Now == before || !reflect.DeepEqual(ce.Changed, []string{"method.py"}) ||
+		!strings.Contains(err.Error(), before[:12]) || !strings.Contains(err.Error(), ce.Now[:12]) || !strings.Contains(err.Error(), "--allow-code-change") {
+		t.Fatalf("got %v", err)
+	}
+	if len(ex.ran) != 0 || len(journal(t, sum1.Dir)) != 1 {
+		t.Fatalf("a refused resume ran %v", ex.ran)
+	}
+
+	o.AllowCodeChange = true
+	if _, err := Run(context.Background(), o); err != nil {
+		t.Fatal(err)
+	}
+	recs := journal(t, sum1.Dir)
+	m := manifest(t, sum1.Dir)
+	if len(recs) != 2 || recs[0].KernelsDigest != before || recs[1].KernelsDigest != ce.Now {
+		t.Errorf("rows' digests %q, %q", recs[0].KernelsDigest, recs[1].KernelsDigest)
+	}
+	if m.KernelsDigest != before || len(m.CodeChanges) != 1 || m.CodeChanges[0].KernelsDigest != ce.Now ||
+		!reflect.DeepEqual(m.CodeChanges[0].Changed, []string{"method.py"}) {
+		t.Errorf("manifest digest %q, changes %+v", m.KernelsDigest, m.CodeChanges)
+	}
+
+	// The new digest is now the run's: resuming again on it needs no flag.
+	o.AllowCodeChange, o.Jobs = false, testJobs("a", "b", "c")
+	if _, err := Run(context.Background(), o); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -404,5 +509,36 @@ func TestRecordSavesNoTensorsOfFailedJobs(t *testing.T) {
 		if rec := record("exp", testJobs("j")[0], out); rec.Status != results.StatusFailed || called {
 			t.Errorf("%s: status %s, tensors saved %v", result, rec.Status, called)
 		}
+	}
+}
+
+// Untracked files alone (a results directory in the checkout) do not make
+// a checkout dirty; they are reported apart.
+func TestGitStateSeparatesUntrackedFromModified(t *testing.T) {
+	if _, err := exec.LookPath("git"); err != nil {
+		t.Skip("no git")
+	}
+	dir := t.TempDir()
+	git := func(args ...string) {
+		t.Helper()
+		cmd := exec.Command("git", append([]string{"-C", dir, "-c", "user.name=t", "-c", "user.email=t@t"}, args...)...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v\n%s", args, err, out)
+		}
+	}
+	git("init", "-q")
+	os.WriteFile(filepath.Join(dir, "a.py"), []byte("x = 1\n"), 0o644)
+	git("add", "a.py")
+	git("commit", "-q", "-m", "a")
+	if g := gitState(dir); g.Commit == "" || g.Dirty || g.Untracked {
+		t.Errorf("clean checkout: %+v", g)
+	}
+	os.WriteFile(filepath.Join(dir, "new.txt"), []byte("y\n"), 0o644)
+	if g := gitState(dir); g.Dirty || !g.Untracked {
+		t.Errorf("untracked file only: %+v; want untracked, not dirty", g)
+	}
+	os.WriteFile(filepath.Join(dir, "a.py"), []byte("x = 2\n"), 0o644)
+	if g := gitState(dir); !g.Dirty || !g.Untracked {
+		t.Errorf("modified and untracked: %+v", g)
 	}
 }

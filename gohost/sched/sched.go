@@ -1,6 +1,6 @@
 // Package sched runs jobs on a pool of workers: per-job timeouts, a crashed
-// worker replaced and its job retried once, cancellation that keeps what
-// finished, and progress.
+// worker replaced and its job retried once, a worker that fails to start
+// retried with backoff, cancellation that keeps what finished, and progress.
 package sched
 
 import (
@@ -30,8 +30,31 @@ type Outcome struct {
 	Result   json.RawMessage
 	Err      error
 	Attempts int
+	// Duration is the job's own time on its worker, in its last attempt:
+	// what the job costs, without worker start-up or failed attempts.
 	Duration time.Duration
+	// Wall is the time from taking the job to its outcome: start-ups,
+	// failed attempts and backoff included.
+	Wall time.Duration
 }
+
+// NoWorkerError says that the pool ran out of workers: every slot failed to
+// start one StartTries times in a row. The jobs not reported were not run.
+type NoWorkerError struct {
+	Tries  int   // failed starts in a row that retired the last slot
+	NotRun int   // jobs never reported
+	Err    error // the last start error
+}
+
+func (e *NoWorkerError) Error() string {
+	tries := ""
+	if e.Tries > 1 {
+		tries = fmt.Sprintf(" (%d tries in a row)", e.Tries)
+	}
+	return fmt.Sprintf("no worker could start%s: %v; %d jobs not run", tries, e.Err, e.NotRun)
+}
+
+func (e *NoWorkerError) Unwrap() error { return e.Err }
 
 // Config says how to run.
 type Config struct {
@@ -44,12 +67,38 @@ type Config struct {
 	// Prepare, if set, adjusts a job for the worker about to run it (say, to
 	// lend it a scratch region of that worker's arena).
 	Prepare func(w *worker.Worker, spec *worker.Job)
-	Log     zerolog.Logger
+	// StartTries is how many failed starts in a row retire a pool slot
+	// (zero: 3). The waits between them double from StartBackoff (zero:
+	// half a second).
+	StartTries   int
+	StartBackoff time.Duration
+	Log          zerolog.Logger
+}
+
+func (c Config) startTries() int {
+	if c.StartTries > 0 {
+		return c.StartTries
+	}
+	return 3
+}
+
+func (c Config) startBackoff() time.Duration {
+	if c.StartBackoff > 0 {
+		return c.StartBackoff
+	}
+	return 500 * time.Millisecond
 }
 
 // Run runs jobs until all finished or ctx ends. Jobs in flight when ctx ends
 // are abandoned (their workers killed) and not reported; everything reported
 // through Done before stays done. It returns ctx's error when cancelled.
+//
+// A worker that fails to start is started again after a backoff. After
+// StartTries failures in a row its slot retires: the job it held is reported
+// failed when some worker of this run has started (the environment works,
+// the failure is the job's bad luck), and left unreported otherwise (nothing
+// ran; nothing is recorded). When every slot has retired, Run returns a
+// *NoWorkerError.
 func Run(ctx context.Context, jobs []Job, cfg Config) error {
 	if cfg.Workers < 1 {
 		return fmt.Errorf("need at least one worker, got %d", cfg.Workers)
@@ -57,41 +106,13 @@ func Run(ctx context.Context, jobs []Job, cfg Config) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	queue := make(chan Job)
-	var (
-		mu       sync.Mutex
-		firstErr error
-	)
-	fail := func(err error) {
-		mu.Lock()
-		if firstErr == nil {
-			firstErr = err
-		}
-		mu.Unlock()
-		cancel()
-	}
-	report := func(o Outcome) {
-		mu.Lock()
-		defer mu.Unlock()
-		if firstErr != nil {
-			return
-		}
-		if cfg.Progress != nil {
-			cfg.Progress.Finished(o)
-		}
-		if err := cfg.Done(o); err != nil {
-			firstErr = err
-			cancel()
-		}
-	}
-
+	p := &pool{cfg: cfg, cancel: cancel, slotsLeft: min(cfg.Workers, len(jobs)), retired: make(chan struct{})}
 	var wg sync.WaitGroup
-	for i := 0; i < min(cfg.Workers, len(jobs)); i++ {
+	for i := 0; i < p.slotsLeft; i++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := serve(ctx, queue, cfg, report); err != nil {
-				fail(err)
-			}
+			p.serve(ctx, queue)
 		}()
 	}
 feed:
@@ -100,18 +121,100 @@ feed:
 		case queue <- j:
 		case <-ctx.Done():
 			break feed
+		case <-p.retired:
+			break feed
 		}
 	}
 	close(queue)
 	wg.Wait()
-	if firstErr != nil {
-		return firstErr
+	if p.firstErr != nil {
+		return p.firstErr
 	}
-	return ctx.Err()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if p.reported < len(jobs) {
+		return &NoWorkerError{Tries: p.startTries, NotRun: len(jobs) - p.reported, Err: p.startErr}
+	}
+	return nil
+}
+
+// pool is what the slots of one Run share.
+type pool struct {
+	cfg    Config
+	cancel context.CancelFunc
+
+	mu         sync.Mutex
+	firstErr   error // from Done: stops the run
+	reported   int
+	started    bool  // some worker of this run has started
+	startErr   error // the last failed start
+	startTries int   // and how many tries in a row it ended
+	slotsLeft  int
+	retired    chan struct{} // closed when the last slot retires
+}
+
+func (p *pool) report(o Outcome) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.firstErr != nil {
+		return
+	}
+	p.reported++
+	if p.cfg.Progress != nil {
+		p.cfg.Progress.Finished(o)
+	}
+	if err := p.cfg.Done(o); err != nil {
+		p.firstErr = err
+		p.cancel()
+	}
+}
+
+func (p *pool) retire() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.slotsLeft--
+	if p.slotsLeft == 0 {
+		close(p.retired)
+	}
+}
+
+// start starts a worker, retrying with backoff. It returns nil when ctx
+// ended, after StartTries failures in a row, or at once when the worker
+// refused to start (another would refuse too); then the second result says
+// whether some worker of this run has ever started.
+func (p *pool) start(ctx context.Context, job Job) (*worker.Worker, bool) {
+	wait := p.cfg.startBackoff()
+	for try := 1; ; try++ {
+		w, err := p.cfg.Start(ctx)
+		p.mu.Lock()
+		if err == nil {
+			p.started = true
+		} else if ctx.Err() == nil {
+			p.startErr, p.startTries = err, try
+		}
+		everStarted := p.started
+		p.mu.Unlock()
+		if err == nil || ctx.Err() != nil {
+			return w, everStarted
+		}
+		var refused *worker.RefusedError
+		if try >= p.cfg.startTries() || errors.As(err, &refused) {
+			p.cfg.Log.Error().Err(err).Str("job", job.ID).Int("tries", try).Msg("worker did not start; this pool slot gives up")
+			return nil, everStarted
+		}
+		p.cfg.Log.Warn().Err(err).Str("job", job.ID).Dur("retry_in", wait).Msg("worker did not start; trying again")
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return nil, everStarted
+		}
+		wait *= 2
+	}
 }
 
 // serve is one pool slot: it owns at most one worker at a time.
-func serve(ctx context.Context, queue <-chan Job, cfg Config, report func(Outcome)) error {
+func (p *pool) serve(ctx context.Context, queue <-chan Job) {
 	var w *worker.Worker
 	defer func() {
 		if w != nil {
@@ -119,23 +222,30 @@ func serve(ctx context.Context, queue <-chan Job, cfg Config, report func(Outcom
 		}
 	}()
 	for job := range queue {
-		start := time.Now()
+		begin := time.Now()
 		for attempt := 1; ; attempt++ {
 			if w == nil {
-				var err error
-				if w, err = cfg.Start(ctx); err != nil {
+				var everStarted bool
+				if w, everStarted = p.start(ctx, job); w == nil {
 					if ctx.Err() != nil {
-						return nil
+						return
 					}
-					return fmt.Errorf("start a worker: %w", err)
+					if everStarted {
+						p.report(Outcome{Job: job, Attempts: attempt, Wall: time.Since(begin),
+							Err: fmt.Errorf("no worker could start for this job: %w", p.lastStartErr())})
+					}
+					p.retire()
+					return
 				}
 			}
-			if cfg.Prepare != nil {
-				cfg.Prepare(w, &job.Spec)
+			if p.cfg.Prepare != nil {
+				p.cfg.Prepare(w, &job.Spec)
 			}
+			began := time.Now()
 			result, err := runOne(ctx, w, job)
+			took := time.Since(began)
 			if ctx.Err() != nil {
-				return nil // cancelled: the job is in flight, not done
+				return // cancelled: the job is in flight, not done
 			}
 			var died *worker.ExitError
 			if errors.As(err, &died) || errors.Is(err, context.DeadlineExceeded) || (err != nil && !w.Alive()) {
@@ -143,14 +253,20 @@ func serve(ctx context.Context, queue <-chan Job, cfg Config, report func(Outcom
 				w = nil // killed or dead: the next attempt or job gets a fresh one
 			}
 			if errors.As(err, &died) && attempt < 2 {
-				cfg.Log.Warn().Str("job", job.ID).Err(err).Msg("worker died; retrying the job once on a fresh worker")
+				p.cfg.Log.Warn().Str("job", job.ID).Err(err).Msg("worker died; retrying the job once on a fresh worker")
 				continue
 			}
-			report(Outcome{Job: job, Result: result, Err: err, Attempts: attempt, Duration: time.Since(start)})
+			p.report(Outcome{Job: job, Result: result, Err: err, Attempts: attempt, Duration: took, Wall: time.Since(begin)})
 			break
 		}
 	}
-	return nil
+	// A slot that ran out of jobs does not retire: the feeder is done.
+}
+
+func (p *pool) lastStartErr() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.startErr
 }
 
 func runOne(ctx context.Context, w *worker.Worker, job Job) (json.RawMessage, error) {
@@ -161,7 +277,7 @@ func runOne(ctx context.Context, w *worker.Worker, job Job) (json.RawMessage, er
 	}
 	result, err := w.Run(ctx, job.Spec)
 	if errors.Is(err, context.DeadlineExceeded) {
-		return nil, fmt.Errorf("timed out after %v: %w", job.Timeout, err)
+		return nil, fmt.Errorf("timed out after %v; its worker was killed and the run goes on: %w", job.Timeout, context.DeadlineExceeded)
 	}
 	return result, err
 }

@@ -78,7 +78,7 @@ func TestRunRetriesTimeoutsAndFailures(t *testing.T) {
 		{"echo1", true, 1, ""},
 		{"once", true, 2, ""},
 		{"always", false, 2, "worker died"},
-		{"slow", false, 1, "timed out after 1s"},
+		{"slow", false, 1, "timed out after 1s; its worker was killed and the run goes on"},
 		{"raises", false, 1, "ValueError: bad params"},
 		{"echo2", true, 1, ""},
 	}
@@ -136,12 +136,104 @@ func TestDoneErrorStopsTheRun(t *testing.T) {
 	}
 }
 
-func TestStartFailureStopsTheRun(t *testing.T) {
-	err := Run(context.Background(), []Job{job("a", "kernels_py.runtime.diag:echo", nil, 0)}, Config{Workers: 1, Log: zerolog.Nop(),
-		Start: func(context.Context) (*worker.Worker, error) { return nil, errors.New("no python") },
-		Done:  func(Outcome) error { return nil }})
-	if err == nil || !strings.Contains(err.Error(), "start a worker: no python") {
+// A broken environment: no worker ever starts. Nothing is reported (so
+// nothing is recorded) and the error says no worker could start.
+func TestNoWorkerEverStarts(t *testing.T) {
+	calls := 0
+	var c collected
+	err := Run(context.Background(), []Job{job("a", "kernels_py.runtime.diag:echo", nil, 0), job("b", "kernels_py.runtime.diag:echo", nil, 0)},
+		Config{Workers: 1, Log: zerolog.Nop(), StartBackoff: time.Millisecond, Done: c.done,
+			Start: func(context.Context) (*worker.Worker, error) { calls++; return nil, errors.New("no python") }})
+	var nw *NoWorkerError
+	if !errors.As(err, &nw) || nw.NotRun != 2 || !strings.Contains(err.Error(), "no worker could start (3 tries in a row): no python") {
 		t.Fatalf("got %v", err)
+	}
+	if calls != 3 || len(c.out) != 0 {
+		t.Errorf("%d starts, %d outcomes; want 3 tries and nothing reported", calls, len(c.out))
+	}
+}
+
+// flakyStarter starts real workers, except that the starts numbered in fail
+// (1-based) fail the way a worker killed during start-up does.
+func flakyStarter(t *testing.T, fail func(n int) bool) (func(context.Context) (*worker.Worker, error), *int) {
+	start, _ := starter(t)
+	var mu sync.Mutex
+	n := 0
+	return func(ctx context.Context) (*worker.Worker, error) {
+		mu.Lock()
+		n++
+		bad := fail(n)
+		mu.Unlock()
+		if bad {
+			return nil, errors.New("worker did not start: worker died (signal: killed) and printed nothing")
+		}
+		return start(ctx)
+	}, &n
+}
+
+// A worker killed mid-job, then its replacement killed while starting: the
+// start is retried and every job still runs.
+func TestReplacementThatDiesWhileStartingIsRetried(t *testing.T) {
+	start, starts := flakyStarter(t, func(n int) bool { return n == 2 || n == 3 })
+	marker := filepath.Join(t.TempDir(), "crashed")
+	jobs := []Job{job("once", "kernels_py.runtime.diag:crash_once", map[string]any{"marker": marker}, time.Minute)}
+	for _, id := range []string{"e1", "e2", "e3"} {
+		jobs = append(jobs, job(id, "kernels_py.runtime.diag:echo", nil, time.Minute))
+	}
+	var c collected
+	err := Run(context.Background(), jobs, Config{Workers: 1, Start: start, Done: c.done, StartBackoff: time.Millisecond, Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, j := range jobs {
+		if o, ok := c.out[j.ID]; !ok || o.Err != nil {
+			t.Errorf("job %s: %+v", j.ID, o)
+		}
+	}
+	if *starts != 4 {
+		t.Errorf("%d starts; want 4 (first, two failed replacements, one good)", *starts)
+	}
+}
+
+// Once workers have started, a slot that cannot start another fails only
+// the job it held; the jobs no worker took are left for a resume.
+func TestSlotGivesUpAfterRepeatedStartFailures(t *testing.T) {
+	start, _ := flakyStarter(t, func(n int) bool { return n > 1 })
+	jobs := []Job{
+		job("ok", "kernels_py.runtime.diag:echo", nil, time.Minute),
+		job("kills", "kernels_py.runtime.diag:crash", nil, time.Minute),
+		job("never", "kernels_py.runtime.diag:echo", nil, time.Minute),
+	}
+	var c collected
+	err := Run(context.Background(), jobs, Config{Workers: 1, Start: start, Done: c.done, StartBackoff: time.Millisecond, Log: zerolog.Nop()})
+	var nw *NoWorkerError
+	if !errors.As(err, &nw) || nw.NotRun != 1 {
+		t.Fatalf("got %v; want a NoWorkerError with 1 job not run", err)
+	}
+	if c.out["ok"].Err != nil {
+		t.Errorf("ok: %v", c.out["ok"].Err)
+	}
+	if o := c.out["kills"]; o.Err == nil || !strings.Contains(o.Err.Error(), "no worker could start for this job") {
+		t.Errorf("kills: %+v", o)
+	}
+	if _, ran := c.out["never"]; ran {
+		t.Error("a job ran with no worker")
+	}
+}
+
+// Duration is the job's own time; Wall adds the worker start-up and the
+// failed attempt of a retried job.
+func TestDurationIsComputeTimeAndWallIncludesRetries(t *testing.T) {
+	start, _ := starter(t)
+	marker := filepath.Join(t.TempDir(), "crashed")
+	jobs := []Job{job("once", "kernels_py.runtime.diag:crash_once", map[string]any{"marker": marker}, time.Minute)}
+	var c collected
+	if err := Run(context.Background(), jobs, Config{Workers: 1, Start: start, Done: c.done, Log: zerolog.Nop()}); err != nil {
+		t.Fatal(err)
+	}
+	o := c.out["once"]
+	if o.Attempts != 2 || o.Duration <= 0 || o.Duration > 200*time.Millisecond || o.Wall < o.Duration+100*time.Millisecond {
+		t.Errorf("attempts %d, duration %v, wall %v: want a short job time and a wall time with two worker starts", o.Attempts, o.Duration, o.Wall)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net/url"
 	"strconv"
 	"strings"
 )
@@ -41,16 +42,40 @@ func npyDescr(dt DType) (string, error) {
 }
 
 // NPYName is the file name a tensor called name is saved under: name with
-// anything but letters, digits, '.', '_' and '-' replaced, plus ".npy", so a
-// name cannot reach outside the directory it is written to.
+// every byte other than letters, digits, '_' and '-' (and '.' past the first
+// character) written as %XX, plus ".npy". Distinct names give distinct files
+// (so "a/b" and "a_b" do not collide), NameFromNPY reverses it, and no name
+// can reach outside the directory it is written to. The empty name is "%".
 func NPYName(name string) string {
-	safe := strings.Map(func(r rune) rune {
-		if r == '.' || r == '_' || r == '-' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' {
-			return r
+	if name == "" {
+		return "%.npy"
+	}
+	var b strings.Builder
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if c == '_' || c == '-' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '.' && i > 0 {
+			b.WriteByte(c)
+		} else {
+			fmt.Fprintf(&b, "%%%02X", c)
 		}
-		return '_'
-	}, name)
-	return safe + ".npy"
+	}
+	return b.String() + ".npy"
+}
+
+// NameFromNPY is the tensor name NPYName gave file for.
+func NameFromNPY(file string) (string, error) {
+	base, ok := strings.CutSuffix(file, ".npy")
+	if !ok {
+		return "", fmt.Errorf("%s: not a .npy file name", file)
+	}
+	if base == "%" {
+		return "", nil
+	}
+	name, err := url.PathUnescape(base)
+	if err != nil || NPYName(name) != file {
+		return "", fmt.Errorf("%s: not a file name NPYName writes", file)
+	}
+	return name, nil
 }
 
 // WriteNPY writes a contiguous tensor to path in NPY format version 1.0, the

@@ -287,3 +287,25 @@ func TestFloat64sRoundTripEveryDType(t *testing.T) {
 		t.Error("accepted 1 value for 3 elements")
 	}
 }
+
+func TestNPYNameIsDistinctAndReversible(t *testing.T) {
+	names := []string{"a/b", "a_b", "a%2Fb", "..", ".hidden", "a.b", "a b", "über", "", "x.npy"}
+	seen := map[string]string{}
+	for _, name := range names {
+		file := NPYName(name)
+		if other, ok := seen[file]; ok {
+			t.Errorf("%q and %q both map to %s", name, other, file)
+		}
+		seen[file] = name
+		if strings.ContainsAny(file, "/\\") || strings.HasPrefix(file, ".") {
+			t.Errorf("%q -> %q reaches outside its directory or hides", name, file)
+		}
+		back, err := NameFromNPY(file)
+		if err != nil || back != name {
+			t.Errorf("%q -> %q -> %q, %v", name, file, back, err)
+		}
+	}
+	if _, err := NameFromNPY("a/b.npy"); err == nil {
+		t.Error("a name NPYName never writes was accepted")
+	}
+}

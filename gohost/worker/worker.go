@@ -168,11 +168,17 @@ func Start(ctx context.Context, cfg Config) (*Worker, error) {
 	}
 	if w.hello.Error != "" {
 		w.kill()
-		return nil, fmt.Errorf("worker refused to start: %s", w.hello.Error)
+		return nil, &RefusedError{Reason: w.hello.Error}
 	}
 	w.log.Debug().Str("python", w.hello.Python.Version).Str("device", w.hello.Device.Kind).Msg("worker ready")
 	return w, nil
 }
+
+// RefusedError is a worker that started and said why it cannot work (no
+// CUDA device, say): starting another will not help.
+type RefusedError struct{ Reason string }
+
+func (e *RefusedError) Error() string { return "worker refused to start: " + e.Reason }
 
 // Environment is the environment a worker (or any Python the host runs for
 // the user) gets: kernelsRoot first on PYTHONPATH, the device choice in

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from kernels_py import runtime
 from kernels_py.ops import common
-from kernels_py.params import Knobs, knob
+from kernels_py.params import Knobs, Rule, knob
 from kernels_py.tables import Column
 
 # HBM bandwidth of the GPUs the project runs on, GB/s (vendor figures), by a
@@ -58,7 +58,7 @@ class Benchmark(Knobs):
     def describe(cls) -> dict:
         """The benchmark as the schema carries it: `long` is its module's docstring."""
         return {"doc": cls.summary(), "long": sys.modules[cls.__module__].__doc__ or "", "params": cls.schema(),
-                "columns": [c.describe() for c in cls.columns]}
+                "rules": cls.rules_schema(), "columns": [c.describe() for c in cls.columns]}
 
 
 @dataclass(frozen=True)
@@ -97,11 +97,7 @@ class AttentionBenchmark(Benchmark):
         Column("dtype", "", "dtype of the inputs", show=False),
     )
 
-    def __post_init__(self):
-        super().__post_init__()
-        if self.heads % self.kv_heads:
-            raise ValueError(f"{self.owner_name()}: heads ({self.heads}) must be a multiple of kv_heads "
-                             f"({self.kv_heads})")
+    RULES = (Rule("heads % kv_heads == 0", "heads ({heads}) must be a multiple of kv_heads ({kv_heads})"),)
 
     def shape(self) -> dict:
         """The SHAPE_COLUMNS of a row."""

@@ -28,7 +28,7 @@ from kernels_py.benchmarks.base import (
 )
 from kernels_py.model import apply_rope
 from kernels_py.ops import lowrank_decode as op
-from kernels_py.params import knob
+from kernels_py.params import Rule, knob
 from kernels_py.tables import Column
 
 ROPE_BASE = 10000.0
@@ -118,13 +118,10 @@ class Lowrank(AttentionBenchmark):
                      ref="AttentionPack section 4.3")
     dense_len: int = knob("int", 64, "uncompressed text tokens after the visual ones", min=1, max=1 << 20)
 
-    def __post_init__(self):
-        super().__post_init__()
-        if self.head_dim % 2:
-            raise ValueError(f"{self.owner_name()}: head_dim ({self.head_dim}) must be even (RoPE rotates pairs)")
-        if self.rank > self.kv_heads * self.head_dim:
-            raise ValueError(f"{self.owner_name()}: rank must lie in [1, kv_heads * head_dim = "
-                             f"{self.kv_heads * self.head_dim}], got {self.rank}")
+    RULES = (
+        Rule("head_dim % 2 == 0", "head_dim ({head_dim}) must be even (RoPE rotates pairs)"),
+        Rule("rank <= kv_heads * head_dim", "rank ({rank}) must lie in [1, kv_heads * head_dim]"),
+    )
 
     def measure(self, case):
         x = self.inputs(case)

@@ -16,7 +16,7 @@ from kernels_py.benchmarks.base import (
 )
 from kernels_py.model import expand_kv
 from kernels_py.ops.attention_stats import attention_stats, recent_rows
-from kernels_py.params import knob
+from kernels_py.params import Rule, knob
 from kernels_py.tables import Column
 
 
@@ -61,10 +61,7 @@ class Stats(AttentionBenchmark):
     rows: int = knob("int", 50, "selected query rows (the last ones of the prompt)", min=1, max=1 << 20)
     p: float = knob("float", 0.01, "ThresholdFilter threshold", min=0.0, max=1.0, ref="VL-Cache Eq. 1")
 
-    def __post_init__(self):
-        super().__post_init__()
-        if self.rows > min(self.lengths):
-            raise ValueError(f"{self.owner_name()}: rows ({self.rows}) exceed the prompt length {min(self.lengths)}")
+    RULES = (Rule("rows <= min(lengths)", "rows ({rows}) exceed the shortest prompt length in lengths={lengths}"),)
 
     def measure(self, case):
         x = self.inputs(case)

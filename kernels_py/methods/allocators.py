@@ -14,12 +14,14 @@ live here too.
 """
 
 import math
+import re
 from dataclasses import dataclass, field
 
 import torch
 
 from kernels_py.methods.caches import kept_count
 from kernels_py.methods.prompt import THRESHOLD, PostVisionRows, ProbeRows, Prompt
+from kernels_py.params import Rule
 
 BUDGET_CLIP = (0.01, 1.0)  # VL-Cache Algorithm 1, line 12
 
@@ -120,32 +122,36 @@ def important_count(accumulated: torch.Tensor, tau: float) -> int:
 
 # --- ranks of a low-rank cache (AttentionPack section 3.2) -------------------------------------------
 
-SUM_TOLERANCE = 1e-6
+_FRACTION = r"(?:\d+(?:\.\d*)?|\.\d+)"
+# 'token_fraction:rank_fraction,...': the form of AttentionPack's `groups` knob.
+GROUPS_PATTERN = rf"{_FRACTION}:{_FRACTION}(?:,{_FRACTION}:{_FRACTION})*"
+# What makes a well-formed groups string a valid one. Rules, so that
+# `workbench plan` rejects a bad one before anything runs.
+GROUPS_RULES = (
+    Rule('all([0 < float(g.split(":")[0]) and float(g.split(":")[0]) <= 1 and 0 < float(g.split(":")[1]) and '
+         'float(g.split(":")[1]) <= 1 for g in groups.split(",")])',
+         "groups={groups!r}: every token fraction and rank fraction must lie in (0, 1]"),
+    Rule('abs(sum([float(g.split(":")[0]) for g in groups.split(",")]) - 1) <= 1e-6',
+         "groups={groups!r}: the token fractions must sum to 1"),
+    Rule('float(groups.split(",")[0].split(":")[1]) == 1 and all([float(a.split(":")[1]) >= float(b.split(":")[1]) '
+         'for a, b in zip(groups.split(",")[:-1], groups.split(",")[1:])])',
+         "groups={groups!r}: rank fractions must start at 1 (full rank for the most important group) and never "
+         "increase"),
+)
 
 
 def parse_groups(text: str) -> tuple[tuple[float, float], ...]:
     """"0.25:1,0.75:0.25" -> ((0.25, 1.0), (0.75, 0.25)): per group, most
     important first, (share r_f of the compressed tokens, share of the rank R
     it is rebuilt with). Shares of tokens must sum to 1; rank shares lie in
-    (0, 1], start at 1 (group 1 is rebuilt at the compression rank) and never grow."""
-    groups = []
-    for item in text.split(","):
-        parts = item.split(":")
-        try:
-            fraction, rank_share = (float(p) for p in parts)
-        except ValueError:
-            raise ValueError(f"groups={text!r}: {item!r} is not 'token_fraction:rank_fraction'") from None
-        if not (0.0 < fraction <= 1.0 and 0.0 < rank_share <= 1.0):
-            raise ValueError(f"groups={text!r}: {item!r} needs a token fraction and a rank fraction in (0, 1]")
-        groups.append((fraction, rank_share))
-    total = sum(f for f, _ in groups)
-    if abs(total - 1.0) > SUM_TOLERANCE:
-        raise ValueError(f"groups={text!r}: token fractions sum to {total:g}, not 1")
-    shares = [s for _, s in groups]
-    if shares[0] != 1.0 or any(b > a for a, b in zip(shares, shares[1:])):
-        raise ValueError(f"groups={text!r}: rank fractions must start at 1 (full rank for the most important "
-                         f"group) and never increase")
-    return tuple(groups)
+    (0, 1], start at 1 (group 1 is rebuilt at the compression rank) and never
+    grow (GROUPS_PATTERN and GROUPS_RULES)."""
+    if not re.fullmatch(GROUPS_PATTERN, text):
+        raise ValueError(f"groups={text!r} is not 'token_fraction:rank_fraction,...'")
+    for rule in GROUPS_RULES:
+        if not rule.holds({"groups": text}):
+            raise ValueError(rule.message.format(groups=text))
+    return tuple((float(f), float(r)) for f, r in (item.split(":") for item in text.split(",")))
 
 
 def group_sizes(tokens: int, fractions: list[float]) -> list[int]:

@@ -49,16 +49,15 @@ from functools import cached_property
 
 import torch
 
-from kernels_py.methods.allocators import group_ranks, parse_groups
+from kernels_py.methods.allocators import GROUPS_PATTERN, GROUPS_RULES, group_ranks, parse_groups
 from kernels_py.methods.base import Method, backend_knob
 from kernels_py.methods.caches import kept_count
 from kernels_py.methods.lowrank import LowRankCache, Segment, factorize
 from kernels_py.methods.prompt import Prompt
-from kernels_py.methods.quantized import check_params
 from kernels_py.methods.scorers import LastRowImportance
 from kernels_py.model import apply_rope
 from kernels_py.ops.common import DTYPES
-from kernels_py.params import knob
+from kernels_py.params import Rule, knob
 
 
 def paper_compression_ratio(tokens: int, kv_heads: int, head_dim: int, rank_k: int, rank_v: int,
@@ -141,7 +140,7 @@ class AttentionPack(Method):
         "str", "1:1",
         "attention-aware decompression groups, most important first, as 'token_fraction:rank_fraction,...' "
         "(fractions sum to 1; group 1 at full rank); '1:1' = none; paper: '0.25:1,0.75:0.25'",
-        ref="AttentionPack section 3.2",
+        ref="AttentionPack section 3.2", pattern=GROUPS_PATTERN,
     )
     partial: str = knob(
         "str", "values", "which factors the lower-ranked groups apply to (paper: values)",
@@ -169,24 +168,16 @@ class AttentionPack(Method):
     seed: int = knob("int", 0, "seed of the randomized SVD's test matrices", min=0, max=2**31 - 1)
     backend: str = backend_knob("decode attention and prefill statistics")
 
-    def __post_init__(self):
-        super().__post_init__()
-        try:
-            parse_groups(self.groups)
-        except ValueError as err:
-            raise ValueError(f"{self.owner_name()}: {err}") from None
-        if self.absorbed and self.rope != "after":
-            raise ValueError(f"{self.owner_name()}: absorbed=True attends in rank space, which needs keys "
-                             f"decomposed after RoPE: set rope='after' (rope={self.rope!r})")
-        if self.quant_bits:
-            try:
-                check_params(self.quant_bits, self.quant_group)
-            except ValueError as err:
-                raise ValueError(f"{self.owner_name()}: {err}") from None
-        if self.rank_scheme == "linear" and (self.rank_min_k > self.rank_k or self.rank_min_v > self.rank_v):
-            raise ValueError(f"{self.owner_name()}: the linear scheme rises from rank_min to rank: got "
-                             f"rank_min_k={self.rank_min_k}, rank_k={self.rank_k}, rank_min_v={self.rank_min_v}, "
-                             f"rank_v={self.rank_v}")
+    RULES = GROUPS_RULES + (
+        Rule('not absorbed or rope == "after"', "absorbed=True attends in rank space, which needs keys decomposed "
+             "after RoPE: set rope='after' (rope={rope!r})"),
+        Rule("quant_bits == 0 or quant_group % (8 // quant_bits) == 0",
+             "quant_group={quant_group} must be a multiple of 8 // quant_bits for {quant_bits}-bit codes "
+             "(whole bytes per run)"),
+        Rule('rank_scheme != "linear" or (rank_min_k <= rank_k and rank_min_v <= rank_v)',
+             "the linear scheme rises from rank_min to rank: got rank_min_k={rank_min_k}, rank_k={rank_k}, "
+             "rank_min_v={rank_min_v}, rank_v={rank_v}"),
+    )
 
     @cached_property
     def _groups(self) -> tuple[tuple[float, float], ...]:

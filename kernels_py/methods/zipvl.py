@@ -24,7 +24,7 @@ from kernels_py.methods.allocators import AdaptiveTau
 from kernels_py.methods.base import TokenSelection, backend_knob
 from kernels_py.methods.prompt import ProbeRows
 from kernels_py.methods.scorers import AttentionMass
-from kernels_py.params import knob
+from kernels_py.params import Rule, knob
 
 
 @dataclass(frozen=True)
@@ -43,10 +43,7 @@ class ZipVL(TokenSelection):
     probe_seed: int = knob("int", 0, "seed of the random probe rows", min=0, max=2**31 - 1)
     backend: str = backend_knob()
 
-    def __post_init__(self):
-        super().__post_init__()
-        if self.probe_recent + self.probe_random == 0:
-            raise ValueError(f"{self.owner_name()}: probe_recent + probe_random must be at least 1")
+    RULES = (Rule("probe_recent + probe_random >= 1", "probe_recent + probe_random must be at least 1"),)
 
     def scorer(self):
         return AttentionMass(self._rows, normalize=True, backend=self.backend)

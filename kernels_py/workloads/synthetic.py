@@ -51,7 +51,7 @@ import torch
 from kernels_py import runtime
 from kernels_py.model import Spans, apply_rope
 from kernels_py.ops.common import DTYPES
-from kernels_py.params import knob
+from kernels_py.params import Rule, knob
 from kernels_py.workloads.base import Workload, WorkloadConfig
 # Ridge added to the visual key covariance, as a fraction of its mean eigenvalue,
 # before whitening: keeps targeted queries from blowing up along noise directions.
@@ -130,25 +130,18 @@ class SyntheticConfig(WorkloadConfig):
         "float", 0.25, "the other layers' logit scale is uniform in 1 +- spread", min=0.0, max=0.9
     )
 
-    def __post_init__(self):
-        super().__post_init__()
-        visual = self.images * self.tokens_per_image
-        checks = [
-            (self.heads % self.kv_heads == 0, f"heads={self.heads} must be a multiple of kv_heads={self.kv_heads}"),
-            (self.head_dim % 2 == 0, f"head_dim={self.head_dim} must be even (RoPE rotates channel pairs)"),
-            (
-                max(self.sink_tokens - 1, 0) + self.images * self.salient_tokens <= visual,
-                f"sink_tokens - 1 + images * salient_tokens must fit in the {visual} visual tokens",
-            ),
-            (
-                2 * self.targets_per_query <= self.images * self.salient_tokens,
-                f"2 * targets_per_query={2 * self.targets_per_query} exceeds the salient pool "
-                f"({self.images * self.salient_tokens} tokens): a query's own targets and the head's must not collide",
-            ),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(f"{self.owner_name()}: {message}")
+    RULES = (
+        Rule("heads % kv_heads == 0", "heads={heads} must be a multiple of kv_heads={kv_heads}"),
+        Rule("head_dim % 2 == 0", "head_dim={head_dim} must be even (RoPE rotates channel pairs)"),
+        Rule("max(sink_tokens - 1, 0) + images * salient_tokens <= images * tokens_per_image",
+             "sink_tokens - 1 + images * salient_tokens must fit in the images * tokens_per_image visual tokens "
+             "(sink_tokens={sink_tokens}, images={images}, salient_tokens={salient_tokens}, "
+             "tokens_per_image={tokens_per_image})"),
+        Rule("2 * targets_per_query <= images * salient_tokens",
+             "2 * targets_per_query exceeds the salient pool images * salient_tokens: a query's own targets and "
+             "the head's must not collide (targets_per_query={targets_per_query}, images={images}, "
+             "salient_tokens={salient_tokens})"),
+    )
 
     @property
     def torch_dtype(self) -> torch.dtype:

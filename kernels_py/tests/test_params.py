@@ -1,0 +1,55 @@
+"""Knob rules: constraints between knobs that Python checks on construction
+and the Go host checks when it plans (the same expression text)."""
+
+from dataclasses import dataclass
+
+import pytest
+
+from kernels_py.benchmarks import BENCHMARKS
+from kernels_py.methods import METHODS
+from kernels_py.params import Knobs, Rule, knob
+from kernels_py.workloads import WORKLOADS
+
+
+@dataclass(frozen=True)
+class Base(Knobs):
+    heads: int = knob("int", 8, "query heads", min=1)
+    kv_heads: int = knob("int", 2, "kv heads", min=1)
+
+    RULES = (Rule("heads % kv_heads == 0", "heads={heads} must be a multiple of kv_heads={kv_heads}"),)
+
+
+@dataclass(frozen=True)
+class Child(Base):
+    sizes: tuple = knob("ints", (4, 8), "sizes", min=1)
+    shape: str = knob("str", "1x2", "a shape", pattern=r"\d+x\d+")
+
+    RULES = (Rule("sum([s for s in sizes]) >= heads", "sizes={sizes} must add up to at least heads={heads}"),)
+
+
+def test_rules_are_inherited_and_checked_in_order():
+    assert [r.check for r in Child.rules()] == ["heads % kv_heads == 0", "sum([s for s in sizes]) >= heads"]
+    Child()
+    with pytest.raises(ValueError, match="heads=6 must be a multiple of kv_heads=4"):
+        Child(heads=6, kv_heads=4)
+    with pytest.raises(ValueError, match=r"sizes=\[1, 2\] must add up to at least heads=8"):
+        Child(sizes=(1, 2))
+
+
+def test_pattern_checks_the_whole_value():
+    with pytest.raises(ValueError, match="shape='1x2x3' is not well-formed"):
+        Child(shape="1x2x3")
+    with pytest.raises(ValueError, match="only str parameters take a pattern"):
+        knob("int", 1, "n", pattern=r"\d+")
+
+
+def test_rules_use_only_what_both_languages_have():
+    with pytest.raises(NameError):
+        Rule("__import__('os') is None", "no").holds({})
+
+
+@pytest.mark.parametrize("cls", [*METHODS.values(), *WORKLOADS.values(), *BENCHMARKS.values()],
+                         ids=lambda c: c.__name__)
+def test_every_registered_rule_holds_on_the_defaults_and_is_in_the_schema(cls):
+    cls()  # the defaults pass every rule
+    assert cls.rules_schema() == [{"check": r.check, "message": r.message} for r in cls.rules()]
