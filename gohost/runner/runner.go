@@ -129,7 +129,7 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 		return Summary{}, err
 	}
 	defer run.close()
-	sum := Summary{Dir: run.dir}
+	sum := Summary{Dir: run.dir} // emptied again if the run is never created
 	log := o.Log.With().Str("experiment", o.Experiment).Str("run", run.dir).Logger()
 
 	var todo []sched.Job
@@ -186,6 +186,7 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 		}
 	}
 	if !run.exists() {
+		sum.Dir = ""
 		var nw *sched.NoWorkerError
 		if errors.As(err, &nw) {
 			return sum, fmt.Errorf("%w. No run directory was created; check the interpreter and device (workbench env), then run again", err)

@@ -353,8 +353,8 @@ func TestExecutorErrorIsReturned(t *testing.T) {
 func TestNoWorkerLeavesNoRunDirectory(t *testing.T) {
 	noWorker := &sched.NoWorkerError{Tries: 3, NotRun: 1, Err: errors.New("worker died and printed nothing")}
 	o := testOptions(t, executorFunc(func(context.Context, Batch) error { return noWorker }), testJobs("a"))
-	_, err := Run(context.Background(), o)
-	if !errors.Is(err, noWorker) || !strings.Contains(err.Error(), "No run directory was created") {
+	sum, err := Run(context.Background(), o)
+	if !errors.Is(err, noWorker) || !strings.Contains(err.Error(), "No run directory was created") || sum.Dir != "" {
 		t.Fatalf("got %v", err)
 	}
 	if entries, _ := os.ReadDir(o.Out); len(entries) != 0 {

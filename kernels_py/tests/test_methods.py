@@ -4,6 +4,7 @@ parameters validated, and the schema the Go host reads in step with the code."""
 import dataclasses
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -250,7 +251,9 @@ def check_params(schema_params: dict, dataclass_type) -> None:
         else:
             assert entry["default"] == field.default and type(entry["default"]) is field.type
         assert {"type", "default", "min", "max", "doc"} <= set(entry) <= {"type", "default", "min", "max", "doc",
-                                                                          "choices", "ref"}
+                                                                          "choices", "ref", "pattern"}
+        if "pattern" in entry:
+            assert entry["type"] == "str" and re.fullmatch(entry["pattern"], entry["default"])
         assert entry["doc"], f"{name} has no doc"
         if "choices" in entry:
             assert entry["default"] in entry["choices"]
