@@ -241,13 +241,16 @@ workers and writes, per experiment, OUT/<experiment>/<run-id>/ with:
   tensors/         arrays written by jobs
   run.lock         held by the one workbench writing the run
 The run directory appears once the first worker is ready. A worker that
-crashes is replaced and its job retried once; a worker that fails to start is
-started again with backoff, and after 3 failures in a row its slot gives up
-(failing the job it held). A job over its timeout fails; the run goes on.
+crashes is replaced and its job retried once. A worker that fails to start is
+started again with backoff; after 3 failures in a row its slot gives up: the
+job it held fails if a worker of this run has started, else it goes back to
+the other slots. With no slot left (always so with one worker) the run stops,
+and --resume continues it. A job over its timeout fails; the run goes on.
 Ctrl-C stops at once: finished jobs stay in the journal, and --resume
 continues the newest run of each experiment without redoing them. A resume is
 refused while another workbench writes the run, and when kernels_py changed
-since the run's rows were computed (unless --allow-code-change).`,
+since the run's rows were computed (unless --allow-code-change); a worker
+that would start on edited kernels_py mid-run is refused the same way.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := o.check(); err != nil {

@@ -24,12 +24,14 @@ func main() {
 }
 
 // closedPipeWriter passes writes on until the reader goes away (EPIPE); it
-// then says so once and drops what follows, so the command still finishes
-// its work (a run keeps journaling its jobs).
+// then drops what follows, so the command still finishes its work (a run
+// keeps journaling its jobs), and, for commands that work on after their
+// output stops mattering (announce), says so once.
 type closedPipeWriter struct {
-	w      io.Writer
-	notice io.Writer
-	closed atomic.Bool
+	w        io.Writer
+	notice   io.Writer
+	announce atomic.Bool
+	closed   atomic.Bool
 }
 
 func (c *closedPipeWriter) Write(p []byte) (int, error) {
@@ -38,7 +40,7 @@ func (c *closedPipeWriter) Write(p []byte) (int, error) {
 	}
 	n, err := c.w.Write(p)
 	if errors.Is(err, syscall.EPIPE) {
-		if !c.closed.Swap(true) {
+		if !c.closed.Swap(true) && c.announce.Load() {
 			fmt.Fprintln(c.notice, "workbench: stdout was closed (broken pipe); its output is dropped from here, the command goes on")
 		}
 		return len(p), nil

@@ -77,6 +77,9 @@ checkout the command runs in, else from the copy embedded in this binary.`,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
 			a.log = newLogger(a.stderr, a.flags.logFormat.value, a.flags.verbose)
+			if c, ok := a.stdout.(*closedPipeWriter); ok && (cmd.Name() == "run" || cmd.Name() == "demo") {
+				c.announce.Store(true) // `plan | head` is normal; a run cut from its reader goes on, and says so
+			}
 			return nil
 		},
 	}

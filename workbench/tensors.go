@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -93,7 +92,8 @@ func newTensorsToNPYCmd(a *app) *cobra.Command {
 and writes it as OUTDIR/<name>.npy (numpy has no bfloat16: those are widened
 to float32). Bytes of a tensor name other than letters, digits, '_', '-' and
 a '.' that does not lead are written %XX (URL escaping: "vision/proj.weight"
-becomes vision%2Fproj.weight.npy), so distinct names never share a file, and
+becomes vision%2Fproj.weight.npy), so distinct names never share a file; a
+name too long for a file name is cut and ends in "~" and a hash of it.
 OUTDIR/tensors.json maps every tensor name to its file. Existing files are
 replaced whole, never half-written.`,
 		Args: cobra.ExactArgs(2),
@@ -115,13 +115,8 @@ replaced whole, never half-written.`,
 				return err
 			}
 			files := map[string]string{}
-			owner := map[string]string{} // lower-cased file name -> tensor: a case-insensitive file system would merge them
 			for _, e := range h.Entries {
-				file := tensor.NPYName(e.Name)
-				if other, ok := owner[strings.ToLower(file)]; ok {
-					return fmt.Errorf("tensors %q and %q would both be written to %s on a case-insensitive file system; rename one", other, e.Name, file)
-				}
-				owner[strings.ToLower(file)], files[e.Name] = e.Name, file
+				files[e.Name] = tensor.NPYName(e.Name) // distinct for distinct names
 			}
 			for _, e := range h.Entries {
 				t := tensors[e.Name]

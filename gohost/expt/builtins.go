@@ -377,7 +377,7 @@ func (l *loader) experiment(thread *starlark.Thread, _ *starlark.Builtin, args s
 					params[ax[i].name] = ax[i].values[j]
 				}
 				if msg, err := m.Rules.Violated(params); err != nil || msg != "" {
-					return nil, fail(path{"grid"}, "method %q with %s: %s", m.Name, formatChanged(m.Params, params), ruleError(msg, err))
+					return nil, fail(path{"grid"}, "method %q%s: %s", m.Name, gridPoint(m.Params, params, msg), ruleError(msg, err))
 				}
 				add(m, params, w)
 			}
@@ -627,17 +627,17 @@ func ruleError(msg string, err error) string {
 	return msg
 }
 
-// formatChanged lists the params that differ from their defaults, sorted:
-// which grid point broke a rule.
-func formatChanged(ps Params, values map[string]any) string {
+// gridPoint says which grid point broke a rule: " with" the params set
+// away from their defaults that the rule's message does not already quote.
+func gridPoint(ps Params, values map[string]any, msg string) string {
 	var parts []string
 	for _, name := range ps.Names() {
-		if v := values[name]; fmt.Sprint(v) != fmt.Sprint(ps[name].Default) {
+		if v := values[name]; fmt.Sprint(v) != fmt.Sprint(ps[name].Default) && !strings.Contains(msg, name+"=") {
 			parts = append(parts, name+"="+formatValue(v))
 		}
 	}
 	if len(parts) == 0 {
-		return "its defaults"
+		return ""
 	}
-	return strings.Join(parts, " ")
+	return " with " + strings.Join(parts, " ")
 }

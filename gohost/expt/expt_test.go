@@ -567,7 +567,7 @@ func TestRulesFailThePlan(t *testing.T) {
 			`x.star:2:18: workload "synthetic": heads=6 must be a multiple of kv_heads=4`},
 		{"odd head_dim", `w = workload(head_dim = 63)`, `x.star:1:5: workload "synthetic": head_dim=63 must be even (RoPE rotates channel pairs)`},
 		{"groups in a grid", `experiment(name = "a", methods = ["attentionpack"], grid = {"groups": ["1:1", "0.5:1,0.4:0.25"]})`,
-			`x.star:1:53: experiment "a": method "attentionpack" with groups="0.5:1,0.4:0.25": groups="0.5:1,0.4:0.25": the token fractions must sum to 1`},
+			`x.star:1:53: experiment "a": method "attentionpack": groups="0.5:1,0.4:0.25": the token fractions must sum to 1`},
 		{"groups rank order", `experiment(name = "a", methods = ["attentionpack"], extra = [{"method": "attentionpack", "groups": "0.5:0.5,0.5:1"}])`,
 			`x.star:1:62: experiment "a": extra[0]: method "attentionpack": groups="0.5:0.5,0.5:1": rank fractions must start at 1 (full rank for the most important group) and never increase`},
 		{"groups form", `experiment(name = "a", methods = ["attentionpack"], grid = {"groups": ["0.5,0.5"]})`,

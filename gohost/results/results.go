@@ -38,7 +38,7 @@ type Manifest struct {
 	RunID       string            `json:"run_id"`
 	File        string            `json:"file"`
 	FileHash    string            `json:"file_sha256"`
-	Git         Git               `json:"git"`
+	Git         *Git              `json:"git,omitempty"`  // nil when unknown (a rebuilt manifest)
 	KernelsHash map[string]string `json:"kernels_sha256"` // per kernels_py source file, when the run started
 	// KernelsDigest is one hash of KernelsHash; every journal row carries
 	// the digest of the code that computed it.
@@ -53,7 +53,8 @@ type Manifest struct {
 	Ended       *time.Time        `json:"ended,omitempty"`
 	Resumed     []time.Time       `json:"resumed,omitempty"`
 	// Rebuilt is set when manifest.json was lost and rebuilt from the
-	// journal: the script and source hashes are then unknown.
+	// journal: the script, git state and source hashes are then unknown,
+	// and Started is the first row's finish time.
 	Rebuilt *time.Time `json:"rebuilt,omitempty"`
 }
 
@@ -61,7 +62,7 @@ type Manifest struct {
 type CodeChange struct {
 	At            time.Time         `json:"at"`
 	KernelsDigest string            `json:"kernels_digest"`
-	Changed       []string          `json:"changed"` // files added, removed or edited since the previous sources
+	Changed       []string          `json:"changed,omitempty"` // files added, removed or edited since the previous sources (absent: unknown)
 	KernelsHash   map[string]string `json:"kernels_sha256"`
 }
 

@@ -47,7 +47,16 @@ func (l *Local) Run(ctx context.Context, b Batch) error {
 	scratch := newScratchArenas()
 	defer scratch.Close()
 	var once sync.Once
+	var mu sync.Mutex
+	digests := map[*worker.Worker]string{} // the kernels_py sources each worker loaded
 	start := func(ctx context.Context) (*worker.Worker, error) {
+		var digest string
+		if b.CodeDigest != nil {
+			var err error
+			if digest, err = b.CodeDigest(); err != nil {
+				return nil, sched.Permanent(err)
+			}
+		}
 		env := workerEnv(os.Environ(), l.Device, scratch.Slot(), workers, gpus)
 		w, err := worker.Start(ctx, worker.Config{Python: l.Python, KernelsRoot: l.KernelsRoot, Device: l.Device, Env: env, Log: l.Log})
 		if err != nil {
@@ -60,13 +69,19 @@ func (l *Local) Run(ctx context.Context, b Batch) error {
 			w.Close()
 			return nil, err
 		}
+		mu.Lock()
+		digests[w] = digest
+		mu.Unlock()
 		return w, nil
 	}
 	return sched.Run(ctx, b.Jobs, sched.Config{Workers: workers, Start: start, Log: b.Log, Prepare: scratch.Prepare,
 		Done: func(out sched.Outcome) error {
 			// Called before the worker takes its next job, so its scratch
 			// arena still holds what this one returned.
-			return b.Done(Outcome{Outcome: out, SaveTensors: func() (map[string]string, error) {
+			mu.Lock()
+			digest := digests[out.Worker]
+			mu.Unlock()
+			return b.Done(Outcome{Outcome: out, KernelsDigest: digest, SaveTensors: func() (map[string]string, error) {
 				return saveTensors(b.Dir, out.Job.ID, out.Result, scratch)
 			}})
 		}})

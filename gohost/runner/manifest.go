@@ -45,13 +45,13 @@ func recordVersions(run *results.Run, h worker.Hello) {
 	})
 }
 
-// gitState is the checkout dir belongs to; the zero Git outside one.
-func gitState(dir string) results.Git {
+// gitState is the checkout dir belongs to; nil outside one.
+func gitState(dir string) *results.Git {
 	out, err := exec.Command("git", "-C", dir, "rev-parse", "HEAD").Output()
 	if err != nil {
-		return results.Git{}
+		return nil
 	}
-	g := results.Git{Commit: strings.TrimSpace(string(out))}
+	g := &results.Git{Commit: strings.TrimSpace(string(out))}
 	status, _ := exec.Command("git", "-C", dir, "status", "--porcelain").Output()
 	for _, line := range strings.Split(string(status), "\n") {
 		switch {

@@ -50,6 +50,9 @@ type Outcome struct {
 	// succeeded, and only before done returns: a local worker's tensors live
 	// in its scratch arena, which its next job overwrites.
 	SaveTensors func() (map[string]string, error)
+	// KernelsDigest names the kernels_py sources of the worker that ran the
+	// job (what Batch.CodeDigest gave when it started); "" if unknown.
+	KernelsDigest string
 }
 
 // Batch is the work of one Executor.Run call: the jobs of one run.
@@ -60,6 +63,11 @@ type Batch struct {
 	// Started, if set, is called once, with the hello of the first worker to
 	// start, before any job finishes: the manifest records what jobs ran on.
 	Started func(worker.Hello)
+	// CodeDigest, if set, is called before each worker starts: it returns
+	// the digest of the kernels_py sources the worker is about to load, or
+	// an error when the run may not use them (they changed, and mixing is
+	// not allowed); the executor then starts no worker (sched.Permanent).
+	CodeDigest func() (string, error)
 	// Done is called once per finished job, never concurrently. An error
 	// from it (say, the journal cannot be written) stops the batch, and Run
 	// returns that error.
@@ -117,10 +125,15 @@ type Summary struct {
 //
 // A new run's directory is created only once a worker is ready (or a job
 // has finished): a run that cannot start leaves nothing behind for
-// notebooks or --resume to mistake for a run.
+// notebooks or --resume to mistake for a run. Every worker's kernels_py
+// sources are checked before it starts: the run's rows come from one
+// version of the code unless AllowCodeChange.
 func Run(ctx context.Context, o Options) (Summary, error) {
 	if o.Executor == nil {
 		return Summary{}, fmt.Errorf("run %s: no executor", o.Experiment)
+	}
+	if err := checkOut(o.Out); err != nil {
+		return Summary{}, err
 	}
 	kernels := kernelsHashes(o.KernelsDir)
 	digest := results.KernelsDigest(kernels)
@@ -129,8 +142,10 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 		return Summary{}, err
 	}
 	defer run.close()
-	sum := Summary{Dir: run.dir} // emptied again if the run is never created
-	log := o.Log.With().Str("experiment", o.Experiment).Str("run", run.dir).Logger()
+	log := o.Log.With().Str("experiment", o.Experiment).Logger()
+	if run.exists() {
+		log = log.With().Str("run", run.dir).Logger()
+	}
 
 	var todo []sched.Job
 	jobs := map[string]Job{}
@@ -141,9 +156,17 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 		jobs[j.ID] = j
 		todo = append(todo, j.Job)
 	}
-	if err := run.checkCode(o, kernels, digest, len(todo)); err != nil {
-		return Summary{}, err
+	if run.exists() {
+		if len(todo) > 0 {
+			if err := run.checkCode(o, log, kernels, digest); err != nil {
+				return Summary{}, err
+			}
+		}
+		if err := run.resumed(len(o.Jobs)); err != nil {
+			return Summary{}, err
+		}
 	}
+	sum := Summary{}
 	log.Info().Int("jobs", len(o.Jobs)).Int("to_run", len(todo)).Int("already_done", len(o.Jobs)-len(todo)).Msg("running")
 
 	out := o.Progress
@@ -156,17 +179,25 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 		Jobs: todo,
 		Log:  log,
 		Started: func(h worker.Hello) {
-			if r, err := run.get(); err == nil {
+			if r, err := run.get(log); err == nil {
 				recordVersions(r, h)
 			}
 		},
+		CodeDigest: func() (string, error) {
+			kernels := kernelsHashes(o.KernelsDir)
+			digest := results.KernelsDigest(kernels)
+			return digest, run.checkCode(o, log, kernels, digest)
+		},
 		Done: func(out Outcome) error {
-			r, err := run.get()
+			r, err := run.get(log)
 			if err != nil {
 				return err
 			}
 			rec := record(o.Experiment, jobs[out.Job.ID], out)
-			rec.KernelsDigest = digest
+			rec.KernelsDigest = out.KernelsDigest
+			if rec.KernelsDigest == "" {
+				rec.KernelsDigest, _ = run.current()
+			}
 			finished := out.Outcome
 			if rec.Status == results.StatusFailed {
 				sum.Failed++
@@ -181,12 +212,11 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 	})
 	progress.Close()
 	if err == nil {
-		if _, err := run.get(); err != nil { // nothing ran: the run still exists, complete
+		if _, err := run.get(log); err != nil { // nothing ran: the run still exists, complete
 			return sum, err
 		}
 	}
 	if !run.exists() {
-		sum.Dir = ""
 		var nw *sched.NoWorkerError
 		if errors.As(err, &nw) {
 			return sum, fmt.Errorf("%w. No run directory was created; check the interpreter and device (workbench env), then run again", err)
@@ -196,6 +226,7 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 		}
 		return sum, err
 	}
+	sum.Dir = run.dir
 	rows, perr := results.BuildParquet(run.dir)
 	sum.Rows = rows
 	if perr != nil {
@@ -216,8 +247,22 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 		return sum, err
 	}
 	sum.Ended = true
-	log.Info().Int("rows", rows).Int("failed", sum.Failed).Msg("results written")
+	log.Info().Int("rows", rows).Int("failed", sum.Failed).Str("run", run.dir).Msg("results written")
 	return sum, perr
+}
+
+// checkOut makes sure runs can be written under out before any worker
+// starts: a bad --out should not cost a worker start-up to find.
+func checkOut(out string) error {
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return fmt.Errorf("results directory %s: %w", out, err)
+	}
+	f, err := os.CreateTemp(out, ".write-check-*")
+	if err != nil {
+		return fmt.Errorf("results directory %s is not writable: %w", out, err)
+	}
+	f.Close()
+	return os.Remove(f.Name())
 }
 
 // interruptedError is a run stopped by its context: it tells the user how
@@ -234,8 +279,9 @@ func (e *interruptedError) Error() string {
 
 func (e *interruptedError) Unwrap() error { return e.err }
 
-// CodeChangedError refuses a resume whose kernels_py sources differ from
-// the ones the run's rows were computed with.
+// CodeChangedError refuses kernels_py sources other than the ones the run's
+// rows were computed with: at a resume, or when a worker starts mid-run
+// after an edit.
 type CodeChangedError struct {
 	Dir              string
 	Recorded, Now    string   // kernels digests
@@ -249,8 +295,8 @@ func (e *CodeChangedError) Error() string {
 		files = fmt.Sprintf("%d file(s) changed: %s", len(e.Changed), strings.Join(e.Changed, ", "))
 	}
 	return fmt.Sprintf("kernels_py changed since %s computed its rows (kernels digest %s then, %s now; %s): "+
-		"resuming would mix rows from two versions of the code. Start a new run (without --resume), undo the change, "+
-		"or pass --allow-code-change to resume anyway (every row records the digest of the code it ran on)",
+		"rows from two versions of the code would mix. Start a new run (without --resume), undo the change, "+
+		"or resume with --allow-code-change (every row records the digest of the code it ran on)",
 		e.Dir, short(e.Recorded), short(e.Now), files)
 }
 
@@ -266,17 +312,26 @@ func short(digest string) string {
 type lazyRun struct {
 	dir    string
 	create func() (*results.Run, error)
+	// The sources a new run starts on, until its manifest says so.
+	digest  string
+	kernels map[string]string
 
 	mu  sync.Mutex
 	run *results.Run
 	err error
 }
 
-func (l *lazyRun) get() (*results.Run, error) {
+func (l *lazyRun) get(log zerolog.Logger) (*results.Run, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	return l.getLocked(log)
+}
+
+func (l *lazyRun) getLocked(log zerolog.Logger) (*results.Run, error) {
 	if l.run == nil && l.err == nil {
-		l.run, l.err = l.create()
+		if l.run, l.err = l.create(); l.err == nil {
+			log.Info().Str("run", l.dir).Msg("run directory created")
+		}
 	}
 	return l.run, l.err
 }
@@ -295,15 +350,43 @@ func (l *lazyRun) close() {
 	}
 }
 
-// checkCode refuses to resume on other kernels_py sources than the run's,
-// unless allowed; then the manifest records the new sources.
-func (l *lazyRun) checkCode(o Options, kernels map[string]string, digest string, todo int) error {
-	if !l.exists() || todo == 0 {
-		return nil
+// current is the digest and per-file hashes of the sources the run's
+// newest rows come from.
+func (l *lazyRun) current() (string, map[string]string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.currentLocked()
+}
+
+func (l *lazyRun) currentLocked() (string, map[string]string) {
+	if l.run == nil {
+		return l.digest, l.kernels
 	}
-	recorded, files := l.run.Manifest().CurrentKernels()
+	return l.run.Manifest().CurrentKernels()
+}
+
+// resumed records in the manifest that a resume goes on with jobs jobs.
+func (l *lazyRun) resumed(jobs int) error {
+	return l.run.UpdateManifest(func(m *results.Manifest) {
+		m.Resumed = append(m.Resumed, time.Now())
+		m.Ended = nil
+		m.Jobs = jobs
+	})
+}
+
+// checkCode refuses kernels_py sources other than those of the run's
+// newest rows, unless allowed; then the manifest records the change.
+func (l *lazyRun) checkCode(o Options, log zerolog.Logger, kernels map[string]string, digest string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	recorded, files := l.currentLocked()
 	if recorded == "" {
-		o.Log.Warn().Str("run", l.dir).Msg("this run recorded no kernels digest: rows from before this resume cannot be told apart by code version")
+		log.Warn().Str("run", l.dir).Msg("this run recorded no kernels digest: rows from before this resume cannot be told apart by code version")
+		if l.run != nil {
+			return l.run.UpdateManifest(func(m *results.Manifest) {
+				m.CodeChanges = append(m.CodeChanges, results.CodeChange{At: time.Now(), KernelsDigest: digest, KernelsHash: kernels})
+			})
+		}
 		return nil
 	}
 	if recorded == digest {
@@ -316,9 +399,13 @@ func (l *lazyRun) checkCode(o Options, kernels map[string]string, digest string,
 	if !o.AllowCodeChange {
 		return e
 	}
-	o.Log.Warn().Str("run", l.dir).Str("was", short(recorded)).Str("now", short(digest)).Strs("changed", e.Changed).
-		Msg("kernels_py changed since this run's rows were computed; resuming as --allow-code-change says (rows carry kernels_digest)")
-	return l.run.UpdateManifest(func(m *results.Manifest) {
+	log.Warn().Str("run", l.dir).Str("was", short(recorded)).Str("now", short(digest)).Strs("changed", e.Changed).
+		Msg("kernels_py changed since this run's rows were computed; going on as --allow-code-change says (rows carry kernels_digest)")
+	run, err := l.getLocked(log)
+	if err != nil {
+		return err
+	}
+	return run.UpdateManifest(func(m *results.Manifest) {
 		m.CodeChanges = append(m.CodeChanges, results.CodeChange{At: time.Now(), KernelsDigest: digest, Changed: e.Changed, KernelsHash: kernels})
 	})
 }
@@ -337,28 +424,17 @@ func openRun(o Options, kernels map[string]string, digest string) (*lazyRun, map
 			if err != nil {
 				return nil, nil, err
 			}
-			if m := run.Manifest(); m.Rebuilt != nil {
-				o.Log.Warn().Str("run", dir).Msg("manifest.json was missing: rebuilt from the journal (script and source hashes of the first jobs are unknown)")
+			m := run.Manifest()
+			if m.Rebuilt != nil {
+				o.Log.Warn().Str("run", dir).Msg("manifest.json was missing: rebuilt from the journal (the script, git state and source hashes of the earlier jobs are unknown)")
 			}
 			done, err := results.Finished(dir)
 			if err != nil {
 				run.Close()
 				return nil, nil, err
 			}
-			if m := run.Manifest(); m.FileHash != o.FileHash {
+			if m.FileHash != "" && m.FileHash != o.FileHash {
 				o.Log.Warn().Str("run", dir).Msg("the script changed since this run started; jobs whose ids changed run again")
-			}
-			err = run.UpdateManifest(func(m *results.Manifest) {
-				m.Resumed = append(m.Resumed, time.Now())
-				m.Ended = nil
-				m.Jobs = len(o.Jobs)
-				if m.FileHash == "" {
-					m.File, m.FileHash = o.File, o.FileHash
-				}
-			})
-			if err != nil {
-				run.Close()
-				return nil, nil, err
 			}
 			return &lazyRun{dir: dir, run: run}, done, nil
 		}
@@ -369,7 +445,8 @@ func openRun(o Options, kernels map[string]string, digest string) (*lazyRun, map
 	if err != nil {
 		return nil, nil, err
 	}
-	return &lazyRun{dir: dir, create: func() (*results.Run, error) { return results.Create(o.Out, m) }}, nil, nil
+	return &lazyRun{dir: dir, digest: digest, kernels: kernels,
+		create: func() (*results.Run, error) { return results.Create(o.Out, m) }}, nil, nil
 }
 
 // record is the journal line of a finished job. A job succeeded when it

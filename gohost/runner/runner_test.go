@@ -430,6 +430,9 @@ func TestResumeAfterKernelEdit(t *testing.T) {
 	if len(ex.ran) != 0 || len(journal(t, sum1.Dir)) != 1 {
 		t.Fatalf("a refused resume ran %v", ex.ran)
 	}
+	if m := manifest(t, sum1.Dir); m.Ended == nil || m.Jobs != 1 || m.Resumed != nil {
+		t.Fatalf("a refused resume changed the manifest: ended %v, jobs %d, resumed %v", m.Ended, m.Jobs, m.Resumed)
+	}
 
 	o.AllowCodeChange = true
 	if _, err := Run(context.Background(), o); err != nil {
@@ -540,5 +543,97 @@ func TestGitStateSeparatesUntrackedFromModified(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "a.py"), []byte("x = 2\n"), 0o644)
 	if g := gitState(dir); !g.Dirty || !g.Untracked {
 		t.Errorf("modified and untracked: %+v", g)
+	}
+}
+
+// A run whose manifest.json was lost is resumed, not started over: the
+// manifest is rebuilt from the journal and only the missing jobs run.
+func TestResumeWithoutManifestRebuildsIt(t *testing.T) {
+	o := testOptions(t, &fakeExecutor{}, testJobs("a", "b"))
+	sum1, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(filepath.Join(sum1.Dir, results.ManifestFile))
+	var log bytes.Buffer
+	ex := &fakeExecutor{}
+	o.Executor, o.Jobs, o.Resume, o.Log = ex, testJobs("a", "b", "c"), true, zerolog.New(&log)
+	sum, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.Dir != sum1.Dir || !reflect.DeepEqual(ex.ran, []string{"c"}) {
+		t.Fatalf("resumed in %s (first run %s), ran %v; want only c in the same run", sum.Dir, sum1.Dir, ex.ran)
+	}
+	m := manifest(t, sum.Dir)
+	if m.Rebuilt == nil || m.Experiment != "exp" || m.FileHash != "" || m.Git != nil || m.Ended == nil || len(m.Resumed) != 1 {
+		t.Errorf("rebuilt manifest %+v", m)
+	}
+	if !strings.Contains(log.String(), "manifest.json was missing: rebuilt from the journal") || strings.Contains(log.String(), "the script changed") {
+		t.Errorf("log:\n%s", log.String())
+	}
+}
+
+// perWorkerExecutor starts a "worker" (asks for the code digest) before
+// every job, as a pool that loses its workers would; edit runs before the
+// job with the given index.
+func perWorkerExecutor(edit map[int]func()) executorFunc {
+	return func(ctx context.Context, b Batch) error {
+		for i, j := range b.Jobs {
+			if f := edit[i]; f != nil {
+				f()
+			}
+			digest, err := b.CodeDigest()
+			if err != nil {
+				return &sched.NoWorkerError{Tries: 1, NotRun: len(b.Jobs) - i, Err: sched.Permanent(err)}
+			}
+			out := Outcome{Outcome: sched.Outcome{Job: j, Attempts: 1, Result: json.RawMessage(`{"metrics": {"x": 1}}`)}, KernelsDigest: digest}
+			if err := b.Done(out); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+// An edit under kernels_py/ during a run is caught when the next worker
+// starts: refused (the jobs left wait for a resume), or with
+// AllowCodeChange recorded, each row keeping the digest of its worker.
+func TestKernelEditMidRun(t *testing.T) {
+	for _, allow := range []bool{false, true} {
+		t.Run(fmt.Sprintf("allow=%v", allow), func(t *testing.T) {
+			o := testOptions(t, nil, testJobs("a", "b", "c"))
+			o.AllowCodeChange = allow
+			edit := func() { os.WriteFile(filepath.Join(o.KernelsDir, "kernels_py", "method.py"), []byte("x = 3\n"), 0o644) }
+			o.Executor = perWorkerExecutor(map[int]func(){1: edit})
+			sum, err := Run(context.Background(), o)
+			recs := journal(t, sum.Dir)
+			var ce *CodeChangedError
+			if !allow {
+				if !errors.As(err, &ce) || !strings.Contains(err.Error(), "1 of 3 jobs are done") || len(recs) != 1 {
+					t.Fatalf("got %v, %d rows", err, len(recs))
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := manifest(t, sum.Dir)
+			if len(recs) != 3 || recs[0].KernelsDigest != m.KernelsDigest || recs[1].KernelsDigest == m.KernelsDigest ||
+				recs[2].KernelsDigest != recs[1].KernelsDigest || len(m.CodeChanges) != 1 || m.CodeChanges[0].KernelsDigest != recs[1].KernelsDigest {
+				t.Errorf("rows %v, manifest digest %s, changes %+v", recs, m.KernelsDigest, m.CodeChanges)
+			}
+		})
+	}
+}
+
+// A results root that cannot hold runs is reported before any worker starts.
+func TestBadOutFailsBeforeWorkers(t *testing.T) {
+	ex := &fakeExecutor{}
+	o := testOptions(t, ex, testJobs("a"))
+	o.Out = filepath.Join(t.TempDir(), "file")
+	os.WriteFile(o.Out, []byte("x"), 0o644)
+	if _, err := Run(context.Background(), o); err == nil || !strings.Contains(err.Error(), "results directory") || len(ex.dirs) != 0 {
+		t.Fatalf("got %v; executor ran %d batches", err, len(ex.dirs))
 	}
 }

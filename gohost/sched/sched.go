@@ -36,10 +36,14 @@ type Outcome struct {
 	// Wall is the time from taking the job to its outcome: start-ups,
 	// failed attempts and backoff included.
 	Wall time.Duration
+	// Worker ran the last attempt; nil when no worker could start for it.
+	// It is still alive when Done is called only if it will take more jobs.
+	Worker *worker.Worker
 }
 
 // NoWorkerError says that the pool ran out of workers: every slot failed to
-// start one StartTries times in a row. The jobs not reported were not run.
+// start one StartTries times in a row (or met a start error that retrying
+// cannot mend). The jobs not reported were not run.
 type NoWorkerError struct {
 	Tries  int   // failed starts in a row that retired the last slot
 	NotRun int   // jobs never reported
@@ -51,10 +55,29 @@ func (e *NoWorkerError) Error() string {
 	if e.Tries > 1 {
 		tries = fmt.Sprintf(" (%d tries in a row)", e.Tries)
 	}
-	return fmt.Sprintf("no worker could start%s: %v; %d jobs not run", tries, e.Err, e.NotRun)
+	jobs := "jobs"
+	if e.NotRun == 1 {
+		jobs = "job"
+	}
+	return fmt.Sprintf("no worker could start%s: %v; %d %s not run", tries, e.Err, e.NotRun, jobs)
 }
 
 func (e *NoWorkerError) Unwrap() error { return e.Err }
+
+// Permanent marks a start error that starting again cannot mend (the worker
+// refused, the code changed under the run): the slot gives up at once.
+func Permanent(err error) error { return &permanentError{err} }
+
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return e.err.Error() }
+func (e *permanentError) Unwrap() error { return e.err }
+
+func isPermanent(err error) bool {
+	var p *permanentError
+	var refused *worker.RefusedError
+	return errors.As(err, &p) || errors.As(err, &refused)
+}
 
 // Config says how to run.
 type Config struct {
@@ -94,38 +117,35 @@ func (c Config) startBackoff() time.Duration {
 // through Done before stays done. It returns ctx's error when cancelled.
 //
 // A worker that fails to start is started again after a backoff. After
-// StartTries failures in a row its slot retires: the job it held is reported
-// failed when some worker of this run has started (the environment works,
-// the failure is the job's bad luck), and left unreported otherwise (nothing
-// ran; nothing is recorded). When every slot has retired, Run returns a
-// *NoWorkerError.
+// StartTries failures in a row (or one permanent failure) its slot retires.
+// The job it held is reported failed when some worker of this run has
+// started (the environment works; the failure is the job's bad luck), and
+// otherwise goes back to the queue for the other slots. When every slot has
+// retired, Run returns a *NoWorkerError.
 func Run(ctx context.Context, jobs []Job, cfg Config) error {
 	if cfg.Workers < 1 {
 		return fmt.Errorf("need at least one worker, got %d", cfg.Workers)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	queue := make(chan Job)
-	p := &pool{cfg: cfg, cancel: cancel, slotsLeft: min(cfg.Workers, len(jobs)), retired: make(chan struct{})}
+	// Room for every job, so a retiring slot can put its job back.
+	queue := make(chan Job, len(jobs))
+	for _, j := range jobs {
+		queue <- j
+	}
+	slots := min(cfg.Workers, len(jobs))
+	p := &pool{cfg: cfg, cancel: cancel, queue: queue, pending: len(jobs), allDone: make(chan struct{})}
+	if len(jobs) == 0 {
+		return nil
+	}
 	var wg sync.WaitGroup
-	for i := 0; i < p.slotsLeft; i++ {
+	for range slots {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			p.serve(ctx, queue)
+			p.serve(ctx)
 		}()
 	}
-feed:
-	for _, j := range jobs {
-		select {
-		case queue <- j:
-		case <-ctx.Done():
-			break feed
-		case <-p.retired:
-			break feed
-		}
-	}
-	close(queue)
 	wg.Wait()
 	if p.firstErr != nil {
 		return p.firstErr
@@ -133,8 +153,8 @@ feed:
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if p.reported < len(jobs) {
-		return &NoWorkerError{Tries: p.startTries, NotRun: len(jobs) - p.reported, Err: p.startErr}
+	if p.pending > 0 {
+		return &NoWorkerError{Tries: p.startTries, NotRun: p.pending, Err: p.startErr}
 	}
 	return nil
 }
@@ -143,15 +163,28 @@ feed:
 type pool struct {
 	cfg    Config
 	cancel context.CancelFunc
+	queue  chan Job
 
 	mu         sync.Mutex
-	firstErr   error // from Done: stops the run
-	reported   int
-	started    bool  // some worker of this run has started
-	startErr   error // the last failed start
-	startTries int   // and how many tries in a row it ended
-	slotsLeft  int
-	retired    chan struct{} // closed when the last slot retires
+	firstErr   error         // from Done: stops the run
+	pending    int           // jobs not reported yet
+	started    bool          // some worker of this run has started
+	startErr   error         // the last failed start
+	startTries int           // and how many tries in a row it ended
+	allDone    chan struct{} // closed when every job is reported
+}
+
+// next is the next job for a slot; false when there is none to come. A
+// slot never waits for nothing: a job is either reported, in a slot's hands
+// (and comes back to the queue if that slot retires) or in the queue.
+func (p *pool) next(ctx context.Context) (Job, bool) {
+	select {
+	case job := <-p.queue:
+		return job, true
+	case <-p.allDone:
+	case <-ctx.Done():
+	}
+	return Job{}, false
 }
 
 func (p *pool) report(o Outcome) {
@@ -160,7 +193,10 @@ func (p *pool) report(o Outcome) {
 	if p.firstErr != nil {
 		return
 	}
-	p.reported++
+	p.pending--
+	if p.pending == 0 {
+		close(p.allDone)
+	}
 	if p.cfg.Progress != nil {
 		p.cfg.Progress.Finished(o)
 	}
@@ -170,19 +206,10 @@ func (p *pool) report(o Outcome) {
 	}
 }
 
-func (p *pool) retire() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.slotsLeft--
-	if p.slotsLeft == 0 {
-		close(p.retired)
-	}
-}
-
 // start starts a worker, retrying with backoff. It returns nil when ctx
-// ended, after StartTries failures in a row, or at once when the worker
-// refused to start (another would refuse too); then the second result says
-// whether some worker of this run has ever started.
+// ended, after StartTries failures in a row, or at once on a permanent
+// failure; then the second result says whether some worker of this run has
+// ever started.
 func (p *pool) start(ctx context.Context, job Job) (*worker.Worker, bool) {
 	wait := p.cfg.startBackoff()
 	for try := 1; ; try++ {
@@ -198,8 +225,7 @@ func (p *pool) start(ctx context.Context, job Job) (*worker.Worker, bool) {
 		if err == nil || ctx.Err() != nil {
 			return w, everStarted
 		}
-		var refused *worker.RefusedError
-		if try >= p.cfg.startTries() || errors.As(err, &refused) {
+		if try >= p.cfg.startTries() || isPermanent(err) {
 			p.cfg.Log.Error().Err(err).Str("job", job.ID).Int("tries", try).Msg("worker did not start; this pool slot gives up")
 			return nil, everStarted
 		}
@@ -214,14 +240,18 @@ func (p *pool) start(ctx context.Context, job Job) (*worker.Worker, bool) {
 }
 
 // serve is one pool slot: it owns at most one worker at a time.
-func (p *pool) serve(ctx context.Context, queue <-chan Job) {
+func (p *pool) serve(ctx context.Context) {
 	var w *worker.Worker
 	defer func() {
 		if w != nil {
 			w.Close()
 		}
 	}()
-	for job := range queue {
+	for {
+		job, ok := p.next(ctx)
+		if !ok {
+			return
+		}
 		begin := time.Now()
 		for attempt := 1; ; attempt++ {
 			if w == nil {
@@ -233,9 +263,10 @@ func (p *pool) serve(ctx context.Context, queue <-chan Job) {
 					if everStarted {
 						p.report(Outcome{Job: job, Attempts: attempt, Wall: time.Since(begin),
 							Err: fmt.Errorf("no worker could start for this job: %w", p.lastStartErr())})
+					} else {
+						p.queue <- job // for a slot whose worker does start; never blocks (room for every job)
 					}
-					p.retire()
-					return
+					return // this slot retires
 				}
 			}
 			if p.cfg.Prepare != nil {
@@ -247,6 +278,7 @@ func (p *pool) serve(ctx context.Context, queue <-chan Job) {
 			if ctx.Err() != nil {
 				return // cancelled: the job is in flight, not done
 			}
+			ran := w
 			var died *worker.ExitError
 			if errors.As(err, &died) || errors.Is(err, context.DeadlineExceeded) || (err != nil && !w.Alive()) {
 				w.Close()
@@ -256,11 +288,10 @@ func (p *pool) serve(ctx context.Context, queue <-chan Job) {
 				p.cfg.Log.Warn().Str("job", job.ID).Err(err).Msg("worker died; retrying the job once on a fresh worker")
 				continue
 			}
-			p.report(Outcome{Job: job, Result: result, Err: err, Attempts: attempt, Duration: took, Wall: time.Since(begin)})
+			p.report(Outcome{Job: job, Result: result, Err: err, Attempts: attempt, Duration: took, Wall: time.Since(begin), Worker: ran})
 			break
 		}
 	}
-	// A slot that ran out of jobs does not retire: the feeder is done.
 }
 
 func (p *pool) lastStartErr() error {
@@ -277,7 +308,7 @@ func runOne(ctx context.Context, w *worker.Worker, job Job) (json.RawMessage, er
 	}
 	result, err := w.Run(ctx, job.Spec)
 	if errors.Is(err, context.DeadlineExceeded) {
-		return nil, fmt.Errorf("timed out after %v; its worker was killed and the run goes on: %w", job.Timeout, context.DeadlineExceeded)
+		return nil, fmt.Errorf("timed out after %v (worker killed): %w", job.Timeout, context.DeadlineExceeded)
 	}
 	return result, err
 }

@@ -78,7 +78,7 @@ func TestRunRetriesTimeoutsAndFailures(t *testing.T) {
 		{"echo1", true, 1, ""},
 		{"once", true, 2, ""},
 		{"always", false, 2, "worker died"},
-		{"slow", false, 1, "timed out after 1s; its worker was killed and the run goes on"},
+		{"slow", false, 1, "timed out after 1s (worker killed)"},
 		{"raises", false, 1, "ValueError: bad params"},
 		{"echo2", true, 1, ""},
 	}
@@ -218,6 +218,53 @@ func TestSlotGivesUpAfterRepeatedStartFailures(t *testing.T) {
 	}
 	if _, ran := c.out["never"]; ran {
 		t.Error("a job ran with no worker")
+	}
+}
+
+// A slot that gives up before any worker has started puts its job back: a
+// slot whose worker does start runs it, and the run ends complete.
+func TestJobOfASlotThatGivesUpEarlyGoesToAnother(t *testing.T) {
+	start, _ := starter(t)
+	failed := make(chan struct{})
+	var once sync.Once
+	var mu sync.Mutex
+	calls := 0
+	flaky := func(ctx context.Context) (*worker.Worker, error) {
+		mu.Lock()
+		calls++
+		first := calls == 1
+		mu.Unlock()
+		if first {
+			defer once.Do(func() { close(failed) })
+			return nil, errors.New("worker died (signal: killed) and printed nothing")
+		}
+		<-failed
+		time.Sleep(100 * time.Millisecond) // the failed slot has retired by now
+		return start(ctx)
+	}
+	jobs := []Job{job("a", "kernels_py.runtime.diag:echo", nil, time.Minute), job("b", "kernels_py.runtime.diag:echo", nil, time.Minute)}
+	var c collected
+	err := Run(context.Background(), jobs, Config{Workers: 2, Start: flaky, Done: c.done, StartTries: 1, Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.out) != 2 || c.out["a"].Err != nil || c.out["b"].Err != nil {
+		t.Errorf("outcomes %+v", c.out)
+	}
+}
+
+// A start error that retrying cannot mend retires the slot at once.
+func TestPermanentStartErrorIsNotRetried(t *testing.T) {
+	calls := 0
+	err := Run(context.Background(), []Job{job("a", "kernels_py.runtime.diag:echo", nil, 0)}, Config{Workers: 1, Log: zerolog.Nop(),
+		Start: func(context.Context) (*worker.Worker, error) {
+			calls++
+			return nil, Permanent(errors.New("code changed"))
+		},
+		Done: func(Outcome) error { return nil }})
+	var nw *NoWorkerError
+	if !errors.As(err, &nw) || calls != 1 || err.Error() != "no worker could start: code changed; 1 job not run" {
+		t.Fatalf("%d starts, %v", calls, err)
 	}
 }
 

@@ -1,7 +1,9 @@
 package tensor
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -46,10 +48,30 @@ func npyDescr(dt DType) (string, error) {
 // character) written as %XX, plus ".npy". Distinct names give distinct files
 // (so "a/b" and "a_b" do not collide), NameFromNPY reverses it, and no name
 // can reach outside the directory it is written to. The empty name is "%".
+// A name whose escaped form would pass the file-name limit keeps its first
+// part and ends in "~" and a hash of the whole name: still distinct, no
+// longer reversible (a map from names to files must say which it is).
 func NPYName(name string) string {
 	if name == "" {
 		return "%.npy"
 	}
+	escaped := escapeName(name)
+	if len(escaped) <= maxNameBytes {
+		return escaped + ".npy"
+	}
+	cut := maxNameBytes - 17 // "~" and 16 hex digits
+	for cut > 0 && strings.LastIndexByte(escaped[:cut], '%') >= cut-2 {
+		cut-- // never split a %XX
+	}
+	sum := sha256.Sum256([]byte(name))
+	return escaped[:cut] + "~" + hex.EncodeToString(sum[:8]) + ".npy"
+}
+
+// maxNameBytes leaves room for ".npy" in the 255 bytes most file systems
+// allow a name.
+const maxNameBytes = 255 - len(".npy")
+
+func escapeName(name string) string {
 	var b strings.Builder
 	for i := 0; i < len(name); i++ {
 		c := name[i]
@@ -59,7 +81,7 @@ func NPYName(name string) string {
 			fmt.Fprintf(&b, "%%%02X", c)
 		}
 	}
-	return b.String() + ".npy"
+	return b.String()
 }
 
 // NameFromNPY is the tensor name NPYName gave file for.

@@ -308,4 +308,13 @@ func TestNPYNameIsDistinctAndReversible(t *testing.T) {
 	if _, err := NameFromNPY("a/b.npy"); err == nil {
 		t.Error("a name NPYName never writes was accepted")
 	}
+	// Names whose escaped form is too long for a file name stay distinct and fit.
+	long1, long2 := strings.Repeat("/", 100)+"a", strings.Repeat("/", 100)+"b"
+	f1, f2 := NPYName(long1), NPYName(long2)
+	if f1 == f2 || len(f1) > 255 || len(f2) > 255 || !strings.Contains(f1, "~") || strings.Contains(f1[:strings.Index(f1, "~")], "%2~") {
+		t.Errorf("long names: %q, %q", f1, f2)
+	}
+	if _, err := NameFromNPY(f1); err == nil {
+		t.Error("a cut name claimed to be reversible")
+	}
 }
