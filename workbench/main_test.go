@@ -259,3 +259,43 @@ func TestMethodsListsKnobs(t *testing.T) {
 		t.Errorf("methods h2oo: exit %d, %s", code, stderr)
 	}
 }
+
+// kernels report compiles for a GPU target on a machine without one and
+// reads back what the kernels became.
+func TestKernelsReport(t *testing.T) {
+	py := os.Getenv("VLKV_TEST_PYTHON")
+	if py == "" {
+		t.Skip("needs VLKV_TEST_PYTHON")
+	}
+	code, stdout, stderr := runCLI(t, "--python", py, "kernels", "report", "--arch", "sm_90", "--json", "--case", "absorbed-fp16-d128-r64x96")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	var res struct {
+		Title string
+		Rows  []map[string]any
+	}
+	if err := json.Unmarshal([]byte(stdout), &res); err != nil || !strings.Contains(res.Title, "sm_90") {
+		t.Fatalf("%v\n%s", err, stdout)
+	}
+	stage1 := 0
+	for _, r := range res.Rows {
+		if r["kernel"] != "_stage1_absorbed_kernel" {
+			continue
+		}
+		stage1++
+		if r["tensor_cores"] != true || r["registers"].(float64) <= 0 || r["registers"].(float64) > 255 {
+			t.Errorf("row %v", r)
+		}
+		if r["block_n"] == 32.0 && r["num_warps"] == 4.0 && r["spill_stores"] != 0.0 {
+			t.Errorf("the default config spills: %v", r)
+		}
+	}
+	if stage1 == 0 {
+		t.Fatalf("no stage-1 rows in %v", res.Rows)
+	}
+	code, _, stderr = runCLI(t, "--python", py, "kernels", "report", "--case", "no-such-case")
+	if code != 2 || !strings.Contains(stderr, `--case: 'no-such-case' is unknown`) {
+		t.Errorf("unknown case: exit %d, %s", code, stderr)
+	}
+}

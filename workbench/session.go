@@ -18,24 +18,11 @@ type session struct {
 }
 
 func (a *app) newSession(ctx context.Context) (*session, error) {
+	kernels, rt, err := a.resolveRuntime(ctx)
+	if err != nil {
+		return nil, err
+	}
 	cacheDir, err := pyrt.CacheDir()
-	if err != nil {
-		return nil, err
-	}
-	kernels, err := a.kernelsRoot()
-	if err != nil {
-		return nil, err
-	}
-	rt, err := pyrt.Resolve(ctx, pyrt.Options{
-		PythonFlag: a.flags.python,
-		Managed: func(ctx context.Context) (*pyrt.Runtime, error) {
-			project, err := pyrt.ProjectFor(kernels, vlkv.Assets)
-			if err != nil {
-				return nil, err
-			}
-			return pyrt.EnsureManaged(ctx, pyrt.ManagedConfig{CacheDir: cacheDir, Project: project, Log: a.log, Progress: a.stderr})
-		},
-	})
 	if err != nil {
 		return nil, err
 	}
@@ -80,4 +67,28 @@ func (a *app) startWorker(ctx context.Context, s *session) (*worker.Worker, erro
 		return nil, fmt.Errorf("%w (python: %s, kernels: %s)", err, s.runtime.Python, s.kernels.Dir)
 	}
 	return w, nil
+}
+
+// resolveRuntime finds the kernels root and the Python runtime, without
+// choosing a device (for commands that compile rather than run kernels).
+func (a *app) resolveRuntime(ctx context.Context) (pyrt.KernelsRoot, *pyrt.Runtime, error) {
+	cacheDir, err := pyrt.CacheDir()
+	if err != nil {
+		return pyrt.KernelsRoot{}, nil, err
+	}
+	kernels, err := a.kernelsRoot()
+	if err != nil {
+		return pyrt.KernelsRoot{}, nil, err
+	}
+	rt, err := pyrt.Resolve(ctx, pyrt.Options{
+		PythonFlag: a.flags.python,
+		Managed: func(ctx context.Context) (*pyrt.Runtime, error) {
+			project, err := pyrt.ProjectFor(kernels, vlkv.Assets)
+			if err != nil {
+				return nil, err
+			}
+			return pyrt.EnsureManaged(ctx, pyrt.ManagedConfig{CacheDir: cacheDir, Project: project, Log: a.log, Progress: a.stderr})
+		},
+	})
+	return kernels, rt, err
 }

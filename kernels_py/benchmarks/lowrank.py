@@ -130,11 +130,12 @@ class Lowrank(AttentionBenchmark):
                                       device, g)
         op.check_inputs(q, q_pos, comp, dense, ROPE_BASE)  # once: the timed calls skip the value checks
         splits = op.default_num_splits(comp, dense, self.kv_heads)
+        absorbed_splits = op.default_num_splits(comp, dense, self.kv_heads, absorbed=True)
         full_k = torch.randn(b, self.kv_heads, n + self.dense_len, self.head_dim, generator=g, device=device).to(dt)
         full_v = torch.randn_like(full_k)
         fused = lambda: op.lowrank_decode(q, q_pos, comp, dense, rope_base=ROPE_BASE,  # noqa: E731
                                           num_splits=splits, check_values=False)
-        absorbed = lambda: op.lowrank_decode_absorbed(q, q_pos, comp, dense, num_splits=splits,  # noqa: E731
+        absorbed = lambda: op.lowrank_decode_absorbed(q, q_pos, comp, dense, num_splits=absorbed_splits,  # noqa: E731
                                                       check_values=False)
         unfused = lambda: _unfused(q, comp, dense, ROPE_BASE)  # noqa: E731
         full = lambda: sdpa(q, full_k, full_v)  # noqa: E731

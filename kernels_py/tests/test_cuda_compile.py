@@ -5,7 +5,7 @@ without a GPU.
 The other kernel tests run under TRITON_INTERPRET=1, which never compiles:
 tl.dot shape and dtype rules, codegen type errors, constexpr mistakes and
 resource limits only show on the compiled path. The compiling is done by
-kernels_py.tests.cuda_compile in one child process per target (run in
+kernels_py.ops.compile in one child process per target (run in
 parallel), without TRITON_INTERPRET: see its docstring for why it cannot run
 in this process and how launches are recorded and specialized. Each child
 gets an empty Triton cache, so every run really compiles.
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from kernels_py.ops import OPS, folders
-from kernels_py.tests import cuda_compile as cc
+from kernels_py.ops import compile as cc
 
 CASES = cc.cases()
 
@@ -57,7 +57,7 @@ def compiled(tmp_path_factory):
         for target in cc.TARGETS:
             out = tmp / f"sm{target}.json"
             child_env = dict(env, TRITON_CACHE_DIR=str(tmp / f"cache{target}"))
-            cmd = [sys.executable, "-m", "kernels_py.tests.cuda_compile", "--target", str(target), "--out", str(out)]
+            cmd = [sys.executable, "-m", "kernels_py.ops.compile", "--target", str(target), "--out", str(out)]
             children[target] = out, subprocess.Popen(cmd, cwd=ROOT, env=child_env, stdout=subprocess.PIPE,
                                                      stderr=subprocess.STDOUT, text=True)
         results = {}
@@ -121,6 +121,25 @@ def test_compiles(case, target, compiled):
         pytest.fail(f"{case.name}: {len(problems)} failure(s)\n\n" + "\n\n".join(problems))
 
 
+@pytest.mark.parametrize("target", cc.TARGETS, ids=lambda t: f"sm{t}")
+@pytest.mark.parametrize("case,kernel", [("decode-fp16-d128-rope-r32-gqa4", "_stage1_kernel"),
+                                         ("absorbed-fp16-d128-r64x96", "_stage1_absorbed_kernel")])
+def test_decode_kernels_use_tensor_cores_without_spills(case, kernel, target, compiled):
+    """Both low-rank decode kernels, 16-bit inputs, at the default config
+    (lowrank_decode's pinned tile, also the autotuner's first): their dots
+    lower to tensor-core MMAs (mma.sync, and wgmma on sm_90 where Triton
+    chooses it) and ptxas spills no register."""
+    from kernels_py.ops.lowrank_decode import kernel as lowrank
+
+    default = [[["BLOCK_N", lowrank.INTERPRET_BLOCK_N]], lowrank.DEFAULT_WARPS, lowrank.DEFAULT_STAGES]
+    entries = [e for e in compiled[case, target]["compiled"] if e["kernel"] == kernel and e.get("config") == default]
+    assert entries, f"{case} did not compile {kernel} at its default config {default}"
+    for e in entries:
+        assert e["mma_sync"] + e["wgmma"] > 0, f"{kernel} ({case}, sm_{target}) has no tensor-core instruction"
+        assert e["spill_stores"] == 0 and e["spill_loads"] == 0, \
+            f"{kernel} ({case}, sm_{target}) spills: {e['spill_stores']} B stored, {e['spill_loads']} B loaded"
+
+
 def _constexprs(compiled, case, kernel):
     entries = [e for e in compiled[case, cc.TARGETS[0]]["compiled"] if e["kernel"] == kernel and "constexprs" in e]
     assert entries, f"{case} compiled no {kernel}"
@@ -133,7 +152,7 @@ def test_specializations_are_the_gpu_ones(compiled):
     assert _constexprs(compiled, "stats-bf16-d64", "_row_stats_kernel")["UPCAST"] == "False"
     decode = _constexprs(compiled, "decode-bf16-d128-r96x160-m2", "_stage1_kernel")
     assert (decode["QK_DT"], decode["UW_DT"]) == ("bf16", "bf16")
-    assert (decode["ONE_CHUNK_K"], decode["ONE_CHUNK_V"], decode["ROPE"]) == ("False", "False", "False")
+    assert (decode["ONE_CHUNK_K"], decode["BLOCK_RV"], decode["ROPE"], decode["RANK_PREC"]) == ("False", "256", "False", "tf32")
     mixed = _constexprs(compiled, "decode-fp16-wbf16-d64-rope-r4x8-block32", "_stage1_kernel")
     assert (mixed["QK_DT"], mixed["UW_DT"], mixed["ROPE"]) == ("fp16", "fp32", "True")
     assert _constexprs(compiled, "absorbed-bf16-d64-r256x200-m3", "_stage1_absorbed_kernel")["RANK_PREC"] == "tf32"

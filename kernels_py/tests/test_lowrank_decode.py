@@ -125,6 +125,9 @@ CASES = {
     # those past a tile's largest rank prefix (most tokens here have rank 25 / 18)
     "rank100_chunked": dict(rank_k=100, rank_v=72, full_share=0.1, comp_lens=(60, 45)),
     "rank1": dict(rank_k=1, rank_v=2, comp_lens=(33, 8)),
+    # four kv heads with 7 query heads each: the absorbed kernel's programs
+    # hold all 28 rows and pick each row's kv head (W_k, W_v, dense K/V)
+    "kv4_gqa7": dict(heads=28, kv_heads=4, rank_k=16, rank_v=8, comp_lens=(45, 20), dense_lens=(7, 3)),
 }
 
 
@@ -382,8 +385,32 @@ def test_bad_options(device):
         kernel.lowrank_decode(many, q_pos[:, :1].repeat(1, 3), comp1, dense1, rope_base=None)
 
 
-def test_absorbed_rank_limit(device):
+def test_rank_limits(device):
     q, q_pos, comp, dense = make_case(device, dtype=torch.float16, rank_k=300, rank_v=16, comp_lens=(3, 2),
                                       dense_lens=(1, 1))
-    with pytest.raises(ValueError, match="up to 256"):
+    with pytest.raises(ValueError, match="absorbed kernel supports up to 256"):
         kernel.lowrank_decode_absorbed(q, q_pos, comp, dense)
+    # The fused kernel rebuilds keys in chunks (any rank), but keeps values in rank space.
+    q, q_pos, comp, dense = make_case(device, dtype=torch.float16, rank_k=16, rank_v=300, comp_lens=(3, 2),
+                                      dense_lens=(1, 1))
+    with pytest.raises(ValueError, match="uv has rank 300; the kernel keeps values in rank space and supports up to 256"):
+        kernel.lowrank_decode(q, q_pos, comp, dense, rope_base=None)
+
+
+def test_roofline_model_counts_the_bytes_of_the_issue():
+    """fp16, 8 kv heads, head_dim 128, rank 64: 4096 bytes a token in the full
+    cache, 256 in U_k + U_v, read once for all heads."""
+    from kernels_py.ops.lowrank_decode import model
+
+    step = model.Step(batch=64, visual=32768, dense=64)
+    assert model.per_token_bytes(step) == {"full": 4096, "factors": 256}
+    c = model.costs(step)
+    assert c["flash, full cache"]["bytes"] == 64 * (32768 + 64) * 4096
+    w_bytes = 64 * (64 + 64) * 8 * 128 * 2
+    dense_bytes = 64 * 64 * 4096
+    assert c["absorbed (latent)"]["bytes"] == 64 * 32768 * 256 + w_bytes + dense_bytes
+    assert c["absorbed (latent)"]["mass_bytes"] == 64 * 32 * (32768 + 64) * 8
+    flash_us, bound = model.roofline_us(c["flash, full cache"])
+    assert bound == "memory" and abs(flash_us - 8.6e9 / 3.35e12 * 1e6) / flash_us < 0.01
+    rows = model.report()["rows"]
+    assert {r["variant"] for r in rows} == {"flash, full cache", "absorbed (latent)", "fused (exact)"}

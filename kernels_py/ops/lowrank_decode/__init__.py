@@ -3,8 +3,10 @@ whose compressed segment is U @ W factors with a rank prefix per token, plus an
 uncompressed segment; output, LSE and each token's attention mass in one pass.
 
 contract.py   the cache segments, the output and the input checks
-kernel.py     the fused decompress + flash-decoding kernel, its rank-space
-              (absorbed) variant, and their launchers
+kernel.py     the fused kernel (keys rebuilt, values in rank space), the
+              absorbed kernel (all in rank space, all heads per program), and
+              their launchers
+model.py      bytes and FLOPs of one step per implementation, H100 roofline
 reference.py  the same contract in plain PyTorch (also the unfused path)
 cases.py      compile cases (sm_80 / sm_90) and the selftest
 """

@@ -1,12 +1,16 @@
 """Fused decompress + split-K flash-decoding over a low-rank KV cache
 (AttentionPack), and its launchers. What is computed is in contract.py.
 
-`lowrank_decode` rebuilds K and V tiles from U and W in SRAM and attends with
-split-K flash-decoding (rotating the rebuilt keys when rope_base is set);
-`lowrank_decode_absorbed` attends in rank space instead (q~ = q W_k^T against
-U_k, values mapped back by W_v once per split), which is only exact for keys
-decomposed after RoPE. Why the fused kernel is slow on sm_90 today, line by
-line: notes/lowrank-decode-sm90.md in the design notes.
+`lowrank_decode` rebuilds key tiles from U_k and W_k in SRAM (rotating them
+when rope_base is set) and attends with split-K flash-decoding; values are
+never rebuilt: the split's sum_t p_t U_v[t] stays in rank space and is mapped
+by W_v once per split, which is exact. `lowrank_decode_absorbed` attends
+entirely in rank space (q~ = q W_k^T against U_k), which is only exact for
+keys decomposed after RoPE; its programs hold every query head of a sequence,
+so U is read once for all heads. What each compiles to on sm_80/sm_90:
+`workbench kernels report`; the bytes and FLOPs a step must move: model.py;
+why the fused kernel was slow on sm_90, line by line:
+notes/lowrank-decode-sm90.md in the design notes.
 
 Reference: reference.py beside this file.
 """
@@ -25,10 +29,12 @@ from kernels_py.ops.lowrank_decode.contract import CompressedKV, DecodeOutput, D
 # Triton kernels: split-K flash-decoding over the two segments
 # ----------------------------------------------------------------------------
 #
-# Stage 1 (`_stage1_kernel`, `_stage1_absorbed_kernel`): one program per
-# (kv head, sequence, split). It owns every query row of its kv group: the
-# GROUP query heads times the M query tokens, folded into BLOCK_ROWS rows
-# (padded to a power of two >= 16 for tl.dot). Its split is a contiguous
+# Stage 1, `_stage1_kernel`: one program per (kv head, sequence, split). It
+# owns every query row of its kv group: the GROUP query heads times the M
+# query tokens, folded into BLOCK_ROWS rows (padded to a power of two >= 16
+# for tl.dot). `_stage1_absorbed_kernel`: one program per (sequence, split)
+# owning every query head's rows (FlashMLA's all-heads-as-MMA-rows), so U is
+# read once per sequence instead of once per kv head. Its split is a contiguous
 # range of the sequence [compressed tokens, then dense tokens]; each tile of
 # BLOCK_N tokens is scored, the scaled logits are written out (log2 units,
 # -inf where masked) for the masses, and an online softmax (base 2) keeps the
@@ -49,11 +55,13 @@ from kernels_py.ops.lowrank_decode.contract import CompressedKV, DecodeOutput, D
 
 MAX_HEAD_DIM = 256
 MAX_ROWS = 128  # query heads per kv head x query tokens, one program's rows
-MAX_ABSORBED_RANK = 256  # the absorbed kernel holds a whole rank-space row
 MAX_SPLITS = 256
 TOKENS_PER_SPLIT = 256  # default split size (num_splits=None)
 DEFAULT_MAX_SPLITS = 64
-MAX_BLOCK_R = 64  # rank chunk of the rebuild; larger ranks loop over chunks
+MAX_BLOCK_R = 64  # rank chunk of the key rebuild; larger ranks loop over chunks
+# Values stay in rank space, so a program holds a whole U_v row (and in the
+# absorbed kernel a whole U_k row): ranks up to this.
+MAX_RANK_SPACE = 256
 INTERPRET_BLOCK_N = 32  # fixed tile under the interpreter (no autotuning there)
 
 
@@ -175,20 +183,6 @@ def _rebuild_keys_chunked(UK_b, WK_col, offs_n, rank, offs_h, h_mask, n_rank,
 
 
 @triton.jit
-def _rebuild_values_chunked(UV_b, WV_col, offs_n, rank, offs_d, d_mask, n_rank,
-                            stride_un, stride_ur, stride_wr, stride_wc,
-                            BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-                            UW_DT: tl.constexpr):
-    """Values of a tile rebuilt chunk by chunk: float32 [BLOCK_N, BLOCK_D]."""
-    v = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    for r0 in range(0, tl.max(rank, 0), BLOCK_R):
-        u = _load_u(UV_b, offs_n, rank, r0, stride_un, stride_ur, BLOCK_R, UW_DT)
-        w = _load_wv(WV_col, r0, offs_d, d_mask, n_rank, stride_wr, stride_wc, BLOCK_R, UW_DT)
-        v += tl.dot(u, w, input_precision="ieee")
-    return v
-
-
-@triton.jit
 def _rope_t(k_lo, k_hi, tok_pos, inv_freq):
     """Rotate transposed key halves ("rotate half"): pair (i, i + D/2) turns by
     pos * inv_freq[i]. Angles are reduced to [-pi, pi] first because compiled
@@ -230,12 +224,16 @@ def _stage1_kernel(
     BLOCK_HALF: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_R: tl.constexpr,
+    BLOCK_RV: tl.constexpr,
     ONE_CHUNK_K: tl.constexpr,
-    ONE_CHUNK_V: tl.constexpr,
     QK_DT: tl.constexpr,
     UW_DT: tl.constexpr,
+    RANK_PREC: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
+    """Keys rebuilt per tile (and rotated when ROPE), values never: the
+    split's sum_t p_t U_v[t, :r_t] stays in rank space and is mapped by this
+    kv head's W_v once at the end, which is exact (o = (sum_t p_t U_v[t]) W_v)."""
     kv_head = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     split = tl.program_id(2)
@@ -261,18 +259,18 @@ def _stage1_kernel(
 
     m_i = tl.full([BLOCK_ROWS], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_ROWS, BLOCK_D], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_ROWS, BLOCK_D], dtype=tl.float32)  # the dense segment's sum_t p_t v_t
+    offs_rv = tl.arange(0, BLOCK_RV)
+    acc_rank = tl.zeros([BLOCK_ROWS, BLOCK_RV], dtype=tl.float32)  # sum_t p_t U_v[t, :r_t]
 
     UK_b = UK + b * stride_ukb
     UV_b = UV + b * stride_uvb
     WK_col = WK + b * stride_wkb + kv_head * HEAD_DIM * stride_wkc  # this kv head's columns of W
     WV_col = WV + b * stride_wvb + kv_head * HEAD_DIM * stride_wvc
-    # When the rank fits one chunk, this kv head's W slices are loaded once,
+    # When the rank fits one chunk, this kv head's W_k slices are loaded once,
     # outside the token loop (they are the same for every tile).
     if ONE_CHUNK_K:
         wk_lo, wk_hi = _load_wk_t(WK_col, 0, offs_h, h_mask, rank_k_max, stride_wkr, stride_wkc, HALF, BLOCK_R, UW_DT)
-    if ONE_CHUNK_V:
-        wv = _load_wv(WV_col, 0, offs_d, d_mask, rank_v_max, stride_wvr, stride_wvc, BLOCK_R, UW_DT)
     for start in range(c_lo, c_hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         tok_mask = offs_n < c_hi
@@ -293,14 +291,9 @@ def _stage1_kernel(
         s = _mask_and_store(s * qk_scale, logit_rows, offs_n, stride_ln, tok_pos, tok_mask, q_pos, row_mask)
         p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i)
         rank_v = tl.load(RankV + b * stride_rvb + offs_n * stride_rvn, mask=tok_mask, other=0).to(tl.int32)
-        if ONE_CHUNK_V:
-            u = _load_u(UV_b, offs_n, rank_v, 0, stride_uvn, stride_uvr, BLOCK_R, UW_DT)
-            v = tl.dot(u, wv, input_precision="ieee")
-        else:
-            v = _rebuild_values_chunked(UV_b, WV_col, offs_n, rank_v, offs_d, d_mask, rank_v_max,
-                                        stride_uvn, stride_uvr, stride_wvr, stride_wvc, BLOCK_N, BLOCK_R, BLOCK_D,
-                                        UW_DT)
-        acc = acc * alpha[:, None] + tl.dot(p.to(QK_DT), v.to(QK_DT), input_precision="ieee")
+        uv = _load_u(UV_b, offs_n, rank_v, 0, stride_uvn, stride_uvr, BLOCK_RV, UW_DT)
+        acc_rank = acc_rank * alpha[:, None] + tl.dot(p.to(UW_DT), uv, input_precision="ieee")
+        acc = acc * alpha[:, None]
 
     DK_h = DK + b * stride_dkb + kv_head * stride_dkh
     DV_h = DV + b * stride_dvb + kv_head * stride_dvh
@@ -319,10 +312,25 @@ def _stage1_kernel(
         v = tl.load(DV_h + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd,
                     mask=tok_mask[:, None] & d_mask[None, :], other=0.0).to(QK_DT)
         acc = acc * alpha[:, None] + tl.dot(p.to(QK_DT), v, input_precision="ieee")
+        acc_rank = acc_rank * alpha[:, None]
+
+    # Back from rank space once per split, float32.
+    wv = _load_wv(WV_col, 0, offs_d, d_mask, rank_v_max, stride_wvr, stride_wvc, BLOCK_RV, tl.float32)
+    acc += tl.dot(acc_rank, wv, input_precision=RANK_PREC)
 
     part_rows = b * stride_ob + head[:, None] * stride_oh + query[:, None] * stride_om + split * stride_os
     lse_rows = b * stride_sb + head * stride_sh + query * stride_sm + split * stride_ss
     _store_split(PartO + part_rows, PartLse + lse_rows, acc, m_i, l_i, offs_d, d_mask, row_mask, stride_od)
+
+
+@triton.jit
+def _all_query_rows(N_QUERIES: tl.constexpr, GROUP: tl.constexpr, N_ROWS: tl.constexpr, BLOCK_ROWS: tl.constexpr):
+    """Rows of a program that holds every query head: row r is query token
+    r % M of query head r // M, which reads kv head (r // M) // GROUP."""
+    offs_row = tl.arange(0, BLOCK_ROWS)
+    row_mask = offs_row < N_ROWS
+    head = offs_row // N_QUERIES
+    return head, offs_row % N_QUERIES, head // GROUP, row_mask
 
 
 @triton.jit
@@ -346,6 +354,7 @@ def _stage1_absorbed_kernel(
     stride_ob, stride_oh, stride_om, stride_os, stride_od,
     stride_sb, stride_sh, stride_sm, stride_ss,
     n_comp, rank_k_max, rank_v_max, qk_scale, tune_programs, tune_span,
+    KV_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     N_QUERIES: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -358,14 +367,17 @@ def _stage1_absorbed_kernel(
     RANK_PREC: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """Rank-space attention for keys decomposed after RoPE: score = (q W_k,h^T) . U_k[t, :r_t],
-    values accumulated as sum_t p_t U_v[t, :r_t] and mapped by W_v,h once per split."""
-    kv_head = tl.program_id(0)
-    b = tl.program_id(1).to(tl.int64)
-    split = tl.program_id(2)
-    n_splits = tl.num_programs(2)
+    """Rank-space attention for keys decomposed after RoPE, like MLA decode:
+    one program per (sequence, split) holds every query head of the sequence
+    as a row of its MMAs, so each U tile is read once for all heads (U is
+    shared by every kv head). Row r of kv head g scores (q_r W_k,g^T) .
+    U_k[t, :r_t]; values are accumulated as sum_t p_t U_v[t, :r_t] and mapped
+    by W_v,g once per split. The dense segment is read per kv head."""
+    b = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    n_splits = tl.num_programs(1)
 
-    head, query, row_mask = _query_rows(kv_head, GROUP, N_QUERIES, BLOCK_ROWS)
+    head, query, row_kv, row_mask = _all_query_rows(N_QUERIES, GROUP, KV_HEADS * GROUP * N_QUERIES, BLOCK_ROWS)
     q_pos = tl.load(QPos + b * stride_pb + query * stride_pm, mask=row_mask, other=-1).to(tl.int32)
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
@@ -373,11 +385,15 @@ def _stage1_absorbed_kernel(
     offs_rv = tl.arange(0, BLOCK_RV)
     q_rows = Q + b * stride_qb + head[:, None] * stride_qh + query[:, None] * stride_qm
     q = tl.load(q_rows + offs_d[None, :] * stride_qd, mask=row_mask[:, None] & d_mask[None, :], other=0.0)
-    # Rank-space queries, once per program, float32: q~ = q W_k,h^T [BLOCK_ROWS, BLOCK_RK].
-    WK_col = WK + b * stride_wkb + kv_head * HEAD_DIM * stride_wkc  # this kv head's columns of W_k
-    wk_t = tl.load(WK_col + offs_rk[None, :] * stride_wkr + offs_d[:, None] * stride_wkc,
-                   mask=(offs_rk[None, :] < rank_k_max) & d_mask[:, None], other=0.0)
-    q_rank = tl.dot(q.to(tl.float32), wk_t.to(tl.float32), input_precision=RANK_PREC).to(UW_DT)
+    # Rank-space queries, once per program, float32: q~_r = q_r W_k,g(r)^T [BLOCK_ROWS, BLOCK_RK].
+    WK_b = WK + b * stride_wkb
+    q_rank = tl.zeros([BLOCK_ROWS, BLOCK_RK], dtype=tl.float32)
+    for g in range(KV_HEADS):
+        wk_t = tl.load(WK_b + offs_rk[None, :] * stride_wkr + (g * HEAD_DIM + offs_d[:, None]) * stride_wkc,
+                       mask=(offs_rk[None, :] < rank_k_max) & d_mask[:, None], other=0.0)
+        q_g = tl.where((row_kv == g)[:, None], q, 0.0).to(tl.float32)
+        q_rank += tl.dot(q_g, wk_t.to(tl.float32), input_precision=RANK_PREC)
+    q_rank = q_rank.to(UW_DT)
     q = q.to(QK_DT)
     logit_rows = Logits + b * stride_lb + head[:, None] * stride_lh + query[:, None] * stride_lm
 
@@ -406,27 +422,34 @@ def _stage1_absorbed_kernel(
         acc_rank = acc_rank * alpha[:, None] + tl.dot(p.to(UW_DT), uv, input_precision="ieee")
         acc = acc * alpha[:, None]
 
-    DK_h = DK + b * stride_dkb + kv_head * stride_dkh
-    DV_h = DV + b * stride_dvb + kv_head * stride_dvh
+    DK_b = DK + b * stride_dkb
+    DV_b = DV + b * stride_dvb
     for start in range(d_lo, d_hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         tok_mask = offs_n < d_hi
         tok_pos = tl.load(DPos + b * stride_dpb + offs_n * stride_dpn, mask=tok_mask, other=0).to(tl.int32)
-        kt = tl.load(DK_h + offs_n[None, :] * stride_dkn + offs_d[:, None] * stride_dkd,
-                     mask=tok_mask[None, :] & d_mask[:, None], other=0.0).to(QK_DT)
-        s = tl.dot(q, kt, input_precision="ieee")
+        s = tl.zeros([BLOCK_ROWS, BLOCK_N], dtype=tl.float32)
+        for g in range(KV_HEADS):  # each row scores its own kv head's keys
+            kt = tl.load(DK_b + g * stride_dkh + offs_n[None, :] * stride_dkn + offs_d[:, None] * stride_dkd,
+                         mask=tok_mask[None, :] & d_mask[:, None], other=0.0).to(QK_DT)
+            s = tl.where((row_kv == g)[:, None], tl.dot(q, kt, input_precision="ieee"), s)
         s = _mask_and_store(s * qk_scale, logit_rows, n_comp + offs_n, stride_ln, tok_pos, tok_mask, q_pos, row_mask)
         p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i)
-        v = tl.load(DV_h + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd,
-                    mask=tok_mask[:, None] & d_mask[None, :], other=0.0).to(QK_DT)
-        acc = acc * alpha[:, None] + tl.dot(p.to(QK_DT), v, input_precision="ieee")
+        acc = acc * alpha[:, None]
+        p = p.to(QK_DT)
+        for g in range(KV_HEADS):
+            v = tl.load(DV_b + g * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd,
+                        mask=tok_mask[:, None] & d_mask[None, :], other=0.0).to(QK_DT)
+            acc += tl.dot(tl.where((row_kv == g)[:, None], p, 0.0).to(QK_DT), v, input_precision="ieee")
         acc_rank = acc_rank * alpha[:, None]
 
-    # Back from rank space once per split, float32.
-    WV_col = WV + b * stride_wvb + kv_head * HEAD_DIM * stride_wvc
-    wv = tl.load(WV_col + offs_rv[:, None] * stride_wvr + offs_d[None, :] * stride_wvc,
-                 mask=(offs_rv[:, None] < rank_v_max) & d_mask[None, :], other=0.0)
-    acc += tl.dot(acc_rank, wv.to(tl.float32), input_precision=RANK_PREC)
+    # Back from rank space once per split, float32, each row by its kv head's W_v.
+    WV_b = WV + b * stride_wvb
+    for g in range(KV_HEADS):
+        wv = tl.load(WV_b + offs_rv[:, None] * stride_wvr + (g * HEAD_DIM + offs_d[None, :]) * stride_wvc,
+                     mask=(offs_rv[:, None] < rank_v_max) & d_mask[None, :], other=0.0)
+        rows_g = tl.where((row_kv == g)[:, None], acc_rank, 0.0)
+        acc += tl.dot(rows_g, wv.to(tl.float32), input_precision=RANK_PREC)
 
     part_rows = b * stride_ob + head[:, None] * stride_oh + query[:, None] * stride_om + split * stride_os
     lse_rows = b * stride_sb + head * stride_sh + query * stride_sm + split * stride_ss
@@ -509,18 +532,25 @@ def _mass_kernel(
     tl.store(MassD + b * stride_db + (cols - n_comp) * stride_dn, mass, mask=(cols >= n_comp) & (cols < n_cols))
 
 
+# The pinned config (block_n given, or the interpreter) and the autotuner's
+# first: tests assert it compiles to tensor-core MMAs without spills.
+DEFAULT_WARPS, DEFAULT_STAGES = 4, 2
+
+
 def _stage1_configs():
+    # 128-token tiles on 4 warps spill (the key rebuild holds two
+    # [head_dim / 2, 128] float32 halves), so they are not tried.
     return [triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=s)
-            for n in (32, 64, 128) for w in (4, 8) for s in (2, 3)]
+            for n in (32, 64, 128) for w in (4, 8) for s in (2, 3) if not (n == 128 and w == 4)]
 
 
 # Autotuned on a GPU only: under the interpreter every config would run the
 # whole kernel in Python, so the launchers use INTERPRET_BLOCK_N there.
 _STAGE1_KEY = ["tune_programs", "tune_span", "GROUP", "N_QUERIES", "HEAD_DIM", "BLOCK_ROWS", "BLOCK_D"]
 _stage1_tuned = triton.autotune(configs=_stage1_configs(),
-                                key=_STAGE1_KEY + ["BLOCK_R", "ONE_CHUNK_K", "ONE_CHUNK_V", "ROPE"])(_stage1_kernel)
-_stage1_absorbed_tuned = triton.autotune(configs=_stage1_configs(), key=_STAGE1_KEY + ["BLOCK_RK", "BLOCK_RV"])(
-    _stage1_absorbed_kernel)
+                                key=_STAGE1_KEY + ["BLOCK_R", "BLOCK_RV", "ONE_CHUNK_K", "ROPE"])(_stage1_kernel)
+_stage1_absorbed_tuned = triton.autotune(configs=_stage1_configs(),
+                                         key=_STAGE1_KEY + ["KV_HEADS", "BLOCK_RK", "BLOCK_RV"])(_stage1_absorbed_kernel)
 
 
 # ----------------------------------------------------------------------------
@@ -556,6 +586,9 @@ def lowrank_decode(q: torch.Tensor, q_pos: torch.Tensor, comp: CompressedKV, den
     mass_comp [B, T] float32, mass_dense [B, S] float32).
     """
     check_inputs(q, q_pos, comp, dense, rope_base, check_values)
+    if comp.uv.shape[2] > MAX_RANK_SPACE:
+        raise ValueError(f"uv has rank {comp.uv.shape[2]}; the kernel keeps values in rank space and supports up to "
+                         f"{MAX_RANK_SPACE}")
     return _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, absorbed=False)
 
 
@@ -566,12 +599,12 @@ def lowrank_decode_absorbed(q: torch.Tensor, q_pos: torch.Tensor, comp: Compress
     decomposed after RoPE (there is no rope_base: rank-space scores cannot be
     rotated per token). Per query head h of kv head g: q~ = q W_k[:, g]^T [Rk]
     is scored against U_k[t, :rank_k[t]], and sum_t p_t U_v[t, :rank_v[t]] is
-    mapped back by W_v[:, g] once per split. Ranks up to MAX_ABSORBED_RANK.
+    mapped back by W_v[:, g] once per split. Ranks up to MAX_RANK_SPACE.
     Shapes, outputs and the other arguments as lowrank_decode."""
     check_inputs(q, q_pos, comp, dense, None, check_values)
     for name, u in (("uk", comp.uk), ("uv", comp.uv)):
-        if u.shape[2] > MAX_ABSORBED_RANK:
-            raise ValueError(f"{name} has rank {u.shape[2]}; the absorbed kernel supports up to {MAX_ABSORBED_RANK}")
+        if u.shape[2] > MAX_RANK_SPACE:
+            raise ValueError(f"{name} has rank {u.shape[2]}; the absorbed kernel supports up to {MAX_RANK_SPACE}")
     return _decode(q, q_pos, comp, dense, None, sm_scale, num_splits, block_n, absorbed=True)
 
 
@@ -585,9 +618,12 @@ def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, *, 
                          f"got {head_dim}")
     if queries < 1:
         raise ValueError("q has no query tokens (M = 0)")
-    if group * queries > MAX_ROWS:
-        raise ValueError(f"query heads per kv head x query tokens = {group} x {queries} exceeds {MAX_ROWS}, "
-                         f"the rows one program holds")
+    # The fused kernel's programs hold one kv head's query rows, the absorbed
+    # kernel's every query head of a sequence.
+    rows = heads * queries if absorbed else group * queries
+    if rows > MAX_ROWS:
+        what = "query heads x query tokens" if absorbed else "query heads per kv head x query tokens"
+        raise ValueError(f"{what} = {rows} exceeds {MAX_ROWS}, the rows one program holds")
     scale = common.softmax_scale(sm_scale, head_dim, "sm_scale")
     if block_n is not None:
         common.check_block("block_n", block_n)
@@ -598,7 +634,7 @@ def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, *, 
     mass_dense = torch.empty((batch, slots), dtype=torch.float32, device=dev)
     if batch == 0 or heads == 0:
         return DecodeOutput(out, lse, mass_comp, mass_dense)
-    splits = _num_splits(num_splits, comp, dense, batch * kv_heads, dev)
+    splits = _num_splits(num_splits, comp, dense, batch * (1 if absorbed else kv_heads), dev)
 
     # Scaled logits (log2 units) of every (row, token) for the masses; columns
     # [0, T) are the compressed tokens, [T, T + S) the dense ones. Only real
@@ -608,7 +644,7 @@ def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, *, 
     part_lse = torch.empty((batch, heads, queries, splits), dtype=torch.float32, device=dev)
 
     block_d = common.block(head_dim)
-    shared = dict(GROUP=group, N_QUERIES=queries, HEAD_DIM=head_dim, BLOCK_ROWS=common.block(group * queries),
+    shared = dict(GROUP=group, N_QUERIES=queries, HEAD_DIM=head_dim, BLOCK_ROWS=common.block(rows),
                   BLOCK_D=block_d, QK_DT=common.dot_dtype(q.dtype, dense.k.dtype, dense.v.dtype),
                   UW_DT=common.dot_dtype(comp.uk.dtype, comp.wk.dtype, comp.uv.dtype, comp.wv.dtype))
     args = [q, q_pos, comp.uk, comp.wk, comp.uv, comp.wv, comp.rank_k, comp.rank_v, comp.pos, comp.length,
@@ -621,26 +657,29 @@ def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, *, 
     # Autotuning buckets (unused by the kernels): the best tile depends on how
     # many programs run and how many tokens each walks, so tune once per
     # power-of-two class of each rather than once for all shapes.
-    tune = [common.block(batch * kv_heads * splits), common.block(triton.cdiv(tokens + slots, splits))]
-    grid = (kv_heads, batch, splits)
+    tune = [common.block(batch * (1 if absorbed else kv_heads) * splits),
+            common.block(triton.cdiv(tokens + slots, splits))]
+    grid = (batch, splits) if absorbed else (kv_heads, batch, splits)
+    # The float32 products into and out of rank space may use tf32 tensor
+    # cores when q and W are 16-bit: such values are exact in tf32, so only
+    # the accumulated rank-space values get rounded (like fp16).
+    exact = all(t.dtype != torch.float32 for t in (q, comp.wk, comp.wv)) and not interpreter_mode()
     if absorbed:
-        # The two float32 products into and out of rank space may use tf32
-        # tensor cores when q and W are 16-bit: such values are exact in tf32,
-        # so only the accumulated rank-space values get rounded (like fp16).
-        exact = all(t.dtype != torch.float32 for t in (q, comp.wk, comp.wv)) and not interpreter_mode()
-        meta = dict(shared, BLOCK_RK=common.block(comp.uk.shape[2]), BLOCK_RV=common.block(comp.uv.shape[2]),
-                    RANK_PREC="tf32" if exact else "ieee")
+        meta = dict(shared, KV_HEADS=kv_heads, BLOCK_RK=common.block(comp.uk.shape[2]),
+                    BLOCK_RV=common.block(comp.uv.shape[2]), RANK_PREC="tf32" if exact else "ieee")
         kernel, tuned = _stage1_absorbed_kernel, _stage1_absorbed_tuned
         args += tune
     else:
         rope_step = 0.0 if rope_base is None else -2.0 * math.log2(rope_base) / head_dim
         args += [rope_step, *tune]
-        block_r = min(common.block(max(comp.uk.shape[2], comp.uv.shape[2])), MAX_BLOCK_R)
+        block_r = min(common.block(comp.uk.shape[2]), MAX_BLOCK_R)
         meta = dict(shared, HALF=head_dim // 2, ROPE=rope_base is not None, BLOCK_HALF=common.block(head_dim // 2),
-                    BLOCK_R=block_r, ONE_CHUNK_K=comp.uk.shape[2] <= block_r, ONE_CHUNK_V=comp.uv.shape[2] <= block_r)
+                    BLOCK_R=block_r, BLOCK_RV=common.block(comp.uv.shape[2]), ONE_CHUNK_K=comp.uk.shape[2] <= block_r,
+                    RANK_PREC="tf32" if exact else "ieee")
         kernel, tuned = _stage1_kernel, _stage1_tuned
     if block_n is not None or interpreter_mode():
-        kernel[grid](*args, **meta, BLOCK_N=block_n or INTERPRET_BLOCK_N, num_warps=4, num_stages=2)
+        kernel[grid](*args, **meta, BLOCK_N=block_n or INTERPRET_BLOCK_N, num_warps=DEFAULT_WARPS,
+                     num_stages=DEFAULT_STAGES)
     else:
         tuned[grid](*args, **meta)
 
@@ -659,10 +698,13 @@ def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, *, 
     return DecodeOutput(out, lse, mass_comp, mass_dense)
 
 
-def default_num_splits(comp: CompressedKV, dense: DenseKV, kv_heads: int) -> int:
+def default_num_splits(comp: CompressedKV, dense: DenseKV, kv_heads: int, *, absorbed: bool = False) -> int:
     """The num_splits a call with num_splits=None uses (one host sync); pass it
-    explicitly to keep repeated calls free of synchronisation."""
-    return _num_splits(None, comp, dense, comp.length.shape[0] * kv_heads, comp.length.device)
+    explicitly to keep repeated calls free of synchronisation. The absorbed
+    kernel runs one program per (sequence, split), the fused one one per
+    (kv head, sequence, split)."""
+    programs = comp.length.shape[0] * (1 if absorbed else kv_heads)
+    return _num_splits(None, comp, dense, programs, comp.length.device)
 
 
 def _num_splits(num_splits, comp: CompressedKV, dense: DenseKV, programs_per_split: int, device) -> int:

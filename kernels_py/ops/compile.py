@@ -1,9 +1,12 @@
 """Compile the Triton kernels of every registered op (kernels_py.ops) for CUDA
-targets, without a GPU, with the exact specializations their launchers use.
+targets, without a GPU, with the exact specializations their launchers use,
+and read what each compiled to: registers per thread, stack and local bytes
+(spills), shared memory, and its tensor-core instructions.
 
-Run as a script (test_cuda_compile.py does, once per target):
+Run as a script (test_cuda_compile.py does, once per target; `workbench
+kernels report` prints the same as a table):
 
-    python -m kernels_py.tests.cuda_compile --target 90 --out results.json [case ...]
+    python -m kernels_py.ops.compile --target 90 --out results.json [case ...]
 
 It must run in a process where TRITON_INTERPRET is unset, for two reasons:
 - `import triton` decorates triton.language's own jit helpers (tl.cdiv, the
@@ -24,8 +27,12 @@ compiled once per selected autotune config, with its num_warps/num_stages.
 
 import argparse
 import contextlib
+import io
 import json
+import re
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass
@@ -150,14 +157,47 @@ def compile_case(case, cc: int) -> dict:
                 src, options = specialize(launch.kernel, launch.args, kwargs, target)
                 entry.update(describe(launch.kernel, src, options))
                 start = time.perf_counter()
-                compiled = triton.compile(src, target=target, options=options.__dict__)
+                ptxas_log = io.StringIO()  # ptxas -v, printed by Triton with knobs.nvidia.dump_ptxas_log
+                with contextlib.redirect_stdout(ptxas_log):
+                    compiled = triton.compile(src, target=target, options=options.__dict__)
                 entry["seconds"] = round(time.perf_counter() - start, 2)
                 entry["cubin_bytes"] = len(compiled.asm.get("cubin", b""))
                 entry["shared"] = compiled.metadata.shared
+                entry.update(resources(compiled, ptxas_log.getvalue()))
             except Exception as err:
                 entry["error"] = error_text(err)
             result["compiled"].append(entry)
     return result
+
+
+# Tensor-core instructions in PTX: mma.sync (sm_80 and later) and the
+# asynchronous warpgroup MMA of sm_90.
+MMA_OPCODES = {"mma_sync": "mma.sync.aligned", "wgmma": "wgmma.mma_async"}
+
+
+def resources(compiled, ptxas_log: str = "") -> dict:
+    """Registers per thread and stack bytes per thread, from the cubin's
+    resource usage (cuobjdump); bytes of register spill stores and loads, from
+    ptxas -v (a stack frame alone is not a spill: libdevice's sin/cos keep a
+    table there); counts of tensor-core instructions, from the PTX."""
+    ptx = compiled.asm.get("ptx", "")
+    out = {name: ptx.count(opcode) for name, opcode in MMA_OPCODES.items()}
+    for kind in ("stores", "loads"):
+        found = re.findall(rf"(\d+) bytes spill {kind}", ptxas_log)
+        out[f"spill_{kind}"] = sum(int(n) for n in found) if found else None
+    cubin = compiled.asm.get("cubin")
+    if not cubin:
+        return out
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        usage = subprocess.run([knobs.nvidia.cuobjdump.path, "-res-usage", f.name], capture_output=True, text=True,
+                               check=True).stdout
+    for key, name in (("REG", "registers"), ("STACK", "stack_bytes"), ("LOCAL", "local_bytes")):
+        match = re.search(rf"\b{key}:(\d+)", usage)
+        if match:
+            out[name] = int(match.group(1))
+    return out
 
 
 def main(argv=None) -> int:
@@ -172,6 +212,9 @@ def main(argv=None) -> int:
     if knobs.runtime.interpret or interpreter_mode():
         print("TRITON_INTERPRET is set: launchers would choose the interpreter's constexprs", file=sys.stderr)
         return 2
+    # Compile for real (not from Triton's cache) and keep ptxas's report.
+    knobs.compilation.always_compile = True
+    knobs.nvidia.dump_ptxas_log = True
     torch.manual_seed(0)
     chosen = [c for c in cases() if not opts.cases or c.name in opts.cases]
     results = [compile_case(case, opts.target) for case in chosen]

@@ -1,0 +1,104 @@
+"""What one decode step over an AttentionPack cache must move and compute,
+per implementation, and the time that sets on an H100: the roofline the
+kernels are designed to (`workbench kernels report` prints it; measured
+times come from `workbench bench lowrank`).
+
+Per token of the compressed segment (fp16, 8 kv heads, head_dim 128, rank
+64): the full cache is 2 * 8 * 128 * 2 = 4096 bytes, U_k + U_v are
+2 * 64 * 2 = 256 bytes. One SVD covers all kv heads ([T, H_kv * D]), so U is
+shared by every head: a kernel that reads each U tile once for all heads
+(the absorbed kernel's programs hold every query head) moves 256 bytes a
+token; one whose programs are per kv head reads it H_kv times, from L2 when
+the programs of a tile run together (the fused kernel's grid orders them so),
+which the model counts once. Both kernels also write each (query head, token)
+logit in float32 and read it back for the per-token attention mass
+(AttentionPack Eq. 1): 8 bytes per head and token, counted apart.
+"""
+
+from dataclasses import dataclass
+
+from kernels_py.tables import Column, table
+
+H100_HBM_BYTES_PER_S = 3.35e12  # H100 SXM, HBM3
+H100_FP16_FLOPS = 989e12  # dense fp16/bf16 tensor-core peak
+
+
+@dataclass(frozen=True)
+class Step:
+    """One decode step (one query token per sequence)."""
+
+    batch: int
+    visual: int  # compressed tokens per sequence
+    dense: int = 64  # uncompressed tokens per sequence
+    heads: int = 32
+    kv_heads: int = 8
+    head_dim: int = 128
+    rank_k: int = 64
+    rank_v: int = 64
+    elem_bytes: int = 2  # fp16/bf16 cache and factors
+
+
+def per_token_bytes(s: Step) -> dict:
+    """Bytes per compressed token: the full cache's K and V, and U_k + U_v."""
+    return {"full": 2 * s.kv_heads * s.head_dim * s.elem_bytes, "factors": (s.rank_k + s.rank_v) * s.elem_bytes}
+
+
+def costs(s: Step) -> dict[str, dict]:
+    """HBM bytes and FLOPs of one step, by implementation."""
+    b, t, n, hq, hk, d, rk, rv, e = (s.batch, s.visual, s.dense, s.heads, s.kv_heads, s.head_dim, s.rank_k, s.rank_v,
+                                     s.elem_bytes)
+    dense_bytes = b * n * 2 * hk * d * e
+    dense_flops = b * hq * n * 4 * d
+    factors = b * t * per_token_bytes(s)["factors"] + b * (rk + rv) * hk * d * e  # U once, W once
+    logits = b * hq * (t + n) * 4 * 2  # float32, written then read for the masses
+    rank_attention = b * hq * t * 2 * (rk + rv) + b * hq * 2 * d * (rk + rv)  # scores and sums in rank space, maps
+    return {
+        "flash, full cache": {"bytes": b * (t + n) * 2 * hk * d * e, "flops": b * hq * (t + n) * 4 * d},
+        "absorbed (latent)": {"bytes": factors + dense_bytes, "mass_bytes": logits,
+                              "flops": rank_attention + dense_flops},
+        # Keys rebuilt per kv head (RoPE after), then scored; values in rank space.
+        "fused (exact)": {"bytes": factors + dense_bytes, "mass_bytes": logits,
+                          "flops": b * t * hk * 2 * rk * d + b * hq * t * 2 * d + b * hq * t * 2 * rv
+                          + b * hq * 2 * rv * d + dense_flops},
+    }
+
+
+COLUMNS = (
+    Column("visual", "", "compressed tokens per sequence"),
+    Column("batch", "", "sequences"),
+    Column("variant", "", "implementation"),
+    Column("gbytes", "", "HBM gigabytes one step must read (the factors once, W, the dense segment)", "GB"),
+    Column("mass_gbytes", "", "gigabytes more for the float32 logits written and re-read for the masses", "+mass GB"),
+    Column("tflop", "", "tensor-core teraFLOPs of one step", "TFLOP"),
+    Column("roofline_us", "", "microseconds: max(bytes / 3.35 TB/s, FLOPs / 989 TFLOP/s), masses included",
+           "roofline µs"),
+    Column("bound", "", "what sets the roofline: memory or compute"),
+    Column("speedup_vs_flash", "x", "modeled: flash time / this time", "vs flash"),
+)
+
+SHAPES = (Step(batch=1, visual=1024), Step(batch=8, visual=32768), Step(batch=64, visual=32768))
+
+
+def roofline_us(cost: dict) -> tuple[float, str]:
+    """The time the bytes or the FLOPs of a step take at the H100's peaks,
+    whichever is longer, and which it is."""
+    memory = (cost["bytes"] + cost.get("mass_bytes", 0)) / H100_HBM_BYTES_PER_S
+    compute = cost["flops"] / H100_FP16_FLOPS
+    return max(memory, compute) * 1e6, "memory" if memory >= compute else "compute"
+
+
+def report(shapes=SHAPES) -> dict:
+    rows = []
+    for s in shapes:
+        c = costs(s)
+        flash_us, _ = roofline_us(c["flash, full cache"])
+        for variant, cost in c.items():
+            us, bound = roofline_us(cost)
+            rows.append({"visual": s.visual, "batch": s.batch, "variant": variant, "gbytes": cost["bytes"] / 1e9,
+                         "mass_gbytes": cost.get("mass_bytes", 0) / 1e9, "tflop": cost["flops"] / 1e12,
+                         "roofline_us": us, "bound": bound, "speedup_vs_flash": flash_us / us})
+    s = shapes[0]
+    return {"title": f"one decode step on an H100, modeled ({s.heads} q / {s.kv_heads} kv heads, head_dim "
+                     f"{s.head_dim}, rank {s.rank_k}, fp16; {per_token_bytes(s)['full']} bytes a token in the full "
+                     f"cache, {per_token_bytes(s)['factors']} in U_k + U_v)",
+            **table(COLUMNS, rows)}
