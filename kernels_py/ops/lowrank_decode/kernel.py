@@ -260,7 +260,6 @@ def _stage1_kernel(
     m_i = tl.full([BLOCK_ROWS], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
     acc = tl.zeros([BLOCK_ROWS, BLOCK_D], dtype=tl.float32)  # the dense segment's sum_t p_t v_t
-    offs_rv = tl.arange(0, BLOCK_RV)
     acc_rank = tl.zeros([BLOCK_ROWS, BLOCK_RV], dtype=tl.float32)  # sum_t p_t U_v[t, :r_t]
 
     UK_b = UK + b * stride_ukb
