@@ -177,7 +177,8 @@ MMA_OPCODES = {"mma_sync": "mma.sync.aligned", "wgmma": "wgmma.mma_async"}
 
 def resources(compiled, ptxas_log: str = "") -> dict:
     """Registers per thread and stack bytes per thread, from the cubin's
-    resource usage (cuobjdump); bytes of register spill stores and loads, from
+    resource usage (cuobjdump), and its SASS instruction count (static, the
+    code size: loops count once); bytes of register spill stores and loads, from
     ptxas -v (a stack frame alone is not a spill: libdevice's sin/cos keep a
     table there); counts of tensor-core instructions, from the PTX."""
     ptx = compiled.asm.get("ptx", "")
@@ -193,6 +194,9 @@ def resources(compiled, ptxas_log: str = "") -> dict:
         f.flush()
         usage = subprocess.run([knobs.nvidia.cuobjdump.path, "-res-usage", f.name], capture_output=True, text=True,
                                check=True).stdout
+        sass = subprocess.run([knobs.nvidia.cuobjdump.path, "-sass", f.name], capture_output=True, text=True,
+                              check=True).stdout
+    out["sass_instructions"] = len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/", sass, flags=re.MULTILINE))
     for key, name in (("REG", "registers"), ("STACK", "stack_bytes"), ("LOCAL", "local_bytes")):
         match = re.search(rf"\b{key}:(\d+)", usage)
         if match:

@@ -183,14 +183,41 @@ def _rebuild_keys_chunked(UK_b, WK_col, offs_n, rank, offs_h, h_mask, n_rank,
 
 
 @triton.jit
+def _sin_half_pi(x):
+    """sin(x) for |x| <= pi / 2: the Taylor polynomial to x^11 (error below
+    6e-8 there), FMAs only."""
+    x2 = x * x
+    p = 1.0 - x2 * (1.0 / 110.0)
+    p = 1.0 - x2 * (1.0 / 72.0) * p
+    p = 1.0 - x2 * (1.0 / 42.0) * p
+    p = 1.0 - x2 * (1.0 / 20.0) * p
+    p = 1.0 - x2 * (1.0 / 6.0) * p
+    return x * p
+
+
+@triton.jit
+def _sincos(angle):
+    """sin and cos of angles already reduced to [-pi, pi], as polynomials.
+    tl.sin / tl.cos lower to libdevice's sinf / cosf, whose argument
+    reduction for large inputs (a table on the stack, thousands of
+    instructions per tile) never runs here but is compiled in all the same."""
+    half_pi = 1.5707963267948966
+    pi = 3.141592653589793
+    # sin(a) = sin(pi - a): fold [-pi, pi] into [-pi/2, pi/2].
+    s_arg = tl.where(angle > half_pi, pi - angle, tl.where(angle < -half_pi, -pi - angle, angle))
+    # cos(a) = sin(pi/2 - |a|), and pi/2 - |a| lies in [-pi/2, pi/2].
+    c_arg = half_pi - tl.abs(angle)
+    return _sin_half_pi(s_arg), _sin_half_pi(c_arg)
+
+
+@triton.jit
 def _rope_t(k_lo, k_hi, tok_pos, inv_freq):
     """Rotate transposed key halves ("rotate half"): pair (i, i + D/2) turns by
-    pos * inv_freq[i]. Angles are reduced to [-pi, pi] first because compiled
-    sin/cos may use approximations that are only accurate there."""
+    pos * inv_freq[i], reduced to [-pi, pi] (the float32 angle is what
+    transformers computes; its reduction loses nothing more)."""
     angle = inv_freq[:, None] * tok_pos[None, :].to(tl.float32)
     angle = angle - 6.283185307179586 * tl.floor(angle * 0.15915494309189535 + 0.5)
-    c = tl.cos(angle)
-    s = tl.sin(angle)
+    s, c = _sincos(angle)
     return k_lo * c - k_hi * s, k_hi * c + k_lo * s
 
 
