@@ -295,8 +295,8 @@ def test_eviction_keeps_the_first_group_and_shrinks_bytes(workload):
     d_cache, e_cache = prefill(decompress, workload), prefill(evict, workload)
     kept = e_cache.segments[0].positions
     assert kept.numel() == 16
-    vis = workload.spans.visual_positions()
     initial = metrics.causal_attention(workload.q[0][:, -1:], workload.k[0])[:, 0].mean(dim=0)
+    vis = workload.spans.visual_positions().to(initial.device)  # the workload may live on a GPU
     assert set(kept.tolist()) == set(vis[initial[vis].topk(16).indices].tolist())
     # U loses 48 of its 64 rows (K and V, fp16); W is shared and stays.
     assert decompress.cache_bytes(d_cache) - evict.cache_bytes(e_cache) == 2 * 48 * 16 * 2

@@ -16,11 +16,14 @@ def test_smoke_run_reports_every_path():
         assert r["stats_vs_sdpa"] == pytest.approx(r["stats_seconds"] / r["sdpa_seconds"])
 
 
-def test_baselines_compute_what_the_kernels_compute(device):
+@pytest.mark.parametrize("chunk_bytes", [None, 1], ids=["all heads at once", "one kv group at a time"])
+def test_baselines_compute_what_the_kernels_compute(device, chunk_bytes, monkeypatch):
     import torch
 
     from kernels_py.ops.attention_stats import attention_stats, recent_rows
 
+    if chunk_bytes:  # the materialised baseline in kv-group chunks, as at sizes that would not fit at once
+        monkeypatch.setattr(stats, "MATERIALIZE_CHUNK_BYTES", chunk_bytes)
     g = torch.Generator().manual_seed(1)
     q = torch.randn(4, 8, 64, generator=g).to(device)
     k = torch.randn(2, 40, 64, generator=g).to(device)

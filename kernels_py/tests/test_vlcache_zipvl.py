@@ -32,8 +32,9 @@ def workload():
 def column_sums(q, k, rows):
     """Attention of the prompt rows `rows`, materialised: [H, n_rows, T] -> column sums [H, T]
     and how many of the rows see each key [T]."""
+    rows = rows.to(q.device)  # the workload may live on a GPU, the rows on the CPU
     attention = metrics.causal_attention(q, k, query_start=0)[:, rows]
-    visible = torch.arange(k.shape[1])[None, :] <= rows[:, None]
+    visible = torch.arange(k.shape[1], device=k.device)[None, :] <= rows[:, None]
     return attention.sum(dim=1), visible.sum(dim=0)
 
 
@@ -109,7 +110,7 @@ def test_scoring_policies_match_materialised_attention(workload, name):
     rows = prompt.rows(scorer.rows)
     want_rows = {"accumulated": torch.arange(PROMPT), "normalized": torch.arange(PROMPT),
                  "sliding_window": torch.arange(PROMPT - 16, PROMPT), "post_vision": torch.arange(152, PROMPT)}[name]
-    assert torch.equal(rows, want_rows)
+    assert torch.equal(rows.cpu(), want_rows)
     sums, counts = column_sums(q, k, rows)
     want = per_kv_head(sums, 2) / (counts.clamp_min(1) if name == "normalized" else 1)
     got = scorer.prefill(prompt, 0)
@@ -149,7 +150,7 @@ def test_important_count_is_eq_6():
 def test_zipvl_keeps_the_top_normalized_probe_scores_and_adapts_per_layer(workload):
     method = make_method("zipvl", {"tau": 0.9, "probe_recent": 16, "probe_random": 16, "probe_seed": 3})
     rows = probe_rows(PROMPT, 16, 16, 3)
-    assert rows.numel() == 32 and torch.equal(rows[-16:], torch.arange(PROMPT - 16, PROMPT))
+    assert rows.numel() == 32 and torch.equal(rows[-16:].cpu(), torch.arange(PROMPT - 16, PROMPT))
     ratios = []
     for layer in range(SMALL.layers):
         cache = method.prefill(layer, workload.q[layer], workload.k[layer], workload.v[layer], workload.spans)

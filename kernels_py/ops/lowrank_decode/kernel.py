@@ -571,11 +571,13 @@ def _stage1_configs():
 
 
 # Autotuned on a GPU only: under the interpreter every config would run the
-# whole kernel in Python, so the launchers use INTERPRET_BLOCK_N there.
+# whole kernel in Python, so the launchers use INTERPRET_BLOCK_N there. The
+# timings are cached on disk (in Triton's cache dir), so a shape is tuned once
+# per machine and code version, not once per process.
 _STAGE1_KEY = ["tune_programs", "tune_span", "GROUP", "N_QUERIES", "HEAD_DIM", "BLOCK_ROWS", "BLOCK_D"]
-_stage1_tuned = triton.autotune(configs=_stage1_configs(),
+_stage1_tuned = triton.autotune(configs=_stage1_configs(), cache_results=True,
                                 key=_STAGE1_KEY + ["BLOCK_R", "BLOCK_RV", "ONE_CHUNK_K", "ROPE"])(_stage1_kernel)
-_stage1_absorbed_tuned = triton.autotune(configs=_stage1_configs(),
+_stage1_absorbed_tuned = triton.autotune(configs=_stage1_configs(), cache_results=True,
                                          key=_STAGE1_KEY + ["KV_HEADS", "BLOCK_RK", "BLOCK_RV"])(_stage1_absorbed_kernel)
 
 
