@@ -14,8 +14,11 @@ tokens at full rank, 75% at rank / 4), then `dense_len` uncompressed text
 tokens; one new query token that sees every cached token (so no mask is
 needed by the baselines). Every sequence of a batch has the full length.
 
-Bytes the fused kernel reads (for GB/s): U_k, U_v, W_k, W_v and the dense
-K/V (the per-token ranks and positions, 12 bytes a token, are left out).
+Bytes and FLOPs (for GB/s, % of the HBM peak and TFLOP/s) are those the
+step must move and compute, from kernels_py/ops/lowrank_decode/model.py:
+U_k, U_v, W_k, W_v and the dense K/V read once, plus the float32 logits each
+kernel writes and re-reads for the per-token masses (the per-token ranks and
+positions, 12 bytes a token, are left out); the full cache's K/V for SDPA.
 Compression ratio: full K/V cache bytes / (U + W + dense K/V bytes).
 """
 
@@ -28,15 +31,15 @@ from kernels_py.benchmarks.base import (
 )
 from kernels_py.model import apply_rope
 from kernels_py.ops import lowrank_decode as op
+from kernels_py.ops.lowrank_decode import model
 from kernels_py.params import Rule, knob
 from kernels_py.tables import Column
 
 ROPE_BASE = 10000.0
-FULL_RANK_SHARE = 0.25  # values: share of tokens decompressed at full rank, the rest at rank // 4
 
 
 def _make(batch: int, length: int, dense_len: int, heads: int, kv_heads: int, head_dim: int, rank: int,
-          dtype: torch.dtype, device: torch.device, g: torch.Generator):
+          dtype: torch.dtype, device: torch.device, g: torch.Generator, full_rank_share: float = 0.25):
     """q [B, H, 1, D], q_pos, CompressedKV, DenseKV for one size."""
     width = kv_heads * head_dim
 
@@ -44,7 +47,7 @@ def _make(batch: int, length: int, dense_len: int, heads: int, kv_heads: int, he
         return (torch.randn(*shape, generator=g, device=device) * scale).to(dtype)
 
     rank_k = torch.full((batch, length), rank, dtype=torch.int32, device=device)
-    full = torch.rand(batch, length, generator=g, device=device) < FULL_RANK_SHARE
+    full = torch.rand(batch, length, generator=g, device=device) < full_rank_share
     rank_v = torch.where(full, rank, max(1, rank // 4)).to(torch.int32)
     pos = torch.arange(length, dtype=torch.int32, device=device).expand(batch, length)
     comp = op.CompressedKV(randn(batch, length, rank), randn(batch, rank, width, scale=rank ** -0.5),
@@ -93,12 +96,20 @@ class Lowrank(AttentionBenchmark):
         Column("rank_v_low", "", "value rank of the other 75% of the tokens", show=False),
         Column("num_splits", "", "split-K splits per (sequence, kv head)", show=False),
         Column("sdpa_backend", "", "SDPA backend of the baselines (flash where PyTorch has it)", show=False),
-        Column("fused_ms", "ms", "the fused decompress + flash-decoding kernel, median", "fused"),
-        Column("fused_gbps", "GB/s", "compressed cache bytes / fused time", "GB/s"),
+        Column("fused_ms", "ms", "the fused kernel (keys rebuilt and rotated, values in rank space), median", "fused"),
+        Column("fused_gbps", "GB/s", "modeled bytes of the step (factors, dense, mass logits) / fused time", "GB/s"),
         Column("fused_hbm_pct", "%", "fused_gbps as a share of the GPU's HBM bandwidth", "% HBM"),
-        Column("absorbed_ms", "ms", "the rank-space (absorbed) kernel", "absorbed"),
+        Column("fused_tflops", "", "modeled FLOPs of the fused kernel / its time, in TFLOP/s", show=False),
+        Column("absorbed_ms", "ms", "the rank-space (absorbed, latent) kernel, all heads per program", "absorbed"),
+        Column("absorbed_gbps", "GB/s", "modeled bytes of the step / absorbed time", show=False),
+        Column("absorbed_hbm_pct", "%", "absorbed_gbps as a share of the GPU's HBM bandwidth", "% HBM abs."),
+        Column("absorbed_tflops", "", "modeled FLOPs of the absorbed kernel / its time, in TFLOP/s", show=False),
+        Column("absorbed_vs_sdpa", "x", "SDPA time / absorbed time (above 1: absorbed is faster)", "SDPA/abs."),
         Column("unfused_ms", "ms", "rebuild K and V with batched matmuls, RoPE, then SDPA", "unfused"),
         Column("sdpa_ms", "ms", "SDPA over a full uncompressed cache of the same length", "SDPA"),
+        Column("sdpa_hbm_pct", "%", "full K/V bytes / SDPA time, as a share of the HBM bandwidth", show=False),
+        Column("model_bytes", "bytes", "bytes a step over the compressed cache must move (model.py)", show=False),
+        Column("full_rank_share", "", "share of the tokens whose values keep the full rank", show=False),
         Column("speedup_vs_unfused", "x", "unfused time / fused time (above 1: fused is faster)", "unfused/fused"),
         Column("speedup_vs_sdpa", "x", "SDPA time / fused time (above 1: fused is faster)", "SDPA/fused"),
         Column("compression_ratio", "x", "full K/V bytes / compressed cache bytes", "compression"),
@@ -116,6 +127,9 @@ class Lowrank(AttentionBenchmark):
     batches: tuple = knob("ints", (1, 8, 32, 64), "batch sizes", min=1, max=4096)
     rank: int = knob("int", 64, "compression rank of keys and values", min=1, max=65536,
                      ref="AttentionPack section 4.3")
+    full_rank_share: float = knob("float", 0.25, "share of the tokens whose values keep the full rank; the rest "
+                                  "are decompressed at rank / 4 (paper: 0.25)", min=0.0, max=1.0,
+                                  ref="AttentionPack section 3.2")
     dense_len: int = knob("int", 64, "uncompressed text tokens after the visual ones", min=1, max=1 << 20)
 
     RULES = (
@@ -127,7 +141,7 @@ class Lowrank(AttentionBenchmark):
         x = self.inputs(case)
         n, b, device, cuda, dt, g = x.tokens, x.batch, x.device, x.cuda, x.dtype, x.generator
         q, q_pos, comp, dense = _make(b, n, self.dense_len, self.heads, self.kv_heads, self.head_dim, self.rank, dt,
-                                      device, g)
+                                      device, g, self.full_rank_share)
         op.check_inputs(q, q_pos, comp, dense, ROPE_BASE)  # once: the timed calls skip the value checks
         splits = op.default_num_splits(comp, dense, self.kv_heads)
         absorbed_splits = op.default_num_splits(comp, dense, self.kv_heads, absorbed=True)
@@ -151,8 +165,19 @@ class Lowrank(AttentionBenchmark):
                "unfused_peak_bytes": peak_bytes(unfused, cuda),
                "sdpa_peak_bytes": peak_bytes(full, cuda),
                "compressed_bytes": read, "full_bytes": nbytes(full_k, full_v)}
-        row["fused_gbps"] = read / (row["fused_ms"] / 1e3) / 1e9
-        row["fused_hbm_pct"] = percent_of(row["fused_gbps"], hbm_peak_gbps(device))
+        step = model.Step(batch=b, visual=n, dense=self.dense_len, heads=self.heads, kv_heads=self.kv_heads,
+                          head_dim=self.head_dim, rank_k=self.rank, rank_v=self.rank, elem_bytes=dt.itemsize)
+        costs = model.costs(step)
+        peak = hbm_peak_gbps(device)
+        for name, variant in (("fused", "fused (exact)"), ("absorbed", "absorbed (latent)")):
+            cost, seconds = costs[variant], row[f"{name}_ms"] / 1e3
+            row[f"{name}_gbps"] = (cost["bytes"] + cost["mass_bytes"]) / seconds / 1e9
+            row[f"{name}_hbm_pct"] = percent_of(row[f"{name}_gbps"], peak)
+            row[f"{name}_tflops"] = cost["flops"] / seconds / 1e12
+        row["model_bytes"] = costs["fused (exact)"]["bytes"] + costs["fused (exact)"]["mass_bytes"]
+        row["full_rank_share"] = self.full_rank_share
+        row["sdpa_hbm_pct"] = percent_of(row["full_bytes"] / (row["sdpa_ms"] / 1e3) / 1e9, peak)
+        row["absorbed_vs_sdpa"] = row["sdpa_ms"] / row["absorbed_ms"]
         row["speedup_vs_unfused"] = row["unfused_ms"] / row["fused_ms"]
         row["speedup_vs_sdpa"] = row["sdpa_ms"] / row["fused_ms"]
         row["compression_ratio"] = row["full_bytes"] / read

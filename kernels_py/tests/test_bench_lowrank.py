@@ -21,7 +21,13 @@ def test_smoke_run_reports_every_path():
             assert r[key] > 0
         assert r["speedup_vs_unfused"] == pytest.approx(r["unfused_ms"] / r["fused_ms"])
         assert r["speedup_vs_sdpa"] == pytest.approx(r["sdpa_ms"] / r["fused_ms"])
-        assert r["fused_gbps"] == pytest.approx(r["compressed_bytes"] / r["fused_ms"] / 1e6)
+        assert r["absorbed_vs_sdpa"] == pytest.approx(r["sdpa_ms"] / r["absorbed_ms"])
+        # The step's modeled bytes: the compressed cache read once, plus the
+        # float32 logits written and re-read for the masses (8 bytes a head and token).
+        assert r["model_bytes"] == r["compressed_bytes"] + r["batch"] * r["heads"] * (r["visual_len"] + r["dense_len"]) * 8
+        assert r["fused_gbps"] == pytest.approx(r["model_bytes"] / r["fused_ms"] / 1e6)
+        assert r["absorbed_gbps"] == pytest.approx(r["model_bytes"] / r["absorbed_ms"] / 1e6)
+        assert r["fused_tflops"] > 0 and r["absorbed_tflops"] > 0
         # Sizes alone give the bytes: 4-byte floats here (smoke dtype float32).
         n, b, s, rank = r["visual_len"], r["batch"], r["dense_len"], r["rank_k"]
         width = r["kv_heads"] * r["head_dim"]
