@@ -61,13 +61,16 @@ from kernels_py.params import Rule, knob
 
 
 def paper_compression_ratio(tokens: int, kv_heads: int, head_dim: int, rank_k: int, rank_v: int,
-                            per_head: bool = False) -> float:
+                            per_head: bool = False, held: int | None = None) -> float:
     """Section 3.1's C = T*H*D / (T*R + R*H*D), over K and V together; per head
-    each of the H factorizations stores T*R + R*D."""
+    each of the H factorizations stores T*R + R*D. With eviction the cache
+    holds `held` of the T tokens it was given: the full cache it stands for
+    is still T tokens', its factors only `held` rows."""
+    held = tokens if held is None else held
     full = 2 * tokens * kv_heads * head_dim
     if per_head:
-        return full / sum(kv_heads * (tokens * r + r * head_dim) for r in (rank_k, rank_v))
-    return full / sum(tokens * r + r * kv_heads * head_dim for r in (rank_k, rank_v))
+        return full / sum(kv_heads * (held * r + r * head_dim) for r in (rank_k, rank_v))
+    return full / sum(held * r + r * kv_heads * head_dim for r in (rank_k, rank_v))
 
 
 @dataclass(frozen=True)
@@ -377,7 +380,8 @@ class AttentionPack(Method):
     def layer_metrics(self, layer, cache) -> dict[str, float]:
         """rank_k / rank_v of the visual segment; explained_variance_k / _v of
         its prefill SVD at that rank; formula_compression_ratio: the paper's C
-        for the visual tokens held now; decompression_flops_ratio: section
+        for the visual tokens admitted, as stored now (evicted ones cost
+        nothing); decompression_flops_ratio: section
         3.2's ratio averaged over the decode steps; token counts."""
         visual = cache.segments[0]
         ratios = cache.flops_ratios or [self._flops_ratio(cache)]
@@ -387,7 +391,8 @@ class AttentionPack(Method):
             "explained_variance_k": cache.notes["explained_variance_k"],
             "explained_variance_v": cache.notes["explained_variance_v"],
             "formula_compression_ratio": paper_compression_ratio(
-                visual.tokens, cache.kv_heads, cache.head_dim, visual.k.rank, visual.v.rank, cache.per_head),
+                visual.admitted, cache.kv_heads, cache.head_dim, visual.k.rank, visual.v.rank, cache.per_head,
+                held=visual.tokens),
             "decompression_flops_ratio": sum(ratios) / len(ratios),
             "compressed_tokens": float(cache.compressed_tokens),
             "dense_tokens": float(cache.dense_positions.shape[0]),

@@ -304,6 +304,10 @@ def test_eviction_keeps_the_first_group_and_shrinks_bytes(workload):
     m = evict.layer_metrics(0, caches[0])
     assert m["compressed_tokens"] == 16 and m["evicted_tokens"] == 48
     assert m["decompression_flops_ratio"] == pytest.approx(0.25)
+    # The formula stands for the 64 tokens admitted, stored as 16 rows: eviction raises it.
+    kv, d = caches[0].kv_heads, caches[0].head_dim
+    assert m["formula_compression_ratio"] == pytest.approx(paper_compression_ratio(64, kv, d, 16, 16, held=16))
+    assert m["formula_compression_ratio"] > 3 * paper_compression_ratio(16, kv, d, 16, 16)
     # With folding the budget follows the tokens admitted: ceil(0.25 * (64 + 6)).
     _, caches = run(AttentionPack(rank_k=16, rank_v=16, groups=PAPER_GROUPS, low_group="evict", period=3,
                                   backend="torch"), workload, layers=[0])
