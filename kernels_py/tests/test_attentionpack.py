@@ -20,6 +20,14 @@ VISUAL, TEXT, WIDTH = 64, 24, 2 * 32  # visual tokens, system + text tokens, kv_
 PAPER_GROUPS = "0.25:1,0.75:0.25"
 
 
+# The mechanisms below are tested one at a time: without attention-aware
+# decompression and with generated tokens folded every 64 steps, unless a
+# test says otherwise (the method's defaults are the paper's setting, see
+# test_defaults_are_the_papers_setting).
+def pack(**settings) -> AttentionPack:
+    return AttentionPack(**{"groups": "1:1", "period": 64, **settings})
+
+
 @pytest.fixture(scope="module")
 def workload():
     return generate(SMALL)
@@ -69,7 +77,7 @@ def factor_bytes(cache):
     dict(rank_k=WIDTH, rank_v=WIDTH, compress_text=True, text_rank=TEXT),
 ], ids=["rope_before", "rope_after", "absorbed", "per_head", "text_segment"])
 def test_full_rank_reproduces_full_attention(workload, full_outputs, settings):
-    method = AttentionPack(factor_dtype="float32", backend="torch", **settings)
+    method = pack(factor_dtype="float32", backend="torch", **settings)
     outputs, caches = run(method, workload)
     for mine, ref in zip(outputs, full_outputs):
         for o, r in zip(mine, ref):
@@ -82,12 +90,12 @@ def test_full_rank_reproduces_full_attention(workload, full_outputs, settings):
 
 
 def test_fp16_factors_stay_close_at_full_rank(workload, full_outputs):
-    outputs, _ = run(AttentionPack(rank_k=WIDTH, rank_v=WIDTH, backend="torch"), workload)
+    outputs, _ = run(pack(rank_k=WIDTH, rank_v=WIDTH, backend="torch"), workload)
     assert mean_error(outputs, full_outputs) < 2e-3
 
 
 def test_error_decreases_as_rank_increases(workload, full_outputs):
-    errors = [mean_error(run(AttentionPack(rank_k=r, rank_v=r, backend="torch"), workload)[0], full_outputs)
+    errors = [mean_error(run(pack(rank_k=r, rank_v=r, backend="torch"), workload)[0], full_outputs)
               for r in (4, 16, 48)]
     assert errors[0] > errors[1] > errors[2] > 0
 
@@ -98,8 +106,8 @@ def test_combined_heads_capture_more_variance_than_per_head_at_equal_storage():
     cfg = SyntheticConfig(layers=1, heads=4, kv_heads=2, head_dim=64, tokens_per_image=144, system_tokens=8,
                           text_tokens=16, decode_steps=1, salient_tokens=12)
     wl = generate(cfg)
-    combined = AttentionPack(rank_k=26, rank_v=26)
-    per_head = AttentionPack(rank_k=17, rank_v=17, head_mode="per_head")
+    combined = pack(rank_k=26, rank_v=26)
+    per_head = pack(rank_k=17, rank_v=17, head_mode="per_head")
     c_cache, p_cache = prefill(combined, wl), prefill(per_head, wl)
     assert factor_bytes(c_cache) == factor_bytes(p_cache) == 2 * 2 * 26 * (144 + 128)
     c_metrics, p_metrics = combined.layer_metrics(0, c_cache), per_head.layer_metrics(0, p_cache)
@@ -111,7 +119,7 @@ def test_combined_heads_capture_more_variance_than_per_head_at_equal_storage():
 
 @pytest.mark.parametrize("head_mode, rank_k, rank_v", [("combined", 8, 24), ("combined", 40, 40), ("per_head", 8, 4)])
 def test_compression_ratio_formula_equals_actual_bytes(workload, head_mode, rank_k, rank_v):
-    method = AttentionPack(rank_k=rank_k, rank_v=rank_v, head_mode=head_mode)
+    method = pack(rank_k=rank_k, rank_v=rank_v, head_mode=head_mode)
     cache = prefill(method, workload)
     fp16_visual = 2 * VISUAL * WIDTH * 2  # K and V of the visual tokens at 2 bytes
     reported = method.layer_metrics(0, cache)["formula_compression_ratio"]
@@ -130,8 +138,8 @@ def test_paper_numerical_example():
 
 def test_quantized_factors_count_packed_bytes_and_stay_accurate(workload, full_outputs):
     rank, group = 24, 8
-    plain = AttentionPack(rank_k=rank, rank_v=rank, backend="torch")
-    packed = AttentionPack(rank_k=rank, rank_v=rank, quant_bits=4, quant_group=group, backend="torch")
+    plain = pack(rank_k=rank, rank_v=rank, backend="torch")
+    packed = pack(rank_k=rank, rank_v=rank, quant_bits=4, quant_group=group, backend="torch")
     p_out, p_caches = run(plain, workload)
     q_out, q_caches = run(packed, workload)
     runs = math.ceil(rank / group)
@@ -165,7 +173,7 @@ def test_periodic_compression_folds_the_buffer_at_the_period(workload, full_outp
 
     # Full rank stays full rank after a fold, so the outputs stay exact: the
     # generated keys were moved into the decomposition frame correctly.
-    method = AttentionPack(rank_k=WIDTH, rank_v=WIDTH, period=period, factor_dtype="float32", backend="torch")
+    method = pack(rank_k=WIDTH, rank_v=WIDTH, period=period, factor_dtype="float32", backend="torch")
     outputs, caches = run(method, workload, layers=[0], after_step=check)
     assert seen == [64, 66, 66, 68, 68, 70]
     assert caches[0].folds == 3
@@ -175,7 +183,7 @@ def test_periodic_compression_folds_the_buffer_at_the_period(workload, full_outp
 
 
 def test_generated_tokens_fold_into_the_text_segment_when_text_is_compressed(workload):
-    method = AttentionPack(rank_k=16, rank_v=16, compress_text=True, text_rank=8, period=3, backend="torch")
+    method = pack(rank_k=16, rank_v=16, compress_text=True, text_rank=8, period=3, backend="torch")
     _, caches = run(method, workload, layers=[0])
     visual, text = caches[0].segments
     assert visual.tokens == VISUAL and text.tokens == TEXT + SMALL.decode_steps
@@ -183,7 +191,7 @@ def test_generated_tokens_fold_into_the_text_segment_when_text_is_compressed(wor
 
 
 def test_period_zero_never_folds(workload):
-    _, caches = run(AttentionPack(rank_k=16, rank_v=16, period=0, backend="torch"), workload, layers=[0])
+    _, caches = run(pack(rank_k=16, rank_v=16, period=0, backend="torch"), workload, layers=[0])
     assert caches[0].compressed_tokens == VISUAL and caches[0].buffer == SMALL.decode_steps
 
 
@@ -203,7 +211,7 @@ def test_importance_follows_eq1_through_decode(workload):
     heads; one step later I = alpha I + (1 - alpha) A_t, A_t from the decode
     kernel's mass (exact at full rank), the new token starting from 0."""
     alpha, layer = 0.4, 1
-    method = AttentionPack(rank_k=WIDTH, rank_v=WIDTH, alpha=alpha, factor_dtype="float32", backend="torch")
+    method = pack(rank_k=WIDTH, rank_v=WIDTH, alpha=alpha, factor_dtype="float32", backend="torch")
     cache = prefill(method, workload, layer)
     q, k = workload.q[layer], workload.k[layer]
     initial = metrics.causal_attention(q[:, -1:], k)[:, 0].mean(dim=0)
@@ -228,7 +236,7 @@ def test_group_sizes_and_ranks_on_a_hand_made_example():
 @pytest.mark.parametrize("partial", ["values", "keys", "both"])
 def test_most_important_tokens_get_full_rank(workload, partial):
     rank = 16
-    method = AttentionPack(rank_k=rank, rank_v=rank, groups=PAPER_GROUPS, partial=partial, backend="torch")
+    method = pack(rank_k=rank, rank_v=rank, groups=PAPER_GROUPS, partial=partial, backend="torch")
     cache = prefill(method, workload)
     visual = cache.segments[0]
     top = set(visual.importance.topk(16).indices.tolist())  # ceil(0.25 * 64)
@@ -250,8 +258,8 @@ def test_most_important_tokens_get_full_rank(workload, partial):
 
 
 def test_partial_decompression_changes_the_output_but_not_storage(workload, full_outputs):
-    full_rank = AttentionPack(rank_k=32, rank_v=32, backend="torch")
-    partial = AttentionPack(rank_k=32, rank_v=32, groups=PAPER_GROUPS, backend="torch")
+    full_rank = pack(rank_k=32, rank_v=32, backend="torch")
+    partial = pack(rank_k=32, rank_v=32, groups=PAPER_GROUPS, backend="torch")
     f_out, f_caches = run(full_rank, workload, layers=[0])
     p_out, p_caches = run(partial, workload, layers=[0])
     assert full_rank.cache_bytes(f_caches[0]) == partial.cache_bytes(p_caches[0])
@@ -261,13 +269,13 @@ def test_partial_decompression_changes_the_output_but_not_storage(workload, full
 # --- rank schemes --------------------------------------------------------------------------------
 
 def test_linear_scheme_rises_from_rank_min_to_rank(workload):
-    method = AttentionPack(rank_scheme="linear", rank_min_k=4, rank_k=20, rank_min_v=8, rank_v=32)
+    method = pack(rank_scheme="linear", rank_min_k=4, rank_k=20, rank_min_v=8, rank_v=32)
     assert [method.layer_ranks(layer, 5) for layer in range(5)] == [(4, 8), (8, 14), (12, 20), (16, 26), (20, 32)]
     caches = method.prefill_all(list(workload.q), list(workload.k), list(workload.v), workload.spans)
     assert [(c.segments[0].k.rank, c.segments[0].v.rank) for c in caches] == [(4, 8), (20, 32)]
     with pytest.raises(ValueError, match="num_layers"):
         prefill(method, workload)
-    spanning = AttentionPack(rank_scheme="linear", rank_min_k=4, rank_k=20, rank_min_v=8, rank_v=32, num_layers=5)
+    spanning = pack(rank_scheme="linear", rank_min_k=4, rank_k=20, rank_min_v=8, rank_v=32, num_layers=5)
     metrics_1 = spanning.layer_metrics(1, prefill(spanning, workload, 1))
     assert (metrics_1["rank_k"], metrics_1["rank_v"]) == (8, 14)
 
@@ -278,11 +286,11 @@ def test_variance_scheme_picks_the_smallest_rank_reaching_the_target(workload):
     energy = torch.linalg.svdvals(rows).square()
     captured = (energy.cumsum(0) / energy.sum()).tolist()
     target = (captured[7] + captured[8]) / 2  # rank 8 falls short, rank 9 reaches it
-    method = AttentionPack(rank_scheme="variance", variance_target=target, rank_k=32, rank_v=32)
+    method = pack(rank_scheme="variance", variance_target=target, rank_k=32, rank_v=32)
     m = method.layer_metrics(0, prefill(method, workload))
     assert m["rank_v"] == 9
     assert m["explained_variance_v"] == pytest.approx(captured[8], abs=1e-4)
-    capped = AttentionPack(rank_scheme="variance", variance_target=1.0, rank_k=20, rank_v=12)
+    capped = pack(rank_scheme="variance", variance_target=1.0, rank_k=20, rank_v=12)
     m = capped.layer_metrics(0, prefill(capped, workload))
     assert (m["rank_k"], m["rank_v"]) == (20, 12) and m["explained_variance_v"] < 1.0
 
@@ -290,8 +298,8 @@ def test_variance_scheme_picks_the_smallest_rank_reaching_the_target(workload):
 # --- eviction ------------------------------------------------------------------------------------
 
 def test_eviction_keeps_the_first_group_and_shrinks_bytes(workload):
-    decompress = AttentionPack(rank_k=16, rank_v=16, groups=PAPER_GROUPS, backend="torch")
-    evict = AttentionPack(rank_k=16, rank_v=16, groups=PAPER_GROUPS, low_group="evict", backend="torch")
+    decompress = pack(rank_k=16, rank_v=16, groups=PAPER_GROUPS, backend="torch")
+    evict = pack(rank_k=16, rank_v=16, groups=PAPER_GROUPS, low_group="evict", backend="torch")
     d_cache, e_cache = prefill(decompress, workload), prefill(evict, workload)
     kept = e_cache.segments[0].positions
     assert kept.numel() == 16
@@ -309,11 +317,11 @@ def test_eviction_keeps_the_first_group_and_shrinks_bytes(workload):
     assert m["formula_compression_ratio"] == pytest.approx(paper_compression_ratio(64, kv, d, 16, 16, held=16))
     assert m["formula_compression_ratio"] > 3 * paper_compression_ratio(16, kv, d, 16, 16)
     # With folding the budget follows the tokens admitted: ceil(0.25 * (64 + 6)).
-    _, caches = run(AttentionPack(rank_k=16, rank_v=16, groups=PAPER_GROUPS, low_group="evict", period=3,
+    _, caches = run(pack(rank_k=16, rank_v=16, groups=PAPER_GROUPS, low_group="evict", period=3,
                                   backend="torch"), workload, layers=[0])
     assert caches[0].compressed_tokens == 18 and caches[0].buffer == 0
     # Tokens held can drop below the rank; a fold factorizes at what they allow, up to the layer's rank again.
-    _, caches = run(AttentionPack(rank_k=32, rank_v=32, groups=PAPER_GROUPS, low_group="evict", period=3,
+    _, caches = run(pack(rank_k=32, rank_v=32, groups=PAPER_GROUPS, low_group="evict", period=3,
                                   backend="torch"), workload, layers=[0])
     assert caches[0].segments[0].k.rank == caches[0].segments[0].v.rank == 18
 
@@ -325,31 +333,31 @@ def test_bad_settings_get_clear_errors(workload):
         AttentionPack.from_dict({"rank_k": 0})
     with pytest.raises(ValueError, match=r"layer 0: rank_k=65 of the visual segment exceeds min\(T, H\*D\) = "
                                          r"min\(64, 64\) = 64"):
-        prefill(AttentionPack(rank_k=65), workload)
+        prefill(pack(rank_k=65), workload)
     with pytest.raises(ValueError, match=r"layer 1: rank_v=33 .* min\(T, D\) = min\(64, 32\)"):
-        prefill(AttentionPack(rank_k=8, rank_v=33, head_mode="per_head"), workload, 1)
+        prefill(pack(rank_k=8, rank_v=33, head_mode="per_head"), workload, 1)
     with pytest.raises(ValueError, match="text segment exceeds"):
-        prefill(AttentionPack(compress_text=True, text_rank=25), workload)
+        prefill(pack(compress_text=True, text_rank=25), workload)
     with pytest.raises(ValueError, match="token fractions must sum to 1"):
-        AttentionPack(groups="0.5:1,0.4:0.25")
+        pack(groups="0.5:1,0.4:0.25")
     with pytest.raises(ValueError, match="must start at 1"):
-        AttentionPack(groups="0.5:0.5,0.5:1")
+        pack(groups="0.5:0.5,0.5:1")
     with pytest.raises(ValueError, match="is not well-formed"):
-        AttentionPack(groups="0.5,0.5")
+        pack(groups="0.5,0.5")
     with pytest.raises(ValueError, match=r"in \(0, 1\]"):
-        AttentionPack(groups="1:1.5")
+        pack(groups="1:1.5")
     with pytest.raises(ValueError, match="absorbed=True .* rope='after'"):
-        AttentionPack(absorbed=True)
+        pack(absorbed=True)
     with pytest.raises(ValueError, match="quant_group=5 must be a multiple of 8 // quant_bits for 4-bit"):
-        AttentionPack(quant_bits=4, quant_group=5)
+        pack(quant_bits=4, quant_group=5)
     with pytest.raises(ValueError, match="rises from rank_min"):
-        AttentionPack(rank_scheme="linear", rank_min_k=80)
+        pack(rank_scheme="linear", rank_min_k=80)
     with pytest.raises(ValueError, match="quant_bits=3"):
-        AttentionPack(quant_bits=3)
+        pack(quant_bits=3)
 
 
 def test_mismatched_shapes_get_clear_errors(workload):
-    method = AttentionPack(rank_k=8, rank_v=8, backend="torch")
+    method = pack(rank_k=8, rank_v=8, backend="torch")
     q, k, v = workload.q[0], workload.k[0], workload.v[0]
     with pytest.raises(ValueError, match="layer 0: q must be"):
         method.prefill(0, q, k, v[:, :-1], workload.spans)
@@ -370,9 +378,9 @@ def test_mismatched_shapes_get_clear_errors(workload):
 # --- determinism, drivers, kernel ----------------------------------------------------------------
 
 def test_same_seed_same_result_and_seed_matters(workload):
-    a = run(AttentionPack(rank_k=8, rank_v=8, backend="torch"), workload, layers=[0])[0][0]
-    b = run(AttentionPack(rank_k=8, rank_v=8, backend="torch"), workload, layers=[0])[0][0]
-    c = run(AttentionPack(rank_k=8, rank_v=8, seed=1, backend="torch"), workload, layers=[0])[0][0]
+    a = run(pack(rank_k=8, rank_v=8, backend="torch"), workload, layers=[0])[0][0]
+    b = run(pack(rank_k=8, rank_v=8, backend="torch"), workload, layers=[0])[0][0]
+    c = run(pack(rank_k=8, rank_v=8, seed=1, backend="torch"), workload, layers=[0])[0][0]
     assert all(torch.equal(x, y) for x, y in zip(a, b))
     assert not all(torch.equal(x, y) for x, y in zip(a, c))
 
@@ -380,7 +388,7 @@ def test_same_seed_same_result_and_seed_matters(workload):
 def test_runs_through_the_ablation_driver(monkeypatch):
     monkeypatch.setitem(METHODS, "attentionpack", AttentionPack)
     workload = SMALL.to_dict()
-    exact = ablation.run("attentionpack", {"rank_k": 64, "rank_v": 64, "factor_dtype": "float32",
+    exact = ablation.run("attentionpack", {"rank_k": 64, "rank_v": 64, "factor_dtype": "float32", "groups": "1:1",
                                            "backend": "torch"}, workload)
     assert exact["metrics"]["rel_err_max"] < 1e-4
     assert exact["metrics"]["ppci_90"] == pytest.approx(1.0)
@@ -405,12 +413,27 @@ def test_triton_kernel_matches_the_reference(settings, monkeypatch):
                           text_tokens=4, decode_steps=2, salient_tokens=4, targets_per_query=2)
     wl = generate(cfg)
     common = dict(rank_k=8, rank_v=8, groups="0.5:1,0.5:0.5", partial="both", period=2, **settings)
-    t_out, t_caches = run(AttentionPack(backend="triton", **common), wl)
+    t_out, t_caches = run(pack(backend="triton", **common), wl)
     expected = "lowrank_decode_absorbed" if settings.get("absorbed") else "lowrank_decode"
     assert calls == [expected] * cfg.decode_steps
-    r_out, r_caches = run(AttentionPack(backend="torch", **common), wl)
+    r_out, r_caches = run(pack(backend="torch", **common), wl)
     assert len(calls) == cfg.decode_steps  # the reference path never reaches the kernels
     for o, r in zip(t_out[0], r_out[0]):
         torch.testing.assert_close(o, r, atol=2e-3, rtol=2e-3)
     torch.testing.assert_close(t_caches[0].scores, r_caches[0].scores, atol=1e-4, rtol=1e-3)
 
+
+
+def test_defaults_are_the_papers_setting(workload):
+    """Visual tokens compressed, text and generated tokens not (period 0),
+    values decompressed in two groups (25% at full rank, 75% at R/4), keys at
+    full rank."""
+    method = AttentionPack(backend="torch")
+    assert (method.groups, method.partial, method.period) == ("0.25:1,0.75:0.25", "values", 0)
+    _, caches = run(AttentionPack(rank_k=16, rank_v=16, backend="torch"), workload, layers=[0])
+    cache = caches[0]
+    assert cache.folds == 0 and len(cache.segments) == 1
+    assert cache.dense_positions.shape[0] == workload.spans.prompt_tokens - workload.spans.visual_positions().numel() \
+        + workload.decode_q[0].shape[0]  # text, then every generated token, uncompressed
+    m = AttentionPack(rank_k=16, rank_v=16, backend="torch").layer_metrics(0, cache)
+    assert m["decompression_flops_ratio"] < 1.0
