@@ -179,7 +179,7 @@ func TestBenchLowrankRuns(t *testing.T) {
 	if code != 0 || !strings.Contains(stdout, "SDPA/fused") || !strings.Contains(stderr, "not kernel speed") {
 		t.Fatalf("bench lowrank: exit %d\n%s%s", code, stdout, stderr)
 	}
-	code, stdout, stderr = runCLI(t, "--python", py, "--device", "cpu", "bench", "lowrank", "--json", "--lengths", "48,80", "--heads", "2", "--kv-heads", "1", "--head-dim", "64", "--rank", "16")
+	code, stdout, stderr = runCLI(t, "--python", py, "--device", "cpu", "bench", "lowrank", "--json", "--lengths", "48,80", "--heads", "2", "--kv-heads", "1", "--head-dim", "64", "--ranks", "16")
 	var res struct {
 		Interpreter bool             `json:"interpreter"`
 		Params      map[string]any   `json:"params"`
@@ -207,7 +207,7 @@ func TestBenchFlagsAreChecked(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"bench", "lowrank", "--rank", "0"}, "--rank: 0 is below the minimum 1 (int in [1, 65536], default 64: compression rank of keys and values"},
+		{[]string{"bench", "lowrank", "--ranks", "16,0"}, "--ranks: 0 is below the minimum 1 (ints in [1, 65536], default [64]: compression ranks of keys and values"},
 		{[]string{"bench", "stats", "--dtype", "int8"}, `--dtype: "int8" is not one of "float16", "bfloat16", "float32"`},
 		{[]string{"bench", "stats", "--lengths", "0,8"}, "--lengths: 0 is below the minimum 1"},
 		{[]string{"bench", "lowrnak"}, `benchmark "lowrnak" is unknown (did you mean "lowrank"?) (known: lowrank, stats, exchange)`},

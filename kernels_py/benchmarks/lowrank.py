@@ -91,7 +91,7 @@ class Lowrank(AttentionBenchmark):
         Column("batch", "", "sequences"),
         Column("dense_len", "", "uncompressed text tokens per sequence", show=False),
         *AttentionBenchmark.SHAPE_COLUMNS,
-        Column("rank_k", "", "key rank", show=False),
+        Column("rank_k", "", "key rank, and the value rank of the full-rank group (the ranks knob)", "rank"),
         Column("rank_v", "", "value rank of the full-rank group", show=False),
         Column("rank_v_low", "", "value rank of the other 75% of the tokens", show=False),
         Column("num_splits", "", "split-K splits per (sequence, kv head)", show=False),
@@ -119,14 +119,14 @@ class Lowrank(AttentionBenchmark):
         Column("compressed_bytes", "bytes", "U, W and dense K/V bytes the fused kernel reads", show=False),
         Column("full_bytes", "bytes", "bytes of the uncompressed cache", show=False),
     )
-    smoke = ({"lengths": (96,)}, {"batches": (1,)}, {"heads": 4, "kv_heads": 2, "head_dim": 64, "rank": 16},
+    smoke = ({"lengths": (96,)}, {"batches": (1,)}, {"heads": 4, "kv_heads": 2, "head_dim": 64, "ranks": (16,)},
              {"dense_len": 8}, {"dtype": "float32"}, {"repeat": 1})
 
     lengths: tuple = knob("ints", (1024, 4096, 16384, 32768), "visual (compressed) token counts", min=1,
                           max=1 << 24)
     batches: tuple = knob("ints", (1, 8, 32, 64), "batch sizes", min=1, max=4096)
-    rank: int = knob("int", 64, "compression rank of keys and values", min=1, max=65536,
-                     ref="AttentionPack section 4.3")
+    ranks: tuple = knob("ints", (64,), "compression ranks of keys and values, a row each (paper: 32 or 64 for "
+                        "images; sweep e.g. 16,32,64,128)", min=1, max=65536, ref="AttentionPack section 4.3")
     full_rank_share: float = knob("float", 0.25, "share of the tokens whose values keep the full rank; the rest "
                                   "are decompressed at rank / 4 (paper: 0.25)", min=0.0, max=1.0,
                                   ref="AttentionPack section 3.2")
@@ -134,13 +134,18 @@ class Lowrank(AttentionBenchmark):
 
     RULES = (
         Rule("head_dim % 2 == 0", "head_dim ({head_dim}) must be even (RoPE rotates pairs)"),
-        Rule("rank <= kv_heads * head_dim", "rank ({rank}) must lie in [1, kv_heads * head_dim]"),
+        Rule("max(ranks) <= kv_heads * head_dim", "ranks ({ranks}) must lie in [1, kv_heads * head_dim]"),
     )
+
+    def cases(self):
+        return ({self.length_column: n, "batch": b, "rank_k": r}
+                for n in self.lengths for b in self.batches for r in self.ranks)
 
     def measure(self, case):
         x = self.inputs(case)
         n, b, device, cuda, dt, g = x.tokens, x.batch, x.device, x.cuda, x.dtype, x.generator
-        q, q_pos, comp, dense = _make(b, n, self.dense_len, self.heads, self.kv_heads, self.head_dim, self.rank, dt,
+        rank = case["rank_k"]
+        q, q_pos, comp, dense = _make(b, n, self.dense_len, self.heads, self.kv_heads, self.head_dim, rank, dt,
                                       device, g, self.full_rank_share)
         op.check_inputs(q, q_pos, comp, dense, ROPE_BASE)  # once: the timed calls skip the value checks
         splits = op.default_num_splits(comp, dense, self.kv_heads)
@@ -154,8 +159,8 @@ class Lowrank(AttentionBenchmark):
         unfused = lambda: _unfused(q, comp, dense, ROPE_BASE)  # noqa: E731
         full = lambda: sdpa(q, full_k, full_v)  # noqa: E731
         read = nbytes(comp.uk, comp.uv, comp.wk, comp.wv, dense.k, dense.v)
-        row = {"dense_len": self.dense_len, **self.shape(), "rank_k": self.rank, "rank_v": self.rank,
-               "rank_v_low": max(1, self.rank // 4), "num_splits": splits,
+        row = {"dense_len": self.dense_len, **self.shape(), "rank_v": rank,
+               "rank_v_low": max(1, rank // 4), "num_splits": splits,
                "sdpa_backend": full()[1],
                "fused_ms": time_median(fused, self.repeat, cuda) * 1e3,
                "absorbed_ms": time_median(absorbed, self.repeat, cuda) * 1e3,
@@ -166,7 +171,7 @@ class Lowrank(AttentionBenchmark):
                "sdpa_peak_bytes": peak_bytes(full, cuda),
                "compressed_bytes": read, "full_bytes": nbytes(full_k, full_v)}
         step = model.Step(batch=b, visual=n, dense=self.dense_len, heads=self.heads, kv_heads=self.kv_heads,
-                          head_dim=self.head_dim, rank_k=self.rank, rank_v=self.rank, elem_bytes=dt.itemsize)
+                          head_dim=self.head_dim, rank_k=rank, rank_v=rank, elem_bytes=dt.itemsize)
         costs = model.costs(step)
         peak = hbm_peak_gbps(device)
         for name, variant in (("fused", "fused (exact)"), ("absorbed", "absorbed (latent)")):

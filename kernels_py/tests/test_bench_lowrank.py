@@ -59,11 +59,11 @@ def test_baselines_compute_what_the_kernels_compute(device):
 @pytest.mark.parametrize("kwargs,match", [
     ({"dtype": "int8"}, "dtype"),
     ({"heads": 6, "kv_heads": 4}, "multiple"),
-    ({"rank": 0}, "rank"),
-    ({"rank": 1000}, "rank"),
+    ({"ranks": [0]}, "below its minimum 1"),
+    ({"ranks": [16, 1000]}, "ranks"),
     ({"dense_len": 0}, "below its minimum 1"),
     ({"lengths": [0]}, "below its minimum 1"),
-    ({"ranks": 8}, "did you mean 'rank'"),
+    ({"rank": 8}, "did you mean 'ranks'"),
 ])
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
