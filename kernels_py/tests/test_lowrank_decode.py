@@ -414,3 +414,26 @@ def test_roofline_model_counts_the_bytes_of_the_issue():
     assert bound == "memory" and abs(flash_us - 8.6e9 / 3.35e12 * 1e6) / flash_us < 0.01
     rows = model.report()["rows"]
     assert {r["variant"] for r in rows} == {"flash, full cache", "absorbed (latent)", "fused (exact)"}
+
+
+def test_caller_owned_workspace(device):
+    """One workspace serves every step of a loop and both kernels: results
+    equal those of calls that allocate their own; a workspace of other shapes
+    or splits is refused with what to do."""
+    q, q_pos, comp, dense = make_case(device, dtype=torch.float32, **CASES["mixed_ranks_m3"])
+    ws = kernel.make_workspace(q, comp, dense, num_splits=3)
+    assert ws.splits == 3 and ws.logits.shape == (*q.shape[:3], comp.uk.shape[1] + dense.k.shape[2])
+    for step in range(2):
+        q_step = q * (1 + step)
+        for run in (lambda **kw: decode(q_step, q_pos, comp, dense, rope_base=10000.0, **kw),
+                    lambda **kw: decode_absorbed(q_step, q_pos, comp, dense, **kw)):
+            got, want = run(workspace=ws), run(num_splits=3)
+            for a, b in zip(got, want):
+                assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="num_splits=2 but the workspace was made for 3 splits"):
+        decode(q, q_pos, comp, dense, rope_base=None, num_splits=2, workspace=ws)
+    other_q, other_pos, other_comp, other_dense = make_case(device, dtype=torch.float32, **CASES["ragged"])
+    with pytest.raises(ValueError, match=r"workspace.logits is torch.float32 .* this call needs float32 .*make_workspace"):
+        decode(other_q, other_pos, other_comp, other_dense, rope_base=None, workspace=ws)
+    with pytest.raises(TypeError, match="workspace must be a Workspace"):
+        decode(q, q_pos, comp, dense, rope_base=None, workspace=(ws.logits, ws.part_o, ws.part_lse))

@@ -14,7 +14,9 @@ cases.py      compile cases (sm_80 / sm_90) and the selftest
 from kernels_py.ops.common import use_triton
 from kernels_py.ops.lowrank_decode import reference
 from kernels_py.ops.lowrank_decode.contract import CompressedKV, DecodeOutput, DenseKV, check_inputs
-from kernels_py.ops.lowrank_decode.kernel import default_num_splits, lowrank_decode, lowrank_decode_absorbed
+from kernels_py.ops.lowrank_decode.kernel import (
+    Workspace, default_num_splits, lowrank_decode, lowrank_decode_absorbed, make_workspace,
+)
 
 
 def compute(q, q_pos, comp: CompressedKV, dense: DenseKV, *, rope_base: float | None, absorbed: bool = False,
@@ -32,5 +34,5 @@ def compute(q, q_pos, comp: CompressedKV, dense: DenseKV, *, rope_base: float | 
     return lowrank_decode(q, q_pos, comp, dense, rope_base=rope_base)
 
 
-__all__ = ["CompressedKV", "DecodeOutput", "DenseKV", "check_inputs", "compute", "default_num_splits",
-           "lowrank_decode", "lowrank_decode_absorbed", "reference"]
+__all__ = ["CompressedKV", "DecodeOutput", "DenseKV", "Workspace", "check_inputs", "compute", "default_num_splits",
+           "lowrank_decode", "lowrank_decode_absorbed", "make_workspace", "reference"]

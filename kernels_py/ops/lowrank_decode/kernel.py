@@ -16,6 +16,7 @@ Reference: reference.py beside this file.
 """
 
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -589,7 +590,7 @@ _stage1_absorbed_tuned = triton.autotune(configs=_stage1_configs(), cache_result
 def lowrank_decode(q: torch.Tensor, q_pos: torch.Tensor, comp: CompressedKV, dense: DenseKV, *,
                    rope_base: float | None, sm_scale: float | None = None,
                    num_splits: int | None = None, check_values: bool = True,
-                   block_n: int | None = None) -> DecodeOutput:
+                   block_n: int | None = None, workspace: "Workspace | None" = None) -> DecodeOutput:
     """Fused decompress + split-K flash-decoding over [compressed | dense].
 
     q: [B, Hq, M, D] fp16/bf16/fp32, the M new query tokens of each sequence
@@ -610,6 +611,9 @@ def lowrank_decode(q: torch.Tensor, q_pos: torch.Tensor, comp: CompressedKV, den
     block_n: a fixed token tile (power of two >= 16) instead of the autotuned
     one (the interpreter uses INTERPRET_BLOCK_N unless given); tests on a GPU
     pin it to avoid autotuning every shape.
+    workspace: the scratch of the call (make_workspace), owned by the caller
+    and reused across the steps of a decode loop: no allocation per call,
+    and its split count stands in for num_splits (no host sync either).
     Returns DecodeOutput(out [B, Hq, M, D] q.dtype, lse [B, Hq, M] float32,
     mass_comp [B, T] float32, mass_dense [B, S] float32).
     """
@@ -617,12 +621,13 @@ def lowrank_decode(q: torch.Tensor, q_pos: torch.Tensor, comp: CompressedKV, den
     if comp.uv.shape[2] > MAX_RANK_SPACE:
         raise ValueError(f"uv has rank {comp.uv.shape[2]}; the kernel keeps values in rank space and supports up to "
                          f"{MAX_RANK_SPACE}")
-    return _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, absorbed=False)
+    return _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, workspace, absorbed=False)
 
 
 def lowrank_decode_absorbed(q: torch.Tensor, q_pos: torch.Tensor, comp: CompressedKV, dense: DenseKV, *,
                             sm_scale: float | None = None, num_splits: int | None = None,
-                            check_values: bool = True, block_n: int | None = None) -> DecodeOutput:
+                            check_values: bool = True, block_n: int | None = None,
+                            workspace: "Workspace | None" = None) -> DecodeOutput:
     """The same attention computed in rank space (like MLA decode), for keys
     decomposed after RoPE (there is no rope_base: rank-space scores cannot be
     rotated per token). Per query head h of kv head g: q~ = q W_k[:, g]^T [Rk]
@@ -633,10 +638,58 @@ def lowrank_decode_absorbed(q: torch.Tensor, q_pos: torch.Tensor, comp: Compress
     for name, u in (("uk", comp.uk), ("uv", comp.uv)):
         if u.shape[2] > MAX_RANK_SPACE:
             raise ValueError(f"{name} has rank {u.shape[2]}; the absorbed kernel supports up to {MAX_RANK_SPACE}")
-    return _decode(q, q_pos, comp, dense, None, sm_scale, num_splits, block_n, absorbed=True)
+    return _decode(q, q_pos, comp, dense, None, sm_scale, num_splits, block_n, workspace, absorbed=True)
 
 
-def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, *, absorbed: bool) -> DecodeOutput:
+@dataclass(frozen=True)
+class Workspace:
+    """What one call writes and reads besides its outputs, float32: the
+    scaled logits of every (query row, token) for the masses [B, Hq, M, T + S]
+    and each split's partial output [B, Hq, M, splits, D] and log2-sum-exp
+    [B, Hq, M, splits]. Made once by make_workspace for a cache's shape and
+    split count; the same one serves every step (and both kernels) while the
+    shapes stay."""
+
+    logits: torch.Tensor
+    part_o: torch.Tensor
+    part_lse: torch.Tensor
+
+    @property
+    def splits(self) -> int:
+        return self.part_o.shape[3]
+
+
+def make_workspace(q: torch.Tensor, comp: CompressedKV, dense: DenseKV, num_splits: int) -> Workspace:
+    """A workspace for calls with these shapes and num_splits splits (see
+    default_num_splits), on q's device."""
+    num_splits = _num_splits(num_splits, comp, dense, 1, q.device)
+    return Workspace(*(torch.empty(shape, dtype=torch.float32, device=q.device)
+                       for shape in _workspace_shapes(q, comp, dense, num_splits)))
+
+
+def _workspace_shapes(q, comp, dense, splits: int):
+    batch, heads, queries, head_dim = q.shape
+    cols = comp.uk.shape[1] + dense.k.shape[2]
+    return ((batch, heads, queries, cols), (batch, heads, queries, splits, head_dim), (batch, heads, queries, splits))
+
+
+def _check_workspace(ws: Workspace, q, comp, dense, num_splits) -> int:
+    """The workspace's split count, after checking it fits this call."""
+    if not isinstance(ws, Workspace):
+        raise TypeError(f"workspace must be a Workspace (make_workspace), got {type(ws).__name__}")
+    if num_splits is not None and num_splits != ws.splits:
+        raise ValueError(f"num_splits={num_splits} but the workspace was made for {ws.splits} splits")
+    for name, t, shape in zip(("logits", "part_o", "part_lse"), (ws.logits, ws.part_o, ws.part_lse),
+                              _workspace_shapes(q, comp, dense, ws.splits)):
+        if tuple(t.shape) != shape or t.dtype != torch.float32 or t.device != q.device:
+            raise ValueError(f"workspace.{name} is {t.dtype} {tuple(t.shape)} on {t.device}; this call needs "
+                             f"float32 {shape} on {q.device}: make it with make_workspace(q, comp, dense, "
+                             f"num_splits={ws.splits}) for these shapes")
+    return ws.splits
+
+
+def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, workspace, *,
+            absorbed: bool) -> DecodeOutput:
     batch, heads, queries, head_dim = q.shape
     kv_heads, slots = dense.k.shape[1], dense.k.shape[2]
     tokens = comp.uk.shape[1]
@@ -662,14 +715,16 @@ def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, *, 
     mass_dense = torch.empty((batch, slots), dtype=torch.float32, device=dev)
     if batch == 0 or heads == 0:
         return DecodeOutput(out, lse, mass_comp, mass_dense)
-    splits = _num_splits(num_splits, comp, dense, batch * (1 if absorbed else kv_heads), dev)
-
+    if workspace is not None:
+        splits = _check_workspace(workspace, q, comp, dense, num_splits)
+    else:
+        splits = _num_splits(num_splits, comp, dense, batch * (1 if absorbed else kv_heads), dev)
+        workspace = Workspace(*(torch.empty(shape, dtype=torch.float32, device=dev)
+                                for shape in _workspace_shapes(q, comp, dense, splits)))
     # Scaled logits (log2 units) of every (row, token) for the masses; columns
     # [0, T) are the compressed tokens, [T, T + S) the dense ones. Only real
     # tokens' columns are written and read.
-    logits = torch.empty((batch, heads, queries, tokens + slots), dtype=torch.float32, device=dev)
-    part_o = torch.empty((batch, heads, queries, splits, head_dim), dtype=torch.float32, device=dev)
-    part_lse = torch.empty((batch, heads, queries, splits), dtype=torch.float32, device=dev)
+    logits, part_o, part_lse = workspace.logits, workspace.part_o, workspace.part_lse
 
     block_d = common.block(head_dim)
     shared = dict(GROUP=group, N_QUERIES=queries, HEAD_DIM=head_dim, BLOCK_ROWS=common.block(rows),
