@@ -108,7 +108,9 @@ class Lowrank(AttentionBenchmark):
         Column("unfused_ms", "ms", "rebuild K and V with batched matmuls, RoPE, then SDPA", "unfused"),
         Column("sdpa_ms", "ms", "SDPA over a full uncompressed cache of the same length", "SDPA"),
         Column("sdpa_hbm_pct", "%", "full K/V bytes / SDPA time, as a share of the HBM bandwidth", show=False),
-        Column("model_bytes", "bytes", "bytes a step over the compressed cache must move (model.py)", show=False),
+        Column("model_bytes", "bytes", "bytes a step of the fused kernel must move (model.py)", show=False),
+        Column("absorbed_model_bytes", "bytes", "bytes a step of the absorbed kernel must move (model.py)",
+               show=False),
         Column("full_rank_share", "", "share of the tokens whose values keep the full rank", show=False),
         Column("speedup_vs_unfused", "x", "unfused time / fused time (above 1: fused is faster)", "unfused/fused"),
         Column("speedup_vs_sdpa", "x", "SDPA time / fused time (above 1: fused is faster)", "SDPA/fused"),
@@ -155,7 +157,7 @@ class Lowrank(AttentionBenchmark):
         full_v = torch.randn_like(full_k)
         # Caller-owned workspaces: the timed calls allocate nothing and never wait for the host.
         fused_ws = op.make_workspace(q, comp, dense, splits)
-        absorbed_ws = op.make_workspace(q, comp, dense, absorbed_splits)
+        absorbed_ws = op.make_workspace(q, comp, dense, absorbed_splits, absorbed=True)
         fused = lambda: op.lowrank_decode(q, q_pos, comp, dense, rope_base=ROPE_BASE,  # noqa: E731
                                           workspace=fused_ws, check_values=False)
         absorbed = lambda: op.lowrank_decode_absorbed(q, q_pos, comp, dense, workspace=absorbed_ws,  # noqa: E731
@@ -186,6 +188,7 @@ class Lowrank(AttentionBenchmark):
         if row["fused_peak_bytes"] is not None:  # the workspace is made ahead, but the kernel needs it all the same
             row["fused_peak_bytes"] += nbytes(fused_ws.logits, fused_ws.part_o, fused_ws.part_lse)
         row["model_bytes"] = costs["fused (exact)"]["bytes"] + costs["fused (exact)"]["mass_bytes"]
+        row["absorbed_model_bytes"] = costs["absorbed (latent)"]["bytes"] + costs["absorbed (latent)"]["mass_bytes"]
         row["full_rank_share"] = self.full_rank_share
         row["sdpa_hbm_pct"] = percent_of(row["full_bytes"] / (row["sdpa_ms"] / 1e3) / 1e9, peak)
         row["absorbed_vs_sdpa"] = row["sdpa_ms"] / row["absorbed_ms"]

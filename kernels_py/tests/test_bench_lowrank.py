@@ -26,7 +26,11 @@ def test_smoke_run_reports_every_path():
         # float32 logits written and re-read for the masses (8 bytes a head and token).
         assert r["model_bytes"] == r["compressed_bytes"] + r["batch"] * r["heads"] * (r["visual_len"] + r["dense_len"]) * 8
         assert r["fused_gbps"] == pytest.approx(r["model_bytes"] / r["fused_ms"] / 1e6)
-        assert r["absorbed_gbps"] == pytest.approx(r["model_bytes"] / r["absorbed_ms"] / 1e6)
+        assert r["absorbed_gbps"] == pytest.approx(r["absorbed_model_bytes"] / r["absorbed_ms"] / 1e6)
+        # The absorbed kernel writes no logits of the compressed tokens; its mass kernel reads U_k again.
+        elem, rank, b_, h = 4, r["rank_k"], r["batch"], r["heads"]
+        assert r["absorbed_model_bytes"] == (r["compressed_bytes"] + b_ * h * r["dense_len"] * 8
+                                             + b_ * r["visual_len"] * rank * elem + b_ * h * rank * 8)
         assert r["fused_tflops"] > 0 and r["absorbed_tflops"] > 0
         # Sizes alone give the bytes: 4-byte floats here (smoke dtype float32).
         n, b, s, rank = r["visual_len"], r["batch"], r["dense_len"], r["rank_k"]

@@ -409,7 +409,9 @@ def test_roofline_model_counts_the_bytes_of_the_issue():
     w_bytes = 64 * (64 + 64) * 8 * 128 * 2
     dense_bytes = 64 * 64 * 4096
     assert c["absorbed (latent)"]["bytes"] == 64 * 32768 * 256 + w_bytes + dense_bytes
-    assert c["absorbed (latent)"]["mass_bytes"] == 64 * 32 * (32768 + 64) * 8
+    assert c["fused (exact)"]["mass_bytes"] == 64 * 32 * (32768 + 64) * 8  # float32 logits, out and back
+    # The absorbed kernel's masses: dense logits out and back, U_k read again, q~ out and back.
+    assert c["absorbed (latent)"]["mass_bytes"] == 64 * 32 * 64 * 8 + 64 * 32768 * 128 + 64 * 32 * 64 * 8
     flash_us, bound = model.roofline_us(c["flash, full cache"])
     assert bound == "memory" and abs(flash_us - 8.6e9 / 3.35e12 * 1e6) / flash_us < 0.01
     rows = model.report()["rows"]
@@ -417,23 +419,28 @@ def test_roofline_model_counts_the_bytes_of_the_issue():
 
 
 def test_caller_owned_workspace(device):
-    """One workspace serves every step of a loop and both kernels: results
-    equal those of calls that allocate their own; a workspace of other shapes
-    or splits is refused with what to do."""
+    """A workspace per kernel serves every step of a loop: results equal those
+    of calls that allocate their own; a workspace of other shapes, splits or
+    kernel is refused with what to do."""
     q, q_pos, comp, dense = make_case(device, dtype=torch.float32, **CASES["mixed_ranks_m3"])
-    ws = kernel.make_workspace(q, comp, dense, num_splits=3)
-    assert ws.splits == 3 and ws.logits.shape == (*q.shape[:3], comp.uk.shape[1] + dense.k.shape[2])
+    fused_ws = kernel.make_workspace(q, comp, dense, num_splits=3)
+    absorbed_ws = kernel.make_workspace(q, comp, dense, num_splits=3, absorbed=True)
+    assert fused_ws.splits == 3 and fused_ws.logits.shape == (*q.shape[:3], comp.uk.shape[1] + dense.k.shape[2])
+    # The absorbed kernel keeps logits of the dense tokens only (the mass kernel recomputes the others).
+    assert absorbed_ws.logits.shape == (*q.shape[:3], dense.k.shape[2])
     for step in range(2):
         q_step = q * (1 + step)
-        for run in (lambda **kw: decode(q_step, q_pos, comp, dense, rope_base=10000.0, **kw),
-                    lambda **kw: decode_absorbed(q_step, q_pos, comp, dense, **kw)):
+        for run, ws in ((lambda **kw: decode(q_step, q_pos, comp, dense, rope_base=10000.0, **kw), fused_ws),
+                        (lambda **kw: decode_absorbed(q_step, q_pos, comp, dense, **kw), absorbed_ws)):
             got, want = run(workspace=ws), run(num_splits=3)
             for a, b in zip(got, want):
                 assert torch.equal(a, b)
     with pytest.raises(ValueError, match="num_splits=2 but the workspace was made for 3 splits"):
-        decode(q, q_pos, comp, dense, rope_base=None, num_splits=2, workspace=ws)
+        decode(q, q_pos, comp, dense, rope_base=None, num_splits=2, workspace=fused_ws)
+    with pytest.raises(ValueError, match=r"workspace.logits .* make_workspace\(q, comp, dense, num_splits=3, absorbed=True\)"):
+        decode_absorbed(q, q_pos, comp, dense, workspace=fused_ws)
     other_q, other_pos, other_comp, other_dense = make_case(device, dtype=torch.float32, **CASES["ragged"])
     with pytest.raises(ValueError, match=r"workspace.logits is torch.float32 .* this call needs float32 .*make_workspace"):
-        decode(other_q, other_pos, other_comp, other_dense, rope_base=None, workspace=ws)
+        decode(other_q, other_pos, other_comp, other_dense, rope_base=None, workspace=fused_ws)
     with pytest.raises(TypeError, match="workspace must be a Workspace"):
-        decode(q, q_pos, comp, dense, rope_base=None, workspace=(ws.logits, ws.part_o, ws.part_lse))
+        decode(q, q_pos, comp, dense, rope_base=None, workspace=(fused_ws.logits, fused_ws.part_o, fused_ws.part_lse))

@@ -93,11 +93,17 @@ def _split_range(c_len, d_len, split, n_splits, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _mask_and_store(s, Logits_rows, offs_col, stride_ln, tok_pos, tok_mask, q_pos, row_mask):
+def _mask(s, tok_pos, tok_mask, q_pos, row_mask):
     """Set entries a row may not see (padding, or a token after the query's
-    position) to -inf and write the tile's logits for the masses."""
+    position) to -inf."""
     visible = (tok_pos[None, :] <= q_pos[:, None]) & tok_mask[None, :] & row_mask[:, None]
-    s = tl.where(visible, s, float("-inf"))
+    return tl.where(visible, s, float("-inf"))
+
+
+@triton.jit
+def _mask_and_store(s, Logits_rows, offs_col, stride_ln, tok_pos, tok_mask, q_pos, row_mask):
+    """_mask, and write the tile's logits for the masses."""
+    s = _mask(s, tok_pos, tok_mask, q_pos, row_mask)
     tl.store(Logits_rows + offs_col[None, :] * stride_ln, s, mask=row_mask[:, None] & tok_mask[None, :])
     return s
 
@@ -362,7 +368,7 @@ def _all_query_rows(N_QUERIES: tl.constexpr, GROUP: tl.constexpr, N_ROWS: tl.con
 
 @triton.jit
 def _stage1_absorbed_kernel(
-    Q, QPos, UK, WK, UV, WV, RankK, RankV, CPos, CLen, DK, DV, DPos, DLen, Logits, PartO, PartLse,
+    Q, QPos, UK, WK, UV, WV, RankK, RankV, CPos, CLen, DK, DV, DPos, DLen, Logits, PartO, PartLse, QRank,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_pb, stride_pm,
     stride_ukb, stride_ukn, stride_ukr,
@@ -380,6 +386,7 @@ def _stage1_absorbed_kernel(
     stride_lb, stride_lh, stride_lm, stride_ln,
     stride_ob, stride_oh, stride_om, stride_os, stride_od,
     stride_sb, stride_sh, stride_sm, stride_ss,
+    stride_xb, stride_xr, stride_xk,
     n_comp, rank_k_max, rank_v_max, qk_scale, tune_programs, tune_span,
     KV_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
@@ -399,7 +406,11 @@ def _stage1_absorbed_kernel(
     as a row of its MMAs, so each U tile is read once for all heads (U is
     shared by every kv head). Row r of kv head g scores (q_r W_k,g^T) .
     U_k[t, :r_t]; values are accumulated as sum_t p_t U_v[t, :r_t] and mapped
-    by W_v,g once per split. The dense segment is read per kv head."""
+    by W_v,g once per split. The dense segment is read per kv head. Only the
+    dense segment's logits are written for the masses: the mass kernel
+    recomputes the compressed tokens' scores in rank space from q~ (which
+    the first split stores), reading U_k again instead of writing and
+    re-reading a float32 logit per head and token."""
     b = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     n_splits = tl.num_programs(1)
@@ -421,6 +432,9 @@ def _stage1_absorbed_kernel(
         q_g = tl.where((row_kv == g)[:, None], q, 0.0).to(tl.float32)
         q_rank += tl.dot(q_g, wk_t.to(tl.float32), input_precision=RANK_PREC)
     q_rank = q_rank.to(UW_DT)
+    if split == 0:
+        tl.store(QRank + b * stride_xb + tl.arange(0, BLOCK_ROWS)[:, None] * stride_xr + offs_rk[None, :] * stride_xk,
+                 q_rank.to(tl.float32), mask=row_mask[:, None] & (offs_rk[None, :] < rank_k_max))
     q = q.to(QK_DT)
     logit_rows = Logits + b * stride_lb + head[:, None] * stride_lh + query[:, None] * stride_lm
 
@@ -441,7 +455,7 @@ def _stage1_absorbed_kernel(
         ut = tl.load(UK + b * stride_ukb + offs_n[None, :] * stride_ukn + offs_rk[:, None] * stride_ukr,
                      mask=offs_rk[:, None] < rank_k[None, :], other=0.0).to(UW_DT)
         s = tl.dot(q_rank, ut, input_precision="ieee")
-        s = _mask_and_store(s * qk_scale, logit_rows, offs_n, stride_ln, tok_pos, tok_mask, q_pos, row_mask)
+        s = _mask(s * qk_scale, tok_pos, tok_mask, q_pos, row_mask)
         p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i)
         rank_v = tl.load(RankV + b * stride_rvb + offs_n * stride_rvn, mask=tok_mask, other=0).to(tl.int32)
         uv = tl.load(UV + b * stride_uvb + offs_n[:, None] * stride_uvn + offs_rv[None, :] * stride_uvr,
@@ -460,7 +474,7 @@ def _stage1_absorbed_kernel(
             kt = tl.load(DK_b + g * stride_dkh + offs_n[None, :] * stride_dkn + offs_d[:, None] * stride_dkd,
                          mask=tok_mask[None, :] & d_mask[:, None], other=0.0).to(QK_DT)
             s = tl.where((row_kv == g)[:, None], tl.dot(q, kt, input_precision="ieee"), s)
-        s = _mask_and_store(s * qk_scale, logit_rows, n_comp + offs_n, stride_ln, tok_pos, tok_mask, q_pos, row_mask)
+        s = _mask_and_store(s * qk_scale, logit_rows, offs_n, stride_ln, tok_pos, tok_mask, q_pos, row_mask)
         p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i)
         acc = acc * alpha[:, None]
         p = p.to(QK_DT)
@@ -527,34 +541,71 @@ def _merge_kernel(
 
 @triton.jit
 def _mass_kernel(
-    Logits, Lse, MassC, MassD, CLen, DLen,
+    Logits, Lse, MassC, MassD, CLen, DLen, QRank, UK, RankK, CPos, QPos,
     stride_lb, stride_lh, stride_lm, stride_ln,
     stride_sb, stride_sh, stride_sm,
     stride_cb, stride_cn,
     stride_db, stride_dn,
     stride_clb, stride_dlb,
-    n_comp, n_cols, n_rows, inv_rows,
+    stride_xb, stride_xr, stride_xk,
+    stride_ukb, stride_ukn, stride_ukr,
+    stride_rkb, stride_rkn,
+    stride_cpb, stride_cpn,
+    stride_pb, stride_pm,
+    n_comp, n_cols, n_rows, inv_rows, qk_scale, rank_k_max,
     N_QUERIES: tl.constexpr,
     BLOCK_T: tl.constexpr,
+    RANK_SPACE: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_RK: tl.constexpr,
+    UW_DT: tl.constexpr,
 ):
     """Per-token attention weight exp(logit - lse), averaged over the n_rows =
-    heads x queries rows, for a block of columns of [compressed | dense]."""
+    heads x queries rows, for a block of columns of [compressed | dense].
+    The logits come from stage 1 ([compressed | dense] columns); with
+    RANK_SPACE (the absorbed kernel) stage 1 wrote the dense columns only,
+    and the compressed tokens' scores are recomputed here as q~ . U_k[t]."""
     b = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
     c_len = tl.load(CLen + b * stride_clb).to(tl.int32)
     d_len = tl.load(DLen + b * stride_dlb).to(tl.int32)
+    valid_c = cols < c_len
+    valid_d = (cols >= n_comp) & (cols - n_comp < d_len)
     # Only columns of real tokens were written by stage 1; padding is never read.
-    valid = (cols < c_len) | ((cols >= n_comp) & (cols - n_comp < d_len))
+    if RANK_SPACE:
+        from_logits = valid_d
+        logit_cols = cols - n_comp
+    else:
+        from_logits = valid_c | valid_d
+        logit_cols = cols
     total = tl.zeros([BLOCK_T], dtype=tl.float32)
     for r in range(0, n_rows):
         head = r // N_QUERIES
         query = r % N_QUERIES
         lse2 = tl.load(Lse + b * stride_sb + head * stride_sh + query * stride_sm) * 1.4426950408889634
         lse2 = tl.where(lse2 == float("-inf"), 0.0, lse2)  # a row that saw nothing has only -inf logits
-        logit = tl.load(Logits + b * stride_lb + head * stride_lh + query * stride_lm + cols * stride_ln,
-                        mask=valid, other=float("-inf"))
+        logit = tl.load(Logits + b * stride_lb + head * stride_lh + query * stride_lm + logit_cols * stride_ln,
+                        mask=from_logits, other=float("-inf"))
         total += tl.exp2(logit - lse2)
-    mass = tl.where(valid, total * inv_rows, 0.0)
+    if RANK_SPACE:
+        offs_row = tl.arange(0, BLOCK_ROWS)
+        row_mask = offs_row < n_rows
+        head_r = offs_row // N_QUERIES
+        query_r = offs_row % N_QUERIES
+        lse2_r = tl.load(Lse + b * stride_sb + head_r * stride_sh + query_r * stride_sm, mask=row_mask,
+                         other=0.0) * 1.4426950408889634
+        lse2_r = tl.where(lse2_r == float("-inf"), 0.0, lse2_r)
+        q_pos = tl.load(QPos + b * stride_pb + query_r * stride_pm, mask=row_mask, other=-1).to(tl.int32)
+        offs_rk = tl.arange(0, BLOCK_RK)
+        rank = tl.load(RankK + b * stride_rkb + cols * stride_rkn, mask=valid_c, other=0).to(tl.int32)
+        tok_pos = tl.load(CPos + b * stride_cpb + cols * stride_cpn, mask=valid_c, other=0).to(tl.int32)
+        ut = tl.load(UK + b * stride_ukb + cols[None, :] * stride_ukn + offs_rk[:, None] * stride_ukr,
+                     mask=offs_rk[:, None] < rank[None, :], other=0.0).to(UW_DT)
+        q_rank = tl.load(QRank + b * stride_xb + offs_row[:, None] * stride_xr + offs_rk[None, :] * stride_xk,
+                         mask=row_mask[:, None] & (offs_rk[None, :] < rank_k_max), other=0.0).to(UW_DT)
+        s = _mask(tl.dot(q_rank, ut, input_precision="ieee") * qk_scale, tok_pos, valid_c, q_pos, row_mask)
+        total += tl.sum(tl.exp2(s - lse2_r[:, None]), 0)
+    mass = tl.where(valid_c | valid_d, total * inv_rows, 0.0)
     tl.store(MassC + b * stride_cb + cols * stride_cn, mass, mask=cols < n_comp)
     tl.store(MassD + b * stride_db + (cols - n_comp) * stride_dn, mass, mask=(cols >= n_comp) & (cols < n_cols))
 
@@ -645,46 +696,51 @@ def lowrank_decode_absorbed(q: torch.Tensor, q_pos: torch.Tensor, comp: Compress
 class Workspace:
     """What one call writes and reads besides its outputs, float32: the
     scaled logits of every (query row, token) for the masses [B, Hq, M, T + S]
-    and each split's partial output [B, Hq, M, splits, D] and log2-sum-exp
-    [B, Hq, M, splits]. Made once by make_workspace for a cache's shape and
-    split count; the same one serves every step (and both kernels) while the
-    shapes stay."""
+    (the absorbed kernel: of the dense tokens only, [B, Hq, M, S]), each
+    split's partial output [B, Hq, M, splits, D] and log2-sum-exp [B, Hq, M,
+    splits], and the absorbed kernel's rank-space queries [B, Hq * M, Rk].
+    Made once by make_workspace for a kernel, a cache's shapes and a split
+    count; the same one serves every step while the shapes stay."""
 
     logits: torch.Tensor
     part_o: torch.Tensor
     part_lse: torch.Tensor
+    q_rank: torch.Tensor
 
     @property
     def splits(self) -> int:
         return self.part_o.shape[3]
 
 
-def make_workspace(q: torch.Tensor, comp: CompressedKV, dense: DenseKV, num_splits: int) -> Workspace:
-    """A workspace for calls with these shapes and num_splits splits (see
+def make_workspace(q: torch.Tensor, comp: CompressedKV, dense: DenseKV, num_splits: int, *,
+                   absorbed: bool = False) -> Workspace:
+    """A workspace for calls of lowrank_decode (or, with absorbed=True,
+    lowrank_decode_absorbed) with these shapes and num_splits splits (see
     default_num_splits), on q's device."""
     num_splits = _num_splits(num_splits, comp, dense, 1, q.device)
     return Workspace(*(torch.empty(shape, dtype=torch.float32, device=q.device)
-                       for shape in _workspace_shapes(q, comp, dense, num_splits)))
+                       for shape in _workspace_shapes(q, comp, dense, num_splits, absorbed)))
 
 
-def _workspace_shapes(q, comp, dense, splits: int):
+def _workspace_shapes(q, comp, dense, splits: int, absorbed: bool):
     batch, heads, queries, head_dim = q.shape
-    cols = comp.uk.shape[1] + dense.k.shape[2]
-    return ((batch, heads, queries, cols), (batch, heads, queries, splits, head_dim), (batch, heads, queries, splits))
+    cols = dense.k.shape[2] + (0 if absorbed else comp.uk.shape[1])
+    return ((batch, heads, queries, cols), (batch, heads, queries, splits, head_dim), (batch, heads, queries, splits),
+            (batch, heads * queries, comp.uk.shape[2] if absorbed else 0))
 
 
-def _check_workspace(ws: Workspace, q, comp, dense, num_splits) -> int:
+def _check_workspace(ws: Workspace, q, comp, dense, num_splits, absorbed: bool) -> int:
     """The workspace's split count, after checking it fits this call."""
     if not isinstance(ws, Workspace):
         raise TypeError(f"workspace must be a Workspace (make_workspace), got {type(ws).__name__}")
     if num_splits is not None and num_splits != ws.splits:
         raise ValueError(f"num_splits={num_splits} but the workspace was made for {ws.splits} splits")
-    for name, t, shape in zip(("logits", "part_o", "part_lse"), (ws.logits, ws.part_o, ws.part_lse),
-                              _workspace_shapes(q, comp, dense, ws.splits)):
+    for name, t, shape in zip(("logits", "part_o", "part_lse", "q_rank"), (ws.logits, ws.part_o, ws.part_lse, ws.q_rank),
+                              _workspace_shapes(q, comp, dense, ws.splits, absorbed)):
         if tuple(t.shape) != shape or t.dtype != torch.float32 or t.device != q.device:
             raise ValueError(f"workspace.{name} is {t.dtype} {tuple(t.shape)} on {t.device}; this call needs "
                              f"float32 {shape} on {q.device}: make it with make_workspace(q, comp, dense, "
-                             f"num_splits={ws.splits}) for these shapes")
+                             f"num_splits={ws.splits}, absorbed={absorbed}) for these shapes and this kernel")
     return ws.splits
 
 
@@ -716,27 +772,28 @@ def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, wor
     if batch == 0 or heads == 0:
         return DecodeOutput(out, lse, mass_comp, mass_dense)
     if workspace is not None:
-        splits = _check_workspace(workspace, q, comp, dense, num_splits)
+        splits = _check_workspace(workspace, q, comp, dense, num_splits, absorbed)
     else:
         splits = _num_splits(num_splits, comp, dense, batch * (1 if absorbed else kv_heads), dev)
         workspace = Workspace(*(torch.empty(shape, dtype=torch.float32, device=dev)
-                                for shape in _workspace_shapes(q, comp, dense, splits)))
+                                for shape in _workspace_shapes(q, comp, dense, splits, absorbed)))
     # Scaled logits (log2 units) of every (row, token) for the masses; columns
-    # [0, T) are the compressed tokens, [T, T + S) the dense ones. Only real
-    # tokens' columns are written and read.
-    logits, part_o, part_lse = workspace.logits, workspace.part_o, workspace.part_lse
+    # [0, T) are the compressed tokens, [T, T + S) the dense ones (the
+    # absorbed kernel: the dense ones only). Only real tokens' columns are
+    # written and read.
+    logits, part_o, part_lse, q_rank = workspace.logits, workspace.part_o, workspace.part_lse, workspace.q_rank
 
     block_d = common.block(head_dim)
     shared = dict(GROUP=group, N_QUERIES=queries, HEAD_DIM=head_dim, BLOCK_ROWS=common.block(rows),
                   BLOCK_D=block_d, QK_DT=common.dot_dtype(q.dtype, dense.k.dtype, dense.v.dtype),
                   UW_DT=common.dot_dtype(comp.uk.dtype, comp.wk.dtype, comp.uv.dtype, comp.wv.dtype))
-    args = [q, q_pos, comp.uk, comp.wk, comp.uv, comp.wv, comp.rank_k, comp.rank_v, comp.pos, comp.length,
-            dense.k, dense.v, dense.pos, dense.length, logits, part_o, part_lse,
-            *q.stride(), *q_pos.stride(), *comp.uk.stride(), *comp.wk.stride(), *comp.uv.stride(),
-            *comp.wv.stride(), *comp.rank_k.stride(), *comp.rank_v.stride(), *comp.pos.stride(),
-            *comp.length.stride(), *dense.k.stride(), *dense.v.stride(), *dense.pos.stride(),
-            *dense.length.stride(), *logits.stride(), *part_o.stride(), *part_lse.stride(),
-            tokens, comp.uk.shape[2], comp.uv.shape[2], scale * common.LOG2E]
+    tensors = [q, q_pos, comp.uk, comp.wk, comp.uv, comp.wv, comp.rank_k, comp.rank_v, comp.pos, comp.length,
+               dense.k, dense.v, dense.pos, dense.length, logits, part_o, part_lse]
+    strides = [*q.stride(), *q_pos.stride(), *comp.uk.stride(), *comp.wk.stride(), *comp.uv.stride(),
+               *comp.wv.stride(), *comp.rank_k.stride(), *comp.rank_v.stride(), *comp.pos.stride(),
+               *comp.length.stride(), *dense.k.stride(), *dense.v.stride(), *dense.pos.stride(),
+               *dense.length.stride(), *logits.stride(), *part_o.stride(), *part_lse.stride()]
+    scalars = [tokens, comp.uk.shape[2], comp.uv.shape[2], scale * common.LOG2E]
     # Autotuning buckets (unused by the kernels): the best tile depends on how
     # many programs run and how many tokens each walks, so tune once per
     # power-of-two class of each rather than once for all shapes.
@@ -751,10 +808,10 @@ def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, wor
         meta = dict(shared, KV_HEADS=kv_heads, BLOCK_RK=common.block(comp.uk.shape[2]),
                     BLOCK_RV=common.block(comp.uv.shape[2]), RANK_PREC="tf32" if exact else "ieee")
         kernel, tuned = _stage1_absorbed_kernel, _stage1_absorbed_tuned
-        args += tune
+        args = [*tensors, q_rank, *strides, *q_rank.stride(), *scalars, *tune]
     else:
         rope_step = 0.0 if rope_base is None else -2.0 * math.log2(rope_base) / head_dim
-        args += [rope_step, *tune]
+        args = [*tensors, *strides, *scalars, rope_step, *tune]
         block_r = min(common.block(comp.uk.shape[2]), MAX_BLOCK_R)
         meta = dict(shared, HALF=head_dim // 2, ROPE=rope_base is not None, BLOCK_HALF=common.block(head_dim // 2),
                     BLOCK_R=block_r, BLOCK_RV=common.block(comp.uv.shape[2]), ONE_CHUNK_K=comp.uk.shape[2] <= block_r,
@@ -771,13 +828,17 @@ def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, wor
         *part_o.stride(), *part_lse.stride(), *out.stride(), *lse.stride(),
         splits, HEAD_DIM=head_dim, BLOCK_D=block_d)
     if tokens + slots:
-        block_t = 256
+        block_t = 64 if absorbed else 256  # absorbed: a [block_t, Rk] U_k tile per program
         _mass_kernel[(batch, triton.cdiv(tokens + slots, block_t))](
-            logits, lse, mass_comp, mass_dense, comp.length, dense.length,
+            logits, lse, mass_comp, mass_dense, comp.length, dense.length, q_rank, comp.uk, comp.rank_k, comp.pos,
+            q_pos,
             *logits.stride(), *lse.stride(), *mass_comp.stride(), *mass_dense.stride(),
-            *comp.length.stride(), *dense.length.stride(),
-            tokens, tokens + slots, heads * queries, 1.0 / (heads * queries),
-            N_QUERIES=queries, BLOCK_T=block_t)
+            *comp.length.stride(), *dense.length.stride(), *q_rank.stride(), *comp.uk.stride(),
+            *comp.rank_k.stride(), *comp.pos.stride(), *q_pos.stride(),
+            tokens, tokens + slots, heads * queries, 1.0 / (heads * queries), scale * common.LOG2E,
+            comp.uk.shape[2],
+            N_QUERIES=queries, BLOCK_T=block_t, RANK_SPACE=absorbed, BLOCK_ROWS=common.block(heads * queries),
+            BLOCK_RK=common.block(comp.uk.shape[2]), UW_DT=shared["UW_DT"])
     return DecodeOutput(out, lse, mass_comp, mass_dense)
 
 

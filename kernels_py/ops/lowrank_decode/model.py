@@ -10,9 +10,12 @@ shared by every head: a kernel that reads each U tile once for all heads
 (the absorbed kernel's programs hold every query head) moves 256 bytes a
 token; one whose programs are per kv head reads it H_kv times, from L2 when
 the programs of a tile run together (the fused kernel's grid orders them so),
-which the model counts once. Both kernels also write each (query head, token)
-logit in float32 and read it back for the per-token attention mass
-(AttentionPack Eq. 1): 8 bytes per head and token, counted apart.
+which the model counts once. For the per-token attention mass (AttentionPack
+Eq. 1) the fused kernel writes each (query head, token) logit in float32 and
+reads it back, 8 bytes per head and token; the absorbed kernel does so for
+the dense tokens only and recomputes the compressed tokens' scores in rank
+space, reading U_k again (2 * rank_k bytes a token). Counted apart, as
+"mass" bytes.
 """
 
 from dataclasses import dataclass
@@ -51,11 +54,12 @@ def costs(s: Step) -> dict[str, dict]:
     dense_flops = b * hq * n * 4 * d
     factors = b * t * per_token_bytes(s)["factors"] + b * (rk + rv) * hk * d * e  # U once, W once
     logits = b * hq * (t + n) * 4 * 2  # float32, written then read for the masses
+    rank_space_mass = b * hq * n * 4 * 2 + b * t * rk * e + b * hq * rk * 4 * 2  # dense logits, U_k again, q~
     rank_attention = b * hq * t * 2 * (rk + rv) + b * hq * 2 * d * (rk + rv)  # scores and sums in rank space, maps
     return {
         "flash, full cache": {"bytes": b * (t + n) * 2 * hk * d * e, "flops": b * hq * (t + n) * 4 * d},
-        "absorbed (latent)": {"bytes": factors + dense_bytes, "mass_bytes": logits,
-                              "flops": rank_attention + dense_flops},
+        "absorbed (latent)": {"bytes": factors + dense_bytes, "mass_bytes": rank_space_mass,
+                              "flops": rank_attention + b * hq * t * 2 * rk + dense_flops},
         # Keys rebuilt per kv head (RoPE after), then scored; values in rank space.
         "fused (exact)": {"bytes": factors + dense_bytes, "mass_bytes": logits,
                           "flops": b * t * hk * 2 * rk * d + b * hq * t * 2 * d + b * hq * t * 2 * rv
@@ -68,7 +72,8 @@ COLUMNS = (
     Column("batch", "", "sequences"),
     Column("variant", "", "implementation"),
     Column("gbytes", "", "HBM gigabytes one step must read (the factors once, W, the dense segment)", "GB"),
-    Column("mass_gbytes", "", "gigabytes more for the float32 logits written and re-read for the masses", "+mass GB"),
+    Column("mass_gbytes", "", "gigabytes more for the per-token masses: float32 logits written and re-read (the "
+           "absorbed kernel: of the dense tokens, plus U_k read again)", "+mass GB"),
     Column("tflop", "", "tensor-core teraFLOPs of one step", "TFLOP"),
     Column("roofline_us", "", "microseconds: max(bytes / 3.35 TB/s, FLOPs / 989 TFLOP/s), masses included",
            "roofline µs"),
