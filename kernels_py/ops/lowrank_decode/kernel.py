@@ -43,9 +43,11 @@ from kernels_py.ops.lowrank_decode.contract import CompressedKV, DecodeOutput, D
 # output and log2-sum-exp.
 # Stage 2: `_merge_kernel` merges the splits of each query row into the output
 # and the natural-log LSE; `_mass_kernel` turns the stored logits into each
-# token's attention weight exp(logit - lse), averaged over heads and queries.
+# token's attention weight exp(logit - lse), averaged over heads and queries
+# (for the absorbed kernel's compressed tokens it recomputes the scores in
+# rank space instead: stage 1 stores no logit of theirs).
 #
-# Grid axis 0 is the kv head: programs launched next to each other then read
+# The fused kernel's grid axis 0 is the kv head: programs launched next to each other then read
 # the same U tiles (U is shared by all kv heads), which keeps them in L2.
 #
 # Dot operand dtypes: the loads are cast to constexpr dtypes chosen by the
