@@ -2,7 +2,6 @@ package expt
 
 import (
 	"fmt"
-	"math"
 	"sort"
 
 	"go.starlark.net/starlark"
@@ -121,9 +120,6 @@ func starlarkSum(thread *starlark.Thread, b *starlark.Builtin, args starlark.Tup
 		if total, err = starlark.Binary(syntax.PLUS, total, x); err != nil {
 			return nil, fmt.Errorf("sum: %w", err)
 		}
-	}
-	if f, ok := total.(starlark.Float); ok && math.IsNaN(float64(f)) {
-		return nil, fmt.Errorf("sum: not a number")
 	}
 	return total, nil
 }

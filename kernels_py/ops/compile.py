@@ -136,6 +136,9 @@ def error_text(err: BaseException) -> str:
 
 
 def compile_case(case, cc: int) -> dict:
+    # Compile for real (not from Triton's cache) and keep ptxas's report, which resources() reads.
+    knobs.compilation.always_compile = True
+    knobs.nvidia.dump_ptxas_log = True
     target = GPUTarget("cuda", cc, 32)
     result = {"case": case.name, "target": cc, "launched": [], "compiled": [], "error": None, "configs": {}}
     try:
@@ -216,9 +219,6 @@ def main(argv=None) -> int:
     if knobs.runtime.interpret or interpreter_mode():
         print("TRITON_INTERPRET is set: launchers would choose the interpreter's constexprs", file=sys.stderr)
         return 2
-    # Compile for real (not from Triton's cache) and keep ptxas's report.
-    knobs.compilation.always_compile = True
-    knobs.nvidia.dump_ptxas_log = True
     torch.manual_seed(0)
     chosen = [c for c in cases() if not opts.cases or c.name in opts.cases]
     results = [compile_case(case, opts.target) for case in chosen]

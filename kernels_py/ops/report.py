@@ -36,12 +36,8 @@ COLUMNS = (
 
 def report(target: int, names: list[str] | None = None) -> dict:
     """Compile the chosen cases (all when names is empty) for sm_<target>."""
-    from triton import knobs
-
     from kernels_py.ops import compile as cc
 
-    knobs.compilation.always_compile = True  # fresh ptxas logs, not cached binaries
-    knobs.nvidia.dump_ptxas_log = True
     rows = []
     for case in cc.cases():
         if names and case.name not in names:
