@@ -9,9 +9,10 @@
 The absorbed variant (rank-space attention, keys decomposed after RoPE) is
 timed too, as an ablation. Cache: `length` visual tokens compressed to rank
 `rank` for keys and values (keys decomposed before RoPE, rotated on rebuild),
-values split into two importance groups as in the paper's setup (25% of the
-tokens at full rank, 75% at rank / 4), then `dense_len` uncompressed text
-tokens; one new query token that sees every cached token (so no mask is
+split into two importance groups as in the paper's setup (25% of the tokens
+at full rank, 75% at rank / 4, in the factors `partial` names: values by
+default), stored grouped by rank as the AttentionPack cache stores them (the
+full-rank group first), then `dense_len` uncompressed text tokens; one new query token that sees every cached token (so no mask is
 needed by the baselines). Every sequence of a batch has the full length.
 
 Bytes and FLOPs (for GB/s, % of the HBM peak and TFLOP/s) are those the
@@ -39,16 +40,20 @@ ROPE_BASE = 10000.0
 
 
 def _make(batch: int, length: int, dense_len: int, heads: int, kv_heads: int, head_dim: int, rank: int,
-          dtype: torch.dtype, device: torch.device, g: torch.Generator, full_rank_share: float = 0.25):
+          dtype: torch.dtype, device: torch.device, g: torch.Generator, full_rank_share: float = 0.25,
+          partial: str = "values"):
     """q [B, H, 1, D], q_pos, CompressedKV, DenseKV for one size."""
     width = kv_heads * head_dim
 
     def randn(*shape, scale=1.0):
         return (torch.randn(*shape, generator=g, device=device) * scale).to(dtype)
 
-    rank_k = torch.full((batch, length), rank, dtype=torch.int32, device=device)
-    full = torch.rand(batch, length, generator=g, device=device) < full_rank_share
-    rank_v = torch.where(full, rank, max(1, rank // 4)).to(torch.int32)
+    # Grouped by rank: the first slots hold the full-rank group.
+    full = (torch.arange(length, device=device) < int(full_rank_share * length + 0.5)).expand(batch, length)
+    grouped = torch.where(full, rank, max(1, rank // 4)).to(torch.int32)
+    flat = torch.full((batch, length), rank, dtype=torch.int32, device=device)
+    rank_k = grouped if partial in ("keys", "both") else flat
+    rank_v = grouped if partial in ("values", "both") else flat
     pos = torch.arange(length, dtype=torch.int32, device=device).expand(batch, length)
     comp = op.CompressedKV(randn(batch, length, rank), randn(batch, rank, width, scale=rank ** -0.5),
                            randn(batch, length, rank), randn(batch, rank, width, scale=rank ** -0.5),
@@ -93,8 +98,8 @@ class Lowrank(AttentionBenchmark):
         *AttentionBenchmark.SHAPE_COLUMNS,
         Column("rank_k", "", "key rank, and the value rank of the full-rank group (the ranks knob)", "rank"),
         Column("rank_v", "", "value rank of the full-rank group", show=False),
-        Column("rank_v_low", "", "value rank of the other 75% of the tokens", show=False),
-        Column("num_splits", "", "split-K splits per (sequence, kv head)", show=False),
+        Column("rank_v_low", "", "the lower rank of the other tokens", show=False),
+        Column("num_splits", "", "split-K splits per sequence", show=False),
         Column("sdpa_backend", "", "SDPA backend of the baselines (flash where PyTorch has it)", show=False),
         Column("fused_ms", "ms", "the fused kernel (keys rebuilt and rotated, values in rank space), median", "fused"),
         Column("fused_gbps", "GB/s", "modeled bytes of the step (factors, dense, mass logits) / fused time", "GB/s"),
@@ -111,7 +116,8 @@ class Lowrank(AttentionBenchmark):
         Column("model_bytes", "bytes", "bytes a step of the fused kernel must move (model.py)", show=False),
         Column("absorbed_model_bytes", "bytes", "bytes a step of the absorbed kernel must move (model.py)",
                show=False),
-        Column("full_rank_share", "", "share of the tokens whose values keep the full rank", show=False),
+        Column("full_rank_share", "", "share of the tokens that keep the full rank", show=False),
+        Column("partial", "", "factors the lower rank applies to", show=False),
         Column("speedup_vs_unfused", "x", "unfused time / fused time (above 1: fused is faster)", "unfused/fused"),
         Column("speedup_vs_sdpa", "x", "SDPA time / fused time (above 1: fused is faster)", "SDPA/fused"),
         Column("compression_ratio", "x", "full K/V bytes / compressed cache bytes", "compression"),
@@ -130,9 +136,12 @@ class Lowrank(AttentionBenchmark):
     batches: tuple = knob("ints", (1, 8, 32, 64), "batch sizes", min=1, max=4096)
     ranks: tuple = knob("ints", (64,), "compression ranks of keys and values, a row each (paper: 32 or 64 for "
                         "images; sweep e.g. 16,32,64,128)", min=1, max=65536, ref="AttentionPack section 4.3")
-    full_rank_share: float = knob("float", 0.25, "share of the tokens whose values keep the full rank; the rest "
-                                  "are decompressed at rank / 4 (paper: 0.25)", min=0.0, max=1.0,
+    full_rank_share: float = knob("float", 0.25, "share of the tokens that keep the full rank; the rest are "
+                                  "decompressed at rank / 4 (paper: 0.25)", min=0.0, max=1.0,
                                   ref="AttentionPack section 3.2")
+    partial: str = knob("str", "values", "which factors the lower rank applies to (paper: values; keys or both "
+                        "show the saving of the key rebuild)", choices=("values", "keys", "both"),
+                        ref="AttentionPack section 4.1")
     dense_len: int = knob("int", 64, "uncompressed text tokens after the visual ones", min=1, max=1 << 20)
 
     RULES = (
@@ -149,17 +158,18 @@ class Lowrank(AttentionBenchmark):
         n, b, device, cuda, dt, g = x.tokens, x.batch, x.device, x.cuda, x.dtype, x.generator
         rank = case["rank_k"]
         q, q_pos, comp, dense = _make(b, n, self.dense_len, self.heads, self.kv_heads, self.head_dim, rank, dt,
-                                      device, g, self.full_rank_share)
+                                      device, g, self.full_rank_share, self.partial)
+        # Rank-uniform tiles rebuild keys in chunks no larger than the low group's rank.
+        chunk = min(64, max(16, 1 << (max(1, rank // 4) - 1).bit_length())) if self.partial != "values" else None
         op.check_inputs(q, q_pos, comp, dense, ROPE_BASE)  # once: the timed calls skip the value checks
-        splits = op.default_num_splits(comp, dense, self.kv_heads)
-        absorbed_splits = op.default_num_splits(comp, dense, self.kv_heads, absorbed=True)
+        splits = op.default_num_splits(comp, dense)  # both kernels: one program per (sequence, split)
         full_k = torch.randn(b, self.kv_heads, n + self.dense_len, self.head_dim, generator=g, device=device).to(dt)
         full_v = torch.randn_like(full_k)
         # Caller-owned workspaces: the timed calls allocate nothing and never wait for the host.
         fused_ws = op.make_workspace(q, comp, dense, splits)
-        absorbed_ws = op.make_workspace(q, comp, dense, absorbed_splits, absorbed=True)
+        absorbed_ws = op.make_workspace(q, comp, dense, splits, absorbed=True)
         fused = lambda: op.lowrank_decode(q, q_pos, comp, dense, rope_base=ROPE_BASE,  # noqa: E731
-                                          workspace=fused_ws, check_values=False)
+                                          workspace=fused_ws, check_values=False, rank_chunk=chunk)
         absorbed = lambda: op.lowrank_decode_absorbed(q, q_pos, comp, dense, workspace=absorbed_ws,  # noqa: E731
                                                       check_values=False)
         unfused = lambda: _unfused(q, comp, dense, ROPE_BASE)  # noqa: E731
@@ -177,7 +187,8 @@ class Lowrank(AttentionBenchmark):
                "sdpa_peak_bytes": peak_bytes(full, cuda),
                "compressed_bytes": read, "full_bytes": nbytes(full_k, full_v)}
         step = model.Step(batch=b, visual=n, dense=self.dense_len, heads=self.heads, kv_heads=self.kv_heads,
-                          head_dim=self.head_dim, rank_k=rank, rank_v=rank, elem_bytes=dt.itemsize)
+                          head_dim=self.head_dim, rank_k=rank, rank_v=rank, elem_bytes=dt.itemsize,
+                          low_share=1.0 - self.full_rank_share, partial=self.partial)
         costs = model.costs(step)
         peak = hbm_peak_gbps(device)
         for name, variant in (("fused", "fused (exact)"), ("absorbed", "absorbed (latent)")):
@@ -190,6 +201,7 @@ class Lowrank(AttentionBenchmark):
         row["model_bytes"] = costs["fused (exact)"]["bytes"] + costs["fused (exact)"]["mass_bytes"]
         row["absorbed_model_bytes"] = costs["absorbed (latent)"]["bytes"] + costs["absorbed (latent)"]["mass_bytes"]
         row["full_rank_share"] = self.full_rank_share
+        row["partial"] = self.partial
         row["sdpa_hbm_pct"] = percent_of(row["full_bytes"] / (row["sdpa_ms"] / 1e3) / 1e9, peak)
         row["absorbed_vs_sdpa"] = row["sdpa_ms"] / row["absorbed_ms"]
         row["speedup_vs_unfused"] = row["unfused_ms"] / row["fused_ms"]

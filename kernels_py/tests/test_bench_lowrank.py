@@ -22,15 +22,17 @@ def test_smoke_run_reports_every_path():
         assert r["speedup_vs_unfused"] == pytest.approx(r["unfused_ms"] / r["fused_ms"])
         assert r["speedup_vs_sdpa"] == pytest.approx(r["sdpa_ms"] / r["fused_ms"])
         assert r["absorbed_vs_sdpa"] == pytest.approx(r["sdpa_ms"] / r["absorbed_ms"])
-        # The step's modeled bytes: the compressed cache read once, plus the
-        # float32 logits written and re-read for the masses (8 bytes a head and token).
-        assert r["model_bytes"] == r["compressed_bytes"] + r["batch"] * r["heads"] * (r["visual_len"] + r["dense_len"]) * 8
+        # The step's modeled bytes: the compressed cache read once (U_v of the
+        # 75% low-rank tokens only up to rank / 4), plus the float32 logits
+        # written and re-read for the masses (8 bytes a head and token).
+        elem, rank, b_, h = 4, r["rank_k"], r["batch"], r["heads"]
+        read = r["compressed_bytes"] - b_ * r["visual_len"] * 0.75 * (rank - rank // 4) * elem
+        assert r["model_bytes"] == pytest.approx(read + b_ * h * (r["visual_len"] + r["dense_len"]) * 8)
         assert r["fused_gbps"] == pytest.approx(r["model_bytes"] / r["fused_ms"] / 1e6)
         assert r["absorbed_gbps"] == pytest.approx(r["absorbed_model_bytes"] / r["absorbed_ms"] / 1e6)
         # The absorbed kernel writes no logits of the compressed tokens; its mass kernel reads U_k again.
-        elem, rank, b_, h = 4, r["rank_k"], r["batch"], r["heads"]
-        assert r["absorbed_model_bytes"] == (r["compressed_bytes"] + b_ * h * r["dense_len"] * 8
-                                             + b_ * r["visual_len"] * rank * elem + b_ * h * rank * 8)
+        assert r["absorbed_model_bytes"] == pytest.approx(read + b_ * h * r["dense_len"] * 8
+                                                          + b_ * r["visual_len"] * rank * elem + b_ * h * rank * 8)
         assert r["fused_tflops"] > 0 and r["absorbed_tflops"] > 0
         # Sizes alone give the bytes: 4-byte floats here (smoke dtype float32).
         n, b, s, rank = r["visual_len"], r["batch"], r["dense_len"], r["rank_k"]
@@ -44,8 +46,9 @@ def test_smoke_run_reports_every_path():
 def test_baselines_compute_what_the_kernels_compute(device):
     g = torch.Generator(device=device).manual_seed(3)
     q, q_pos, comp, dense = lowrank._make(2, 50, 6, 4, 2, 64, 16, torch.float32, device, g)
-    # The benchmark's cache: values in two rank groups, every token visible.
-    assert set(comp.rank_v.unique().tolist()) == {16, 4}
+    # The benchmark's cache: values in two rank groups stored grouped (the
+    # full-rank quarter first), keys at full rank, every token visible.
+    assert comp.rank_v[:, :13].eq(16).all() and comp.rank_v[:, 13:].eq(4).all() and comp.rank_k.eq(16).all()
     want = ref.lowrank_decode(q, q_pos, comp, dense, rope_base=lowrank.ROPE_BASE)
     fused = kernel.lowrank_decode(q, q_pos, comp, dense, rope_base=lowrank.ROPE_BASE)
     torch.testing.assert_close(fused.out, want.out, atol=1e-4, rtol=1e-4)
@@ -72,3 +75,18 @@ def test_baselines_compute_what_the_kernels_compute(device):
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         benchmarks.run("lowrank", dict(lowrank.Lowrank.smoke_sizes(), **kwargs))
+
+
+def test_partial_keys_group_both_factors(device):
+    """partial=both: keys share the value groups, and the fused kernel, which
+    rebuilds them in rank chunks up to each tile's rank, still computes the
+    reference."""
+    g = torch.Generator(device=device).manual_seed(4)
+    q, q_pos, comp, dense = lowrank._make(1, 70, 5, 4, 2, 64, 64, torch.float32, device, g, 0.25, "both")
+    assert torch.equal(comp.rank_k, comp.rank_v) and set(comp.rank_k.unique().tolist()) == {64, 16}
+    want = ref.lowrank_decode(q, q_pos, comp, dense, rope_base=lowrank.ROPE_BASE)
+    got = kernel.lowrank_decode(q, q_pos, comp, dense, rope_base=lowrank.ROPE_BASE, rank_chunk=16)
+    torch.testing.assert_close(got.out, want.out, atol=1e-4, rtol=1e-4)
+    sizes = dict(lowrank.Lowrank.smoke_sizes(), lengths=[40], batches=[1], repeat=1, partial="both")
+    (row,) = benchmarks.run("lowrank", sizes)["rows"]
+    assert row["partial"] == "both" and row["fused_ms"] > 0

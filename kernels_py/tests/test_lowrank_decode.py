@@ -184,6 +184,22 @@ def test_splits_and_tiles_do_not_change_the_result(absorbed, device):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
+def test_rank_chunks_do_not_change_the_result(device):
+    """Tokens stored grouped by rank (AttentionPack's layout: the full-rank
+    group first, then rank R // 4): the key rebuild goes chunk by chunk up to
+    each tile's largest rank, and every chunk size gives the reference."""
+    q, q_pos, comp, dense = make_case(device, dtype=torch.float32, rank_k=64, rank_v=32, comp_lens=(90, 61),
+                                      dense_lens=(5, 9))
+    grouped = comp.rank_k.sort(dim=1, descending=True).values
+    comp = CompressedKV(comp.uk, comp.wk, comp.uv, comp.wv, grouped, comp.rank_v, comp.pos, comp.length)
+    want = ref.lowrank_decode(q, q_pos, comp, dense, rope_base=10000.0)
+    for chunk in (16, 32, 64, 128):
+        got = decode(q, q_pos, comp, dense, rope_base=10000.0, rank_chunk=chunk, num_splits=2)
+        check(got, want, q, comp, dense, torch.float32)
+    with pytest.raises(ValueError, match="rank_chunk must be a power of two >= 16"):
+        decode(q, q_pos, comp, dense, rope_base=10000.0, rank_chunk=24)
+
+
 def test_causality_among_new_tokens(device):
     """With M = 3 new tokens at the end of the dense segment, query m must not
     see tokens m+1.. : changing the newest token's key and value leaves the
@@ -324,7 +340,7 @@ def test_default_num_splits():
     assert kernel._num_splits(None, *lengths([0], [0]), 8, cpu) == 1
     assert kernel._num_splits(None, *lengths([200_000], [64]), 8, cpu) == kernel.DEFAULT_MAX_SPLITS
     assert kernel._num_splits(5, *lengths([10], [0]), 8, cpu) == 5
-    assert kernel.default_num_splits(*lengths([300, 10], [250, 0]), 8) == 3  # ceil(550 / 256)
+    assert kernel.default_num_splits(*lengths([300, 10], [250, 0])) == 3  # ceil(550 / 256)
 
 
 def _replace(case, **changes):
@@ -414,8 +430,17 @@ def test_roofline_model_counts_the_bytes_of_the_issue():
     assert c["absorbed (latent)"]["mass_bytes"] == 64 * 32 * 64 * 8 + 64 * 32768 * 128 + 64 * 32 * 64 * 8
     flash_us, bound = model.roofline_us(c["flash, full cache"])
     assert bound == "memory" and abs(flash_us - 8.6e9 / 3.35e12 * 1e6) / flash_us < 0.01
+    # Executed FLOPs of the fused kernel per token: the rebuild (8 kv heads x
+    # 2 * 64 * 128), all 32 rows scoring each kv head's keys, values in rank space.
+    per_token = 8 * 2 * 64 * 128 + 8 * 32 * 2 * 128 + 32 * 2 * 64
+    assert c["fused (exact)"]["flops"] == 64 * 32768 * per_token + 64 * 32 * 2 * 128 * 128 + 64 * 8 * 32 * 64 * 4 * 128
     rows = model.report()["rows"]
     assert {r["variant"] for r in rows} == {"flash, full cache", "absorbed (latent)", "fused (exact)"}
+    # 75% of the tokens at rank 16 in keys and values, stored grouped: U bytes
+    # and the key rebuild at the mean rank 28.
+    low = model.Step(batch=64, visual=32768, dense=64, low_share=0.75, partial="both")
+    assert low.mean_ranks() == (28.0, 28.0) and model.per_token_bytes(low)["factors"] == 112
+    assert model.costs(low)["fused (exact)"]["bytes"] == 64 * 32768 * 112 + w_bytes + dense_bytes
 
 
 def test_caller_owned_workspace(device):

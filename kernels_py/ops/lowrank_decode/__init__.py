@@ -20,18 +20,18 @@ from kernels_py.ops.lowrank_decode.kernel import (
 
 
 def compute(q, q_pos, comp: CompressedKV, dense: DenseKV, *, rope_base: float | None, absorbed: bool = False,
-            backend: str = "auto") -> DecodeOutput:
+            backend: str = "auto", rank_chunk: int | None = None) -> DecodeOutput:
     """One decode step from the kernel or the reference as `backend` says
     (ops.common.BACKENDS). absorbed=True picks the rank-space kernel, which
     needs keys decomposed after RoPE (rope_base None); the reference computes
-    the same attention either way."""
+    the same attention either way. rank_chunk: see kernel.lowrank_decode."""
     if absorbed and rope_base is not None:
         raise ValueError("the absorbed (rank-space) kernel needs keys decomposed after RoPE: rope_base must be None")
     if not use_triton(backend, q.device):
         return reference.lowrank_decode(q, q_pos, comp, dense, rope_base=rope_base)
     if absorbed:
         return lowrank_decode_absorbed(q, q_pos, comp, dense)
-    return lowrank_decode(q, q_pos, comp, dense, rope_base=rope_base)
+    return lowrank_decode(q, q_pos, comp, dense, rope_base=rope_base, rank_chunk=rank_chunk)
 
 
 __all__ = ["CompressedKV", "DecodeOutput", "DenseKV", "Workspace", "check_inputs", "compute", "default_num_splits",

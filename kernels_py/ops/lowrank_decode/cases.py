@@ -59,11 +59,15 @@ f16, bf16, f32 = torch.float16, torch.bfloat16, torch.float32
 # tiles, warps and stages. float32 inputs take the pinned tile only: their
 # large-tile configs take 10-35 s each to compile.
 COMPILE_CASES = [
-    # Ranks within one 64-rank chunk (W loaded once per program) or above it
+    # Ranks within one 64-rank chunk of the key rebuild or above it
     # (chunked rebuild), for K and V separately.
     CompileCase("decode-fp16-d128-rope-r32-gqa4",
                 partial(_compile, dtype=f16, head_dim=128, rank_k=32, rank_v=32, heads=8, rope_base=10000.0),
                 DECODE, slice(0, None, 3)),
+    # The benchmark's shape (32 query / 8 kv heads, rank 64, RoPE): 32 rows a program.
+    CompileCase("decode-fp16-d128-rope-r64-h32kv8",
+                partial(_compile, dtype=f16, head_dim=128, rank_k=64, rank_v=64, heads=32, kv_heads=8,
+                        rope_base=10000.0, block_n=32), DECODE),
     CompileCase("decode-bf16-d128-r96x160-m2",
                 partial(_compile, dtype=bf16, head_dim=128, rank_k=96, rank_v=160, queries=2), DECODE,
                 slice(1, None, 3)),

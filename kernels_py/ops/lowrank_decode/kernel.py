@@ -30,15 +30,16 @@ from kernels_py.ops.lowrank_decode.contract import CompressedKV, DecodeOutput, D
 # Triton kernels: split-K flash-decoding over the two segments
 # ----------------------------------------------------------------------------
 #
-# Stage 1, `_stage1_kernel`: one program per (kv head, sequence, split). It
-# owns every query row of its kv group: the GROUP query heads times the M
-# query tokens, folded into BLOCK_ROWS rows (padded to a power of two >= 16
-# for tl.dot). `_stage1_absorbed_kernel`: one program per (sequence, split)
-# owning every query head's rows (FlashMLA's all-heads-as-MMA-rows), so U is
-# read once per sequence instead of once per kv head. Its split is a contiguous
-# range of the sequence [compressed tokens, then dense tokens]; each tile of
-# BLOCK_N tokens is scored, the scaled logits are written out (log2 units,
-# -inf where masked) for the masses, and an online softmax (base 2) keeps the
+# Stage 1: one program per (sequence, split), owning every query row of the
+# sequence: H_q query heads times M query tokens, folded into BLOCK_ROWS rows
+# (padded to a power of two >= 16 for tl.dot), FlashMLA's
+# all-heads-as-MMA-rows. U is shared by all kv heads, so each U tile is read
+# once for all of them. `_stage1_kernel` rebuilds each kv head's keys of a
+# tile from U_k (exact, RoPE after the rebuild); `_stage1_absorbed_kernel`
+# scores in rank space. A program's split is a contiguous range of the
+# sequence [compressed tokens, then dense tokens]; each tile of BLOCK_N
+# tokens is scored, the scaled logits are written out (log2 units, -inf
+# where masked) for the masses, and an online softmax (base 2) keeps the
 # running max, sum and weighted values. It writes its split's normalised
 # output and log2-sum-exp.
 # Stage 2: `_merge_kernel` merges the splits of each query row into the output
@@ -47,9 +48,6 @@ from kernels_py.ops.lowrank_decode.contract import CompressedKV, DecodeOutput, D
 # (for the absorbed kernel's compressed tokens it recomputes the scores in
 # rank space instead: stage 1 stores no logit of theirs).
 #
-# The fused kernel's grid axis 0 is the kv head: programs launched next to each other then read
-# the same U tiles (U is shared by all kv heads), which keeps them in L2.
-#
 # Dot operand dtypes: the loads are cast to constexpr dtypes chosen by the
 # launcher (QK_DT for q against keys and p against values, UW_DT for U
 # against W), each the inputs' 16-bit dtype where they agree, else float32;
@@ -57,11 +55,11 @@ from kernels_py.ops.lowrank_decode.contract import CompressedKV, DecodeOutput, D
 # rounded to QK_DT only as tl.dot operands, as a 16-bit KV cache would be.
 
 MAX_HEAD_DIM = 256
-MAX_ROWS = 128  # query heads per kv head x query tokens, one program's rows
+MAX_ROWS = 128  # query heads x query tokens, one program's rows
 MAX_SPLITS = 256
 TOKENS_PER_SPLIT = 256  # default split size (num_splits=None)
 DEFAULT_MAX_SPLITS = 64
-MAX_BLOCK_R = 64  # rank chunk of the key rebuild; larger ranks loop over chunks
+MAX_BLOCK_R = 64  # default rank chunk of the key rebuild; larger ranks loop over chunks
 # Values stay in rank space, so a program holds a whole U_v row (and in the
 # absorbed kernel a whole U_k row): ranks up to this.
 MAX_RANK_SPACE = 256
@@ -69,13 +67,13 @@ INTERPRET_BLOCK_N = 32  # fixed tile under the interpreter (no autotuning there)
 
 
 @triton.jit
-def _query_rows(kv_head, GROUP: tl.constexpr, N_QUERIES: tl.constexpr, BLOCK_ROWS: tl.constexpr):
-    """Row r of a program is query token r % M of query head kv_head * GROUP + r // M."""
+def _all_query_rows(N_QUERIES: tl.constexpr, GROUP: tl.constexpr, N_ROWS: tl.constexpr, BLOCK_ROWS: tl.constexpr):
+    """Rows of a program that holds every query head: row r is query token
+    r % M of query head r // M, which reads kv head (r // M) // GROUP."""
     offs_row = tl.arange(0, BLOCK_ROWS)
-    row_mask = offs_row < GROUP * N_QUERIES
-    head = kv_head * GROUP + offs_row // N_QUERIES
-    query = offs_row % N_QUERIES
-    return head, query, row_mask
+    row_mask = offs_row < N_ROWS
+    head = offs_row // N_QUERIES
+    return head, offs_row % N_QUERIES, head // GROUP, row_mask
 
 
 @triton.jit
@@ -145,14 +143,6 @@ def _load_ut(UK_b, offs_n, rank, r0, stride_un, stride_ur, BLOCK_R: tl.constexpr
 
 
 @triton.jit
-def _load_u(UV_b, offs_n, rank, r0, stride_un, stride_ur, BLOCK_R: tl.constexpr, UW_DT: tl.constexpr):
-    """U columns [r0, r0 + BLOCK_R) of a tile: [BLOCK_N, BLOCK_R], rank prefixes as _load_ut."""
-    offs_r = r0 + tl.arange(0, BLOCK_R)
-    return tl.load(UV_b + offs_n[:, None] * stride_un + offs_r[None, :] * stride_ur,
-                   mask=offs_r[None, :] < rank[:, None], other=0.0).to(UW_DT)
-
-
-@triton.jit
 def _load_wk_t(WK_col, r0, offs_h, h_mask, n_rank, stride_wr, stride_wc,
                HALF: tl.constexpr, BLOCK_R: tl.constexpr, UW_DT: tl.constexpr):
     """Rows [r0, r0 + BLOCK_R) of this kv head's W_k, transposed and split in
@@ -163,32 +153,6 @@ def _load_wk_t(WK_col, r0, offs_h, h_mask, n_rank, stride_wr, stride_wc,
     w_lo = tl.load(ptrs, mask=mask, other=0.0).to(UW_DT)
     w_hi = tl.load(ptrs + HALF * stride_wc, mask=mask, other=0.0).to(UW_DT)
     return w_lo, w_hi
-
-
-@triton.jit
-def _load_wv(WV_col, r0, offs_d, d_mask, n_rank, stride_wr, stride_wc, BLOCK_R: tl.constexpr, UW_DT: tl.constexpr):
-    """Rows [r0, r0 + BLOCK_R) of this kv head's W_v: [BLOCK_R, BLOCK_D]."""
-    offs_r = r0 + tl.arange(0, BLOCK_R)
-    return tl.load(WV_col + offs_r[:, None] * stride_wr + offs_d[None, :] * stride_wc,
-                   mask=(offs_r[:, None] < n_rank) & d_mask[None, :], other=0.0).to(UW_DT)
-
-
-@triton.jit
-def _rebuild_keys_chunked(UK_b, WK_col, offs_n, rank, offs_h, h_mask, n_rank,
-                          stride_un, stride_ur, stride_wr, stride_wc,
-                          HALF: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
-                          BLOCK_HALF: tl.constexpr, UW_DT: tl.constexpr):
-    """Keys of a tile rebuilt chunk by chunk of BLOCK_R ranks (ranks above one
-    chunk), transposed, in two halves: float32 [BLOCK_HALF, BLOCK_N] each.
-    Chunks past the tile's largest rank prefix are skipped."""
-    k_lo = tl.zeros([BLOCK_HALF, BLOCK_N], dtype=tl.float32)
-    k_hi = tl.zeros([BLOCK_HALF, BLOCK_N], dtype=tl.float32)
-    for r0 in range(0, tl.max(rank, 0), BLOCK_R):
-        ut = _load_ut(UK_b, offs_n, rank, r0, stride_un, stride_ur, BLOCK_R, UW_DT)
-        w_lo, w_hi = _load_wk_t(WK_col, r0, offs_h, h_mask, n_rank, stride_wr, stride_wc, HALF, BLOCK_R, UW_DT)
-        k_lo += tl.dot(w_lo, ut, input_precision="ieee")
-        k_hi += tl.dot(w_hi, ut, input_precision="ieee")
-    return k_lo, k_hi
 
 
 @triton.jit
@@ -220,14 +184,14 @@ def _sincos(angle):
 
 
 @triton.jit
-def _rope_t(k_lo, k_hi, tok_pos, inv_freq):
-    """Rotate transposed key halves ("rotate half"): pair (i, i + D/2) turns by
-    pos * inv_freq[i], reduced to [-pi, pi] (the float32 angle is what
-    transformers computes; its reduction loses nothing more)."""
+def _rope_sincos_t(tok_pos, inv_freq):
+    """sin and cos of the RoPE angles of a tile, transposed [BLOCK_HALF,
+    BLOCK_N]: pair (i, i + D/2) of token t turns by pos_t * inv_freq[i],
+    reduced to [-pi, pi] (the float32 angle is what transformers computes;
+    its reduction loses nothing more). The same for every kv head."""
     angle = inv_freq[:, None] * tok_pos[None, :].to(tl.float32)
     angle = angle - 6.283185307179586 * tl.floor(angle * 0.15915494309189535 + 0.5)
-    s, c = _sincos(angle)
-    return k_lo * c - k_hi * s, k_hi * c + k_lo * s
+    return _sincos(angle)
 
 
 @triton.jit
@@ -251,6 +215,7 @@ def _stage1_kernel(
     stride_ob, stride_oh, stride_om, stride_os, stride_od,
     stride_sb, stride_sh, stride_sm, stride_ss,
     n_comp, rank_k_max, rank_v_max, qk_scale, rope_log2_step, tune_programs, tune_span,
+    KV_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     N_QUERIES: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -261,26 +226,32 @@ def _stage1_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_RV: tl.constexpr,
-    ONE_CHUNK_K: tl.constexpr,
     QK_DT: tl.constexpr,
     UW_DT: tl.constexpr,
     RANK_PREC: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """Keys rebuilt per tile (and rotated when ROPE), values never: the
-    split's sum_t p_t U_v[t, :r_t] stays in rank space and is mapped by this
-    kv head's W_v once at the end, which is exact (o = (sum_t p_t U_v[t]) W_v)."""
-    kv_head = tl.program_id(0)
-    b = tl.program_id(1).to(tl.int64)
-    split = tl.program_id(2)
-    n_splits = tl.num_programs(2)
+    """Exact attention over keys rebuilt per tile. One program per (sequence,
+    split) holds every query head as a row of its MMAs, so each U tile is
+    read from memory once for all kv heads (U is shared by them) and the
+    RoPE angles of a tile are computed once. Per kv head g, the tile's keys
+    are rebuilt as W_k,g^T U_k^T in BLOCK_R-rank chunks up to the tile's
+    largest rank prefix (tiles of low-rank tokens do less work), rotated,
+    and scored by all rows, each row keeping its own head's scores. Values
+    are never rebuilt: sum_t p_t U_v[t, :r_t] stays in rank space, one MMA
+    for all rows, and is mapped by each row's W_v,g once per split, which
+    is exact (o = (sum_t p_t U_v[t]) W_v)."""
+    b = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    n_splits = tl.num_programs(1)
 
-    head, query, row_mask = _query_rows(kv_head, GROUP, N_QUERIES, BLOCK_ROWS)
+    head, query, row_kv, row_mask = _all_query_rows(N_QUERIES, GROUP, KV_HEADS * GROUP * N_QUERIES, BLOCK_ROWS)
     q_pos = tl.load(QPos + b * stride_pb + query * stride_pm, mask=row_mask, other=-1).to(tl.int32)
     offs_h = tl.arange(0, BLOCK_HALF)
     h_mask = offs_h < HALF
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
+    offs_rv = tl.arange(0, BLOCK_RV)
     q_rows = Q + b * stride_qb + head[:, None] * stride_qh + query[:, None] * stride_qm
     q_mask = row_mask[:, None] & h_mask[None, :]
     q_lo = tl.load(q_rows + offs_h[None, :] * stride_qd, mask=q_mask, other=0.0).to(QK_DT)
@@ -295,77 +266,85 @@ def _stage1_kernel(
 
     m_i = tl.full([BLOCK_ROWS], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_ROWS, BLOCK_D], dtype=tl.float32)  # the dense segment's sum_t p_t v_t
     acc_rank = tl.zeros([BLOCK_ROWS, BLOCK_RV], dtype=tl.float32)  # sum_t p_t U_v[t, :r_t]
 
     UK_b = UK + b * stride_ukb
-    UV_b = UV + b * stride_uvb
-    WK_col = WK + b * stride_wkb + kv_head * HEAD_DIM * stride_wkc  # this kv head's columns of W
-    WV_col = WV + b * stride_wvb + kv_head * HEAD_DIM * stride_wvc
-    # When the rank fits one chunk, this kv head's W_k slices are loaded once,
-    # outside the token loop (they are the same for every tile).
-    if ONE_CHUNK_K:
-        wk_lo, wk_hi = _load_wk_t(WK_col, 0, offs_h, h_mask, rank_k_max, stride_wkr, stride_wkc, HALF, BLOCK_R, UW_DT)
+    WK_b = WK + b * stride_wkb
     for start in range(c_lo, c_hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         tok_mask = offs_n < c_hi
         tok_pos = tl.load(CPos + b * stride_cpb + offs_n * stride_cpn, mask=tok_mask, other=0).to(tl.int32)
         rank_k = tl.load(RankK + b * stride_rkb + offs_n * stride_rkn, mask=tok_mask, other=0).to(tl.int32)
-        if ONE_CHUNK_K:
-            ut = _load_ut(UK_b, offs_n, rank_k, 0, stride_ukn, stride_ukr, BLOCK_R, UW_DT)
-            k_lo = tl.dot(wk_lo, ut, input_precision="ieee")
-            k_hi = tl.dot(wk_hi, ut, input_precision="ieee")
-        else:
-            k_lo, k_hi = _rebuild_keys_chunked(UK_b, WK_col, offs_n, rank_k, offs_h, h_mask, rank_k_max,
-                                               stride_ukn, stride_ukr, stride_wkr, stride_wkc,
-                                               HALF, BLOCK_N, BLOCK_R, BLOCK_HALF, UW_DT)
+        tile_rank = tl.max(rank_k, 0)
         if ROPE:
-            k_lo, k_hi = _rope_t(k_lo, k_hi, tok_pos, inv_freq)
-        s = tl.dot(q_lo, k_lo.to(QK_DT), input_precision="ieee")
-        s += tl.dot(q_hi, k_hi.to(QK_DT), input_precision="ieee")
+            sin, cos = _rope_sincos_t(tok_pos, inv_freq)
+        s = tl.zeros([BLOCK_ROWS, BLOCK_N], dtype=tl.float32)
+        for g in range(KV_HEADS):
+            # This kv head's keys of the tile, transposed, in RoPE's two halves.
+            k_lo = tl.zeros([BLOCK_HALF, BLOCK_N], dtype=tl.float32)
+            k_hi = tl.zeros([BLOCK_HALF, BLOCK_N], dtype=tl.float32)
+            for r0 in range(0, tile_rank, BLOCK_R):  # chunks past the tile's largest rank are skipped
+                ut = _load_ut(UK_b, offs_n, rank_k, r0, stride_ukn, stride_ukr, BLOCK_R, UW_DT)  # from L1 after g = 0
+                w_lo, w_hi = _load_wk_t(WK_b + g * HEAD_DIM * stride_wkc, r0, offs_h, h_mask, rank_k_max,
+                                        stride_wkr, stride_wkc, HALF, BLOCK_R, UW_DT)
+                k_lo += tl.dot(w_lo, ut, input_precision="ieee")
+                k_hi += tl.dot(w_hi, ut, input_precision="ieee")
+            if ROPE:
+                k_lo, k_hi = k_lo * cos - k_hi * sin, k_hi * cos + k_lo * sin
+            s_g = tl.dot(q_lo, k_lo.to(QK_DT), input_precision="ieee")
+            s_g += tl.dot(q_hi, k_hi.to(QK_DT), input_precision="ieee")
+            s = tl.where((row_kv == g)[:, None], s_g, s)
         s = _mask_and_store(s * qk_scale, logit_rows, offs_n, stride_ln, tok_pos, tok_mask, q_pos, row_mask)
         p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i)
         rank_v = tl.load(RankV + b * stride_rvb + offs_n * stride_rvn, mask=tok_mask, other=0).to(tl.int32)
-        uv = _load_u(UV_b, offs_n, rank_v, 0, stride_uvn, stride_uvr, BLOCK_RV, UW_DT)
+        uv = tl.load(UV + b * stride_uvb + offs_n[:, None] * stride_uvn + offs_rv[None, :] * stride_uvr,
+                     mask=offs_rv[None, :] < rank_v[:, None], other=0.0).to(UW_DT)
         acc_rank = acc_rank * alpha[:, None] + tl.dot(p.to(UW_DT), uv, input_precision="ieee")
-        acc = acc * alpha[:, None]
 
-    DK_h = DK + b * stride_dkb + kv_head * stride_dkh
-    DV_h = DV + b * stride_dvb + kv_head * stride_dvh
+    # A split's dense tokens come after its compressed ones: their sum starts here.
+    acc = tl.zeros([BLOCK_ROWS, BLOCK_D], dtype=tl.float32)  # the dense segment's sum_t p_t v_t
+    DK_b = DK + b * stride_dkb
+    DV_b = DV + b * stride_dvb
     for start in range(d_lo, d_hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         tok_mask = offs_n < d_hi
         tok_pos = tl.load(DPos + b * stride_dpb + offs_n * stride_dpn, mask=tok_mask, other=0).to(tl.int32)
-        kt_ptrs = DK_h + offs_n[None, :] * stride_dkn + offs_h[:, None] * stride_dkd
         kt_mask = tok_mask[None, :] & h_mask[:, None]
-        kt_lo = tl.load(kt_ptrs, mask=kt_mask, other=0.0).to(QK_DT)
-        kt_hi = tl.load(kt_ptrs + HALF * stride_dkd, mask=kt_mask, other=0.0).to(QK_DT)
-        s = tl.dot(q_lo, kt_lo, input_precision="ieee")
-        s += tl.dot(q_hi, kt_hi, input_precision="ieee")
+        s = tl.zeros([BLOCK_ROWS, BLOCK_N], dtype=tl.float32)
+        for g in range(KV_HEADS):  # each row scores its own kv head's keys
+            kt_ptrs = DK_b + g * stride_dkh + offs_n[None, :] * stride_dkn + offs_h[:, None] * stride_dkd
+            kt_lo = tl.load(kt_ptrs, mask=kt_mask, other=0.0).to(QK_DT)
+            kt_hi = tl.load(kt_ptrs + HALF * stride_dkd, mask=kt_mask, other=0.0).to(QK_DT)
+            s_g = tl.dot(q_lo, kt_lo, input_precision="ieee")
+            s_g += tl.dot(q_hi, kt_hi, input_precision="ieee")
+            s = tl.where((row_kv == g)[:, None], s_g, s)
         s = _mask_and_store(s * qk_scale, logit_rows, n_comp + offs_n, stride_ln, tok_pos, tok_mask, q_pos, row_mask)
         p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i)
-        v = tl.load(DV_h + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd,
-                    mask=tok_mask[:, None] & d_mask[None, :], other=0.0).to(QK_DT)
-        acc = acc * alpha[:, None] + tl.dot(p.to(QK_DT), v, input_precision="ieee")
+        acc = acc * alpha[:, None]
+        p = p.to(QK_DT)
+        for g in range(KV_HEADS):
+            v = tl.load(DV_b + g * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd,
+                        mask=tok_mask[:, None] & d_mask[None, :], other=0.0).to(QK_DT)
+            acc += tl.dot(tl.where((row_kv == g)[:, None], p, 0.0).to(QK_DT), v, input_precision="ieee")
         acc_rank = acc_rank * alpha[:, None]
 
-    # Back from rank space once per split, float32.
-    wv = _load_wv(WV_col, 0, offs_d, d_mask, rank_v_max, stride_wvr, stride_wvc, BLOCK_RV, tl.float32)
-    acc += tl.dot(acc_rank, wv, input_precision=RANK_PREC)
-
+    acc = _from_rank_space(acc, acc_rank, WV + b * stride_wvb, row_kv, offs_rv, offs_d, d_mask, rank_v_max,
+                           stride_wvr, stride_wvc, KV_HEADS, HEAD_DIM, RANK_PREC)
     part_rows = b * stride_ob + head[:, None] * stride_oh + query[:, None] * stride_om + split * stride_os
     lse_rows = b * stride_sb + head * stride_sh + query * stride_sm + split * stride_ss
     _store_split(PartO + part_rows, PartLse + lse_rows, acc, m_i, l_i, offs_d, d_mask, row_mask, stride_od)
 
 
 @triton.jit
-def _all_query_rows(N_QUERIES: tl.constexpr, GROUP: tl.constexpr, N_ROWS: tl.constexpr, BLOCK_ROWS: tl.constexpr):
-    """Rows of a program that holds every query head: row r is query token
-    r % M of query head r // M, which reads kv head (r // M) // GROUP."""
-    offs_row = tl.arange(0, BLOCK_ROWS)
-    row_mask = offs_row < N_ROWS
-    head = offs_row // N_QUERIES
-    return head, offs_row % N_QUERIES, head // GROUP, row_mask
+def _from_rank_space(acc, acc_rank, WV_b, row_kv, offs_rv, offs_d, d_mask, rank_v_max, stride_wvr, stride_wvc,
+                     KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, RANK_PREC: tl.constexpr):
+    """acc + each row's sum_t p_t U_v[t] mapped by its kv head's W_v (float32), once per split."""
+    for g in range(KV_HEADS):
+        wv = tl.load(WV_b + offs_rv[:, None] * stride_wvr + (g * HEAD_DIM + offs_d[None, :]) * stride_wvc,
+                     mask=(offs_rv[:, None] < rank_v_max) & d_mask[None, :], other=0.0)
+        rows_g = tl.where((row_kv == g)[:, None], acc_rank, 0.0)
+        acc += tl.dot(rows_g, wv.to(tl.float32), input_precision=RANK_PREC)
+    return acc
 
 
 @triton.jit
@@ -447,7 +426,6 @@ def _stage1_absorbed_kernel(
     m_i = tl.full([BLOCK_ROWS], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
     acc_rank = tl.zeros([BLOCK_ROWS, BLOCK_RV], dtype=tl.float32)  # sum_t p_t U_v[t, :r_t]
-    acc = tl.zeros([BLOCK_ROWS, BLOCK_D], dtype=tl.float32)  # the dense segment's sum_t p_t v_t
 
     for start in range(c_lo, c_hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
@@ -463,8 +441,9 @@ def _stage1_absorbed_kernel(
         uv = tl.load(UV + b * stride_uvb + offs_n[:, None] * stride_uvn + offs_rv[None, :] * stride_uvr,
                      mask=offs_rv[None, :] < rank_v[:, None], other=0.0).to(UW_DT)
         acc_rank = acc_rank * alpha[:, None] + tl.dot(p.to(UW_DT), uv, input_precision="ieee")
-        acc = acc * alpha[:, None]
 
+    # A split's dense tokens come after its compressed ones: their sum starts here.
+    acc = tl.zeros([BLOCK_ROWS, BLOCK_D], dtype=tl.float32)  # the dense segment's sum_t p_t v_t
     DK_b = DK + b * stride_dkb
     DV_b = DV + b * stride_dvb
     for start in range(d_lo, d_hi, BLOCK_N):
@@ -486,14 +465,8 @@ def _stage1_absorbed_kernel(
             acc += tl.dot(tl.where((row_kv == g)[:, None], p, 0.0).to(QK_DT), v, input_precision="ieee")
         acc_rank = acc_rank * alpha[:, None]
 
-    # Back from rank space once per split, float32, each row by its kv head's W_v.
-    WV_b = WV + b * stride_wvb
-    for g in range(KV_HEADS):
-        wv = tl.load(WV_b + offs_rv[:, None] * stride_wvr + (g * HEAD_DIM + offs_d[None, :]) * stride_wvc,
-                     mask=(offs_rv[:, None] < rank_v_max) & d_mask[None, :], other=0.0)
-        rows_g = tl.where((row_kv == g)[:, None], acc_rank, 0.0)
-        acc += tl.dot(rows_g, wv.to(tl.float32), input_precision=RANK_PREC)
-
+    acc = _from_rank_space(acc, acc_rank, WV + b * stride_wvb, row_kv, offs_rv, offs_d, d_mask, rank_v_max,
+                           stride_wvr, stride_wvc, KV_HEADS, HEAD_DIM, RANK_PREC)
     part_rows = b * stride_ob + head[:, None] * stride_oh + query[:, None] * stride_om + split * stride_os
     lse_rows = b * stride_sb + head * stride_sh + query * stride_sm + split * stride_ss
     _store_split(PartO + part_rows, PartLse + lse_rows, acc, m_i, l_i, offs_d, d_mask, row_mask, stride_od)
@@ -613,26 +586,32 @@ def _mass_kernel(
 
 
 # The pinned config (block_n given, or the interpreter) and the autotuner's
-# first: tests assert it compiles to tensor-core MMAs without spills.
-DEFAULT_WARPS, DEFAULT_STAGES = 4, 2
+# first, by kernel: tests assert it compiles to tensor-core MMAs without
+# spills. The fused kernel holds a tile's RoPE sines and cosines and a kv
+# head's rebuilt keys besides every query row's state: on 4 warps it spills
+# on sm_80, so it runs on 8.
+DEFAULT_WARPS = {"_stage1_kernel": 8, "_stage1_absorbed_kernel": 4}
+DEFAULT_STAGES = 2
 
 
-def _stage1_configs():
+def _stage1_configs(kernel: str):
     # 128-token tiles on 4 warps spill (the key rebuild holds two
     # [head_dim / 2, 128] float32 halves), so they are not tried.
-    return [triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=s)
-            for n in (32, 64, 128) for w in (4, 8) for s in (2, 3) if not (n == 128 and w == 4)]
+    first = (INTERPRET_BLOCK_N, DEFAULT_WARPS[kernel], DEFAULT_STAGES)
+    rest = [(n, w, s) for n in (32, 64, 128) for w in (4, 8) for s in (2, 3)
+            if not (n == 128 and w == 4) and (n, w, s) != first]
+    return [triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=s) for n, w, s in [first, *rest]]
 
 
 # Autotuned on a GPU only: under the interpreter every config would run the
 # whole kernel in Python, so the launchers use INTERPRET_BLOCK_N there. The
 # timings are cached on disk (in Triton's cache dir), so a shape is tuned once
 # per machine and code version, not once per process.
-_STAGE1_KEY = ["tune_programs", "tune_span", "GROUP", "N_QUERIES", "HEAD_DIM", "BLOCK_ROWS", "BLOCK_D"]
-_stage1_tuned = triton.autotune(configs=_stage1_configs(), cache_results=True,
-                                key=_STAGE1_KEY + ["BLOCK_R", "BLOCK_RV", "ONE_CHUNK_K", "ROPE"])(_stage1_kernel)
-_stage1_absorbed_tuned = triton.autotune(configs=_stage1_configs(), cache_results=True,
-                                         key=_STAGE1_KEY + ["KV_HEADS", "BLOCK_RK", "BLOCK_RV"])(_stage1_absorbed_kernel)
+_STAGE1_KEY = ["tune_programs", "tune_span", "KV_HEADS", "GROUP", "N_QUERIES", "HEAD_DIM", "BLOCK_ROWS", "BLOCK_D"]
+_stage1_tuned = triton.autotune(configs=_stage1_configs("_stage1_kernel"), cache_results=True,
+                                key=_STAGE1_KEY + ["BLOCK_R", "BLOCK_RV", "ROPE"])(_stage1_kernel)
+_stage1_absorbed_tuned = triton.autotune(configs=_stage1_configs("_stage1_absorbed_kernel"), cache_results=True,
+                                         key=_STAGE1_KEY + ["BLOCK_RK", "BLOCK_RV"])(_stage1_absorbed_kernel)
 
 
 # ----------------------------------------------------------------------------
@@ -643,7 +622,8 @@ _stage1_absorbed_tuned = triton.autotune(configs=_stage1_configs(), cache_result
 def lowrank_decode(q: torch.Tensor, q_pos: torch.Tensor, comp: CompressedKV, dense: DenseKV, *,
                    rope_base: float | None, sm_scale: float | None = None,
                    num_splits: int | None = None, check_values: bool = True,
-                   block_n: int | None = None, workspace: "Workspace | None" = None) -> DecodeOutput:
+                   block_n: int | None = None, workspace: "Workspace | None" = None,
+                   rank_chunk: int | None = None) -> DecodeOutput:
     """Fused decompress + split-K flash-decoding over [compressed | dense].
 
     q: [B, Hq, M, D] fp16/bf16/fp32, the M new query tokens of each sequence
@@ -667,14 +647,22 @@ def lowrank_decode(q: torch.Tensor, q_pos: torch.Tensor, comp: CompressedKV, den
     workspace: the scratch of the call (make_workspace), owned by the caller
     and reused across the steps of a decode loop: no allocation per call,
     and its split count stands in for num_splits (no host sync either).
+    rank_chunk: ranks per step of the key rebuild (a power of two >= 16,
+    default MAX_BLOCK_R). A tile rebuilds up to its largest rank prefix in
+    whole chunks, so tokens stored grouped by rank (AttentionPack's
+    importance groups) save rebuild work in proportion to their rank when
+    the chunk is no larger than the low groups' rank.
     Returns DecodeOutput(out [B, Hq, M, D] q.dtype, lse [B, Hq, M] float32,
     mass_comp [B, T] float32, mass_dense [B, S] float32).
     """
     check_inputs(q, q_pos, comp, dense, rope_base, check_values)
+    if rank_chunk is not None:
+        common.check_block("rank_chunk", rank_chunk)
     if comp.uv.shape[2] > MAX_RANK_SPACE:
         raise ValueError(f"uv has rank {comp.uv.shape[2]}; the kernel keeps values in rank space and supports up to "
                          f"{MAX_RANK_SPACE}")
-    return _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, workspace, absorbed=False)
+    return _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, workspace, absorbed=False,
+                   rank_chunk=rank_chunk)
 
 
 def lowrank_decode_absorbed(q: torch.Tensor, q_pos: torch.Tensor, comp: CompressedKV, dense: DenseKV, *,
@@ -747,7 +735,7 @@ def _check_workspace(ws: Workspace, q, comp, dense, num_splits, absorbed: bool) 
 
 
 def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, workspace, *,
-            absorbed: bool) -> DecodeOutput:
+            absorbed: bool, rank_chunk: int | None = None) -> DecodeOutput:
     batch, heads, queries, head_dim = q.shape
     kv_heads, slots = dense.k.shape[1], dense.k.shape[2]
     tokens = comp.uk.shape[1]
@@ -757,12 +745,10 @@ def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, wor
                          f"got {head_dim}")
     if queries < 1:
         raise ValueError("q has no query tokens (M = 0)")
-    # The fused kernel's programs hold one kv head's query rows, the absorbed
-    # kernel's every query head of a sequence.
-    rows = heads * queries if absorbed else group * queries
+    rows = heads * queries  # a program holds every query head of its sequence
     if rows > MAX_ROWS:
-        what = "query heads x query tokens" if absorbed else "query heads per kv head x query tokens"
-        raise ValueError(f"{what} = {rows} exceeds {MAX_ROWS}, the rows one program holds")
+        raise ValueError(f"query heads x query tokens = {heads} x {queries} = {rows} exceeds {MAX_ROWS}, the rows "
+                         f"one program holds; decode fewer query tokens per call")
     scale = common.softmax_scale(sm_scale, head_dim, "sm_scale")
     if block_n is not None:
         common.check_block("block_n", block_n)
@@ -776,7 +762,7 @@ def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, wor
     if workspace is not None:
         splits = _check_workspace(workspace, q, comp, dense, num_splits, absorbed)
     else:
-        splits = _num_splits(num_splits, comp, dense, batch * (1 if absorbed else kv_heads), dev)
+        splits = _num_splits(num_splits, comp, dense, batch, dev)
         workspace = Workspace(*(torch.empty(shape, dtype=torch.float32, device=dev)
                                 for shape in _workspace_shapes(q, comp, dense, splits, absorbed)))
     # Scaled logits (log2 units) of every (row, token) for the masses; columns
@@ -786,7 +772,7 @@ def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, wor
     logits, part_o, part_lse, q_rank = workspace.logits, workspace.part_o, workspace.part_lse, workspace.q_rank
 
     block_d = common.block(head_dim)
-    shared = dict(GROUP=group, N_QUERIES=queries, HEAD_DIM=head_dim, BLOCK_ROWS=common.block(rows),
+    shared = dict(KV_HEADS=kv_heads, GROUP=group, N_QUERIES=queries, HEAD_DIM=head_dim, BLOCK_ROWS=common.block(rows),
                   BLOCK_D=block_d, QK_DT=common.dot_dtype(q.dtype, dense.k.dtype, dense.v.dtype),
                   UW_DT=common.dot_dtype(comp.uk.dtype, comp.wk.dtype, comp.uv.dtype, comp.wv.dtype))
     tensors = [q, q_pos, comp.uk, comp.wk, comp.uv, comp.wv, comp.rank_k, comp.rank_v, comp.pos, comp.length,
@@ -799,28 +785,26 @@ def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, wor
     # Autotuning buckets (unused by the kernels): the best tile depends on how
     # many programs run and how many tokens each walks, so tune once per
     # power-of-two class of each rather than once for all shapes.
-    tune = [common.block(batch * (1 if absorbed else kv_heads) * splits),
-            common.block(triton.cdiv(tokens + slots, splits))]
-    grid = (batch, splits) if absorbed else (kv_heads, batch, splits)
+    tune = [common.block(batch * splits), common.block(triton.cdiv(tokens + slots, splits))]
+    grid = (batch, splits)
     # The float32 products into and out of rank space may use tf32 tensor
     # cores when q and W are 16-bit: such values are exact in tf32, so only
     # the accumulated rank-space values get rounded (like fp16).
     exact = all(t.dtype != torch.float32 for t in (q, comp.wk, comp.wv)) and not interpreter_mode()
     if absorbed:
-        meta = dict(shared, KV_HEADS=kv_heads, BLOCK_RK=common.block(comp.uk.shape[2]),
+        meta = dict(shared, BLOCK_RK=common.block(comp.uk.shape[2]),
                     BLOCK_RV=common.block(comp.uv.shape[2]), RANK_PREC="tf32" if exact else "ieee")
-        kernel, tuned = _stage1_absorbed_kernel, _stage1_absorbed_tuned
+        kernel, tuned, name = _stage1_absorbed_kernel, _stage1_absorbed_tuned, "_stage1_absorbed_kernel"
         args = [*tensors, q_rank, *strides, *q_rank.stride(), *scalars, *tune]
     else:
         rope_step = 0.0 if rope_base is None else -2.0 * math.log2(rope_base) / head_dim
         args = [*tensors, *strides, *scalars, rope_step, *tune]
-        block_r = min(common.block(comp.uk.shape[2]), MAX_BLOCK_R)
         meta = dict(shared, HALF=head_dim // 2, ROPE=rope_base is not None, BLOCK_HALF=common.block(head_dim // 2),
-                    BLOCK_R=block_r, BLOCK_RV=common.block(comp.uv.shape[2]), ONE_CHUNK_K=comp.uk.shape[2] <= block_r,
-                    RANK_PREC="tf32" if exact else "ieee")
-        kernel, tuned = _stage1_kernel, _stage1_tuned
+                    BLOCK_R=min(common.block(comp.uk.shape[2]), rank_chunk or MAX_BLOCK_R),
+                    BLOCK_RV=common.block(comp.uv.shape[2]), RANK_PREC="tf32" if exact else "ieee")
+        kernel, tuned, name = _stage1_kernel, _stage1_tuned, "_stage1_kernel"
     if block_n is not None or interpreter_mode():
-        kernel[grid](*args, **meta, BLOCK_N=block_n or INTERPRET_BLOCK_N, num_warps=DEFAULT_WARPS,
+        kernel[grid](*args, **meta, BLOCK_N=block_n or INTERPRET_BLOCK_N, num_warps=DEFAULT_WARPS[name],
                      num_stages=DEFAULT_STAGES)
     else:
         tuned[grid](*args, **meta)
@@ -844,17 +828,15 @@ def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, wor
     return DecodeOutput(out, lse, mass_comp, mass_dense)
 
 
-def default_num_splits(comp: CompressedKV, dense: DenseKV, kv_heads: int, *, absorbed: bool = False) -> int:
+def default_num_splits(comp: CompressedKV, dense: DenseKV) -> int:
     """The num_splits a call with num_splits=None uses (one host sync); pass it
-    explicitly to keep repeated calls free of synchronisation. The absorbed
-    kernel runs one program per (sequence, split), the fused one one per
-    (kv head, sequence, split)."""
-    programs = comp.length.shape[0] * (1 if absorbed else kv_heads)
-    return _num_splits(None, comp, dense, programs, comp.length.device)
+    explicitly to keep repeated calls free of synchronisation. Both kernels
+    run one program per (sequence, split)."""
+    return _num_splits(None, comp, dense, comp.length.shape[0], comp.length.device)
 
 
 def _num_splits(num_splits, comp: CompressedKV, dense: DenseKV, programs_per_split: int, device) -> int:
-    """Splits per (sequence, kv head). Default: about TOKENS_PER_SPLIT tokens
+    """Splits per sequence. Default: about TOKENS_PER_SPLIT tokens
     each for the longest sequence, at most DEFAULT_MAX_SPLITS; on a GPU, more
     (down to 64 tokens each) while the grid would not fill two waves of SMs."""
     if num_splits is not None:
