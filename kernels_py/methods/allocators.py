@@ -169,13 +169,26 @@ def group_rank(rank_share: float, rank: int) -> int:
     return kept_count(rank_share, rank)
 
 
+def importance_groups(importance: torch.Tensor, sizes: list[int], positions: torch.Tensor | None = None) -> torch.Tensor:
+    """[T] int64 group index of each token: tokens sorted by importance fill
+    groups of `sizes` in order; ties go to the earlier position (positions
+    [T], default the index)."""
+    if positions is None:
+        order = torch.argsort(importance, descending=True, stable=True)
+    else:
+        by_position = torch.argsort(positions, stable=True)
+        order = by_position[torch.argsort(importance[by_position], descending=True, stable=True)]
+    group = torch.empty(importance.shape[0], dtype=torch.int64, device=importance.device)
+    start = 0
+    for index, size in enumerate(sizes):
+        group[order[start:start + size]] = index
+        start += size
+    return group
+
+
 def group_ranks(importance: torch.Tensor, groups: tuple[tuple[float, float], ...], rank: int) -> torch.Tensor:
     """[T] int64 rank prefix of each token: tokens sorted by importance [T]
     (ties: earlier first) fill the groups in order."""
-    order = torch.argsort(importance, descending=True, stable=True)
-    ranks = torch.empty(importance.shape[0], dtype=torch.int64, device=importance.device)
-    start = 0
-    for size, (_, share) in zip(group_sizes(importance.shape[0], [f for f, _ in groups]), groups):
-        ranks[order[start:start + size]] = group_rank(share, rank)
-        start += size
-    return ranks
+    sizes = group_sizes(importance.shape[0], [f for f, _ in groups])
+    ranks = torch.tensor([group_rank(share, rank) for _, share in groups], device=importance.device)
+    return ranks[importance_groups(importance, sizes)]

@@ -19,6 +19,9 @@ attention mass averaged over query heads; that mass feeds the importance EMA
 of Eq. 1. Tokens are split into groups by importance (`groups`, re-derived
 every step): the most important group is rebuilt at full rank, the others at
 a fraction of it (section 3.2), or evicted (`low_group`, Table 4's "(E)").
+The cache stores each group in its own run of slots, so the kernel's tiles
+have one rank and rebuild keys only up to it; a step moves only the tokens
+whose group changed (`regrouped_per_step`).
 
 Where the paper is open, this implementation decides:
 - Importance before the first step is the last prompt query's attention,
@@ -49,7 +52,9 @@ from functools import cached_property
 
 import torch
 
-from kernels_py.methods.allocators import GROUPS_PATTERN, GROUPS_RULES, group_ranks, parse_groups
+from kernels_py.methods.allocators import (
+    GROUPS_PATTERN, GROUPS_RULES, group_rank, group_sizes, importance_groups, parse_groups,
+)
 from kernels_py.methods.base import Method, backend_knob
 from kernels_py.methods.caches import kept_count
 from kernels_py.methods.lowrank import LowRankCache, Segment, factorize
@@ -242,6 +247,7 @@ class AttentionPack(Method):
         )
         cache.notes.update(explained_variance_k=segments[0].k.explained, explained_variance_v=segments[0].v.explained)
         self._settle(cache)
+        cache.regrouped = 0  # prefill's grouping is the layout, not a change of group
         return cache
 
     @property
@@ -306,7 +312,7 @@ class AttentionPack(Method):
                              f"{tuple(k_t.shape)}, {tuple(v_t.shape)}")
         cache.append(k_t, v_t)
         cache.flops_ratios.append(self._flops_ratio(cache))
-        result = cache.attend(q_t, absorbed=self.absorbed, backend=self.backend)
+        result = cache.attend(q_t, absorbed=self.absorbed, backend=self.backend, rank_chunk=self._rank_chunk(cache))
         importance = self._importance
         masses = result.mass_comp[0].split([s.tokens for s in cache.segments])
         for seg, mass in zip(cache.segments, masses):
@@ -318,24 +324,54 @@ class AttentionPack(Method):
         return result.out[0]
 
     def _settle(self, cache: LowRankCache) -> None:
-        """Evict (low_group=evict) and re-derive each token's rank for the next step."""
-        cache.ranks_changed()
-        fractions_first = self._groups[0][0]
-        for seg in cache.segments:
+        """Evict (low_group=evict), or keep each importance group in its own run
+        of slots (the most important first), each slot with its group's rank:
+        the decode kernel's tiles then have one rank and rebuild only up to
+        it. Only the tokens whose group changed move."""
+        fractions = [f for f, _ in self._groups]
+        for index, seg in enumerate(cache.segments):
             if self.low_group == "evict":
-                budget = kept_count(fractions_first, seg.admitted)
+                budget = kept_count(fractions[0], seg.admitted)
                 if seg.tokens > budget:
                     keep = seg.importance.topk(budget).indices.sort().values
                     seg.k, seg.v = seg.k.select(keep), seg.v.select(keep)
                     seg.positions, seg.importance = seg.positions[keep], seg.importance[keep]
                     cache.segments_changed()
-                full_k = torch.full_like(seg.positions, seg.k.rank)
-                seg.ranks_k, seg.ranks_v = full_k, torch.full_like(seg.positions, seg.v.rank)
+                self._set_ranks(cache, seg, torch.full_like(seg.positions, seg.k.rank),
+                                torch.full_like(seg.positions, seg.v.rank))
                 continue
-            grouped_k = group_ranks(seg.importance, self._groups, seg.k.rank)
-            grouped_v = group_ranks(seg.importance, self._groups, seg.v.rank)
-            seg.ranks_k = grouped_k if self.partial in ("keys", "both") else torch.full_like(grouped_k, seg.k.rank)
-            seg.ranks_v = grouped_v if self.partial in ("values", "both") else torch.full_like(grouped_v, seg.v.rank)
+            sizes = group_sizes(seg.tokens, fractions)
+            device = seg.positions.device
+            slot_group = torch.repeat_interleave(torch.arange(len(sizes), device=device),
+                                                 torch.tensor(sizes, device=device))
+            wanted = importance_groups(seg.importance, sizes, seg.positions)
+            misplaced = wanted != slot_group
+            if misplaced.any():
+                # Group g's vacated slots take the tokens coming into g (as many: sizes are fixed).
+                dst = torch.cat([(misplaced & (slot_group == g)).nonzero()[:, 0] for g in range(len(sizes))])
+                src = torch.cat([(misplaced & (wanted == g)).nonzero()[:, 0] for g in range(len(sizes))])
+                cache.regroup(index, dst, src)
+            ranks = {}
+            for name, factor in (("keys", seg.k), ("values", seg.v)):
+                by_group = torch.tensor([group_rank(share, factor.rank) for _, share in self._groups], device=device)
+                partial = self.partial in (name, "both")
+                ranks[name] = by_group[slot_group] if partial else torch.full_like(seg.positions, factor.rank)
+            self._set_ranks(cache, seg, ranks["keys"], ranks["values"])
+
+    @staticmethod
+    def _set_ranks(cache: LowRankCache, seg: Segment, ranks_k: torch.Tensor, ranks_v: torch.Tensor) -> None:
+        if seg.ranks_k is None or not (torch.equal(seg.ranks_k, ranks_k) and torch.equal(seg.ranks_v, ranks_v)):
+            seg.ranks_k, seg.ranks_v = ranks_k, ranks_v
+            cache.ranks_changed()
+
+    def _rank_chunk(self, cache: LowRankCache) -> int | None:
+        """The key rebuild's rank chunk: the lowest group's key rank (a power
+        of two >= 16), so its rank-uniform tiles stop early; None (the
+        kernel's default) when keys keep the full rank."""
+        if self.partial == "values" or self.low_group == "evict" or len(self._groups) == 1:
+            return None
+        lowest = min(group_rank(share, cache.segments[0].k.rank) for _, share in self._groups)
+        return min(64, max(16, 1 << (lowest - 1).bit_length()))
 
     def _flops_ratio(self, cache: LowRankCache) -> float:
         """Section 3.2: decompression FLOPs 2*H*D*sum_t R(t) against 2*H*D*T*R
@@ -388,7 +424,8 @@ class AttentionPack(Method):
         its prefill SVD at that rank; formula_compression_ratio: the paper's C
         for the visual tokens admitted, as stored now (evicted ones cost
         nothing); decompression_flops_ratio: section
-        3.2's ratio averaged over the decode steps; token counts."""
+        3.2's ratio averaged over the decode steps; regrouped_per_step: tokens
+        that changed importance group (and slots) per decode step; token counts."""
         visual = cache.segments[0]
         ratios = cache.flops_ratios or [self._flops_ratio(cache)]
         return {
@@ -400,6 +437,7 @@ class AttentionPack(Method):
                 visual.admitted, cache.kv_heads, cache.head_dim, visual.k.rank, visual.v.rank, cache.per_head,
                 held=visual.tokens),
             "decompression_flops_ratio": sum(ratios) / len(ratios),
+            "regrouped_per_step": cache.regrouped / max(1, len(cache.flops_ratios)),
             "compressed_tokens": float(cache.compressed_tokens),
             "dense_tokens": float(cache.dense_positions.shape[0]),
             "evicted_tokens": float(sum(s.admitted - s.tokens for s in cache.segments)),

@@ -9,10 +9,13 @@ segment, as the model caches them.
 
 The cache keeps its compressed segments in the layout the decode op reads
 (ops.lowrank_decode.CompressedKV, B = 1), built when the segments change
-(prefill, a fold, an eviction) rather than at every decode step; a step only
-refreshes the per-token ranks. The keys and values attention sees are
-reconstructed only when someone asks for them (`keys`, `values`: metrics and
-tests), never on the decode path.
+(prefill, a fold, an eviction) rather than at every decode step. A segment's
+tokens sit in slots, not in position order: a method that gives tokens ranks
+by group (AttentionPack) keeps each group in a run of slots, so the kernel's
+tiles have one rank, and moves only the tokens that change group
+(`regroup`), in the segment and in the kernel layout alike. The keys and
+values attention sees are reconstructed only when someone asks for them
+(`keys`, `values`: metrics and tests), never on the decode path.
 """
 
 from contextlib import contextmanager
@@ -57,6 +60,16 @@ class Factor:
         u_bytes = self.u.nbytes if isinstance(self.u, Quantized) else tensor_bytes(self.u)
         return u_bytes + tensor_bytes(self.w)
 
+    def move_rows(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """In place: token row src[i] of U goes to row dst[i] (a permutation of
+        the rows in dst; W is shared). Copies the moved rows only."""
+        _move(self.u_tensors(), self.w.dim() - 2, dst, src)
+
+    def u_tensors(self) -> list[torch.Tensor]:
+        """The tensors holding U, token rows along the same axis."""
+        q = self.u
+        return [q.data, q.scale, q.zero] if isinstance(q, Quantized) else [q]
+
     def select(self, index: torch.Tensor) -> "Factor":
         """Keep the tokens at `index` (rows of U; W is shared)."""
         axis = self.w.dim() - 2  # token axis of u: 0 combined, 1 per head
@@ -68,6 +81,11 @@ class Factor:
         return replace(self, u=replace(q, data=q.data.index_select(axis, index),
                                        scale=q.scale.index_select(axis, index),
                                        zero=q.zero.index_select(axis, index), shape=tuple(shape)))
+
+
+def _move(tensors, axis: int, dst: torch.Tensor, src: torch.Tensor) -> None:
+    for t in tensors:
+        t.index_copy_(axis, dst, t.index_select(axis, src))
 
 
 def factorize(x: torch.Tensor, rank: int, *, per_head: bool, dtype: torch.dtype, seed: int,
@@ -103,12 +121,12 @@ class Segment:
     name: str
     k: Factor
     v: Factor
-    positions: torch.Tensor  # [T] int64, ascending
+    positions: torch.Tensor  # [T] int64, each slot's token (slots need not follow positions)
     importance: torch.Tensor  # [T] float32, Eq. 1
     admitted: int  # tokens ever put in (the eviction budget's base)
     target_k: int  # the ranks the layer chose at prefill; folds clip them to what the tokens allow
     target_v: int
-    ranks_k: torch.Tensor | None = None  # [T] int64 rank prefix each token gets at the next step
+    ranks_k: torch.Tensor | None = None  # [T] int64 rank prefix of each slot at the next step
     ranks_v: torch.Tensor | None = None
 
     @property
@@ -128,6 +146,8 @@ class _Layout:
     length: torch.Tensor  # [1]
     offsets_k: list[int]  # first column of each segment's block of U
     offsets_v: list[int]
+    rows: list[int]  # first row (token slot) of each segment
+    ranks: tuple[torch.Tensor, torch.Tensor] | None = None  # rank_k, rank_v [1, T], until the ranks change
 
 
 @dataclass
@@ -150,6 +170,7 @@ class LowRankCache:
     factor_dtype: torch.dtype
     fold_target: int  # index into segments
     folds: int = 0
+    regrouped: int = 0  # tokens moved between groups' slots since prefill (regroup)
     flops_ratios: list[float] = field(default_factory=list)  # per decode step, section 3.2
     notes: dict[str, float] = field(default_factory=dict)
     _layout: _Layout | None = field(default=None, repr=False)  # until the segments change
@@ -190,7 +211,30 @@ class LowRankCache:
         self._view = None
 
     def ranks_changed(self) -> None:
-        """Call after changing ranks or importance."""
+        """Call after changing a segment's ranks_k / ranks_v."""
+        self._view = None
+        if self._layout is not None:
+            self._layout.ranks = None
+
+    def regroup(self, index: int, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """Move the tokens of segment `index` in slots src[i] to slots dst[i]
+        (dst a permutation of src): U_k and U_v rows, positions and importance,
+        in the segment and in the kernel layout. The slots' ranks stay, so
+        moved tokens take the rank of their new slots. Copies only the moved
+        rows: a decode step costs what changed group, not the cache."""
+        if dst.numel() == 0:
+            return
+        seg = self.segments[index]
+        seg.k.move_rows(dst, src)
+        seg.v.move_rows(dst, src)
+        # positions and importance may be shared with the caller: replaced, not written in place
+        seg.positions = seg.positions.index_copy(0, dst, seg.positions.index_select(0, src))
+        seg.importance = seg.importance.index_copy(0, dst, seg.importance.index_select(0, src))
+        if self._layout is not None:
+            lay = self._layout
+            shift = lay.rows[index]
+            _move([lay.uk, lay.uv, lay.pos], 1, dst + shift, src + shift)
+        self.regrouped += dst.numel()
         self._view = None
 
     def append(self, k_t: torch.Tensor, v_t: torch.Tensor) -> None:
@@ -232,27 +276,31 @@ class LowRankCache:
         (uk, wk, off_k), (uv, wv, off_v) = built["k"], built["v"]
         pos = torch.cat([s.positions for s in self.segments])
         length = torch.tensor([pos.shape[0]], device=pos.device)
-        return _Layout(uk[None], wk[None], uv[None], wv[None], pos[None], length, off_k, off_v)
+        rows = torch.tensor([0] + [s.tokens for s in self.segments[:-1]]).cumsum(0).tolist()
+        return _Layout(uk[None], wk[None], uv[None], wv[None], pos[None], length, off_k, off_v, rows)
 
     def compressed_kv(self) -> CompressedKV:
         """The compressed segments with this step's ranks (B = 1)."""
         if self._layout is None:
             self._layout = self._build_layout()
         lay = self._layout
-        unit = self.kv_heads if self.per_head else 1
-        rank_k = torch.cat([s.ranks_k * unit + o for s, o in zip(self.segments, lay.offsets_k)])
-        rank_v = torch.cat([s.ranks_v * unit + o for s, o in zip(self.segments, lay.offsets_v)])
-        return CompressedKV(lay.uk, lay.wk, lay.uv, lay.wv, rank_k[None], rank_v[None], lay.pos, lay.length)
+        if lay.ranks is None:
+            unit = self.kv_heads if self.per_head else 1
+            lay.ranks = tuple(torch.cat([getattr(s, name) * unit + o for s, o in zip(self.segments, offsets)])[None]
+                              for name, offsets in (("ranks_k", lay.offsets_k), ("ranks_v", lay.offsets_v)))
+        return CompressedKV(lay.uk, lay.wk, lay.uv, lay.wv, *lay.ranks, lay.pos, lay.length)
 
     def dense_kv(self) -> DenseKV:
         length = torch.tensor([self.dense_positions.shape[0]], device=self.dense_positions.device)
         return DenseKV(self.dense_k[None], self.dense_v[None], self.dense_positions[None], length)
 
-    def attend(self, q_t: torch.Tensor, *, absorbed: bool, backend: str) -> DecodeOutput:
+    def attend(self, q_t: torch.Tensor, *, absorbed: bool, backend: str,
+               rank_chunk: int | None = None) -> DecodeOutput:
         """The decode op over this cache for one query token q_t [heads, 1, d] (B = 1)."""
         q_pos = torch.tensor([[self.seen - 1]], device=q_t.device)
         return lowrank_decode.compute(q_t[None], q_pos, self.compressed_kv(), self.dense_kv(),
-                                      rope_base=self.rope_base, absorbed=absorbed, backend=backend)
+                                      rope_base=self.rope_base, absorbed=absorbed, backend=backend,
+                                      rank_chunk=rank_chunk)
 
     # --- reconstruction, for metrics ---------------------------------------------------------------
 

@@ -257,6 +257,57 @@ def test_most_important_tokens_get_full_rank(workload, partial):
     assert ratio == pytest.approx(partial_ratio if partial == "both" else (1 + partial_ratio) / 2)
 
 
+@pytest.mark.parametrize("settings", [dict(), dict(head_mode="per_head", rank_k=8, rank_v=8),
+                                      dict(compress_text=True, text_rank=8), dict(quant_bits=4)],
+                         ids=["combined", "per_head", "text_segment", "quantized"])
+def test_groups_live_in_runs_of_slots_and_only_changes_move(workload, settings):
+    """The cache stores each importance group in a run of slots (the most
+    important first) with that group's rank, so the kernel's tiles have one
+    rank; a step moves exactly the tokens whose group changed, in the
+    segment and in the kernel layout, and attention is unchanged by where
+    a token sits."""
+    method = pack(**{"rank_k": 16, "rank_v": 16, "groups": "0.25:1,0.5:0.5,0.25:0.25", "partial": "both",
+                     "backend": "torch", **settings})
+    cache = prefill(method, workload)
+    assert cache.regrouped == 0
+    moved_total = 0
+    for step in range(workload.config.decode_steps):
+        before = [seg.positions.clone() for seg in cache.segments]
+        ranks = [seg.ranks_v.clone() for seg in cache.segments]
+        q_t, k_t, v_t = (t[0][step] for t in (workload.decode_q, workload.decode_k, workload.decode_v))
+        # What attention over this cache must give, from the keys and values as metrics see them.
+        keys = torch.cat([cache.keys, k_t.float()], dim=1)
+        values = torch.cat([cache.values, v_t.float()], dim=1)
+        scores = q_t.float().view(2, 2, 1, -1) @ keys[:, None].transpose(-1, -2) / math.sqrt(keys.shape[-1])
+        want = (scores.softmax(-1) @ values[:, None]).view_as(q_t)
+        out = method.decode(0, cache, q_t, k_t, v_t)
+        torch.testing.assert_close(out.float(), want, atol=2e-3, rtol=2e-3)
+        for seg, positions, slot_ranks in zip(cache.segments, before, ranks):
+            bounds = [0] + torch.tensor(group_sizes(seg.tokens, [0.25, 0.5, 0.25])).cumsum(0).tolist()
+            runs = [slice(lo, hi) for lo, hi in zip(bounds, bounds[1:])]
+            # Each run of slots holds a group: no token of a later run is more important.
+            for this, later in zip(runs, runs[1:]):
+                assert seg.importance[this].min() >= seg.importance[later.start:].max()
+            assert torch.equal(seg.ranks_v, slot_ranks)  # slots keep their ranks
+            assert seg.ranks_v[runs[0]].eq(seg.v.rank).all() and seg.ranks_k[runs[-1]].eq(math.ceil(seg.k.rank / 4)).all()
+            # Exactly the tokens that changed group moved; the others kept their slot.
+            group_then = {int(p): g for g, run in enumerate(runs) for p in positions[run]}
+            group_now = {int(p): g for g, run in enumerate(runs) for p in seg.positions[run]}
+            changed = {p for p, g in group_now.items() if group_then[p] != g}
+            moved_total += len(changed)
+            stayed = [i for i in range(seg.tokens) if int(seg.positions[i]) not in changed]
+            assert torch.equal(seg.positions[stayed], positions[stayed])
+        assert cache.regrouped == moved_total
+        # The kernel layout moved with the segments: it equals one built afresh.
+        kv = cache.compressed_kv()
+        cache.segments_changed()
+        fresh = cache.compressed_kv()
+        for name in ("uk", "uv", "pos", "rank_k", "rank_v"):
+            assert torch.equal(getattr(kv, name), getattr(fresh, name)), name
+    assert moved_total > 0  # the workload's importance does move tokens across groups
+    assert method.layer_metrics(0, cache)["regrouped_per_step"] == moved_total / workload.config.decode_steps
+
+
 def test_partial_decompression_changes_the_output_but_not_storage(workload, full_outputs):
     full_rank = pack(rank_k=32, rank_v=32, backend="torch")
     partial = pack(rank_k=32, rank_v=32, groups=PAPER_GROUPS, backend="torch")
