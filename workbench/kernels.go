@@ -41,10 +41,12 @@ instructions its dots lowered to (mma.sync; wgmma on sm_90). All cases take
 about a minute per target; --case picks some. --json adds each kernel's
 stack frame (spills, or libdevice's sin/cos table) and compile errors.
 
-A second table models one AttentionPack decode step on an H100 (bytes and
-FLOPs of FlashAttention over the full cache and of the two low-rank kernels,
-and the roofline time they set: kernels_py/ops/lowrank_decode/model.py);
-measured times come from "workbench bench lowrank".`,
+Then tables model one decode step on an H100 against FlashAttention over
+the full cache: the two AttentionPack kernels (bytes, FLOPs and the roofline
+time they set: kernels_py/ops/lowrank_decode/model.py) and the quantized
+4/2-bit kernel (bytes, tensor-core FLOPs and in-register dequantization:
+kernels_py/ops/quant_decode/model.py); measured times come from
+"workbench bench lowrank" and "workbench bench quant".`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
@@ -78,10 +80,10 @@ measured times come from "workbench bench lowrank".`,
 			var res struct {
 				Title string `json:"title"`
 				table
-				Model *struct {
+				Models []struct {
 					Title string `json:"title"`
 					table
-				} `json:"model"`
+				} `json:"models"`
 			}
 			if err := json.Unmarshal(out.Bytes(), &res); err != nil {
 				return fmt.Errorf("kernels report returned an unexpected result: %w", err)
@@ -90,9 +92,11 @@ measured times come from "workbench bench lowrank".`,
 			if err := res.table.print(a.stdout); err != nil {
 				return err
 			}
-			if res.Model != nil {
-				fmt.Fprintf(a.stdout, "\n%s\n", res.Model.Title)
-				return res.Model.table.print(a.stdout)
+			for _, m := range res.Models {
+				fmt.Fprintf(a.stdout, "\n%s\n", m.Title)
+				if err := m.table.print(a.stdout); err != nil {
+					return err
+				}
 			}
 			return nil
 		},

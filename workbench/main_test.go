@@ -272,11 +272,16 @@ func TestKernelsReport(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
 	var res struct {
-		Title string
-		Rows  []map[string]any
+		Title  string
+		Rows   []map[string]any
+		Models []struct{ Title string }
 	}
 	if err := json.Unmarshal([]byte(stdout), &res); err != nil || !strings.Contains(res.Title, "sm_90") {
 		t.Fatalf("%v\n%s", err, stdout)
+	}
+	if len(res.Models) != 2 || !strings.Contains(res.Models[0].Title, "U_k + U_v") ||
+		!strings.Contains(res.Models[1].Title, "quantized cache") {
+		t.Errorf("models: %+v", res.Models)
 	}
 	stage1 := 0
 	for _, r := range res.Rows {

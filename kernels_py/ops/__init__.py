@@ -73,6 +73,8 @@ class Op:
 OPS: dict[str, Op] = {op.name: op for op in (
     Op("attention_stats", benchmark="stats"),
     Op("lowrank_decode", benchmark="lowrank"),
+    Op("kv_quant", benchmark="quant"),
+    Op("quant_decode", benchmark="quant"),
 )}
 
 

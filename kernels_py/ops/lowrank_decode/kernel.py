@@ -22,7 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels_py.ops import common
+from kernels_py.ops import common, splitk
+from kernels_py.ops.splitk import _online_softmax, _store_split
 from kernels_py.runtime import interpreter_mode
 from kernels_py.ops.lowrank_decode.contract import CompressedKV, DecodeOutput, DenseKV, check_inputs
 
@@ -106,31 +107,6 @@ def _mask_and_store(s, Logits_rows, offs_col, stride_ln, tok_pos, tok_mask, q_po
     s = _mask(s, tok_pos, tok_mask, q_pos, row_mask)
     tl.store(Logits_rows + offs_col[None, :] * stride_ln, s, mask=row_mask[:, None] & tok_mask[None, :])
     return s
-
-
-@triton.jit
-def _online_softmax(s, m_i, l_i):
-    """One tile of the base-2 online softmax: the tile's unnormalised
-    probabilities, the factor rescaling what was accumulated, new max and sum.
-    m_i starts at a finite floor, so a row that sees nothing yet gets p = 0
-    and alpha = 1 instead of inf - inf."""
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l_new = l_i * alpha + tl.sum(p, 1)
-    return p, alpha, m_new, l_new
-
-
-@triton.jit
-def _store_split(PartO_rows, PartLse_rows, acc, m_i, l_i, offs_d, d_mask, row_mask, stride_od):
-    """The split's normalised output and log2-sum-exp (-inf, output 0 when the
-    row saw no token in this split)."""
-    seen = l_i > 0
-    safe_l = tl.where(seen, l_i, 1.0)
-    o = acc / safe_l[:, None]
-    lse2 = tl.where(seen, m_i + tl.log2(safe_l), float("-inf"))
-    tl.store(PartO_rows + offs_d[None, :] * stride_od, o, mask=row_mask[:, None] & d_mask[None, :])
-    tl.store(PartLse_rows, lse2, mask=row_mask)
 
 
 @triton.jit
@@ -473,48 +449,6 @@ def _stage1_absorbed_kernel(
 
 
 @triton.jit
-def _merge_kernel(
-    PartO, PartLse, Out, Lse,
-    stride_ob, stride_oh, stride_om, stride_os, stride_od,
-    stride_sb, stride_sh, stride_sm, stride_ss,
-    stride_yb, stride_yh, stride_ym, stride_yd,
-    stride_lb, stride_lh, stride_lm,
-    n_splits,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
-    """Merge one query row's splits: out = sum_s w_s o_s / sum_s w_s with
-    w_s = 2^(lse_s - max); lse = log of the summed softmax denominators."""
-    b = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
-    query = tl.program_id(2)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < HEAD_DIM
-    part_o = PartO + b * stride_ob + head * stride_oh + query * stride_om
-    part_lse = PartLse + b * stride_sb + head * stride_sh + query * stride_sm
-
-    e_max = float("-inf")
-    e_sum = 0.0
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    for s in range(0, n_splits):
-        lse_s = tl.load(part_lse + s * stride_ss)
-        o_s = tl.load(part_o + s * stride_os + offs_d * stride_od, mask=d_mask, other=0.0)
-        new_max = tl.maximum(e_max, lse_s)
-        ref_max = tl.where(new_max == float("-inf"), 0.0, new_max)  # empty so far: no inf - inf
-        old_scale = tl.exp2(e_max - ref_max)
-        w = tl.exp2(lse_s - ref_max)
-        acc = acc * old_scale + w * o_s
-        e_sum = e_sum * old_scale + w
-        e_max = new_max
-    seen = e_sum > 0
-    out = acc / tl.where(seen, e_sum, 1.0)
-    lse = tl.where(seen, (e_max + tl.log2(tl.where(seen, e_sum, 1.0))) * 0.6931471805599453, float("-inf"))
-    tl.store(Out + b * stride_yb + head * stride_yh + query * stride_ym + offs_d * stride_yd,
-             out.to(Out.dtype.element_ty), mask=d_mask)
-    tl.store(Lse + b * stride_lb + head * stride_lh + query * stride_lm, lse)
-
-
-@triton.jit
 def _mass_kernel(
     Logits, Lse, MassC, MassD, CLen, DLen, QRank, UK, RankK, CPos, QPos,
     stride_lb, stride_lh, stride_lm, stride_ln,
@@ -809,10 +743,7 @@ def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, wor
     else:
         tuned[grid](*args, **meta)
 
-    _merge_kernel[(batch, heads, queries)](
-        part_o, part_lse, out, lse,
-        *part_o.stride(), *part_lse.stride(), *out.stride(), *lse.stride(),
-        splits, HEAD_DIM=head_dim, BLOCK_D=block_d)
+    splitk.merge(part_o, part_lse, out, lse)
     if tokens + slots:
         block_t = 64 if absorbed else 256  # absorbed: a [block_t, Rk] U_k tile per program
         _mass_kernel[(batch, triton.cdiv(tokens + slots, block_t))](

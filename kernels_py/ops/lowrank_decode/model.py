@@ -125,5 +125,5 @@ def report(shapes=SHAPES) -> dict:
     s = shapes[0]
     return {"title": f"one decode step on an H100, modeled ({s.heads} q / {s.kv_heads} kv heads, head_dim "
                      f"{s.head_dim}, rank {s.rank_k}, fp16; {per_token_bytes(s)['full']} bytes a token in the full "
-                     f"cache, {per_token_bytes(s)['factors']} in U_k + U_v)",
+                     f"cache, {per_token_bytes(s)['factors']:g} in U_k + U_v)",
             **table(COLUMNS, rows)}

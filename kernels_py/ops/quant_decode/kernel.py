@@ -1,0 +1,278 @@
+"""Split-K flash-decoding over a quantized KV cache: up to two quantized
+segments of one bit width each (ops.kv_quant layout), then an uncompressed
+segment; dequantization happens in registers, tile by tile, and no
+dequantized copy is ever written. What is computed: contract.py.
+
+Stage 1, `_stage1_kernel`: one program per (kv head, sequence, split) owns
+every query row of its kv group (GROUP query heads x M query tokens, padded
+to a power of two >= 16 for tl.dot; SGLang's grouped decode), so a tile's
+codes are read and dequantized once for the whole group. Its split is a
+contiguous range of [segment 0 | segment 1 | dense] slots, rounded to whole
+tiles; a tile of BLOCK_N slots (BLOCK_N divides the group size G) has one
+bit width and one row of key scales. Keys come as BLOCK_N / P words per
+channel, values as D / P words per slot (P codes per int32 word), unpacked
+by shifts and masks and converted with the magic-number trick
+(kv_quant.kernel.codes_to_float), then scaled and offset in float32 and
+rounded to the dot dtype. Stage 2 merges the splits (ops.splitk).
+
+Reference: reference.py beside this file.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels_py.ops import common, splitk
+from kernels_py.ops.kv_quant.contract import per_word
+from kernels_py.ops.kv_quant.kernel import PAD, dequantize_tile
+from kernels_py.ops.quant_decode.contract import DenseKV, QuantDecodeOutput, check_inputs
+from kernels_py.ops.splitk import _online_softmax, _store_split
+from kernels_py.runtime import interpreter_mode
+
+MAX_ROWS = 128  # query heads per kv head x query tokens, one program's rows
+MAX_SPLITS = 256
+TOKENS_PER_SPLIT = 512
+DEFAULT_MAX_SPLITS = 64
+BLOCK_N = 32  # slots per tile: divides every group size (kv_quant.GROUPS)
+DEFAULT_WARPS, DEFAULT_STAGES = 4, 2
+
+
+@triton.jit
+def _segment_range(lo, hi, seg_start, seg_len):
+    """[lo, hi) of the concatenated slots, as a range of one segment's own slots."""
+    a = tl.minimum(tl.maximum(lo - seg_start, 0), seg_len)
+    b = tl.minimum(tl.maximum(hi - seg_start, 0), seg_len)
+    return a, b
+
+
+@triton.jit
+def _attend_quantized(q, q_pos, row_mask, m_i, l_i, acc, lo, hi,
+                      KC, KS, KZ, VC, VS, VZ, Pos, offs_d, d_mask,
+                      stride_kcw, stride_kcd, stride_ksg, stride_ksd, stride_vcn, stride_vcw, stride_vsn,
+                      stride_vsg, stride_pn, qk_scale, head_dim,
+                      BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                      BLOCK_W: tl.constexpr, QK_DT: tl.constexpr):
+    """Online softmax over the slots [lo, hi) of one quantized segment (of one
+    kv head of one sequence); lo is a multiple of BLOCK_N."""
+    for start in range(lo, hi, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        tok_mask = offs_n < hi
+        pos = tl.load(Pos + offs_n * stride_pn, mask=tok_mask, other=PAD)
+        k, v = dequantize_tile(KC, KS, KZ, VC, VS, VZ, start, offs_n, offs_d, d_mask,
+                               stride_kcw, stride_kcd, stride_ksg, stride_ksd, stride_vcn, stride_vcw, stride_vsn,
+                               stride_vsg, head_dim, BITS, GROUP, BLOCK_N, BLOCK_D, BLOCK_W)
+        s = tl.dot(q, tl.trans(k.to(QK_DT)), input_precision="ieee") * qk_scale
+        visible = (pos[None, :] <= q_pos[:, None]) & tok_mask[None, :] & row_mask[:, None]
+        s = tl.where(visible, s, float("-inf"))
+        p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i)
+        acc = acc * alpha[:, None] + tl.dot(p.to(QK_DT), v.to(QK_DT), input_precision="ieee")
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _stage1_kernel(
+    Q, QPos,
+    AKC, AKS, AKZ, AVC, AVS, AVZ, APos, ALen,
+    BKC, BKS, BKZ, BVC, BVS, BVZ, BPos, BLen,
+    DK, DV, DPos, DLen, PartO, PartLse,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_pb, stride_pm,
+    sa_kcb, sa_kch, sa_kcw, sa_kcd, sa_ksb, sa_ksh, sa_ksg, sa_ksd,
+    sa_vcb, sa_vch, sa_vcn, sa_vcw, sa_vsb, sa_vsh, sa_vsn, sa_vsg, sa_pb, sa_pn, sa_lb,
+    sb_kcb, sb_kch, sb_kcw, sb_kcd, sb_ksb, sb_ksh, sb_ksg, sb_ksd,
+    sb_vcb, sb_vch, sb_vcn, sb_vcw, sb_vsb, sb_vsh, sb_vsn, sb_vsg, sb_pb, sb_pn, sb_lb,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    stride_dpb, stride_dpn, stride_dlb,
+    stride_ob, stride_oh, stride_om, stride_os, stride_od,
+    stride_sb, stride_sh, stride_sm, stride_ss,
+    qk_scale, head_dim,
+    GROUP: tl.constexpr, N_QUERIES: tl.constexpr, TWO_SEGMENTS: tl.constexpr,
+    BITS_A: tl.constexpr, GROUP_A: tl.constexpr, BITS_B: tl.constexpr, GROUP_B: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_WA: tl.constexpr, BLOCK_WB: tl.constexpr,
+    QK_DT: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    kv_head = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    split = tl.program_id(2)
+    n_splits = tl.num_programs(2)
+
+    offs_row = tl.arange(0, BLOCK_ROWS)
+    row_mask = offs_row < GROUP * N_QUERIES
+    head = kv_head * GROUP + offs_row // N_QUERIES
+    query = offs_row % N_QUERIES
+    q_pos = tl.load(QPos + b * stride_pb + query * stride_pm, mask=row_mask, other=-1).to(tl.int32)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < head_dim
+    q = tl.load(Q + b * stride_qb + head[:, None] * stride_qh + query[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                mask=row_mask[:, None] & d_mask[None, :], other=0.0).to(QK_DT)
+
+    a_len = tl.load(ALen + b * sa_lb).to(tl.int32)
+    b_len = 0
+    if TWO_SEGMENTS:
+        b_len = tl.load(BLen + b * sb_lb).to(tl.int32)
+    d_len = tl.load(DLen + b * stride_dlb).to(tl.int32)
+    total = a_len + b_len + d_len
+    per_split = tl.cdiv(tl.cdiv(total, n_splits), BLOCK_N) * BLOCK_N
+    lo = tl.minimum(split * per_split, total)
+    hi = tl.minimum(lo + per_split, total)
+
+    m_i = tl.full([BLOCK_ROWS], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_ROWS, BLOCK_D], dtype=tl.float32)
+
+    a_lo, a_hi = _segment_range(lo, hi, 0, a_len)
+    m_i, l_i, acc = _attend_quantized(
+        q, q_pos, row_mask, m_i, l_i, acc, a_lo, a_hi,
+        AKC + b * sa_kcb + kv_head * sa_kch, AKS + b * sa_ksb + kv_head * sa_ksh, AKZ + b * sa_ksb + kv_head * sa_ksh,
+        AVC + b * sa_vcb + kv_head * sa_vch, AVS + b * sa_vsb + kv_head * sa_vsh, AVZ + b * sa_vsb + kv_head * sa_vsh,
+        APos + b * sa_pb, offs_d, d_mask, sa_kcw, sa_kcd, sa_ksg, sa_ksd, sa_vcn, sa_vcw, sa_vsn, sa_vsg, sa_pn,
+        qk_scale, head_dim, BITS_A, GROUP_A, BLOCK_N, BLOCK_D, BLOCK_WA, QK_DT)
+    if TWO_SEGMENTS:
+        b_lo, b_hi = _segment_range(lo, hi, a_len, b_len)
+        m_i, l_i, acc = _attend_quantized(
+            q, q_pos, row_mask, m_i, l_i, acc, b_lo, b_hi,
+            BKC + b * sb_kcb + kv_head * sb_kch, BKS + b * sb_ksb + kv_head * sb_ksh,
+            BKZ + b * sb_ksb + kv_head * sb_ksh, BVC + b * sb_vcb + kv_head * sb_vch,
+            BVS + b * sb_vsb + kv_head * sb_vsh, BVZ + b * sb_vsb + kv_head * sb_vsh,
+            BPos + b * sb_pb, offs_d, d_mask, sb_kcw, sb_kcd, sb_ksg, sb_ksd, sb_vcn, sb_vcw, sb_vsn, sb_vsg, sb_pn,
+            qk_scale, head_dim, BITS_B, GROUP_B, BLOCK_N, BLOCK_D, BLOCK_WB, QK_DT)
+
+    d_lo, d_hi = _segment_range(lo, hi, a_len + b_len, d_len)
+    DK_h = DK + b * stride_dkb + kv_head * stride_dkh
+    DV_h = DV + b * stride_dvb + kv_head * stride_dvh
+    for start in range(d_lo, d_hi, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        tok_mask = offs_n < d_hi
+        pos = tl.load(DPos + b * stride_dpb + offs_n * stride_dpn, mask=tok_mask, other=0).to(tl.int32)
+        kv_mask = tok_mask[:, None] & d_mask[None, :]
+        k = tl.load(DK_h + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd, mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k.to(QK_DT)), input_precision="ieee") * qk_scale
+        visible = (pos[None, :] <= q_pos[:, None]) & tok_mask[None, :] & row_mask[:, None]
+        s = tl.where(visible, s, float("-inf"))
+        p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i)
+        v = tl.load(DV_h + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd, mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(QK_DT), v.to(QK_DT), input_precision="ieee")
+
+    part_rows = b * stride_ob + head[:, None] * stride_oh + query[:, None] * stride_om + split * stride_os
+    lse_rows = b * stride_sb + head * stride_sh + query * stride_sm + split * stride_ss
+    _store_split(PartO + part_rows, PartLse + lse_rows, acc, m_i, l_i, offs_d, d_mask, row_mask, stride_od)
+
+
+# ----------------------------------------------------------------------------
+# Launchers
+# ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """Each split's partial output [B, Hq, M, splits, D] and log2-sum-exp
+    [B, Hq, M, splits], float32; made once (make_workspace) and reused by
+    every step of a decode loop while the shapes stay."""
+
+    part_o: torch.Tensor
+    part_lse: torch.Tensor
+
+    @property
+    def splits(self) -> int:
+        return self.part_o.shape[3]
+
+
+def make_workspace(q: torch.Tensor, num_splits: int) -> Workspace:
+    """A workspace for calls of quant_decode with queries shaped like q and num_splits splits."""
+    _check_splits(num_splits)
+    batch, heads, queries, head_dim = q.shape
+    return Workspace(torch.empty((batch, heads, queries, num_splits, head_dim), dtype=torch.float32, device=q.device),
+                     torch.empty((batch, heads, queries, num_splits), dtype=torch.float32, device=q.device))
+
+
+def _check_splits(num_splits) -> int:
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits must be an int in [1, {MAX_SPLITS}], got {num_splits!r}")
+    return num_splits
+
+
+def default_num_splits(segments, dense: DenseKV) -> int:
+    """Splits per (sequence, kv head): about TOKENS_PER_SPLIT slots each for the
+    longest sequence, at most DEFAULT_MAX_SPLITS; on a GPU more (down to 128
+    slots each) while (kv heads x sequences x splits) would not fill two
+    waves of SMs (FlashDecoding's rule). One host sync."""
+    lengths = dense.length.to(torch.int64) + sum(seg.length.to(torch.int64) for seg in segments)
+    longest = int(lengths.max()) if lengths.numel() else 0
+    splits = triton.cdiv(longest, TOKENS_PER_SPLIT)
+    device = dense.length.device
+    if device.type == "cuda" and not interpreter_mode():
+        programs = lengths.numel() * segments[0].kv_heads
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        splits = max(splits, min(triton.cdiv(2 * sms, max(programs, 1)), triton.cdiv(longest, 128)))
+    return max(1, min(splits, DEFAULT_MAX_SPLITS))
+
+
+def quant_decode(q: torch.Tensor, q_pos: torch.Tensor, segments, dense: DenseKV, *, sm_scale: float | None = None,
+                 num_splits: int | None = None, workspace: Workspace | None = None,
+                 check_values: bool = True) -> QuantDecodeOutput:
+    """One decode step over [segments[0] | segments[1] | dense].
+
+    q: [B, Hq, M, D] fp16/bf16/fp32, M new query tokens per sequence;
+    q_pos: [B, M] int, their positions (a token is visible iff its position
+    is at most the query's). segments: one or two kv_quant.QuantKV (any bit
+    widths and group sizes, the same kv heads and head_dim); dense: the
+    uncompressed segment (DenseKV, keys as cached). sm_scale: default
+    D ** -0.5. num_splits: splits per (sequence, kv head), default
+    default_num_splits (one host sync). workspace: make_workspace's scratch,
+    reused across calls (no allocation; its split count is used).
+    check_values=False skips the checks that wait for the device.
+    Returns QuantDecodeOutput(out [B, Hq, M, D] q.dtype, lse [B, Hq, M] float32).
+    """
+    check_inputs(q, q_pos, segments, dense, check_values)
+    batch, heads, queries, head_dim = q.shape
+    kv_heads = segments[0].kv_heads
+    group = heads // kv_heads
+    if group * queries > MAX_ROWS:
+        raise ValueError(f"query heads per kv head x query tokens = {group * queries} exceeds {MAX_ROWS}, the rows "
+                         f"one program holds")
+    scale = common.softmax_scale(sm_scale, head_dim, "sm_scale")
+    dev = q.device
+    out = torch.empty((batch, heads, queries, head_dim), dtype=q.dtype, device=dev)
+    lse = torch.empty((batch, heads, queries), dtype=torch.float32, device=dev)
+    if batch == 0 or heads == 0:
+        return QuantDecodeOutput(out, lse)
+    if workspace is not None:
+        if not isinstance(workspace, Workspace):
+            raise TypeError(f"workspace must be a quant_decode Workspace (make_workspace), got "
+                            f"{type(workspace).__name__}")
+        want = (batch, heads, queries, workspace.splits, head_dim)
+        if tuple(workspace.part_o.shape) != want or tuple(workspace.part_lse.shape) != want[:4] \
+                or workspace.part_o.device != dev:
+            raise ValueError(f"workspace.part_o is {tuple(workspace.part_o.shape)} on {workspace.part_o.device}; "
+                             f"this call needs {want} on {dev}: make_workspace(q, {workspace.splits})")
+        if num_splits is not None and num_splits != workspace.splits:
+            raise ValueError(f"num_splits={num_splits} but the workspace was made for {workspace.splits} splits")
+    else:
+        splits = default_num_splits(segments, dense) if num_splits is None else _check_splits(num_splits)
+        workspace = make_workspace(q, splits)
+    splits = workspace.splits
+    a = segments[0]
+    b = segments[1] if len(segments) == 2 else a
+    seg_args, seg_strides = [], []
+    for seg in (a, b):
+        seg_args += [seg.k_codes, seg.k_scale, seg.k_zero, seg.v_codes, seg.v_scale, seg.v_zero, seg.pos, seg.length]
+        seg_strides += [*seg.k_codes.stride(), *seg.k_scale.stride(), *seg.v_codes.stride(), *seg.v_scale.stride(),
+                        *seg.pos.stride(), *seg.length.stride()]
+    block_w = [triton.next_power_of_2(head_dim // per_word(seg.bits)) for seg in (a, b)]
+    _stage1_kernel[(kv_heads, batch, splits)](
+        q, q_pos, *seg_args, dense.k, dense.v, dense.pos, dense.length, workspace.part_o, workspace.part_lse,
+        *q.stride(), *q_pos.stride(), *seg_strides,
+        *dense.k.stride(), *dense.v.stride(), *dense.pos.stride(), *dense.length.stride(),
+        *workspace.part_o.stride(), *workspace.part_lse.stride(),
+        scale * common.LOG2E, head_dim,
+        GROUP=group, N_QUERIES=queries, TWO_SEGMENTS=len(segments) == 2,
+        BITS_A=a.bits, GROUP_A=a.group, BITS_B=b.bits, GROUP_B=b.group,
+        BLOCK_ROWS=common.block(group * queries), BLOCK_D=common.block(head_dim),
+        BLOCK_WA=block_w[0], BLOCK_WB=block_w[1],
+        QK_DT=common.dot_dtype(q.dtype, dense.k.dtype, dense.v.dtype), BLOCK_N=BLOCK_N,
+        num_warps=DEFAULT_WARPS, num_stages=DEFAULT_STAGES)
+    splitk.merge(workspace.part_o, workspace.part_lse, out, lse)
+    return QuantDecodeOutput(out, lse)

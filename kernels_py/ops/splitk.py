@@ -1,0 +1,91 @@
+"""Split-K flash-decoding parts every decode op shares: the base-2 online
+softmax of a tile, a split's normalised partial output, and the merge of
+the splits of each query row (stage 2, FlashDecoding's reduction).
+
+A stage-1 program keeps a running max m_i (log2 units, starting at a finite
+floor), sum l_i and weighted values per query row, and stores its split's
+o = acc / l_i and log2-sum-exp m_i + log2(l_i) (-inf for a row that saw no
+token). `merge` turns them into the output and the natural-log LSE.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _online_softmax(s, m_i, l_i):
+    """One tile of the base-2 online softmax: the tile's unnormalised
+    probabilities, the factor rescaling what was accumulated, new max and sum.
+    m_i starts at a finite floor, so a row that sees nothing yet gets p = 0
+    and alpha = 1 instead of inf - inf."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_new = l_i * alpha + tl.sum(p, 1)
+    return p, alpha, m_new, l_new
+
+
+@triton.jit
+def _store_split(PartO_rows, PartLse_rows, acc, m_i, l_i, offs_d, d_mask, row_mask, stride_od):
+    """The split's normalised output and log2-sum-exp (-inf, output 0 when the
+    row saw no token in this split)."""
+    seen = l_i > 0
+    safe_l = tl.where(seen, l_i, 1.0)
+    o = acc / safe_l[:, None]
+    lse2 = tl.where(seen, m_i + tl.log2(safe_l), float("-inf"))
+    tl.store(PartO_rows + offs_d[None, :] * stride_od, o, mask=row_mask[:, None] & d_mask[None, :])
+    tl.store(PartLse_rows, lse2, mask=row_mask)
+
+
+@triton.jit
+def _merge_kernel(
+    PartO, PartLse, Out, Lse,
+    stride_ob, stride_oh, stride_om, stride_os, stride_od,
+    stride_sb, stride_sh, stride_sm, stride_ss,
+    stride_yb, stride_yh, stride_ym, stride_yd,
+    stride_lb, stride_lh, stride_lm,
+    n_splits,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Merge one query row's splits: out = sum_s w_s o_s / sum_s w_s with
+    w_s = 2^(lse_s - max); lse = log of the summed softmax denominators."""
+    b = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    query = tl.program_id(2)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    part_o = PartO + b * stride_ob + head * stride_oh + query * stride_om
+    part_lse = PartLse + b * stride_sb + head * stride_sh + query * stride_sm
+
+    e_max = float("-inf")
+    e_sum = 0.0
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for s in range(0, n_splits):
+        lse_s = tl.load(part_lse + s * stride_ss)
+        o_s = tl.load(part_o + s * stride_os + offs_d * stride_od, mask=d_mask, other=0.0)
+        new_max = tl.maximum(e_max, lse_s)
+        ref_max = tl.where(new_max == float("-inf"), 0.0, new_max)  # empty so far: no inf - inf
+        old_scale = tl.exp2(e_max - ref_max)
+        w = tl.exp2(lse_s - ref_max)
+        acc = acc * old_scale + w * o_s
+        e_sum = e_sum * old_scale + w
+        e_max = new_max
+    seen = e_sum > 0
+    out = acc / tl.where(seen, e_sum, 1.0)
+    lse = tl.where(seen, (e_max + tl.log2(tl.where(seen, e_sum, 1.0))) * 0.6931471805599453, float("-inf"))
+    tl.store(Out + b * stride_yb + head * stride_yh + query * stride_ym + offs_d * stride_yd,
+             out.to(Out.dtype.element_ty), mask=d_mask)
+    tl.store(Lse + b * stride_lb + head * stride_lh + query * stride_lm, lse)
+
+
+def merge(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
+    """part_o [B, H, M, splits, D] and part_lse [B, H, M, splits] float32 ->
+    out [B, H, M, D] (its own dtype) and lse [B, H, M] float32, in place."""
+    batch, heads, queries, splits, head_dim = part_o.shape
+    if batch and heads and queries:
+        _merge_kernel[(batch, heads, queries)](
+            part_o, part_lse, out, lse,
+            *part_o.stride(), *part_lse.stride(), *out.stride(), *lse.stride(),
+            splits, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim))

@@ -1,0 +1,114 @@
+"""The quantized decode op against attention over the dequantized cache:
+one or two segments of any bit width and group, ragged batches, GQA,
+several query tokens with causality, split counts; clear errors for bad
+inputs."""
+
+import pytest
+import torch
+
+from kernels_py.ops import kv_quant
+from kernels_py.ops import quant_decode as op
+from kernels_py.ops.quant_decode.cases import make_cache
+
+TOL = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 2.5e-2}
+DTYPES = [pytest.param(d, id=str(d).removeprefix("torch.")) for d in (torch.float16, torch.bfloat16, torch.float32)]
+
+CASES = {
+    # ZipVL: 4-bit important tokens, 2-bit others; ragged (sequence 1 has fewer of each)
+    "zipvl_gqa4": dict(heads=8, kv_heads=2, head_dim=64, segments=[(4, 32, 64, [64, 32]), (2, 32, 96, [96, 32])],
+                       dense_lens=[5, 0]),
+    # KIVI: one 2-bit segment, group 128, GQA 1
+    "kivi_mha": dict(heads=2, kv_heads=2, head_dim=128, segments=[(2, 128, 128, [128, 0])], dense_lens=[9, 17]),
+    # GQA 7, group 64, three query tokens attending causally in the dense segment
+    "gqa7_m3": dict(heads=7, kv_heads=1, head_dim=64, segments=[(4, 64, 64, [64, 64]), (2, 64, 64, [0, 64])],
+                    dense_lens=[6, 4], queries=3),
+}
+
+
+def case(device, dtype, name, seed=0):
+    spec = dict(CASES[name])
+    q, q_pos, segs, dense = make_cache(batch=2, queries=spec.pop("queries", 1), dtype=dtype, seed=seed, **spec)
+    dense = op.DenseKV(*(getattr(dense, f).to(device) for f in ("k", "v", "pos", "length")))
+    return q.to(device), q_pos.to(device), [s.to(device) for s in segs], dense
+
+
+def check(got, want, dtype):
+    tol = TOL[dtype]
+    torch.testing.assert_close(got.out.float(), want.out.float(), atol=tol, rtol=tol)
+    torch.testing.assert_close(got.lse, want.lse, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_matches_attention_over_the_dequantized_cache(name, dtype, device):
+    q, q_pos, segs, dense = case(device, dtype, name)
+    want = op.reference.quant_decode(q, q_pos, segs, dense)
+    for splits in (1, 3):
+        check(op.quant_decode(q, q_pos, segs, dense, num_splits=splits), want, dtype)
+
+
+def test_padding_slots_and_causality(device):
+    """A padding slot (PAD_POS) inside a group gets no weight, whatever its
+    codes; a quantized token after the query's position is not seen."""
+    q, q_pos, segs, dense = case(device, torch.float32, "zipvl_gqa4")
+    before = op.quant_decode(q, q_pos, segs, dense)
+    late = segs[0]
+    pos = late.pos.clone()
+    pos[:, 1] = q_pos.max() + 10  # a token the query may not see yet
+    hidden = kv_quant.QuantKV(**{**late.__dict__, "pos": pos})
+    after = op.quant_decode(q, q_pos, [hidden, segs[1]], dense)
+    check(after, op.reference.quant_decode(q, q_pos, [hidden, segs[1]], dense), torch.float32)
+    assert (after.out - before.out).abs().max() > 1e-4  # the hidden token had weight before
+    padded = kv_quant.QuantKV(**{**late.__dict__, "pos": torch.where(pos > q_pos.max(), kv_quant.PAD_POS, pos)})
+    torch.testing.assert_close(op.quant_decode(q, q_pos, [padded, segs[1]], dense).out, after.out)
+
+
+def test_workspace_is_reused_and_checked(device):
+    q, q_pos, segs, dense = case(device, torch.float32, "kivi_mha")
+    ws = op.make_workspace(q, 2)
+    first = op.quant_decode(q, q_pos, segs, dense, workspace=ws)
+    again = op.quant_decode(q, q_pos, segs, dense, workspace=ws, check_values=False)
+    torch.testing.assert_close(first.out, again.out, atol=0, rtol=0)
+    with pytest.raises(ValueError, match=r"this call needs \(2, 2, 2, 2, 128\)"):
+        op.quant_decode(torch.cat([q, q], 2), q_pos.repeat(1, 2), segs, dense, workspace=ws)
+    with pytest.raises(ValueError, match="num_splits=3 but the workspace was made for 2 splits"):
+        op.quant_decode(q, q_pos, segs, dense, workspace=ws, num_splits=3)
+    with pytest.raises(ValueError, match="num_splits must be an int in"):
+        op.make_workspace(q, 0)
+
+
+def test_bad_inputs_get_clear_errors(device):
+    q, q_pos, segs, dense = case(device, torch.float16, "zipvl_gqa4")
+    with pytest.raises(ValueError, match="segments must be a list of 1 to 2 QuantKV"):
+        op.quant_decode(q, q_pos, segs * 2, dense)
+    with pytest.raises(ValueError, match=r"q must be \[batch, heads, queries, head_dim\]"):
+        op.quant_decode(q[0], q_pos, segs, dense)
+    with pytest.raises(ValueError, match=r"segments\[0\] holds 2 sequences of head_dim 64"):
+        op.quant_decode(torch.cat([q, q], -1), q_pos, segs, dense)
+    bad = kv_quant.QuantKV(**{**segs[1].__dict__, "v_scale": segs[1].v_scale[..., :1, :]})
+    with pytest.raises(ValueError, match=r"segments\[1\].v_scale must have shape"):
+        op.quant_decode(q, q_pos, [segs[0], bad], dense)
+    with pytest.raises(ValueError, match=r"query heads \(8\) must be a multiple of kv heads \(2\)|dense k"):
+        op.quant_decode(q, q_pos, segs, op.DenseKV(dense.k[:, :1], dense.v[:, :1], dense.pos, dense.length))
+    with pytest.raises(ValueError, match="query heads per kv head x query tokens = 160 exceeds 128"):
+        big = q[:, :1].expand(2, 2 * 80, 2, 64).contiguous()
+        op.quant_decode(big, q_pos.repeat(1, 2), segs, dense)
+
+
+def test_roofline_model_counts_the_bytes_of_the_layout():
+    """32 q / 8 kv heads, head_dim 128, group 64, 25% of the tokens in 4 bits:
+    per kv head 0.25 * 128 + 0.75 * 64 = 80 bytes of codes and 16 of scales and
+    zeros, 768 over the kv heads plus a 4-byte position, against 4096 in fp16."""
+    from kernels_py.ops.quant_decode import model
+
+    step = model.Step(batch=64, context=32768)
+    assert model.per_token_bytes(step) == {"full": 4096, "quantized": 772}
+    c = model.costs(step)
+    assert c["quantized (4/2-bit)"]["bytes"] == 64 * 32768 * 772 + 64 * 64 * 4096
+    us, bound = model.roofline_us(c["quantized (4/2-bit)"])
+    assert bound == "memory" and us == pytest.approx(c["quantized (4/2-bit)"]["bytes"] / 3.35e12 * 1e6)
+    # The kernel's own layout agrees: a segment's nbytes over its tokens and kv heads.
+    q, q_pos, segs, dense = make_cache(batch=1, heads=4, kv_heads=2, head_dim=128, segments=[(4, 64, 64, [64])],
+                                       dense_lens=[1], queries=1, dtype=torch.float16)
+    per_token_kv_head = segs[0].nbytes / (64 * 2)
+    assert per_token_kv_head == model.per_token_bytes(model.Step(1, 1, kv_heads=1, hi_share=1.0))["quantized"] - 4
