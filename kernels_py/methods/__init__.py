@@ -23,6 +23,9 @@ METHODS: dict[str, type[Method]] = registry.load(__name__, (
     "snapkv",
     "vlcache",
     "zipvl",
+    "zipvl_evict",
+    "zipcache",
+    "kivi",
     "attentionpack",
 ), Method)
 

@@ -1,56 +1,46 @@
 """ZipVL (He et al., 2024, "ZipVL: Efficient Large Vision-Language Models with
-Dynamic Token Sparsification"), token selection.
+Dynamic Token Sparsification"), Algorithm 1: mixed-precision KV with an
+adaptive ratio of important tokens per layer.
 
 Probe rows (the 64 most recent prompt queries plus 64 at random, seeded;
-appendix A) stand in for the full attention. For each layer:
+appendix A) stand in for the full attention. Per layer:
 
 - Eq. 6: the number of important tokens p is the fewest tokens whose
-  accumulated probe attention (column sums, over all query heads) reaches
-  tau times the total (each probe row sums to 1, so the total is heads * rows).
-  A layer whose attention is spread out gets a larger p: the ratio adapts per
-  layer and per prompt.
-- Eq. 7: tokens are ranked by normalized attention, the column sum over the
-  probe rows divided by how many of them see the token (its causal count),
-  summed over the query heads of each kv head; the top p are important.
+  accumulated probe attention (column sums over all query heads) reaches tau
+  times the total: a layer whose attention is spread out gets a larger p.
+- Eq. 7: tokens are ranked per kv head by normalized attention (the column
+  sum over the probe rows divided by how many of them see the token, summed
+  over the query heads of the kv head); the top p are important.
+- The important tokens' keys and values are quantized to high_bits (4), the
+  others to low_bits (2): keys per channel, values per token
+  (methods/mixed_precision.py, ops/kv_quant).
+- Decoding attends over the quantized cache with the in-register
+  dequantizing kernel (ops/quant_decode). Generated tokens wait in the cache
+  dtype; every `period` (100) of them are scored by the last token's
+  attention, split by Eq. 6-7 and quantized the same way.
 
-The less important tokens are evicted here; ZipVL keeps them at a low bit
-width, which is a later step (mixed-precision quantization). Generated tokens
-are all kept (ZipVL re-assesses them only every 100 steps, for quantization).
+Where the paper is open: Eq. 6 on a decode block compares the block's top
+tokens with tau times the block's own attention total (its tokens' share of
+the last token's softmax; the paper's total n only holds for a full
+attention matrix). The eviction variant of the selection is `zipvl_evict`.
 """
 
 from dataclasses import dataclass
 
-from kernels_py.methods.allocators import AdaptiveTau
-from kernels_py.methods.base import TokenSelection, backend_knob
-from kernels_py.methods.prompt import ProbeRows
-from kernels_py.methods.scorers import AttentionMass
-from kernels_py.params import Rule, knob
+from kernels_py.methods.allocators import important_count
+from kernels_py.methods.mixed_precision import ImportanceQuantized
+from kernels_py.params import knob
 
 
 @dataclass(frozen=True)
-class ZipVL(TokenSelection):
-    """ZipVL: a per-layer adaptive number of important tokens (Eq. 6) chosen by normalized probe attention (Eq. 7)."""
+class ZipVL(ImportanceQuantized):
+    """ZipVL: important tokens (adaptive count per layer, Eq. 6; by normalized probe attention, Eq. 7) in 4 bits, the rest in 2."""
 
     name = "zipvl"
     paper = "He et al., 2024, ZipVL: Efficient Large Vision-Language Models with Dynamic Token Sparsification"
 
-    tau: float = knob("float", 0.975, "share of the probe attention the important tokens must hold",
-                      min=0.01, max=1.0, ref="ZipVL Eq. 6")
-    probe_recent: int = knob("int", 64, "probe rows: the most recent prompt queries", min=0, max=65536,
-                             ref="ZipVL appendix A")
-    probe_random: int = knob("int", 64, "probe rows: prompt queries drawn at random before them", min=0, max=65536,
-                             ref="ZipVL appendix A")
-    probe_seed: int = knob("int", 0, "seed of the random probe rows", min=0, max=2**31 - 1)
-    backend: str = backend_knob()
+    tau: float = knob("float", 0.975, "share of the probe attention the important tokens must hold (paper: "
+                      "0.96-0.975)", min=0.01, max=1.0, ref="ZipVL Eq. 6")
 
-    RULES = (Rule("probe_recent + probe_random >= 1", "probe_recent + probe_random must be at least 1"),)
-
-    def scorer(self):
-        return AttentionMass(self._rows, normalize=True, backend=self.backend)
-
-    def allocator(self):
-        return AdaptiveTau(self.tau, self._rows, self.backend)
-
-    @property
-    def _rows(self) -> ProbeRows:
-        return ProbeRows(self.probe_recent, self.probe_random, self.probe_seed)
+    def important_count(self, accumulated):
+        return important_count(accumulated, self.tau)

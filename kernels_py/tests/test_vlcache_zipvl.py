@@ -148,7 +148,7 @@ def test_important_count_is_eq_6():
 
 
 def test_zipvl_keeps_the_top_normalized_probe_scores_and_adapts_per_layer(workload):
-    method = make_method("zipvl", {"tau": 0.9, "probe_recent": 16, "probe_random": 16, "probe_seed": 3})
+    method = make_method("zipvl_evict", {"tau": 0.9, "probe_recent": 16, "probe_random": 16, "probe_seed": 3})
     rows = probe_rows(PROMPT, 16, 16, 3)
     assert rows.numel() == 32 and torch.equal(rows[-16:].cpu(), torch.arange(PROMPT - 16, PROMPT))
     ratios = []
@@ -165,14 +165,14 @@ def test_zipvl_keeps_the_top_normalized_probe_scores_and_adapts_per_layer(worklo
 
 
 def test_zipvl_keeps_more_as_tau_rises(workload):
-    kept = [make_method("zipvl", {"tau": tau}).prefill(2, workload.q[2], workload.k[2], workload.v[2],
+    kept = [make_method("zipvl_evict", {"tau": tau}).prefill(2, workload.q[2], workload.k[2], workload.v[2],
                                                        workload.spans).tokens for tau in (0.5, 0.8, 0.95, 1.0)]
     assert kept == sorted(kept) and kept[0] < kept[-1]
 
 
 def test_zipvl_needs_probe_rows():
     with pytest.raises(ValueError, match="probe_recent \\+ probe_random must be at least 1"):
-        make_method("zipvl", {"probe_recent": 0, "probe_random": 0})
+        make_method("zipvl_evict", {"probe_recent": 0, "probe_random": 0})
 
 
 # --- kernel path --------------------------------------------------------------------------------------------
@@ -183,7 +183,7 @@ def test_zipvl_needs_probe_rows():
     ("snapkv", {"budget": 0.3, "window": 8}),
     ("vlcache", {"budget": 0.3}),
     ("vlcache", {"budget": 0.3, "scoring": "normalized", "allocation": "uniform"}),
-    ("zipvl", {"tau": 0.9, "probe_recent": 8, "probe_random": 8}),
+    ("zipvl_evict", {"tau": 0.9, "probe_recent": 8, "probe_random": 8}),
 ])
 def test_kernel_and_reference_statistics_keep_the_same_tokens(name, params):
     """The Triton kernels (interpreted on CPU) drive the same selection as the

@@ -1,0 +1,58 @@
+"""KIVI (Liu et al., 2024, "KIVI: A Tuning-Free Asymmetric 2bit Quantization
+for KV Cache"): every token's keys quantized per channel and values per
+token at one bit width, in groups of `group`, behind a full-precision
+window of the `residual` most recent tokens; once `group` more tokens than
+the window have accumulated, the oldest `group` are quantized. The uniform
+baseline of ZipVL's mixed precision, on the same kernels."""
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels_py.methods.base import Method, backend_knob
+from kernels_py.methods.mixed_precision import MixedPrecisionCache, group_knob
+from kernels_py.ops import kv_quant
+from kernels_py.params import knob
+
+
+@dataclass(frozen=True)
+class KIVI(Method):
+    """KIVI: keys per channel, values per token, 2 (or 4) bits, a full-precision window of recent tokens."""
+
+    name = "kivi"
+    paper = "Liu et al., 2024, KIVI: A Tuning-Free Asymmetric 2bit Quantization for KV Cache"
+
+    bits: int = knob("int", 2, "bits of every quantized key and value", choices=kv_quant.BITS, ref="KIVI")
+    group: int = group_knob()
+    residual: int = knob("int", 128, "most recent tokens kept in the cache dtype (KIVI's R)", min=0, max=1 << 20,
+                         ref="KIVI section 3")
+    backend: str = backend_knob("quantization and decode attention")
+
+    def prefill_all(self, q, k, v, spans) -> list[MixedPrecisionCache]:
+        caches = []
+        for layer in range(len(k)):
+            cache = MixedPrecisionCache.empty(k[layer], v[layer], self.group, self.backend)
+            tokens = k[layer].shape[1]
+            old = max(0, (tokens - self.residual) // self.group * self.group)
+            positions = torch.arange(tokens, device=k[layer].device).expand(cache.kv_heads, -1)
+            cache.add(self.bits, k[layer][:, :old], v[layer][:, :old], positions[:, :old])
+            cache.dense_k, cache.dense_v = k[layer][:, old:], v[layer][:, old:]
+            cache.dense_positions = positions[0, old:]
+            caches.append(cache)
+        return caches
+
+    def decode(self, layer, cache: MixedPrecisionCache, q_t, k_t, v_t) -> torch.Tensor:
+        if not isinstance(cache, MixedPrecisionCache):
+            raise TypeError(f"{self.owner_name()}: decode needs the cache its prefill built, got "
+                            f"{type(cache).__name__}")
+        cache.append(k_t, v_t)
+        out = cache.attend(q_t).out
+        if cache.dense_positions.shape[0] >= self.residual + self.group:
+            k, v, pos = cache.take_dense(self.group)
+            cache.add(self.bits, k, v, pos.expand(cache.kv_heads, -1))
+        return out
+
+    def layer_metrics(self, layer, cache: MixedPrecisionCache) -> dict[str, float]:
+        """quantized_tokens and dense_tokens held now."""
+        return {"quantized_tokens": float(sum(cache.quantized_tokens.values())),
+                "dense_tokens": float(cache.dense_positions.shape[0])}
