@@ -43,8 +43,9 @@ def _make(batch, length, dense_len, heads, kv_heads, head_dim, hi_share, group, 
     for bits, slots in ((4, hi), (2, lo)):
         used = min(slots, length - start)
         pad = slots - used
-        ks = torch.nn.functional.pad(k[:, :, start:start + used], (0, 0, 0, pad))
-        vs = torch.nn.functional.pad(v[:, :, start:start + used], (0, 0, 0, pad))
+        ks, vs = k[:, :, start:start + used], v[:, :, start:start + used]  # views: no copy of the cache
+        if pad:
+            ks, vs = (torch.nn.functional.pad(x, (0, 0, 0, pad)) for x in (ks, vs))
         pos = torch.arange(start, start + slots, dtype=torch.int32, device=device).expand(batch, slots).contiguous()
         pos = torch.where(pos < start + used, pos, kv_quant.PAD_POS)
         length_t = torch.full((batch,), slots, dtype=torch.int32, device=device)
