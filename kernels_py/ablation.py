@@ -22,6 +22,7 @@ from kernels_py.workloads import DEFAULT_WORKLOAD, Workload, WorkloadConfig, mak
 
 REFERENCE_METHOD = "full"
 PPCI_P = 0.9
+PPCI_STEPS_P = 0.5  # A-VL Figure 5's continuity across steps
 CACHED_WORKLOADS = 4
 
 
@@ -34,6 +35,7 @@ class Trace:
     final_bytes: list[int]  # per layer, after the last step
     prefill_kept: list[torch.Tensor]  # per layer [kv_heads, k] prompt positions kept by prefill
     ppci: list[list[float]]  # [layer][step]
+    ppci_steps: list[list[float]]  # [layer][step >= 1]: the held ranking at each step against the first step's
     layer_metrics: list[dict[str, float]]  # per layer, Method.layer_metrics after the last step
 
 
@@ -64,6 +66,9 @@ def run(method: str, params: Mapping[str, Any], workload: Mapping[str, Any],
                                      against the first decode query; mean over layers and query heads
       ppci_90                        A-VL 90% PPCI over the image tokens between the full-cache ranking and
                                      the ranking of the tokens held, each step; mean over layers, steps, heads
+      ppci_steps_50                  A-VL 50% PPCI between steps (Figure 5): the ranking of the image tokens
+                                     the method holds at each step against its ranking at the first step
+                                     (tokens it no longer holds rank last); mean over layers, steps, heads
       sparsity_mean                  VL-Cache gamma (p = 1%) of the prefill attention, mean over layers
       prefill_kept_fraction          prompt tokens kept by prefill / prompt tokens, mean over layers
       <method metrics>               what Method.layer_metrics reports (e.g. vlcache's layer_budget), layer mean
@@ -96,38 +101,49 @@ def _reference(cfg: WorkloadConfig) -> Reference:
 
 
 def _trace(method: Method, workload: Workload) -> Trace:
-    trace = Trace([], [], [], [], [], [])
+    trace = Trace([], [], [], [], [], [], [])
     visual = workload.spans.visual_positions().to(workload.positions.device)
     caches = method.prefill_all(workload.q, workload.k, workload.v, workload.spans)
     for layer, cache in enumerate(caches):
         trace.prefill_bytes.append(method.cache_bytes(cache))
         trace.prefill_kept.append(cache.positions.clone())
-        outputs, ppci = [], []
+        outputs, ppci, ppci_steps, first = [], [], [], None
         for step in range(workload.decode_steps):
             q_t = workload.decode_q[layer][step]
-            ppci.append(_visual_ppci(q_t, cache, workload.k[layer], visual))
+            held = _held_visual_logits(q_t, cache, visual)
+            ppci.append(_visual_ppci(q_t, held, workload.k[layer], visual))
+            if first is None:
+                first = held
+            else:
+                ppci_steps.append(metrics.ppci(first, held, PPCI_STEPS_P, held > float("-inf")).mean().item())
             k_t, v_t = workload.decode_k[layer][step], workload.decode_v[layer][step]
             outputs.append(method.decode(layer, cache, q_t, k_t, v_t))
         trace.outputs.append(outputs)
         trace.ppci.append(ppci)
+        trace.ppci_steps.append(ppci_steps)
         trace.final_bytes.append(method.cache_bytes(cache))
         trace.layer_metrics.append(method.layer_metrics(layer, cache))
     return trace
 
 
-def _visual_ppci(q_t: torch.Tensor, cache, prompt_keys: torch.Tensor, visual: torch.Tensor) -> float:
-    """A-VL 90% PPCI over the image tokens, mean over query heads: the decode
-    query's ranking of visual tokens under the full cache against its ranking
-    of the visual tokens the method holds when the step starts. Logits stand in
-    for attention scores: softmax keeps each row's ranking. A compressed cache
-    reconstructs the keys it holds for this (its `keys`)."""
-    full_logits = _logits(q_t, prompt_keys)[:, visual]
+def _held_visual_logits(q_t: torch.Tensor, cache, visual: torch.Tensor) -> torch.Tensor:
+    """[heads, visual tokens]: the decode query's logits over the visual
+    tokens the method holds when the step starts, -inf for the others. Logits
+    stand in for attention scores: softmax keeps each row's ranking. A
+    compressed cache reconstructs the keys it holds for this (its `keys`)."""
     heads = q_t.shape[0]
     by_position = torch.full((heads, cache.seen), float("-inf"), device=q_t.device)
     by_position.scatter_(1, expand_kv(cache.positions, heads), _logits(q_t, cache.keys))
-    held_logits = by_position[:, visual]
-    present = held_logits > float("-inf")
-    return metrics.ppci(full_logits, held_logits, PPCI_P, present).mean().item()
+    return by_position[:, visual]
+
+
+def _visual_ppci(q_t: torch.Tensor, held_logits: torch.Tensor, prompt_keys: torch.Tensor,
+                 visual: torch.Tensor) -> float:
+    """A-VL 90% PPCI over the image tokens, mean over query heads: the decode
+    query's ranking of visual tokens under the full cache against its ranking
+    of the visual tokens the method holds (held_logits)."""
+    full_logits = _logits(q_t, prompt_keys)[:, visual]
+    return metrics.ppci(full_logits, held_logits, PPCI_P, held_logits > float("-inf")).mean().item()
 
 
 def _logits(q_t: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
@@ -143,6 +159,9 @@ def _report(trace: Trace, reference: Reference) -> dict:
     )  # [layers, steps]
     hit_rates = [_hit_rate(kept, truth) for kept, truth in zip(trace.prefill_kept, reference.first_step_attention)]
     ppci = torch.tensor(trace.ppci, dtype=torch.float64)
+    # One decode step has no second step to compare: nan, as the column says.
+    ppci_steps = torch.tensor(trace.ppci_steps, dtype=torch.float64) if trace.ppci_steps[0] else \
+        torch.full((len(trace.ppci_steps), 1), float("nan"), dtype=torch.float64)
     prompt = reference.workload.spans.prompt_tokens
     per_layer = {
         "rel_err": errors.mean(dim=1).tolist(),
@@ -150,6 +169,7 @@ def _report(trace: Trace, reference: Reference) -> dict:
         "post_vision_sparsity": list(reference.post_vision_sparsity),
         "cache_hit_rate": hit_rates,
         "ppci_90": ppci.mean(dim=1).tolist(),
+        "ppci_steps_50": ppci_steps.mean(dim=1).tolist(),
         "cache_bytes": [float(b) for b in trace.final_bytes],
         "prefill_kept_fraction": [kept.shape[1] / prompt for kept in trace.prefill_kept],
     }
@@ -165,6 +185,7 @@ def _report(trace: Trace, reference: Reference) -> dict:
         "rel_err_last_step": errors[:, -1].mean().item(),
         "cache_hit_rate": sum(hit_rates) / len(hit_rates),
         "ppci_90": ppci.mean().item(),
+        "ppci_steps_50": ppci_steps.mean().item(),
         "sparsity_mean": sum(reference.sparsity) / len(reference.sparsity),
         "prefill_kept_fraction": sum(per_layer["prefill_kept_fraction"]) / len(trace.prefill_kept),
     }

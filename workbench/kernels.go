@@ -45,8 +45,9 @@ Then tables model one decode step on an H100 against FlashAttention over
 the full cache: the two AttentionPack kernels (bytes, FLOPs and the roofline
 time they set: kernels_py/ops/lowrank_decode/model.py) and the quantized
 4/2-bit kernel (bytes, tensor-core FLOPs and in-register dequantization:
-kernels_py/ops/quant_decode/model.py); measured times come from
-"workbench bench lowrank" and "workbench bench quant".`,
+kernels_py/ops/quant_decode/model.py) and the selected-row kernel
+(kernels_py/ops/gather_decode/model.py); measured times come from
+"workbench bench lowrank", "bench quant" and "bench gather".`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()

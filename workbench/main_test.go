@@ -210,7 +210,7 @@ func TestBenchFlagsAreChecked(t *testing.T) {
 		{[]string{"bench", "lowrank", "--ranks", "16,0"}, "--ranks: 0 is below the minimum 1 (ints in [1, 65536], default [64]: compression ranks of keys and values"},
 		{[]string{"bench", "stats", "--dtype", "int8"}, `--dtype: "int8" is not one of "float16", "bfloat16", "float32"`},
 		{[]string{"bench", "stats", "--lengths", "0,8"}, "--lengths: 0 is below the minimum 1"},
-		{[]string{"bench", "lowrnak"}, `benchmark "lowrnak" is unknown (did you mean "lowrank"?) (known: lowrank, quant, sparse-prefill, stats, exchange)`},
+		{[]string{"bench", "lowrnak"}, `benchmark "lowrnak" is unknown (did you mean "lowrank"?) (known: gather, lowrank, quant, sparse-prefill, stats, exchange)`},
 		{[]string{"--python", "/nonexistent", "bench", "stats", "--bogus"}, "unknown flag: --bogus"},
 		{[]string{"selftest", "--op", "atention_stats"}, `--op: "atention_stats" is unknown (did you mean "attention_stats"?)`},
 	}
@@ -279,8 +279,8 @@ func TestKernelsReport(t *testing.T) {
 	if err := json.Unmarshal([]byte(stdout), &res); err != nil || !strings.Contains(res.Title, "sm_90") {
 		t.Fatalf("%v\n%s", err, stdout)
 	}
-	if len(res.Models) != 2 || !strings.Contains(res.Models[0].Title, "U_k + U_v") ||
-		!strings.Contains(res.Models[1].Title, "quantized cache") {
+	if len(res.Models) != 3 || !strings.Contains(res.Models[0].Title, "U_k + U_v") ||
+		!strings.Contains(res.Models[1].Title, "quantized cache") || !strings.Contains(res.Models[2].Title, "of the rows") {
 		t.Errorf("models: %+v", res.Models)
 	}
 	stage1 := 0

@@ -27,6 +27,10 @@ METHODS: dict[str, type[Method]] = registry.load(__name__, (
     "zipcache",
     "kivi",
     "attentionpack",
+    "avl",
+    "lookm",
+    "pyramidkv",
+    "fastv",
 ), Method)
 
 

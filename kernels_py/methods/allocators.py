@@ -72,23 +72,62 @@ class SparsityGuided(Allocator):
     threshold: float = THRESHOLD
     weigh: bool = True
     backend: str = "auto"
+    redistribute: bool = False
 
     def prefill(self, prompt):
         sparsity = [prompt.stats(layer, PostVisionRows(), self.threshold, self.backend).sparsity(per_head=False).item()
                     for layer in range(prompt.layers)]
-        budgets = allocate_budgets(sparsity, self.budget) if self.weigh else [self.budget] * prompt.layers
+        budgets = allocate_budgets(sparsity, self.budget, self.redistribute) if self.weigh \
+            else [self.budget] * prompt.layers
         return [Allocation(kept_count(beta, prompt.tokens), {"layer_budget": beta, "allocation_sparsity": gamma})
                 for gamma, beta in zip(sparsity, budgets)]
 
 
-def allocate_budgets(sparsity: list[float], alpha: float) -> list[float]:
-    """Algorithm 1 lines 9-12: per-layer budgets from head-averaged sparsities."""
+def allocate_budgets(sparsity: list[float], alpha: float, redistribute: bool = False) -> list[float]:
+    """Algorithm 1 lines 9-12: per-layer budgets from head-averaged sparsities.
+    The clip to [0.01, 1] can leave the mean budget off alpha; with
+    `redistribute` the budget clipped away (or added) is shared among the
+    layers the clip did not touch, in proportion to their dense share, until
+    the mean is alpha or every layer is at a bound (water-filling)."""
     dense_share = [1.0 - g for g in sparsity]
     total = sum(dense_share)
     layers = len(sparsity)
+    lo, hi = BUDGET_CLIP
     if total <= 0:  # every layer fully sparse: nothing to weigh by
-        return [min(max(alpha, BUDGET_CLIP[0]), BUDGET_CLIP[1])] * layers
-    return [min(max(d / total * alpha * layers, BUDGET_CLIP[0]), BUDGET_CLIP[1]) for d in dense_share]
+        return [min(max(alpha, lo), hi)] * layers
+    budgets = [min(max(d / total * alpha * layers, lo), hi) for d in dense_share]
+    if not redistribute:
+        return budgets
+    free = [lo < b < hi for b in budgets]
+    for _ in range(layers):
+        missing = alpha * layers - sum(budgets)
+        weight = sum(d for d, f in zip(dense_share, free) if f)
+        if abs(missing) < 1e-12 or weight <= 0:
+            break
+        budgets = [min(max(b + missing * d / weight, lo), hi) if f else b
+                   for b, d, f in zip(budgets, dense_share, free)]
+        free = [f and lo < b < hi for b, f in zip(budgets, free)]
+    return budgets
+
+
+@dataclass(frozen=True)
+class Pyramid(Allocator):
+    """PyramidKV: per-layer budgets decreasing linearly from the first layer to
+    the last, averaging `budget`: the last layer keeps budget / beta, the
+    first 2 * budget - budget / beta (PyramidKV's k^{L-1} = K / (beta L),
+    k^0 = 2K / L - k^{L-1} for a total K), so the total matches a uniform
+    budget's. A layer's share is capped at 1."""
+
+    budget: float
+    beta: float = 20.0
+
+    def prefill(self, prompt):
+        layers = prompt.layers
+        last = self.budget / self.beta
+        first = 2 * self.budget - last
+        shares = [first + (last - first) * (i / (layers - 1) if layers > 1 else 0.5) for i in range(layers)]
+        return [Allocation(kept_count(min(share, 1.0), prompt.tokens), {"layer_budget": min(share, 1.0)})
+                for share in shares]
 
 
 @dataclass(frozen=True)

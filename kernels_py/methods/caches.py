@@ -102,3 +102,14 @@ def kept_count(fraction: float, tokens: int) -> int:
 def half_up(x: float) -> int:
     """x rounded half up (2.5 -> 3), unlike round()'s half to even."""
     return math.floor(x + 0.5)
+
+
+# The recent window of VL-Cache's experiments, for its method and every baseline: 10% of the budget.
+RECENT_SHARE = 0.1
+
+
+def recent_count(fraction: float, capacity: int) -> int:
+    """The recent tokens of a cache of `capacity`: fraction * capacity rounded
+    half up, the one rounding every method uses (so equal budgets and shares
+    hold equal counts)."""
+    return min(capacity, half_up(fraction * capacity))

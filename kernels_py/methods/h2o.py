@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from kernels_py.methods.allocators import Uniform
 from kernels_py.methods.base import TokenSelection, backend_knob, budget_knob
-from kernels_py.methods.caches import half_up
+from kernels_py.methods.caches import recent_count
 from kernels_py.methods.prompt import AllRows
 from kernels_py.methods.scorers import AttentionMass
 from kernels_py.params import knob
@@ -39,4 +39,4 @@ class H2O(TokenSelection):
         return Uniform(self.budget, while_decoding=True)
 
     def recent(self, capacity):
-        return half_up(self.recent_fraction * capacity)
+        return recent_count(self.recent_fraction, capacity)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kernels_py.methods.caches import RECENT_SHARE, kept_count, recent_count
 from kernels_py.methods.prompt import THRESHOLD, AllRows, LastRow, PostVisionRows, Prompt, RecentRows, Rows
 from kernels_py.model import group_sum
 
@@ -70,20 +71,30 @@ class WindowVotes(Scorer):
     """SnapKV: the last `window` prompt queries vote for the earlier tokens;
     votes (column sums over the window) are smoothed by a 1-D pooling of width
     `kernel_size` and averaged over the query heads of each kv head. The
-    window's own tokens score +inf (always kept)."""
+    window's own tokens score +inf (always kept). window = 0: the recent
+    window of VL-Cache's protocol, RECENT_SHARE of the cache a `budget`
+    share of the prompt holds."""
 
     window: int
     kernel_size: int
     pooling: str
     backend: str = "auto"
+    budget: float = 0.0
+
+    def size(self, tokens: int) -> int:
+        """The observation window for a prompt of `tokens`."""
+        if self.window:
+            return self.window
+        return max(1, recent_count(RECENT_SHARE, kept_count(self.budget, tokens)))
 
     def prefill(self, prompt, layer):
         heads, kv_heads = prompt.q[layer].shape[0], prompt.k[layer].shape[0]
-        prefix = prompt.tokens - self.window
-        votes = prompt.stats(layer, RecentRows(self.window), backend=self.backend).attn_sum[:, :prefix]
+        window = self.size(prompt.tokens)
+        prefix = prompt.tokens - window
+        votes = prompt.stats(layer, RecentRows(window), backend=self.backend).attn_sum[:, :prefix]
         pooled = POOLING[self.pooling](votes[:, None], self.kernel_size, stride=1, padding=self.kernel_size // 2)[:, 0]
         per_kv_head = pooled.reshape(kv_heads, heads // kv_heads, prefix).mean(dim=1)
-        return torch.cat([per_kv_head, per_kv_head.new_full((kv_heads, self.window), float("inf"))], dim=-1)
+        return torch.cat([per_kv_head, per_kv_head.new_full((kv_heads, window), float("inf"))], dim=-1)
 
 
 @dataclass(frozen=True)
@@ -128,3 +139,19 @@ def vlcache_scorer(scoring: str, window: int, p: float = THRESHOLD, backend: str
     if scoring not in rows:
         raise ValueError(f"unknown scoring {scoring!r}; known: {list(SCORINGS)}")
     return AttentionMass(rows[scoring], normalize=scoring == "normalized", p=p, backend=backend)
+
+
+@dataclass(frozen=True)
+class TextPrior(Scorer):
+    """LOOK-M Eq. 4-5: attention accumulated over all prompt rows (per kv
+    head), text tokens raised by the largest score so they rank above every
+    image token (only image tokens are evicted while any is left)."""
+
+    backend: str = "auto"
+
+    def prefill(self, prompt, layer):
+        scores = prompt.stats(layer, AllRows(), backend=self.backend).attn_sum_kv.clone()
+        text = torch.ones(prompt.tokens, dtype=torch.bool, device=scores.device)
+        text[prompt.spans.visual_positions().to(scores.device)] = False
+        scores[:, text] += scores.max(dim=-1, keepdim=True).values
+        return scores

@@ -7,13 +7,16 @@ tokens: their causal attention is summed over the window rows, smoothed with a
 averaged over the query heads of each kv head. The top-scoring earlier tokens
 are kept together with the window itself. Compression happens once, at
 prefill; generated tokens are all kept, as in the paper and its code
-(defaults from FasterDecoding/SnapKV: window 32, kernel 5, average pooling).
+(kernel 5 and average pooling from FasterDecoding/SnapKV). The window is by
+default 10% of the budget, the recent window VL-Cache's experiments give
+every baseline (SnapKV's own code fixes it at 32; window=32 does that).
 """
 
 from dataclasses import dataclass
 
 from kernels_py.methods.allocators import Uniform
 from kernels_py.methods.base import TokenSelection, backend_knob, budget_knob
+from kernels_py.methods.caches import RECENT_SHARE, recent_count
 from kernels_py.methods.scorers import POOLING, WindowVotes
 from kernels_py.params import knob
 
@@ -26,8 +29,9 @@ class SnapKV(TokenSelection):
     paper = "Li et al., 2024, SnapKV: LLM Knows What You are Looking for Before Generation"
 
     budget: float = budget_knob()
-    window: int = knob("int", 32, "observation window: the last prompt tokens whose queries vote", min=1, max=65536,
-                       ref="SnapKV")
+    window: int = knob("int", 0, "observation window: the last prompt tokens whose queries vote; 0 = 10% of the "
+                       "budget (VL-Cache's protocol for its baselines; SnapKV's code: 32)", min=0, max=65536,
+                       ref="VL-Cache section 5")
     kernel_size: int = knob(
         "int", 5, "width of the pooling over token scores (odd, so scores stay aligned)",
         min=1, max=31, choices=range(1, 32, 2), ref="SnapKV code (FasterDecoding/SnapKV)",
@@ -37,16 +41,18 @@ class SnapKV(TokenSelection):
     backend: str = backend_knob("window statistics")
 
     def scorer(self):
-        return WindowVotes(self.window, self.kernel_size, self.pooling, self.backend)
+        return WindowVotes(self.window, self.kernel_size, self.pooling, self.backend, self.budget)
 
     def allocator(self):
         return Uniform(self.budget)
 
     def recent(self, capacity):
-        return self.window  # the window itself (its votes are +inf), as much of it as fits
+        # the window itself (its votes are +inf), as much of it as fits
+        return self.window or max(1, recent_count(RECENT_SHARE, capacity))
 
     def check_prompt(self, prompt):
-        if self.window >= prompt.tokens:
+        window = self.scorer().size(prompt.tokens)
+        if window >= prompt.tokens:
             raise ValueError(
-                f"{self.owner_name()}: window={self.window} must be shorter than the prompt ({prompt.tokens} tokens)"
+                f"{self.owner_name()}: window={window} must be shorter than the prompt ({prompt.tokens} tokens)"
             )

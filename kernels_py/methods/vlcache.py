@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from kernels_py.methods.allocators import SparsityGuided
 from kernels_py.methods.base import TokenSelection, backend_knob, budget_knob
+from kernels_py.methods.caches import recent_count
 from kernels_py.methods.scorers import SCORINGS, vlcache_scorer
 from kernels_py.params import knob
 
@@ -44,13 +45,17 @@ class VLCache(TokenSelection):
     scoring: str = knob("str", "post_vision", "token scores: which query rows vote and how", choices=SCORINGS,
                         ref="VL-Cache section 3.2")
     window: int = knob("int", 32, "query rows of the sliding_window scoring", min=1, max=65536)
+    redistribute: bool = knob(
+        "bool", False, "give the budget Algorithm 1's clip to [0.01, 1] removes (or adds) back to the unclipped layers, "
+        "so the layers average alpha (the paper does not: False)", ref="VL-Cache Algorithm 1")
     backend: str = backend_knob()
 
     def scorer(self):
         return vlcache_scorer(self.scoring, self.window, self.threshold, self.backend)
 
     def allocator(self):
-        return SparsityGuided(self.budget, self.threshold, self.allocation == "sparsity", self.backend)
+        return SparsityGuided(self.budget, self.threshold, self.allocation == "sparsity", self.backend,
+                              self.redistribute)
 
     def recent(self, capacity):
-        return round(self.recent_fraction * capacity)
+        return recent_count(self.recent_fraction, capacity)

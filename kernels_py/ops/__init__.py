@@ -75,6 +75,7 @@ OPS: dict[str, Op] = {op.name: op for op in (
     Op("lowrank_decode", benchmark="lowrank"),
     Op("kv_quant", benchmark="quant"),
     Op("quant_decode", benchmark="quant"),
+    Op("gather_decode", benchmark="gather"),
 )}
 
 

@@ -4,6 +4,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from kernels_py import ablation
 from kernels_py.runtime import worker
@@ -13,11 +14,11 @@ WORKLOAD = dict(layers=3, heads=4, kv_heads=2, head_dim=32, tokens_per_image=144
                 text_tokens=24, decode_steps=5, salient_tokens=12, dense_layers=1)
 METRICS = {
     "cache_bytes", "full_cache_bytes", "compression_ratio", "prefill_compression_ratio",
-    "rel_err_mean", "rel_err_max", "rel_err_last_step", "cache_hit_rate", "ppci_90", "sparsity_mean",
-    "prefill_kept_fraction",
+    "rel_err_mean", "rel_err_max", "rel_err_last_step", "cache_hit_rate", "ppci_90", "ppci_steps_50",
+    "sparsity_mean", "prefill_kept_fraction",
 }
-PER_LAYER = {"rel_err", "sparsity", "post_vision_sparsity", "cache_hit_rate", "ppci_90", "cache_bytes",
-             "prefill_kept_fraction"}
+PER_LAYER = {"rel_err", "sparsity", "post_vision_sparsity", "cache_hit_rate", "ppci_90", "ppci_steps_50",
+             "cache_bytes", "prefill_kept_fraction"}
 
 
 def test_report_shape_and_json(device):
@@ -36,6 +37,8 @@ def test_full_is_its_own_reference():
     m = ablation.run("full", {}, WORKLOAD)["metrics"]
     assert m["rel_err_mean"] == m["rel_err_max"] == m["rel_err_last_step"] == 0.0
     assert m["cache_hit_rate"] == m["ppci_90"] == m["compression_ratio"] == 1.0
+    # Between steps the ranking drifts a little (the workload's decode queries differ), never entirely.
+    assert 0.3 < m["ppci_steps_50"] <= 1.0
     assert m["cache_bytes"] == m["full_cache_bytes"]
 
 
@@ -134,3 +137,18 @@ def test_workloads_are_picked_by_name():
     assert ablation.run("full", {}, WORKLOAD, "synthetic") == ablation.run("full", {}, WORKLOAD)
     with pytest.raises(ValueError, match="unknown workload 'synthetc' \\(did you mean 'synthetic'\\?\\)"):
         ablation.run("full", {}, WORKLOAD, "synthetc")
+
+
+def test_ppci_between_steps_follows_a_eq2_by_hand():
+    """ppci_steps_50: the method's ranking of the visual tokens at each step
+    against the first step's, 50% PPCI (A-VL Eq. 2, Figure 5)."""
+    from kernels_py import metrics
+
+    first = torch.tensor([[4.0, 3.0, 2.0, 1.0]])  # top 2: tokens 0, 1
+    later = torch.tensor([[4.0, 1.0, 3.0, 2.0]])  # top 2: tokens 0, 2 -> shares one of two
+    assert metrics.ppci(first, later, 0.5, later > float("-inf")).item() == 0.5
+    evicted = torch.tensor([[float("-inf"), 3.0, 2.0, 1.0]])  # token 0 no longer held: top 2 of the rest 1, 2
+    assert metrics.ppci(first, evicted, 0.5, evicted > float("-inf")).item() == 0.5
+    result = ablation.run("streamingllm", {"budget": 0.1}, WORKLOAD)
+    assert 0.0 <= result["metrics"]["ppci_steps_50"] <= 1.0
+    assert len(result["per_layer"]["ppci_steps_50"]) == WORKLOAD["layers"]

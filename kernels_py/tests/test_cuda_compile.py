@@ -151,12 +151,14 @@ def test_decode_kernels_use_tensor_cores_without_spills(case, kernel, target, co
 
 
 @pytest.mark.parametrize("target", cc.TARGETS, ids=lambda t: f"sm{t}")
-@pytest.mark.parametrize("case", ["quantdecode-fp16-d128-4+2bit-gqa4", "quantdecode-bf16-d128-2bit-g128"])
-def test_quant_decode_uses_tensor_cores_without_spills(case, target, compiled):
+@pytest.mark.parametrize("case", ["quantdecode-fp16-d128-4+2bit-gqa4", "quantdecode-bf16-d128-2bit-g128",
+                                  "gather-fp16-d128-gqa4"])
+def test_quant_and_gather_decode_use_tensor_cores_without_spills(case, target, compiled):
     """The quantized decode kernel dequantizes in registers and still feeds
-    tensor cores, at ZipVL's and KIVI's shapes, without spilling."""
+    tensor cores, at ZipVL's and KIVI's shapes, and the selected-row kernel
+    does so on rows loaded by index; neither spills."""
     entries = [e for e in compiled[case, target]["compiled"] if e["kernel"] == "_stage1_kernel"]
-    assert entries, f"{case} did not compile the quantized decode kernel"
+    assert entries, f"{case} did not compile its decode kernel"
     for e in entries:
         assert e["mma_sync"] + e["wgmma"] > 0, f"{case} (sm_{target}) has no tensor-core instruction"
         assert e["spill_stores"] == 0 and e["spill_loads"] == 0, f"{case} (sm_{target}) spills"

@@ -1,0 +1,49 @@
+"""PyramidKV (Cai et al., 2024, "PyramidKV: Dynamic KV Cache Compression
+based on Pyramidal Information Funneling"): lower layers attend broadly and
+keep more, higher layers keep less. Per-layer budgets decrease linearly from
+the first layer to the last (allocators.Pyramid, beta = 20 as in its code),
+averaging `budget` so the total bytes match a uniform method's; inside a
+layer tokens are chosen as SnapKV does (observation-window votes, pooled),
+the window by default 10% of the budget as for every baseline here.
+Prefill only."""
+
+from dataclasses import dataclass
+
+from kernels_py.methods.allocators import Pyramid
+from kernels_py.methods.base import TokenSelection, backend_knob, budget_knob
+from kernels_py.methods.caches import RECENT_SHARE, recent_count
+from kernels_py.methods.scorers import POOLING, WindowVotes
+from kernels_py.params import knob
+
+
+@dataclass(frozen=True)
+class PyramidKV(TokenSelection):
+    """PyramidKV: budgets decreasing linearly over layers (same total), SnapKV's window votes within a layer; prefill only."""
+
+    name = "pyramidkv"
+    paper = "Cai et al., 2024, PyramidKV: Dynamic KV Cache Compression based on Pyramidal Information Funneling"
+
+    budget: float = budget_knob(0.2, "mean share of the prompt kept over the layers")
+    beta: float = knob("float", 20.0, "the last layer keeps budget / beta (PyramidKV: 20)", min=1.0, max=1e6,
+                       ref="PyramidKV section 3")
+    window: int = knob("int", 0, "observation window; 0 = 10% of the mean budget (VL-Cache's protocol)", min=0,
+                       max=65536)
+    kernel_size: int = knob("int", 5, "width of the pooling over token scores (odd)", min=1, max=31,
+                            choices=range(1, 32, 2))
+    pooling: str = knob("str", "avg", "pooling of the token scores", choices=tuple(POOLING))
+    backend: str = backend_knob("window statistics")
+
+    def scorer(self):
+        return WindowVotes(self.window, self.kernel_size, self.pooling, self.backend, self.budget)
+
+    def allocator(self):
+        return Pyramid(self.budget, self.beta)
+
+    def recent(self, capacity):
+        return self.window or max(1, recent_count(RECENT_SHARE, capacity))
+
+    def check_prompt(self, prompt):
+        window = self.scorer().size(prompt.tokens)
+        if window >= prompt.tokens:
+            raise ValueError(f"{self.owner_name()}: window={window} must be shorter than the prompt "
+                             f"({prompt.tokens} tokens)")

@@ -1,0 +1,186 @@
+"""Split-K flash-decoding over the rows of a KV cache an index list selects,
+loading each row by index inside the kernel (no gathered copy). What is
+computed: contract.py.
+
+Stage 1, `_stage1_kernel`: one program per (kv head, sequence, split) owns
+every query row of its kv group (GROUP query heads x M query tokens, padded
+to a power of two >= 16 for tl.dot; SGLang's grouped decode), so a row is
+read once for the group. Its split is a contiguous range of the kv head's
+index list; each tile loads BLOCK_N indices, then the rows they name
+(D contiguous elements each, so every row is a wide load) and their
+positions, and runs the base-2 online softmax. Stage 2 merges the splits
+(ops.splitk).
+
+Reference: reference.py beside this file.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels_py.ops import common, splitk
+from kernels_py.ops.gather_decode.contract import GatherDecodeOutput, check_inputs
+from kernels_py.ops.splitk import _online_softmax, _store_split
+from kernels_py.runtime import interpreter_mode
+
+MAX_ROWS = 128  # query heads per kv head x query tokens, one program's rows
+MAX_SPLITS = 256
+TOKENS_PER_SPLIT = 512
+DEFAULT_MAX_SPLITS = 64
+DEFAULT_BLOCK_N, DEFAULT_WARPS, DEFAULT_STAGES = 32, 4, 2
+
+
+@triton.jit
+def _stage1_kernel(
+    Q, QPos, K, V, Pos, Index, Count, PartO, PartLse,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_pb, stride_pm,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_rb, stride_rn,
+    stride_ib, stride_ih, stride_in,
+    stride_cb, stride_ch,
+    stride_ob, stride_oh, stride_om, stride_os, stride_od,
+    stride_sb, stride_sh, stride_sm, stride_ss,
+    qk_scale, head_dim,
+    GROUP: tl.constexpr, N_QUERIES: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+    QK_DT: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    kv_head = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    split = tl.program_id(2)
+    n_splits = tl.num_programs(2)
+
+    offs_row = tl.arange(0, BLOCK_ROWS)
+    row_mask = offs_row < GROUP * N_QUERIES
+    head = kv_head * GROUP + offs_row // N_QUERIES
+    query = offs_row % N_QUERIES
+    q_pos = tl.load(QPos + b * stride_pb + query * stride_pm, mask=row_mask, other=-1).to(tl.int32)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < head_dim
+    q = tl.load(Q + b * stride_qb + head[:, None] * stride_qh + query[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                mask=row_mask[:, None] & d_mask[None, :], other=0.0).to(QK_DT)
+
+    count = tl.load(Count + b * stride_cb + kv_head * stride_ch).to(tl.int32)
+    per_split = tl.cdiv(tl.cdiv(count, n_splits), BLOCK_N) * BLOCK_N
+    lo = tl.minimum(split * per_split, count)
+    hi = tl.minimum(lo + per_split, count)
+
+    m_i = tl.full([BLOCK_ROWS], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_ROWS, BLOCK_D], dtype=tl.float32)
+    Idx = Index + b * stride_ib + kv_head * stride_ih
+    K_h = K + b * stride_kb + kv_head * stride_kh
+    V_h = V + b * stride_vb + kv_head * stride_vh
+    for start in range(lo, hi, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        tok_mask = offs_n < hi
+        rows = tl.load(Idx + offs_n * stride_in, mask=tok_mask, other=0).to(tl.int64)
+        pos = tl.load(Pos + b * stride_rb + rows * stride_rn, mask=tok_mask, other=0).to(tl.int32)
+        kv_mask = tok_mask[:, None] & d_mask[None, :]
+        k = tl.load(K_h + rows[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k.to(QK_DT)), input_precision="ieee") * qk_scale
+        visible = (pos[None, :] <= q_pos[:, None]) & tok_mask[None, :] & row_mask[:, None]
+        s = tl.where(visible, s, float("-inf"))
+        p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i)
+        v = tl.load(V_h + rows[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(QK_DT), v.to(QK_DT), input_precision="ieee")
+
+    part_rows = b * stride_ob + head[:, None] * stride_oh + query[:, None] * stride_om + split * stride_os
+    lse_rows = b * stride_sb + head * stride_sh + query * stride_sm + split * stride_ss
+    _store_split(PartO + part_rows, PartLse + lse_rows, acc, m_i, l_i, offs_d, d_mask, row_mask, stride_od)
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """Each split's partial output [B, Hq, M, splits, D] and log2-sum-exp
+    [B, Hq, M, splits], float32, reused by every step of a decode loop."""
+
+    part_o: torch.Tensor
+    part_lse: torch.Tensor
+
+    @property
+    def splits(self) -> int:
+        return self.part_o.shape[3]
+
+
+def make_workspace(q: torch.Tensor, num_splits: int) -> Workspace:
+    """A workspace for calls with queries shaped like q and num_splits splits."""
+    _check_splits(num_splits)
+    batch, heads, queries, head_dim = q.shape
+    return Workspace(torch.empty((batch, heads, queries, num_splits, head_dim), dtype=torch.float32, device=q.device),
+                     torch.empty((batch, heads, queries, num_splits), dtype=torch.float32, device=q.device))
+
+
+def _check_splits(num_splits) -> int:
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits must be an int in [1, {MAX_SPLITS}], got {num_splits!r}")
+    return num_splits
+
+
+def default_num_splits(count: torch.Tensor) -> int:
+    """Splits per (sequence, kv head): about TOKENS_PER_SPLIT rows each for the
+    longest list, at most DEFAULT_MAX_SPLITS; on a GPU more (down to 128 rows
+    each) while the grid would not fill two waves of SMs. One host sync."""
+    longest = int(count.max()) if count.numel() else 0
+    splits = triton.cdiv(longest, TOKENS_PER_SPLIT)
+    if count.device.type == "cuda" and not interpreter_mode():
+        sms = torch.cuda.get_device_properties(count.device).multi_processor_count
+        splits = max(splits, min(triton.cdiv(2 * sms, max(count.numel(), 1)), triton.cdiv(longest, 128)))
+    return max(1, min(splits, DEFAULT_MAX_SPLITS))
+
+
+def gather_decode(q, q_pos, k, v, pos, index, count, *, sm_scale: float | None = None,
+                  num_splits: int | None = None, workspace: Workspace | None = None, check_values: bool = True,
+                  block_n: int | None = None) -> GatherDecodeOutput:
+    """One decode step over the rows index[b, g, :count[b, g]] of kv head g's
+    cache (k, v [B, H_kv, S, D], any strides), read in place.
+
+    q: [B, Hq, M, D] fp16/bf16/fp32; q_pos [B, M] and pos [B, S] int (causal
+    visibility by position). sm_scale: default D ** -0.5. num_splits: splits
+    per (sequence, kv head), default default_num_splits (one host sync).
+    workspace: make_workspace's scratch, reused across calls (its split
+    count is used). check_values=False skips the checks that read values
+    (counts, index ranges, duplicates), which wait for the device. block_n:
+    the index tile (power of two >= 16), default DEFAULT_BLOCK_N.
+    Returns GatherDecodeOutput(out [B, Hq, M, D] q.dtype, lse [B, Hq, M] float32).
+    """
+    check_inputs(q, q_pos, k, v, pos, index, count, check_values)
+    batch, heads, queries, head_dim = q.shape
+    kv_heads = k.shape[1]
+    group = heads // kv_heads
+    if group * queries > MAX_ROWS:
+        raise ValueError(f"query heads per kv head x query tokens = {group * queries} exceeds {MAX_ROWS}, the rows "
+                         f"one program holds")
+    scale = common.softmax_scale(sm_scale, head_dim, "sm_scale")
+    block_n = common.check_block("block_n", block_n) if block_n is not None else DEFAULT_BLOCK_N
+    dev = q.device
+    out = torch.empty((batch, heads, queries, head_dim), dtype=q.dtype, device=dev)
+    lse = torch.empty((batch, heads, queries), dtype=torch.float32, device=dev)
+    if batch == 0 or heads == 0:
+        return GatherDecodeOutput(out, lse)
+    if workspace is not None:
+        if not isinstance(workspace, Workspace):
+            raise TypeError(f"workspace must be a gather_decode Workspace (make_workspace), got "
+                            f"{type(workspace).__name__}")
+        want = (batch, heads, queries, workspace.splits, head_dim)
+        if tuple(workspace.part_o.shape) != want or workspace.part_o.device != dev:
+            raise ValueError(f"workspace.part_o is {tuple(workspace.part_o.shape)} on {workspace.part_o.device}; "
+                             f"this call needs {want} on {dev}: make_workspace(q, {workspace.splits})")
+        if num_splits is not None and num_splits != workspace.splits:
+            raise ValueError(f"num_splits={num_splits} but the workspace was made for {workspace.splits} splits")
+    else:
+        splits = default_num_splits(count) if num_splits is None else _check_splits(num_splits)
+        workspace = make_workspace(q, splits)
+    _stage1_kernel[(kv_heads, batch, workspace.splits)](
+        q, q_pos, k, v, pos, index, count, workspace.part_o, workspace.part_lse,
+        *q.stride(), *q_pos.stride(), *k.stride(), *v.stride(), *pos.stride(), *index.stride(), *count.stride(),
+        *workspace.part_o.stride(), *workspace.part_lse.stride(),
+        scale * common.LOG2E, head_dim,
+        GROUP=group, N_QUERIES=queries, BLOCK_ROWS=common.block(group * queries), BLOCK_D=common.block(head_dim),
+        QK_DT=common.dot_dtype(q.dtype, k.dtype, v.dtype), BLOCK_N=block_n,
+        num_warps=DEFAULT_WARPS, num_stages=DEFAULT_STAGES)
+    splitk.merge(workspace.part_o, workspace.part_lse, out, lse)
+    return GatherDecodeOutput(out, lse)

@@ -1,0 +1,67 @@
+"""PyramidKV's and FastV's caches, and the protocol every eviction baseline
+shares: SnapKV's window at 10% of the budget, one rounding of recent windows,
+VL-Cache's optional redistribution of clipped budget."""
+
+import math
+
+import pytest
+
+from kernels_py import ablation
+from kernels_py.methods import make_method
+from kernels_py.methods.allocators import allocate_budgets
+from kernels_py.methods.caches import recent_count
+from kernels_py.workloads import SyntheticConfig, generate
+
+CFG = dict(layers=4, heads=4, kv_heads=2, head_dim=32, tokens_per_image=64, system_tokens=8, text_tokens=16,
+           decode_steps=4, salient_tokens=8)
+PROMPT = 88
+
+
+@pytest.fixture(scope="module")
+def workload():
+    return generate(SyntheticConfig(**CFG))
+
+
+def test_pyramid_budgets_fall_linearly_and_keep_the_total(workload):
+    method = make_method("pyramidkv", {"budget": 0.2, "beta": 4})
+    caches = method.prefill_all(workload.q, workload.k, workload.v, workload.spans)
+    shares = [c.notes["layer_budget"] for c in caches]
+    assert shares == pytest.approx([0.35, 0.25, 0.15, 0.05])  # last = 0.2 / 4, first = 0.4 - 0.05
+    assert [c.tokens for c in caches] == [math.ceil(round(s * PROMPT, 9)) for s in shares]
+    assert sum(shares) / 4 == pytest.approx(0.2)
+    # Same total as SnapKV at the same budget, give or take rounding.
+    snap = make_method("snapkv", {"budget": 0.2}).prefill_all(workload.q, workload.k, workload.v, workload.spans)
+    assert abs(sum(c.tokens for c in caches) - sum(c.tokens for c in snap)) <= 4
+
+
+def test_fastv_drops_image_tokens_after_layer_k(workload):
+    method = make_method("fastv", {"layer": 2, "drop": 50})
+    caches = method.prefill_all(workload.q, workload.k, workload.v, workload.spans)
+    assert [c.tokens for c in caches] == [PROMPT, PROMPT, PROMPT - 32, PROMPT - 32]
+    held = set(caches[3].positions[0].tolist())
+    assert set(range(8)) | set(range(72, PROMPT)) <= held  # every text token stays
+    assert held == set(caches[2].positions[0].tolist())  # one decision for all later layers
+
+
+def test_snapkv_window_is_ten_percent_of_the_budget_and_rounding_is_shared(workload):
+    method = make_method("snapkv", {"budget": 0.25})
+    capacity = math.ceil(0.25 * PROMPT)  # 22
+    assert method.scorer().size(PROMPT) == recent_count(0.1, capacity) == 2  # 2.2 -> 2
+    assert make_method("snapkv", {"budget": 0.25, "window": 32}).scorer().size(PROMPT) == 32
+    cache = method.prefill(0, workload.q[0], workload.k[0], workload.v[0], workload.spans)
+    assert set(range(PROMPT - 2, PROMPT)) <= set(cache.positions[0].tolist())
+    # One rounding, half up, in every method: 2.5 -> 3 for vlcache as for h2o.
+    assert recent_count(0.5, 5) == 3
+    assert make_method("vlcache", {"recent_fraction": 0.5}).recent(5) == make_method(
+        "h2o", {"recent_fraction": 0.5}).recent(5) == 3
+
+
+def test_vlcache_can_redistribute_what_the_clip_removes():
+    sparsity = [0.0, 0.0, 0.9, 0.9]  # two dense layers ask for more than everything at alpha 0.6
+    clipped = allocate_budgets(sparsity, 0.6)
+    assert clipped[:2] == [1.0, 1.0] and sum(clipped) / 4 < 0.6
+    shared = allocate_budgets(sparsity, 0.6, redistribute=True)
+    assert shared[:2] == [1.0, 1.0] and sum(shared) / 4 == pytest.approx(0.6)
+    assert shared[2] == shared[3] > clipped[2]
+    result = ablation.run("vlcache", {"budget": 0.5, "redistribute": True}, dict(CFG, layers=2))
+    assert result["metrics"]["layer_budget"] <= 0.5 + 1e-9

@@ -1,0 +1,32 @@
+"""The gather benchmark runs and reports every field (its timings are not
+checked), and its baselines compute what the kernel computes."""
+
+import pytest
+import torch
+
+from kernels_py import benchmarks
+from kernels_py.benchmarks import base, gather
+from kernels_py.ops import gather_decode as op
+
+
+def test_smoke_run_reports_every_path():
+    sizes = dict(gather.Gather.smoke_sizes(), lengths=[64, 100], percents=[20, 50], repeat=1)
+    result = benchmarks.run("gather", sizes)
+    assert [c["name"] for c in result["columns"]] == [c.name for c in gather.Gather.columns]
+    assert [(r["context"], r["percent"]) for r in result["rows"]] == [(64, 20), (64, 50), (100, 20), (100, 50)]
+    for r in result["rows"]:
+        for key in ("gather_ms", "slice_ms", "sdpa_ms", "gather_gbps"):
+            assert r[key] > 0
+        rows = r["batch"] * r["kv_heads"] * round(r["percent"] / 100 * r["context"])
+        assert r["read_bytes"] == rows * (2 * r["head_dim"] * 4 + 8)  # float32 K and V, index and position
+        assert r["speedup_vs_slice"] == pytest.approx(r["slice_ms"] / r["gather_ms"])
+
+
+def test_baselines_compute_what_the_kernel_computes(device):
+    g = torch.Generator(device=device).manual_seed(5)
+    q, q_pos, k, v, pos, index, count = gather._make(2, 90, 4, 2, 64, 0.3, torch.float32, device, g)
+    want = op.reference.gather_decode(q, q_pos, k, v, pos, index, count)
+    torch.testing.assert_close(op.gather_decode(q, q_pos, k, v, pos, index, count).out, want.out,
+                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(gather._slice_then_attend(q, k, v, index), want.out, atol=1e-5, rtol=1e-5)
+    assert (base.sdpa(q, k, v)[0] - want.out).abs().max() > 1e-3  # all rows: a different answer

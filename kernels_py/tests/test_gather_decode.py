@@ -1,0 +1,84 @@
+"""The selected-row decode op against attention over the gathered rows:
+GQA 1/4/7, ragged and per-head index lists, unsorted and empty lists,
+several query tokens with causality; duplicates and out-of-range rows get
+clear errors."""
+
+import pytest
+import torch
+
+from kernels_py.ops import gather_decode as op
+from kernels_py.ops.gather_decode.cases import make_case
+
+TOL = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 2.5e-2}
+DTYPES = [pytest.param(d, id=str(d).removeprefix("torch.")) for d in (torch.float16, torch.bfloat16, torch.float32)]
+CASES = {
+    "mha": dict(heads=2, kv_heads=2, head_dim=64, slots=80, counts=[[30, 7], [0, 50]]),
+    "gqa4_m3": dict(heads=8, kv_heads=2, head_dim=128, slots=64, counts=[[20, 33], [64, 1]], queries=3),
+    "gqa7": dict(heads=7, kv_heads=1, head_dim=80, slots=100, counts=[[45], [12]]),
+}
+
+
+def case(device, dtype, name, **extra):
+    return [t.to(device) for t in make_case(batch=2, dtype=dtype, **{**CASES[name], **extra})]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_matches_attention_over_the_gathered_rows(name, dtype, device):
+    args = case(device, dtype, name)
+    want = op.reference.gather_decode(*args)
+    for splits in (1, 3):
+        got = op.gather_decode(*args, num_splits=splits, block_n=16)
+        tol = TOL[dtype]
+        torch.testing.assert_close(got.out.float(), want.out.float(), atol=tol, rtol=tol)
+        torch.testing.assert_close(got.lse, want.lse, atol=tol, rtol=tol)
+
+
+def test_order_does_not_matter_and_empty_lists_see_nothing(device):
+    q, q_pos, k, v, pos, index, count = case(device, torch.float32, "mha")
+    shuffled = index.clone()
+    shuffled[0, 0, :30] = index[0, 0, :30].flip(0)
+    a = op.gather_decode(q, q_pos, k, v, pos, index, count)
+    b = op.gather_decode(q, q_pos, k, v, pos, shuffled, count)
+    torch.testing.assert_close(a.out, b.out, atol=1e-6, rtol=1e-6)
+    # Sequence 1's kv head 0 has an empty list: output 0, LSE -inf.
+    assert (a.out[1, 0] == 0).all() and torch.isinf(a.lse[1, 0]).all()
+    # The rows not listed do not matter: change them and nothing moves.
+    listed = torch.zeros(2, 2, 80, dtype=torch.bool)
+    for b_ in range(2):
+        for h in range(2):
+            listed[b_, h, index[b_, h, :count[b_, h]].long().cpu()] = True
+    k2 = torch.where(listed.to(device)[..., None], k, k + 5.0)
+    torch.testing.assert_close(op.gather_decode(q, q_pos, k2, v, pos, index, count).out, a.out)
+
+
+def test_bad_index_lists_get_clear_errors(device):
+    q, q_pos, k, v, pos, index, count = case(device, torch.float16, "mha")
+    dup = index.clone()
+    dup[0, 0, 1] = dup[0, 0, 0]
+    with pytest.raises(ValueError, match="holds a row twice"):
+        op.gather_decode(q, q_pos, k, v, pos, dup, count)
+    far = index.clone()
+    far[0, 1, 0] = 80
+    with pytest.raises(ValueError, match=r"must lie in \[0, 80\)"):
+        op.gather_decode(q, q_pos, k, v, pos, far, count)
+    with pytest.raises(ValueError, match="count must lie in"):
+        op.gather_decode(q, q_pos, k, v, pos, index, count + 60)
+    with pytest.raises(ValueError, match=r"index must be \[batch=2, kv_heads=2, entries\]"):
+        op.gather_decode(q, q_pos, k, v, pos, index[:, :1], count)
+    with pytest.raises(TypeError, match="index must be int32 or int64"):
+        op.gather_decode(q, q_pos, k, v, pos, index.float(), count)
+    # A duplicate past count is outside the list: allowed.
+    tail = index.clone()
+    tail[0, 1, 7:] = index[0, 1, 0]
+    op.gather_decode(q, q_pos, k, v, pos, tail, count)
+
+
+def test_workspace_is_reused_and_checked(device):
+    args = case(device, torch.float32, "gqa7")
+    ws = op.make_workspace(args[0], 2)
+    first = op.gather_decode(*args, workspace=ws)
+    torch.testing.assert_close(op.gather_decode(*args, workspace=ws, check_values=False).out, first.out, atol=0,
+                               rtol=0)
+    with pytest.raises(ValueError, match="num_splits=4 but the workspace was made for 2 splits"):
+        op.gather_decode(*args, workspace=ws, num_splits=4)

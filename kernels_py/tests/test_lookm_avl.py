@@ -1,0 +1,165 @@
+"""LOOK-M's merges checked against Eq. 10-12 by hand, its text-prior
+eviction, A-VL's core / secondary / minor tokens, update steps, text window
+and stored vs used cache, and clear errors for their parameters."""
+
+import math
+
+import pytest
+import torch
+
+from kernels_py import ablation
+from kernels_py.methods import make_method
+from kernels_py.methods.merging import merge, nearest
+from kernels_py.workloads import SyntheticConfig, generate
+
+CFG = dict(layers=4, heads=4, kv_heads=2, head_dim=32, tokens_per_image=64, system_tokens=8, text_tokens=16,
+           decode_steps=7, salient_tokens=8)
+PROMPT = 8 + 64 + 16
+
+
+@pytest.fixture(scope="module")
+def workload():
+    return generate(SyntheticConfig(**CFG))
+
+
+# --- merging, by hand ----------------------------------------------------------------------------
+
+KEPT_K = torch.tensor([[[1.0, 0.0], [0.0, 1.0]]])  # two kept tokens, one kv head
+KEPT_V = torch.tensor([[[10.0, 0.0], [0.0, 10.0]]])
+EVICTED_K = torch.tensor([[[2.0, 0.0], [3.0, 4.0], [0.0, -1.0]]])  # cos to kept: (1, 0), (0.6, 0.8), (0, -1)
+EVICTED_V = torch.tensor([[[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]])
+
+
+def test_nearest_kept_token_by_cosine_and_blocked():
+    index, sim = nearest(EVICTED_K, KEPT_K)
+    # Evicted 0 -> kept 0 (cos 1); evicted 1 -> kept 1 (0.8 > 0.6); evicted 2 -> kept 0 (0 > -1).
+    assert index.tolist() == [[0, 1, 0]]
+    torch.testing.assert_close(sim, torch.tensor([[1.0, 0.8, 0.0]]))
+    g = torch.Generator().manual_seed(0)
+    e, c = torch.randn(2, 50, 8, generator=g), torch.randn(2, 37, 8, generator=g)
+    whole = nearest(e, c, block=1 << 20)
+    tiled = nearest(e, c, block=16)  # several tiles each way
+    assert torch.equal(whole[0], tiled[0]) and torch.allclose(whole[1], tiled[1])
+
+
+def test_averaged_merge_is_eq_10():
+    k, v = merge(KEPT_K, KEPT_V, EVICTED_K, EVICTED_V, "averaged")
+    # kept 0 takes evicted 0 and 2 (L = 2), kept 1 takes evicted 1 (L = 1).
+    torch.testing.assert_close(k, torch.tensor([[[(1 + 2 + 0) / 3, (0 + 0 - 1) / 3], [(0 + 3) / 2, (1 + 4) / 2]]]))
+    torch.testing.assert_close(v, torch.tensor([[[(10 + 1 + 3) / 3, (0 + 1 + 3) / 3], [(0 + 2) / 2, (10 + 2) / 2]]]))
+
+
+def test_pivotal_merge_is_eq_11():
+    k, v = merge(KEPT_K, KEPT_V, EVICTED_K, EVICTED_V, "pivotal")
+    # k_c <- (k_c + 1/2 sum_i (k_i + k_c)) / (L + 1)
+    k0 = (torch.tensor([1.0, 0.0]) + 0.5 * ((torch.tensor([2.0, 0.0]) + torch.tensor([1.0, 0.0]))
+                                            + (torch.tensor([0.0, -1.0]) + torch.tensor([1.0, 0.0])))) / 3
+    k1 = (torch.tensor([0.0, 1.0]) + 0.5 * (torch.tensor([3.0, 4.0]) + torch.tensor([0.0, 1.0]))) / 2
+    v0 = (torch.tensor([10.0, 0.0]) + 0.5 * ((torch.tensor([1.0, 1.0]) + torch.tensor([10.0, 0.0]))
+                                             + (torch.tensor([3.0, 3.0]) + torch.tensor([10.0, 0.0])))) / 3
+    torch.testing.assert_close(k[0], torch.stack([k0, k1]))
+    torch.testing.assert_close(v[0, 0], v0)
+
+
+def test_weighted_merge_is_eq_12_with_the_keys_similarity_on_values():
+    k, v = merge(KEPT_K, KEPT_V, EVICTED_K, EVICTED_V, "weighted")
+    # weights: evicted 0 -> 1.0, evicted 1 -> 0.8, evicted 2 -> 0.0; normalised by L + 1 (Eq. 12)
+    torch.testing.assert_close(k[0], torch.tensor([[(1 + 2 * 1.0) / 3, 0.0], [3 * 0.8 / 2, (1 + 4 * 0.8) / 2]]))
+    torch.testing.assert_close(v[0], torch.tensor([[(10 + 1.0) / 3, 1.0 / 3], [2 * 0.8 / 2, (10 + 2 * 0.8) / 2]]))
+
+
+# --- LOOK-M ---------------------------------------------------------------------------------------
+
+def test_lookm_keeps_the_recent_window_and_text_first(workload):
+    method = make_method("lookm", {"recent_ratio": 0.1, "important_ratio": 0.3, "merge": "none"})
+    cache = method.prefill(0, workload.q[0], workload.k[0], workload.v[0], workload.spans)
+    recent, important = math.ceil(0.1 * PROMPT), math.ceil(0.3 * PROMPT)
+    assert cache.tokens == recent + important
+    text = set(range(8)) | set(range(72, PROMPT))
+    for h in range(2):
+        held = set(cache.positions[h].tolist())
+        assert set(range(PROMPT - recent, PROMPT)) <= held  # the recent window
+        assert text <= held  # text ranks above every image token (Eq. 5) and fits in alpha_2
+    assert method.layer_metrics(0, cache)["evicted_text"] == 0
+    # Merging changes the kept rows, not which rows are kept.
+    merged = make_method("lookm", {"recent_ratio": 0.1, "important_ratio": 0.3, "merge": "pivotal"})
+    m_cache = merged.prefill(0, workload.q[0], workload.k[0], workload.v[0], workload.spans)
+    assert torch.equal(m_cache.positions, cache.positions) and not torch.equal(m_cache.keys, cache.keys)
+
+
+def test_lookm_merges_change_the_error_and_errors_name_alpha():
+    errors = {m: ablation.run("lookm", {"merge": m}, CFG)["metrics"]["rel_err_mean"]
+              for m in ("none", "averaged", "pivotal", "weighted")}
+    assert len(set(errors.values())) == 4  # each merge is a different cache
+    with pytest.raises(ValueError, match=r"recent_ratio \+ important_ratio .* must be at most 1: LOOK-M keeps "
+                                         r"alpha_1 \+ alpha_2"):
+        make_method("lookm", {"recent_ratio": 0.6, "important_ratio": 0.5})
+    with pytest.raises(ValueError, match="merge"):
+        make_method("lookm", {"merge": "max"})
+
+
+# --- A-VL ----------------------------------------------------------------------------------------
+
+def test_avl_prefill_sets_core_secondary_and_minor(workload):
+    method = make_method("avl", {"secondary": 40, "core": 20, "prefill_keep": 100, "text_window": 100})
+    cache = method.prefill(2, workload.q[2], workload.k[2], workload.v[2], workload.spans)
+    q, k = workload.q[2].float(), workload.k[2].float()
+    # Eq. 1: the last prompt token's attention, averaged over heads.
+    logits = (q[:, -1:] @ k.repeat_interleave(2, 0).transpose(1, 2))[:, 0] / math.sqrt(32)
+    last = torch.softmax(logits, -1).mean(0)
+    visual = torch.arange(8, 72)
+    ranked = visual[last[visual].argsort(descending=True)]
+    stored = set(cache.positions[0][cache.visual].tolist())
+    core = set(cache.positions[0][cache.core].tolist())
+    assert len(stored) == math.ceil(0.4 * 64) and len(core) == math.ceil(0.2 * 64) and core < stored
+    assert len(stored ^ set(ranked[:26].tolist())) <= 2 and len(core ^ set(ranked[:13].tolist())) <= 2  # float ties
+    assert int((~cache.visual).sum()) == 24  # every text token (T = 100%)
+
+
+def test_avl_update_steps_use_all_secondary_tokens_and_report_used_cache(workload):
+    method = make_method("avl", {"secondary": 40, "core": 20, "update_every": 3, "text_window": 100})
+    cache = method.prefill(2, workload.q[2], workload.k[2], workload.v[2], workload.spans)
+    used = []
+    for step in range(CFG["decode_steps"]):
+        q_t, k_t, v_t = (t[2][step] for t in (workload.decode_q, workload.decode_k, workload.decode_v))
+        method.decode(2, cache, q_t, k_t, v_t)
+        used.append(round(cache.used[-1] * cache.seen))
+    text = 24 + 1  # prompt text plus this step's token
+    assert used == [13 + text, 13 + text + 1, 26 + text + 2, 13 + text + 3, 13 + text + 4, 26 + text + 5,
+                    13 + text + 6]
+    m = method.layer_metrics(2, cache)
+    assert m["core_tokens"] == 13 and m["secondary_tokens"] == 26
+    assert m["stored_fraction"] == pytest.approx((26 + 24 + 7) / (PROMPT + 7)) and m["used_fraction"] < m["stored_fraction"]
+
+
+def test_avl_text_window_and_prefill_filter(workload):
+    method = make_method("avl", {"text_window": 50, "prefill_keep": 50, "secondary": 60, "core": 30})
+    caches = method.prefill_all(workload.q, workload.k, workload.v, workload.spans)
+    assert int((~caches[0].visual).sum()) == 12  # 50% of 24 text tokens
+    # After the second layer only 50% of the image tokens (layer 2's choice) are candidates: 60% becomes 32.
+    assert [int(c.visual.sum()) for c in caches] == [math.ceil(0.6 * 64)] * 2 + [32] * 2
+    assert set(caches[2].positions[0][caches[2].visual].tolist()) == set(caches[3].positions[0][caches[3].visual].tolist())
+    result = ablation.run("avl", {}, CFG)
+    assert 0 < result["metrics"]["used_fraction"] < result["metrics"]["stored_fraction"] < 1
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"core": 50, "secondary": 40}, r"core \(50.0\) must be below secondary \(40.0\): A-VL's C%"),
+    ({"update_every": 0}, "update_every=0 is below its minimum 1"),
+    ({"secondary": 120}, "secondary=120"),
+    ({"text_window": 0}, r"text_window \(0.0\) must be above 0: T%"),
+])
+def test_avl_parameters_out_of_range_get_clear_errors(params, message):
+    with pytest.raises(ValueError, match=message):
+        make_method("avl", params)
+
+
+def test_avl_kernel_path_matches_the_reference(workload):
+    outs = {}
+    for backend in ("triton", "torch"):
+        method = make_method("avl", {"backend": backend, "update_every": 2})
+        cache = method.prefill(1, workload.q[1], workload.k[1], workload.v[1], workload.spans)
+        outs[backend] = [method.decode(1, cache, *(t[1][s] for t in (workload.decode_q, workload.decode_k,
+                                                                        workload.decode_v))) for s in range(4)]
+    for a, b in zip(outs["triton"], outs["torch"]):
+        torch.testing.assert_close(a.float(), b.float(), atol=1e-4, rtol=1e-4)
