@@ -45,12 +45,14 @@ class ParamSpec:
             element = dataclasses.replace(self, type="int")
             return tuple(element.check(owner, f"{name}[{i}]", v) for i, v in enumerate(value))
         value = self._coerce(owner, name, value)
+        # What the knob means (and where the paper says so), so a bad value explains itself.
+        meaning = f" ({name}: {self.doc}{f' [{self.ref}]' if self.ref else ''})"
         if self.choices is not None and value not in self.choices:
-            raise ValueError(f"{owner}: {name}={value!r} is not one of {list(self.choices)}")
+            raise ValueError(f"{owner}: {name}={value!r} is not one of {list(self.choices)}{meaning}")
         if self.min is not None and value < self.min:
-            raise ValueError(f"{owner}: {name}={value!r} is below its minimum {self.min}")
+            raise ValueError(f"{owner}: {name}={value!r} is below its minimum {self.min}{meaning}")
         if self.max is not None and value > self.max:
-            raise ValueError(f"{owner}: {name}={value!r} is above its maximum {self.max}")
+            raise ValueError(f"{owner}: {name}={value!r} is above its maximum {self.max}{meaning}")
         if self.pattern and not re.fullmatch(self.pattern, value):
             raise ValueError(f"{owner}: {name}={value!r} is not well-formed ({name}: {self.doc})")
         return value

@@ -85,7 +85,7 @@ def test_workload_is_generated_once_per_config():
 @pytest.mark.parametrize(
     "method,params,workload,error,match",
     [
-        ("lookm", {}, WORKLOAD, ValueError, "unknown method 'lookm'"),
+        ("lookn", {}, WORKLOAD, ValueError, "unknown method 'lookn'"),
         ("h2o", {"budget": 2.0}, WORKLOAD, ValueError, "above its maximum"),
         ("h2o", {"budget": "half"}, WORKLOAD, TypeError, "budget must be float"),
         ("h2o", {}, {**WORKLOAD, "frames": 2}, ValueError, "unknown parameter.*'frames'"),

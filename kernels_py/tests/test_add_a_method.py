@@ -39,9 +39,9 @@ def test_the_readme_method_runs_from_one_file_and_one_line(tmp_path):
     (root / path).write_text(text)
     registry = root / "kernels_py" / "methods" / "__init__.py"
     source = registry.read_text()
-    last = '    "attentionpack",\n'
-    assert last in source
-    registry.write_text(source.replace(last, last + registry_line + "\n"))
+    end = "), Method)"  # the tuple of names closes here: the new line goes last
+    assert source.count(end) == 1
+    registry.write_text(source.replace(end, registry_line + "\n" + end))
     changed = {k for k, v in digests(root).items() if before.get(k) != v}
     assert changed == {path, "kernels_py/methods/__init__.py"}
 

@@ -10,7 +10,7 @@ import torch
 from kernels_py import metrics
 from kernels_py.methods import make_method
 from kernels_py.methods.allocators import allocate_budgets, important_count
-from kernels_py.methods.caches import kept_count
+from kernels_py.methods.caches import kept_count, recent_count
 from kernels_py.methods.prompt import Prompt
 from kernels_py.methods.scorers import SCORINGS, vlcache_scorer
 from kernels_py.ops.attention_stats import probe_rows
@@ -76,7 +76,7 @@ def test_vlcache_gives_dense_layers_more_and_keeps_the_top_post_vision_tokens(wo
         assert cache.notes["layer_budget"] == pytest.approx(want_budgets[layer], abs=1e-6)
         capacity = kept_count(want_budgets[layer], PROMPT)
         assert cache.tokens == capacity
-        recent = round(0.25 * capacity)
+        recent = recent_count(0.25, capacity)  # half up, as every method rounds
         scores = per_kv_head(column_sums(workload.q[layer], workload.k[layer], rows)[0], 2)
         for h in range(2):
             held = set(map(int, cache.positions[h]))
