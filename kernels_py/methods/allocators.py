@@ -122,12 +122,26 @@ class Pyramid(Allocator):
     beta: float = 20.0
 
     def prefill(self, prompt):
-        layers = prompt.layers
-        last = self.budget / self.beta
-        first = 2 * self.budget - last
-        shares = [first + (last - first) * (i / (layers - 1) if layers > 1 else 0.5) for i in range(layers)]
-        return [Allocation(kept_count(min(share, 1.0), prompt.tokens), {"layer_budget": min(share, 1.0)})
-                for share in shares]
+        return [Allocation(kept_count(share, prompt.tokens), {"layer_budget": share})
+                for share in pyramid_shares(self.budget, self.beta, prompt.layers)]
+
+
+def pyramid_shares(budget: float, beta: float, layers: int) -> list[float]:
+    """PyramidKV's linear schedule averaging `budget`; shares above 1 (lower
+    layers at budgets above about one half) are capped and what the cap
+    removes goes to the other layers in proportion to their share, so the
+    mean stays `budget` (up to every layer at 1)."""
+    last = budget / beta
+    first = 2 * budget - last
+    shares = [first + (last - first) * (i / (layers - 1) if layers > 1 else 0.5) for i in range(layers)]
+    for _ in range(layers):
+        shares = [min(s, 1.0) for s in shares]
+        missing = budget * layers - sum(shares)
+        free = sum(s for s in shares if s < 1.0)
+        if missing <= 1e-12 or free <= 0:
+            break
+        shares = [s + missing * s / free if s < 1.0 else s for s in shares]
+    return shares
 
 
 @dataclass(frozen=True)

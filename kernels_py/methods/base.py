@@ -91,6 +91,10 @@ class TokenSelection(Method):
         """How many of `capacity` kept tokens are the latest ones; default none."""
         return 0
 
+    def prefill_recent(self, capacity: int, tokens: int) -> int:
+        """recent() at prefill, where the prompt's length is known too."""
+        return self.recent(capacity)
+
     @cached_property
     def _parts(self) -> tuple[Scorer, Allocator]:
         return self.scorer(), self.allocator()
@@ -102,7 +106,7 @@ class TokenSelection(Method):
         caches = []
         for layer, allocation in enumerate(allocator.prefill(prompt)):
             cache = KeptTokens.from_prompt(k[layer], v[layer], scorer.prefill(prompt, layer))
-            cache.keep_top(scorer.held(cache), allocation.count, self.recent(allocation.count))
+            cache.keep_top(scorer.held(cache), allocation.count, self.prefill_recent(allocation.count, prompt.tokens))
             cache.notes.update(allocation.notes)
             if allocator.capacity(layer, cache.seen) is None:
                 cache.scores = None  # nothing to maintain while decoding

@@ -32,7 +32,7 @@ class FastV(Method):
     def prefill_all(self, q, k, v, spans) -> list[KeptTokens]:
         prompt = Prompt(q, k, v, spans)
         caches = [KeptTokens.from_prompt(k[i], v[i]) for i in range(prompt.layers)]
-        if self.layer >= prompt.layers - 1 or self.drop == 0:
+        if self.layer >= prompt.layers or self.drop == 0:
             return caches
         visual = spans.visual_positions().to(k[0].device)
         ranking_layer = max(self.layer - 1, 0)  # the attention at layer K decides (0-based: layer K - 1 computed it)

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 from kernels_py.methods.allocators import Pyramid
 from kernels_py.methods.base import TokenSelection, backend_knob, budget_knob
-from kernels_py.methods.caches import RECENT_SHARE, recent_count
 from kernels_py.methods.scorers import POOLING, WindowVotes
 from kernels_py.params import knob
 
@@ -39,8 +38,10 @@ class PyramidKV(TokenSelection):
     def allocator(self):
         return Pyramid(self.budget, self.beta)
 
-    def recent(self, capacity):
-        return self.window or max(1, recent_count(RECENT_SHARE, capacity))
+    def prefill_recent(self, capacity, tokens):
+        # The observation window votes +inf for itself: keep exactly it (its latest tokens where a top
+        # layer holds fewer), not 10% of each layer's own capacity.
+        return min(capacity, self.scorer().size(tokens))
 
     def check_prompt(self, prompt):
         window = self.scorer().size(prompt.tokens)

@@ -56,8 +56,11 @@ def flops_saved(tokens: int, important: int) -> float:
 
 def prefill_error(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, important: torch.Tensor) -> float:
     """Relative error of the sparse prefill's outputs at the important tokens
-    against full causal attention there (the padded rows are zero by design)."""
+    against full causal attention there (the padded rows are zero by design);
+    0 when no token is important (nothing is computed to be wrong)."""
     heads = q.shape[0]
+    if important.shape[1] == 0:
+        return 0.0
     full = _sdpa(q.float(), k.float(), v.float())
     sparse = sparse_prefill(q.float(), k.float(), v.float(), important)
     rows = important.repeat_interleave(heads // important.shape[0], 0)[..., None].expand(-1, -1, q.shape[-1])

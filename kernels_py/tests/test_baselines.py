@@ -65,3 +65,23 @@ def test_vlcache_can_redistribute_what_the_clip_removes():
     assert shared[2] == shared[3] > clipped[2]
     result = ablation.run("vlcache", {"budget": 0.5, "redistribute": True}, dict(CFG, layers=2))
     assert result["metrics"]["layer_budget"] <= 0.5 + 1e-9
+
+
+def test_review_edge_cases():
+    """Found in review: FastV at K = the last layer, PyramidKV's capped
+    shares, its window at each layer, and an empty sparse prefill."""
+    from kernels_py.methods.allocators import pyramid_shares
+    from kernels_py.methods.sparse_prefill import prefill_error
+
+    w = generate(SyntheticConfig(**CFG))
+    caches = make_method("fastv", {"layer": 3, "drop": 50}).prefill_all(w.q, w.k, w.v, w.spans)
+    assert [c.tokens for c in caches] == [PROMPT, PROMPT, PROMPT, PROMPT - 32]
+    shares = pyramid_shares(0.9, 20.0, 32)
+    assert max(shares) <= 1.0 and sum(shares) / 32 == pytest.approx(0.9)
+    assert shares == sorted(shares, reverse=True)
+    pyramid = make_method("pyramidkv", {"budget": 0.2})
+    window = pyramid.scorer().size(PROMPT)
+    assert [pyramid.prefill_recent(c, PROMPT) for c in (40, window, 1)] == [window, window, 1]
+    q, k, v = w.q[0], w.k[0], w.v[0]
+    import torch
+    assert prefill_error(q, k, v, torch.zeros(2, 0, dtype=torch.int64)) == 0.0

@@ -82,3 +82,12 @@ def test_workspace_is_reused_and_checked(device):
                                rtol=0)
     with pytest.raises(ValueError, match="num_splits=4 but the workspace was made for 2 splits"):
         op.gather_decode(*args, workspace=ws, num_splits=4)
+
+
+def test_an_empty_index_tensor_with_a_count_is_rejected(device):
+    """count above the entries an index holds is an error even when it holds none."""
+    q, q_pos, k, v, pos, index, count = case(device, torch.float32, "mha")
+    with pytest.raises(ValueError, match=r"count must lie in \[0, 0\]"):
+        op.gather_decode(q, q_pos, k, v, pos, index[..., :0], torch.ones_like(count))
+    empty = op.gather_decode(q, q_pos, k, v, pos, index[..., :0], torch.zeros_like(count))
+    assert (empty.out == 0).all() and torch.isinf(empty.lse).all()

@@ -94,3 +94,12 @@ def test_bad_inputs_get_clear_errors():
     bad = kv_quant.QuantKV(**{**seg.__dict__, "v_zero": seg.v_zero.float()})
     with pytest.raises(TypeError, match="segment.v_zero must be torch.float16"):
         kv_quant.dequantize(bad)
+
+
+def test_concat_needs_a_full_first_segment():
+    k, v, pos, length = random_kv(batch=1, kv_heads=1, slots=64, head_dim=32, lengths=[32], dtype=torch.float16)
+    half = kv_quant.quantize(k, v, pos, length, bits=2, group=32)
+    full = kv_quant.quantize(k, v, pos, torch.tensor([64]), bits=2, group=32)
+    assert kv_quant.concat(full, half).length.tolist() == [96]
+    with pytest.raises(ValueError, match="not all in use"):
+        kv_quant.concat(half, full)

@@ -59,11 +59,13 @@ def check_inputs(q, q_pos, k, v, pos, index, count, check_values: bool = True) -
     for name, t in (("q_pos", q_pos), ("k", k), ("v", v), ("pos", pos), ("index", index), ("count", count)):
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device}, q on {q.device}")
-    if not check_values or not index.numel():
+    if not check_values:
         return
     entries = index.shape[2]
-    if ((count < 0) | (count > entries)).any():
+    if count.numel() and ((count < 0) | (count > entries)).any():
         raise ValueError(f"count must lie in [0, {entries}] (the entries of index), got {count.tolist()}")
+    if not index.numel():
+        return
     used = torch.arange(entries, device=index.device) < count[..., None]
     if ((index < 0) | (index >= slots))[used].any():
         raise ValueError(f"index entries in use must lie in [0, {slots}) (the cache's slots)")

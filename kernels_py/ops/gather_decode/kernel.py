@@ -166,7 +166,8 @@ def gather_decode(q, q_pos, k, v, pos, index, count, *, sm_scale: float | None =
             raise TypeError(f"workspace must be a gather_decode Workspace (make_workspace), got "
                             f"{type(workspace).__name__}")
         want = (batch, heads, queries, workspace.splits, head_dim)
-        if tuple(workspace.part_o.shape) != want or workspace.part_o.device != dev:
+        if tuple(workspace.part_o.shape) != want or tuple(workspace.part_lse.shape) != want[:4] \
+                or workspace.part_o.device != dev:
             raise ValueError(f"workspace.part_o is {tuple(workspace.part_o.shape)} on {workspace.part_o.device}; "
                              f"this call needs {want} on {dev}: make_workspace(q, {workspace.splits})")
         if num_splits is not None and num_splits != workspace.splits:

@@ -93,9 +93,11 @@ def check_params(bits, group, head_dim: int) -> None:
     if isinstance(group, bool) or group not in GROUPS:
         raise ValueError(f"group={group!r} must be one of {list(GROUPS)}")
     if head_dim % group:
+        fits = [g for g in GROUPS if head_dim % g == 0]
+        hint = f"pick one that divides it: {fits}" if fits else \
+            f"no supported group ({list(GROUPS)}) divides {head_dim}, so this head_dim cannot be quantized"
         raise ValueError(f"group={group} does not divide head_dim={head_dim}: values are quantized per token in "
-                         f"groups of channels (pick a group that divides it, e.g. "
-                         f"{[g for g in GROUPS if head_dim % g == 0] or 'none of ' + str(list(GROUPS))})")
+                         f"groups of channels; {hint}")
 
 
 def shapes(batch: int, kv_heads: int, slots: int, head_dim: int, bits: int, group: int) -> dict[str, tuple]:
@@ -146,6 +148,9 @@ def concat(a: QuantKV, b: QuantKV) -> QuantKV:
                                                                      b.pos.shape[0]):
         raise ValueError(f"cannot concatenate a {a.bits}-bit segment in groups of {a.group} with a {b.bits}-bit one "
                          f"in groups of {b.group} (or their sequences, kv heads or head_dim differ)")
+    if (a.length != a.slots).any():
+        raise ValueError(f"cannot append to a segment whose slots are not all in use (length {a.length.tolist()} of "
+                         f"{a.slots} slots): b's tokens would land past its length")
     return QuantKV(torch.cat([a.k_codes, b.k_codes], 2), torch.cat([a.k_scale, b.k_scale], 2),
                    torch.cat([a.k_zero, b.k_zero], 2), torch.cat([a.v_codes, b.v_codes], 2),
                    torch.cat([a.v_scale, b.v_scale], 2), torch.cat([a.v_zero, b.v_zero], 2),

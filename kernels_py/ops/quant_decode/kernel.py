@@ -37,6 +37,7 @@ TOKENS_PER_SPLIT = 512
 DEFAULT_MAX_SPLITS = 64
 BLOCK_N = 32  # slots per tile: divides every group size (kv_quant.GROUPS)
 DEFAULT_WARPS, DEFAULT_STAGES = 4, 2
+WIDE_ROWS = 64  # more rows than this (e.g. 32 query heads per kv head x 4 tokens) run on 8 warps: 4 spill
 
 
 @triton.jit
@@ -273,6 +274,6 @@ def quant_decode(q: torch.Tensor, q_pos: torch.Tensor, segments, dense: DenseKV,
         BLOCK_ROWS=common.block(group * queries), BLOCK_D=common.block(head_dim),
         BLOCK_WA=block_w[0], BLOCK_WB=block_w[1],
         QK_DT=common.dot_dtype(q.dtype, dense.k.dtype, dense.v.dtype), BLOCK_N=BLOCK_N,
-        num_warps=DEFAULT_WARPS, num_stages=DEFAULT_STAGES)
+        num_warps=DEFAULT_WARPS if group * queries <= WIDE_ROWS else 2 * DEFAULT_WARPS, num_stages=DEFAULT_STAGES)
     splitk.merge(workspace.part_o, workspace.part_lse, out, lse)
     return QuantDecodeOutput(out, lse)
