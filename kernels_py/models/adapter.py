@@ -1,0 +1,263 @@
+"""A Hugging Face VLM driven by a compression method (see the package doc).
+
+How a method gets into the model: the language model's attention layers
+call a registered attention function, "vlkv", instead of SDPA, and the model
+is given a `MethodCache` as its past key values. During prefill the function
+computes causal attention as usual and keeps each layer's Q/K/V; once the
+last layer has run, the method builds every layer's cache from them
+(`prefill_all`, so methods that weigh layers against each other work). At
+each decode step the function hands the new token's Q/K/V to the method's
+`decode`, whose output is the layer's attention output: the method's own
+cache is the only one. `MethodCache` stores no key or value; it counts
+tokens so the model's positions and masks stay right. The vision tower keeps
+its own attention.
+
+Keys reach the methods as the model caches them, after RoPE, at positions
+0..T-1 for the prompt and T + s for step s (LLaVA's positions).
+"""
+
+import contextvars
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from kernels_py.model import Spans
+
+ATTENTION = "vlkv"
+# model_type in config.json -> the family the adapter knows how to drive.
+FAMILIES = {"llava": "LLaVA-1.5 style (CLIP vision tower, Llama-family language model, <image> placeholder)"}
+TESTED_TRANSFORMERS = "5.23.0"
+
+
+class ModelError(ValueError):
+    """A model directory, image or prompt the adapter cannot use; the message says what it supports."""
+
+
+@dataclass
+class VLM:
+    """A loaded model and its processor."""
+
+    model: torch.nn.Module
+    processor: object
+    family: str
+    path: Path
+
+    @property
+    def image_token_id(self) -> int:
+        return int(self.model.config.image_token_index)
+
+    @property
+    def image_token(self) -> str:
+        return self.processor.image_token
+
+    @property
+    def layers(self) -> int:
+        return int(self.model.config.text_config.num_hidden_layers)
+
+
+def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> VLM:
+    """Load a VLM and its processor from a local directory (nothing is downloaded)."""
+    path = Path(path)
+    config_file = path / "config.json"
+    if not path.is_dir():
+        raise ModelError(f"model directory {path} does not exist: give a local directory holding config.json, the "
+                         f"weights and the processor files (save_pretrained writes them)")
+    if not config_file.is_file():
+        raise ModelError(f"{path} has no config.json: it is not a saved transformers model")
+    model_type = json.loads(config_file.read_text()).get("model_type", "?")
+    if model_type not in FAMILIES:
+        supported = "; ".join(f"{name}: {what}" for name, what in FAMILIES.items())
+        kind = "a text-only model (no vision tower)" if "vision_config" not in config_file.read_text() else \
+            "a model type the adapter does not know"
+        raise ModelError(f"{path}: model_type {model_type!r} is {kind}; supported: {supported}")
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(path, local_files_only=True)
+    model = AutoModelForImageTextToText.from_pretrained(path, local_files_only=True, dtype=dtype).to(device).eval()
+    return VLM(model, processor, model_type, path)
+
+
+def prompt_inputs(vlm: VLM, images: list, prompt: str) -> dict:
+    """The processor's tensors for `prompt` with `images` (file paths or PIL
+    images), one image placeholder per image in the prompt."""
+    from PIL import Image, UnidentifiedImageError
+
+    if not images:
+        raise ModelError("give at least one image: the methods compress the KV cache of a vision-language prompt")
+    count = prompt.count(vlm.image_token)
+    if count != len(images):
+        raise ModelError(f"the prompt holds {count} image placeholder(s) {vlm.image_token!r} for {len(images)} "
+                         f"image(s): put one {vlm.image_token!r} where each image goes")
+    loaded = []
+    for image in images:
+        if isinstance(image, (str, Path)):
+            try:
+                with Image.open(image) as im:
+                    image = im.convert("RGB")
+            except (OSError, UnidentifiedImageError) as err:
+                raise ModelError(f"image {image} cannot be decoded ({err}); give a PNG, JPEG or another format "
+                                 f"Pillow reads") from None
+        loaded.append(image)
+    inputs = vlm.processor(images=loaded, text=prompt, return_tensors="pt")
+    return {k: v.to(vlm.model.device) for k, v in inputs.items()}
+
+
+def spans_from_ids(ids: torch.Tensor, image_token_id: int) -> Spans:
+    """Modality spans of a prompt from its token ids: every run of image
+    tokens is an image, what precedes the first is the system prompt, what
+    follows the last is the post-vision text."""
+    positions = (ids == image_token_id).nonzero()[:, 0].tolist()
+    if not positions:
+        raise ModelError("the prompt's tokens hold no image token: the processor did not expand an image "
+                         "placeholder")
+    runs, start = [], positions[0]
+    for here, after in zip(positions, positions[1:] + [None]):
+        if after != here + 1:
+            runs.append((start, here + 1))
+            start = after
+    return Spans(system=(0, runs[0][0]), images=tuple(runs), text=(runs[-1][1], int(ids.shape[0])))
+
+
+# --- the method inside the model ----------------------------------------------------------------
+
+def _counting_layer_class():
+    from transformers.cache_utils import DynamicLayer
+
+    class CountingLayer(DynamicLayer):
+        """Holds no key or value (the method's cache does); counts the tokens
+        seen so the model's positions and masks stay right."""
+
+        def lazy_initialization(self, key_states, value_states):
+            self.dtype, self.device = key_states.dtype, key_states.device
+            self.count = 0
+            self.is_initialized = True
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            self.count += key_states.shape[-2]
+            return key_states, value_states
+
+        def get_seq_length(self):
+            return self.count if self.is_initialized else 0
+
+    return CountingLayer
+
+
+def method_cache():
+    """A transformers Cache whose layers count tokens and hold nothing."""
+    from transformers.cache_utils import Cache
+
+    return Cache(layer_class_to_replicate=_counting_layer_class())
+
+
+@dataclass
+class _Session:
+    method: object
+    spans: Spans
+    layers: int
+    prompt: dict = field(default_factory=dict)  # layer -> (q, k, v) [heads, T, d] until prefill ends
+    caches: list | None = None
+
+
+_ACTIVE: contextvars.ContextVar[_Session] = contextvars.ContextVar("vlkv_session")
+
+
+def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """The registered attention function of the language model's layers
+    (query [1, H, T, d], key/value [1, H_kv, T, d], as the layer computed them)."""
+    session = _ACTIVE.get(None)
+    if session is None:
+        raise RuntimeError("the vlkv attention runs only inside kernels_py.models.generate")
+    if query.shape[0] != 1:
+        raise ModelError(f"the method-driven attention takes one sequence at a time, got a batch of {query.shape[0]}")
+    layer = module.layer_idx
+    if session.caches is None:  # prefill: ordinary causal attention; the method sees every layer's Q/K/V
+        out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling,
+                                             enable_gqa=query.shape[1] != key.shape[1])
+        session.prompt[layer] = (query[0], key[0], value[0])
+        if len(session.prompt) == session.layers:
+            q, k, v = ([session.prompt[i][j] for i in range(session.layers)] for j in range(3))
+            session.caches = session.method.prefill_all(q, k, v, session.spans)
+            session.prompt = {}
+        return out.transpose(1, 2), None
+    out = session.method.decode(layer, session.caches[layer], query[0], key[0], value[0])
+    return out[None].to(query.dtype).transpose(1, 2), None
+
+
+def _register():
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION, _attention)
+
+
+@dataclass
+class Generation:
+    """What one greedy generation produced."""
+
+    tokens: list[int]  # generated token ids
+    logits: torch.Tensor  # [steps, vocab] float32, the distribution each token was chosen from
+    cache_bytes: int  # the method's caches after the last step, all layers
+    prefill_seconds: float
+    decode_seconds: float
+    spans: Spans
+
+
+def generate(vlm: VLM, method, inputs: dict, max_new_tokens: int,
+             force_tokens: list[int] | None = None) -> Generation:
+    """Greedy decoding of `max_new_tokens` tokens with `method` holding every
+    language-model layer's KV cache (batch of one). force_tokens: feed these
+    tokens back instead of the greedy ones (teacher forcing, so two methods'
+    distributions are compared on the same history); `tokens` still holds
+    what this method would have chosen at each step."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    if force_tokens is not None and len(force_tokens) < max_new_tokens - 1:
+        raise ValueError(f"force_tokens holds {len(force_tokens)} tokens; {max_new_tokens} steps feed "
+                         f"{max_new_tokens - 1}")
+    _register()
+    model = vlm.model
+    language = model.model.language_model
+    spans = spans_from_ids(inputs["input_ids"][0], vlm.image_token_id)
+    session = _Session(method, spans, vlm.layers)
+    token = _ACTIVE.set(session)
+    before = language.config._attn_implementation
+    language.set_attn_implementation(ATTENTION)
+    try:
+        with torch.inference_mode():
+            cache = method_cache()
+            start = time.perf_counter()
+            out = model(**inputs, past_key_values=cache, use_cache=True)
+            prefill = time.perf_counter() - start
+            logits = [out.logits[0, -1].float()]
+            tokens = [int(logits[-1].argmax())]
+            start = time.perf_counter()
+            for i in range(max_new_tokens - 1):
+                fed = tokens[-1] if force_tokens is None else int(force_tokens[i])
+                step = torch.tensor([[fed]], device=model.device)
+                out = model(input_ids=step, past_key_values=cache, use_cache=True)
+                logits.append(out.logits[0, -1].float())
+                tokens.append(int(logits[-1].argmax()))
+            decode = time.perf_counter() - start
+    finally:
+        language.set_attn_implementation(before)
+        _ACTIVE.reset(token)
+    cache_bytes = sum(method.cache_bytes(c) for c in session.caches)
+    return Generation(tokens, torch.stack(logits), cache_bytes, prefill, decode, spans)
+
+
+def compare(reference: Generation, other: Generation) -> dict:
+    """How a method's generation (teacher-forced on the reference's tokens)
+    follows the full cache's: token_agreement, the share of steps whose greedy
+    token is the reference's; kl_per_step, KL(reference || other) of the
+    next-token distributions, and its mean."""
+    steps = min(len(reference.tokens), len(other.tokens))
+    p = torch.log_softmax(reference.logits[:steps], dim=-1)
+    q = torch.log_softmax(other.logits[:steps], dim=-1)
+    kl = (p.exp() * (p - q)).sum(dim=-1)
+    agree = sum(a == b for a, b in zip(reference.tokens[:steps], other.tokens[:steps])) / steps
+    return {"token_agreement": agree, "kl_mean": kl.mean().item(), "kl_per_step": kl.tolist()}

@@ -1,0 +1,98 @@
+"""The model adapter on tiny random LLaVA-style models saved to a temporary
+directory: spans from the processor's output, the full cache reproducing the
+model's own generate tokens, methods running inside the model with their
+caches replacing the full one, and clear errors for what is not supported."""
+
+import json
+
+import pytest
+import torch
+
+from kernels_py import models
+from kernels_py.methods import make_method
+from kernels_py.tests.tiny_vlm import save_image, save_tiny_llava
+
+PROMPT = "USER : <image> describe the picture ASSISTANT :"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    path = save_tiny_llava(root / "llava")
+    image = save_image(root / "image.png")
+    return models.load(path), image, root
+
+
+def test_spans_come_from_the_processor_output(tiny):
+    vlm, image, _ = tiny
+    inputs = models.prompt_inputs(vlm, [image], PROMPT)
+    spans = models.spans_from_ids(inputs["input_ids"][0], vlm.image_token_id)
+    # "USER :" then 64 image tokens (56 / 7 squared), then the question.
+    assert spans.system == (0, 2) and spans.images == ((2, 66),) and spans.text == (66, 71)
+    two = models.spans_from_ids(torch.tensor([5, 3, 3, 6, 3, 3, 3, 7]), 3)
+    assert two.system == (0, 1) and two.images == ((1, 3), (4, 7)) and two.text == (7, 8)
+
+
+def test_full_cache_reproduces_the_models_own_generate(tiny):
+    vlm, image, _ = tiny
+    inputs = models.prompt_inputs(vlm, [image], PROMPT)
+    reference = vlm.model.generate(**inputs, max_new_tokens=8, do_sample=False)[0, inputs["input_ids"].shape[1]:]
+    got = models.generate(vlm, make_method("full"), inputs, 8)
+    assert got.tokens == reference.tolist()
+    assert got.logits.shape == (8, 64) and got.spans.prompt_tokens == 71
+    # The language model's attention is SDPA again afterwards.
+    assert vlm.model.model.language_model.config._attn_implementation != models.adapter.ATTENTION
+
+
+@pytest.mark.parametrize("name, params", [
+    ("h2o", {"budget": 0.5}), ("snapkv", {"budget": 0.5, "window": 2}), ("vlcache", {"budget": 0.5}),
+    ("zipvl", {"period": 3, "group": 32, "sparse_prefill": False}), ("kivi", {"residual": 4}),
+    ("attentionpack", {"rank_k": 8, "rank_v": 8, "rope_base": 10000.0}), ("avl", {}), ("lookm", {}),
+])
+def test_every_kind_of_method_runs_inside_the_model(tiny, name, params):
+    vlm, image, _ = tiny
+    inputs = models.prompt_inputs(vlm, [image], PROMPT)
+    full = models.generate(vlm, make_method("full"), inputs, 6)
+    got = models.generate(vlm, make_method(name, params), inputs, 6, force_tokens=full.tokens)
+    assert len(got.tokens) == 6 and torch.isfinite(got.logits).all()
+    # The method's cache replaced the full one: it holds fewer bytes (eviction, quantization or factors).
+    assert got.cache_bytes < full.cache_bytes
+    scores = models.compare(full, got)
+    assert 0 <= scores["token_agreement"] <= 1 and len(scores["kl_per_step"]) == 6
+    assert scores["kl_mean"] >= 0 and all(kl >= -1e-6 for kl in scores["kl_per_step"])
+
+
+def test_teacher_forcing_and_the_comparison(tiny):
+    """The full cache compared with itself agrees everywhere at zero KL; a
+    harsh eviction, fed the full cache's tokens, moves the distributions."""
+    vlm, image, _ = tiny
+    inputs = models.prompt_inputs(vlm, [image], PROMPT)
+    full = models.generate(vlm, make_method("full"), inputs, 5)
+    again = models.generate(vlm, make_method("full"), inputs, 5, force_tokens=full.tokens)
+    assert models.compare(full, again) == {"token_agreement": 1.0, "kl_mean": 0.0, "kl_per_step": [0.0] * 5}
+    harsh = models.generate(vlm, make_method("streamingllm", {"budget": 0.05}), inputs, 5, force_tokens=full.tokens)
+    assert models.compare(full, harsh)["kl_mean"] > 0
+    with pytest.raises(ValueError, match="force_tokens holds 2 tokens; 5 steps feed 4"):
+        models.generate(vlm, make_method("full"), inputs, 5, force_tokens=[1, 2])
+
+
+def test_unsupported_inputs_get_clear_errors(tiny, tmp_path):
+    vlm, image, root = tiny
+    with pytest.raises(models.ModelError, match="does not exist"):
+        models.load(tmp_path / "nowhere")
+    text_only = tmp_path / "llama"
+    text_only.mkdir()
+    (text_only / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 8}))
+    with pytest.raises(models.ModelError, match="'llama' is a text-only model .*supported: llava"):
+        models.load(text_only)
+    unknown = tmp_path / "other"
+    unknown.mkdir()
+    (unknown / "config.json").write_text(json.dumps({"model_type": "blip", "vision_config": {}}))
+    with pytest.raises(models.ModelError, match="'blip' is a model type the adapter does not know"):
+        models.load(unknown)
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"not an image")
+    with pytest.raises(models.ModelError, match="cannot be decoded"):
+        models.prompt_inputs(vlm, [broken], PROMPT)
+    with pytest.raises(models.ModelError, match="0 image placeholder"):
+        models.prompt_inputs(vlm, [image], "USER : describe the picture ASSISTANT :")

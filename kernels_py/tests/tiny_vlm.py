@@ -1,0 +1,50 @@
+"""Tiny LLaVA-style models made from configs with random weights, saved to a
+directory with a word-level tokenizer and a CLIP image processor, as a
+user's model directory would be (no model hub is reachable here)."""
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+WORDS = "USER ASSISTANT : describe the picture what is in a cat dog red blue . ?"
+IMAGE_SIZE, PATCH = 56, 7  # 64 image tokens per image
+
+
+def save_tiny_llava(directory: Path, *, seed: int = 0, layers: int = 2, heads: int = 4, kv_heads: int = 2) -> Path:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import (
+        CLIPImageProcessor, CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration,
+        LlavaProcessor, PreTrainedTokenizerFast,
+    )
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "<image>": 3}
+    for word in WORDS.split():
+        vocab.setdefault(word, len(vocab))
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    fast.add_tokens(["<image>"], special_tokens=True)
+    images = CLIPImageProcessor(size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
+    text = LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=layers,
+                       num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=512)
+    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                              image_size=IMAGE_SIZE, patch_size=PATCH, projection_dim=32)
+    config = LlavaConfig(text_config=text, vision_config=vision, image_token_index=3,
+                         vision_feature_select_strategy="default", vision_feature_layer=-1)
+    torch.manual_seed(seed)
+    model = LlavaForConditionalGeneration(config).eval()
+    processor = LlavaProcessor(image_processor=images, tokenizer=fast, patch_size=PATCH,
+                               vision_feature_select_strategy="default", image_token="<image>",
+                               num_additional_image_tokens=1)
+    model.save_pretrained(directory)
+    processor.save_pretrained(directory)
+    return directory
+
+
+def save_image(path: Path, seed: int = 0, size: int = 40) -> Path:
+    from PIL import Image
+
+    pixels = (np.random.RandomState(seed).rand(size, size, 3) * 255).astype("uint8")
+    Image.fromarray(pixels).save(path)
+    return path
