@@ -72,14 +72,48 @@ def run(method: str, params: Mapping[str, Any], workload: Mapping[str, Any],
       sparsity_mean                  VL-Cache gamma (p = 1%) of the prefill attention, mean over layers
       prefill_kept_fraction          prompt tokens kept by prefill / prompt tokens, mean over layers
       <method metrics>               what Method.layer_metrics reports (e.g. vlcache's layer_budget), layer mean
+      token_agreement, kl_mean, kl_max, model_cache_bytes, prefill_seconds, decode_seconds, peak_gpu_bytes
+                                     on a "vlm" workload only: the method run inside the model (see _in_model)
     per_layer: rel_err (mean over steps), sparsity, post_vision_sparsity (gamma over the rows after the
     last visual token), cache_hit_rate, ppci_90, cache_bytes, prefill_kept_fraction, and the method's metrics.
     Raises ValueError / TypeError on unknown or invalid methods, workloads and parameters.
     """
     chosen = make_method(method, params)
-    reference = _reference(make_workload(workload_name, workload))
+    config = make_workload(workload_name, workload)
+    reference = _reference(config)
     trace = _trace(chosen, reference.workload)
-    return _report(trace, reference)
+    report = _report(trace, reference)
+    if hasattr(config, "image_list"):  # a live model: the method also runs inside it
+        report["metrics"].update(_in_model(config, chosen))
+    return report
+
+
+@functools.lru_cache(maxsize=CACHED_WORKLOADS)
+def _full_generation(config):
+    """The model, its inputs and the full cache's generation, once per workload."""
+    from kernels_py import models
+
+    vlm = config.load()
+    inputs = models.prompt_inputs(vlm, config.image_list(), config.prompt)
+    return vlm, inputs, models.generate(vlm, make_method(REFERENCE_METHOD, {}), inputs, config.decode_steps + 1)
+
+
+def _in_model(config, method) -> dict[str, float]:
+    """The method inside the model, fed the full cache's tokens: token_agreement
+    (share of steps whose greedy token is the full cache's), kl_mean / kl_max of
+    the next-token distributions, model_cache_bytes (all layers after the last
+    step), prefill_seconds, decode_seconds, peak_gpu_bytes (nan on a CPU)."""
+    from kernels_py import models
+
+    vlm, inputs, full = _full_generation(config)
+    if torch.cuda.is_available() and vlm.model.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    got = models.generate(vlm, method, inputs, config.decode_steps + 1, force_tokens=full.tokens)
+    peak = float(torch.cuda.max_memory_allocated()) if vlm.model.device.type == "cuda" else float("nan")
+    scores = models.compare(full, got)
+    return {"token_agreement": scores["token_agreement"], "kl_mean": scores["kl_mean"],
+            "kl_max": max(scores["kl_per_step"]), "model_cache_bytes": float(got.cache_bytes),
+            "prefill_seconds": got.prefill_seconds, "decode_seconds": got.decode_seconds, "peak_gpu_bytes": peak}
 
 
 @functools.lru_cache(maxsize=CACHED_WORKLOADS)

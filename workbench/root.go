@@ -100,7 +100,8 @@ checkout the command runs in, else from the copy embedded in this binary.`,
 		benchmarks = benchmarksFor(args)
 	}
 	root.AddCommand(newEnvCmd(a), newDemoCmd(a), newSelftestCmd(a), newPingCmd(a), newPythonCmd(a), newBenchCmd(a, benchmarks),
-		newTensorsCmd(a), newPlanCmd(a), newRunCmd(a), newMethodsCmd(a), newSchemaCmd(a), newKernelsCmd(a))
+		newTensorsCmd(a), newPlanCmd(a), newRunCmd(a), newMethodsCmd(a), newSchemaCmd(a), newKernelsCmd(a),
+		newTraceCmd(a))
 	return root
 }
 

@@ -96,3 +96,51 @@ def test_unsupported_inputs_get_clear_errors(tiny, tmp_path):
         models.prompt_inputs(vlm, [broken], PROMPT)
     with pytest.raises(models.ModelError, match="0 image placeholder"):
         models.prompt_inputs(vlm, [image], "USER : describe the picture ASSISTANT :")
+
+
+def test_a_trace_replays_as_a_workload(tiny, tmp_path):
+    """capture -> file -> the 'trace' workload gives the tensors back; the
+    ablation runs on it; what is not a trace is refused."""
+    from kernels_py import ablation
+    from kernels_py.models import trace
+    from kernels_py.workloads import make_workload
+
+    vlm, image, _ = tiny
+    tensors, meta = trace.capture(vlm, [image], PROMPT, decode_steps=4)
+    path = tmp_path / "trace.safetensors"
+    trace.save(path, tensors, meta)
+    workload = make_workload("trace", {"path": str(path)}).build()
+    assert workload.layers == 2 and workload.decode_steps == 4 and workload.spans.images == ((2, 66),)
+    assert workload.q[0].shape == (4, 71, 32) and workload.k[1].shape == (2, 71, 32)
+    assert workload.decode_q[0].shape == (4, 4, 1, 32)
+    assert torch.equal(workload.k[1].cpu(), tensors["layer.1.k"])
+    assert meta["tokens"][:4] == models.generate(vlm, make_method("full"), models.prompt_inputs(vlm, [image], PROMPT),
+                                                 4).tokens
+    # The replayed full cache is exact, a compressing method is scored on the real attention.
+    assert ablation.run("full", {}, {"path": str(path)}, "trace")["metrics"]["rel_err_mean"] == 0.0
+    m = ablation.run("h2o", {"budget": 0.3}, {"path": str(path)}, "trace")["metrics"]
+    assert m["compression_ratio"] > 1 and m["rel_err_mean"] > 0
+    from safetensors.torch import save_file
+
+    not_a_trace = tmp_path / "other.safetensors"
+    save_file({"x": torch.zeros(2)}, str(not_a_trace))
+    with pytest.raises(ValueError, match="not a vlkv trace"):
+        make_workload("trace", {"path": str(not_a_trace)}).build()
+    with pytest.raises(ValueError, match="does not exist"):
+        make_workload("trace", {"path": str(tmp_path / "none.safetensors")}).build()
+
+
+def test_a_live_model_workload_scores_methods_inside_the_model(tiny):
+    """workload("vlm", ...): the ablation's metrics on the model's attention
+    plus the method run inside the model against the full cache."""
+    from kernels_py import ablation
+
+    _, image, root = tiny
+    workload = {"model": str(root / "llava"), "images": str(image), "prompt": PROMPT, "decode_steps": 4}
+    full = ablation.run("full", {}, workload, "vlm")["metrics"]
+    assert full["token_agreement"] == 1.0 and full["kl_mean"] == 0.0 and full["rel_err_mean"] == 0.0
+    h2o = ablation.run("h2o", {"budget": 0.2}, workload, "vlm")["metrics"]
+    assert h2o["model_cache_bytes"] < full["model_cache_bytes"] and h2o["kl_mean"] > 0
+    assert 0 <= h2o["token_agreement"] <= 1 and h2o["prefill_seconds"] > 0
+    with pytest.raises(ValueError, match="needs model=, images= and prompt="):
+        ablation.run("full", {}, {"model": str(root / "llava")}, "vlm")

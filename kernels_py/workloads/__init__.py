@@ -17,6 +17,8 @@ from kernels_py.workloads.synthetic import SyntheticConfig, generate
 # experiments that name none.
 WORKLOADS: dict[str, type[WorkloadConfig]] = registry.load(__name__, (
     "synthetic",
+    "trace",
+    "vlm",
 ), WorkloadConfig)
 DEFAULT_WORKLOAD = next(iter(WORKLOADS))
 

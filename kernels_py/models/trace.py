@@ -1,0 +1,153 @@
+"""Attention traces of a real model: every language-model layer's Q/K/V
+(after RoPE, as the model caches keys) for the prompt and for each decode
+step of a greedy full-cache generation, with positions and modality spans,
+saved as one safetensors file whose metadata holds the rest as JSON. A trace
+is a workload (workloads/trace.py), so every experiment runs on real
+attention.
+
+    python -m kernels_py.models.trace --model DIR --image FILE [--image ...] --prompt TEXT --out FILE
+        [--decode-steps N]   (`workbench trace capture` runs this)
+
+Tensors: layer.{l}.q [heads, T, d], layer.{l}.k / .v [kv_heads, T, d],
+layer.{l}.decode_q [steps, heads, 1, d], layer.{l}.decode_k / .decode_v
+[steps, kv_heads, 1, d]. Metadata key "vlkv": JSON with format, model
+(directory, model_type, layers, heads, kv_heads, head_dim, rope_theta,
+dtype), spans, prompt_tokens, decode_steps, prompt, tokens (generated ids).
+Keys before RoPE are exactly apply_rope(k, -positions, rope_theta) for the
+models supported (standard rotate-half RoPE), so they are not stored twice.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from kernels_py.model import Spans
+
+FORMAT = "vlkv-trace/1"
+
+
+class _Recorder:
+    """A method that is the full cache and keeps what it is given."""
+
+    def __init__(self):
+        from kernels_py.methods import make_method
+
+        self.full = make_method("full")
+        self.prompt = None
+        self.steps: dict[int, list] = {}
+
+    def prefill_all(self, q, k, v, spans):
+        self.prompt = [[t.detach().clone() for t in ts] for ts in (q, k, v)]
+        return self.full.prefill_all(q, k, v, spans)
+
+    def decode(self, layer, cache, q_t, k_t, v_t):
+        self.steps.setdefault(layer, []).append((q_t.detach().clone(), k_t.detach().clone(), v_t.detach().clone()))
+        return self.full.decode(layer, cache, q_t, k_t, v_t)
+
+    def cache_bytes(self, cache):
+        return self.full.cache_bytes(cache)
+
+
+def capture(vlm, images: list, prompt: str, decode_steps: int) -> tuple[dict, dict]:
+    """Run the model with the full cache for decode_steps + 1 new tokens and
+    return (tensors, metadata) of the trace."""
+    from kernels_py.models.adapter import generate, prompt_inputs
+
+    if decode_steps < 1:
+        raise ValueError(f"decode_steps must be at least 1, got {decode_steps}")
+    inputs = prompt_inputs(vlm, images, prompt)
+    recorder = _Recorder()
+    result = generate(vlm, recorder, inputs, decode_steps + 1)
+    tensors = {}
+    q, k, v = recorder.prompt
+    for layer in range(vlm.layers):
+        tensors[f"layer.{layer}.q"], tensors[f"layer.{layer}.k"], tensors[f"layer.{layer}.v"] = q[layer], k[layer], v[layer]
+        steps = recorder.steps[layer]
+        for i, name in enumerate(("decode_q", "decode_k", "decode_v")):
+            tensors[f"layer.{layer}.{name}"] = torch.stack([s[i] for s in steps])
+    text = vlm.model.config.text_config
+    spans = result.spans
+    meta = {
+        "format": FORMAT,
+        "model": {"directory": str(vlm.path), "model_type": vlm.family, "layers": vlm.layers,
+                  "heads": int(text.num_attention_heads), "kv_heads": int(text.num_key_value_heads),
+                  "head_dim": int(q[0].shape[-1]), "rope_theta": float(_rope_theta(text)),
+                  "dtype": str(q[0].dtype).removeprefix("torch.")},
+        "spans": {"system": list(spans.system), "images": [list(s) for s in spans.images], "text": list(spans.text)},
+        "prompt_tokens": spans.prompt_tokens,
+        "decode_steps": decode_steps,
+        "prompt": prompt,
+        "tokens": result.tokens,
+    }
+    return {name: t.contiguous().cpu() for name, t in tensors.items()}, meta
+
+
+def _rope_theta(text_config) -> float:
+    params = getattr(text_config, "rope_parameters", None) or {}
+    return params.get("rope_theta", getattr(text_config, "rope_theta", 10000.0))
+
+
+def save(path: str | Path, tensors: dict, meta: dict) -> None:
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(path), metadata={"vlkv": json.dumps(meta)})
+
+
+def read(path: str | Path) -> tuple[dict, dict]:
+    """(tensors, metadata) of a trace file, with clear errors for what is not one."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"trace {path} does not exist: capture one with `workbench trace capture`")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+            tensors = {name: f.get_tensor(name) for name in f.keys()}
+    except Exception as err:  # safetensors raises its own error types
+        raise ValueError(f"{path} is not a safetensors file: {err}") from None
+    if "vlkv" not in metadata:
+        raise ValueError(f"{path} is a safetensors file but not a vlkv trace (no 'vlkv' metadata)")
+    meta = json.loads(metadata["vlkv"])
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{path}: trace format {meta.get('format')!r}; this version reads {FORMAT!r}")
+    return tensors, meta
+
+
+def spans_of(meta: dict) -> Spans:
+    s = meta["spans"]
+    return Spans(tuple(s["system"]), tuple(tuple(i) for i in s["images"]), tuple(s["text"]))
+
+
+def main(argv=None) -> int:
+    from kernels_py.models.adapter import ModelError, load
+
+    parser = argparse.ArgumentParser(description="Capture an attention trace of a local VLM")
+    parser.add_argument("--model", required=True, help="local model directory")
+    parser.add_argument("--image", action="append", required=True, help="image file (repeat for several)")
+    parser.add_argument("--prompt", required=True, help="prompt with one image placeholder per image")
+    parser.add_argument("--out", required=True, help="trace file to write (.safetensors)")
+    parser.add_argument("--decode-steps", type=int, default=16, help="generated tokens recorded (default 16)")
+    opts = parser.parse_args(argv)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # no progress bars or backend notes between the user and the answer
+    hf_logging.disable_progress_bar()
+    try:
+        vlm = load(opts.model)
+        tensors, meta = capture(vlm, opts.image, opts.prompt, opts.decode_steps)
+    except (ModelError, ValueError) as err:
+        print(f"trace capture: {err}", file=sys.stderr)
+        return 2
+    save(opts.out, tensors, meta)
+    print(json.dumps({"out": opts.out, "layers": meta["model"]["layers"], "prompt_tokens": meta["prompt_tokens"],
+                      "decode_steps": meta["decode_steps"],
+                      "bytes": sum(t.numel() * t.element_size() for t in tensors.values())}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

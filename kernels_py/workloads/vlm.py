@@ -1,0 +1,50 @@
+"""A real VLM as a workload: the model (a local directory) runs the prompt
+with its images, and every job both replays the captured attention (the
+ablation's metrics, on real Q/K/V) and runs its method inside the model
+(kernels_py.models): token agreement and KL of the next-token distributions
+against the full cache, the method's bytes, prefill and decode times, peak
+GPU memory."""
+
+import functools
+from dataclasses import dataclass
+
+from kernels_py.params import knob
+from kernels_py.workloads.base import Workload, WorkloadConfig
+
+
+@dataclass(frozen=True)
+class VLMConfig(WorkloadConfig):
+    """A local Hugging Face VLM (LLaVA-1.5 style) run on a prompt and images; methods run inside it."""
+
+    name = "vlm"
+
+    model: str = knob("str", "", "local model directory (config.json, weights, processor files; nothing is "
+                      "downloaded)")
+    images: str = knob("str", "", "image files, comma-separated, one per image placeholder in the prompt")
+    prompt: str = knob("str", "", "the prompt, with one image placeholder (LLaVA: <image>) per image")
+    decode_steps: int = knob("int", 16, "generated tokens scored (the full cache's greedy tokens are fed to every "
+                             "method, so all are compared on the same history)", min=1, max=4096)
+
+    def load(self):
+        if not self.model or not self.images or not self.prompt:
+            raise ValueError("workload 'vlm' needs model=, images= and prompt=")
+        return _load(self.model)
+
+    def image_list(self) -> list[str]:
+        return [p.strip() for p in self.images.split(",") if p.strip()]
+
+    def build(self) -> Workload:
+        from kernels_py.models.trace import capture, spans_of
+        from kernels_py.workloads.trace import from_tensors
+
+        vlm = self.load()
+        tensors, meta = capture(vlm, self.image_list(), self.prompt, self.decode_steps)
+        return from_tensors(self, tensors, meta, spans_of(meta))
+
+
+@functools.lru_cache(maxsize=2)
+def _load(path: str):
+    """A worker loads a model once for all the jobs on it."""
+    from kernels_py.models import load
+
+    return load(path)

@@ -1,0 +1,187 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/vlkv/vlkv/gohost/tensor"
+	"github.com/vlkv/vlkv/gohost/worker"
+)
+
+func newTraceCmd(a *app) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "trace",
+		Short: "Capture a real model's attention (per-layer Q/K/V, spans) as a workload, and inspect traces",
+	}
+	cmd.AddCommand(newTraceCaptureCmd(a), newTraceInspectCmd(a))
+	return cmd
+}
+
+func newTraceCaptureCmd(a *app) *cobra.Command {
+	var model, prompt, out string
+	var images []string
+	var steps int
+	cmd := &cobra.Command{
+		Use:   "capture --model DIR --image FILE... --prompt TEXT --out FILE.safetensors",
+		Short: "Run a local VLM with the full cache and record every layer's Q/K/V",
+		Long: `capture loads a Hugging Face VLM from a local directory (LLaVA-1.5 style;
+nothing is downloaded), runs the prompt with its images and a greedy
+generation of --decode-steps + 1 tokens with the full cache, and writes
+every language-model layer's Q/K/V (keys after RoPE, as the model caches
+them) for the prompt and each decode step, with positions, modality spans
+and the model's shape, to one safetensors file. Experiments replay it as a
+workload: workload("trace", path = "FILE.safetensors").`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if model == "" || prompt == "" || out == "" || len(images) == 0 {
+				return &usageError{errors.New("trace capture needs --model, at least one --image, --prompt and --out")}
+			}
+			if steps < 1 {
+				return &usageError{fmt.Errorf("--decode-steps must be at least 1, got %d", steps)}
+			}
+			ctx := cmd.Context()
+			kernels, rt, err := a.resolveRuntime(ctx)
+			if err != nil {
+				return err
+			}
+			args := []string{"-m", "kernels_py.models.trace", "--model", model, "--prompt", prompt, "--out", out,
+				"--decode-steps", fmt.Sprint(steps)}
+			for _, img := range images {
+				args = append(args, "--image", img)
+			}
+			c := exec.CommandContext(ctx, rt.Python, args...)
+			c.Env = worker.Environment(os.Environ(), kernels.Dir, a.flags.device.value)
+			var stdout, stderr bytes.Buffer
+			c.Stdout, c.Stderr = &stdout, &stderr
+			a.log.Info().Str("model", model).Int("decode_steps", steps).Msg("capturing an attention trace")
+			if err := c.Run(); err != nil {
+				msg := strings.TrimSpace(stderr.String())
+				if ee, ok := err.(*exec.ExitError); ok && ee.ExitCode() == 2 {
+					return errors.New(msg) // the capture's own message says what is wrong
+				}
+				return fmt.Errorf("trace capture: %w\n%s", err, msg)
+			}
+			var res struct {
+				Out          string `json:"out"`
+				Layers       int    `json:"layers"`
+				PromptTokens int    `json:"prompt_tokens"`
+				DecodeSteps  int    `json:"decode_steps"`
+				Bytes        int64  `json:"bytes"`
+			}
+			if err := json.Unmarshal(lastLine(stdout.Bytes()), &res); err != nil {
+				return fmt.Errorf("trace capture returned an unexpected result: %w", err)
+			}
+			fmt.Fprintf(a.stdout, "wrote %s: %d layers, %d prompt tokens, %d decode steps, %s\n", res.Out, res.Layers,
+				res.PromptTokens, res.DecodeSteps, humanBytes(res.Bytes))
+			fmt.Fprintf(a.stdout, "replay it in an experiment: workload(\"trace\", path = %q)\n", res.Out)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&model, "model", "", "local model directory (config.json, weights, processor files)")
+	cmd.Flags().StringArrayVar(&images, "image", nil, "image file, one per image placeholder in the prompt (repeatable)")
+	cmd.Flags().StringVar(&prompt, "prompt", "", "prompt text with one image placeholder (LLaVA: <image>) per image")
+	cmd.Flags().StringVar(&out, "out", "", "trace file to write (.safetensors)")
+	cmd.Flags().IntVar(&steps, "decode-steps", 16, "decode steps to record")
+	return cmd
+}
+
+func lastLine(b []byte) []byte {
+	lines := bytes.Split(bytes.TrimSpace(b), []byte("\n"))
+	return lines[len(lines)-1]
+}
+
+// traceMeta is the part of a trace's "vlkv" metadata inspect prints.
+type traceMeta struct {
+	Format string `json:"format"`
+	Model  struct {
+		Directory string  `json:"directory"`
+		ModelType string  `json:"model_type"`
+		Layers    int     `json:"layers"`
+		Heads     int     `json:"heads"`
+		KVHeads   int     `json:"kv_heads"`
+		HeadDim   int     `json:"head_dim"`
+		RopeTheta float64 `json:"rope_theta"`
+		DType     string  `json:"dtype"`
+	} `json:"model"`
+	Spans struct {
+		System [2]int   `json:"system"`
+		Images [][2]int `json:"images"`
+		Text   [2]int   `json:"text"`
+	} `json:"spans"`
+	PromptTokens int    `json:"prompt_tokens"`
+	DecodeSteps  int    `json:"decode_steps"`
+	Prompt       string `json:"prompt"`
+	Tokens       []int  `json:"tokens"`
+}
+
+func newTraceInspectCmd(a *app) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "inspect FILE.safetensors",
+		Short: "Summarise a trace: model shape, spans, steps, dtype and bytes (reads the header only)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			f, err := os.Open(args[0])
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			st, err := f.Stat()
+			if err != nil {
+				return err
+			}
+			h, err := tensor.ParseSafetensorsHeader(f, st.Size())
+			if err != nil {
+				return fmt.Errorf("%s: %w", args[0], err)
+			}
+			raw, ok := h.Metadata["vlkv"]
+			if !ok {
+				return fmt.Errorf("%s is a safetensors file but not a trace (no \"vlkv\" metadata): capture one with "+
+					"`workbench trace capture`", args[0])
+			}
+			var meta traceMeta
+			if err := json.Unmarshal([]byte(raw), &meta); err != nil {
+				return fmt.Errorf("%s: its trace metadata does not parse: %w", args[0], err)
+			}
+			total := int64(0)
+			for _, e := range h.Entries {
+				total += e.End - e.Begin
+			}
+			if asJSON {
+				enc := json.NewEncoder(a.stdout)
+				enc.SetIndent("", "  ")
+				return enc.Encode(struct {
+					traceMeta
+					Tensors int   `json:"tensors"`
+					Bytes   int64 `json:"bytes"`
+				}{meta, len(h.Entries), total})
+			}
+			m := meta.Model
+			tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
+			fmt.Fprintf(tw, "format\t%s\n", meta.Format)
+			fmt.Fprintf(tw, "model\t%s (%s)\n", m.Directory, m.ModelType)
+			fmt.Fprintf(tw, "shape\t%d layers, %d query heads, %d kv heads, head_dim %d, rope_theta %g\n", m.Layers,
+				m.Heads, m.KVHeads, m.HeadDim, m.RopeTheta)
+			fmt.Fprintf(tw, "dtype\t%s\n", m.DType)
+			images := make([]string, len(meta.Spans.Images))
+			for i, s := range meta.Spans.Images {
+				images[i] = fmt.Sprintf("[%d, %d)", s[0], s[1])
+			}
+			fmt.Fprintf(tw, "spans\tsystem [%d, %d), images %s, text [%d, %d)\n", meta.Spans.System[0],
+				meta.Spans.System[1], strings.Join(images, " "), meta.Spans.Text[0], meta.Spans.Text[1])
+			fmt.Fprintf(tw, "tokens\t%d prompt, %d decode steps\n", meta.PromptTokens, meta.DecodeSteps)
+			fmt.Fprintf(tw, "data\t%d tensors, %s\n", len(h.Entries), humanBytes(total))
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the summary as JSON")
+	return cmd
+}

@@ -1,0 +1,78 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// A tiny random LLaVA saved to a temporary directory: capture writes a
+// trace, inspect describes it from the header, and an experiment runs on it.
+func TestTraceCaptureInspectAndReplay(t *testing.T) {
+	py := os.Getenv("VLKV_TEST_PYTHON")
+	if py == "" {
+		t.Skip("needs VLKV_TEST_PYTHON")
+	}
+	dir := t.TempDir()
+	root, _ := filepath.Abs("..")
+	build := exec.Command(py, "-c", `import sys; from pathlib import Path
+from kernels_py.tests.tiny_vlm import save_tiny_llava, save_image
+save_tiny_llava(Path(sys.argv[1]) / "llava"); save_image(Path(sys.argv[1]) / "cat.png")`, dir)
+	build.Dir = root
+	build.Env = append(os.Environ(), "PYTHONPATH="+root)
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build the tiny model: %v\n%s", err, out)
+	}
+	trace := filepath.Join(dir, "trace.safetensors")
+	prompt := "USER : <image> describe the picture ASSISTANT :"
+	code, stdout, stderr := runCLI(t, "--python", py, "--kernels", root, "trace", "capture", "--model",
+		filepath.Join(dir, "llava"), "--image", filepath.Join(dir, "cat.png"), "--prompt", prompt, "--out", trace,
+		"--decode-steps", "4")
+	if code != 0 || !strings.Contains(stdout, "2 layers, 71 prompt tokens, 4 decode steps") {
+		t.Fatalf("capture: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	code, stdout, stderr = runCLI(t, "trace", "inspect", "--json", trace)
+	var meta struct {
+		traceMeta
+		Tensors int
+	}
+	if code != 0 || json.Unmarshal([]byte(stdout), &meta) != nil {
+		t.Fatalf("inspect: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	if meta.Model.Layers != 2 || meta.Model.KVHeads != 2 || meta.Model.HeadDim != 32 || meta.Tensors != 12 ||
+		len(meta.Spans.Images) != 1 || meta.Spans.Images[0] != [2]int{2, 66} || len(meta.Tokens) != 5 {
+		t.Errorf("inspect: %+v", meta)
+	}
+	script := filepath.Join(dir, "t.star")
+	os.WriteFile(script, []byte(`experiment(name = "on_a_trace", methods = ["full", "h2o"], grid = {"budget": [0.3]},
+    workloads = [workload("trace", path = "`+trace+`")])`), 0o644)
+	code, stdout, stderr = runCLI(t, "--python", py, "--kernels", root, "run", script, "--out", filepath.Join(dir, "runs"))
+	if code != 0 || !strings.Contains(stdout, "2 jobs, 0 failed") {
+		t.Fatalf("run on the trace: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	// The live model as a workload: methods run inside it and report agreement with the full cache.
+	os.WriteFile(script, []byte(`experiment(name = "own_model", methods = ["full", "h2o"], grid = {"budget": [0.3]},
+    workloads = [workload("vlm", model = "`+filepath.Join(dir, "llava")+`", images = "`+filepath.Join(dir, "cat.png")+
+		`", prompt = "`+prompt+`", decode_steps = 3)])`), 0o644)
+	code, stdout, stderr = runCLI(t, "--python", py, "--kernels", root, "run", script, "--out", filepath.Join(dir, "runs"))
+	if code != 0 || !strings.Contains(stdout, "2 jobs, 0 failed") {
+		t.Fatalf("run on the model: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	// Errors a user meets: no placeholder in the prompt, a file that is not a trace.
+	code, _, stderr = runCLI(t, "--python", py, "--kernels", root, "trace", "capture", "--model",
+		filepath.Join(dir, "llava"), "--image", filepath.Join(dir, "cat.png"), "--prompt", "USER : hi", "--out", trace)
+	if code == 0 || !strings.Contains(stderr, "0 image placeholder(s)") {
+		t.Errorf("capture without a placeholder: exit %d, %s", code, stderr)
+	}
+	code, _, stderr = runCLI(t, "trace", "inspect", filepath.Join(dir, "llava", "model.safetensors"))
+	if code == 0 || !strings.Contains(stderr, "not a trace") {
+		t.Errorf("inspect a model file: exit %d, %s", code, stderr)
+	}
+	code, _, stderr = runCLI(t, "trace", "capture", "--model", dir)
+	if code != 2 || !strings.Contains(stderr, "needs --model, at least one --image, --prompt and --out") {
+		t.Errorf("capture without its flags: exit %d, %s", code, stderr)
+	}
+}
