@@ -13,6 +13,24 @@ import (
 	"github.com/vlkv/vlkv/gohost/tensor"
 )
 
+// readSafetensorsHeader parses the header of a .safetensors file (the data is not read).
+func readSafetensorsHeader(path string) (*tensor.SafetensorsHeader, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	h, err := tensor.ParseSafetensorsHeader(f, st.Size())
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return h, nil
+}
+
 func newTensorsCmd(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "tensors",
@@ -29,18 +47,9 @@ func newTensorsInspectCmd(a *app) *cobra.Command {
 		Short: "Check a .safetensors header and list its tensors",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			f, err := os.Open(args[0])
+			h, err := readSafetensorsHeader(args[0])
 			if err != nil {
 				return err
-			}
-			defer f.Close()
-			st, err := f.Stat()
-			if err != nil {
-				return err
-			}
-			h, err := tensor.ParseSafetensorsHeader(f, st.Size())
-			if err != nil {
-				return fmt.Errorf("%s: %w", args[0], err)
 			}
 			if asJSON {
 				type entry struct {

@@ -12,7 +12,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/vlkv/vlkv/gohost/tensor"
 	"github.com/vlkv/vlkv/gohost/worker"
 )
 
@@ -129,18 +128,9 @@ func newTraceInspectCmd(a *app) *cobra.Command {
 		Short: "Summarise a trace: model shape, spans, steps, dtype and bytes (reads the header only)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			f, err := os.Open(args[0])
+			h, err := readSafetensorsHeader(args[0])
 			if err != nil {
 				return err
-			}
-			defer f.Close()
-			st, err := f.Stat()
-			if err != nil {
-				return err
-			}
-			h, err := tensor.ParseSafetensorsHeader(f, st.Size())
-			if err != nil {
-				return fmt.Errorf("%s: %w", args[0], err)
 			}
 			raw, ok := h.Metadata["vlkv"]
 			if !ok {

@@ -8,6 +8,8 @@ o = acc / l_i and log2-sum-exp m_i + log2(l_i) (-inf for a row that saw no
 token). `merge` turns them into the output and the natural-log LSE.
 """
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -89,3 +91,52 @@ def merge(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, lse: 
             part_o, part_lse, out, lse,
             *part_o.stride(), *part_lse.stride(), *out.stride(), *lse.stride(),
             splits, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim))
+
+
+MAX_SPLITS = 256
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """Each split's partial output [B, Hq, M, splits, D] and log2-sum-exp
+    [B, Hq, M, splits], float32: the scratch of a split-K decode call, made
+    once (make_workspace) and reused by every step of a decode loop while
+    the shapes stay."""
+
+    part_o: torch.Tensor
+    part_lse: torch.Tensor
+
+    @property
+    def splits(self) -> int:
+        return self.part_o.shape[3]
+
+
+def check_splits(num_splits) -> int:
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits must be an int in [1, {MAX_SPLITS}], got {num_splits!r}")
+    return num_splits
+
+
+def make_workspace(q: torch.Tensor, num_splits: int) -> Workspace:
+    """A workspace for calls with queries shaped like q [B, Hq, M, D] and num_splits splits."""
+    check_splits(num_splits)
+    batch, heads, queries, head_dim = q.shape
+    return Workspace(torch.empty((batch, heads, queries, num_splits, head_dim), dtype=torch.float32, device=q.device),
+                     torch.empty((batch, heads, queries, num_splits), dtype=torch.float32, device=q.device))
+
+
+def workspace_for(q: torch.Tensor, workspace: "Workspace | None", num_splits: int | None, default_splits) -> Workspace:
+    """The caller's workspace after checking it fits q (and num_splits, if
+    given), or a new one with num_splits, else default_splits() splits."""
+    if workspace is None:
+        return make_workspace(q, default_splits() if num_splits is None else check_splits(num_splits))
+    if not isinstance(workspace, Workspace):
+        raise TypeError(f"workspace must be a Workspace (make_workspace), got {type(workspace).__name__}")
+    want = (*q.shape[:3], workspace.splits, q.shape[3])
+    if tuple(workspace.part_o.shape) != want or tuple(workspace.part_lse.shape) != want[:4] \
+            or workspace.part_o.device != q.device:
+        raise ValueError(f"workspace.part_o is {tuple(workspace.part_o.shape)} on {workspace.part_o.device}; this call "
+                         f"needs {want} on {q.device}: make_workspace(q, {workspace.splits})")
+    if num_splits is not None and num_splits != workspace.splits:
+        raise ValueError(f"num_splits={num_splits} but the workspace was made for {workspace.splits} splits")
+    return workspace

@@ -12,9 +12,10 @@ cases.py      compile cases (sm_80 / sm_90) and the selftest
 """
 
 from kernels_py.ops.common import use_triton
+from kernels_py.ops.splitk import Workspace, make_workspace
 from kernels_py.ops.gather_decode import reference
 from kernels_py.ops.gather_decode.contract import GatherDecodeOutput, check_inputs
-from kernels_py.ops.gather_decode.kernel import Workspace, default_num_splits, gather_decode, make_workspace
+from kernels_py.ops.gather_decode.kernel import default_num_splits, gather_decode
 
 
 def compute(q, q_pos, k, v, pos, index, count, *, backend: str = "auto") -> GatherDecodeOutput:

@@ -11,9 +11,10 @@ cases.py      compile cases (sm_80 / sm_90) and the selftest
 """
 
 from kernels_py.ops.common import use_triton
+from kernels_py.ops.splitk import Workspace, make_workspace
 from kernels_py.ops.quant_decode import reference
 from kernels_py.ops.quant_decode.contract import DenseKV, QuantDecodeOutput, check_inputs
-from kernels_py.ops.quant_decode.kernel import Workspace, default_num_splits, make_workspace, quant_decode
+from kernels_py.ops.quant_decode.kernel import default_num_splits, quant_decode
 
 
 def compute(q, q_pos, segments, dense: DenseKV, *, backend: str = "auto") -> QuantDecodeOutput:

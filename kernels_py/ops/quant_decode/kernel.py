@@ -18,8 +18,6 @@ rounded to the dot dtype. Stage 2 merges the splits (ops.splitk).
 Reference: reference.py beside this file.
 """
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
@@ -32,7 +30,6 @@ from kernels_py.ops.splitk import _online_softmax, _store_split
 from kernels_py.runtime import interpreter_mode
 
 MAX_ROWS = 128  # query heads per kv head x query tokens, one program's rows
-MAX_SPLITS = 256
 TOKENS_PER_SPLIT = 512
 DEFAULT_MAX_SPLITS = 64
 BLOCK_N = 32  # slots per tile: divides every group size (kv_quant.GROUPS)
@@ -167,34 +164,6 @@ def _stage1_kernel(
 # ----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Workspace:
-    """Each split's partial output [B, Hq, M, splits, D] and log2-sum-exp
-    [B, Hq, M, splits], float32; made once (make_workspace) and reused by
-    every step of a decode loop while the shapes stay."""
-
-    part_o: torch.Tensor
-    part_lse: torch.Tensor
-
-    @property
-    def splits(self) -> int:
-        return self.part_o.shape[3]
-
-
-def make_workspace(q: torch.Tensor, num_splits: int) -> Workspace:
-    """A workspace for calls of quant_decode with queries shaped like q and num_splits splits."""
-    _check_splits(num_splits)
-    batch, heads, queries, head_dim = q.shape
-    return Workspace(torch.empty((batch, heads, queries, num_splits, head_dim), dtype=torch.float32, device=q.device),
-                     torch.empty((batch, heads, queries, num_splits), dtype=torch.float32, device=q.device))
-
-
-def _check_splits(num_splits) -> int:
-    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_SPLITS:
-        raise ValueError(f"num_splits must be an int in [1, {MAX_SPLITS}], got {num_splits!r}")
-    return num_splits
-
-
 def default_num_splits(segments, dense: DenseKV) -> int:
     """Splits per (sequence, kv head): about TOKENS_PER_SPLIT slots each for the
     longest sequence, at most DEFAULT_MAX_SPLITS; on a GPU more (down to 128
@@ -212,7 +181,7 @@ def default_num_splits(segments, dense: DenseKV) -> int:
 
 
 def quant_decode(q: torch.Tensor, q_pos: torch.Tensor, segments, dense: DenseKV, *, sm_scale: float | None = None,
-                 num_splits: int | None = None, workspace: Workspace | None = None,
+                 num_splits: int | None = None, workspace: splitk.Workspace | None = None,
                  check_values: bool = True) -> QuantDecodeOutput:
     """One decode step over [segments[0] | segments[1] | dense].
 
@@ -240,20 +209,7 @@ def quant_decode(q: torch.Tensor, q_pos: torch.Tensor, segments, dense: DenseKV,
     lse = torch.empty((batch, heads, queries), dtype=torch.float32, device=dev)
     if batch == 0 or heads == 0:
         return QuantDecodeOutput(out, lse)
-    if workspace is not None:
-        if not isinstance(workspace, Workspace):
-            raise TypeError(f"workspace must be a quant_decode Workspace (make_workspace), got "
-                            f"{type(workspace).__name__}")
-        want = (batch, heads, queries, workspace.splits, head_dim)
-        if tuple(workspace.part_o.shape) != want or tuple(workspace.part_lse.shape) != want[:4] \
-                or workspace.part_o.device != dev:
-            raise ValueError(f"workspace.part_o is {tuple(workspace.part_o.shape)} on {workspace.part_o.device}; "
-                             f"this call needs {want} on {dev}: make_workspace(q, {workspace.splits})")
-        if num_splits is not None and num_splits != workspace.splits:
-            raise ValueError(f"num_splits={num_splits} but the workspace was made for {workspace.splits} splits")
-    else:
-        splits = default_num_splits(segments, dense) if num_splits is None else _check_splits(num_splits)
-        workspace = make_workspace(q, splits)
+    workspace = splitk.workspace_for(q, workspace, num_splits, lambda: default_num_splits(segments, dense))
     splits = workspace.splits
     a = segments[0]
     b = segments[1] if len(segments) == 2 else a
