@@ -5,7 +5,10 @@ language-model layer, through transformers' own interfaces (a Cache
 subclass and a registered attention function), not copied modeling files.
 
 adapter.py   loading, spans, the method-driven cache and attention, greedy
-             generation with per-step logits
+             generation with per-step logits, the comparison with the full cache
+trace.py     attention traces: capture (per-layer Q/K/V of a full-cache run),
+             save / read (safetensors + JSON metadata); replayed by the
+             "trace" workload, captured live by the "vlm" one
 """
 
 from kernels_py.models.adapter import (
