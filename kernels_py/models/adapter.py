@@ -12,8 +12,11 @@ cache is the only one. `MethodCache` stores no key or value; it counts
 tokens so the model's positions and masks stay right. The vision tower keeps
 its own attention.
 
-Keys reach the methods as the model caches them, after RoPE, at positions
-0..T-1 for the prompt and T + s for step s (LLaVA's positions).
+Keys reach the methods as the model caches them, after RoPE. The methods
+see sequence indices 0..T-1 for the prompt and T + s for step s, which order
+tokens as the model does; Qwen2-VL's multimodal RoPE (M-RoPE) rotates by
+3-D positions instead, so a method that undoes and redoes RoPE itself
+(AttentionPack's rope="before") is refused there.
 """
 
 import contextvars
@@ -29,7 +32,12 @@ from kernels_py.model import Spans
 
 ATTENTION = "vlkv"
 # model_type in config.json -> the family the adapter knows how to drive.
-FAMILIES = {"llava": "LLaVA-1.5 style (CLIP vision tower, Llama-family language model, <image> placeholder)"}
+FAMILIES = {
+    "llava": "LLaVA-1.5 style (CLIP vision tower, Llama-family language model, <image> placeholder)",
+    "qwen2_vl": "Qwen2-VL (its vision tower, GQA language model with M-RoPE, "
+                "<|vision_start|><|image_pad|><|vision_end|> placeholder)",
+}
+MROPE_FAMILIES = ("qwen2_vl",)
 TESTED_TRANSFORMERS = "5.23.0"
 
 
@@ -48,7 +56,12 @@ class VLM:
 
     @property
     def image_token_id(self) -> int:
-        return int(self.model.config.image_token_index)
+        config = self.model.config
+        return int(config.image_token_index if self.family == "llava" else config.image_token_id)
+
+    @property
+    def mrope(self) -> bool:
+        return self.family in MROPE_FAMILIES
 
     @property
     def image_token(self) -> str:
@@ -216,6 +229,9 @@ def generate(vlm: VLM, method, inputs: dict, max_new_tokens: int,
     what this method would have chosen at each step."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    if vlm.mrope and getattr(method, "rope", None) == "before":
+        raise ModelError(f"{vlm.family} rotates keys with M-RoPE (3-D positions): a method that undoes RoPE itself "
+                         f"cannot run on it; use rope='after'")
     if force_tokens is not None and len(force_tokens) < max_new_tokens - 1:
         raise ValueError(f"force_tokens holds {len(force_tokens)} tokens; {max_new_tokens} steps feed "
                          f"{max_new_tokens - 1}")

@@ -13,8 +13,10 @@ layer.{l}.decode_q [steps, heads, 1, d], layer.{l}.decode_k / .decode_v
 [steps, kv_heads, 1, d]. Metadata key "vlkv": JSON with format, model
 (directory, model_type, layers, heads, kv_heads, head_dim, rope_theta,
 dtype), spans, prompt_tokens, decode_steps, prompt, tokens (generated ids).
-Keys before RoPE are exactly apply_rope(k, -positions, rope_theta) for the
-models supported (standard rotate-half RoPE), so they are not stored twice.
+Keys before RoPE are exactly apply_rope(k, -positions, rope_theta) for
+models with standard rotate-half RoPE (model.rope "default"), so they are not
+stored twice; M-RoPE models (Qwen2-VL, "mrope") rotate by 3-D positions the
+trace does not hold.
 """
 
 import argparse
@@ -75,6 +77,7 @@ def capture(vlm, images: list, prompt: str, decode_steps: int) -> tuple[dict, di
         "model": {"directory": str(vlm.path), "model_type": vlm.family, "layers": vlm.layers,
                   "heads": int(text.num_attention_heads), "kv_heads": int(text.num_key_value_heads),
                   "head_dim": int(q[0].shape[-1]), "rope_theta": float(_rope_theta(text)),
+                  "rope": "mrope" if vlm.mrope else "default",
                   "dtype": str(q[0].dtype).removeprefix("torch.")},
         "spans": {"system": list(spans.system), "images": [list(s) for s in spans.images], "text": list(spans.text)},
         "prompt_tokens": spans.prompt_tokens,

@@ -10,7 +10,7 @@ import torch
 
 from kernels_py import models
 from kernels_py.methods import make_method
-from kernels_py.tests.tiny_vlm import save_image, save_tiny_llava
+from kernels_py.tests.tiny_vlm import QWEN_PROMPT, save_image, save_tiny_llava, save_tiny_qwen2_vl
 
 PROMPT = "USER : <image> describe the picture ASSISTANT :"
 
@@ -144,3 +144,29 @@ def test_a_live_model_workload_scores_methods_inside_the_model(tiny):
     assert 0 <= h2o["token_agreement"] <= 1 and h2o["prefill_seconds"] > 0
     with pytest.raises(ValueError, match="needs model=, images= and prompt="):
         ablation.run("full", {}, {"model": str(root / "llava")}, "vlm")
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen(tmp_path_factory):
+    root = tmp_path_factory.mktemp("qwen")
+    return models.load(save_tiny_qwen2_vl(root / "qwen2_vl")), save_image(root / "image.png", size=112)
+
+
+def test_qwen2_vl_with_m_rope(tiny_qwen):
+    """Qwen2-VL: spans from its <|image_pad|> tokens, the full cache
+    reproduces its generate, methods run inside it, and a method that
+    undoes RoPE itself is refused (M-RoPE rotates by 3-D positions)."""
+    vlm, image = tiny_qwen
+    inputs = models.prompt_inputs(vlm, [image], QWEN_PROMPT)
+    spans = models.spans_from_ids(inputs["input_ids"][0], vlm.image_token_id)
+    # "USER : <|vision_start|>", 16 image tokens, then "<|vision_end|>" and the question as text.
+    assert spans.system == (0, 3) and spans.images == ((3, 19),) and spans.text == (19, 25)
+    reference = vlm.model.generate(**inputs, max_new_tokens=6, do_sample=False)[0, inputs["input_ids"].shape[1]:]
+    full = models.generate(vlm, make_method("full"), inputs, 6)
+    assert full.tokens == reference.tolist()
+    for name, params in (("h2o", {"budget": 0.5}), ("zipvl", {"group": 32, "sparse_prefill": False}),
+                         ("attentionpack", {"rank_k": 8, "rank_v": 8, "rope": "after"})):
+        got = models.generate(vlm, make_method(name, params), inputs, 6, force_tokens=full.tokens)
+        assert got.cache_bytes < full.cache_bytes and 0 <= models.compare(full, got)["token_agreement"] <= 1
+    with pytest.raises(models.ModelError, match="M-RoPE .* use rope='after'"):
+        models.generate(vlm, make_method("attentionpack", {"rank_k": 8, "rank_v": 8}), inputs, 2)

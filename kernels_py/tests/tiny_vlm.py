@@ -48,3 +48,42 @@ def save_image(path: Path, seed: int = 0, size: int = 40) -> Path:
     pixels = (np.random.RandomState(seed).rand(size, size, 3) * 255).astype("uint8")
     Image.fromarray(pixels).save(path)
     return path
+
+
+QWEN_PROMPT = "USER : <|vision_start|><|image_pad|><|vision_end|> describe the picture ASSISTANT :"
+
+
+def save_tiny_qwen2_vl(directory: Path, *, seed: int = 0, layers: int = 2) -> Path:
+    """A Qwen2-VL (M-RoPE, GQA): a 112 x 112 image is 8 x 8 patches, merged 2 x 2 into 16 image tokens."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import (
+        PreTrainedTokenizerFast, Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessor,
+        Qwen2VLProcessor, Qwen2VLVideoProcessor,
+    )
+
+    specials = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>", "<|endoftext|>"]
+    vocab = {"<unk>": 0}
+    for word in specials + WORDS.split():
+        vocab.setdefault(word, len(vocab))
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", eos_token="<|endoftext|>",
+                                   pad_token="<|endoftext|>")
+    fast.add_tokens(specials, special_tokens=True)
+    images = Qwen2VLImageProcessor(min_pixels=112 * 112, max_pixels=112 * 112, patch_size=14, merge_size=2,
+                                   temporal_patch_size=2)
+    config = Qwen2VLConfig(
+        text_config=dict(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         rope_scaling={"type": "mrope", "mrope_section": [4, 6, 6]}, bos_token_id=None,
+                         eos_token_id=vocab["<|endoftext|>"]),
+        vision_config=dict(depth=1, embed_dim=32, hidden_size=128, num_heads=2, patch_size=14, spatial_merge_size=2,
+                           temporal_patch_size=2, in_chans=3),
+        image_token_id=vocab["<|image_pad|>"], video_token_id=vocab["<|video_pad|>"],
+        vision_start_token_id=vocab["<|vision_start|>"], vision_end_token_id=vocab["<|vision_end|>"])
+    torch.manual_seed(seed)
+    model = Qwen2VLForConditionalGeneration(config).eval()
+    processor = Qwen2VLProcessor(image_processor=images, tokenizer=fast, video_processor=Qwen2VLVideoProcessor())
+    model.save_pretrained(directory)
+    processor.save_pretrained(directory)
+    return directory
