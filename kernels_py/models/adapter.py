@@ -170,11 +170,15 @@ def method_cache():
 
 @dataclass
 class _Session:
+    """One generation: per sequence of the batch its spans, its left padding
+    and (after prefill) its method caches, one per layer."""
+
     method: object
-    spans: Spans
+    spans: list[Spans]
+    pads: list[int]
     layers: int
-    prompt: dict = field(default_factory=dict)  # layer -> (q, k, v) [heads, T, d] until prefill ends
-    caches: list | None = None
+    prompt: dict = field(default_factory=dict)  # layer -> (q, k, v) [B, heads, T, d] until prefill ends
+    caches: list[list] | None = None
 
 
 _ACTIVE: contextvars.ContextVar[_Session] = contextvars.ContextVar("vlkv_session")
@@ -186,20 +190,35 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     session = _ACTIVE.get(None)
     if session is None:
         raise RuntimeError("the vlkv attention runs only inside kernels_py.models.generate")
-    if query.shape[0] != 1:
-        raise ModelError(f"the method-driven attention takes one sequence at a time, got a batch of {query.shape[0]}")
     layer = module.layer_idx
+    gqa = query.shape[1] != key.shape[1]
     if session.caches is None:  # prefill: ordinary causal attention; the method sees every layer's Q/K/V
-        out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling,
-                                             enable_gqa=query.shape[1] != key.shape[1])
-        session.prompt[layer] = (query[0], key[0], value[0])
+        if not any(session.pads):
+            out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling, enable_gqa=gqa)
+        else:  # left padding: transformers builds no mask for a registered function, so build it here
+            out = F.scaled_dot_product_attention(query, key, value, attn_mask=_padded_causal(session.pads, query),
+                                                 scale=scaling, enable_gqa=gqa)
+        session.prompt[layer] = (query, key, value)
         if len(session.prompt) == session.layers:
-            q, k, v = ([session.prompt[i][j] for i in range(session.layers)] for j in range(3))
-            session.caches = session.method.prefill_all(q, k, v, session.spans)
+            session.caches = []
+            for b, (pad, spans) in enumerate(zip(session.pads, session.spans)):
+                q, k, v = ([session.prompt[i][j][b, :, pad:] for i in range(session.layers)] for j in range(3))
+                session.caches.append(session.method.prefill_all(q, k, v, spans))
             session.prompt = {}
         return out.transpose(1, 2), None
-    out = session.method.decode(layer, session.caches[layer], query[0], key[0], value[0])
-    return out[None].to(query.dtype).transpose(1, 2), None
+    out = torch.stack([session.method.decode(layer, caches[layer], query[b], key[b], value[b])
+                       for b, caches in enumerate(session.caches)])
+    return out.to(query.dtype).transpose(1, 2), None
+
+
+def _padded_causal(pads: list[int], query: torch.Tensor) -> torch.Tensor:
+    """[B, 1, T, T] bool: token i of sequence b sees tokens pad_b..i; a padding
+    row sees only itself (its output is never used, and no row is empty)."""
+    tokens = query.shape[2]
+    i = torch.arange(tokens, device=query.device)[:, None]
+    j = torch.arange(tokens, device=query.device)[None, :]
+    pad = torch.tensor(pads, device=query.device)[:, None, None]
+    return (((j <= i) & (j >= pad)) | ((i < pad) & (j == i)))[:, None]
 
 
 def _register():
@@ -223,47 +242,106 @@ class Generation:
 def generate(vlm: VLM, method, inputs: dict, max_new_tokens: int,
              force_tokens: list[int] | None = None) -> Generation:
     """Greedy decoding of `max_new_tokens` tokens with `method` holding every
-    language-model layer's KV cache (batch of one). force_tokens: feed these
-    tokens back instead of the greedy ones (teacher forcing, so two methods'
-    distributions are compared on the same history); `tokens` still holds
-    what this method would have chosen at each step."""
+    language-model layer's KV cache, for one prompt (prompt_inputs).
+    force_tokens: feed these tokens back instead of the greedy ones (teacher
+    forcing, so two methods' distributions are compared on the same
+    history); `tokens` still holds what this method would have chosen."""
+    if inputs["input_ids"].shape[0] != 1:
+        raise ModelError(f"generate takes one prompt; for {inputs['input_ids'].shape[0]} use generate_batch")
+    return generate_batch(vlm, method, inputs, max_new_tokens,
+                          None if force_tokens is None else [force_tokens])[0]
+
+
+def batch_inputs(vlm: VLM, prompts: list[tuple[list, str]]) -> dict:
+    """The processor's tensors for several (images, prompt) pairs of
+    different lengths in one batch, left-padded (LLaVA family)."""
+    if vlm.mrope:
+        raise ModelError(f"batches of prompts are supported for llava models; {vlm.family} computes its M-RoPE "
+                         f"positions from the batch, which this adapter does not reproduce: one prompt at a time")
+    tokenizer = vlm.processor.tokenizer
+    if tokenizer.pad_token is None:
+        raise ModelError(f"{vlm.path}'s tokenizer has no padding token, which a batch of prompts of different "
+                         f"lengths needs: run them one at a time, or save the tokenizer with a pad_token")
+    side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    try:
+        single = [prompt_inputs(vlm, images, prompt) for images, prompt in prompts]  # checks each pair
+        del single
+        images = [image for imgs, _ in prompts for image in _open_images(imgs)]
+        inputs = vlm.processor(images=images, text=[p for _, p in prompts], padding=True, return_tensors="pt")
+    finally:
+        tokenizer.padding_side = side
+    return {k: v.to(vlm.model.device) for k, v in inputs.items()}
+
+
+def _open_images(images):
+    from PIL import Image
+
+    return [Image.open(i).convert("RGB") if isinstance(i, (str, Path)) else i for i in images]
+
+
+def generate_batch(vlm: VLM, method, inputs: dict, max_new_tokens: int,
+                   force_tokens: list[list[int]] | None = None) -> list[Generation]:
+    """generate for a batch (batch_inputs): every sequence keeps its own
+    method caches (ragged: each holds what its own prompt and method give),
+    the model runs the batch together. Positions follow the attention mask,
+    as transformers' generate computes them, so a left-padded sequence sees
+    the positions it would alone."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     if vlm.mrope and getattr(method, "rope", None) == "before":
         raise ModelError(f"{vlm.family} rotates keys with M-RoPE (3-D positions): a method that undoes RoPE itself "
                          f"cannot run on it; use rope='after'")
-    if force_tokens is not None and len(force_tokens) < max_new_tokens - 1:
-        raise ValueError(f"force_tokens holds {len(force_tokens)} tokens; {max_new_tokens} steps feed "
-                         f"{max_new_tokens - 1}")
+    ids = inputs["input_ids"]
+    batch = ids.shape[0]
+    if force_tokens is not None and (len(force_tokens) != batch
+                                     or any(len(f) < max_new_tokens - 1 for f in force_tokens)):
+        raise ValueError(f"force_tokens holds {[len(f) for f in force_tokens]} tokens for {batch} sequences; "
+                         f"{max_new_tokens} steps feed {max_new_tokens - 1} to each")
+    mask = inputs.get("attention_mask")
+    pads = [0] * batch if mask is None else [int((row == 0).sum()) for row in mask]
+    if mask is not None and any(int(row[pad:].min()) == 0 for row, pad in zip(mask, pads)):
+        raise ModelError("only left padding is supported (batch_inputs pads on the left)")
+    spans = [spans_from_ids(ids[b, pads[b]:], vlm.image_token_id) for b in range(batch)]
     _register()
     model = vlm.model
     language = model.model.language_model
-    spans = spans_from_ids(inputs["input_ids"][0], vlm.image_token_id)
-    session = _Session(method, spans, vlm.layers)
+    session = _Session(method, spans, pads, vlm.layers)
     token = _ACTIVE.set(session)
     before = language.config._attn_implementation
     language.set_attn_implementation(ATTENTION)
+    padded = any(pads)
     try:
         with torch.inference_mode():
             cache = method_cache()
+            extra = {}
+            if padded:
+                positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+                extra["position_ids"] = positions
             start = time.perf_counter()
-            out = model(**inputs, past_key_values=cache, use_cache=True)
+            out = model(**inputs, past_key_values=cache, use_cache=True, **extra)
             prefill = time.perf_counter() - start
-            logits = [out.logits[0, -1].float()]
-            tokens = [int(logits[-1].argmax())]
+            logits = [out.logits[:, -1].float()]
+            tokens = [logits[-1].argmax(-1)]
             start = time.perf_counter()
             for i in range(max_new_tokens - 1):
-                fed = tokens[-1] if force_tokens is None else int(force_tokens[i])
-                step = torch.tensor([[fed]], device=model.device)
-                out = model(input_ids=step, past_key_values=cache, use_cache=True)
-                logits.append(out.logits[0, -1].float())
-                tokens.append(int(logits[-1].argmax()))
+                fed = tokens[-1] if force_tokens is None else torch.tensor([f[i] for f in force_tokens],
+                                                                           device=model.device)
+                step = {"input_ids": fed[:, None].to(model.device)}
+                if padded:
+                    mask = torch.cat([mask, mask.new_ones(batch, 1)], dim=1)
+                    positions = positions[:, -1:] + 1
+                    step.update(attention_mask=mask, position_ids=positions)
+                out = model(**step, past_key_values=cache, use_cache=True)
+                logits.append(out.logits[:, -1].float())
+                tokens.append(logits[-1].argmax(-1))
             decode = time.perf_counter() - start
     finally:
         language.set_attn_implementation(before)
         _ACTIVE.reset(token)
-    cache_bytes = sum(method.cache_bytes(c) for c in session.caches)
-    return Generation(tokens, torch.stack(logits), cache_bytes, prefill, decode, spans)
+    stacked, chosen = torch.stack(logits, dim=1), torch.stack(tokens, dim=1)
+    return [Generation(chosen[b].tolist(), stacked[b], sum(method.cache_bytes(c) for c in session.caches[b]),
+                       prefill, decode, spans[b]) for b in range(batch)]
 
 
 def compare(reference: Generation, other: Generation) -> dict:

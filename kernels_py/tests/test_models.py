@@ -72,7 +72,7 @@ def test_teacher_forcing_and_the_comparison(tiny):
     assert models.compare(full, again) == {"token_agreement": 1.0, "kl_mean": 0.0, "kl_per_step": [0.0] * 5}
     harsh = models.generate(vlm, make_method("streamingllm", {"budget": 0.05}), inputs, 5, force_tokens=full.tokens)
     assert models.compare(full, harsh)["kl_mean"] > 0
-    with pytest.raises(ValueError, match="force_tokens holds 2 tokens; 5 steps feed 4"):
+    with pytest.raises(ValueError, match=r"force_tokens holds \[2\] tokens for 1 sequences; 5 steps feed 4"):
         models.generate(vlm, make_method("full"), inputs, 5, force_tokens=[1, 2])
 
 
@@ -170,3 +170,27 @@ def test_qwen2_vl_with_m_rope(tiny_qwen):
         assert got.cache_bytes < full.cache_bytes and 0 <= models.compare(full, got)["token_agreement"] <= 1
     with pytest.raises(models.ModelError, match="M-RoPE .* use rope='after'"):
         models.generate(vlm, make_method("attentionpack", {"rank_k": 8, "rank_v": 8}), inputs, 2)
+
+
+def test_a_batch_of_prompts_of_different_lengths(tiny, tmp_path):
+    """Two prompts, left-padded into one batch: each sequence keeps its own
+    method caches; with the full cache each generates what it generates
+    alone, and what the model's own batched generate gives."""
+    vlm, image, _ = tiny
+    other = save_image(tmp_path / "other.png", seed=5)
+    long_prompt = "USER : <image> describe the picture what is in a red cat ? ASSISTANT :"
+    pairs = [([image], PROMPT), ([other], long_prompt)]
+    inputs = models.batch_inputs(vlm, pairs)
+    assert inputs["input_ids"].shape == (2, 71 + 7) and int(inputs["attention_mask"][0].sum()) == 71
+    full = models.generate_batch(vlm, make_method("full"), inputs, 6)
+    reference = vlm.model.generate(**inputs, max_new_tokens=6, do_sample=False)[:, inputs["input_ids"].shape[1]:]
+    assert [g.tokens for g in full] == reference.tolist()
+    for (images, prompt), got in zip(pairs, full):
+        alone = models.generate(vlm, make_method("full"), models.prompt_inputs(vlm, images, prompt), 6)
+        assert got.tokens == alone.tokens and got.spans == alone.spans
+    # A method's caches are per sequence (ragged: each holds its own prompt's share).
+    h2o = models.generate_batch(vlm, make_method("h2o", {"budget": 0.3}), inputs, 6,
+                                force_tokens=[g.tokens for g in full])
+    assert h2o[0].cache_bytes < h2o[1].cache_bytes < full[1].cache_bytes
+    with pytest.raises(models.ModelError, match="generate takes one prompt"):
+        models.generate(vlm, make_method("full"), inputs, 2)
