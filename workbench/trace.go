@@ -31,7 +31,7 @@ func newTraceCaptureCmd(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "capture --model DIR --image FILE... --prompt TEXT --out FILE.safetensors",
 		Short: "Run a local VLM with the full cache and record every layer's Q/K/V",
-		Long: `capture loads a Hugging Face VLM from a local directory (LLaVA-1.5 or Qwen2-VL;
+		Long: `capture loads a Hugging Face VLM from a local directory (LLaVA-1.5, Qwen2-VL or Qwen2.5-VL;
 nothing is downloaded), runs the prompt with its images and a greedy
 generation of --decode-steps + 1 tokens with the full cache, and writes
 every language-model layer's Q/K/V (keys after RoPE, as the model caches

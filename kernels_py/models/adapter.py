@@ -36,8 +36,9 @@ FAMILIES = {
     "llava": "LLaVA-1.5 style (CLIP vision tower, Llama-family language model, <image> placeholder)",
     "qwen2_vl": "Qwen2-VL (its vision tower, GQA language model with M-RoPE, "
                 "<|vision_start|><|image_pad|><|vision_end|> placeholder)",
+    "qwen2_5_vl": "Qwen2.5-VL (as Qwen2-VL, with a windowed vision tower)",
 }
-MROPE_FAMILIES = ("qwen2_vl",)
+MROPE_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
 TESTED_TRANSFORMERS = "5.23.0"
 
 

@@ -146,17 +146,14 @@ def test_a_live_model_workload_scores_methods_inside_the_model(tiny):
         ablation.run("full", {}, {"model": str(root / "llava")}, "vlm")
 
 
-@pytest.fixture(scope="module")
-def tiny_qwen(tmp_path_factory):
-    root = tmp_path_factory.mktemp("qwen")
-    return models.load(save_tiny_qwen2_vl(root / "qwen2_vl")), save_image(root / "image.png", size=112)
-
-
-def test_qwen2_vl_with_m_rope(tiny_qwen):
-    """Qwen2-VL: spans from its <|image_pad|> tokens, the full cache
-    reproduces its generate, methods run inside it, and a method that
-    undoes RoPE itself is refused (M-RoPE rotates by 3-D positions)."""
-    vlm, image = tiny_qwen
+@pytest.mark.parametrize("version, family", [("2", "qwen2_vl"), ("2.5", "qwen2_5_vl")])
+def test_qwen_vl_with_m_rope(tmp_path, version, family):
+    """Qwen2-VL and Qwen2.5-VL: spans from their <|image_pad|> tokens, the
+    full cache reproduces their generate, methods run inside them, and a
+    method that undoes RoPE itself is refused (M-RoPE rotates by 3-D positions)."""
+    vlm = models.load(save_tiny_qwen2_vl(tmp_path / family, version=version))
+    image = save_image(tmp_path / "image.png", size=112)
+    assert vlm.family == family and vlm.mrope
     inputs = models.prompt_inputs(vlm, [image], QWEN_PROMPT)
     spans = models.spans_from_ids(inputs["input_ids"][0], vlm.image_token_id)
     # "USER : <|vision_start|>", 16 image tokens, then "<|vision_end|>" and the question as text.

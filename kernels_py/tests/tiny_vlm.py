@@ -54,12 +54,14 @@ def save_image(path: Path, seed: int = 0, size: int = 40) -> Path:
 QWEN_PROMPT = "USER : <|vision_start|><|image_pad|><|vision_end|> describe the picture ASSISTANT :"
 
 
-def save_tiny_qwen2_vl(directory: Path, *, seed: int = 0, layers: int = 2) -> Path:
-    """A Qwen2-VL (M-RoPE, GQA): a 112 x 112 image is 8 x 8 patches, merged 2 x 2 into 16 image tokens."""
+def save_tiny_qwen2_vl(directory: Path, *, seed: int = 0, layers: int = 2, version: str = "2") -> Path:
+    """A Qwen2-VL (version "2") or Qwen2.5-VL ("2.5"), M-RoPE and GQA: a 112 x
+    112 image is 8 x 8 patches, merged 2 x 2 into 16 image tokens."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import (
-        PreTrainedTokenizerFast, Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessor,
-        Qwen2VLProcessor, Qwen2VLVideoProcessor,
+        PreTrainedTokenizerFast, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLProcessor,
+        Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessor, Qwen2VLProcessor,
+        Qwen2VLVideoProcessor,
     )
 
     specials = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>", "<|endoftext|>"]
@@ -73,18 +75,25 @@ def save_tiny_qwen2_vl(directory: Path, *, seed: int = 0, layers: int = 2) -> Pa
     fast.add_tokens(specials, special_tokens=True)
     images = Qwen2VLImageProcessor(min_pixels=112 * 112, max_pixels=112 * 112, patch_size=14, merge_size=2,
                                    temporal_patch_size=2)
-    config = Qwen2VLConfig(
-        text_config=dict(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=layers,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         rope_scaling={"type": "mrope", "mrope_section": [4, 6, 6]}, bos_token_id=None,
-                         eos_token_id=vocab["<|endoftext|>"]),
-        vision_config=dict(depth=1, embed_dim=32, hidden_size=128, num_heads=2, patch_size=14, spatial_merge_size=2,
-                           temporal_patch_size=2, in_chans=3),
-        image_token_id=vocab["<|image_pad|>"], video_token_id=vocab["<|video_pad|>"],
-        vision_start_token_id=vocab["<|vision_start|>"], vision_end_token_id=vocab["<|vision_end|>"])
+    text = dict(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=layers, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=512,
+                rope_scaling={"type": "mrope", "mrope_section": [4, 6, 6]}, bos_token_id=None,
+                eos_token_id=vocab["<|endoftext|>"])
+    tokens = dict(image_token_id=vocab["<|image_pad|>"], video_token_id=vocab["<|video_pad|>"],
+                  vision_start_token_id=vocab["<|vision_start|>"], vision_end_token_id=vocab["<|vision_end|>"])
+    if version == "2":
+        vision = dict(depth=1, embed_dim=32, hidden_size=128, num_heads=2, patch_size=14, spatial_merge_size=2,
+                      temporal_patch_size=2, in_chans=3)
+        config_class, model_class, processor_class = Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLProcessor
+    else:
+        vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=14, spatial_merge_size=2,
+                      temporal_patch_size=2, in_chans=3, out_hidden_size=128, window_size=56, fullatt_block_indexes=[1])
+        config_class, model_class = Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+        processor_class = Qwen2_5_VLProcessor
+    config = config_class(text_config=text, vision_config=vision, **tokens)
     torch.manual_seed(seed)
-    model = Qwen2VLForConditionalGeneration(config).eval()
-    processor = Qwen2VLProcessor(image_processor=images, tokenizer=fast, video_processor=Qwen2VLVideoProcessor())
+    model = model_class(config).eval()
+    processor = processor_class(image_processor=images, tokenizer=fast, video_processor=Qwen2VLVideoProcessor())
     model.save_pretrained(directory)
     processor.save_pretrained(directory)
     return directory
