@@ -14,7 +14,7 @@ from kernels_py.workloads.base import Workload, WorkloadConfig
 
 @dataclass(frozen=True)
 class VLMConfig(WorkloadConfig):
-    """A local Hugging Face VLM (LLaVA-1.5, Qwen2-VL or Qwen2.5-VL) run on a prompt and images; methods run inside it."""
+    """A local VLM (LLaVA-1.5, Qwen2-VL or Qwen2.5-VL) run on a prompt and images; methods run inside it."""
 
     name = "vlm"
 
