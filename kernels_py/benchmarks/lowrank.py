@@ -12,8 +12,9 @@ timed too, as an ablation. Cache: `length` visual tokens compressed to rank
 split into two importance groups as in the paper's setup (25% of the tokens
 at full rank, 75% at rank / 4, in the factors `partial` names: values by
 default), stored grouped by rank as the AttentionPack cache stores them (the
-full-rank group first), then `dense_len` uncompressed text tokens; one new query token that sees every cached token (so no mask is
-needed by the baselines). Every sequence of a batch has the full length.
+full-rank group first), then `dense_len` uncompressed text tokens; one new
+query token that sees every cached token (so no mask is needed by the
+baselines). Every sequence of a batch has the full length.
 
 Bytes and FLOPs (for GB/s, % of the HBM peak and TFLOP/s) are those the
 step must move and compute, from kernels_py/ops/lowrank_decode/model.py:
@@ -121,8 +122,8 @@ class Lowrank(AttentionBenchmark):
         Column("speedup_vs_unfused", "x", "unfused time / fused time (above 1: fused is faster)", "unfused/fused"),
         Column("speedup_vs_sdpa", "x", "SDPA time / fused time (above 1: fused is faster)", "SDPA/fused"),
         Column("compression_ratio", "x", "full K/V bytes / compressed cache bytes", "compression"),
-        Column("fused_peak_bytes", "bytes", "extra device memory of the fused kernel at its peak, its workspace included",
-               "peak fused"),
+        Column("fused_peak_bytes", "bytes",
+               "extra device memory of the fused kernel at its peak, its workspace included", "peak fused"),
         Column("unfused_peak_bytes", "bytes", "extra device memory of the unfused path", "peak unfused"),
         Column("sdpa_peak_bytes", "bytes", "extra device memory of SDPA on the full cache", show=False),
         Column("compressed_bytes", "bytes", "U, W and dense K/V bytes the fused kernel reads", show=False),

@@ -222,7 +222,8 @@ def group_rank(rank_share: float, rank: int) -> int:
     return kept_count(rank_share, rank)
 
 
-def importance_groups(importance: torch.Tensor, sizes: list[int], positions: torch.Tensor | None = None) -> torch.Tensor:
+def importance_groups(importance: torch.Tensor, sizes: list[int],
+                      positions: torch.Tensor | None = None) -> torch.Tensor:
     """[T] int64 group index of each token: tokens sorted by importance fill
     groups of `sizes` in order; ties go to the earlier position (positions
     [T], default the index)."""

@@ -92,7 +92,7 @@ def _percent(name: str, default: float, meaning: str, ref: str):
 
 @dataclass(frozen=True)
 class AVL(Method):
-    """A-VL: image tokens as core (used) / secondary (stored) / minor (evicted) by last-token attention, core refreshed every K steps; text by H2O within a window."""
+    """A-VL: image tokens core (attended) / secondary (stored) / minor (evicted), core renewed every K steps."""
 
     name = "avl"
     paper = "Zhang et al., AAAI 2025, A-VL: Adaptive Attention for Large Vision-Language Models"

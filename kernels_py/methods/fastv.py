@@ -18,7 +18,7 @@ from kernels_py.params import knob
 
 @dataclass(frozen=True)
 class FastV(Method):
-    """FastV with KV cache: after layer K, the R% of image tokens least attended by the last prompt token are dropped."""
+    """FastV with a KV cache: after layer K, the R% of image tokens least attended by the last token are dropped."""
 
     name = "fastv"
     paper = "Chen et al., 2024, An Image is Worth 1/2 Tokens After Layer 2 (FastV)"

@@ -27,10 +27,11 @@ from kernels_py.params import Rule, knob
 
 @dataclass(frozen=True)
 class LookM(Method):
-    """LOOK-M: text-prior eviction at prefill (recent alpha_1 + important alpha_2) with evicted KV merged into the nearest kept token."""
+    """LOOK-M: text-prior eviction at prefill, each evicted token's K/V merged into its nearest kept token."""
 
     name = "lookm"
-    paper = "Wan et al., 2024, LOOK-M: Look-Once Optimization in KV Cache for Efficient Multimodal Long-Context Inference"
+    paper = ("Wan et al., 2024, LOOK-M: Look-Once Optimization in KV Cache for Efficient Multimodal Long-Context "
+             "Inference")
 
     recent_ratio: float = knob("float", 0.1, "alpha_1: the recent window, share of the prompt", min=0.0, max=1.0,
                                ref="LOOK-M section 4.3")

@@ -17,7 +17,7 @@ from kernels_py.params import knob
 
 @dataclass(frozen=True)
 class PyramidKV(TokenSelection):
-    """PyramidKV: budgets decreasing linearly over layers (same total), SnapKV's window votes within a layer; prefill only."""
+    """PyramidKV: budgets falling linearly over layers (same total), SnapKV's votes within a layer."""
 
     name = "pyramidkv"
     paper = "Cai et al., 2024, PyramidKV: Dynamic KV Cache Compression based on Pyramidal Information Funneling"

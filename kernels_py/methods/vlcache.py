@@ -46,8 +46,8 @@ class VLCache(TokenSelection):
                         ref="VL-Cache section 3.2")
     window: int = knob("int", 32, "query rows of the sliding_window scoring", min=1, max=65536)
     redistribute: bool = knob(
-        "bool", False, "give the budget Algorithm 1's clip to [0.01, 1] removes (or adds) back to the unclipped layers, "
-        "so the layers average alpha (the paper does not: False)", ref="VL-Cache Algorithm 1")
+        "bool", False, "give the budget Algorithm 1's clip to [0.01, 1] removes (or adds) back to the unclipped "
+        "layers, so the layers average alpha (the paper does not: False)", ref="VL-Cache Algorithm 1")
     backend: str = backend_knob()
 
     def scorer(self):

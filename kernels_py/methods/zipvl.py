@@ -34,7 +34,7 @@ from kernels_py.params import knob
 
 @dataclass(frozen=True)
 class ZipVL(ImportanceQuantized):
-    """ZipVL: important tokens (adaptive count per layer, Eq. 6; by normalized probe attention, Eq. 7) in 4 bits, the rest in 2."""
+    """ZipVL: the important tokens of each layer (adaptive count, Eq. 6-7) in 4 bits, the rest in 2."""
 
     name = "zipvl"
     paper = "He et al., 2024, ZipVL: Efficient Large Vision-Language Models with Dynamic Token Sparsification"

@@ -66,7 +66,8 @@ def capture(vlm, images: list, prompt: str, decode_steps: int) -> tuple[dict, di
     tensors = {}
     q, k, v = recorder.prompt
     for layer in range(vlm.layers):
-        tensors[f"layer.{layer}.q"], tensors[f"layer.{layer}.k"], tensors[f"layer.{layer}.v"] = q[layer], k[layer], v[layer]
+        for name, per_layer in (("q", q), ("k", k), ("v", v)):
+            tensors[f"layer.{layer}.{name}"] = per_layer[layer]
         steps = recorder.steps[layer]
         for i, name in enumerate(("decode_q", "decode_k", "decode_v")):
             tensors[f"layer.{layer}.{name}"] = torch.stack([s[i] for s in steps])

@@ -129,7 +129,8 @@ def test_avl_update_steps_use_all_secondary_tokens_and_report_used_cache(workloa
                     13 + text + 6]
     m = method.layer_metrics(2, cache)
     assert m["core_tokens"] == 13 and m["secondary_tokens"] == 26
-    assert m["stored_fraction"] == pytest.approx((26 + 24 + 7) / (PROMPT + 7)) and m["used_fraction"] < m["stored_fraction"]
+    assert m["stored_fraction"] == pytest.approx((26 + 24 + 7) / (PROMPT + 7))
+    assert m["used_fraction"] < m["stored_fraction"]
 
 
 def test_avl_text_window_and_prefill_filter(workload):
@@ -138,7 +139,8 @@ def test_avl_text_window_and_prefill_filter(workload):
     assert int((~caches[0].visual).sum()) == 12  # 50% of 24 text tokens
     # After the second layer only 50% of the image tokens (layer 2's choice) are candidates: 60% becomes 32.
     assert [int(c.visual.sum()) for c in caches] == [math.ceil(0.6 * 64)] * 2 + [32] * 2
-    assert set(caches[2].positions[0][caches[2].visual].tolist()) == set(caches[3].positions[0][caches[3].visual].tolist())
+    stored = [set(c.positions[0][c.visual].tolist()) for c in caches[2:]]
+    assert stored[0] == stored[1]
     result = ablation.run("avl", {}, CFG)
     assert 0 < result["metrics"]["used_fraction"] < result["metrics"]["stored_fraction"] < 1
 

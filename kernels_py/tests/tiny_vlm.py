@@ -26,7 +26,8 @@ def save_tiny_llava(directory: Path, *, seed: int = 0, layers: int = 2, heads: i
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
                                    pad_token="<unk>")
     fast.add_tokens(["<image>"], special_tokens=True)
-    images = CLIPImageProcessor(size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
+    images = CLIPImageProcessor(size={"shortest_edge": IMAGE_SIZE},
+                                crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
     text = LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=layers,
                        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=512)
     vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,

@@ -82,7 +82,8 @@ def selftest(seed: int = 0, dtype: str = "float16", heads: int = 8, kv_heads: in
         rows.append({"lists": f"30% of {slots} rows, {name}", "out_err": out_err, "lse_err": lse_err,
                      "seconds": seconds, "ok": out_err <= tol and lse_err <= tol})
     return {
-        "title": f"one decode step over selected rows ({heads} heads, {kv_heads} kv heads, head_dim {head_dim}, {dtype})",
+        "title": f"one decode step over selected rows ({heads} heads, {kv_heads} kv heads, head_dim {head_dim}, "
+                 f"{dtype})",
         **table(COLUMNS, rows),
         "verdict": f"tolerance {TOLERANCE[torch_dtype]:.0e}",
         "ok": all(r["ok"] for r in rows),

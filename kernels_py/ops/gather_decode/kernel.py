@@ -57,8 +57,8 @@ def _stage1_kernel(
     q_pos = tl.load(QPos + b * stride_pb + query * stride_pm, mask=row_mask, other=-1).to(tl.int32)
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < head_dim
-    q = tl.load(Q + b * stride_qb + head[:, None] * stride_qh + query[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-                mask=row_mask[:, None] & d_mask[None, :], other=0.0).to(QK_DT)
+    q_rows = Q + b * stride_qb + head[:, None] * stride_qh + query[:, None] * stride_qm
+    q = tl.load(q_rows + offs_d[None, :] * stride_qd, mask=row_mask[:, None] & d_mask[None, :], other=0.0).to(QK_DT)
 
     count = tl.load(Count + b * stride_cb + kv_head * stride_ch).to(tl.int32)
     per_split = tl.cdiv(tl.cdiv(count, n_splits), BLOCK_N) * BLOCK_N

@@ -105,7 +105,8 @@ def shapes(batch: int, kv_heads: int, slots: int, head_dim: int, bits: int, grou
     p = per_word(bits)
     return {"k_codes": (batch, kv_heads, slots // p, head_dim), "k_scale": (batch, kv_heads, slots // group, head_dim),
             "k_zero": (batch, kv_heads, slots // group, head_dim), "v_codes": (batch, kv_heads, slots, head_dim // p),
-            "v_scale": (batch, kv_heads, slots, head_dim // group), "v_zero": (batch, kv_heads, slots, head_dim // group),
+            "v_scale": (batch, kv_heads, slots, head_dim // group),
+            "v_zero": (batch, kv_heads, slots, head_dim // group),
             "pos": (batch, slots), "length": (batch,)}
 
 

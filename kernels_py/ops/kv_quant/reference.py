@@ -72,9 +72,11 @@ def dequantize(seg: QuantKV) -> tuple[torch.Tensor, torch.Tensor]:
     batch, heads, _, dim = seg.k_codes.shape
     slots, group = seg.slots, seg.group
     k_codes = _unpack(seg.k_codes, seg.bits).transpose(-1, -2).reshape(batch, heads, slots, dim)
-    k = k_codes.float() * seg.k_scale.float().repeat_interleave(group, 2) + seg.k_zero.float().repeat_interleave(group, 2)
+    k_scale, k_zero = (t.float().repeat_interleave(group, 2) for t in (seg.k_scale, seg.k_zero))
+    k = k_codes.float() * k_scale + k_zero
     v_codes = _unpack(seg.v_codes, seg.bits).reshape(batch, heads, slots, dim)
-    v = v_codes.float() * seg.v_scale.float().repeat_interleave(group, 3) + seg.v_zero.float().repeat_interleave(group, 3)
+    v_scale, v_zero = (t.float().repeat_interleave(group, 3) for t in (seg.v_scale, seg.v_zero))
+    v = v_codes.float() * v_scale + v_zero
     slot = torch.arange(slots, device=seg.pos.device)
     valid = ((slot[None, :] < seg.length[:, None].to(torch.int64)) & (seg.pos != PAD_POS))[:, None, :, None]
     return torch.where(valid, k, 0.0), torch.where(valid, v, 0.0)

@@ -659,7 +659,8 @@ def _check_workspace(ws: Workspace, q, comp, dense, num_splits, absorbed: bool) 
         raise TypeError(f"workspace must be a Workspace (make_workspace), got {type(ws).__name__}")
     if num_splits is not None and num_splits != ws.splits:
         raise ValueError(f"num_splits={num_splits} but the workspace was made for {ws.splits} splits")
-    for name, t, shape in zip(("logits", "part_o", "part_lse", "q_rank"), (ws.logits, ws.part_o, ws.part_lse, ws.q_rank),
+    for name, t, shape in zip(("logits", "part_o", "part_lse", "q_rank"),
+                              (ws.logits, ws.part_o, ws.part_lse, ws.q_rank),
                               _workspace_shapes(q, comp, dense, ws.splits, absorbed)):
         if tuple(t.shape) != shape or t.dtype != torch.float32 or t.device != q.device:
             raise ValueError(f"workspace.{name} is {t.dtype} {tuple(t.shape)} on {t.device}; this call needs "

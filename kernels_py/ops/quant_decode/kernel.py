@@ -104,8 +104,8 @@ def _stage1_kernel(
     q_pos = tl.load(QPos + b * stride_pb + query * stride_pm, mask=row_mask, other=-1).to(tl.int32)
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < head_dim
-    q = tl.load(Q + b * stride_qb + head[:, None] * stride_qh + query[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-                mask=row_mask[:, None] & d_mask[None, :], other=0.0).to(QK_DT)
+    q_rows = Q + b * stride_qb + head[:, None] * stride_qh + query[:, None] * stride_qm
+    q = tl.load(q_rows + offs_d[None, :] * stride_qd, mask=row_mask[:, None] & d_mask[None, :], other=0.0).to(QK_DT)
 
     a_len = tl.load(ALen + b * sa_lb).to(tl.int32)
     b_len = 0

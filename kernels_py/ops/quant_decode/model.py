@@ -99,7 +99,8 @@ def report(shapes=SHAPES) -> dict:
                          "speedup_vs_flash": flash_us / us})
     s = shapes[0]
     per = per_token_bytes(s)
-    return {"title": f"one decode step over a quantized cache on an H100, modeled ({s.heads} q / {s.kv_heads} kv heads, "
+    return {"title": f"one decode step over a quantized cache on an H100, modeled ({s.heads} q / {s.kv_heads} kv "
+                     f"heads, "
                      f"head_dim {s.head_dim}, {s.hi_share:.0%} of the tokens in {s.hi_bits} bits, the rest in "
                      f"{s.lo_bits}, group {s.group}; {per['full']} bytes a token in the fp16 cache, "
                      f"{per['quantized']:g} quantized)",
