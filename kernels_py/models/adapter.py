@@ -187,7 +187,7 @@ _ACTIVE: contextvars.ContextVar[_Session] = contextvars.ContextVar("vlkv_session
 
 def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """The registered attention function of the language model's layers
-    (query [1, H, T, d], key/value [1, H_kv, T, d], as the layer computed them)."""
+    (query [B, H, T, d], key/value [B, H_kv, T, d], as the layer computed them)."""
     session = _ACTIVE.get(None)
     if session is None:
         raise RuntimeError("the vlkv attention runs only inside kernels_py.models.generate")
