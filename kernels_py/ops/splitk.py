@@ -16,6 +16,26 @@ import triton.language as tl
 
 
 @triton.jit
+def _group_queries(Q, QPos, kv_head, b, stride_qb, stride_qh, stride_qm, stride_qd, stride_pb, stride_pm, head_dim,
+                   GROUP: tl.constexpr, N_QUERIES: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+                   QK_DT: tl.constexpr):
+    """The query rows of one kv head's program (grouped decode): row r is query
+    token r % M of query head kv_head * GROUP + r // M, padded to BLOCK_ROWS.
+    Returns head, query, row_mask, each row's position, the channel offsets
+    and mask, and q [BLOCK_ROWS, BLOCK_D] in the dot dtype."""
+    offs_row = tl.arange(0, BLOCK_ROWS)
+    row_mask = offs_row < GROUP * N_QUERIES
+    head = kv_head * GROUP + offs_row // N_QUERIES
+    query = offs_row % N_QUERIES
+    q_pos = tl.load(QPos + b * stride_pb + query * stride_pm, mask=row_mask, other=-1).to(tl.int32)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < head_dim
+    q_rows = Q + b * stride_qb + head[:, None] * stride_qh + query[:, None] * stride_qm
+    q = tl.load(q_rows + offs_d[None, :] * stride_qd, mask=row_mask[:, None] & d_mask[None, :], other=0.0).to(QK_DT)
+    return head, query, row_mask, q_pos, offs_d, d_mask, q
+
+
+@triton.jit
 def _online_softmax(s, m_i, l_i):
     """One tile of the base-2 online softmax: the tile's unnormalised
     probabilities, the factor rescaling what was accumulated, new max and sum.

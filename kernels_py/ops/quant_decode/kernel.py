@@ -26,7 +26,7 @@ from kernels_py.ops import common, splitk
 from kernels_py.ops.kv_quant.contract import per_word
 from kernels_py.ops.kv_quant.kernel import PAD, dequantize_tile
 from kernels_py.ops.quant_decode.contract import DenseKV, QuantDecodeOutput, check_inputs
-from kernels_py.ops.splitk import _online_softmax, _store_split
+from kernels_py.ops.splitk import _group_queries, _online_softmax, _store_split
 from kernels_py.runtime import interpreter_mode
 
 MAX_ROWS = 128  # query heads per kv head x query tokens, one program's rows
@@ -97,15 +97,9 @@ def _stage1_kernel(
     split = tl.program_id(2)
     n_splits = tl.num_programs(2)
 
-    offs_row = tl.arange(0, BLOCK_ROWS)
-    row_mask = offs_row < GROUP * N_QUERIES
-    head = kv_head * GROUP + offs_row // N_QUERIES
-    query = offs_row % N_QUERIES
-    q_pos = tl.load(QPos + b * stride_pb + query * stride_pm, mask=row_mask, other=-1).to(tl.int32)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < head_dim
-    q_rows = Q + b * stride_qb + head[:, None] * stride_qh + query[:, None] * stride_qm
-    q = tl.load(q_rows + offs_d[None, :] * stride_qd, mask=row_mask[:, None] & d_mask[None, :], other=0.0).to(QK_DT)
+    head, query, row_mask, q_pos, offs_d, d_mask, q = _group_queries(
+        Q, QPos, kv_head, b, stride_qb, stride_qh, stride_qm, stride_qd, stride_pb, stride_pm, head_dim,
+        GROUP, N_QUERIES, BLOCK_ROWS, BLOCK_D, QK_DT)
 
     a_len = tl.load(ALen + b * sa_lb).to(tl.int32)
     b_len = 0
