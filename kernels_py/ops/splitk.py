@@ -36,6 +36,18 @@ def _group_queries(Q, QPos, kv_head, b, stride_qb, stride_qh, stride_qm, stride_
 
 
 @triton.jit
+def _attend_tile(q, k, v, pos, tok_mask, q_pos, row_mask, m_i, l_i, acc, qk_scale, QK_DT: tl.constexpr):
+    """One tile of grouped decode: the rows q [ROWS, D] score the tile's keys
+    k [N, D] (a token is visible to a row at or after its position), and the
+    online softmax takes in the values v [N, D]. Returns m_i, l_i, acc."""
+    s = tl.dot(q, tl.trans(k.to(QK_DT)), input_precision="ieee") * qk_scale
+    visible = (pos[None, :] <= q_pos[:, None]) & tok_mask[None, :] & row_mask[:, None]
+    p, alpha, m_i, l_i = _online_softmax(tl.where(visible, s, float("-inf")), m_i, l_i)
+    acc = acc * alpha[:, None] + tl.dot(p.to(QK_DT), v.to(QK_DT), input_precision="ieee")
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _online_softmax(s, m_i, l_i):
     """One tile of the base-2 online softmax: the tile's unnormalised
     probabilities, the factor rescaling what was accumulated, new max and sum.

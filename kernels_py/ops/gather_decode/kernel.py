@@ -20,7 +20,7 @@ import triton.language as tl
 
 from kernels_py.ops import common, splitk
 from kernels_py.ops.gather_decode.contract import GatherDecodeOutput, check_inputs
-from kernels_py.ops.splitk import _group_queries, _online_softmax, _store_split
+from kernels_py.ops.splitk import _attend_tile, _group_queries, _store_split
 from kernels_py.runtime import interpreter_mode
 
 MAX_ROWS = 128  # query heads per kv head x query tokens, one program's rows
@@ -72,12 +72,8 @@ def _stage1_kernel(
         pos = tl.load(Pos + b * stride_rb + rows * stride_rn, mask=tok_mask, other=0).to(tl.int32)
         kv_mask = tok_mask[:, None] & d_mask[None, :]
         k = tl.load(K_h + rows[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k.to(QK_DT)), input_precision="ieee") * qk_scale
-        visible = (pos[None, :] <= q_pos[:, None]) & tok_mask[None, :] & row_mask[:, None]
-        s = tl.where(visible, s, float("-inf"))
-        p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i)
         v = tl.load(V_h + rows[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(QK_DT), v.to(QK_DT), input_precision="ieee")
+        m_i, l_i, acc = _attend_tile(q, k, v, pos, tok_mask, q_pos, row_mask, m_i, l_i, acc, qk_scale, QK_DT)
 
     part_rows = b * stride_ob + head[:, None] * stride_oh + query[:, None] * stride_om + split * stride_os
     lse_rows = b * stride_sb + head * stride_sh + query * stride_sm + split * stride_ss

@@ -26,7 +26,7 @@ from kernels_py.ops import common, splitk
 from kernels_py.ops.kv_quant.contract import per_word
 from kernels_py.ops.kv_quant.kernel import PAD, dequantize_tile
 from kernels_py.ops.quant_decode.contract import DenseKV, QuantDecodeOutput, check_inputs
-from kernels_py.ops.splitk import _group_queries, _online_softmax, _store_split
+from kernels_py.ops.splitk import _attend_tile, _group_queries, _store_split
 from kernels_py.runtime import interpreter_mode
 
 MAX_ROWS = 128  # query heads per kv head x query tokens, one program's rows
@@ -61,11 +61,7 @@ def _attend_quantized(q, q_pos, row_mask, m_i, l_i, acc, lo, hi,
         k, v = dequantize_tile(KC, KS, KZ, VC, VS, VZ, start, offs_n, offs_d, d_mask,
                                stride_kcw, stride_kcd, stride_ksg, stride_ksd, stride_vcn, stride_vcw, stride_vsn,
                                stride_vsg, head_dim, BITS, GROUP, BLOCK_N, BLOCK_D, BLOCK_W)
-        s = tl.dot(q, tl.trans(k.to(QK_DT)), input_precision="ieee") * qk_scale
-        visible = (pos[None, :] <= q_pos[:, None]) & tok_mask[None, :] & row_mask[:, None]
-        s = tl.where(visible, s, float("-inf"))
-        p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i)
-        acc = acc * alpha[:, None] + tl.dot(p.to(QK_DT), v.to(QK_DT), input_precision="ieee")
+        m_i, l_i, acc = _attend_tile(q, k, v, pos, tok_mask, q_pos, row_mask, m_i, l_i, acc, qk_scale, QK_DT)
     return m_i, l_i, acc
 
 
@@ -141,12 +137,8 @@ def _stage1_kernel(
         pos = tl.load(DPos + b * stride_dpb + offs_n * stride_dpn, mask=tok_mask, other=0).to(tl.int32)
         kv_mask = tok_mask[:, None] & d_mask[None, :]
         k = tl.load(DK_h + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd, mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k.to(QK_DT)), input_precision="ieee") * qk_scale
-        visible = (pos[None, :] <= q_pos[:, None]) & tok_mask[None, :] & row_mask[:, None]
-        s = tl.where(visible, s, float("-inf"))
-        p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i)
         v = tl.load(DV_h + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd, mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(QK_DT), v.to(QK_DT), input_precision="ieee")
+        m_i, l_i, acc = _attend_tile(q, k, v, pos, tok_mask, q_pos, row_mask, m_i, l_i, acc, qk_scale, QK_DT)
 
     part_rows = b * stride_ob + head[:, None] * stride_oh + query[:, None] * stride_om + split * stride_os
     lse_rows = b * stride_sb + head * stride_sh + query * stride_sm + split * stride_ss
