@@ -72,10 +72,13 @@ def run(method: str, params: Mapping[str, Any], workload: Mapping[str, Any],
       sparsity_mean                  VL-Cache gamma (p = 1%) of the prefill attention, mean over layers
       prefill_kept_fraction          prompt tokens kept by prefill / prompt tokens, mean over layers
       <method metrics>               what Method.layer_metrics reports (e.g. vlcache's layer_budget), layer mean
-      token_agreement, kl_mean, kl_max, model_cache_bytes, prefill_seconds, decode_seconds, peak_gpu_bytes
+      token_agreement, kl_mean, kl_max, model_cache_bytes, prefill_seconds, decode_seconds,
+      peak_gpu_bytes, peak_cpu_bytes, decode_peak_bytes
                                      on a "vlm" workload only: the method run inside the model (see _in_model)
     per_layer: rel_err (mean over steps), sparsity, post_vision_sparsity (gamma over the rows after the
     last visual token), cache_hit_rate, ppci_90, cache_bytes, prefill_kept_fraction, and the method's metrics.
+    per_step (a "vlm" workload only): tokens (the method's greedy token each step, fed the full cache's),
+    reference_tokens (the full cache's), kl.
     Raises ValueError / TypeError on unknown or invalid methods, workloads and parameters.
     """
     chosen = make_method(method, params)
@@ -84,7 +87,8 @@ def run(method: str, params: Mapping[str, Any], workload: Mapping[str, Any],
     trace = _trace(chosen, reference.workload)
     report = _report(trace, reference)
     if hasattr(config, "image_list"):  # a live model: the method also runs inside it
-        report["metrics"].update(_in_model(config, chosen))
+        metrics, report["per_step"] = _in_model(config, chosen)
+        report["metrics"].update(metrics)
     return report
 
 
@@ -98,22 +102,30 @@ def _full_generation(config):
     return vlm, inputs, models.generate(vlm, make_method(REFERENCE_METHOD, {}), inputs, config.decode_steps + 1)
 
 
-def _in_model(config, method) -> dict[str, float]:
+def _in_model(config, method) -> tuple[dict[str, float], dict[str, list]]:
     """The method inside the model, fed the full cache's tokens: token_agreement
     (share of steps whose greedy token is the full cache's), kl_mean / kl_max of
     the next-token distributions, model_cache_bytes (all layers after the last
-    step), prefill_seconds, decode_seconds, peak_gpu_bytes (nan on a CPU)."""
+    step), prefill_seconds, decode_seconds; memory above what was in use
+    before the generation (the weights): peak_gpu_bytes (the CUDA allocator's peak
+    over the generation; nan on a CPU), peak_cpu_bytes (the resident set's
+    peak, Linux; nan on a GPU), decode_peak_bytes (the same over the decode
+    steps alone: the caches and one step's work, which falls when a method
+    evicts; the prefill peak holds every layer's Q/K/V for any method). Per
+    step: the method's greedy tokens, the full cache's, and the KL."""
     from kernels_py import models
 
     vlm, inputs, full = _full_generation(config)
-    if torch.cuda.is_available() and vlm.model.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
     got = models.generate(vlm, method, inputs, config.decode_steps + 1, force_tokens=full.tokens)
-    peak = float(torch.cuda.max_memory_allocated()) if vlm.model.device.type == "cuda" else float("nan")
     scores = models.compare(full, got)
+    nan = float("nan")
     return {"token_agreement": scores["token_agreement"], "kl_mean": scores["kl_mean"],
             "kl_max": max(scores["kl_per_step"]), "model_cache_bytes": float(got.cache_bytes),
-            "prefill_seconds": got.prefill_seconds, "decode_seconds": got.decode_seconds, "peak_gpu_bytes": peak}
+            "prefill_seconds": got.prefill_seconds, "decode_seconds": got.decode_seconds,
+            "peak_gpu_bytes": got.peak_bytes if got.memory_kind == "cuda" else nan,
+            "peak_cpu_bytes": got.peak_bytes if got.memory_kind == "cpu-rss" else nan,
+            "decode_peak_bytes": got.decode_peak_bytes}, \
+        {"tokens": got.tokens, "reference_tokens": full.tokens, "kl": scores["kl_per_step"]}
 
 
 @functools.lru_cache(maxsize=CACHED_WORKLOADS)

@@ -31,12 +31,13 @@ func newTraceCaptureCmd(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "capture --model DIR --image FILE... --prompt TEXT --out FILE.safetensors",
 		Short: "Run a local VLM with the full cache and record every layer's Q/K/V",
-		Long: `capture loads a Hugging Face VLM from a local directory (LLaVA-1.5, Qwen2-VL or Qwen2.5-VL;
-nothing is downloaded), runs the prompt with its images and a greedy
-generation of --decode-steps + 1 tokens with the full cache, and writes
-every language-model layer's Q/K/V (keys after RoPE, as the model caches
-them) for the prompt and each decode step, with positions, modality spans
-and the model's shape, to one safetensors file. Experiments replay it as a
+		Long: `capture loads a Hugging Face VLM from a local directory (LLaVA-1.5, LLaVA-NeXT, Qwen2-VL or
+Qwen2.5-VL; nothing is downloaded), runs the prompt with its images and a
+greedy generation of --decode-steps + 1 tokens with the full cache, and
+writes every language-model layer's Q/K/V (keys both before and after
+RoPE) for the prompt and each decode step, with the RoPE positions (3-D on
+M-RoPE models), modality spans and the model's shape, to one safetensors
+file. Experiments replay it as a
 workload: workload("trace", path = "FILE.safetensors").`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -108,6 +109,7 @@ type traceMeta struct {
 		KVHeads   int     `json:"kv_heads"`
 		HeadDim   int     `json:"head_dim"`
 		RopeTheta float64 `json:"rope_theta"`
+		Rope      string  `json:"rope"`
 		DType     string  `json:"dtype"`
 	} `json:"model"`
 	Spans struct {
@@ -158,8 +160,9 @@ func newTraceInspectCmd(a *app) *cobra.Command {
 			tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
 			fmt.Fprintf(tw, "format\t%s\n", meta.Format)
 			fmt.Fprintf(tw, "model\t%s (%s)\n", m.Directory, m.ModelType)
-			fmt.Fprintf(tw, "shape\t%d layers, %d query heads, %d kv heads, head_dim %d, rope_theta %g\n", m.Layers,
-				m.Heads, m.KVHeads, m.HeadDim, m.RopeTheta)
+			fmt.Fprintf(tw, "shape\t%d layers, %d query heads, %d kv heads, head_dim %d\n", m.Layers, m.Heads,
+				m.KVHeads, m.HeadDim)
+			fmt.Fprintf(tw, "rope\t%s, theta %g\n", m.Rope, m.RopeTheta)
 			fmt.Fprintf(tw, "dtype\t%s\n", m.DType)
 			images := make([]string, len(meta.Spans.Images))
 			for i, s := range meta.Spans.Images {

@@ -42,7 +42,7 @@ save_tiny_llava(Path(sys.argv[1]) / "llava"); save_image(Path(sys.argv[1]) / "ca
 	if code != 0 || json.Unmarshal([]byte(stdout), &meta) != nil {
 		t.Fatalf("inspect: exit %d\n%s\n%s", code, stdout, stderr)
 	}
-	if meta.Model.Layers != 2 || meta.Model.KVHeads != 2 || meta.Model.HeadDim != 32 || meta.Tensors != 12 ||
+	if meta.Model.Layers != 2 || meta.Model.KVHeads != 2 || meta.Model.HeadDim != 32 || meta.Tensors != 18 || meta.Model.Rope != "default" ||
 		len(meta.Spans.Images) != 1 || meta.Spans.Images[0] != [2]int{2, 66} || len(meta.Tokens) != 5 {
 		t.Errorf("inspect: %+v", meta)
 	}

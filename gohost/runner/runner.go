@@ -469,6 +469,7 @@ func record(experiment string, j Job, out Outcome) results.Record {
 	var res struct {
 		Metrics  map[string]any `json:"metrics"`
 		PerLayer map[string]any `json:"per_layer"`
+		PerStep  map[string]any `json:"per_step"` // a job that generates: its tokens, KL per step
 	}
 	if err := json.Unmarshal(out.Result, &res); err != nil || res.Metrics == nil {
 		rec.Status = results.StatusFailed
@@ -476,10 +477,12 @@ func record(experiment string, j Job, out Outcome) results.Record {
 		return rec
 	}
 	rec.Metrics = res.Metrics
-	if len(res.PerLayer) > 0 {
-		rec.Extra = map[string]any{}
-		for k, v := range res.PerLayer {
-			rec.Extra["per_layer_"+k] = v
+	for prefix, lists := range map[string]map[string]any{"per_layer_": res.PerLayer, "per_step_": res.PerStep} {
+		for k, v := range lists {
+			if rec.Extra == nil {
+				rec.Extra = map[string]any{}
+			}
+			rec.Extra[prefix+k] = v
 		}
 	}
 	if out.SaveTensors == nil {

@@ -473,6 +473,10 @@ func TestRecord(t *testing.T) {
 		{"metrics", Outcome{Outcome: sched.Outcome{Result: json.RawMessage(`{"metrics": {"x": 1}}`)}}, "ok", "", nil},
 		{"per layer", Outcome{Outcome: sched.Outcome{Result: json.RawMessage(`{"metrics": {"x": 1}, "per_layer": {"err": [1, 2]}}`)}},
 			"ok", "", map[string]any{"per_layer_err": []any{1.0, 2.0}}},
+		{"per step", Outcome{Outcome: sched.Outcome{Result: json.RawMessage(
+			`{"metrics": {"x": 1}, "per_layer": {"err": [1]}, "per_step": {"tokens": [7, 9], "kl": [0, 0.5]}}`)}},
+			"ok", "", map[string]any{"per_layer_err": []any{1.0}, "per_step_tokens": []any{7.0, 9.0},
+				"per_step_kl": []any{0.0, 0.5}}},
 		{"job error", Outcome{Outcome: sched.Outcome{Err: &worker.JobError{Type: "KeyError", Message: "'k'", Traceback: "tb"}}},
 			"failed", "KeyError: 'k'", map[string]any{"traceback": "tb"}},
 		{"timeout", Outcome{Outcome: sched.Outcome{Err: errors.New("timed out after 1s: context deadline exceeded")}},

@@ -34,6 +34,8 @@ ATTENTION = "vlkv"
 # model_type in config.json -> the family the adapter knows how to drive.
 FAMILIES = {
     "llava": "LLaVA-1.5 style (CLIP vision tower, Llama-family language model, <image> placeholder)",
+    "llava_next": "LLaVA-NeXT / LLaVA-1.6 (as LLaVA-1.5, with anyres tiling: a base view, the tiles and a newline "
+                  "token per row)",
     "qwen2_vl": "Qwen2-VL (its vision tower, GQA language model with M-RoPE, "
                 "<|vision_start|><|image_pad|><|vision_end|> placeholder)",
     "qwen2_5_vl": "Qwen2.5-VL (as Qwen2-VL, with a windowed vision tower)",
@@ -57,8 +59,7 @@ class VLM:
 
     @property
     def image_token_id(self) -> int:
-        config = self.model.config
-        return int(config.image_token_index if self.family == "llava" else config.image_token_id)
+        return int(self.model.config.image_token_id)
 
     @property
     def mrope(self) -> bool:
@@ -238,6 +239,72 @@ class Generation:
     prefill_seconds: float
     decode_seconds: float
     spans: Spans
+    # Memory above what was in use before the generation, on the model's device (memory_kind): its peak over the
+    # whole generation, and over the decode steps alone (the caches plus one step's work; nan where not measurable).
+    peak_bytes: float = float("nan")
+    decode_peak_bytes: float = float("nan")
+    memory_kind: str = ""
+
+
+class _Memory:
+    """Peak memory of a phase above a baseline taken at the start: the CUDA
+    allocator's counters on a GPU; on a CPU the process's resident set
+    (Linux: VmHWM, whose peak /proc/self/clear_refs resets), which counts
+    what the allocator holds from the system, so it is coarser."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.kind = "cuda" if self.cuda else "cpu-rss"
+        self.base = self._now()
+
+    def _now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+            return float(torch.cuda.memory_allocated())
+        _trim_heap()
+        return _proc_status("VmRSS")
+
+    def reset(self) -> None:
+        """Start a new phase: its peak counts from now (the baseline stays)."""
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            return
+        _trim_heap()
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+        except OSError:
+            self.base = float("nan")
+
+    def peak(self) -> float:
+        """The phase's peak above the baseline."""
+        if self.cuda:
+            torch.cuda.synchronize()
+            return float(torch.cuda.max_memory_allocated()) - self.base
+        return _proc_status("VmHWM") - self.base
+
+
+def _trim_heap() -> None:
+    """Give the C heap's free pages back to the system (glibc), so the resident
+    set counts live memory rather than what earlier work freed."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _proc_status(field: str) -> float:
+    """A size in bytes from /proc/self/status (nan where there is none)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return float("nan")
 
 
 def generate(vlm: VLM, method, inputs: dict, max_new_tokens: int,
@@ -255,10 +322,7 @@ def generate(vlm: VLM, method, inputs: dict, max_new_tokens: int,
 
 def batch_inputs(vlm: VLM, prompts: list[tuple[list, str]]) -> dict:
     """The processor's tensors for several (images, prompt) pairs of
-    different lengths in one batch, left-padded (LLaVA family)."""
-    if vlm.mrope:
-        raise ModelError(f"batches of prompts are supported for llava models; {vlm.family} computes its M-RoPE "
-                         f"positions from the batch, which this adapter does not reproduce: one prompt at a time")
+    different lengths in one batch, left-padded."""
     tokenizer = vlm.processor.tokenizer
     if tokenizer.pad_token is None:
         raise ModelError(f"{vlm.path}'s tokenizer has no padding token, which a batch of prompts of different "
@@ -314,16 +378,23 @@ def generate_batch(vlm: VLM, method, inputs: dict, max_new_tokens: int,
     padded = any(pads)
     try:
         with torch.inference_mode():
+            memory = _Memory(model.device)
+            memory.reset()
             cache = method_cache()
-            extra = {}
-            if padded:
+            extra, deltas = {}, 0
+            if padded:  # positions skip the padding, as they would alone
                 positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
                 extra["position_ids"] = positions
+                if vlm.mrope:
+                    extra["position_ids"], deltas = _mrope_positions(model, inputs)
             start = time.perf_counter()
-            out = model(**inputs, past_key_values=cache, use_cache=True, **extra)
+            out = model(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=1, **extra)
             prefill = time.perf_counter() - start
             logits = [out.logits[:, -1].float()]
             tokens = [logits[-1].argmax(-1)]
+            del out  # its logits over the whole prompt are not the decode steps' memory
+            peak = memory.peak()
+            memory.reset()
             start = time.perf_counter()
             for i in range(max_new_tokens - 1):
                 fed = tokens[-1] if force_tokens is None else torch.tensor([f[i] for f in force_tokens],
@@ -332,17 +403,30 @@ def generate_batch(vlm: VLM, method, inputs: dict, max_new_tokens: int,
                 if padded:
                     mask = torch.cat([mask, mask.new_ones(batch, 1)], dim=1)
                     positions = positions[:, -1:] + 1
-                    step.update(attention_mask=mask, position_ids=positions)
+                    step.update(attention_mask=mask, position_ids=positions + deltas)
                 out = model(**step, past_key_values=cache, use_cache=True)
                 logits.append(out.logits[:, -1].float())
                 tokens.append(logits[-1].argmax(-1))
             decode = time.perf_counter() - start
+            decode_peak = memory.peak()
     finally:
         language.set_attn_implementation(before)
         _ACTIVE.reset(token)
     stacked, chosen = torch.stack(logits, dim=1), torch.stack(tokens, dim=1)
     return [Generation(chosen[b].tolist(), stacked[b], sum(method.cache_bytes(c) for c in session.caches[b]),
-                       prefill, decode, spans[b]) for b in range(batch)]
+                       prefill, decode, spans[b], max(peak, decode_peak), decode_peak, memory.kind)
+            for b in range(batch)]
+
+
+def _mrope_positions(model, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """M-RoPE's 3-D prompt positions for a left-padded batch, and each
+    sequence's offset of text positions after the prompt (the model's own
+    get_rope_index, which skips the padding)."""
+    grids = {k: inputs[k] for k in ("mm_token_type_ids", "image_grid_thw", "video_grid_thw", "second_per_grid_ts")
+             if k in inputs}
+    positions, deltas = model.model.get_rope_index(inputs["input_ids"], attention_mask=inputs["attention_mask"],
+                                                   **grids)
+    return positions, deltas
 
 
 def compare(reference: Generation, other: Generation) -> dict:

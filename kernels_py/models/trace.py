@@ -9,14 +9,14 @@ attention.
         [--decode-steps N]   (`workbench trace capture` runs this)
 
 Tensors: layer.{l}.q [heads, T, d], layer.{l}.k / .v [kv_heads, T, d],
-layer.{l}.decode_q [steps, heads, 1, d], layer.{l}.decode_k / .decode_v
-[steps, kv_heads, 1, d]. Metadata key "vlkv": JSON with format, model
-(directory, model_type, layers, heads, kv_heads, head_dim, rope_theta,
-dtype), spans, prompt_tokens, decode_steps, prompt, tokens (generated ids).
-Keys before RoPE are exactly apply_rope(k, -positions, rope_theta) for
-models with standard rotate-half RoPE (model.rope "default"), so they are not
-stored twice; M-RoPE models (Qwen2-VL, "mrope") rotate by 3-D positions the
-trace does not hold.
+layer.{l}.k_pre [kv_heads, T, d] (the keys before RoPE, as k_proj gave
+them), layer.{l}.decode_q [steps, heads, 1, d], layer.{l}.decode_k /
+.decode_k_pre / .decode_v [steps, kv_heads, 1, d]; positions [T] and
+decode_positions [steps] (RoPE positions; [3, T] and [3, steps] on M-RoPE
+models, whose image tokens are rotated by temporal, height and width).
+Metadata key "vlkv": JSON with format, model (directory, model_type, layers,
+heads, kv_heads, head_dim, rope_theta, rope "default" or "mrope", dtype),
+spans, prompt_tokens, decode_steps, prompt, tokens (generated ids).
 """
 
 import argparse
@@ -62,7 +62,8 @@ def capture(vlm, images: list, prompt: str, decode_steps: int) -> tuple[dict, di
         raise ValueError(f"decode_steps must be at least 1, got {decode_steps}")
     inputs = prompt_inputs(vlm, images, prompt)
     recorder = _Recorder()
-    result = generate(vlm, recorder, inputs, decode_steps + 1)
+    with _PreRope(vlm) as pre:
+        result = generate(vlm, recorder, inputs, decode_steps + 1)
     tensors = {}
     q, k, v = recorder.prompt
     for layer in range(vlm.layers):
@@ -71,6 +72,12 @@ def capture(vlm, images: list, prompt: str, decode_steps: int) -> tuple[dict, di
         steps = recorder.steps[layer]
         for i, name in enumerate(("decode_q", "decode_k", "decode_v")):
             tensors[f"layer.{layer}.{name}"] = torch.stack([s[i] for s in steps])
+        keys = pre.keys[layer]  # the prompt's, then one per step; the last step's token is never fed back
+        tensors[f"layer.{layer}.k_pre"] = keys[0]
+        tensors[f"layer.{layer}.decode_k_pre"] = torch.stack(keys[1:decode_steps + 1])
+    positions = pre.positions
+    tensors["positions"] = positions[0]
+    tensors["decode_positions"] = torch.cat(positions[1:decode_steps + 1], dim=-1)
     text = vlm.model.config.text_config
     spans = result.spans
     meta = {
@@ -87,6 +94,41 @@ def capture(vlm, images: list, prompt: str, decode_steps: int) -> tuple[dict, di
         "tokens": result.tokens,
     }
     return {name: t.contiguous().cpu() for name, t in tensors.items()}, meta
+
+
+class _PreRope:
+    """Forward hooks that keep what RoPE is applied to: each layer's k_proj
+    output as [kv_heads, T, d], and the position ids the rotary embedding
+    is called with, one entry per forward pass of the language model."""
+
+    def __init__(self, vlm):
+        text = vlm.model.config.text_config
+        self.language = vlm.model.model.language_model
+        self.kv_heads = int(text.num_key_value_heads)
+        self.keys: dict[int, list] = {}
+        self.positions: list[torch.Tensor] = []
+        self.handles = []
+
+    def __enter__(self):
+        for layer, block in enumerate(self.language.layers):
+            self.handles.append(block.self_attn.k_proj.register_forward_hook(self._keep_keys(layer)))
+        self.handles.append(self.language.rotary_emb.register_forward_hook(self._keep_positions, with_kwargs=True))
+        return self
+
+    def __exit__(self, *exc):
+        for handle in self.handles:
+            handle.remove()
+
+    def _keep_keys(self, layer):
+        def hook(module, args, out):
+            batch, tokens, _ = out.shape
+            keys = out.detach().view(batch, tokens, self.kv_heads, -1).transpose(1, 2)
+            self.keys.setdefault(layer, []).append(keys[0].clone())
+        return hook
+
+    def _keep_positions(self, module, args, kwargs, out):
+        ids = kwargs["position_ids"] if "position_ids" in kwargs else args[1]  # [B, T], or [3, B, T] for M-RoPE
+        self.positions.append((ids[:, 0] if ids.dim() == 3 else ids[0]).detach().clone())
 
 
 def _rope_theta(text_config) -> float:

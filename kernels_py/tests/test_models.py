@@ -114,6 +114,17 @@ def test_a_trace_replays_as_a_workload(tiny, tmp_path):
     assert workload.q[0].shape == (4, 71, 32) and workload.k[1].shape == (2, 71, 32)
     assert workload.decode_q[0].shape == (4, 4, 1, 32)
     assert torch.equal(workload.k[1].cpu(), tensors["layer.1.k"])
+    # Keys before RoPE and the positions: rotating the one by the other gives the cached keys back.
+    from kernels_py.model import apply_rope
+
+    assert torch.equal(tensors["positions"], torch.arange(71)) and tensors["decode_positions"].tolist() == [71, 72, 73, 74]
+    theta = meta["model"]["rope_theta"]
+    assert torch.allclose(apply_rope(tensors["layer.1.k_pre"], tensors["positions"], theta), tensors["layer.1.k"],
+                          atol=1e-5)
+    step_keys = tensors["layer.0.decode_k_pre"][:, :, 0].transpose(0, 1)  # [kv_heads, steps, d]
+    assert torch.allclose(apply_rope(step_keys, tensors["decode_positions"], theta),
+                          tensors["layer.0.decode_k"][:, :, 0].transpose(0, 1), atol=1e-5)
+    assert not torch.allclose(tensors["layer.1.k_pre"], tensors["layer.1.k"])
     assert meta["tokens"][:4] == models.generate(vlm, make_method("full"), models.prompt_inputs(vlm, [image], PROMPT),
                                                  4).tokens
     # The replayed full cache is exact, a compressing method is scored on the real attention.
@@ -142,6 +153,14 @@ def test_a_live_model_workload_scores_methods_inside_the_model(tiny):
     h2o = ablation.run("h2o", {"budget": 0.2}, workload, "vlm")["metrics"]
     assert h2o["model_cache_bytes"] < full["model_cache_bytes"] and h2o["kl_mean"] > 0
     assert 0 <= h2o["token_agreement"] <= 1 and h2o["prefill_seconds"] > 0
+    # Measured on the device the model is on (a CPU here): the resident set's figures, no GPU figure.
+    assert h2o["peak_gpu_bytes"] != h2o["peak_gpu_bytes"] and h2o["peak_cpu_bytes"] > 0
+    assert h2o["peak_cpu_bytes"] >= h2o["decode_peak_bytes"]
+    report = ablation.run("h2o", {"budget": 0.2}, workload, "vlm")
+    steps = report["per_step"]
+    assert len(steps["tokens"]) == len(steps["reference_tokens"]) == len(steps["kl"]) == 5
+    agreed = sum(a == b for a, b in zip(steps["tokens"], steps["reference_tokens"]))
+    assert report["metrics"]["token_agreement"] == agreed / 5
     with pytest.raises(ValueError, match="needs model=, images= and prompt="):
         ablation.run("full", {}, {"model": str(root / "llava")}, "vlm")
 
@@ -165,6 +184,15 @@ def test_qwen_vl_with_m_rope(tmp_path, version, family):
                          ("attentionpack", {"rank_k": 8, "rank_v": 8, "rope": "after"})):
         got = models.generate(vlm, make_method(name, params), inputs, 6, force_tokens=full.tokens)
         assert got.cache_bytes < full.cache_bytes and 0 <= models.compare(full, got)["token_agreement"] <= 1
+    # The trace keeps M-RoPE's 3-D positions: the image's 16 tokens share a temporal position and walk a 4 x 4 grid.
+    from kernels_py.models import trace
+
+    tensors, meta = trace.capture(vlm, [image], QWEN_PROMPT, decode_steps=2)
+    positions = tensors["positions"]
+    assert meta["model"]["rope"] == "mrope" and positions.shape == (3, 25) and tensors["layer.0.k_pre"].shape[1] == 25
+    assert positions[0, 3:19].unique().tolist() == [3] and positions[1, 3:19].tolist() == [3, 3, 3, 3, 4, 4, 4, 4,
+                                                                                            5, 5, 5, 5, 6, 6, 6, 6]
+    assert tensors["decode_positions"].tolist() == [[13, 14]] * 3  # text after the image continues from max + 1
     with pytest.raises(models.ModelError, match="M-RoPE .* use rope='after'"):
         models.generate(vlm, make_method("attentionpack", {"rank_k": 8, "rank_v": 8}), inputs, 2)
 
@@ -191,3 +219,70 @@ def test_a_batch_of_prompts_of_different_lengths(tiny, tmp_path):
     assert h2o[0].cache_bytes < h2o[1].cache_bytes < full[1].cache_bytes
     with pytest.raises(models.ModelError, match="generate takes one prompt"):
         models.generate(vlm, make_method("full"), inputs, 2)
+
+
+def test_qwen_batch_keeps_each_sequences_m_rope_positions(tmp_path):
+    """A left-padded Qwen2-VL batch: the 3-D positions skip the padding, so
+    each sequence generates what it does alone and what the model's own
+    batched generate gives."""
+    vlm = models.load(save_tiny_qwen2_vl(tmp_path / "qwen", seed=1))
+    image = save_image(tmp_path / "image.png", size=112)
+    longer = QWEN_PROMPT.replace("describe the picture", "what is in the picture a red cat or a blue dog ?")
+    pairs = [([image], QWEN_PROMPT), ([image], longer)]
+    inputs = models.batch_inputs(vlm, pairs)
+    assert int(inputs["attention_mask"][0].sum()) < inputs["input_ids"].shape[1]  # the first is padded
+    full = models.generate_batch(vlm, make_method("full"), inputs, 6)
+    reference = vlm.model.generate(**inputs, max_new_tokens=6, do_sample=False)[:, inputs["input_ids"].shape[1]:]
+    assert [g.tokens for g in full] == reference.tolist()
+    for (images, prompt), got in zip(pairs, full):
+        alone = models.generate(vlm, make_method("full"), models.prompt_inputs(vlm, images, prompt), 6)
+        assert got.tokens == alone.tokens and torch.allclose(got.logits, alone.logits, atol=1e-4)
+
+
+def test_llava_next_anyres_tiles(tmp_path):
+    """LLaVA-NeXT: an image is a base view plus tiles chosen by its aspect, so
+    a wide image has more image tokens; the spans follow the processor's
+    expansion, the full cache reproduces the model's generate (alone and in
+    a batch of two images of different shapes), and methods run inside."""
+    from PIL import Image
+
+    vlm = models.load(save_tiny_llava(tmp_path / "next", next=True))
+    square = save_image(tmp_path / "square.png", size=40)
+    wide = tmp_path / "wide.png"
+    Image.open(save_image(tmp_path / "w.png", seed=3, size=100)).crop((0, 0, 100, 50)).save(wide)
+    assert vlm.family == "llava_next"
+    counts = []
+    for image in (square, wide):
+        inputs = models.prompt_inputs(vlm, [image], PROMPT)
+        spans = models.spans_from_ids(inputs["input_ids"][0], vlm.image_token_id)
+        assert spans.system == (0, 2) and spans.text[1] - spans.text[0] == 5
+        counts.append(spans.images[0][1] - spans.images[0][0])
+        reference = vlm.model.generate(**inputs, max_new_tokens=6, do_sample=False)[0, inputs["input_ids"].shape[1]:]
+        full = models.generate(vlm, make_method("full"), inputs, 6)
+        assert full.tokens == reference.tolist()
+        got = models.generate(vlm, make_method("vlcache", {"budget": 0.3}), inputs, 6, force_tokens=full.tokens)
+        assert got.cache_bytes < full.cache_bytes
+    # The base view is 8 x 8 = 64 tokens; the square image adds one tile (8 rows of 8, a newline each: 72), the
+    # 2:1 image two side by side (8 rows of 16 plus newlines: 136).
+    assert counts == [64 + 72, 64 + 136]
+    inputs = models.batch_inputs(vlm, [([square], PROMPT), ([wide], PROMPT)])
+    batch = models.generate_batch(vlm, make_method("full"), inputs, 4)
+    reference = vlm.model.generate(**inputs, max_new_tokens=4, do_sample=False)[:, inputs["input_ids"].shape[1]:]
+    assert [g.tokens for g in batch] == reference.tolist()
+
+
+def test_memory_falls_when_a_method_evicts(tmp_path):
+    """Memory measured on the device while decoding (a CPU here: the resident
+    set) follows the cache the method holds: the full cache's 31 MB show, an
+    eviction to a fifth of the tokens holds far less. A model whose attention
+    is wide (head_dim 512) so the cache dwarfs the rest."""
+    vlm = models.load(save_tiny_llava(tmp_path / "wide", layers=4, kv_heads=4, head_dim=512, image_size=154))
+    inputs = models.prompt_inputs(vlm, [save_image(tmp_path / "image.png")], PROMPT)
+    full = models.generate(vlm, make_method("full"), inputs, 4)
+    h2o = models.generate(vlm, make_method("h2o", {"budget": 0.2}), inputs, 4, force_tokens=full.tokens)
+    if full.memory_kind == "cpu-rss" and full.decode_peak_bytes != full.decode_peak_bytes:
+        pytest.skip("no /proc/self/status: the resident set cannot be read here")
+    assert full.cache_bytes > 30 * 2**20 and h2o.cache_bytes < full.cache_bytes / 4
+    assert full.decode_peak_bytes > 0.8 * full.cache_bytes
+    assert h2o.decode_peak_bytes < full.decode_peak_bytes / 2
+    assert full.peak_bytes >= full.decode_peak_bytes

@@ -11,10 +11,16 @@ WORDS = "USER ASSISTANT : describe the picture what is in a cat dog red blue . ?
 IMAGE_SIZE, PATCH = 56, 7  # 64 image tokens per image
 
 
-def save_tiny_llava(directory: Path, *, seed: int = 0, layers: int = 2, heads: int = 4, kv_heads: int = 2) -> Path:
+def save_tiny_llava(directory: Path, *, seed: int = 0, layers: int = 2, heads: int = 4, kv_heads: int = 2,
+                    next: bool = False, head_dim: int | None = None, image_size: int = IMAGE_SIZE) -> Path:
+    """LLaVA-1.5, or with next=True LLaVA-NeXT: anyres tiling on a grid of
+    56-pixel tiles (1x1, 1x2, 2x1, 2x2), so an image is a base view plus its
+    tiles, unpadded, with a newline token per row. The image is (image_size /
+    7)^2 tokens; head_dim widens the attention without widening the model."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import (
         CLIPImageProcessor, CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration,
+        LlavaNextConfig, LlavaNextForConditionalGeneration, LlavaNextImageProcessor, LlavaNextProcessor,
         LlavaProcessor, PreTrainedTokenizerFast,
     )
 
@@ -26,19 +32,22 @@ def save_tiny_llava(directory: Path, *, seed: int = 0, layers: int = 2, heads: i
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
                                    pad_token="<unk>")
     fast.add_tokens(["<image>"], special_tokens=True)
-    images = CLIPImageProcessor(size={"shortest_edge": IMAGE_SIZE},
-                                crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
+    sizes = dict(size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size})
+    grid = [[image_size * h, image_size * w] for h, w in ((1, 1), (1, 2), (2, 1), (2, 2))]
+    images = LlavaNextImageProcessor(image_grid_pinpoints=grid, **sizes) if next else CLIPImageProcessor(**sizes)
     text = LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=layers,
-                       num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=512)
+                       num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+                       max_position_embeddings=4096)
     vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                              image_size=IMAGE_SIZE, patch_size=PATCH, projection_dim=32)
-    config = LlavaConfig(text_config=text, vision_config=vision, image_token_index=3,
-                         vision_feature_select_strategy="default", vision_feature_layer=-1)
+                              image_size=image_size, patch_size=PATCH, projection_dim=32)
+    common = dict(text_config=text, vision_config=vision, image_token_index=3,
+                  vision_feature_select_strategy="default", vision_feature_layer=-1)
+    config = LlavaNextConfig(image_grid_pinpoints=grid, **common) if next else LlavaConfig(**common)
     torch.manual_seed(seed)
-    model = LlavaForConditionalGeneration(config).eval()
-    processor = LlavaProcessor(image_processor=images, tokenizer=fast, patch_size=PATCH,
-                               vision_feature_select_strategy="default", image_token="<image>",
-                               num_additional_image_tokens=1)
+    model = (LlavaNextForConditionalGeneration if next else LlavaForConditionalGeneration)(config).eval()
+    processor = (LlavaNextProcessor if next else LlavaProcessor)(
+        image_processor=images, tokenizer=fast, patch_size=PATCH, vision_feature_select_strategy="default",
+        image_token="<image>", num_additional_image_tokens=1)
     model.save_pretrained(directory)
     processor.save_pretrained(directory)
     return directory

@@ -3,7 +3,8 @@ with its images, and every job both replays the captured attention (the
 ablation's metrics, on real Q/K/V) and runs its method inside the model
 (kernels_py.models): token agreement and KL of the next-token distributions
 against the full cache, the method's bytes, prefill and decode times, peak
-GPU memory."""
+memory on the model's device (all of it, and while decoding), and per step
+the tokens and KL."""
 
 import functools
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from kernels_py.workloads.base import Workload, WorkloadConfig
 
 @dataclass(frozen=True)
 class VLMConfig(WorkloadConfig):
-    """A local VLM (LLaVA-1.5, Qwen2-VL or Qwen2.5-VL) run on a prompt and images; methods run inside it."""
+    """A local VLM (LLaVA-1.5, LLaVA-NeXT, Qwen2-VL or Qwen2.5-VL) run on a prompt and images; methods run inside it."""
 
     name = "vlm"
 
