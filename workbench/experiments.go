@@ -20,6 +20,7 @@ import (
 	"github.com/vlkv/vlkv/gohost/results"
 	"github.com/vlkv/vlkv/gohost/runner"
 	"github.com/vlkv/vlkv/gohost/sched"
+	"github.com/vlkv/vlkv/gohost/slurm"
 	"github.com/vlkv/vlkv/gohost/worker"
 )
 
@@ -197,6 +198,7 @@ type runOptions struct {
 	resume          bool
 	retryFailed     bool
 	allowCodeChange bool
+	slurm           slurmFlags // run only
 }
 
 // addRunFlags registers the flags run and demo share.
@@ -250,18 +252,40 @@ Ctrl-C stops at once: finished jobs stay in the journal, and --resume
 continues the newest run of each experiment without redoing them. A resume is
 refused while another workbench writes the run, and when kernels_py changed
 since the run's rows were computed (unless --allow-code-change); a worker
-that would start on edited kernels_py mid-run is refused the same way.`,
+that would start on edited kernels_py mid-run is refused the same way.
+
+--executor slurm runs the jobs as one Slurm job array instead (sbatch
+--array, one task per shard, each running "workbench shard" on its node) and
+follows it: progress from the tasks' journal segments, which are merged into
+the run's journal, and their states from squeue. The run directory is the
+same, plus slurm/ (plan, batch script, task logs) and segments/. Ctrl-C asks
+whether to cancel the array or leave it running ("workbench status RUN_DIR"
+follows it again); --detach returns once it is submitted; --dry-run prints
+the batch script. --out must be on a filesystem the nodes share (a probe job
+checks).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := o.check(); err != nil {
 				return err
 			}
+			if err := o.slurm.check(cmd); err != nil {
+				return err
+			}
 			_, err := a.runExperiments(cmd.Context(), args[0], o)
+			var detached *slurm.DetachedError
+			switch {
+			case errors.Is(err, slurm.ErrDryRun):
+				return nil
+			case errors.As(err, &detached):
+				fmt.Fprintln(a.stdout, detached.Error())
+				return nil
+			}
 			return err
 		},
 	}
 	cmd.Flags().StringVar(&o.experiment, "experiment", "", "only this experiment of the file")
 	o.addRunFlags(cmd)
+	o.slurm.add(cmd)
 	return cmd
 }
 
@@ -276,17 +300,34 @@ func (a *app) runExperiments(ctx context.Context, file string, o runOptions) ([]
 	if err != nil {
 		return nil, err
 	}
-	s, err := a.newSession(ctx)
-	if err != nil {
-		return nil, err
+	var executor runner.Executor
+	var kernels pyrt.KernelsRoot
+	var device string
+	if o.slurm.executor.value == "slurm" { // the nodes resolve their own interpreter and device
+		if kernels, err = a.kernelsRoot(); err != nil {
+			return nil, err
+		}
+		if o.out, err = filepath.Abs(o.out); err != nil {
+			return nil, err
+		}
+		if executor, err = a.slurmExecutor(o.slurm, kernels, plan.File, plan.Hash); err != nil {
+			return nil, err
+		}
+		device = "slurm"
+	} else {
+		s, err := a.newSession(ctx)
+		if err != nil {
+			return nil, err
+		}
+		kernels, device = s.kernels, string(s.device)
+		executor = &runner.Local{Python: s.runtime.Python, KernelsRoot: s.kernels.Dir, Device: s.device, Workers: o.workers, Log: a.log}
 	}
-	executor := &runner.Local{Python: s.runtime.Python, KernelsRoot: s.kernels.Dir, Device: s.device, Workers: o.workers, Log: a.log}
 	var dirs []string
 	var failed int
 	for _, e := range exps {
 		sum, err := runner.Run(ctx, runner.Options{
 			Out: o.out, Experiment: e.Name, File: plan.File, FileHash: plan.Hash, Jobs: runnerJobs(e),
-			KernelsDir: s.kernels.Dir, Device: string(s.device), Version: version,
+			KernelsDir: kernels.Dir, Device: device, Version: version,
 			Resume: o.resume, RetryFailed: o.retryFailed, AllowCodeChange: o.allowCodeChange,
 			Executor: executor, Progress: a.stderr, Log: a.log,
 		})

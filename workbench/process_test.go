@@ -33,6 +33,7 @@ var (
 
 func TestMain(m *testing.M) {
 	code := m.Run()
+	stopCluster()
 	if binPath != "" {
 		os.RemoveAll(filepath.Dir(binPath))
 	}

@@ -40,8 +40,16 @@ type ManagedConfig struct {
 	HTTP     *http.Client
 }
 
-// CacheDir is $XDG_CACHE_HOME/vlkv, else ~/.cache/vlkv.
+// CacheDirEnv overrides CacheDir: a cache on a filesystem a cluster's
+// nodes share, so the managed runtime is built once for all of them (its
+// file lock keeps two nodes from building it at once).
+const CacheDirEnv = "VLKV_CACHE_DIR"
+
+// CacheDir is $VLKV_CACHE_DIR, else $XDG_CACHE_HOME/vlkv, else ~/.cache/vlkv.
 func CacheDir() (string, error) {
+	if dir := os.Getenv(CacheDirEnv); dir != "" {
+		return filepath.Abs(dir)
+	}
 	base, err := os.UserCacheDir()
 	if err != nil {
 		return "", fmt.Errorf("find the user cache dir (set XDG_CACHE_HOME or HOME): %w", err)

@@ -255,3 +255,47 @@ func TestKernelsDigestAndChangedFiles(t *testing.T) {
 		t.Errorf("changed %v", got)
 	}
 }
+
+// Tasks' segments are merged into the journal once each, however often the
+// merge runs, and a line still being written waits for its newline.
+func TestSegmentsMergeOnce(t *testing.T) {
+	dir := t.TempDir()
+	run, err := Create(dir, Manifest{Experiment: "e", RunID: "r"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer run.Close()
+	seg, err := CreateSegment(run.Dir, SegmentName("sub", 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	seg.Append(Record{JobID: "a", Status: StatusOK, Finished: now})
+	merger, err := run.NewMerger()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := merger.Merge(); err != nil || len(got) != 1 {
+		t.Fatalf("first merge: %v, %v", got, err)
+	}
+	// Half a line: not merged until complete.
+	f, _ := os.OpenFile(SegmentPath(run.Dir, SegmentName("sub", 0)), os.O_APPEND|os.O_WRONLY, 0)
+	f.WriteString(`{"job_id":"b","status":"ok"`)
+	if got, _ := merger.Merge(); len(got) != 0 {
+		t.Fatalf("merged a torn line: %v", got)
+	}
+	f.WriteString(`,"finished":"` + now.Format(time.RFC3339Nano) + `"}` + "\n")
+	f.Close()
+	if got, _ := merger.Merge(); len(got) != 1 || got[0].JobID != "b" {
+		t.Fatalf("second merge: %v", got)
+	}
+	// A new merger (a resumed host) merges nothing twice.
+	again, _ := run.NewMerger()
+	if got, _ := again.Merge(); len(got) != 0 {
+		t.Fatalf("merged again: %v", got)
+	}
+	recs, _ := ReadJournal(run.Dir)
+	if len(recs) != 2 {
+		t.Fatalf("journal has %d records", len(recs))
+	}
+}

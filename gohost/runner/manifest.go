@@ -68,6 +68,13 @@ func gitState(dir string) *results.Git {
 // relative to kernels_py/: the kernels may come from no git checkout at all
 // (the copy embedded in the binary), and a dirty checkout's commit says
 // little. The tests are left out: editing one changes no result.
+// KernelsDigestOf is the digest of the kernels_py sources under root (what
+// a run records), and their per-file hashes.
+func KernelsDigestOf(root string) (string, map[string]string) {
+	hashes := kernelsHashes(root)
+	return results.KernelsDigest(hashes), hashes
+}
+
 func kernelsHashes(root string) map[string]string {
 	hashes := map[string]string{}
 	base := filepath.Join(root, "kernels_py")

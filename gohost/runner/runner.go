@@ -53,12 +53,24 @@ type Outcome struct {
 	// KernelsDigest names the kernels_py sources of the worker that ran the
 	// job (what Batch.CodeDigest gave when it started); "" if unknown.
 	KernelsDigest string
+	// Record, if set, is the journal record made where the job ran (a
+	// cluster task, with NewRecord); it is journaled as it is.
+	Record *results.Record
 }
 
 // Batch is the work of one Executor.Run call: the jobs of one run.
 type Batch struct {
 	Dir  string      // the run directory
 	Jobs []sched.Job // to run, in order
+	// Experiment and Details (by job id) are what a record of each job
+	// holds besides its outcome: for executors whose tasks make the records.
+	Experiment string
+	Details    map[string]Job
+	// KernelsDigest names the kernels_py sources the run's rows come from.
+	KernelsDigest string
+	// Open creates the run directory now, if it does not exist yet: an
+	// executor whose tasks write into it calls it before they start.
+	Open func() error
 	Log  zerolog.Logger
 	// Started, if set, is called once, with the hello of the first worker to
 	// start, before any job finishes: the manifest records what jobs ran on.
@@ -174,10 +186,18 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 		out = io.Discard
 	}
 	progress := sched.NewProgress(out, isTerminal(out), len(o.Jobs), len(o.Jobs)-len(todo))
+	current, _ := run.current()
 	err = o.Executor.Run(ctx, Batch{
-		Dir:  run.dir,
-		Jobs: todo,
-		Log:  log,
+		Dir:           run.dir,
+		Jobs:          todo,
+		Experiment:    o.Experiment,
+		Details:       jobs,
+		KernelsDigest: current,
+		Open: func() error {
+			_, err := run.get(log)
+			return err
+		},
+		Log: log,
 		Started: func(h worker.Hello) {
 			if r, err := run.get(log); err == nil {
 				recordVersions(r, h)
@@ -193,12 +213,20 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 			if err != nil {
 				return err
 			}
-			rec := record(o.Experiment, jobs[out.Job.ID], out)
-			rec.KernelsDigest = out.KernelsDigest
+			var rec results.Record
+			if out.Record != nil {
+				rec = *out.Record
+			} else {
+				rec = NewRecord(o.Experiment, jobs[out.Job.ID], out)
+				rec.KernelsDigest = out.KernelsDigest
+			}
 			if rec.KernelsDigest == "" {
 				rec.KernelsDigest, _ = run.current()
 			}
 			finished := out.Outcome
+			if out.Record != nil {
+				finished = outcomeOf(rec, jobs[rec.JobID])
+			}
 			if rec.Status == results.StatusFailed {
 				sum.Failed++
 				log.Warn().Str("job", rec.JobID).Str("error", firstLine(rec.Error)).Msg("job failed")
@@ -424,6 +452,10 @@ func openRun(o Options, kernels map[string]string, digest string) (*lazyRun, map
 			if err != nil {
 				return nil, nil, err
 			}
+			if err := mergeSegments(run, o.Log); err != nil {
+				run.Close()
+				return nil, nil, err
+			}
 			m := run.Manifest()
 			if m.Rebuilt != nil {
 				o.Log.Warn().Str("run", dir).Msg("manifest.json was missing: rebuilt from the journal (the script, git state and source hashes of the earlier jobs are unknown)")
@@ -449,10 +481,36 @@ func openRun(o Options, kernels map[string]string, digest string) (*lazyRun, map
 		create: func() (*results.Run, error) { return results.Create(o.Out, m) }}, nil, nil
 }
 
-// record is the journal line of a finished job. A job succeeded when it
+// mergeSegments journals what tasks of the run recorded in their segments
+// and no writer merged yet (a host that stopped following them).
+func mergeSegments(run *results.Run, log zerolog.Logger) error {
+	merger, err := run.NewMerger()
+	if err != nil {
+		return err
+	}
+	merged, err := merger.Merge()
+	if len(merged) > 0 {
+		log.Info().Str("run", run.Dir).Int("jobs", len(merged)).Msg("journaled the jobs tasks recorded in their segments")
+	}
+	return err
+}
+
+// outcomeOf is what progress reports of a job recorded elsewhere.
+func outcomeOf(rec results.Record, j Job) sched.Outcome {
+	out := sched.Outcome{Job: j.Job, Attempts: rec.Attempts, Duration: time.Duration(rec.Seconds * float64(time.Second))}
+	if out.Job.ID == "" {
+		out.Job.ID = rec.JobID
+	}
+	if rec.Status != results.StatusOK {
+		out.Err = errors.New(rec.Error)
+	}
+	return out
+}
+
+// NewRecord is the journal line of a finished job. A job succeeded when it
 // returned metrics; only then are its tensors saved, and failing to save
 // them fails the job.
-func record(experiment string, j Job, out Outcome) results.Record {
+func NewRecord(experiment string, j Job, out Outcome) results.Record {
 	rec := results.Record{JobID: j.ID, Experiment: experiment, Method: j.Method, Params: j.Params,
 		WorkloadName: j.WorkloadName, Workload: j.Workload,
 		Status: results.StatusOK, Attempts: out.Attempts, Seconds: out.Duration.Seconds(), WallSeconds: out.Wall.Seconds(),

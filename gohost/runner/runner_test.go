@@ -493,7 +493,7 @@ func TestRecord(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.out.Attempts, tc.out.Duration = 2, 1500*time.Millisecond
-			rec := record("exp", testJobs("j")[0], tc.out)
+			rec := NewRecord("exp", testJobs("j")[0], tc.out)
 			if rec.JobID != "j" || rec.Experiment != "exp" || rec.Method != "h2o" || rec.Attempts != 2 || rec.Seconds != 1.5 || rec.Finished.IsZero() {
 				t.Errorf("record %+v", rec)
 			}
@@ -513,7 +513,7 @@ func TestRecordSavesNoTensorsOfFailedJobs(t *testing.T) {
 		called := false
 		out := Outcome{Outcome: sched.Outcome{Result: json.RawMessage(result)},
 			SaveTensors: func() (map[string]string, error) { called = true; return nil, nil }}
-		if rec := record("exp", testJobs("j")[0], out); rec.Status != results.StatusFailed || called {
+		if rec := NewRecord("exp", testJobs("j")[0], out); rec.Status != results.StatusFailed || called {
 			t.Errorf("%s: status %s, tensors saved %v", result, rec.Status, called)
 		}
 	}

@@ -45,7 +45,12 @@ func (p *Progress) Finished(o Outcome) {
 		p.draw()
 		return
 	}
-	fmt.Fprintf(p.out, "[%d/%d] %s %s (%s) %s\n", p.done, p.total, o.Job.ID, o.Job.Label, o.Duration.Round(time.Millisecond), status)
+	eta := ""
+	if p.done < p.total {
+		eta = ", ETA " + p.eta()
+	}
+	fmt.Fprintf(p.out, "[%d/%d] %s %s (%s) %s%s\n", p.done, p.total, o.Job.ID, o.Job.Label, o.Duration.Round(time.Millisecond),
+		status, eta)
 }
 
 // Close ends the bar's line.
@@ -63,14 +68,21 @@ func (p *Progress) draw() {
 	if p.total > 0 {
 		filled = width * p.done / p.total
 	}
-	eta := "?"
-	if ran := p.done - p.skipped; ran > 0 && p.done < p.total {
-		eta = (p.now().Sub(p.started) / time.Duration(ran) * time.Duration(p.total-p.done)).Round(time.Second).String()
-	} else if p.done >= p.total {
-		eta = "0s"
-	}
 	fmt.Fprintf(p.out, "\r[%s%s] %d/%d done, %d failed, ETA %s ", strings.Repeat("=", filled), strings.Repeat(" ", width-filled),
-		p.done, p.total, p.failed, eta)
+		p.done, p.total, p.failed, p.eta())
+}
+
+// eta extrapolates the time left from the jobs finished since the start
+// (resumed ones do not count).
+func (p *Progress) eta() string {
+	if p.done >= p.total {
+		return "0s"
+	}
+	ran := p.done - p.skipped
+	if ran <= 0 {
+		return "?"
+	}
+	return (p.now().Sub(p.started) / time.Duration(ran) * time.Duration(p.total-p.done)).Round(time.Second).String()
 }
 
 func firstLine(s string) string {

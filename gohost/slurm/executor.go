@@ -1,0 +1,240 @@
+package slurm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/vlkv/vlkv/gohost/results"
+	"github.com/vlkv/vlkv/gohost/runner"
+)
+
+// Executor runs a batch as one Slurm job array (see the package doc).
+type Executor struct {
+	Options Options
+	// Workbench is the binary every task runs; the nodes must see it at
+	// this path. TaskArgs are its global flags there (--kernels, --python,
+	// --device), Env the variables the batch script exports.
+	Workbench string
+	TaskArgs  []string
+	Env       []string
+	// File and FileHash are the experiment script; KernelsDir holds the
+	// kernels_py the tasks must see too.
+	File, FileHash string
+	KernelsDir     string
+	// DryRun prints the batch script to Out and submits nothing (Run then
+	// returns ErrDryRun). Detach submits and returns a *DetachedError
+	// without following the array.
+	DryRun, Detach bool
+	Out            io.Writer
+	// Interrupt is asked, when the context ends while the array runs,
+	// whether to cancel it (true) or detach and leave it running (false).
+	// Nil: cancel.
+	Interrupt func(arrayJob string) bool
+	Poll      time.Duration // how often squeue and the segments are read; 0: 2 s
+}
+
+var _ runner.Executor = (*Executor)(nil)
+
+// ErrDryRun is what Run returns after printing the script of a dry run.
+var ErrDryRun = errors.New("dry run: nothing submitted")
+
+// DetachedError is a host that stopped following an array that goes on.
+type DetachedError struct {
+	Dir      string
+	ArrayJob string
+}
+
+func (e *DetachedError) Error() string {
+	return fmt.Sprintf("detached from Slurm array %s, which goes on: `workbench status %s` follows it and journals "+
+		"its jobs (scancel %s stops it)", e.ArrayJob, e.Dir, e.ArrayJob)
+}
+
+// Run submits b's jobs as one array and follows it until every job is
+// recorded or every task has ended.
+func (e *Executor) Run(ctx context.Context, b runner.Batch) error {
+	if len(b.Jobs) == 0 {
+		return nil
+	}
+	if err := e.Options.Check(); err != nil {
+		return err
+	}
+	if !e.DryRun {
+		if err := Installed(); err != nil {
+			return err
+		}
+		if err := CheckPartition(ctx, e.Options.Partition); err != nil {
+			return err
+		}
+		if err := checkNoneActive(ctx, b.Dir); err != nil {
+			return err
+		}
+	}
+	jobs := make([]runner.Job, len(b.Jobs))
+	for i, j := range b.Jobs {
+		jobs[i] = b.Details[j.ID]
+		jobs[i].Job = j
+	}
+	shards := e.Options.Shards
+	if shards == 0 {
+		shards = DefaultShards
+	}
+	digest, hashes := runner.KernelsDigestOf(e.KernelsDir)
+	plan := Plan{Submission: newSubmissionID(time.Now()), Experiment: b.Experiment, RunDir: b.Dir, File: e.File,
+		FileHash: e.FileHash, KernelsDigest: digest, KernelsHash: hashes, Shards: shard(jobs, shards)}
+	script := e.script(plan)
+	if e.DryRun {
+		fmt.Fprint(e.Out, script)
+		return ErrDryRun
+	}
+	if b.Open != nil {
+		if err := b.Open(); err != nil {
+			return err
+		}
+	}
+	if err := e.probe(ctx, b.Dir, plan.Submission, b.Log); err != nil {
+		return err
+	}
+	path, err := writePlan(plan)
+	if err != nil {
+		return fmt.Errorf("write the plan: %w", err)
+	}
+	scriptPath := filepath.Join(filepath.Dir(path), scriptFile)
+	if err := os.WriteFile(scriptPath, []byte(script), 0o755); err != nil {
+		return fmt.Errorf("write the batch script: %w", err)
+	}
+	id, err := Submit(ctx, scriptPath)
+	if err != nil {
+		return err
+	}
+	sub := Submission{ID: plan.Submission, ArrayJob: id, Tasks: len(plan.Shards), Jobs: len(jobs), Submitted: time.Now()}
+	if err := appendSubmission(b.Dir, sub); err != nil {
+		return fmt.Errorf("submitted array %s but could not record it (%w): scancel %s, then run again", id, err, id)
+	}
+	b.Log.Info().Str("array", id).Int("tasks", sub.Tasks).Int("jobs", sub.Jobs).Str("script", scriptPath).
+		Msg("submitted to Slurm")
+	if e.Detach {
+		return &DetachedError{Dir: b.Dir, ArrayJob: id}
+	}
+	pending := map[string]bool{}
+	for _, j := range jobs {
+		pending[j.ID] = true
+	}
+	f := &Follow{RunDir: b.Dir, Submission: sub, Plan: plan, Pending: pending, Log: b.Log, Poll: e.Poll,
+		Interrupt: e.Interrupt,
+		Deliver: func(rec results.Record) error {
+			return b.Done(runner.Outcome{Record: &rec})
+		}}
+	return f.Run(ctx)
+}
+
+// script is the array's batch script: one task per shard, each running
+// `workbench shard PLAN --shard $SLURM_ARRAY_TASK_ID`.
+func (e *Executor) script(p Plan) string {
+	var s strings.Builder
+	dir := filepath.Join(p.RunDir, Dir, p.Submission)
+	array := fmt.Sprintf("0-%d", len(p.Shards)-1)
+	if e.Options.MaxRunning > 0 {
+		array += fmt.Sprintf("%%%d", e.Options.MaxRunning)
+	}
+	fmt.Fprintln(&s, "#!/bin/bash")
+	fmt.Fprintf(&s, "#SBATCH --job-name=%s\n", "vlkv-"+p.Experiment)
+	fmt.Fprintf(&s, "#SBATCH --array=%s\n", array)
+	fmt.Fprintf(&s, "#SBATCH --output=%s\n", filepath.Join(dir, "task-%a.log"))
+	for _, line := range e.Options.directives() {
+		fmt.Fprintln(&s, line)
+	}
+	jobs := 0
+	for _, sh := range p.Shards {
+		jobs += len(sh)
+	}
+	fmt.Fprintf(&s, "# %d jobs of experiment %s in %d shards; each task runs one shard of\n# %s\n",
+		jobs, p.Experiment, len(p.Shards), PlanPath(p.RunDir, p.Submission))
+	fmt.Fprintln(&s, "set -euo pipefail")
+	for _, env := range e.Env {
+		name, value, _ := strings.Cut(env, "=")
+		fmt.Fprintf(&s, "export %s=%s\n", name, quote(value))
+	}
+	args := []string{quote(e.Workbench)}
+	for _, a := range e.TaskArgs {
+		args = append(args, quote(a))
+	}
+	args = append(args, "shard", quote(PlanPath(p.RunDir, p.Submission)), "--shard", `"$SLURM_ARRAY_TASK_ID"`)
+	fmt.Fprintf(&s, "exec %s\n", strings.Join(args, " "))
+	return s.String()
+}
+
+// quote makes s one word for bash.
+func quote(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// probe runs one small job that checks, on a node, that the workbench
+// binary is there and the run directory is writable (the host then sees
+// what it wrote): tasks that cannot see either would fail one by one.
+func (e *Executor) probe(ctx context.Context, runDir, submission string, log zerolog.Logger) error {
+	if err := os.MkdirAll(filepath.Join(runDir, Dir), 0o755); err != nil {
+		return err
+	}
+	mark := filepath.Join(runDir, Dir, "probe-"+submission)
+	script := fmt.Sprintf("#!/bin/bash\n[ -x %s ] || exit 3\ntouch %s || exit 4\n", quote(e.Workbench), quote(mark))
+	log.Info().Str("dir", runDir).Msg("checking that the nodes see the run directory (a probe job)")
+	args := append([]string{"--parsable", "--wait", "--job-name=vlkv-probe", "--output=/dev/null"},
+		e.Options.sbatchArgs()...)
+	c := exec.CommandContext(ctx, "sbatch", args...)
+	c.Stdin = strings.NewReader(script)
+	out, err := c.CombinedOutput()
+	var exit *exec.ExitError
+	switch {
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case errors.As(err, &exit) && exit.ExitCode() == 3:
+		return fmt.Errorf("the nodes do not see the workbench binary %s: put it on a filesystem they share (the "+
+			"tasks run this binary)", e.Workbench)
+	case errors.As(err, &exit) && exit.ExitCode() == 4:
+		return notShared(runDir)
+	case err != nil:
+		return fmt.Errorf("the probe job failed: %s", strings.TrimSpace(string(out)))
+	}
+	defer os.Remove(mark)
+	if _, err := os.Stat(mark); err != nil {
+		return notShared(runDir)
+	}
+	return nil
+}
+
+func notShared(runDir string) error {
+	return fmt.Errorf("the nodes cannot see the results directory %s (a probe job could not write there, or what it "+
+		"wrote did not appear here): give --out a directory on a filesystem the nodes share", runDir)
+}
+
+// checkNoneActive refuses a submission while an earlier array of the run
+// is still queued or running: two arrays would run the same jobs.
+func checkNoneActive(ctx context.Context, runDir string) error {
+	subs, err := Submissions(runDir)
+	if err != nil {
+		return err
+	}
+	for _, sub := range subs {
+		tasks, err := Tasks(ctx, sub.ArrayJob)
+		if err != nil {
+			return err
+		}
+		for _, t := range tasks {
+			if !t.Terminal() {
+				return fmt.Errorf("Slurm array %s of %s is still in the queue (%s): follow it with `workbench status "+
+					"%s`, or stop it (scancel %s) before submitting again", sub.ArrayJob, runDir, summarize(tasks),
+					runDir, sub.ArrayJob)
+			}
+		}
+	}
+	return nil
+}

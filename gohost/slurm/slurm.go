@@ -1,0 +1,261 @@
+// Package slurm runs a run's jobs on a Slurm cluster as one job array.
+//
+// The host (Executor) splits the jobs into shards, writes them to a plan
+// file in the run directory and submits an array with one task per shard;
+// each task runs `workbench shard PLAN --shard I` on its node (RunTask),
+// which runs its jobs on local workers and records each in its own journal
+// segment (results.SegmentsDir). The host follows the array (Follow): it
+// merges the segments into the run's journal as lines arrive and watches
+// the tasks in squeue, so a Slurm run's directory is the same as a local
+// run's. Everything a resume needs stays in the run directory:
+//
+//	slurm/submissions.jsonl   one line per submitted array
+//	slurm/<submission>/plan.json, submit.sh, task-<i>.log, task-<i>.done
+//	segments/<submission>-task<i>.jsonl
+package slurm
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os/exec"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// Dir is the run directory's folder for what the host and tasks share.
+const Dir = "slurm"
+
+// Options are the sbatch settings of an array.
+type Options struct {
+	Partition   string
+	Account     string
+	Time        string   // sbatch --time, e.g. "2:00:00"
+	GRES        string   // sbatch --gres per task, e.g. "gpu:1"
+	CPUsPerTask int      // 0: Slurm's default
+	Mem         string   // per task, e.g. "32G"
+	MaxRunning  int      // tasks at once (the array's %K); 0: no limit
+	Shards      int      // array tasks; 0: one per job, at most DefaultShards
+	Extra       []string // more #SBATCH lines, e.g. "--qos=high" or "#SBATCH --constraint=a100"
+}
+
+// DefaultShards caps the array when Options.Shards is zero.
+const DefaultShards = 64
+
+// Check rejects values sbatch would refuse later, or that cannot mean
+// what the user wants.
+func (o Options) Check() error {
+	switch {
+	case o.CPUsPerTask < 0:
+		return fmt.Errorf("--cpus-per-task must be positive, got %d", o.CPUsPerTask)
+	case o.MaxRunning < 0:
+		return fmt.Errorf("--max-running must be positive (0: no limit), got %d", o.MaxRunning)
+	case o.Shards < 0:
+		return fmt.Errorf("--shards must be positive (0: one per job, at most %d), got %d", DefaultShards, o.Shards)
+	}
+	for _, line := range o.Extra {
+		if strings.ContainsAny(line, "\n\r") {
+			return fmt.Errorf("--sbatch-line %q: one line each", line)
+		}
+	}
+	return nil
+}
+
+// sbatchArgs are the options every submission (the array, the probe) gets.
+func (o Options) sbatchArgs() []string {
+	var args []string
+	add := func(flag, value string) {
+		if value != "" {
+			args = append(args, flag+"="+value)
+		}
+	}
+	add("--partition", o.Partition)
+	add("--account", o.Account)
+	add("--time", o.Time)
+	return args
+}
+
+// directives are the #SBATCH lines of a task.
+func (o Options) directives() []string {
+	lines := []string{}
+	for _, a := range o.sbatchArgs() {
+		lines = append(lines, "#SBATCH "+a)
+	}
+	if o.GRES != "" {
+		lines = append(lines, "#SBATCH --gres="+o.GRES)
+	}
+	if o.CPUsPerTask > 0 {
+		lines = append(lines, "#SBATCH --cpus-per-task="+strconv.Itoa(o.CPUsPerTask))
+	}
+	if o.Mem != "" {
+		lines = append(lines, "#SBATCH --mem="+o.Mem)
+	}
+	for _, line := range o.Extra {
+		line = strings.TrimSpace(line)
+		if !strings.HasPrefix(line, "#SBATCH") {
+			line = "#SBATCH " + line
+		}
+		lines = append(lines, line)
+	}
+	return lines
+}
+
+// NotInstalledError is a Slurm command missing from PATH.
+type NotInstalledError struct{ Command string }
+
+func (e *NotInstalledError) Error() string {
+	return fmt.Sprintf("no %s on PATH: the slurm executor submits and watches jobs with Slurm's commands "+
+		"(sbatch, squeue, scancel, sinfo); run on a machine of the cluster (a login node), or use --executor local",
+		e.Command)
+}
+
+// command runs a Slurm command and returns its stdout; its stderr is the
+// error's text.
+func command(ctx context.Context, name string, args ...string) (string, error) {
+	path, err := exec.LookPath(name)
+	if err != nil {
+		return "", &NotInstalledError{Command: name}
+	}
+	var stdout, stderr bytes.Buffer
+	c := exec.CommandContext(ctx, path, args...)
+	c.Stdout, c.Stderr = &stdout, &stderr
+	if err := c.Run(); err != nil {
+		msg := strings.TrimSpace(stderr.String())
+		if msg == "" {
+			msg = err.Error()
+		}
+		return stdout.String(), fmt.Errorf("%s: %s", name, msg)
+	}
+	return stdout.String(), nil
+}
+
+// Installed checks that Slurm's commands are on PATH.
+func Installed() error {
+	for _, name := range []string{"sbatch", "squeue", "scancel", "sinfo"} {
+		if _, err := exec.LookPath(name); err != nil {
+			return &NotInstalledError{Command: name}
+		}
+	}
+	return nil
+}
+
+// Partitions lists the cluster's partitions.
+func Partitions(ctx context.Context) ([]string, error) {
+	out, err := command(ctx, "sinfo", "-h", "-o", "%R")
+	if err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	var names []string
+	for _, f := range strings.Fields(out) {
+		if !seen[f] {
+			seen[f] = true
+			names = append(names, f)
+		}
+	}
+	sort.Strings(names)
+	return names, nil
+}
+
+// CheckPartition refuses a partition the cluster does not have.
+func CheckPartition(ctx context.Context, name string) error {
+	if name == "" {
+		return nil
+	}
+	names, err := Partitions(ctx)
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		if n == name {
+			return nil
+		}
+	}
+	return fmt.Errorf("partition %q does not exist on this cluster; its partitions: %s", name, strings.Join(names, ", "))
+}
+
+// Submit submits a batch script and returns the job id.
+func Submit(ctx context.Context, script string, args ...string) (string, error) {
+	out, err := command(ctx, "sbatch", append(append([]string{"--parsable"}, args...), script)...)
+	if err != nil {
+		return "", fmt.Errorf("submit %s: %w", script, err)
+	}
+	id, _, _ := strings.Cut(strings.TrimSpace(out), ";") // "id;cluster" on federated clusters
+	if id == "" {
+		return "", fmt.Errorf("submit %s: sbatch printed no job id", script)
+	}
+	return id, nil
+}
+
+// Cancel cancels every task of an array.
+func Cancel(ctx context.Context, id string) error {
+	_, err := command(ctx, "scancel", id)
+	return err
+}
+
+// TaskState is one array task as squeue sees it.
+type TaskState struct {
+	Task   int
+	State  string // PENDING, RUNNING, COMPLETED, TIMEOUT, ...
+	Reason string // why it waits or ended, when Slurm says
+}
+
+// Terminal says whether the task has ended.
+func (t TaskState) Terminal() bool {
+	switch t.State {
+	case "PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED", "STOPPED",
+		"SIGNALING", "STAGE_OUT", "REQUEUE_FED", "REQUEUE_HOLD", "SPECIAL_EXIT":
+		return false
+	}
+	return true
+}
+
+// Tasks returns the tasks of array id that slurmctld still knows, ended
+// ones included until they age out (MinJobAge). An array it no longer
+// knows gives none.
+func Tasks(ctx context.Context, id string) ([]TaskState, error) {
+	out, err := command(ctx, "squeue", "-h", "-r", "-t", "all", "-j", id, "-o", "%K|%T|%r")
+	if err != nil {
+		if strings.Contains(err.Error(), "Invalid job id") {
+			return nil, nil
+		}
+		return nil, err
+	}
+	var tasks []TaskState
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		parts := strings.Split(line, "|")
+		if len(parts) != 3 {
+			continue
+		}
+		task, err := strconv.Atoi(parts[0])
+		if err != nil { // "N/A": the array's record before it is split into tasks
+			continue
+		}
+		reason := parts[2]
+		if reason == "None" {
+			reason = ""
+		}
+		tasks = append(tasks, TaskState{Task: task, State: parts[1], Reason: reason})
+	}
+	sort.Slice(tasks, func(i, j int) bool { return tasks[i].Task < tasks[j].Task })
+	return tasks, nil
+}
+
+// summarize counts tasks by state, e.g. "2 PENDING, 1 RUNNING, 3 COMPLETED".
+func summarize(tasks []TaskState) string {
+	counts := map[string]int{}
+	var states []string
+	for _, t := range tasks {
+		if counts[t.State] == 0 {
+			states = append(states, t.State)
+		}
+		counts[t.State]++
+	}
+	sort.Strings(states)
+	parts := make([]string, len(states))
+	for i, s := range states {
+		parts[i] = fmt.Sprintf("%d %s", counts[s], strings.ToLower(s))
+	}
+	return strings.Join(parts, ", ")
+}

@@ -1,0 +1,337 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/mattn/go-isatty"
+	"github.com/spf13/cobra"
+
+	"github.com/vlkv/vlkv/gohost/pyrt"
+	"github.com/vlkv/vlkv/gohost/results"
+	"github.com/vlkv/vlkv/gohost/runner"
+	"github.com/vlkv/vlkv/gohost/sched"
+	"github.com/vlkv/vlkv/gohost/slurm"
+	"github.com/vlkv/vlkv/gohost/worker"
+)
+
+// slurmFlags are run's options for --executor slurm.
+type slurmFlags struct {
+	executor     enumFlag
+	opts         slurm.Options
+	dryRun       bool
+	detach       bool
+	runtimeCache string
+}
+
+func (f *slurmFlags) add(cmd *cobra.Command) {
+	f.executor = enumFlag{value: "local", allowed: []string{"local", "slurm"}}
+	fl := cmd.Flags()
+	fl.Var(&f.executor, "executor", "where jobs run: local (workers on this machine) or slurm (one job array on a Slurm cluster)")
+	fl.StringVar(&f.opts.Partition, "partition", "", "slurm: partition (sbatch --partition)")
+	fl.StringVar(&f.opts.Account, "account", "", "slurm: account (sbatch --account)")
+	fl.StringVar(&f.opts.Time, "time", "", "slurm: time limit per task, e.g. 2:00:00 (sbatch --time)")
+	fl.StringVar(&f.opts.GRES, "gres", "", "slurm: generic resources per task, e.g. gpu:1 (sbatch --gres)")
+	fl.IntVar(&f.opts.CPUsPerTask, "cpus-per-task", 0, "slurm: CPUs per task (sbatch --cpus-per-task); 0: the cluster's default")
+	fl.StringVar(&f.opts.Mem, "mem", "", "slurm: memory per task, e.g. 32G (sbatch --mem)")
+	fl.IntVar(&f.opts.MaxRunning, "max-running", 0, "slurm: array tasks running at once (--array=...%K); 0: no limit")
+	fl.IntVar(&f.opts.Shards, "shards", 0, fmt.Sprintf("slurm: array tasks the jobs are split into; 0: one per job, at most %d", slurm.DefaultShards))
+	fl.StringArrayVar(&f.opts.Extra, "sbatch-line", nil, "slurm: one more #SBATCH line, e.g. --qos=high (repeat for several)")
+	fl.BoolVar(&f.dryRun, "dry-run", false, "slurm: print the batch script and submit nothing")
+	fl.BoolVar(&f.detach, "detach", false, "slurm: submit and return at once; then \"workbench status RUN_DIR\" follows the array")
+	fl.StringVar(&f.runtimeCache, "runtime-cache", "", "slurm: cache directory the nodes share for the managed Python runtime "+
+		"(built once, under a file lock); default: each node's own cache")
+}
+
+// check rejects slurm options given without --executor slurm.
+func (f *slurmFlags) check(cmd *cobra.Command) error {
+	if f.executor.value == "slurm" {
+		return f.opts.Check()
+	}
+	for _, name := range []string{"partition", "account", "time", "gres", "cpus-per-task", "mem", "max-running", "shards",
+		"sbatch-line", "dry-run", "detach", "runtime-cache"} {
+		if cmd.Flags().Changed(name) {
+			return &usageError{fmt.Errorf("--%s applies to --executor slurm", name)}
+		}
+	}
+	return nil
+}
+
+// slurmExecutor is the executor of `run --executor slurm`: tasks run this
+// binary with the kernels root, interpreter and device this run resolved.
+func (a *app) slurmExecutor(f slurmFlags, kernels pyrt.KernelsRoot, file, fileHash string) (*slurm.Executor, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("find the workbench binary the tasks run: %w", err)
+	}
+	var args, env []string
+	if kernels.Source != "embedded" { // an embedded root is unpacked by each node from the binary itself
+		args = append(args, "--kernels", kernels.Dir)
+	}
+	if a.flags.python != "" {
+		args = append(args, "--python", a.flags.python)
+	}
+	if a.flags.device.value != worker.Auto {
+		args = append(args, "--device", string(a.flags.device.value))
+	}
+	if f.runtimeCache != "" {
+		dir, err := filepath.Abs(f.runtimeCache)
+		if err != nil {
+			return nil, err
+		}
+		env = append(env, pyrt.CacheDirEnv+"="+dir)
+	}
+	abs, err := filepath.Abs(file)
+	if err != nil {
+		return nil, err
+	}
+	return &slurm.Executor{Options: f.opts, Workbench: self, TaskArgs: args, Env: env, File: abs, FileHash: fileHash,
+		KernelsDir: kernels.Dir, DryRun: f.dryRun, Detach: f.detach, Out: a.stdout, Interrupt: a.askCancel}, nil
+}
+
+// askCancel asks, on a terminal, whether Ctrl-C should cancel the array;
+// without one it cancels.
+func (a *app) askCancel(arrayJob string) bool {
+	if !isatty.IsTerminal(os.Stdin.Fd()) {
+		return true
+	}
+	fmt.Fprintf(a.stderr, "\nCancel Slurm array %s? Its running tasks stop; the jobs they finished are kept. "+
+		"No leaves it running (`workbench status RUN_DIR` follows it). [y/N] ", arrayJob)
+	line, _ := bufio.NewReader(os.Stdin).ReadString('\n')
+	answer := strings.ToLower(strings.TrimSpace(line))
+	return answer == "y" || answer == "yes"
+}
+
+func newShardCmd(a *app) *cobra.Command {
+	var spec string
+	cmd := &cobra.Command{
+		Use:   "shard PLAN.json [--shard I[/N]]",
+		Short: "Run one shard of a submitted Slurm plan (what each array task runs)",
+		Long: `shard runs the jobs of one shard of a plan that run --executor slurm wrote
+(RUN_DIR/slurm/<submission>/plan.json) on workers of this node, and records
+each finished job in its own journal segment (RUN_DIR/segments/), which
+the host merges into the run's journal. It first checks that this node sees
+the experiment script and the kernels_py sources that were submitted.
+--shard defaults to $SLURM_ARRAY_TASK_ID.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			plan, err := slurm.ReadPlan(args[0])
+			if err != nil {
+				return err
+			}
+			if spec == "" {
+				spec = os.Getenv("SLURM_ARRAY_TASK_ID")
+			}
+			if spec == "" {
+				return &usageError{errors.New("give --shard I (or run as a Slurm array task, which sets SLURM_ARRAY_TASK_ID)")}
+			}
+			index, err := slurm.ParseShard(spec, len(plan.Shards))
+			if err != nil {
+				return &usageError{err}
+			}
+			s, err := a.newSession(cmd.Context())
+			if err != nil {
+				return err
+			}
+			task := slurm.Task{Plan: plan, Shard: index, KernelsDir: s.kernels.Dir, Log: a.log,
+				Executor: &runner.Local{Python: s.runtime.Python, KernelsRoot: s.kernels.Dir, Device: s.device, Log: a.log}}
+			return task.Run(cmd.Context())
+		},
+	}
+	cmd.Flags().StringVar(&spec, "shard", "", "the shard to run: I, or I/N to check the plan has N shards")
+	return cmd
+}
+
+func newStatusCmd(a *app) *cobra.Command {
+	var noFollow bool
+	cmd := &cobra.Command{
+		Use:   "status RUN_DIR",
+		Short: "How far a run got; follow its Slurm array if it still runs",
+		Long: `status reports a run directory: jobs done and failed out of the plan's.
+For a run on Slurm it also shows the tasks of its newest array, journals
+what the tasks recorded in their segments, and, while the array still
+runs, follows it until it ends (Ctrl-C asks whether to cancel it), then
+rebuilds results.parquet. With --no-follow, or while another workbench
+writes the run, it only reports.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.status(cmd.Context(), args[0], !noFollow)
+		},
+	}
+	cmd.Flags().BoolVar(&noFollow, "no-follow", false, "report and return, even while the array runs")
+	return cmd
+}
+
+func (a *app) status(ctx context.Context, dir string, follow bool) error {
+	if _, err := os.Stat(filepath.Join(dir, results.ManifestFile)); err != nil {
+		if _, jerr := os.Stat(filepath.Join(dir, results.JournalFile)); jerr != nil {
+			return fmt.Errorf("%s is not a run directory (no %s or %s): give OUT/<experiment>/<run-id>", dir,
+				results.ManifestFile, results.JournalFile)
+		}
+	}
+	run, err := results.Open(dir)
+	var locked *results.LockedError
+	if errors.As(err, &locked) {
+		fmt.Fprintf(a.stdout, "%s is being written by another workbench (it follows the run); reporting only\n", dir)
+		return a.report(ctx, dir, nil)
+	}
+	if err != nil {
+		return err
+	}
+	defer run.Close()
+	merger, err := run.NewMerger()
+	if err != nil {
+		return err
+	}
+	if _, err := merger.Merge(); err != nil {
+		return err
+	}
+	subs, err := slurm.Submissions(dir)
+	if err != nil {
+		return err
+	}
+	if follow && len(subs) > 0 {
+		if err := a.followArray(ctx, run, subs[len(subs)-1]); err != nil {
+			results.BuildParquet(dir)
+			return err
+		}
+	}
+	rows, err := results.BuildParquet(dir)
+	if err != nil {
+		return err
+	}
+	if m := run.Manifest(); m.Ended == nil && m.Jobs > 0 && rows >= m.Jobs {
+		end := time.Now()
+		if err := run.UpdateManifest(func(m *results.Manifest) { m.Ended = &end }); err != nil {
+			return err
+		}
+	}
+	return a.report(ctx, dir, run)
+}
+
+// followArray follows a run's array while it runs, journaling its jobs.
+func (a *app) followArray(ctx context.Context, run *results.Run, sub slurm.Submission) error {
+	tasks, err := slurm.Tasks(ctx, sub.ArrayJob)
+	if err != nil {
+		return err
+	}
+	active := false
+	for _, t := range tasks {
+		active = active || !t.Terminal()
+	}
+	if !active {
+		return nil
+	}
+	plan, err := slurm.ReadPlan(slurm.PlanPath(run.Dir, sub.ID))
+	if err != nil {
+		return err
+	}
+	done, err := results.Finished(run.Dir)
+	if err != nil {
+		return err
+	}
+	pending := map[string]bool{}
+	for _, shard := range plan.Shards {
+		for _, j := range shard {
+			if _, ok := done[j.ID]; !ok {
+				pending[j.ID] = true
+			}
+		}
+	}
+	m := run.Manifest()
+	progress := sched.NewProgress(a.stderr, isatty.IsTerminal(os.Stderr.Fd()), m.Jobs, len(done))
+	defer progress.Close()
+	f := &slurm.Follow{RunDir: run.Dir, Submission: sub, Plan: plan, Pending: pending, Log: a.log, Interrupt: a.askCancel,
+		Deliver: func(rec results.Record) error {
+			out := sched.Outcome{Job: sched.Job{ID: rec.JobID, Label: rec.Method + " " + formatParams(rec.Params)},
+				Attempts: rec.Attempts}
+			if rec.Status != results.StatusOK {
+				out.Err = errors.New(rec.Error)
+			}
+			progress.Finished(out)
+			return run.Append(rec)
+		}}
+	a.log.Info().Str("array", sub.ArrayJob).Int("jobs_left", len(pending)).Msg("following the Slurm array")
+	return f.Run(ctx)
+}
+
+// manifestJobs is the job count a manifest records.
+func manifestJobs(data []byte) int {
+	var m results.Manifest
+	json.Unmarshal(data, &m)
+	return m.Jobs
+}
+
+// report prints what a run has done, and its arrays' tasks.
+func (a *app) report(ctx context.Context, dir string, run *results.Run) error {
+	recs, err := results.ReadJournal(dir)
+	if err != nil {
+		return err
+	}
+	last := map[string]results.Record{}
+	for _, rec := range recs {
+		last[rec.JobID] = rec
+	}
+	unmerged := 0
+	if run == nil { // another process merges: count what the segments hold beyond the journal
+		segs, _ := results.NewSegmentReader(dir).Read()
+		for _, rec := range segs {
+			if _, ok := last[rec.JobID]; !ok {
+				unmerged++
+				last[rec.JobID] = rec
+			}
+		}
+	}
+	failed := 0
+	for _, rec := range last {
+		if rec.Status != results.StatusOK {
+			failed++
+		}
+	}
+	total := 0
+	if data, err := os.ReadFile(filepath.Join(dir, results.ManifestFile)); err == nil {
+		total = manifestJobs(data)
+	}
+	fmt.Fprintf(a.stdout, "%s: %d of %d jobs done, %d failed", dir, len(last), total, failed)
+	if unmerged > 0 {
+		fmt.Fprintf(a.stdout, " (%d recorded by tasks, not journaled yet)", unmerged)
+	}
+	fmt.Fprintln(a.stdout)
+	subs, err := slurm.Submissions(dir)
+	if err != nil || len(subs) == 0 {
+		return err
+	}
+	sub := subs[len(subs)-1]
+	tasks, err := slurm.Tasks(ctx, sub.ArrayJob)
+	if err != nil {
+		fmt.Fprintf(a.stdout, "slurm array %s: its tasks cannot be read (%v)\n", sub.ArrayJob, err)
+		return nil
+	}
+	states := map[string][]string{}
+	for _, t := range tasks {
+		states[t.State] = append(states[t.State], fmt.Sprint(t.Task))
+	}
+	names := make([]string, 0, len(states))
+	for s := range states {
+		names = append(names, s)
+	}
+	sort.Strings(names)
+	fmt.Fprintf(a.stdout, "slurm array %s (submitted %s, %d tasks, %d jobs):", sub.ArrayJob,
+		sub.Submitted.Local().Format("2006-01-02 15:04:05"), sub.Tasks, sub.Jobs)
+	if len(names) == 0 {
+		fmt.Fprint(a.stdout, " no longer in the queue")
+	}
+	for _, s := range names {
+		fmt.Fprintf(a.stdout, " %s %s;", strings.ToLower(s), strings.Join(states[s], ","))
+	}
+	fmt.Fprintln(a.stdout)
+	return nil
+}
