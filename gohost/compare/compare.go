@@ -1,0 +1,499 @@
+// Package compare joins the rows of two runs on their jobs' parameters and
+// says which metrics changed, by how much, and where the code or the
+// script behind a row differs.
+package compare
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/vlkv/vlkv/gohost/results"
+)
+
+// Run is one run directory's rows (the last record of each job) and manifest.
+type Run struct {
+	Dir      string
+	Manifest results.Manifest
+	Rows     []results.Record
+}
+
+// Load reads a run directory, merging nothing: what its journal holds.
+func Load(dir string) (*Run, error) {
+	info, err := os.Stat(dir)
+	if os.IsNotExist(err) {
+		return nil, fmt.Errorf("run directory %s does not exist: give OUT/<experiment>/<run-id>", dir)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("run directory %s: %w", dir, err)
+	}
+	if !info.IsDir() {
+		return nil, fmt.Errorf("%s is not a run directory", dir)
+	}
+	recs, err := results.ReadJournal(dir)
+	if err != nil {
+		return nil, err
+	}
+	r := &Run{Dir: dir}
+	data, merr := os.ReadFile(filepath.Join(dir, results.ManifestFile))
+	if merr == nil {
+		json.Unmarshal(data, &r.Manifest)
+	}
+	if merr != nil && len(recs) == 0 {
+		return nil, fmt.Errorf("%s is not a run directory (no %s or %s): give OUT/<experiment>/<run-id>", dir,
+			results.ManifestFile, results.JournalFile)
+	}
+	if r.Manifest.Experiment == "" && len(recs) > 0 {
+		r.Manifest.Experiment = recs[0].Experiment
+	}
+	last := map[string]int{}
+	for i, rec := range recs {
+		last[rec.JobID] = i
+	}
+	for i, rec := range recs {
+		if last[rec.JobID] == i {
+			r.Rows = append(r.Rows, rec)
+		}
+	}
+	return r, nil
+}
+
+// Options say how to join and what counts as a change.
+type Options struct {
+	// By are the keys rows are joined and grouped on: "method", "workload",
+	// a parameter ("budget") or a workload knob ("workload.seed"). Empty:
+	// every parameter, except a knob that holds one value in each run and
+	// differs between them (the knob the comparison is about).
+	By []string
+	// Metrics to compare; empty: every metric both runs have.
+	Metrics []string
+	// Tolerance is the relative difference below which values are equal.
+	Tolerance float64
+}
+
+// Delta is one metric of one joined row.
+type Delta struct {
+	Metric   string  `json:"metric"`
+	A        float64 `json:"a"`
+	B        float64 `json:"b"`
+	Abs      float64 `json:"abs"`      // B - A
+	Rel      float64 `json:"rel"`      // (B - A) / |A|; ±Inf when A is 0
+	Changed  bool    `json:"changed"`  // beyond the tolerance
+	IsTiming bool    `json:"isTiming"` // a time: shown, not counted as a change unless asked for
+}
+
+// Row is one join key's rows in both runs.
+type Row struct {
+	Key           string  `json:"key"`
+	A, B          int     `json:"-"` // rows of each run under this key (several are averaged)
+	Deltas        []Delta `json:"deltas"`
+	Changed       bool    `json:"changed"`
+	KernelsDiffer bool    `json:"kernels_differ"`
+	StatusA       string  `json:"status_a"`
+	StatusB       string  `json:"status_b"`
+}
+
+// Report is the comparison of two runs.
+type Report struct {
+	A, B          string   `json:"-"`
+	RunA          string   `json:"run_a"`
+	RunB          string   `json:"run_b"`
+	Keys          []string `json:"keys"`
+	Varied        []string `json:"varied"`   // knobs left out of the join: "name: a -> b"
+	Warnings      []string `json:"warnings"` // different experiments, different scripts
+	ScriptsDiffer bool     `json:"scripts_differ"`
+	Metrics       []string `json:"metrics"`
+	Rows          []Row    `json:"rows"`    // joined keys, in key order
+	OnlyA         []string `json:"only_a"`  // keys with rows in A only
+	OnlyB         []string `json:"only_b"`  // keys with rows in B only
+	Changed       int      `json:"changed"` // joined rows with a changed metric
+}
+
+// timing says whether a metric is a time, which differs run to run.
+func timing(metric string) bool {
+	for _, suffix := range []string{"_seconds", "_ms", "_us", "_time"} {
+		if strings.HasSuffix(metric, suffix) {
+			return true
+		}
+	}
+	return false
+}
+
+// field is one joinable value of a row: method, workload, a parameter or a
+// workload knob.
+func fields(rec results.Record) map[string]string {
+	f := map[string]string{"method": rec.Method}
+	wl := rec.WorkloadName
+	if wl == "" {
+		wl = "synthetic"
+	}
+	f["workload"] = wl
+	for k, v := range rec.Params {
+		f[k] = format(v)
+	}
+	for k, v := range rec.Workload {
+		f["workload."+k] = format(v)
+	}
+	return f
+}
+
+func format(v any) string {
+	switch x := v.(type) {
+	case float64:
+		return strconv.FormatFloat(x, 'g', -1, 64)
+	case string:
+		return x
+	}
+	data, _ := json.Marshal(v)
+	return string(data)
+}
+
+// Compare joins a and b.
+func Compare(a, b *Run, o Options) (*Report, error) {
+	r := &Report{A: a.Dir, B: b.Dir, RunA: a.Dir, RunB: b.Dir}
+	if a.Manifest.Experiment != b.Manifest.Experiment {
+		r.Warnings = append(r.Warnings, fmt.Sprintf("the runs are of different experiments (%s, %s): rows are joined "+
+			"on the parameters both have", a.Manifest.Experiment, b.Manifest.Experiment))
+	}
+	if a.Manifest.FileHash != "" && b.Manifest.FileHash != "" && a.Manifest.FileHash != b.Manifest.FileHash {
+		r.ScriptsDiffer = true
+		r.Warnings = append(r.Warnings, fmt.Sprintf("the experiment scripts differ (sha256 %.12s, %.12s)",
+			a.Manifest.FileHash, b.Manifest.FileHash))
+	}
+	fa, fb := make([]map[string]string, len(a.Rows)), make([]map[string]string, len(b.Rows))
+	for i, rec := range a.Rows {
+		fa[i] = fields(rec)
+	}
+	for i, rec := range b.Rows {
+		fb[i] = fields(rec)
+	}
+	keys, varied, err := joinKeys(a, b, fa, fb, o.By)
+	if err != nil {
+		return nil, err
+	}
+	r.Varied = varied
+	// Keys that hold one value in every row of both runs split nothing: the
+	// rows are told apart, and shown, by the others.
+	r.Keys = distinguishing(keys, append(append([]map[string]string{}, fa...), fb...))
+	keys = r.Keys
+	metrics, err := chooseMetrics(a, b, o.Metrics)
+	if err != nil {
+		return nil, err
+	}
+	r.Metrics = metrics
+	asked := map[string]bool{}
+	for _, m := range o.Metrics {
+		asked[m] = true
+	}
+	groupA, groupB := group(a.Rows, fa, keys), group(b.Rows, fb, keys)
+	var all []string
+	for k := range groupA {
+		all = append(all, k)
+	}
+	for k := range groupB {
+		if _, ok := groupA[k]; !ok {
+			all = append(all, k)
+		}
+	}
+	sort.Strings(all)
+	for _, k := range all {
+		ra, rb := groupA[k], groupB[k]
+		switch {
+		case len(ra) == 0:
+			r.OnlyB = append(r.OnlyB, k)
+			continue
+		case len(rb) == 0:
+			r.OnlyA = append(r.OnlyA, k)
+			continue
+		}
+		row := Row{Key: k, A: len(ra), B: len(rb), StatusA: status(ra), StatusB: status(rb)}
+		row.KernelsDiffer = digests(ra) != digests(rb)
+		for _, m := range metrics {
+			va, oka := mean(ra, m)
+			vb, okb := mean(rb, m)
+			if !oka || !okb {
+				continue
+			}
+			d := Delta{Metric: m, A: va, B: vb, Abs: vb - va, IsTiming: timing(m) && !asked[m]}
+			d.Rel = relative(va, vb)
+			d.Changed = !equal(va, vb, o.Tolerance)
+			if d.Changed && !d.IsTiming {
+				row.Changed = true
+			}
+			row.Deltas = append(row.Deltas, d)
+		}
+		if row.StatusA != row.StatusB {
+			row.Changed = true
+		}
+		if row.Changed {
+			r.Changed++
+		}
+		r.Rows = append(r.Rows, row)
+	}
+	return r, nil
+}
+
+// joinKeys are the fields rows are joined on; varied lists the knobs left
+// out because each run holds one value of them and the values differ.
+func joinKeys(a, b *Run, fa, fb []map[string]string, by []string) ([]string, []string, error) {
+	common := map[string]bool{}
+	inA := map[string]bool{}
+	for _, f := range fa {
+		for k := range f {
+			inA[k] = true
+		}
+	}
+	for _, f := range fb {
+		for k := range f {
+			if inA[k] {
+				common[k] = true
+			}
+		}
+	}
+	if len(by) > 0 {
+		for _, k := range by {
+			if !common[k] {
+				return nil, nil, fmt.Errorf("--by %s: not a parameter of both runs; they share: %s", k,
+					strings.Join(sorted(common), ", "))
+			}
+		}
+		return by, nil, nil
+	}
+	// A knob is left out of the key when, among the rows of each method that
+	// have it, it holds one value per run and the two differ.
+	var keys, varied []string
+	for _, k := range sorted(common) {
+		if k == "method" {
+			keys = append(keys, k)
+			continue
+		}
+		if v, ok := variedKnob(k, fa, fb); ok {
+			varied = append(varied, v)
+			continue
+		}
+		keys = append(keys, k)
+	}
+	return keys, varied, nil
+}
+
+func variedKnob(k string, fa, fb []map[string]string) (string, bool) {
+	values := func(fs []map[string]string) map[string]map[string]bool { // method -> values of k
+		out := map[string]map[string]bool{}
+		for _, f := range fs {
+			if v, ok := f[k]; ok {
+				if out[f["method"]] == nil {
+					out[f["method"]] = map[string]bool{}
+				}
+				out[f["method"]][v] = true
+			}
+		}
+		return out
+	}
+	va, vb := values(fa), values(fb)
+	changes := map[string][]string{} // "a -> b" -> methods
+	for _, method := range sorted(va) {
+		as, bs := va[method], vb[method]
+		if bs == nil {
+			continue
+		}
+		if len(as) != 1 || len(bs) != 1 {
+			return "", false
+		}
+		x, y := sorted(as)[0], sorted(bs)[0]
+		if x != y {
+			change := x + " -> " + y
+			changes[change] = append(changes[change], method)
+		}
+	}
+	if len(changes) == 0 {
+		return "", false
+	}
+	var parts []string
+	for _, change := range sorted(changes) {
+		parts = append(parts, fmt.Sprintf("%s: %s (%s)", k, change, strings.Join(changes[change], ", ")))
+	}
+	return strings.Join(parts, "; "), true
+}
+
+func chooseMetrics(a, b *Run, asked []string) ([]string, error) {
+	inA, both := map[string]bool{}, map[string]bool{}
+	for _, rec := range a.Rows {
+		for m := range rec.Metrics {
+			inA[m] = true
+		}
+	}
+	for _, rec := range b.Rows {
+		for m := range rec.Metrics {
+			if inA[m] {
+				both[m] = true
+			}
+		}
+	}
+	if len(asked) == 0 {
+		return sorted(both), nil
+	}
+	for _, m := range asked {
+		if !both[m] {
+			return nil, fmt.Errorf("unknown metric %q: the runs share %s", m, strings.Join(sorted(both), ", "))
+		}
+	}
+	return asked, nil
+}
+
+// distinguishing keeps the keys with more than one value among the rows
+// that have them (always the method).
+func distinguishing(keys []string, fs []map[string]string) []string {
+	var out []string
+	for _, k := range keys {
+		values := map[string]bool{}
+		for _, f := range fs {
+			if v, ok := f[k]; ok {
+				values[v] = true
+			}
+		}
+		if k == "method" || len(values) > 1 {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+func group(rows []results.Record, fs []map[string]string, keys []string) map[string][]results.Record {
+	out := map[string][]results.Record{}
+	for i, rec := range rows {
+		var parts []string
+		for _, k := range keys {
+			if v, ok := fs[i][k]; ok {
+				parts = append(parts, k+"="+v)
+			}
+		}
+		key := strings.Join(parts, " ")
+		out[key] = append(out[key], rec)
+	}
+	return out
+}
+
+func mean(rows []results.Record, metric string) (float64, bool) {
+	sum, n := 0.0, 0
+	for _, rec := range rows {
+		if v, ok := rec.Metrics[metric].(float64); ok {
+			sum += v
+			n++
+		}
+	}
+	if n == 0 {
+		return 0, false
+	}
+	return sum / float64(n), true
+}
+
+func status(rows []results.Record) string {
+	for _, rec := range rows {
+		if rec.Status != results.StatusOK {
+			return rec.Status
+		}
+	}
+	return results.StatusOK
+}
+
+func digests(rows []results.Record) string {
+	var ds []string
+	for _, rec := range rows {
+		ds = append(ds, rec.KernelsDigest)
+	}
+	sort.Strings(ds)
+	return strings.Join(ds, ",")
+}
+
+func relative(a, b float64) float64 {
+	switch {
+	case a == b:
+		return 0
+	case a == 0:
+		return math.Copysign(math.Inf(1), b)
+	}
+	return (b - a) / math.Abs(a)
+}
+
+func equal(a, b, tol float64) bool {
+	if a == b || (math.IsNaN(a) && math.IsNaN(b)) {
+		return true
+	}
+	return math.Abs(b-a) <= tol*math.Max(math.Abs(a), math.Abs(b))
+}
+
+func sorted[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Guard is one --fail-if condition: METRIC>X or METRIC<X on the change
+// B - A, absolute or, with a trailing %, relative.
+type Guard struct {
+	Metric    string
+	Greater   bool
+	Threshold float64
+	Relative  bool
+	Text      string
+}
+
+// ParseGuard reads "rel_err_mean>0.01", "compression_ratio<-5%".
+func ParseGuard(s string) (Guard, error) {
+	g := Guard{Text: s}
+	i := strings.IndexAny(s, "<>")
+	if i <= 0 {
+		return g, fmt.Errorf("--fail-if %q: want METRIC>X or METRIC<X (the change from A to B; X%% for a relative one), "+
+			"e.g. rel_err_mean>0.01 or compression_ratio<-5%%", s)
+	}
+	g.Metric, g.Greater = strings.TrimSpace(s[:i]), s[i] == '>'
+	value := strings.TrimSpace(s[i+1:])
+	if strings.HasSuffix(value, "%") {
+		g.Relative, value = true, strings.TrimSuffix(value, "%")
+	}
+	x, err := strconv.ParseFloat(value, 64)
+	if err != nil {
+		return g, fmt.Errorf("--fail-if %q: %q is not a number", s, value)
+	}
+	g.Threshold = x
+	if g.Relative {
+		g.Threshold /= 100
+	}
+	return g, nil
+}
+
+// Violations lists the joined rows whose change breaks g.
+func (r *Report) Violations(g Guard) ([]string, error) {
+	known := false
+	for _, m := range r.Metrics {
+		known = known || m == g.Metric
+	}
+	if !known {
+		return nil, fmt.Errorf("--fail-if %s: unknown metric %q: the runs share %s", g.Text, g.Metric,
+			strings.Join(r.Metrics, ", "))
+	}
+	var out []string
+	for _, row := range r.Rows {
+		for _, d := range row.Deltas {
+			if d.Metric != g.Metric {
+				continue
+			}
+			change := d.Abs
+			if g.Relative {
+				change = d.Rel
+			}
+			if (g.Greater && change > g.Threshold) || (!g.Greater && change < g.Threshold) {
+				out = append(out, fmt.Sprintf("%s: %s %g -> %g", row.Key, d.Metric, d.A, d.B))
+			}
+		}
+	}
+	return out, nil
+}

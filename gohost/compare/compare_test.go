@@ -1,0 +1,119 @@
+package compare
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/vlkv/vlkv/gohost/results"
+)
+
+func rec(id, method string, params map[string]any, metrics map[string]any) results.Record {
+	return results.Record{JobID: id, Method: method, Params: params, Workload: map[string]any{"seed": 0.0},
+		Status: results.StatusOK, Metrics: metrics, KernelsDigest: "d1"}
+}
+
+func runOf(experiment string, rows ...results.Record) *Run {
+	return &Run{Dir: experiment, Manifest: results.Manifest{Experiment: experiment, FileHash: "h"}, Rows: rows}
+}
+
+func TestCompare(t *testing.T) {
+	base := func() *Run {
+		return runOf("e",
+			rec("a", "full", nil, map[string]any{"err": 0.0, "bytes": 100.0, "prefill_seconds": 1.0}),
+			rec("b", "h2o", map[string]any{"budget": 0.25, "recent": 0.5}, map[string]any{"err": 0.3, "bytes": 25.0, "prefill_seconds": 1.0}),
+			rec("c", "h2o", map[string]any{"budget": 0.5, "recent": 0.5}, map[string]any{"err": 0.2, "bytes": 50.0, "prefill_seconds": 1.0}),
+		)
+	}
+	t.Run("identical runs", func(t *testing.T) {
+		b := base()
+		b.Rows[0].Metrics["prefill_seconds"] = 2.0 // times differ run to run: not a change
+		r, err := Compare(base(), b, Options{Tolerance: 1e-9})
+		if err != nil || r.Changed != 0 || len(r.Rows) != 3 || len(r.OnlyA)+len(r.OnlyB) != 0 || len(r.Warnings) != 0 {
+			t.Fatalf("%+v %v", r, err)
+		}
+	})
+	t.Run("one knob changed", func(t *testing.T) {
+		b := base()
+		for i := 1; i < 3; i++ {
+			b.Rows[i].Params = map[string]any{"budget": b.Rows[i].Params["budget"], "recent": 0.25}
+			b.Rows[i].JobID += "'"
+		}
+		b.Rows[2].Metrics = map[string]any{"err": 0.1, "bytes": 50.0, "prefill_seconds": 1.0}
+		r, err := Compare(base(), b, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(r.Varied) != 1 || r.Varied[0] != "recent: 0.5 -> 0.25 (h2o)" || strings.Join(r.Keys, ",") != "budget,method" {
+			t.Fatalf("varied %v keys %v", r.Varied, r.Keys)
+		}
+		if r.Changed != 1 || len(r.Rows) != 3 {
+			t.Fatalf("changed %d of %d rows", r.Changed, len(r.Rows))
+		}
+		for _, row := range r.Rows {
+			if row.Changed != (row.Key == "budget=0.5 method=h2o") {
+				t.Errorf("row %s changed=%v", row.Key, row.Changed)
+			}
+			for _, d := range row.Deltas {
+				if d.Metric == "err" && row.Changed && (d.Abs > -0.0999 || d.Abs < -0.1001 || d.Rel > -0.4999 || d.Rel < -0.5001) {
+					t.Errorf("delta %+v", d)
+				}
+			}
+		}
+		// --fail-if on the change.
+		worse, _ := ParseGuard("err<-10%")
+		if v, err := r.Violations(worse); err != nil || len(v) != 1 {
+			t.Errorf("violations %v %v", v, err)
+		}
+		better, _ := ParseGuard("err>0")
+		if v, _ := r.Violations(better); len(v) != 0 {
+			t.Errorf("violations %v", v)
+		}
+	})
+	t.Run("rows in one run only and code differences", func(t *testing.T) {
+		b := base()
+		b.Rows = b.Rows[:2]
+		b.Rows[1].KernelsDigest = "d2"
+		b.Rows = append(b.Rows, rec("d", "snapkv", map[string]any{"budget": 0.5}, map[string]any{"err": 0.1}))
+		r, _ := Compare(base(), b, Options{})
+		if len(r.OnlyA) != 1 || r.OnlyA[0] != "budget=0.5 method=h2o" || len(r.OnlyB) != 1 || !strings.Contains(r.OnlyB[0], "snapkv") {
+			t.Errorf("only A %v only B %v", r.OnlyA, r.OnlyB)
+		}
+		for _, row := range r.Rows {
+			if row.KernelsDiffer != (row.Key == "budget=0.25 method=h2o") {
+				t.Errorf("row %s kernels differ %v", row.Key, row.KernelsDiffer)
+			}
+		}
+	})
+	t.Run("different experiments, by keys, unknown names", func(t *testing.T) {
+		b := base()
+		b.Manifest.Experiment = "other"
+		r, err := Compare(base(), b, Options{By: []string{"method"}})
+		if err != nil || len(r.Warnings) != 1 || !strings.Contains(r.Warnings[0], "different experiments (e, other)") {
+			t.Fatalf("%v %v", r.Warnings, err)
+		}
+		if len(r.Rows) != 2 || r.Rows[1].A != 2 { // h2o's two rows averaged
+			t.Errorf("rows %+v", r.Rows)
+		}
+		if _, err := Compare(base(), b, Options{By: []string{"nope"}}); err == nil || !strings.Contains(err.Error(), "--by nope") {
+			t.Errorf("unknown key: %v", err)
+		}
+		if _, err := Compare(base(), b, Options{Metrics: []string{"erro"}}); err == nil ||
+			!strings.Contains(err.Error(), `unknown metric "erro": the runs share bytes, err, prefill_seconds`) {
+			t.Errorf("unknown metric: %v", err)
+		}
+	})
+}
+
+func TestParseGuard(t *testing.T) {
+	for _, tc := range []struct {
+		in  string
+		ok  bool
+		rel bool
+		x   float64
+	}{{"err>0.01", true, false, 0.01}, {"ratio<-5%", true, true, -0.05}, {"err", false, false, 0}, {">1", false, false, 0}, {"err>x", false, false, 0}} {
+		g, err := ParseGuard(tc.in)
+		if (err == nil) != tc.ok || (tc.ok && (g.Relative != tc.rel || g.Threshold != tc.x)) {
+			t.Errorf("ParseGuard(%q) = %+v, %v", tc.in, g, err)
+		}
+	}
+}

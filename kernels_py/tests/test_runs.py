@@ -1,0 +1,36 @@
+"""kernels_py.runs: runs read into one DataFrame with a run column."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from kernels_py.runs import find_run, newest_runs, read_run, read_runs
+
+
+def make_run(root, experiment, run_id, errors):
+    run = root / experiment / run_id
+    run.mkdir(parents=True)
+    (run / "manifest.json").write_text(json.dumps({"experiment": experiment, "run_id": run_id}))
+    pd.DataFrame({"job_id": [f"j{i}" for i in range(len(errors))], "metric_rel_err_mean": errors}).to_parquet(
+        run / "results.parquet")
+    return run
+
+
+def test_read_runs_adds_a_run_column(tmp_path, monkeypatch):
+    a = make_run(tmp_path, "e", "20260101-000000-aaaaaa", [0.1, 0.2])
+    b = make_run(tmp_path, "e", "20260102-000000-bbbbbb", [0.1, 0.3])
+    df = read_runs([a, b])
+    assert list(df.run) == [a.name, a.name, b.name, b.name] and len(df) == 4
+    assert read_run(a).attrs["manifest"]["run_id"] == a.name
+    wide = df.pivot_table(index="job_id", columns="run", values="metric_rel_err_mean")
+    assert (wide[b.name] - wide[a.name]).round(6).tolist() == [0.0, 0.1]
+    assert newest_runs("e", 2, tmp_path) == [a, b]
+    monkeypatch.delenv("VLKV_RUN_DIR", raising=False)
+    assert find_run("e", tmp_path) == b
+    other = make_run(tmp_path, "f", a.name, [0.5])
+    assert set(read_runs([a, other]).run) == {f"e/{a.name}", f"f/{a.name}"}
+    with pytest.raises(FileNotFoundError, match="2 wanted"):
+        newest_runs("f", 2, tmp_path)
+    with pytest.raises(FileNotFoundError, match="no results.parquet"):
+        read_run(tmp_path / "e")

@@ -1,0 +1,185 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/vlkv/vlkv/gohost/compare"
+)
+
+func newCompareCmd(a *app) *cobra.Command {
+	var (
+		o        compare.Options
+		asJSON   bool
+		all      bool
+		failIf   []string
+		maxShown int
+	)
+	cmd := &cobra.Command{
+		Use:   "compare RUN_A RUN_B",
+		Short: "Join two runs on their jobs' parameters and show the metrics that changed",
+		Long: `compare joins the rows of two run directories on the jobs' parameters
+(method, its knobs, the workload and its knobs) and prints, per joined row,
+the metrics that changed from A to B with absolute and relative deltas. A
+knob that holds one value in each run and differs between them is what the
+comparison is about: it is left out of the join (and named), so the rows it
+changed are joined with their counterparts. --by joins on the keys given
+instead (rows sharing a key are averaged). Metrics that are times (*_seconds,
+*_ms) differ run to run: they are shown but count as a change only when
+--metrics names them. Rows whose kernels_py sources differ are marked [code],
+rows present in one run only are listed. Runs of different experiments are
+compared on the parameters both have, with a warning.
+
+--fail-if METRIC>X (or <X; X% for a relative change) exits 1 when a joined
+row's change from A to B passes X, so a comparison can guard a change in CI:
+  workbench compare results/quickstart/OLD results/quickstart/NEW --fail-if 'rel_err_mean>0.001'`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var guards []compare.Guard
+			for _, f := range failIf {
+				g, err := compare.ParseGuard(f)
+				if err != nil {
+					return &usageError{err}
+				}
+				guards = append(guards, g)
+			}
+			runA, err := compare.Load(args[0])
+			if err != nil {
+				return err
+			}
+			runB, err := compare.Load(args[1])
+			if err != nil {
+				return err
+			}
+			r, err := compare.Compare(runA, runB, o)
+			if err != nil {
+				return err
+			}
+			for _, w := range r.Warnings {
+				a.log.Warn().Msg(w)
+			}
+			var broken []string
+			for _, g := range guards {
+				v, err := r.Violations(g)
+				if err != nil {
+					return &usageError{err}
+				}
+				for _, line := range v {
+					broken = append(broken, g.Text+": "+line)
+				}
+			}
+			if asJSON {
+				enc := json.NewEncoder(a.stdout)
+				enc.SetIndent("", "  ")
+				if err := enc.Encode(jsonReport{r, broken}); err != nil {
+					return err
+				}
+			} else {
+				printComparison(a.stdout, r, all, maxShown)
+			}
+			if len(broken) > 0 {
+				if !asJSON {
+					fmt.Fprintln(a.stdout)
+					for _, b := range broken {
+						fmt.Fprintln(a.stdout, "FAIL", b)
+					}
+				}
+				return &exitCodeError{code: 1}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringSliceVar(&o.By, "by", nil, "join on these keys: method, workload, a knob (budget) or a workload knob (workload.seed)")
+	cmd.Flags().StringSliceVar(&o.Metrics, "metrics", nil, "only these metrics (default: every metric both runs have)")
+	cmd.Flags().Float64Var(&o.Tolerance, "tolerance", 1e-9, "relative difference below which two values are equal")
+	cmd.Flags().StringArrayVar(&failIf, "fail-if", nil, "exit 1 when a row's change passes this: METRIC>X or METRIC<X, X% relative (repeatable)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the comparison as JSON")
+	cmd.Flags().BoolVar(&all, "all", false, "show every joined row, changed or not")
+	cmd.Flags().IntVar(&maxShown, "max-metrics", 8, "metrics shown per row (the largest relative changes first); 0: all")
+	return cmd
+}
+
+type jsonReport struct {
+	*compare.Report
+	Failed []string `json:"failed"`
+}
+
+func printComparison(w io.Writer, r *compare.Report, all bool, maxShown int) {
+	fmt.Fprintf(w, "A %s\nB %s\n", r.RunA, r.RunB)
+	if len(r.Varied) > 0 {
+		fmt.Fprintf(w, "varied: %s\n", strings.Join(r.Varied, "; "))
+	}
+	fmt.Fprintf(w, "joined on: %s\n", strings.Join(r.Keys, ", "))
+	fmt.Fprintf(w, "%d rows joined, %d changed; %d only in A, %d only in B\n", len(r.Rows), r.Changed, len(r.OnlyA), len(r.OnlyB))
+	for _, row := range r.Rows {
+		if !row.Changed && !all {
+			continue
+		}
+		mark := ""
+		if row.KernelsDiffer {
+			mark = " [code]"
+		}
+		if row.StatusA != row.StatusB {
+			mark += fmt.Sprintf(" [status %s -> %s]", row.StatusA, row.StatusB)
+		}
+		fmt.Fprintf(w, "\n%s%s\n", row.Key, mark)
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "  metric\tA\tB\tB-A\trel")
+		shown := 0
+		for _, d := range byChange(row.Deltas) {
+			if !d.Changed && !all {
+				continue
+			}
+			if maxShown > 0 && shown == maxShown {
+				fmt.Fprintf(tw, "  ...\t\t\t\t\n")
+				break
+			}
+			note := ""
+			if d.IsTiming {
+				note = " (time)"
+			}
+			fmt.Fprintf(tw, "  %s%s\t%.6g\t%.6g\t%+.3g\t%s\n", d.Metric, note, d.A, d.B, d.Abs, percent(d.Rel))
+			shown++
+		}
+		tw.Flush()
+	}
+	for _, k := range r.OnlyA {
+		fmt.Fprintf(w, "only in A: %s\n", k)
+	}
+	for _, k := range r.OnlyB {
+		fmt.Fprintf(w, "only in B: %s\n", k)
+	}
+}
+
+// byChange orders deltas: changed metrics first, largest relative change first, times last.
+func byChange(ds []compare.Delta) []compare.Delta {
+	out := append([]compare.Delta(nil), ds...)
+	rank := func(d compare.Delta) float64 {
+		if !d.Changed {
+			return -2
+		}
+		if d.IsTiming {
+			return -1
+		}
+		return math.Abs(d.Rel)
+	}
+	for i := 1; i < len(out); i++ {
+		for j := i; j > 0 && rank(out[j]) > rank(out[j-1]); j-- {
+			out[j], out[j-1] = out[j-1], out[j]
+		}
+	}
+	return out
+}
+
+func percent(rel float64) string {
+	if math.IsInf(rel, 0) || math.IsNaN(rel) {
+		return "-"
+	}
+	return fmt.Sprintf("%+.2f%%", 100*rel)
+}
