@@ -114,6 +114,10 @@ type Options struct {
 	Resume          bool
 	RetryFailed     bool
 	AllowCodeChange bool
+	// RerunStale, with Resume and AllowCodeChange, runs again the jobs whose
+	// rows were computed on other kernels_py sources than today's (what
+	// `workbench watch --experiment` does after an edit).
+	RerunStale bool
 
 	Executor Executor  // runs the jobs; required
 	Progress io.Writer // progress lines, a redrawn bar on a terminal; nil: none
@@ -162,7 +166,8 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 	var todo []sched.Job
 	jobs := map[string]Job{}
 	for _, j := range o.Jobs {
-		if rec, ok := done[j.ID]; ok && !(o.RetryFailed && rec.Status == results.StatusFailed) {
+		if rec, ok := done[j.ID]; ok && !(o.RetryFailed && rec.Status == results.StatusFailed) &&
+			!(o.RerunStale && rec.KernelsDigest != digest) {
 			continue
 		}
 		jobs[j.ID] = j

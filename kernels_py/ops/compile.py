@@ -45,6 +45,8 @@ from triton.compiler import ASTSource, make_backend
 from triton.runtime.autotuner import Autotuner
 from triton.runtime.jit import JITFunction, create_function_from_signature
 
+from kernels_py.runtime.errors import locate
+
 TARGETS = (80, 90)
 # Shared memory one block may use (the opt-in maximum): a kernel needing more
 # compiles but fails to load (OutOfResources). A100: 163 KiB, H100: 227 KiB.
@@ -144,8 +146,9 @@ def compile_case(case, cc: int) -> dict:
     try:
         with recording() as launches:
             case.call()
-    except Exception:
+    except Exception as err:
         result["error"] = "launcher failed while recording:\n" + traceback.format_exc()
+        result["error_at"] = locate(err)
         return result
     result["launched"] = [launch.kernel.fn.__name__ for launch in launches]
     for launch in launches:
@@ -169,6 +172,7 @@ def compile_case(case, cc: int) -> dict:
                 entry.update(resources(compiled, ptxas_log.getvalue()))
             except Exception as err:
                 entry["error"] = error_text(err)
+                entry["error_at"] = locate(err)
             result["compiled"].append(entry)
     return result
 

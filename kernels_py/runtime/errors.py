@@ -1,0 +1,86 @@
+"""Where in the kernels_py sources an error comes from, as one source line:
+what `workbench watch` shows instead of a traceback. Knows Triton's
+CompilationError (a node in a jit function's source), the interpreter's
+errors (raised from the kernel's own frame) and SyntaxError."""
+
+import linecache
+import traceback
+from pathlib import Path
+
+KERNELS = Path(__file__).resolve().parents[1]  # kernels_py/
+# Frames here are plumbing, never the line a researcher edited.
+_PLUMBING = (KERNELS / "runtime", KERNELS / "watch.py", KERNELS / "selftest.py")
+
+
+def _chain(err: BaseException) -> list[BaseException]:
+    out = []
+    while err is not None and err not in out and len(out) < 20:
+        out.append(err)
+        err = err.__cause__ or err.__context__
+    return out
+
+
+def _summary(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def _relative(path: str) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(KERNELS.parent))
+    except ValueError:
+        return path
+
+
+def _compilation(err) -> dict | None:
+    """The file and line of a CompilationError's node: its source is a jit
+    function's, from its `def` line; find the file that holds it."""
+    src, node = getattr(err, "src", None), getattr(err, "node", None)
+    if not src or not hasattr(node, "lineno"):
+        return None
+    for path in sorted(KERNELS.rglob("*.py")):
+        text = path.read_text(errors="replace")
+        at = text.find(src)
+        if at < 0:
+            continue
+        line = text.count("\n", 0, at) + node.lineno
+        message = err.error_message
+        for cause in _chain(err)[1:]:  # none of its own: the error it wraps says what went wrong
+            if message:
+                break
+            message = getattr(cause, "error_message", None) if hasattr(cause, "src") else _summary(cause)
+        return {"file": _relative(str(path)), "line": line, "column": getattr(node, "col_offset", 0),
+                "source": linecache.getline(str(path), line).rstrip(), "message": (message or "").strip(),
+                "kind": type(err).__name__}
+    return None
+
+
+def locate(err: BaseException) -> dict | None:
+    """{"file", "line", "column", "source", "message", "kind"} of the kernels_py
+    line an error comes from, or None when no frame of kernels_py is involved.
+    The deepest CompilationError wins (the called function's, not the
+    caller's), then a SyntaxError, then the deepest kernels_py frame of any
+    error in the chain (an interpreted kernel raises from its own line)."""
+    chain = _chain(err)
+    for e in reversed(chain):
+        if hasattr(e, "src") and hasattr(e, "node"):
+            found = _compilation(e)
+            if found:
+                return found
+    for e in chain:
+        if isinstance(e, SyntaxError) and e.filename and Path(e.filename).resolve().is_relative_to(KERNELS):
+            return {"file": _relative(e.filename), "line": e.lineno or 0, "column": (e.offset or 1) - 1,
+                    "source": (e.text or "").rstrip("\n"), "message": f"{type(e).__name__}: {e.msg}",
+                    "kind": type(e).__name__}
+    for e in reversed(chain):  # the innermost error first: the interpreter's is the cause of its wrapper
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if _ours(f.filename)]
+        if frames:
+            f = frames[-1]
+            return {"file": _relative(f.filename), "line": f.lineno, "column": 0, "source": (f.line or "").rstrip(),
+                    "message": _summary(e), "kind": type(e).__name__}
+    return None
+
+
+def _ours(filename: str) -> bool:
+    path = Path(filename).resolve()
+    return path.is_relative_to(KERNELS) and not any(path == p or path.is_relative_to(p) for p in _PLUMBING)

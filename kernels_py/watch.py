@@ -1,0 +1,135 @@
+"""One iteration of `workbench watch OP`: the op's selftest (its kernels
+against the PyTorch reference on the op's test shapes), a real compile of
+its first compile case when there is no GPU to compile on (the interpreter
+compiles nothing), and on a GPU its benchmark. An error anywhere comes back
+as the kernels_py source line it comes from (runtime.errors.locate), not a
+traceback, so the watch can show it and go on.
+
+This module imports no op at load time: after an edit that breaks an
+import, the worker can still load it and report where.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from kernels_py.runtime.errors import locate
+
+
+def check(op: str, dtype: str = "float32", seed: int = 0, compile_target: int | None = None,
+          bench: dict | None = None) -> dict:
+    """{"op", "ok", "device", "interpreter", "selftest", "compile", "bench",
+    "error"}: selftest is the op's table (or None when it raised), compile
+    the compiled kernels of the op's first compile case for sm_<target>
+    (None unless asked), bench the benchmark's table (None unless asked);
+    error the first error's location and message."""
+    from kernels_py import runtime
+
+    out = {"op": op, "ok": False, "device": runtime.device().type, "interpreter": runtime.interpreter_mode(),
+           "selftest": None, "compile": None, "bench": None, "error": None}
+    try:
+        from kernels_py import selftest
+
+        start = time.perf_counter()
+        result = selftest.run(seed=seed, dtype=dtype, ops=[op])["ops"][0]
+        result["wall_seconds"] = time.perf_counter() - start
+        out["selftest"] = result
+        out["ok"] = bool(result["ok"])
+    except Exception as err:  # a kernel that does not import, interpret or compile: say where, go on
+        out["error"] = _error(err)
+    if compile_target:
+        try:
+            out["compile"] = compile_op(op, compile_target)
+        except Exception as err:  # the op does not even import
+            out["compile"] = {"case": None, "seconds": 0.0, "kernels": [], "error": _error(err)}
+        if out["compile"].get("error"):  # the compiler's own message, where the interpreter's may differ
+            out["error"] = out["compile"]["error"]
+        out["ok"] = out["ok"] and not out["compile"].get("error")
+    if bench is not None and out["ok"]:
+        try:
+            from kernels_py.benchmarks import run
+
+            name = bench.get("name") or benchmark_of(op)
+            if name is None:
+                raise ValueError(f"no registered benchmark times {op} (kernels_py/benchmarks/)")
+            out["bench"] = run(name, bench.get("params") or {})
+        except Exception as err:
+            out["error"] = _error(err)
+            out["ok"] = False
+    return out
+
+
+def _error(err: BaseException) -> dict:
+    where = locate(err) or {}
+    return {"message": where.get("message") or f"{type(err).__name__}: {err}", "file": where.get("file"),
+            "line": where.get("line"), "source": where.get("source"), "kind": where.get("kind", type(err).__name__)}
+
+
+def compile_op(op: str, target: int) -> dict:
+    """Compile the op's first compile case for sm_<target> with Triton's own
+    compiler (no GPU needed), in a process of its own without the
+    interpreter (kernels_py.ops.compile says why). {"case", "seconds",
+    "kernels": [{"kernel", "seconds", "registers", "spill_bytes"}], "error"}."""
+    from kernels_py.ops import OPS
+
+    cases = OPS[op].cases.COMPILE_CASES
+    if not cases:
+        return {"case": None, "seconds": 0.0, "kernels": [], "error": None}
+    case = cases[0].name
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "compile.json")
+        start = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "kernels_py.ops.compile", "--target", str(target), "--out", path,
+                               case], env=env, capture_output=True, text=True, timeout=600,
+                              preexec_fn=_die_with_parent)
+        seconds = time.perf_counter() - start
+        if proc.returncode != 0 or not os.path.exists(path):
+            return {"case": case, "seconds": seconds, "kernels": [],
+                    "error": {"message": (proc.stderr.strip().splitlines() or ["the compile process failed"])[-1]}}
+        with open(path) as f:
+            result = json.load(f)[0]
+    kernels, error = [], None
+    if result.get("error"):
+        error = _compile_error(result)
+    for entry in result["compiled"]:
+        spill = sum(entry.get(k) or 0 for k in ("spill_stores", "spill_loads"))
+        kernels.append({"kernel": entry["kernel"], "seconds": entry.get("seconds"),
+                        "registers": entry.get("registers"), "spill_bytes": spill})
+        if entry.get("error") and error is None:
+            error = _compile_error(entry)
+    return {"case": case, "target": target, "seconds": seconds, "kernels": kernels, "error": error}
+
+
+def _compile_error(entry: dict) -> dict:
+    where = entry.get("error_at") or {}
+    first = entry["error"].splitlines()[0] if entry.get("error") else "compile failed"
+    return {"message": where.get("message") or first, "file": where.get("file"), "line": where.get("line"),
+            "source": where.get("source"), "kind": where.get("kind", "CompilationError")}
+
+
+def _die_with_parent():
+    """The compile process ends with the worker (Linux): a stopped watch leaves nothing running."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def benchmark_of(op: str) -> str | None:
+    """The registered benchmark that times this op (its module imports the op)."""
+    import inspect
+
+    from kernels_py.benchmarks import BENCHMARKS
+
+    for name, cls in sorted(BENCHMARKS.items()):
+        module = inspect.getmodule(cls)
+        if any(getattr(v, "__name__", None) == f"kernels_py.ops.{op}" for v in vars(module).values()):
+            return name
+    return None

@@ -1,0 +1,188 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vlkv/vlkv/gohost/testpy"
+)
+
+// syncBuffer collects a process's output while the test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// waitOutput waits until the output after offset holds every want, and
+// returns the offset past what it read.
+func waitOutput(t *testing.T, out *syncBuffer, from int, limit time.Duration, want ...string) int {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) {
+		text := out.String()
+		if from > len(text) {
+			from = len(text)
+		}
+		all := true
+		for _, w := range want {
+			all = all && strings.Contains(text[from:], w)
+		}
+		if all {
+			return len(text)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("waited %v for %q; output:\n%s", limit, want, out.String())
+	return 0
+}
+
+// The edit-rerun loop on a copy of a kernel: each save reruns the check;
+// a compile error shows as its source line and the compiler's message and
+// the watch goes on; a wrong result shows as a mismatch with its error; the
+// fix recovers; a restarted watch continues the history; Ctrl-C leaves no
+// process behind.
+func TestWatchAnOpWhileItsKernelIsEdited(t *testing.T) {
+	py := testpy.Python(t)
+	bin := workbenchBinary(t)
+	dir := t.TempDir()
+	root := copyKernels(t, dir)
+	kernel := filepath.Join(root, "kernels_py", "ops", "gather_decode", "kernel.py")
+	original, err := os.ReadFile(kernel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	edit := func(old, new string) {
+		t.Helper()
+		text := string(original)
+		if !strings.Contains(text, old) {
+			t.Fatalf("kernel.py has no %q", old)
+		}
+		if err := os.WriteFile(kernel, []byte(strings.Replace(text, old, new, 1)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := func(args ...string) (*exec.Cmd, *syncBuffer) {
+		cmd := exec.Command(bin, append([]string{"--python", py, "--kernels", root, "watch", "gather_decode", "--debounce", "100ms"}, args...)...)
+		cmd.Env = append(os.Environ(), "VLKV_CACHE_DIR="+filepath.Join(dir, "cache"))
+		cmd.Dir = dir
+		out := &syncBuffer{}
+		cmd.Stdout, cmd.Stderr = out, out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return cmd, out
+	}
+	stop := func(cmd *exec.Cmd, out *syncBuffer) {
+		t.Helper()
+		cmd.Process.Signal(syscall.SIGINT)
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("watch after Ctrl-C: %v\n%s", err, out.String())
+			}
+		case <-time.After(30 * time.Second):
+			cmd.Process.Kill()
+			t.Fatalf("watch did not stop on Ctrl-C:\n%s", out.String())
+		}
+		time.Sleep(200 * time.Millisecond)
+		if left := workersIn(root); len(left) > 0 {
+			t.Errorf("processes left running in the kernels root: %v", left)
+		}
+	}
+
+	cmd, out := start("--reset-history")
+	at := waitOutput(t, out, 0, 120*time.Second, "iteration 1 ", "selftest (cpu, Triton interpreter): OK",
+		"compile sm_90 (gather-fp16-d128-gqa4): _stage1_kernel", "max error", "OK; watching")
+
+	// A compile error: the source line and the compiler's message, then the watch goes on.
+	edit("acc = tl.zeros([BLOCK_ROWS, BLOCK_D], dtype=tl.float32)\n",
+		"acc = tl.zeros([BLOCK_ROWS, BLOCK_D], dtype=tl.float32) + tl.arange(0, 3)\n")
+	at = waitOutput(t, out, at, 120*time.Second, "iteration 2 · ", "kernels_py/ops/gather_decode/kernel.py (",
+		"ERROR kernels_py/ops/gather_decode/kernel.py:64\n", "+ tl.arange(0, 3)\n  arange's range must be a power of 2",
+		"FAILING; watching")
+	if strings.Contains(out.String(), "Traceback") {
+		t.Errorf("a traceback was shown:\n%s", out.String())
+	}
+
+	// A kernel that compiles but computes the wrong thing: a mismatch, with its error against the first iteration.
+	edit("_store_split(PartO + part_rows, PartLse + lse_rows, acc,", "_store_split(PartO + part_rows, PartLse + lse_rows, acc * 1.5,")
+	at = waitOutput(t, out, at, 120*time.Second, "iteration 3 · ", "selftest (cpu, Triton interpreter): MISMATCH",
+		"false", "FAILING; watching")
+	screen := out.String()[at-2000:]
+	if !strings.Contains(screen, "max error") || !strings.Contains(screen, "failed shapes  2") {
+		t.Errorf("the mismatch's figures:\n%s", screen)
+	}
+
+	// The fix: back to what the first iteration measured.
+	os.WriteFile(kernel, original, 0o644)
+	at = waitOutput(t, out, at, 120*time.Second, "iteration 4 · ", "selftest (cpu, Triton interpreter): OK", "OK; watching")
+	screen = out.String()
+	last := screen[strings.LastIndex(screen, "iteration 4 "):]
+	if !strings.Contains(last, "failed shapes  0") || !strings.Contains(last, "=") {
+		t.Errorf("after the fix:\n%s", last)
+	}
+	stop(cmd, out)
+
+	// A restarted watch continues the history.
+	cmd, out = start("--no-compile")
+	waitOutput(t, out, 0, 120*time.Second, "4 earlier iteration(s) of gather_decode", "iteration 1 ", "OK; watching")
+	stop(cmd, out)
+}
+
+// watch --experiment: a save reruns the jobs computed on the old sources
+// and prints the rows whose metrics changed.
+func TestWatchAnExperiment(t *testing.T) {
+	py := testpy.Python(t)
+	bin := workbenchBinary(t)
+	dir := t.TempDir()
+	root := copyKernels(t, dir)
+	script := filepath.Join(dir, "small.star")
+	os.WriteFile(script, []byte(`experiment(name = "small", methods = ["full", "h2o", "streamingllm"],
+    grid = {"budget": [0.25, 0.5]},
+    workloads = [workload(tokens_per_image = 48, system_tokens = 8, text_tokens = 8, decode_steps = 2, layers = 2)])
+`), 0o644)
+	cmd := exec.Command(bin, "--python", py, "--kernels", root, "watch", "--experiment", script, "--out",
+		filepath.Join(dir, "out"), "--debounce", "100ms")
+	out := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	at := waitOutput(t, out, 0, 120*time.Second, "small: 5 rows (0 failed)", "5 new, 0 rerun", "watching")
+	// Halve every recent window: h2o's rows change, the others do not.
+	caches := filepath.Join(root, "kernels_py", "methods", "caches.py")
+	text, _ := os.ReadFile(caches)
+	edited := strings.Replace(string(text), "half_up(fraction * capacity)", "half_up(0.5 * fraction * capacity)", 1)
+	if edited == string(text) {
+		t.Fatal("caches.py has no recent_count to edit")
+	}
+	os.WriteFile(caches, []byte(edited), 0o644)
+	waitOutput(t, out, at, 120*time.Second, "iteration 2 · ", "kernels_py/methods/caches.py", "0 new, 5 rerun",
+		"5 rows joined, 2 changed", "budget=0.25 method=h2o [code]", "budget=0.5 method=h2o [code]", "watching")
+	cmd.Process.Signal(syscall.SIGINT)
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("watch after Ctrl-C: %v\n%s", err, out.String())
+	}
+}
