@@ -83,6 +83,12 @@ def run(method: str, params: Mapping[str, Any], workload: Mapping[str, Any],
     """
     chosen = make_method(method, params)
     config = make_workload(workload_name, workload)
+    if getattr(chosen, "in_model_only", False):  # a kvpress press: only inside the model
+        if not hasattr(config, "image_list"):
+            raise ValueError(f"method {method!r} runs inside a model: give it workload(\"vlm\", model=..., images=..., "
+                             f"prompt=...), not {workload_name!r}")
+        metrics, per_step = _in_model(config, chosen)
+        return {"metrics": metrics, "per_layer": {}, "per_step": per_step}
     reference = _reference(config)
     trace = _trace(chosen, reference.workload)
     report = _report(trace, reference)
@@ -116,10 +122,20 @@ def _in_model(config, method) -> tuple[dict[str, float], dict[str, list]]:
     from kernels_py import models
 
     vlm, inputs, full = _full_generation(config)
-    got = models.generate(vlm, method, inputs, config.decode_steps + 1, force_tokens=full.tokens)
+    generate = getattr(method, "generate", None)  # a press generates with transformers' own cache
+    extra = {}
+    if generate is not None:
+        from kernels_py.models import presses
+
+        got = generate(vlm, inputs, config.decode_steps + 1, force_tokens=full.tokens)
+        # What the press left in the cache against what the full cache holds: a press that masks frees nothing.
+        extra = {"full_cache_bytes": float(full.cache_bytes), "compression_ratio": full.cache_bytes / got.cache_bytes,
+                 "kvpress_version": presses.version()}
+    else:
+        got = models.generate(vlm, method, inputs, config.decode_steps + 1, force_tokens=full.tokens)
     scores = models.compare(full, got)
     nan = float("nan")
-    return {"token_agreement": scores["token_agreement"], "kl_mean": scores["kl_mean"],
+    return {**extra, "token_agreement": scores["token_agreement"], "kl_mean": scores["kl_mean"],
             "kl_max": max(scores["kl_per_step"]), "model_cache_bytes": float(got.cache_bytes),
             "prefill_seconds": got.prefill_seconds, "decode_seconds": got.decode_seconds,
             "peak_gpu_bytes": got.peak_bytes if got.memory_kind == "cuda" else nan,

@@ -20,7 +20,7 @@ def document() -> dict:
 
     return {
         "methods": {name: {"doc": cls.summary(), "paper": cls.paper, "params": cls.schema(),
-                           "rules": cls.rules_schema()}
+                           "rules": cls.rules_schema(), **({"notes": cls.notes()} if cls.notes() else {})}
                     for name, cls in METHODS.items()},
         "workloads": {name: {"doc": cls.summary(), "params": cls.schema(), "rules": cls.rules_schema()}
                       for name, cls in WORKLOADS.items()},

@@ -255,6 +255,12 @@ func TestMethodsListsKnobs(t *testing.T) {
 			t.Errorf("tau: %+v", p)
 		}
 	}
+	// kvpress lists its presses with their parameters (from the schema, no Python).
+	code, stdout, _ = runCLI(t, "methods", "kvpress")
+	if code != 0 || !strings.Contains(stdout, "press_args") ||
+		!strings.Contains(stdout, "    SnapKVPress(compression_ratio=0.0, window_size=64, kernel_size=5)\n") {
+		t.Errorf("methods kvpress: exit %d\n%s", code, stdout)
+	}
 	if code, _, stderr := runCLI(t, "methods", "h2oo"); code != 2 || !strings.Contains(stderr, `method "h2oo" is unknown (did you mean "h2o"?)`) {
 		t.Errorf("methods h2oo: exit %d, %s", code, stderr)
 	}

@@ -189,6 +189,9 @@ kernels_py/schema.json and starts no Python.`,
 				}
 				printParams(a.stdout, m.Params)
 				printRules(a.stdout, m.Rules)
+				for _, note := range m.Notes {
+					fmt.Fprintf(a.stdout, "  %s\n", note)
+				}
 				fmt.Fprintln(a.stdout)
 			}
 			if len(args) == 0 {
@@ -261,6 +264,7 @@ func writeSchemaJSON(w io.Writer, s *expt.Schema, methods []string, withWorkload
 		Paper  string      `json:"paper,omitempty"`
 		Params []paramJSON `json:"params"`
 		Rules  expt.Rules  `json:"rules,omitempty"`
+		Notes  []string    `json:"notes,omitempty"`
 	}
 	out := struct {
 		Methods         []entry `json:"methods"`
@@ -269,7 +273,7 @@ func writeSchemaJSON(w io.Writer, s *expt.Schema, methods []string, withWorkload
 	}{Methods: []entry{}}
 	for _, n := range methods {
 		m := s.Methods[n]
-		out.Methods = append(out.Methods, entry{m.Name, m.Doc, m.Paper, paramsJSON(m.Params), m.Rules})
+		out.Methods = append(out.Methods, entry{m.Name, m.Doc, m.Paper, paramsJSON(m.Params), m.Rules, m.Notes})
 	}
 	if withWorkloads {
 		for _, n := range s.WorkloadNames() {

@@ -54,7 +54,8 @@ type Method struct {
 	Doc    string
 	Paper  string // where the method comes from
 	Params Params
-	Rules  Rules // constraints between params, checked per job
+	Rules  Rules    // constraints between params, checked per job
+	Notes  []string // more to know, one line each (kvpress: its presses and their parameters)
 }
 
 // Workload is one registered workload and its knobs.
@@ -136,6 +137,7 @@ type (
 		Paper  string               `json:"paper"`
 		Params map[string]paramJSON `json:"params"`
 		Rules  []*Rule              `json:"rules"`
+		Notes  []string             `json:"notes"`
 	}
 	paramSetJSON struct {
 		Doc    string               `json:"doc"`
@@ -220,7 +222,7 @@ func parseSchema(data []byte) (*Schema, error) {
 		if err != nil {
 			return nil, fmt.Errorf("method %q: %w", name, err)
 		}
-		s.Methods[name] = &Method{Name: name, Doc: mj.Doc, Paper: mj.Paper, Params: ps, Rules: rules}
+		s.Methods[name] = &Method{Name: name, Doc: mj.Doc, Paper: mj.Paper, Params: ps, Rules: rules, Notes: mj.Notes}
 	}
 	for _, name := range sortedKeys(w.Workloads) {
 		if !methodRE.MatchString(name) {

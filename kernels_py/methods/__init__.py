@@ -31,6 +31,7 @@ METHODS: dict[str, type[Method]] = registry.load(__name__, (
     "lookm",
     "pyramidkv",
     "fastv",
+    "kvpress",
 ), Method)
 
 

@@ -49,6 +49,11 @@ class Method(Knobs, ABC):
     def owner_name(cls) -> str:
         return f"method {cls.name!r}"
 
+    @classmethod
+    def notes(cls) -> list[str]:
+        """More to know than the knobs, one line each (`workbench methods NAME` prints them)."""
+        return []
+
     @abstractmethod
     def prefill_all(self, q: list[torch.Tensor], k: list[torch.Tensor], v: list[torch.Tensor], spans: Spans) -> list:
         """Build every layer's cache once the whole prompt has been seen (lists

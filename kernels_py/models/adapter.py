@@ -186,7 +186,7 @@ class _Session:
 _ACTIVE: contextvars.ContextVar[_Session] = contextvars.ContextVar("vlkv_session")
 
 
-def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """The registered attention function of the language model's layers
     (query [B, H, T, d], key/value [B, H_kv, T, d], as the layer computed them)."""
     session = _ACTIVE.get(None)

@@ -107,3 +107,27 @@ def save_tiny_qwen2_vl(directory: Path, *, seed: int = 0, layers: int = 2, versi
     model.save_pretrained(directory)
     processor.save_pretrained(directory)
     return directory
+
+
+def main(argv=None) -> int:
+    """Write a tiny random model and a test image (cat.png) into a directory:
+    a stand-in for a real model where none can be downloaded."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__.split(":")[0])
+    parser.add_argument("out", help="directory to write the model into")
+    parser.add_argument("--family", default="llava", choices=["llava", "llava_next", "qwen2_vl", "qwen2_5_vl"])
+    opts = parser.parse_args(argv)
+    out = Path(opts.out)
+    if opts.family.startswith("qwen"):
+        save_tiny_qwen2_vl(out, version="2" if opts.family == "qwen2_vl" else "2.5")
+        save_image(out / "cat.png", size=112)
+    else:
+        save_tiny_llava(out, next=opts.family == "llava_next")
+        save_image(out / "cat.png")
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

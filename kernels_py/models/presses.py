@@ -1,0 +1,236 @@
+"""NVIDIA kvpress presses inside a loaded VLM: the text-LM baselines next to
+this project's methods, on the same model, prompt and metrics.
+
+A press compresses transformers' own DynamicCache once the prompt has been
+prefilled, from a forward hook on each attention layer of the language
+model (kvpress's design). kvpress 0.5.5 drives text LMs (model.model.layers,
+or model.model.language_model.layers) and reads the attention layer's
+`cache_position`, which transformers 5.x no longer passes: `applied` hooks
+the language model of any supported VLM and supplies it. Generation then
+runs the model's own attention over the cache the press left, so the bytes
+counted are what the cache really holds: a press that only masks entries
+(head-wise ones, through kvpress's attention patch) keeps every tensor, and
+the bytes say so.
+"""
+
+import dataclasses
+import inspect
+import time
+from contextlib import contextmanager
+
+import torch
+
+from kernels_py.params import closest
+
+
+class PressError(ValueError):
+    """A press name, parameter or model the kvpress path cannot use."""
+
+
+def kvpress():
+    """The kvpress module, or a PressError saying how to get it."""
+    try:
+        import kvpress as module
+    except ImportError as err:
+        raise PressError(f"kvpress is not installed in this Python ({err}); the managed runtime has it "
+                         f"(uv.lock), or install kvpress==0.5.5 next to --python's interpreter") from None
+    return module
+
+
+def version() -> str:
+    from importlib.metadata import version as dist_version
+
+    return dist_version("kvpress")
+
+
+# press="none": transformers' cache as it is, the baseline the presses are measured against.
+NO_PRESS = "none"
+
+# The parameter through which a press wraps others (inner_press names them).
+WRAPPING = ("press", "base_press", "presses")
+
+
+def _wrapping(cls) -> str | None:
+    params = inspect.signature(cls).parameters
+    return next((p for p in WRAPPING if p in params), None)
+
+
+def press_classes() -> dict:
+    """Every concrete press kvpress exports, by name."""
+    module = kvpress()
+    out = {}
+    for name in getattr(module, "__all__", dir(module)):
+        cls = getattr(module, name, None)
+        if isinstance(cls, type) and issubclass(cls, module.BasePress) and name not in ("BasePress", "ScorerPress") \
+                and not inspect.isabstract(cls):
+            out[name] = cls
+    return dict(sorted(out.items()))
+
+
+def parameters(cls) -> dict[str, object]:
+    """A press's constructor parameters and their defaults (required ones: inspect.Parameter.empty)."""
+    return {name: p.default for name, p in inspect.signature(cls).parameters.items()
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def describe() -> str:
+    """One line per press: its name and parameters with defaults (for `workbench methods kvpress`)."""
+    lines = []
+    for name, cls in press_classes().items():
+        params = ", ".join(f"{k}" if v is inspect.Parameter.empty else f"{k}={v!r}"
+                           for k, v in parameters(cls).items())
+        lines.append(f"{name}({params})")
+    return "; ".join(lines)
+
+
+def parse_args(text: str) -> dict:
+    """press_args "a=1,b=x,c=true" as {"a": 1, "b": "x", "c": True}."""
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, eq, raw = part.partition("=")
+        if not eq or not key.strip():
+            raise PressError(f"press_args {text!r}: want name=value pairs separated by commas, e.g. window_size=32")
+        raw = raw.strip()
+        value: object = raw
+        for convert in (int, float):
+            try:
+                value = convert(raw)
+                break
+            except ValueError:
+                pass
+        if raw.lower() in ("true", "false"):
+            value = raw.lower() == "true"
+        if raw.lower() == "none":
+            value = None
+        out[key.strip()] = value
+    return out
+
+
+def make(name: str, compression_ratio: float, args: dict, inner: str = ""):
+    """Build press `name` with its own parameters, checked against its
+    constructor: an unknown press or parameter is a PressError naming what
+    is accepted. compression_ratio goes to the press that takes it (the
+    inner one of a wrapper press)."""
+    if name == NO_PRESS:
+        return None
+    classes = press_classes()
+    if name not in classes:
+        raise PressError(f"unknown press {name!r}{closest(name, classes)}; kvpress {version()} has: "
+                         f"{', '.join(classes)}")
+    cls = classes[name]
+    accepted = parameters(cls)
+    unknown = sorted(set(args) - set(accepted))
+    if unknown:
+        raise PressError(f"{name} takes no parameter {unknown[0]!r}; it takes: "
+                         f"{', '.join(accepted) or 'nothing'}")
+    kwargs = dict(args)
+    wrapping = _wrapping(cls)
+    if wrapping and inner:
+        inner_presses = [make(n.strip(), compression_ratio, {}) for n in inner.split(",") if n.strip()]
+        kwargs[wrapping] = inner_presses if wrapping == "presses" else inner_presses[0]
+    elif wrapping and accepted[wrapping] is inspect.Parameter.empty:
+        raise PressError(f"{name} wraps another press: name it with inner_press (e.g. inner_press='SnapKVPress'"
+                         f"{'; several, comma-separated' if wrapping == 'presses' else ''})")
+    elif inner and not wrapping:
+        raise PressError(f"{name} wraps no press: inner_press={inner!r} does not apply")
+    if "compression_ratio" in accepted and "compression_ratio" not in kwargs:
+        kwargs["compression_ratio"] = compression_ratio
+    missing = [k for k, v in accepted.items() if v is inspect.Parameter.empty and k not in kwargs]
+    if missing:
+        raise PressError(f"{name} needs {', '.join(missing)}: set them in press_args")
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError, AssertionError) as err:
+        raise PressError(f"{name}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())}): {err}") from None
+
+
+@contextmanager
+def applied(press, model):
+    """The press's hooks on every attention layer of model's language model,
+    as kvpress's own context manager sets them, with the cache positions
+    transformers 5.x no longer passes to the attention layer."""
+    language = model.model.language_model if hasattr(model.model, "language_model") else model.model
+    press.post_init_from_model(model)
+    hooks = []
+
+    def hook(module, args, kwargs, output):
+        if "cache_position" not in kwargs:
+            cache = kwargs["past_key_values"]
+            tokens = kwargs["hidden_states"].shape[1]
+            seen = cache.layers[module.layer_idx].get_seq_length()  # the new tokens included
+            kwargs = {**kwargs, "cache_position": torch.arange(seen - tokens, seen, device=output[0].device)}
+        return press.forward_hook(module, args, kwargs, output)
+
+    try:
+        for layer in language.layers:
+            layer.self_attn.rotary_emb = language.rotary_emb
+            hooks.append(layer.self_attn.register_forward_hook(hook, with_kwargs=True))
+        yield
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+def cache_bytes(cache) -> int:
+    """Bytes the DynamicCache's tensors hold, every layer."""
+    total = 0
+    for layer in cache.layers:
+        for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+            if isinstance(t, torch.Tensor):
+                total += t.numel() * t.element_size()
+    return total
+
+
+def generate(vlm, press, inputs: dict, max_new_tokens: int, force_tokens: list[int] | None = None):
+    """Greedy decoding of one prompt with transformers' DynamicCache and the
+    model's own attention, the press (None: none) compressing the cache after
+    prefill: kernels_py.models.Generation, with the cache's bytes measured."""
+    from transformers import DynamicCache
+
+    from kernels_py.models.adapter import ATTENTION, Generation, ModelError, _Memory, spans_from_ids
+
+    if inputs["input_ids"].shape[0] != 1:
+        raise ModelError("the kvpress path generates one prompt at a time")
+    model = vlm.model
+    language = model.model.language_model
+    if language.config._attn_implementation == ATTENTION:  # left by an interrupted vlkv generation
+        language.set_attn_implementation("sdpa")
+    spans = spans_from_ids(inputs["input_ids"][0], vlm.image_token_id)
+    with torch.inference_mode():
+        memory = _Memory(model.device)
+        memory.reset()
+        cache = DynamicCache(config=model.config)
+        start = time.perf_counter()
+        try:
+            if press is None:
+                out = model(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            else:
+                with applied(press, model):
+                    out = model(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        except Exception as err:  # a press written for other models: whatever it raises, say which and go on
+            reason = " ".join(str(err).split())[:300]
+            raise PressError(f"{type(press).__name__} cannot run on {vlm.family} ({type(err).__name__}: {reason})") \
+                from err
+        prefill = time.perf_counter() - start
+        logits = [out.logits[:, -1].float()]
+        tokens = [logits[-1].argmax(-1)]
+        del out
+        peak = memory.peak()
+        memory.reset()
+        start = time.perf_counter()
+        for i in range(max_new_tokens - 1):
+            fed = tokens[-1] if force_tokens is None else torch.tensor([force_tokens[i]], device=model.device)
+            out = model(input_ids=fed[:, None].to(model.device), past_key_values=cache, use_cache=True)
+            logits.append(out.logits[:, -1].float())
+            tokens.append(logits[-1].argmax(-1))
+        decode = time.perf_counter() - start
+        decode_peak = memory.peak()
+    return Generation(torch.stack(tokens, dim=1)[0].tolist(), torch.stack(logits, dim=1)[0], cache_bytes(cache),
+                      prefill, decode, spans, max(peak, decode_peak), decode_peak, memory.kind)
+
+
+def press_dict(press) -> dict:
+    """A press's settings, for the result rows."""
+    if dataclasses.is_dataclass(press):
+        return {f.name: repr(getattr(press, f.name)) for f in dataclasses.fields(press)}
+    return {}

@@ -1,0 +1,169 @@
+"""kvpress presses as a method: inside tiny random VLMs of every supported
+family, the no-press baseline equals our full cache, presses run end to end
+through the ablation with the same metrics as our methods, bad names and
+parameters and incompatible presses get clear errors, and the README's table
+of which press runs on which family is what this test measures.
+
+`python -m kernels_py.tests.test_kvpress` prints that table."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("kvpress")
+
+from kernels_py import ablation, models  # noqa: E402
+from kernels_py.methods import make_method  # noqa: E402
+from kernels_py.models import presses  # noqa: E402
+from kernels_py.tests.tiny_vlm import QWEN_PROMPT, save_image, save_tiny_llava, save_tiny_qwen2_vl  # noqa: E402
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+LLAVA_PROMPT = "USER : <image> describe the picture ASSISTANT :"
+# Long enough for the presses' observation windows (64 tokens) on every family.
+LONG = " what is in the picture a red cat or a blue dog ?" * 6
+FAMILIES = ("llava", "llava_next", "qwen2_vl", "qwen2_5_vl")
+
+
+def save_family(root: Path, family: str):
+    """(model directory, image, prompt) of a tiny model of the family."""
+    path = root / family
+    if family.startswith("qwen"):
+        save_tiny_qwen2_vl(path, version="2" if family == "qwen2_vl" else "2.5")
+        return path, save_image(root / f"{family}.png", size=112), QWEN_PROMPT.replace(" ASSISTANT", LONG + " ASSISTANT")
+    save_tiny_llava(path, next=family == "llava_next")
+    return path, save_image(root / f"{family}.png"), LLAVA_PROMPT.replace(" ASSISTANT", LONG + " ASSISTANT")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("kvpress")
+    return {family: save_family(root, family) for family in FAMILIES}
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch):
+    """Presses that fetch checkpoints from the Hub fail at once here, rather than retrying."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+@pytest.mark.parametrize("family", ["llava", "qwen2_vl"])
+def test_the_no_press_baseline_is_our_full_cache(tiny, family):
+    path, image, prompt = tiny[family]
+    vlm = models.load(path)
+    inputs = models.prompt_inputs(vlm, [image], prompt)
+    ours = models.generate(vlm, make_method("full"), inputs, 6)
+    baseline = presses.generate(vlm, None, inputs, 6)
+    assert baseline.tokens == ours.tokens and baseline.cache_bytes == ours.cache_bytes
+    assert make_method("kvpress", {"press": "none"}).make_press() is None
+
+
+@pytest.mark.parametrize("press", ["SnapKVPress", "TOVAPress", "KnormPress", "StreamingLLMPress",
+                                   "ExpectedAttentionPress", "PyramidKVPress"])
+def test_presses_run_end_to_end_with_our_metrics(tiny, press):
+    path, image, prompt = tiny["llava"]
+    workload = {"model": str(path), "images": str(image), "prompt": prompt, "decode_steps": 4}
+    report = ablation.run("kvpress", {"press": press, "compression_ratio": 0.5}, workload, "vlm")
+    m = report["metrics"]
+    assert m["kvpress_version"] == presses.version()
+    assert m["model_cache_bytes"] < m["full_cache_bytes"] and m["compression_ratio"] > 1.5
+    assert 0 <= m["token_agreement"] <= 1 and m["kl_mean"] >= 0 and m["prefill_seconds"] > 0
+    assert len(report["per_step"]["tokens"]) == 5 and report["per_layer"] == {}
+
+
+def test_press_parameters_pass_through_and_are_checked(tiny):
+    method = make_method("kvpress", {"press": "SnapKVPress", "compression_ratio": 0.25,
+                                     "press_args": "window_size=16,kernel_size=3"})
+    press = method.make_press()
+    assert (press.window_size, press.kernel_size, press.compression_ratio) == (16, 3, 0.25)
+    wrapped = make_method("kvpress", {"press": "KeyRerotationPress", "inner_press": "KnormPress"}).make_press()
+    assert type(wrapped.press).__name__ == "KnormPress" and wrapped.press.compression_ratio == 0.5
+    with pytest.raises(presses.PressError, match=r"unknown press 'SnapKvPress' \(did you mean 'SnapKVPress'\?\)"):
+        make_method("kvpress", {"press": "SnapKvPress"}).make_press()
+    with pytest.raises(presses.PressError, match=r"SnapKVPress takes no parameter 'window'; it takes: "
+                                                 r"compression_ratio, window_size, kernel_size"):
+        make_method("kvpress", {"press_args": "window=3"}).make_press()
+    with pytest.raises(presses.PressError, match="want name=value pairs"):
+        make_method("kvpress", {"press_args": "window_size"}).make_press()
+    with pytest.raises(presses.PressError, match="KeyRerotationPress wraps another press: name it with inner_press"):
+        make_method("kvpress", {"press": "KeyRerotationPress"}).make_press()
+    with pytest.raises(presses.PressError, match="SnapKVPress wraps no press"):
+        make_method("kvpress", {"inner_press": "KnormPress"}).make_press()
+
+
+def test_an_incompatible_press_and_a_workload_without_a_model(tiny):
+    path, image, prompt = tiny["llava"]
+    workload = {"model": str(path), "images": str(image), "prompt": prompt, "decode_steps": 2}
+    with pytest.raises(presses.PressError, match=r"ObservedAttentionPress cannot run on llava \(AssertionError: "
+                                                 r"Set attn_implementation=\"eager\""):
+        ablation.run("kvpress", {"press": "ObservedAttentionPress"}, workload, "vlm")
+    with pytest.raises(ValueError, match=r"method 'kvpress' runs inside a model: give it workload\(\"vlm\""):
+        ablation.run("kvpress", {}, {}, "synthetic")
+
+
+# --- which press runs on which family -------------------------------------------------------------
+
+def outcome(vlm, inputs, name: str, baseline_bytes: int) -> tuple[str, str]:
+    """("evicts" | "frees nothing" | "fails", reason) of one press on one model: evicts when the cache it
+    leaves holds fewer bytes than the no-press cache; frees nothing when it runs but every tensor keeps its
+    size (entries masked or zeroed, or compression only past this short generation)."""
+    wrapping = presses._wrapping(presses.press_classes()[name])
+    inner = "SnapKVPress,KnormPress" if wrapping == "presses" else "SnapKVPress" if wrapping else ""
+    try:
+        got = presses.generate(vlm, presses.make(name, 0.5, {}, inner), inputs, 3)
+    except Exception as err:  # noqa: BLE001 - the outcome is what is measured
+        return "fails", " ".join(str(err).split())
+    return ("evicts" if got.cache_bytes < baseline_bytes else "frees nothing"), ""
+
+
+def measure(tiny) -> dict[str, dict[str, tuple[str, str]]]:
+    table = {name: {} for name in presses.press_classes()}
+    for family in FAMILIES:
+        path, image, prompt = tiny[family]
+        vlm = models.load(path)
+        inputs = models.prompt_inputs(vlm, [image], prompt)
+        baseline = presses.generate(vlm, None, inputs, 3).cache_bytes
+        for name in table:
+            table[name][family] = outcome(vlm, inputs, name, baseline)
+    return table
+
+
+def markdown(table) -> str:
+    lines = ["| press | " + " | ".join(FAMILIES) + " | why it fails |", "| --- |" + " --- |" * (len(FAMILIES) + 1)]
+    for name, row in table.items():
+        reasons = sorted({why for _, why in row.values() if why})
+        why = re.sub(r"^\w+ cannot run on \w+ ", "", reasons[0]) if reasons else ""
+        why = re.sub(r"'?/tmp/[^' ]*'?", "<model dir>", why)[:140].strip("() ")
+        lines.append(f"| {name} | " + " | ".join(row[f][0] for f in FAMILIES) + f" | {why.replace('|', '/')} |")
+    return "\n".join(lines)
+
+
+def readme_table() -> dict[str, list[str]]:
+    text = README.read_text()
+    block = text.split("<!-- kvpress-support:start -->")[1].split("<!-- kvpress-support:end -->")[0]
+    rows = {}
+    for line in block.strip().splitlines()[2:]:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        rows[cells[0]] = cells[1:1 + len(FAMILIES)]
+    return rows
+
+
+def test_the_readme_says_which_press_runs_on_which_family(tiny):
+    table = measure(tiny)
+    measured = {name: [row[f][0] for f in FAMILIES] for name, row in table.items()}
+    assert sum(cells.count("evicts") >= 1 for cells in measured.values()) >= 5
+    assert readme_table() == measured, "README's kvpress table differs from what runs; replace it with:\n" + \
+        markdown(table)
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    import huggingface_hub.constants
+
+    huggingface_hub.constants.HF_HUB_OFFLINE = True
+    with tempfile.TemporaryDirectory() as tmp:
+        print(markdown(measure({f: save_family(Path(tmp), f) for f in FAMILIES})))
