@@ -130,7 +130,9 @@ def _in_model(config, method) -> tuple[dict[str, float], dict[str, list]]:
         got = generate(vlm, inputs, config.decode_steps + 1, force_tokens=full.tokens)
         # What the press left in the cache against what the full cache holds: a press that masks frees nothing.
         extra = {"full_cache_bytes": float(full.cache_bytes), "compression_ratio": full.cache_bytes / got.cache_bytes,
-                 "kvpress_version": presses.version()}
+                 "kvpress_version": presses.version(),
+                 # a press without a compression_ratio (ThinK, DuoAttention, ...) ignores the knob: say so
+                 "kvpress_ratio_applied": float(presses.takes_ratio(method.press, method.inner_press))}
     else:
         got = models.generate(vlm, method, inputs, config.decode_steps + 1, force_tokens=full.tokens)
     scores = models.compare(full, got)

@@ -31,16 +31,20 @@ knob that holds one value in each run and differs between them is what the
 comparison is about: it is left out of the join (and named), so the rows it
 changed are joined with their counterparts. --by joins on the keys given
 instead (rows sharing a key are averaged). Metrics that are times (*_seconds,
-*_ms) differ run to run: they are shown but count as a change only when
---metrics names them. Rows whose kernels_py sources differ are marked [code],
+*_ms, *_us, *_time) differ run to run: they are shown but count as a change
+only when --metrics names them. Rows whose kernels_py sources differ are marked [code],
 rows present in one run only are listed. Runs of different experiments are
 compared on the parameters both have, with a warning.
 
 --fail-if METRIC>X (or <X; X% for a relative change) exits 1 when a joined
-row's change from A to B passes X, so a comparison can guard a change in CI:
+row's change from A to B passes X, or when a job that succeeded in A failed
+or is missing in B, so a comparison can guard a change in CI:
   workbench compare results/quickstart/OLD results/quickstart/NEW --fail-if 'rel_err_mean>0.001'`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if o.Tolerance < 0 {
+				return &usageError{fmt.Errorf("--tolerance must be 0 or more, got %g", o.Tolerance)}
+			}
 			var guards []compare.Guard
 			for _, f := range failIf {
 				g, err := compare.ParseGuard(f)

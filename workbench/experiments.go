@@ -272,14 +272,6 @@ checks).`,
 				return err
 			}
 			_, err := a.runExperiments(cmd.Context(), args[0], o)
-			var detached *slurm.DetachedError
-			switch {
-			case errors.Is(err, slurm.ErrDryRun):
-				return nil
-			case errors.As(err, &detached):
-				fmt.Fprintln(a.stdout, detached.Error())
-				return nil
-			}
 			return err
 		},
 	}
@@ -310,7 +302,7 @@ func (a *app) runExperiments(ctx context.Context, file string, o runOptions) ([]
 		if o.out, err = filepath.Abs(o.out); err != nil {
 			return nil, err
 		}
-		if executor, err = a.slurmExecutor(o.slurm, kernels, plan.File, plan.Hash); err != nil {
+		if executor, err = a.slurmExecutor(o.slurm, kernels, plan.File, plan.Hash, o.workers); err != nil {
 			return nil, err
 		}
 		device = "slurm"
@@ -337,7 +329,15 @@ func (a *app) runExperiments(ctx context.Context, file string, o runOptions) ([]
 		if sum.Ended {
 			fmt.Fprintf(a.stdout, "%s: %d jobs, %d failed -> %s\n", e.Name, sum.Rows, sum.Failed, filepath.Join(sum.Dir, results.ParquetFile))
 		}
-		if err != nil {
+		// A dry run printed this experiment's script, a detached one submitted its array: on to the next.
+		var detached *slurm.DetachedError
+		switch {
+		case errors.Is(err, slurm.ErrDryRun):
+			continue
+		case errors.As(err, &detached):
+			fmt.Fprintf(a.stdout, "%s: %s\n", e.Name, detached.Error())
+			continue
+		case err != nil:
 			return dirs, err
 		}
 		failed += sum.Failed

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -67,17 +68,26 @@ func (f *slurmFlags) check(cmd *cobra.Command) error {
 
 // slurmExecutor is the executor of `run --executor slurm`: tasks run this
 // binary with the kernels root, interpreter and device this run resolved.
-func (a *app) slurmExecutor(f slurmFlags, kernels pyrt.KernelsRoot, file, fileHash string) (*slurm.Executor, error) {
+func (a *app) slurmExecutor(f slurmFlags, kernels pyrt.KernelsRoot, file, fileHash string, workers int) (*slurm.Executor, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("find the workbench binary the tasks run: %w", err)
 	}
 	var args, env []string
+	if workers > 0 {
+		env = append(env, "VLKV_SHARD_WORKERS="+strconv.Itoa(workers))
+	}
 	if kernels.Source != "embedded" { // an embedded root is unpacked by each node from the binary itself
 		args = append(args, "--kernels", kernels.Dir)
 	}
 	if a.flags.python != "" {
-		args = append(args, "--python", a.flags.python)
+		python := a.flags.python
+		if strings.ContainsRune(python, filepath.Separator) { // a path, not a name on the nodes' PATH
+			if python, err = filepath.Abs(python); err != nil {
+				return nil, err
+			}
+		}
+		args = append(args, "--python", python)
 	}
 	if a.flags.device.value != worker.Auto {
 		args = append(args, "--device", string(a.flags.device.value))
@@ -112,6 +122,7 @@ func (a *app) askCancel(arrayJob string) bool {
 
 func newShardCmd(a *app) *cobra.Command {
 	var spec string
+	var workers int
 	cmd := &cobra.Command{
 		Use:   "shard PLAN.json [--shard I[/N]]",
 		Short: "Run one shard of a submitted Slurm plan (what each array task runs)",
@@ -137,16 +148,21 @@ the experiment script and the kernels_py sources that were submitted.
 			if err != nil {
 				return &usageError{err}
 			}
+			if workers == 0 { // run --executor slurm --workers N passes N to its tasks this way
+				workers, _ = strconv.Atoi(os.Getenv("VLKV_SHARD_WORKERS"))
+			}
 			s, err := a.newSession(cmd.Context())
 			if err != nil {
 				return err
 			}
 			task := slurm.Task{Plan: plan, Shard: index, KernelsDir: s.kernels.Dir, Log: a.log,
-				Executor: &runner.Local{Python: s.runtime.Python, KernelsRoot: s.kernels.Dir, Device: s.device, Log: a.log}}
+				Executor: &runner.Local{Python: s.runtime.Python, KernelsRoot: s.kernels.Dir, Device: s.device,
+					Workers: workers, Log: a.log}}
 			return task.Run(cmd.Context())
 		},
 	}
 	cmd.Flags().StringVar(&spec, "shard", "", "the shard to run: I, or I/N to check the plan has N shards")
+	cmd.Flags().IntVar(&workers, "workers", 0, "worker processes on this node; 0: one per GPU, or 1 on CPU")
 	return cmd
 }
 
@@ -199,7 +215,17 @@ func (a *app) status(ctx context.Context, dir string, follow bool) error {
 		return err
 	}
 	if follow && len(subs) > 0 {
-		if err := a.followArray(ctx, run, subs[len(subs)-1]); err != nil {
+		err := a.followArray(ctx, run, subs[len(subs)-1])
+		if _, merr := merger.Merge(); err == nil { // what the tasks recorded while they stopped
+			err = merr
+		}
+		var missing *slurm.NotInstalledError
+		if errors.As(err, &missing) {
+			fmt.Fprintf(a.stdout, "%s is not on PATH here: the array's tasks cannot be followed; reporting what the run "+
+				"directory holds\n", missing.Command)
+			err = nil
+		}
+		if err != nil {
 			results.BuildParquet(dir)
 			return err
 		}
@@ -238,10 +264,11 @@ func (a *app) followArray(ctx context.Context, run *results.Run, sub slurm.Submi
 	if err != nil {
 		return err
 	}
+	// Jobs of this array without a record since it was submitted (a retried job has an older, failed one).
 	pending := map[string]bool{}
 	for _, shard := range plan.Shards {
 		for _, j := range shard {
-			if _, ok := done[j.ID]; !ok {
+			if rec, ok := done[j.ID]; !ok || rec.Finished.Before(sub.Submitted) {
 				pending[j.ID] = true
 			}
 		}

@@ -66,11 +66,19 @@ whose rows were computed on other sources (or are new) and prints the
 metrics that changed.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			opOnly := []string{"bench", "size", "dtype", "seed", "no-compile", "target", "reset-history"}
 			switch {
 			case f.experiment != "" && len(args) > 0:
 				return &usageError{errors.New("give an OP or --experiment FILE.star, not both")}
 			case f.experiment != "":
+				for _, name := range opOnly {
+					if cmd.Flags().Changed(name) {
+						return &usageError{fmt.Errorf("--%s applies to watch OP, not to --experiment", name)}
+					}
+				}
 				return a.watchExperiment(cmd.Context(), f)
+			case cmd.Flags().Changed("out"):
+				return &usageError{errors.New("--out applies to watch --experiment")}
 			case len(args) == 0:
 				return &usageError{errors.New("give the op to watch (workbench selftest lists them) or --experiment FILE.star")}
 			}
@@ -296,26 +304,43 @@ func (a *app) watchOp(ctx context.Context, op string, f watchFlags) error {
 		return err
 	}
 	defer stop()
-	w, err := a.startWorker(ctx, s)
-	if err != nil {
-		return err
-	}
-	defer func() { w.Close() }()
+	var w *worker.Worker
+	defer func() {
+		if w != nil {
+			w.Close()
+		}
+	}()
 	tty := isatty.IsTerminal(os.Stdout.Fd()) && a.stdout == os.Stdout
 	var changed []string
 	for iteration := 1; ; iteration++ {
-		if !w.Alive() { // a worker that crashed on the last edit
-			if w, err = a.startWorker(ctx, s); err != nil {
-				return err
-			}
-		} else if iteration > 1 {
+		if w != nil && w.Alive() && iteration > 1 {
 			if _, err := w.Reload(ctx); err != nil && ctx.Err() == nil {
 				a.log.Warn().Err(err).Msg("reload failed; starting a fresh worker")
 				w.Close()
-				if w, err = a.startWorker(ctx, s); err != nil {
-					return err
-				}
+				w = nil
 			}
+		}
+		if w == nil || !w.Alive() { // the first, or one that crashed on the last edit
+			if w != nil {
+				w.Close()
+				w = nil
+			}
+			started, err := a.startWorker(ctx, s)
+			if ctx.Err() != nil {
+				return nil
+			}
+			if err != nil { // say so and wait for the save that mends it
+				fmt.Fprintf(a.stdout, "── watch %s · iteration %d · %s\nERROR the worker did not start: %s\n"+
+					"FAILING; watching kernels_py/ (Ctrl-C stops)\n", op, iteration, time.Now().Format("15:04:05"),
+					firstLine(err.Error()))
+				select {
+				case <-ctx.Done():
+					return nil
+				case changed = <-changes:
+				}
+				continue
+			}
+			w = started
 		}
 		start := time.Now()
 		raw, err := w.Run(ctx, worker.Job{Fn: "kernels_py.watch:check", Args: args})

@@ -82,9 +82,22 @@ type Delta struct {
 	A        float64 `json:"a"`
 	B        float64 `json:"b"`
 	Abs      float64 `json:"abs"`      // B - A
-	Rel      float64 `json:"rel"`      // (B - A) / |A|; ±Inf when A is 0
+	Rel      float64 `json:"-"`        // (B - A) / |A|; ±Inf when A is 0 (JSON: null)
 	Changed  bool    `json:"changed"`  // beyond the tolerance
 	IsTiming bool    `json:"isTiming"` // a time: shown, not counted as a change unless asked for
+}
+
+// MarshalJSON writes rel as null where it is not finite (A was 0).
+func (d Delta) MarshalJSON() ([]byte, error) {
+	type plain Delta
+	var rel *float64
+	if !math.IsInf(d.Rel, 0) && !math.IsNaN(d.Rel) {
+		rel = &d.Rel
+	}
+	return json.Marshal(struct {
+		plain
+		Rel *float64 `json:"rel"`
+	}{plain(d), rel})
 }
 
 // Row is one join key's rows in both runs.
@@ -177,10 +190,13 @@ func Compare(a, b *Run, o Options) (*Report, error) {
 		return nil, err
 	}
 	r.Varied = varied
-	// Keys that hold one value in every row of both runs split nothing: the
-	// rows are told apart, and shown, by the others.
-	r.Keys = distinguishing(keys, append(append([]map[string]string{}, fa...), fb...))
-	keys = r.Keys
+	r.Keys = keys
+	if len(o.By) == 0 {
+		// Keys that hold one value in every row of both runs split nothing: the
+		// rows are told apart, and shown, by the others.
+		r.Keys = distinguishing(keys, append(append([]map[string]string{}, fa...), fb...))
+		keys = r.Keys
+	}
 	metrics, err := chooseMetrics(a, b, o.Metrics)
 	if err != nil {
 		return nil, err
@@ -190,7 +206,8 @@ func Compare(a, b *Run, o Options) (*Report, error) {
 	for _, m := range o.Metrics {
 		asked[m] = true
 	}
-	groupA, groupB := group(a.Rows, fa, keys), group(b.Rows, fb, keys)
+	explicit := len(o.By) > 0
+	groupA, groupB := group(a.Rows, fa, keys, explicit), group(b.Rows, fb, keys, explicit)
 	var all []string
 	for k := range groupA {
 		all = append(all, k)
@@ -256,13 +273,19 @@ func joinKeys(a, b *Run, fa, fb []map[string]string, by []string) ([]string, []s
 		}
 	}
 	if len(by) > 0 {
+		var keys []string
+		seen := map[string]bool{}
 		for _, k := range by {
 			if !common[k] {
 				return nil, nil, fmt.Errorf("--by %s: not a parameter of both runs; they share: %s", k,
 					strings.Join(sorted(common), ", "))
 			}
+			if !seen[k] {
+				seen[k] = true
+				keys = append(keys, k)
+			}
 		}
-		return by, nil, nil
+		return keys, nil, nil
 	}
 	// A knob is left out of the key when, among the rows of each method that
 	// have it, it holds one value per run and the two differ.
@@ -363,13 +386,17 @@ func distinguishing(keys []string, fs []map[string]string) []string {
 	return out
 }
 
-func group(rows []results.Record, fs []map[string]string, keys []string) map[string][]results.Record {
+func group(rows []results.Record, fs []map[string]string, keys []string, explicit bool) map[string][]results.Record {
 	out := map[string][]results.Record{}
 	for i, rec := range rows {
 		var parts []string
 		for _, k := range keys {
-			if v, ok := fs[i][k]; ok {
+			v, ok := fs[i][k]
+			switch {
+			case ok:
 				parts = append(parts, k+"="+v)
+			case explicit: // a key the user asked to join on: a row without it says so
+				parts = append(parts, k+"=-")
 			}
 		}
 		key := strings.Join(parts, " ")
@@ -450,6 +477,9 @@ type Guard struct {
 func ParseGuard(s string) (Guard, error) {
 	g := Guard{Text: s}
 	i := strings.IndexAny(s, "<>")
+	if i > 0 && i+1 < len(s) && s[i+1] == '=' {
+		return g, fmt.Errorf("--fail-if %q: only > and < are supported (the change from A to B passing X)", s)
+	}
 	if i <= 0 {
 		return g, fmt.Errorf("--fail-if %q: want METRIC>X or METRIC<X (the change from A to B; X%% for a relative one), "+
 			"e.g. rel_err_mean>0.01 or compression_ratio<-5%%", s)
@@ -477,10 +507,19 @@ func (r *Report) Violations(g Guard) ([]string, error) {
 		known = known || m == g.Metric
 	}
 	if !known {
-		return nil, fmt.Errorf("--fail-if %s: unknown metric %q: the runs share %s", g.Text, g.Metric,
-			strings.Join(r.Metrics, ", "))
+		return nil, fmt.Errorf("--fail-if %s: metric %q is not compared: the comparison holds %s (add it to --metrics, "+
+			"or check its name)", g.Text, g.Metric, strings.Join(r.Metrics, ", "))
 	}
+	// A guard guards nothing if B may fail a job or drop it: both count against it.
 	var out []string
+	for _, row := range r.Rows {
+		if row.StatusA == results.StatusOK && row.StatusB != results.StatusOK {
+			out = append(out, fmt.Sprintf("%s: ok in A, %s in B", row.Key, row.StatusB))
+		}
+	}
+	for _, k := range r.OnlyA {
+		out = append(out, fmt.Sprintf("%s: in A, missing from B", k))
+	}
 	for _, row := range r.Rows {
 		for _, d := range row.Deltas {
 			if d.Metric != g.Metric {

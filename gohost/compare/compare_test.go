@@ -1,6 +1,7 @@
 package compare
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 
@@ -115,5 +116,39 @@ func TestParseGuard(t *testing.T) {
 		if (err == nil) != tc.ok || (tc.ok && (g.Relative != tc.rel || g.Threshold != tc.x)) {
 			t.Errorf("ParseGuard(%q) = %+v, %v", tc.in, g, err)
 		}
+	}
+}
+
+// A guard also fails on a job B failed or dropped; JSON carries a relative
+// change from 0 as null; explicit --by keys stay as given.
+func TestGuardsJSONAndExplicitKeys(t *testing.T) {
+	a := runOf("e",
+		rec("a", "full", nil, map[string]any{"err": 0.0}),
+		rec("b", "h2o", map[string]any{"budget": 0.5}, map[string]any{"err": 0.2}),
+		rec("c", "h2o", map[string]any{"budget": 0.25}, map[string]any{"err": 0.3}))
+	b := runOf("e",
+		rec("a", "full", nil, map[string]any{"err": 0.1}),
+		rec("b", "h2o", map[string]any{"budget": 0.5}, nil))
+	b.Rows[1].Status = results.StatusFailed
+	r, err := Compare(a, b, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, _ := ParseGuard("err>1")
+	v, err := r.Violations(g)
+	if err != nil || len(v) != 2 || !strings.Contains(strings.Join(v, "\n"), "ok in A, failed in B") ||
+		!strings.Contains(strings.Join(v, "\n"), "budget=0.25 method=h2o: in A, missing from B") {
+		t.Errorf("violations %q %v", v, err)
+	}
+	data, err := json.Marshal(r)
+	if err != nil || !strings.Contains(string(data), `"rel":null`) {
+		t.Errorf("json %s %v", data, err)
+	}
+	r, _ = Compare(a, b, Options{By: []string{"budget", "budget"}})
+	if strings.Join(r.Keys, ",") != "budget" || len(r.Rows) == 0 || r.Rows[0].Key != "budget=-" {
+		t.Errorf("keys %v rows %+v", r.Keys, r.Rows)
+	}
+	if _, err := ParseGuard("err>=0"); err == nil || !strings.Contains(err.Error(), "only > and <") {
+		t.Errorf(">=: %v", err)
 	}
 }

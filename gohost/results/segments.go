@@ -81,12 +81,19 @@ func ReadSegment(path string) ([]Record, error) {
 // last call: what a run's writer merges while tasks are still writing.
 type SegmentReader struct {
 	dir     string
+	prefix  string // only segments whose name starts with it ("": all)
 	offsets map[string]int64
 }
 
 // NewSegmentReader reads dir's segments from their beginning.
 func NewSegmentReader(dir string) *SegmentReader {
 	return &SegmentReader{dir: dir, offsets: map[string]int64{}}
+}
+
+// NewSubmissionReader reads only the segments of one submission's tasks
+// (SegmentName), so records of an earlier submission are not read again.
+func NewSubmissionReader(dir, submission string) *SegmentReader {
+	return &SegmentReader{dir: dir, prefix: segmentPrefix(submission), offsets: map[string]int64{}}
 }
 
 // Read returns the complete lines appended to any segment since the last
@@ -99,6 +106,9 @@ func (s *SegmentReader) Read() ([]Record, error) {
 	sort.Strings(paths)
 	var all []Record
 	for _, path := range paths {
+		if s.prefix != "" && !strings.HasPrefix(filepath.Base(path), s.prefix) {
+			continue
+		}
 		recs, err := s.readFrom(path)
 		if err != nil {
 			return all, err
@@ -197,5 +207,9 @@ func SegmentPath(dir, name string) string {
 
 // SegmentName is a task's segment: the submission and the task index.
 func SegmentName(submission string, task int) string {
-	return fmt.Sprintf("%s-task%d", strings.ReplaceAll(submission, "/", "_"), task)
+	return fmt.Sprintf("%s%d", segmentPrefix(submission), task)
+}
+
+func segmentPrefix(submission string) string {
+	return strings.ReplaceAll(submission, "/", "_") + "-task"
 }

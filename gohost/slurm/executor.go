@@ -67,6 +67,10 @@ func (e *Executor) Run(ctx context.Context, b runner.Batch) error {
 	if err := e.Options.Check(); err != nil {
 		return err
 	}
+	if strings.ContainsAny(b.Dir, " \t%") {
+		return fmt.Errorf("the run directory %s holds a space or a %%, which sbatch's --output cannot take: "+
+			"give --out a path without them", b.Dir)
+	}
 	if !e.DryRun {
 		if err := Installed(); err != nil {
 			return err
@@ -95,13 +99,15 @@ func (e *Executor) Run(ctx context.Context, b runner.Batch) error {
 		fmt.Fprint(e.Out, script)
 		return ErrDryRun
 	}
+	// The probe writes beside the run, which exists only once the probe passed: a run that cannot start
+	// leaves nothing for --resume to mistake for one.
+	if err := e.probe(ctx, filepath.Dir(b.Dir), plan.Submission, b.Log); err != nil {
+		return err
+	}
 	if b.Open != nil {
 		if err := b.Open(); err != nil {
 			return err
 		}
-	}
-	if err := e.probe(ctx, b.Dir, plan.Submission, b.Log); err != nil {
-		return err
 	}
 	path, err := writePlan(plan)
 	if err != nil {
@@ -180,15 +186,28 @@ func quote(s string) string {
 // probe runs one small job that checks, on a node, that the workbench
 // binary is there and the run directory is writable (the host then sees
 // what it wrote): tasks that cannot see either would fail one by one.
-func (e *Executor) probe(ctx context.Context, runDir, submission string, log zerolog.Logger) error {
-	if err := os.MkdirAll(filepath.Join(runDir, Dir), 0o755); err != nil {
+func (e *Executor) probe(ctx context.Context, dir, submission string, log zerolog.Logger) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	mark := filepath.Join(runDir, Dir, "probe-"+submission)
+	mark := filepath.Join(dir, ".vlkv-probe-"+submission)
 	script := fmt.Sprintf("#!/bin/bash\n[ -x %s ] || exit 3\ntouch %s || exit 4\n", quote(e.Workbench), quote(mark))
-	log.Info().Str("dir", runDir).Msg("checking that the nodes see the run directory (a probe job)")
-	args := append([]string{"--parsable", "--wait", "--job-name=vlkv-probe", "--output=/dev/null"},
-		e.Options.sbatchArgs()...)
+	log.Info().Str("dir", dir).Msg("checking that the nodes see the results directory: a probe job, which waits " +
+		"in the queue like any job")
+	probe := e.Options
+	if probe.Time == "" {
+		probe.Time = "5:00"
+	}
+	args := append([]string{"--parsable", "--wait", "--job-name=vlkv-probe", "--output=/dev/null"}, probe.sbatchArgs()...)
+	if probe.GRES != "" { // a partition may refuse jobs without its resources
+		args = append(args, "--gres="+probe.GRES)
+	}
+	for _, line := range probe.directives()[len(probe.sbatchArgs()):] {
+		if rest, ok := strings.CutPrefix(line, "#SBATCH "); ok && !strings.HasPrefix(rest, "--gres") &&
+			!strings.HasPrefix(rest, "--cpus-per-task") && !strings.HasPrefix(rest, "--mem") {
+			args = append(args, rest)
+		}
+	}
 	c := exec.CommandContext(ctx, "sbatch", args...)
 	c.Stdin = strings.NewReader(script)
 	out, err := c.CombinedOutput()
@@ -200,13 +219,13 @@ func (e *Executor) probe(ctx context.Context, runDir, submission string, log zer
 		return fmt.Errorf("the nodes do not see the workbench binary %s: put it on a filesystem they share (the "+
 			"tasks run this binary)", e.Workbench)
 	case errors.As(err, &exit) && exit.ExitCode() == 4:
-		return notShared(runDir)
+		return notShared(dir)
 	case err != nil:
 		return fmt.Errorf("the probe job failed: %s", strings.TrimSpace(string(out)))
 	}
 	defer os.Remove(mark)
 	if _, err := os.Stat(mark); err != nil {
-		return notShared(runDir)
+		return notShared(dir)
 	}
 	return nil
 }

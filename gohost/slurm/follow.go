@@ -41,7 +41,7 @@ func (f *Follow) Run(ctx context.Context) error {
 	if poll <= 0 {
 		poll = 2 * time.Second
 	}
-	reader := results.NewSegmentReader(f.RunDir)
+	reader := results.NewSubmissionReader(f.RunDir, f.Submission.ID)
 	id := f.Submission.ArrayJob
 	last := map[int]TaskState{}
 	shown, failures, polls := "", 0, 0

@@ -17,6 +17,7 @@ package slurm
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os/exec"
 	"sort"
@@ -125,7 +126,10 @@ func command(ctx context.Context, name string, args ...string) (string, error) {
 		if msg == "" {
 			msg = err.Error()
 		}
-		return stdout.String(), fmt.Errorf("%s: %s", name, msg)
+		if !strings.HasPrefix(msg, name+":") {
+			msg = name + ": " + msg
+		}
+		return stdout.String(), errors.New(msg)
 	}
 	return stdout.String(), nil
 }

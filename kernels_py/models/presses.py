@@ -83,27 +83,44 @@ def describe() -> str:
     return "; ".join(lines)
 
 
+def _value(raw: str) -> object:
+    raw = raw.strip()
+    if raw.lower() in ("true", "false"):
+        return raw.lower() == "true"
+    if raw.lower() == "none":
+        return None
+    for convert in (int, float):
+        try:
+            return convert(raw)
+        except ValueError:
+            pass
+    return raw
+
+
 def parse_args(text: str) -> dict:
-    """press_args "a=1,b=x,c=true" as {"a": 1, "b": "x", "c": True}."""
+    """press_args "a=1,b=x,c=true,d=0.5;0.25" as {"a": 1, "b": "x", "c": True, "d": [0.5, 0.25]}:
+    pairs separated by commas, a list's items by semicolons."""
     out = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, eq, raw = part.partition("=")
         if not eq or not key.strip():
-            raise PressError(f"press_args {text!r}: want name=value pairs separated by commas, e.g. window_size=32")
-        raw = raw.strip()
-        value: object = raw
-        for convert in (int, float):
-            try:
-                value = convert(raw)
-                break
-            except ValueError:
-                pass
-        if raw.lower() in ("true", "false"):
-            value = raw.lower() == "true"
-        if raw.lower() == "none":
-            value = None
-        out[key.strip()] = value
+            raise PressError(f"press_args {text!r}: want name=value pairs separated by commas, e.g. window_size=32 "
+                             f"(a list: items separated by semicolons, e.g. compression_ratios=0.5;0.25)")
+        out[key.strip()] = [_value(v) for v in raw.split(";")] if ";" in raw else _value(raw)
     return out
+
+
+def takes_ratio(name: str, inner: str = "") -> bool:
+    """Whether compression_ratio reaches the press (or the presses it wraps)."""
+    if name == NO_PRESS:
+        return False
+    classes = press_classes()
+    cls = classes.get(name)
+    if cls is None:
+        return False
+    if "compression_ratio" in parameters(cls):
+        return True
+    return bool(inner) and any(takes_ratio(n.strip()) for n in inner.split(",") if n.strip())
 
 
 def make(name: str, compression_ratio: float, args: dict, inner: str = ""):
@@ -137,7 +154,8 @@ def make(name: str, compression_ratio: float, args: dict, inner: str = ""):
         kwargs["compression_ratio"] = compression_ratio
     missing = [k for k, v in accepted.items() if v is inspect.Parameter.empty and k not in kwargs]
     if missing:
-        raise PressError(f"{name} needs {', '.join(missing)}: set them in press_args")
+        raise PressError(f"{name} needs {', '.join(missing)}: set them in press_args (a list: items separated by "
+                         f"semicolons)")
     try:
         return cls(**kwargs)
     except (TypeError, ValueError, AssertionError) as err:
@@ -217,10 +235,18 @@ def generate(vlm, press, inputs: dict, max_new_tokens: int, force_tokens: list[i
         del out
         peak = memory.peak()
         memory.reset()
+        # A press shrinks the cache, and transformers would take the next position from its length: give the
+        # positions the tokens really have (M-RoPE: the text position plus the prompt's rope delta).
+        prompt = inputs["input_ids"].shape[1]
+        deltas = getattr(model.model, "rope_deltas", None) if vlm.mrope else None
         start = time.perf_counter()
         for i in range(max_new_tokens - 1):
             fed = tokens[-1] if force_tokens is None else torch.tensor([force_tokens[i]], device=model.device)
-            out = model(input_ids=fed[:, None].to(model.device), past_key_values=cache, use_cache=True)
+            position = torch.tensor([[prompt + i]], device=model.device)
+            if deltas is not None:
+                position = position + deltas.to(model.device)
+            out = model(input_ids=fed[:, None].to(model.device), past_key_values=cache, use_cache=True,
+                        position_ids=position)
             logits.append(out.logits[:, -1].float())
             tokens.append(logits[-1].argmax(-1))
         decode = time.perf_counter() - start

@@ -61,6 +61,32 @@ def test_the_no_press_baseline_is_our_full_cache(tiny, family):
     assert make_method("kvpress", {"press": "none"}).make_press() is None
 
 
+@pytest.mark.parametrize("family", ["llava", "qwen2_vl"])
+def test_decode_positions_survive_the_compression(tiny, family):
+    """After a press shrinks the cache, each generated token keeps its real
+    RoPE position (the prompt's length plus its step; on M-RoPE the text
+    position plus the rope delta), not one taken from the shorter cache."""
+    path, image, prompt = tiny[family]
+    vlm = models.load(path)
+    inputs = models.prompt_inputs(vlm, [image], prompt)
+    rotary = vlm.model.model.language_model.rotary_emb
+
+    def positions_with(press):
+        seen = []
+        handle = rotary.register_forward_hook(lambda m, args, kwargs, out: seen.append(
+            (kwargs.get("position_ids") if "position_ids" in kwargs else args[1]).clone()), with_kwargs=True)
+        try:
+            presses.generate(vlm, press, inputs, 4)
+        finally:
+            handle.remove()
+        return [p.tolist() for p in seen[1:]]  # the decode steps
+
+    plain = positions_with(None)
+    assert positions_with(presses.make("SnapKVPress", 0.5, {"window_size": 8})) == plain
+    if family == "llava":
+        assert [p[0][0] for p in plain] == [inputs["input_ids"].shape[1] + i for i in range(3)]
+
+
 @pytest.mark.parametrize("press", ["SnapKVPress", "TOVAPress", "KnormPress", "StreamingLLMPress",
                                    "ExpectedAttentionPress", "PyramidKVPress"])
 def test_presses_run_end_to_end_with_our_metrics(tiny, press):
@@ -68,7 +94,7 @@ def test_presses_run_end_to_end_with_our_metrics(tiny, press):
     workload = {"model": str(path), "images": str(image), "prompt": prompt, "decode_steps": 4}
     report = ablation.run("kvpress", {"press": press, "compression_ratio": 0.5}, workload, "vlm")
     m = report["metrics"]
-    assert m["kvpress_version"] == presses.version()
+    assert m["kvpress_version"] == presses.version() and m["kvpress_ratio_applied"] == 1.0
     assert m["model_cache_bytes"] < m["full_cache_bytes"] and m["compression_ratio"] > 1.5
     assert 0 <= m["token_agreement"] <= 1 and m["kl_mean"] >= 0 and m["prefill_seconds"] > 0
     assert len(report["per_step"]["tokens"]) == 5 and report["per_layer"] == {}
@@ -86,6 +112,10 @@ def test_press_parameters_pass_through_and_are_checked(tiny):
     with pytest.raises(presses.PressError, match=r"SnapKVPress takes no parameter 'window'; it takes: "
                                                  r"compression_ratio, window_size, kernel_size"):
         make_method("kvpress", {"press_args": "window=3"}).make_press()
+    assert presses.parse_args("compression_ratios=0.5;0.25,flag=true,name=x") == \
+        {"compression_ratios": [0.5, 0.25], "flag": True, "name": "x"}
+    assert presses.takes_ratio("SnapKVPress") and not presses.takes_ratio("ThinKPress")
+    assert presses.takes_ratio("KeyRerotationPress", "KnormPress") and not presses.takes_ratio("none")
     with pytest.raises(presses.PressError, match="want name=value pairs"):
         make_method("kvpress", {"press_args": "window_size"}).make_press()
     with pytest.raises(presses.PressError, match="KeyRerotationPress wraps another press: name it with inner_press"):
