@@ -344,3 +344,36 @@ func TestStatusOfALocalRun(t *testing.T) {
 		t.Errorf("status of a results root: exit %d\n%s", code, text)
 	}
 }
+
+// --resume --retry-failed on Slurm runs the failed jobs again, and only
+// the new outcomes count: the old submission's failed lines are not read
+// back.
+func TestSlurmRetryFailed(t *testing.T) {
+	c := testCluster(t)
+	s := newSlurmSetup(t, 0)
+	flag := filepath.Join(s.dir, "fail-h2o")
+	os.WriteFile(flag, nil, 0o644)
+	f, _ := os.OpenFile(filepath.Join(s.root, "kernels_py", "ablation.py"), os.O_APPEND|os.O_WRONLY, 0)
+	fmt.Fprintf(f, "\n_unfailed_run = run\n\ndef run(**kw):\n    import os\n    if kw.get('method') == 'h2o' and os.path.exists(%q):\n        raise RuntimeError('boom')\n    return _unfailed_run(**kw)\n", flag)
+	f.Close()
+	out := filepath.Join(s.dir, "out")
+	code, text := runProc(t, s.cmd(c, "run", s.script, "--executor", "slurm", "--out", out, "--shards", "2"))
+	if code != 1 || !strings.Contains(text, "sweep: 7 jobs, 2 failed") {
+		t.Fatalf("first run: exit %d\n%s", code, text)
+	}
+	os.Remove(flag)
+	code, text = runProc(t, s.cmd(c, "run", s.script, "--executor", "slurm", "--out", out, "--resume", "--retry-failed"))
+	if code != 0 || !strings.Contains(text, "sweep: 7 jobs, 0 failed") {
+		t.Fatalf("retry: exit %d\n%s", code, text)
+	}
+	runDir, _ := results.Latest(out, "sweep")
+	recs, _ := results.ReadJournal(runDir)
+	if len(recs) != 9 {
+		t.Errorf("journal has %d lines, want 7 + the 2 retried", len(recs))
+	}
+	for _, row := range parquetRows(t, filepath.Join(runDir, results.ParquetFile)) {
+		if row["status"] != "ok" {
+			t.Errorf("row %v", row)
+		}
+	}
+}
