@@ -150,11 +150,7 @@ func TestSlurmTaskKilledMidRunThenResume(t *testing.T) {
 	s := newSlurmSetup(t, 1.0)
 	out := filepath.Join(s.dir, "out")
 	host := s.cmd(c, "run", s.script, "--executor", "slurm", "--out", out, "--shards", "2")
-	var log bytes.Buffer
-	host.Stdout, host.Stderr = &log, &log
-	if err := host.Start(); err != nil {
-		t.Fatal(err)
-	}
+	log := startProc(t, host)
 	// Wait for task 1 to record its first job, then kill it with two jobs to go.
 	var runDir, segment string
 	var before []results.Record
@@ -220,9 +216,7 @@ func TestSlurmCancelDetachAndStatus(t *testing.T) {
 	s := newSlurmSetup(t, 1.0)
 	out := filepath.Join(s.dir, "out")
 	host := s.cmd(c, "run", s.script, "--executor", "slurm", "--out", out, "--shards", "1")
-	var log bytes.Buffer
-	host.Stdout, host.Stderr = &log, &log
-	host.Start()
+	log := startProc(t, host)
 	var runDir string
 	var subs []slurm.Submission
 	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {

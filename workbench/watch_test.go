@@ -32,6 +32,17 @@ func (b *syncBuffer) String() string {
 	return b.buf.String()
 }
 
+// startProc starts cmd with its stdout and stderr collected.
+func startProc(t *testing.T, cmd *exec.Cmd) *syncBuffer {
+	t.Helper()
+	out := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
 // waitOutput waits until the output after offset holds every want, and
 // returns the offset past what it read.
 func waitOutput(t *testing.T, out *syncBuffer, from int, limit time.Duration, want ...string) int {
@@ -84,12 +95,7 @@ func TestWatchAnOpWhileItsKernelIsEdited(t *testing.T) {
 		cmd := exec.Command(bin, append([]string{"--python", py, "--kernels", root, "watch", "gather_decode", "--debounce", "100ms"}, args...)...)
 		cmd.Env = append(os.Environ(), "VLKV_CACHE_DIR="+filepath.Join(dir, "cache"))
 		cmd.Dir = dir
-		out := &syncBuffer{}
-		cmd.Stdout, cmd.Stderr = out, out
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		return cmd, out
+		return cmd, startProc(t, cmd)
 	}
 	stop := func(cmd *exec.Cmd, out *syncBuffer) {
 		t.Helper()
@@ -164,11 +170,7 @@ func TestWatchAnExperiment(t *testing.T) {
 `), 0o644)
 	cmd := exec.Command(bin, "--python", py, "--kernels", root, "watch", "--experiment", script, "--out",
 		filepath.Join(dir, "out"), "--debounce", "100ms")
-	out := &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	out := startProc(t, cmd)
 	defer cmd.Process.Kill()
 	at := waitOutput(t, out, 0, 120*time.Second, "small: 5 rows (0 failed)", "5 new, 0 rerun", "watching")
 	// Halve every recent window: h2o's rows change, the others do not.
