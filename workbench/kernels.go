@@ -24,14 +24,17 @@ func newKernelsCmd(a *app) *cobra.Command {
 
 func newKernelsReportCmd(a *app) *cobra.Command {
 	var (
-		arch   enumFlag
-		cases  []string
-		asJSON bool
+		arch     enumFlag
+		cases    []string
+		asJSON   bool
+		estimate bool
+		shape    string
+		ops      []string
 	)
 	arch = enumFlag{value: "sm_90", allowed: []string{"sm_80", "sm_90"}}
 	cmd := &cobra.Command{
 		Use:   "report",
-		Short: "Compile every registered kernel for a GPU target, without a GPU, and show its resources",
+		Short: "Compile every registered kernel for a GPU target, without a GPU; show its resources, or estimate its time",
 		Long: `report compiles each registered op's Triton kernels (the compile cases in
 kernels_py/ops/<op>/cases.py, with the specializations their launchers use
 and every autotune config) for sm_80 or sm_90 with Triton's own ptxas, on
@@ -40,17 +43,39 @@ per thread, bytes spilled (ptxas -v), shared memory, and the tensor-core
 instructions its dots lowered to (mma.sync; wgmma on sm_90). All cases take
 about a minute per target; --case picks some. --json adds each kernel's
 stack frame (spills, or libdevice's sin/cos table) and compile errors.
+Then the ideal: the bytes and FLOPs one decode step must move and the time
+they take at the H100's peaks (kernels_py/ops/<op>/model.py). The peaks are
+not reached: the ideal is a bound, never a prediction.
 
-Then tables model one decode step on an H100 against FlashAttention over
-the full cache: the two AttentionPack kernels (bytes, FLOPs and the roofline
-time they set: kernels_py/ops/lowrank_decode/model.py) and the quantized
-4/2-bit kernel (bytes, tensor-core FLOPs and in-register dequantization:
-kernels_py/ops/quant_decode/model.py) and the selected-row kernel
-(kernels_py/ops/gather_decode/model.py); measured times come from
-"workbench bench lowrank", "bench quant" and "bench gather".`,
+--estimate compiles every config the autotuner may choose at each op's
+benchmark shapes (fp16, 32 query / 8 kv heads, head_dim 128, batch 8 and
+64; --shape replaces fields, e.g. --shape batch=16,visual=8192) and
+estimates each implementation from what its SASS issues: the loops found in
+the machine code and their trips from the op's model, every instruction
+classified (tensor-core, FP, MUFU, conversions, global loads by width and
+kind, cp.async, shared memory, barriers, integer, uniform), a warp's timeline
+replaying the stall cycles and scoreboard waits ptxas encoded (a load waits
+the latency of the memory level its argument lives in), occupancy and waves.
+It prints per implementation an optimistic time (co-resident programs hide
+each other's waits fully) and a conservative one (they overlap only their
+waits on memory), the bound that sets each (memory, tensor, issue,
+load/store or latency), % of the HBM peak, the speedup over FlashAttention
+over the uncompressed cache at the HBM peak, and what limits each kernel in
+words; then every config at the shape (configs that spill are pruned, as the
+autotuner prunes them), instructions per token by class, and the
+calibration: kernels measured on an H100 and the band estimated for them.
+Judge kernel work on the conservative end. What it cannot see: cache hit
+rates beyond what the op's model states, DRAM page effects, bank conflicts,
+clock throttling. About five minutes on a CPU; --op picks ops.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
+			if !estimate && (shape != "" || len(ops) > 0) {
+				return &usageError{fmt.Errorf("--shape and --op go with --estimate")}
+			}
+			if estimate && len(cases) > 0 {
+				return &usageError{fmt.Errorf("--case picks compile cases of the resource table; --estimate takes --op")}
+			}
 			kernels, rt, err := a.resolveRuntime(ctx)
 			if err != nil {
 				return err
@@ -59,13 +84,23 @@ kernels_py/ops/quant_decode/model.py) and the selected-row kernel
 			for _, c := range cases {
 				args = append(args, "--case", c)
 			}
+			if estimate {
+				args = append(args, "--estimate", "--shape", shape)
+				for _, o := range ops {
+					args = append(args, "--op", o)
+				}
+			}
 			c := exec.CommandContext(ctx, rt.Python, args...)
 			// Compiling for a GPU target needs the code generator, which
 			// TRITON_INTERPRET would replace.
 			c.Env = withoutEnv(worker.Environment(os.Environ(), kernels.Dir, worker.CPU), "TRITON_INTERPRET")
 			var out, errOut bytes.Buffer
 			c.Stdout, c.Stderr = &out, &errOut
-			a.log.Info().Str("arch", arch.value).Msg("compiling the registered kernels (about a minute for all cases)")
+			what := "compiling the registered kernels (about a minute for all cases)"
+			if estimate {
+				what = "compiling every config at the benchmark shapes and estimating (a few minutes)"
+			}
+			a.log.Info().Str("arch", arch.value).Msg(what)
 			if err := c.Run(); err != nil {
 				msg := strings.TrimSpace(errOut.String())
 				if ee, ok := err.(*exec.ExitError); ok && ee.ExitCode() == 2 {
@@ -77,6 +112,9 @@ kernels_py/ops/quant_decode/model.py) and the selected-row kernel
 			if asJSON {
 				_, err := a.stdout.Write(out.Bytes())
 				return err
+			}
+			if estimate {
+				return printEstimate(a, out.Bytes())
 			}
 			var res struct {
 				Title string `json:"title"`
@@ -104,8 +142,39 @@ kernels_py/ops/quant_decode/model.py) and the selected-row kernel
 	}
 	cmd.Flags().Var(&arch, "arch", "GPU target to compile for")
 	cmd.Flags().StringArrayVar(&cases, "case", nil, "only this compile case (repeatable; default: all)")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print the table as JSON")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
+	cmd.Flags().BoolVar(&estimate, "estimate", false,
+		"estimate each op's implementations at its benchmark shapes from what their compiled code issues")
+	cmd.Flags().StringVar(&shape, "shape", "", "with --estimate: fields of the ops' shapes, KEY=VALUE,... (e.g. batch=16,visual=8192)")
+	cmd.Flags().StringArrayVar(&ops, "op", nil, "with --estimate: only this op (repeatable; default: every op with a model)")
 	return cmd
+}
+
+// printEstimate prints the tables of kernels report --estimate, each with
+// its title and the notes that say what limits a kernel.
+func printEstimate(a *app, raw []byte) error {
+	var res struct {
+		Title  string `json:"title"`
+		Tables []struct {
+			Title string   `json:"title"`
+			Notes []string `json:"notes"`
+			table
+		} `json:"tables"`
+	}
+	if err := json.Unmarshal(raw, &res); err != nil {
+		return fmt.Errorf("kernels report --estimate returned an unexpected result: %w", err)
+	}
+	fmt.Fprintln(a.stdout, res.Title)
+	for _, t := range res.Tables {
+		fmt.Fprintf(a.stdout, "\n%s\n", t.Title)
+		if err := t.table.print(a.stdout); err != nil {
+			return err
+		}
+		for _, n := range t.Notes {
+			fmt.Fprintf(a.stdout, "  - %s\n", n)
+		}
+	}
+	return nil
 }
 
 // withoutEnv drops key from an environment list.

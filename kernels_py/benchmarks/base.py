@@ -173,3 +173,85 @@ def sdpa(q, k, v, attn_mask=None):
 
 def nbytes(*tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
+
+
+# ----------------------------------------------------------------------------
+# The estimate beside each measured time (on a GPU)
+# ----------------------------------------------------------------------------
+
+
+def estimate_columns(prefix: str, what: str) -> tuple[Column, ...]:
+    """The columns estimate_beside fills for one implementation."""
+    return (
+        Column(f"{prefix}_config", "", f"the config of {what} the autotuner chose (GPU only)", show=False),
+        Column(f"{prefix}_est_low_ms", "ms", f"{what}: the optimistic end of the estimate from its compiled code "
+               f"(`kernels report --estimate`) for that config and this row's shape (GPU only)", f"{prefix} est. low"),
+        Column(f"{prefix}_est_high_ms", "ms", f"{what}: the conservative end of that estimate (GPU only)",
+               f"{prefix} est. high"),
+    )
+
+
+ESTIMATE_ERROR = Column("estimate_error", "", "why a row has no estimate beside its time", show=False)
+_COMPILED: dict = {}
+
+
+def estimate_beside(row: dict, prefix: str, model, implementation: str, step, measured_ms: float,
+                    tuned=()) -> None:
+    """On a GPU: the config each autotuned kernel in `tuned` chose for this
+    row (Triton's best_config), the estimate's band for the implementation
+    at the row's shape with those configs, beside its measured time; and
+    one calibration point appended to kernels_py.ops.calibration.MEASURED.
+    On the CPU interpreter the columns stay empty."""
+    for key in ("config", "est_low_ms", "est_high_ms"):
+        row[f"{prefix}_{key}"] = None
+    device = runtime.device()
+    if device.type != "cuda" or runtime.interpreter_mode():
+        return
+    from kernels_py.ops import calibration, estimate, report
+    from kernels_py.ops import compile as cc
+
+    try:
+        impl = next(i for i in model.ESTIMATES if i.name == implementation)
+        chosen = {t.fn.__name__: cc.config_key(t.best_config) for t in tuned if getattr(t, "best_config", None)}
+        major, minor = torch.cuda.get_device_capability(device)
+        name = torch.cuda.get_device_name(device)
+        gpu = estimate.gpu_for(name, 10 * major + minor)
+        key = (implementation, impl.key(step), repr(sorted(chosen.items())), gpu.arch)
+        if key not in _COMPILED:
+            _COMPILED[key] = report.Compiled(impl, step, gpu.arch,
+                                             select=lambda kernel, config: chosen.get(kernel, config) == config)
+        band = report.estimate_implementation(impl, step, _COMPILED[key], gpu,
+                                              model.flash_bytes(step) / gpu.hbm_bytes_per_s * 1e6)
+    except Exception as err:  # the timing stands without its estimate
+        row["estimate_error"] = f"{type(err).__name__}: {err}"
+        return
+    configs = "; ".join(f"{k['kernel']} {k['picked']}" for k in band["kernels"] if k["autotuned"])
+    row[f"{prefix}_config"] = configs or None
+    row[f"{prefix}_est_low_ms"] = band["optimistic_us"] / 1e3
+    row[f"{prefix}_est_high_ms"] = band["conservative_us"] / 1e3
+    calibration.append({"gpu": name, "commit": _commit(), "op": model.__name__.split(".")[-2],
+                        "implementation": implementation, "config": configs, "shape": _shape(step),
+                        "measured_ms": measured_ms, "optimistic_ms": row[f"{prefix}_est_low_ms"],
+                        "conservative_ms": row[f"{prefix}_est_high_ms"], "date": time.strftime("%Y-%m-%d")})
+
+
+def _shape(step) -> dict:
+    from dataclasses import asdict
+
+    return asdict(step)
+
+
+def _commit() -> str:
+    """The kernels root's git commit (with + when it has local changes), or "unknown"."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "kernels_py"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("+" if dirty else "")

@@ -10,7 +10,9 @@ kernel) against
 Cache: `context` tokens per sequence; each kv head lists `percent`% of them
 (distinct, at random, sorted); one query token that sees every row. Bytes
 for GB/s and % of the HBM peak: the listed rows' K and V, their indices and
-positions (4 bytes each); the whole cache's K/V for SDPA.
+positions (4 bytes each); the whole cache's K/V for SDPA. On a GPU each row
+also gives the estimate's band (kernels_py.ops.estimate) beside the measured
+time and appends it as a calibration point.
 """
 
 from dataclasses import dataclass
@@ -18,9 +20,11 @@ from dataclasses import dataclass
 import torch
 
 from kernels_py.benchmarks.base import (
-    AttentionBenchmark, hbm_peak_gbps, percent_of, sdpa, time_median,
+    ESTIMATE_ERROR, AttentionBenchmark, estimate_beside, estimate_columns, hbm_peak_gbps, percent_of, sdpa,
+    time_median,
 )
 from kernels_py.ops import gather_decode as op
+from kernels_py.ops.gather_decode import model
 from kernels_py.params import knob
 from kernels_py.tables import Column
 
@@ -64,6 +68,8 @@ class Gather(AttentionBenchmark):
         Column("speedup_vs_slice", "x", "slice-then-SDPA time / kernel time", "slice/gather"),
         Column("speedup_vs_sdpa", "x", "SDPA-over-all time / kernel time", "SDPA/gather"),
         Column("read_bytes", "bytes", "bytes the kernel reads", show=False),
+        *estimate_columns("gather", "the selected-row call"),
+        ESTIMATE_ERROR,
     )
     smoke = ({"lengths": (96,)}, {"batches": (1,)}, {"heads": 4, "kv_heads": 2, "head_dim": 64},
              {"dtype": "float32"}, {"repeat": 1}, {"percents": (30,)})
@@ -99,4 +105,7 @@ class Gather(AttentionBenchmark):
         row["gather_hbm_pct"] = percent_of(row["gather_gbps"], peak)
         row["speedup_vs_slice"] = row["slice_ms"] / row["gather_ms"]
         row["speedup_vs_sdpa"] = row["sdpa_ms"] / row["gather_ms"]
+        step = model.Step(batch=b, context=n, share=case["percent"] / 100, heads=self.heads, kv_heads=self.kv_heads,
+                          head_dim=self.head_dim)
+        estimate_beside(row, "gather", model, "selected rows", step, row["gather_ms"])
         return row

@@ -21,7 +21,10 @@ step must move and compute, from kernels_py/ops/lowrank_decode/model.py:
 U_k, U_v, W_k, W_v and the dense K/V read once, plus the float32 logits each
 kernel writes and re-reads for the per-token masses (the per-token ranks and
 positions, 12 bytes a token, are left out); the full cache's K/V for SDPA.
-Compression ratio: full K/V cache bytes / (U + W + dense K/V bytes).
+Compression ratio: full K/V cache bytes / (U + W + dense K/V bytes). On a
+GPU each row also gives the config the autotuner chose and the estimate's
+band for it (kernels_py.ops.estimate) beside the measured time, and appends
+that calibration point to kernels_py/tests/fixtures/calibration.jsonl.
 """
 
 from dataclasses import dataclass
@@ -29,7 +32,8 @@ from dataclasses import dataclass
 import torch
 
 from kernels_py.benchmarks.base import (
-    AttentionBenchmark, hbm_peak_gbps, nbytes, peak_bytes, percent_of, sdpa, time_median,
+    ESTIMATE_ERROR, AttentionBenchmark, estimate_beside, estimate_columns, hbm_peak_gbps, nbytes, peak_bytes,
+    percent_of, sdpa, time_median,
 )
 from kernels_py.model import apply_rope
 from kernels_py.ops import lowrank_decode as op
@@ -128,6 +132,9 @@ class Lowrank(AttentionBenchmark):
         Column("sdpa_peak_bytes", "bytes", "extra device memory of SDPA on the full cache", show=False),
         Column("compressed_bytes", "bytes", "U, W and dense K/V bytes the fused kernel reads", show=False),
         Column("full_bytes", "bytes", "bytes of the uncompressed cache", show=False),
+        *estimate_columns("fused", "the fused call"),
+        *estimate_columns("absorbed", "the absorbed call"),
+        ESTIMATE_ERROR,
     )
     smoke = ({"lengths": (96,)}, {"batches": (1,)}, {"heads": 4, "kv_heads": 2, "head_dim": 64, "ranks": (16,)},
              {"dense_len": 8}, {"dtype": "float32"}, {"repeat": 1})
@@ -208,4 +215,7 @@ class Lowrank(AttentionBenchmark):
         row["speedup_vs_unfused"] = row["unfused_ms"] / row["fused_ms"]
         row["speedup_vs_sdpa"] = row["sdpa_ms"] / row["fused_ms"]
         row["compression_ratio"] = row["full_bytes"] / read
+        estimate_beside(row, "fused", model, "fused (exact)", step, row["fused_ms"], (op.kernel._stage1_tuned,))
+        estimate_beside(row, "absorbed", model, "absorbed (latent)", step, row["absorbed_ms"],
+                        (op.kernel._stage1_absorbed_tuned,))
         return row

@@ -18,6 +18,8 @@ the step must read: packed codes, fp16 scales and zeros, slot positions
 (4 bytes a slot, for causality) and the dense K/V; the full cache's K/V for
 SDPA. A size that does not fit the GPU is recorded as skipped; a
 dequantize-then-attend path that alone does not fit leaves its columns empty.
+On a GPU each row also gives the estimate's band (kernels_py.ops.estimate)
+beside the measured time and appends it as a calibration point.
 """
 
 from dataclasses import dataclass
@@ -25,9 +27,11 @@ from dataclasses import dataclass
 import torch
 
 from kernels_py.benchmarks.base import (
-    AttentionBenchmark, hbm_peak_gbps, nbytes, percent_of, sdpa, time_median,
+    ESTIMATE_ERROR, AttentionBenchmark, estimate_beside, estimate_columns, hbm_peak_gbps, nbytes, percent_of, sdpa,
+    time_median,
 )
 from kernels_py.ops import kv_quant, quant_decode as op
+from kernels_py.ops.quant_decode import model
 from kernels_py.params import Rule, knob
 from kernels_py.tables import Column
 
@@ -106,6 +110,8 @@ class Quant(AttentionBenchmark):
         Column("read_bytes", "bytes", "bytes the quantized step reads", show=False),
         Column("full_bytes", "bytes", "bytes of the full cache", show=False),
         Column("compression_ratio", "x", "full K/V bytes / quantized cache bytes", "compression"),
+        *estimate_columns("quant", "the quantized decode call"),
+        ESTIMATE_ERROR,
     )
     smoke = ({"lengths": (96,)}, {"batches": (1,)}, {"heads": 4, "kv_heads": 2, "head_dim": 64},
              {"group": 32}, {"dense_len": 8}, {"dtype": "float32"}, {"repeat": 1})
@@ -154,4 +160,7 @@ class Quant(AttentionBenchmark):
         row["sdpa_hbm_pct"] = percent_of(row["full_bytes"] / (row["sdpa_ms"] / 1e3) / 1e9, peak)
         row["speedup_vs_sdpa"] = row["sdpa_ms"] / row["quant_ms"]
         row["compression_ratio"] = row["full_bytes"] / read
+        step = model.Step(batch=b, context=n, dense=self.dense_len, heads=self.heads, kv_heads=self.kv_heads,
+                          head_dim=self.head_dim, hi_share=self.hi_share, group=self.group)
+        estimate_beside(row, "quant", model, "quantized (4/2-bit)", step, row["quant_ms"])
         return row

@@ -54,6 +54,14 @@ class Op:
         return importlib.import_module(f"{__name__}.{self.name}.cases")
 
     @property
+    def model(self) -> ModuleType | None:
+        """model.py of the op (what a step moves, and what its launches do
+        for the estimate), if it has one."""
+        if not (HERE / self.name / "model.py").exists():
+            return None
+        return importlib.import_module(f"{__name__}.{self.name}.model")
+
+    @property
     def summary(self) -> str:
         """First paragraph of the op's docstring, on one line."""
         return first_paragraph(self.module.__doc__)

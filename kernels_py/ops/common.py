@@ -81,3 +81,28 @@ def check_block(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 16 or value & (value - 1):
         raise ValueError(f"{name} must be a power of two >= 16 (tl.dot's minimum), got {value!r}")
     return value
+
+
+def prune_spilling(kernel, spill_bytes=None):
+    """An `early_config_prune` for triton.autotune: drop the configs that
+    spill registers with the arguments being tuned (spills cost local-memory
+    traffic a timing run on one shape may not show, and the kernel report
+    lists them as never chosen). spill_bytes(config, args, constexprs) ->
+    bytes spilled per thread; default: compile the config for the GPU in use
+    (what autotuning does anyway) and read the driver's count. If every
+    config spills, the one spilling least is kept."""
+    measure = spill_bytes or (lambda config, args, constexprs: _compiled_spills(kernel, config, args, constexprs))
+
+    def prune(configs, named_args, **constexprs):
+        spilled = [(measure(c, named_args, constexprs), c) for c in configs]
+        kept = [c for n, c in spilled if not n]
+        return kept or [min(spilled, key=lambda nc: nc[0])[1]]
+
+    return prune
+
+
+def _compiled_spills(kernel, config, named_args: dict, constexprs: dict) -> int:
+    args = [named_args[name] for name in kernel.arg_names if name in named_args]
+    compiled = kernel.warmup(*args, grid=(1,), **{**constexprs, **config.all_kwargs()})
+    compiled._init_handles()
+    return int(compiled.n_spills or 0)

@@ -137,28 +137,32 @@ def error_text(err: BaseException) -> str:
     return "\n--- caused by ---\n".join(parts)
 
 
-def compile_case(case, cc: int) -> dict:
+def compile_launches(call, cc: int, tune: slice = slice(None), select=None):
+    """Record the launches of call() (a launcher on tiny CPU tensors) and
+    compile each for sm_<cc>, once per selected autotune config (`tune`, and
+    select(kernel name, config key) if given). Returns
+    (the recorded launches' kernel names, {kernel: every config key of an
+    autotuned one}, [(entry, compiled or None), ...]): an entry as
+    compile_case reports it; compiled, Triton's CompiledKernel (its cubin,
+    metadata and source for kernels_py.ops.estimate)."""
     # Compile for real (not from Triton's cache) and keep ptxas's report, which resources() reads.
     knobs.compilation.always_compile = True
     knobs.nvidia.dump_ptxas_log = True
     target = GPUTarget("cuda", cc, 32)
-    result = {"case": case.name, "target": cc, "launched": [], "compiled": [], "error": None, "configs": {}}
-    try:
-        with recording() as launches:
-            case.call()
-    except Exception as err:
-        result["error"] = "launcher failed while recording:\n" + traceback.format_exc()
-        result["error_at"] = locate(err)
-        return result
-    result["launched"] = [launch.kernel.fn.__name__ for launch in launches]
+    with recording() as launches:
+        call()
+    configs_of, out = {}, []
     for launch in launches:
-        if launch.configs is not None:  # every config the autotuner could pick, whichever this case compiles
-            result["configs"][launch.kernel.fn.__name__] = [config_key(c) for c in launch.configs]
-        configs = [None] if launch.configs is None else launch.configs[case.tune]
+        if launch.configs is not None:  # every config the autotuner could pick, whichever is compiled here
+            configs_of[launch.kernel.fn.__name__] = [config_key(c) for c in launch.configs]
+        configs = [None] if launch.configs is None else launch.configs[tune]
+        if select is not None and launch.configs is not None:
+            configs = [c for c in configs if select(launch.kernel.fn.__name__, config_key(c))]
         for config in configs:
             kwargs = launch.kwargs if config is None else {**launch.kwargs, **config.all_kwargs()}
             entry = {"kernel": launch.kernel.fn.__name__, "autotuned": config is not None,
                      "config": None if config is None else config_key(config)}
+            compiled = None
             try:
                 src, options = specialize(launch.kernel, launch.args, kwargs, target)
                 entry.update(describe(launch.kernel, src, options))
@@ -173,7 +177,20 @@ def compile_case(case, cc: int) -> dict:
             except Exception as err:
                 entry["error"] = error_text(err)
                 entry["error_at"] = locate(err)
-            result["compiled"].append(entry)
+            out.append((entry, compiled))
+    return [launch.kernel.fn.__name__ for launch in launches], configs_of, out
+
+
+def compile_case(case, cc: int) -> dict:
+    result = {"case": case.name, "target": cc, "launched": [], "compiled": [], "error": None, "configs": {}}
+    try:
+        launched, configs_of, compiled = compile_launches(case.call, cc, case.tune)
+    except Exception as err:
+        result["error"] = "launcher failed while recording:\n" + traceback.format_exc()
+        result["error_at"] = locate(err)
+        return result
+    result["launched"], result["configs"] = launched, configs_of
+    result["compiled"] = [entry for entry, _ in compiled]
     return result
 
 

@@ -1,23 +1,30 @@
 """What each registered op's Triton kernels compile to on a CUDA target,
 without a GPU: one row per compiled (case, kernel, config) with registers per
 thread, spills, shared memory and tensor-core instructions
-(`workbench kernels report` prints it).
+(`workbench kernels report` prints it); with --estimate, what each op's
+implementations take at its benchmark shapes, estimated from what their
+compiled code issues (kernels_py.ops.estimate), and the calibration points.
 
     python -m kernels_py.ops.report --target 90 [--case NAME ...]
+    python -m kernels_py.ops.report --target 90 --estimate [--shape batch=8,visual=16384] [--op NAME ...]
 
-prints the table as JSON (kernels_py.tables). Like kernels_py.ops.compile, it
-must run without TRITON_INTERPRET.
+prints the report as JSON (kernels_py.tables). Like kernels_py.ops.compile,
+it must run without TRITON_INTERPRET.
 """
 
 import argparse
+import dataclasses
 import json
+import math
 import sys
 
+from kernels_py.ops import sass
 from kernels_py.params import closest
 from kernels_py.tables import Column, table
 
 COLUMNS = (
-    Column("case", "", "compile case (kernels_py/ops/<op>/cases.py): the launcher call whose specialization is compiled"),
+    Column("case", "", "compile case (kernels_py/ops/<op>/cases.py): the launcher call whose specialization is "
+           "compiled"),
     Column("kernel", "", "the @triton.jit kernel"),
     Column("block_n", "", "the autotuned token tile of this config (empty: a plain launch)", "tile"),
     Column("num_warps", "", "warps per program", "warps"),
@@ -66,12 +73,279 @@ def report(target: int, names: list[str] | None = None) -> dict:
             **table(COLUMNS, rows), "models": [lowrank_model.report(), quant_model.report(), gather_model.report()]}
 
 
+# ----------------------------------------------------------------------------
+# Estimates from the compiled code
+# ----------------------------------------------------------------------------
+
+
+def _value(v):
+    """A constexpr as describe() prints it, back to a number where it is one."""
+    if isinstance(v, str):
+        for conv in (int, float):
+            try:
+                return conv(v)
+            except ValueError:
+                pass
+        return {"True": True, "False": False}.get(v, v)
+    return v
+
+
+def config_label(entry: dict) -> str:
+    """A compiled entry's autotune config, e.g. "BLOCK_N=64 w8 s2" ("" for a plain launch)."""
+    if not entry.get("config"):
+        return f"w{entry.get('num_warps')} s{entry.get('num_stages')}"
+    kwargs = " ".join(f"{k}={v}" for k, v in entry["config"][0])
+    return f"{kwargs} w{entry['num_warps']} s{entry['num_stages']}"
+
+
+def spills(entry: dict) -> bool:
+    return bool(entry.get("spill_stores") or entry.get("spill_loads"))
+
+
+class Compiled:
+    """Every launch of an implementation compiled for a target at one
+    specialization, each kernel's SASS analysed once."""
+
+    def __init__(self, impl, step, target: int, select=None):
+        from kernels_py.ops import compile as cc
+
+        self.launched, self.configs_of, compiled = cc.compile_launches(lambda: impl.call(step), target,
+                                                                       select=select)
+        self.entries = compiled
+        self._kernels: dict[int, object] = {}
+
+    def kernel(self, index: int):
+        from kernels_py.ops import estimate
+
+        if index not in self._kernels:
+            entry, compiled = self.entries[index]
+            meta = self.meta(entry)
+            self._kernels[index] = estimate.Kernel(entry["kernel"], compiled.asm["cubin"], meta, entry["signature"])
+        return self._kernels[index]
+
+    @staticmethod
+    def meta(entry: dict) -> dict:
+        meta = {k: _value(v) for k, v in entry.get("constexprs", {}).items()}
+        if entry.get("config"):
+            meta.update({k: _value(v) for k, v in entry["config"][0]})
+        return meta
+
+
+def estimate_implementation(impl, step, compiled: Compiled, gpu, flash_us: float) -> dict:
+    """The band of one implementation at a step: each launched kernel's
+    configs estimated, spilling ones pruned, the predicted pick summed."""
+    from kernels_py.ops import estimate
+
+    kernels, picked = [], []
+    order = list(dict.fromkeys(compiled.launched))
+    for name in order:
+        rows, candidates = [], []
+        for index, (entry, binary) in enumerate(compiled.entries):
+            if entry["kernel"] != name:
+                continue
+            if entry.get("error") or binary is None:
+                rows.append({"kernel": name, "config": config_label(entry), "error": entry.get("error", "")})
+                continue
+            work = impl.work(step, name, Compiled.meta(entry), gpu)
+            est = estimate.estimate(compiled.kernel(index), work, warps=entry["num_warps"],
+                                    registers=entry.get("registers") or 0, shared=entry.get("shared") or 0,
+                                    spill_bytes=entry.get("spill_stores") or 0, config=config_label(entry), gpu=gpu)
+            row = est.row()
+            row["pruned"] = "spills" if impl.prunes_spilling and entry.get("autotuned") and spills(entry) else ""
+            rows.append(row)
+            if not row["pruned"]:
+                candidates.append(est)
+        if not candidates:
+            raise RuntimeError(f"{impl.name}: no config of {name} compiled without spills at this shape")
+        choice = estimate.pick(candidates)
+        for row in rows:
+            row["picked"] = row.get("config") == choice.config
+        picked.append(choice)
+        kernels.append({"kernel": name, "autotuned": name in compiled.configs_of, "picked": choice.config,
+                        "configs": rows})
+    band = estimate.combine(impl.name, picked, flash_us, gpu)
+    band["kernels"] = kernels
+    band["flags"] = [f"{p.kernel}: {f}" for p in picked for f in p.flags]
+    return band
+
+
+def estimate_report(target: int, overrides: dict | None = None, ops: list[str] | None = None,
+                    calibrate: bool = True) -> dict:
+    """Every registered op model's implementations at its estimate shapes
+    (fields of `overrides` replaced), and the calibration points."""
+    from kernels_py.ops import OPS, estimate
+
+    gpu = estimate.GPUS[target]
+    overrides = dict(overrides or {})
+    used = set()
+    results, cache = [], {}
+    for op in OPS.values():
+        if ops and op.name not in ops:
+            continue
+        model = op.model
+        if model is None or not hasattr(model, "ESTIMATES"):
+            continue
+        for base in model.ESTIMATE_SHAPES:
+            fields = {f.name for f in dataclasses.fields(base)}
+            mine = {k: v for k, v in overrides.items() if k in fields}
+            used |= set(mine)
+            step = dataclasses.replace(base, **{k: type(getattr(base, k))(v) for k, v in mine.items()})
+            flash_us = model.flash_bytes(step) / gpu.hbm_bytes_per_s * 1e6
+            ideal = model.ideal_us(step)
+            impls = []
+            for impl in model.ESTIMATES:
+                key = (op.name, impl.name, impl.key(step))
+                if key not in cache:
+                    cache[key] = Compiled(impl, step, target)
+                band = estimate_implementation(impl, step, cache[key], gpu, flash_us)
+                band["ideal_us"] = ideal.get(impl.name)
+                impls.append(band)
+            results.append({"op": op.name, "shape": dataclasses.asdict(step), "flash_us": flash_us,
+                            "implementations": impls})
+    unknown = set(overrides) - used
+    if unknown:
+        known = sorted({f.name for op in OPS.values() if op.model is not None and hasattr(op.model, "ESTIMATES")
+                        for f in dataclasses.fields(op.model.ESTIMATE_SHAPES[0])})
+        name = sorted(unknown)[0]
+        raise ValueError(f"--shape: no op's shape has a field {name!r}{closest(name, known)} (known: "
+                         f"{', '.join(known)})")
+    out = {"title": f"estimated on an {gpu.name} from the sm_{target} code (no GPU needed)", "target": target,
+           "gpu": {**{k: v for k, v in dataclasses.asdict(gpu).items()}, "peak_flops": gpu.peak_flops},
+           "estimates": results}
+    if calibrate and target == 90:
+        from kernels_py.ops import calibration
+
+        out["calibration"] = calibration.check(gpu)
+    out["tables"] = _tables(out)
+    return out
+
+
+ESTIMATE_COLUMNS = (
+    Column("op", "", "the op (kernels_py/ops/<op>)"),
+    Column("implementation", "", "the launches of one call, in order", "implementation"),
+    Column("batch", "", "sequences"),
+    Column("tokens", "", "cached tokens per sequence"),
+    Column("optimistic_ms", "ms", "co-resident programs hide each other's waits fully", "optimistic"),
+    Column("conservative_ms", "ms", "their exposed waits serialize (targets are judged here)", "conservative"),
+    Column("bound", "", "what sets the conservative end: memory, tensor, issue, load/store or latency"),
+    Column("hbm_pct", "%", "bytes the call moves / conservative time, as a share of the HBM peak", "% HBM"),
+    Column("speedup_conservative", "x", "FlashAttention decode over the uncompressed cache at the HBM peak / "
+           "conservative time", "vs FA (cons.)"),
+    Column("speedup_optimistic", "x", "the same at the optimistic time", "vs FA (opt.)"),
+    Column("ideal_ms", "ms", "the bytes/FLOPs roofline (model.py): what the peaks would allow", "ideal"),
+    Column("instructions_per_token", "", "warp-instructions issued per cached token, all launches", "instr/token"),
+    Column("picked", "", "the configs the autotuner is predicted to choose (smallest band)", "configs"),
+)
+CONFIG_COLUMNS = (
+    Column("kernel", "", "the @triton.jit kernel"),
+    Column("config", "", "tile, warps, stages"),
+    Column("registers", "", "registers per thread", "regs"),
+    Column("spill_bytes", "", "bytes spilled per thread (ptxas -v)", "spill"),
+    Column("ctas_per_sm", "", "resident programs per SM", "CTA/SM"),
+    Column("waves", "", "programs / (SMs x CTAs per SM)"),
+    Column("instructions_per_token", "", "warp-instructions per cached token", "instr/tok"),
+    Column("mma_pct", "%", "tensor-core instructions among those issued", "MMA %"),
+    Column("memory_ms", "ms", "floor: HBM bytes at the peak", "memory"),
+    Column("tensor_ms", "ms", "floor: tensor-core FLOPs at the MMA peak", "tensor"),
+    Column("issue_ms", "ms", "floor: warp-instructions at 4 a clock per SM", "issue"),
+    Column("lsu_ms", "ms", "floor: load/store pipe at 128 bytes a clock per SM", "ld/st"),
+    Column("optimistic_ms", "ms", "latency with full overlap, or a floor", "optimistic"),
+    Column("conservative_ms", "ms", "latency with serialized waits, or a floor", "conservative"),
+    Column("bound", "", "what sets the conservative end"),
+    Column("status", "", "picked: the predicted choice; pruned: spills, so the autotuner never tries it"),
+)
+CLASS_COLUMNS = (
+    Column("kernel", "", "the @triton.jit kernel, at its picked config"),
+    *(Column(name, "", doc) for name, doc in sass.CLASSES),
+)
+CALIBRATION_COLUMNS = (
+    Column("point", "", "a kernel measured on a GPU (kernels_py/ops/calibration.py)"),
+    Column("gpu", "", "where it was measured"),
+    Column("commit", "", "the kernels' commit"),
+    Column("picked", "", "the configs the estimate predicts the autotuner chose"),
+    Column("measured_ms", "ms", "measured time of the call", "measured"),
+    Column("optimistic_ms", "ms", "the estimate's optimistic end", "optimistic"),
+    Column("conservative_ms", "ms", "the estimate's conservative end", "conservative"),
+    Column("optimistic_ratio", "x", "optimistic / measured", "opt/meas"),
+    Column("conservative_ratio", "x", "conservative / measured", "cons/meas"),
+    Column("inside", "", "whether the band contains the measured time"),
+)
+
+
+def _tables(report: dict) -> list[dict]:
+    out = []
+    for res in report["estimates"]:
+        s = res["shape"]
+        rows, configs, classes, notes = [], [], [], []
+        tokens = s.get("visual", s.get("context", 0)) + s.get("dense", 0)
+        for band in res["implementations"]:
+            rows.append({"op": res["op"], "implementation": band["implementation"], "batch": s.get("batch"),
+                         "tokens": tokens, "optimistic_ms": band["optimistic_us"] / 1e3,
+                         "conservative_ms": band["conservative_us"] / 1e3, "bound": band["bound"],
+                         "hbm_pct": 100 * band["hbm_share_conservative"],
+                         "speedup_conservative": band["speedup_conservative"],
+                         "speedup_optimistic": band["speedup_optimistic"],
+                         "ideal_ms": band["ideal_us"] / 1e3 if band.get("ideal_us") else None,
+                         "instructions_per_token": band["instructions_per_token"],
+                         "picked": "; ".join(f"{k['kernel']} {k['picked']}" for k in band["kernels"]
+                                             if k["autotuned"])})
+            for k in band["kernels"]:
+                for c in k["configs"]:
+                    if "error" in c:
+                        configs.append({"kernel": k["kernel"], "config": c["config"], "status": "error"})
+                        continue
+                    configs.append({
+                        "kernel": k["kernel"], "config": c["config"], "registers": c["registers"],
+                        "spill_bytes": c["spill_bytes"], "ctas_per_sm": c["ctas_per_sm"], "waves": c["waves"],
+                        "instructions_per_token": c["instructions_per_token"], "mma_pct": 100 * c["mma_share"],
+                        "memory_ms": c["floors_us"]["memory"] / 1e3, "tensor_ms": c["floors_us"]["tensor"] / 1e3,
+                        "issue_ms": c["floors_us"]["issue"] / 1e3, "lsu_ms": c["floors_us"]["load/store"] / 1e3,
+                        "optimistic_ms": c["optimistic_us"] / 1e3, "conservative_ms": c["conservative_us"] / 1e3,
+                        "bound": c["conservative_bound"],
+                        "status": "pruned" if c.get("pruned") else "picked" if c.get("picked") else ""})
+                    if c.get("picked"):
+                        per = c["by_class_per_token"]
+                        classes.append({"kernel": f"{band['implementation']}: {k['kernel']}",
+                                        **{n: round(per.get(n, 0.0), 1) for n in sass.CLASS_NAMES}})
+            notes += [f"{band['implementation']}: {f}" for f in band["flags"]]
+        shape = ", ".join(f"{k} {v}" for k, v in s.items())
+        out.append({"title": f"{res['op']} ({shape}); FlashAttention over the full cache at the HBM peak: "
+                             f"{res['flash_us'] / 1e3:.3g} ms", **table(ESTIMATE_COLUMNS, rows), "notes": notes})
+        out.append({"title": f"{res['op']}: every config at this shape", **table(CONFIG_COLUMNS, configs)})
+        out.append({"title": f"{res['op']}: warp-instructions per token by class, picked configs",
+                    **table(CLASS_COLUMNS, classes)})
+    if report.get("calibration"):
+        out.append({"title": "calibration: estimates of kernels measured on a GPU",
+                    **table(CALIBRATION_COLUMNS, report["calibration"])})
+    return out
+
+
+def parse_shape(text: str) -> dict:
+    """--shape K=V,... as a dict of numbers."""
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, eq, value = part.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"--shape: {part!r} is not KEY=VALUE")
+        try:
+            number = float(value)
+        except ValueError:
+            raise ValueError(f"--shape: {key.strip()}={value!r} is not a number") from None
+        if not math.isfinite(number) or number < 0:
+            raise ValueError(f"--shape: {key.strip()}={value!r} must be a finite number >= 0")
+        out[key.strip()] = int(number) if number == int(number) else number
+    return out
+
+
 def main(argv=None) -> int:
     from kernels_py.ops import compile as cc
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", type=int, choices=cc.TARGETS, default=90, help="compute capability (default 90)")
     parser.add_argument("--case", action="append", default=[], help="only this compile case (repeatable)")
+    parser.add_argument("--estimate", action="store_true", help="estimate each op's implementations instead")
+    parser.add_argument("--shape", default="", help="with --estimate: fields of the ops' shapes, K=V,...")
+    parser.add_argument("--op", action="append", default=[], help="with --estimate: only this op (repeatable)")
     opts = parser.parse_args(argv)
     from kernels_py.runtime import interpreter_mode
     from triton import knobs
@@ -79,6 +353,21 @@ def main(argv=None) -> int:
     if knobs.runtime.interpret or interpreter_mode():
         print("TRITON_INTERPRET is set: unset it to compile for a GPU target", file=sys.stderr)
         return 2
+    if opts.estimate:
+        from kernels_py.ops import OPS
+
+        for name in opts.op:
+            if name not in OPS:
+                print(f"--op: {name!r} is unknown{closest(name, OPS)} (known: {', '.join(OPS)})", file=sys.stderr)
+                return 2
+        try:
+            result = estimate_report(opts.target, parse_shape(opts.shape), opts.op)
+        except ValueError as err:
+            print(str(err), file=sys.stderr)
+            return 2
+        json.dump(result, sys.stdout)
+        sys.stdout.write("\n")
+        return 0
     known = [c.name for c in cc.cases()]
     for name in opts.case:
         if name not in known:

@@ -128,6 +128,40 @@ def merge(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, lse: 
 MAX_SPLITS = 256
 
 
+def split_count(longest: int, programs: int, *, per_split: int, min_split: int, max_splits: int,
+                sms: int | None) -> int:
+    """Splits per sequence (FlashDecoding's rule): about `per_split` tokens
+    each for the longest sequence, at most `max_splits`; on a GPU of `sms`
+    SMs, more (down to `min_split` tokens each) while the `programs` a split
+    multiplies would not fill two waves of SMs. The launchers and the ops'
+    performance models both ask here."""
+    splits = -(-longest // per_split)
+    if sms:
+        splits = max(splits, min(-(-2 * sms // max(programs, 1)), -(-longest // min_split)))
+    return max(1, min(splits, max_splits))
+
+
+def sm_count(device) -> int | None:
+    """SMs of a CUDA device a launch will run on; None on the CPU interpreter."""
+    from kernels_py.runtime import interpreter_mode
+
+    if torch.device(device).type != "cuda" or interpreter_mode():
+        return None
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def split_ranges(total: int, n_splits: int, block_n: int) -> list[tuple[int, int]]:
+    """[lo, hi) of each split of `total` tokens, split sizes rounded up to
+    whole tiles as the stage-1 kernels round them (trailing splits may be
+    empty)."""
+    per_split = -(-(-(-total // n_splits)) // block_n) * block_n
+    out = []
+    for split in range(n_splits):
+        lo = min(split * per_split, total)
+        out.append((lo, min(lo + per_split, total)))
+    return out
+
+
 @dataclass(frozen=True)
 class Workspace:
     """Each split's partial output [B, Hq, M, splits, D] and log2-sum-exp

@@ -222,7 +222,7 @@ def _reduce_kernel(
 
 
 def attention_stats(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, p: float = 0.01,
-                    scale: float | None = None, *, block_m: int = 16, block_n: int = 64,
+                    scale: float | None = None, *, block_m: int = 16, block_n: int | None = None,
                     rows_per_split: int = 64) -> AttentionStats:
     """Attention statistics of the selected query rows, without the attention matrix.
 
@@ -233,11 +233,13 @@ def attention_stats(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, p: fl
     p: ThresholdFilter threshold in [0, 1] (VL-Cache: 0.01).
     scale: softmax scale, default head_dim ** -0.5.
     fp16/bf16/fp32 inputs, fp32 accumulation; strided inputs are fine.
+    block_m, block_n: row and key tiles (block_n default: 64, and
+    column_block_n(k) for the column kernel).
     """
-    m, l = row_stats(q, k, q_pos, scale, block_m=block_m, block_n=block_n)
+    m, l = row_stats(q, k, q_pos, scale, block_m=block_m, block_n=block_n or 64)
     partials = column_stats(q, k, q_pos, m, l, p, scale, block_m=block_m, block_n=block_n,
                             rows_per_split=rows_per_split)
-    reduced = reduce_stats(partials, k.shape[0], block_n=block_n)
+    reduced = reduce_stats(partials, k.shape[0], block_n=block_n or 64)
     return AttentionStats(m, l, reduced.attn_sum, reduced.below, reduced.nonzero, reduced.attn_sum_kv, float(p))
 
 
@@ -276,12 +278,14 @@ def row_stats(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, scale: floa
 
 def column_stats(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, row_max: torch.Tensor,
                  row_sumexp: torch.Tensor, p: float = 0.01, scale: float | None = None, *,
-                 block_m: int = 16, block_n: int = 64, rows_per_split: int = 64) -> ColumnPartials:
+                 block_m: int = 16, block_n: int | None = None, rows_per_split: int = 64) -> ColumnPartials:
     """Kernel 2: recompute the probabilities from `row_stats` and reduce them over
     the rows of each split of `rows_per_split` rows (a multiple of block_m).
     Returns one partial per split: attn_sum and below [S, heads, keys], nonzero
-    [S, keys], S = ceil(rows / rows_per_split)."""
+    [S, keys], S = ceil(rows / rows_per_split). block_n: keys per program,
+    default column_block_n(k)."""
     check_inputs(q, k, q_pos)
+    block_n = column_block_n(k) if block_n is None else block_n
     common.check_block("block_m", block_m)
     common.check_block("block_n", block_n)
     if rows_per_split < block_m or rows_per_split % block_m:
@@ -319,6 +323,14 @@ def column_stats(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, row_max:
         UPCAST=common.upcast_for_dot(q.dtype),
     )
     return ColumnPartials(attn, below, nonzero)
+
+
+def column_block_n(k: torch.Tensor) -> int:
+    """The key block of a column-statistics program when the caller gives
+    none: each program holds its [head_dim, block_n] keys in registers for
+    every row tile, so keys wider than 16 bits take 32 (a float32 block of
+    64 spilled on sm_90, at 255 registers a thread even on 8 warps)."""
+    return 64 if k.element_size() <= 2 else 32
 
 
 def reduce_stats(partials: ColumnPartials, kv_heads: int, *, block_n: int = 64) -> ReducedStats:

@@ -21,7 +21,6 @@ import triton.language as tl
 from kernels_py.ops import common, splitk
 from kernels_py.ops.gather_decode.contract import GatherDecodeOutput, check_inputs
 from kernels_py.ops.splitk import _attend_tile, _group_queries, _store_split
-from kernels_py.runtime import interpreter_mode
 
 MAX_ROWS = 128  # query heads per kv head x query tokens, one program's rows
 TOKENS_PER_SPLIT = 512
@@ -85,11 +84,15 @@ def default_num_splits(count: torch.Tensor) -> int:
     longest list, at most DEFAULT_MAX_SPLITS; on a GPU more (down to 128 rows
     each) while the grid would not fill two waves of SMs. One host sync."""
     longest = int(count.max()) if count.numel() else 0
-    splits = triton.cdiv(longest, TOKENS_PER_SPLIT)
-    if count.device.type == "cuda" and not interpreter_mode():
-        sms = torch.cuda.get_device_properties(count.device).multi_processor_count
-        splits = max(splits, min(triton.cdiv(2 * sms, max(count.numel(), 1)), triton.cdiv(longest, 128)))
-    return max(1, min(splits, DEFAULT_MAX_SPLITS))
+    return split_count(longest, count.numel(), splitk.sm_count(count.device))
+
+
+def split_count(longest: int, programs_per_split: int, sms: int | None) -> int:
+    """The default split count for the longest index list, with
+    `programs_per_split` programs per split (kv heads x sequences) on `sms`
+    SMs (None: the interpreter)."""
+    return splitk.split_count(longest, programs_per_split, per_split=TOKENS_PER_SPLIT, min_split=128,
+                              max_splits=DEFAULT_MAX_SPLITS, sms=sms)
 
 
 def gather_decode(q, q_pos, k, v, pos, index, count, *, sm_scale: float | None = None,

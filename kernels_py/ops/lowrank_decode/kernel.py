@@ -542,10 +542,16 @@ def _stage1_configs(kernel: str):
 # timings are cached on disk (in Triton's cache dir), so a shape is tuned once
 # per machine and code version, not once per process.
 _STAGE1_KEY = ["tune_programs", "tune_span", "KV_HEADS", "GROUP", "N_QUERIES", "HEAD_DIM", "BLOCK_ROWS", "BLOCK_D"]
+# Configs that spill at the shape being tuned are pruned before timing (at
+# 32 query rows, 64-token tiles on 4 warps and 128-token tiles on 8 do).
 _stage1_tuned = triton.autotune(configs=_stage1_configs("_stage1_kernel"), cache_results=True,
-                                key=_STAGE1_KEY + ["BLOCK_R", "BLOCK_RV", "ROPE"])(_stage1_kernel)
-_stage1_absorbed_tuned = triton.autotune(configs=_stage1_configs("_stage1_absorbed_kernel"), cache_results=True,
-                                         key=_STAGE1_KEY + ["BLOCK_RK", "BLOCK_RV"])(_stage1_absorbed_kernel)
+                                key=_STAGE1_KEY + ["BLOCK_R", "BLOCK_RV", "ROPE"],
+                                prune_configs_by={"early_config_prune": common.prune_spilling(_stage1_kernel)})(
+    _stage1_kernel)
+_stage1_absorbed_tuned = triton.autotune(
+    configs=_stage1_configs("_stage1_absorbed_kernel"), cache_results=True,
+    key=_STAGE1_KEY + ["BLOCK_RK", "BLOCK_RV"],
+    prune_configs_by={"early_config_prune": common.prune_spilling(_stage1_absorbed_kernel)})(_stage1_absorbed_kernel)
 
 
 # ----------------------------------------------------------------------------
@@ -776,8 +782,12 @@ def _num_splits(num_splits, comp: CompressedKV, dense: DenseKV, programs_per_spl
             raise ValueError(f"num_splits must be an int in [1, {MAX_SPLITS}], got {num_splits!r}")
         return num_splits
     longest = int((comp.length.to(torch.int64) + dense.length.to(torch.int64)).max())  # one host sync
-    splits = triton.cdiv(longest, TOKENS_PER_SPLIT)
-    if device.type == "cuda" and not interpreter_mode():
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
-        splits = max(splits, min(triton.cdiv(2 * sms, programs_per_split), triton.cdiv(longest, 64)))
-    return max(1, min(splits, DEFAULT_MAX_SPLITS))
+    return split_count(longest, programs_per_split, splitk.sm_count(device))
+
+
+def split_count(longest: int, programs_per_split: int, sms: int | None) -> int:
+    """The default split count for the longest sequence's tokens, with
+    `programs_per_split` programs per split (the batch) on `sms` SMs (None:
+    the interpreter)."""
+    return splitk.split_count(longest, programs_per_split, per_split=TOKENS_PER_SPLIT, min_split=64,
+                              max_splits=DEFAULT_MAX_SPLITS, sms=sms)

@@ -10,6 +10,8 @@ shared by every head, and both kernels' programs hold every query head of a
 sequence: each U tile is read once for all heads, 256 bytes a token.
 
 FLOPs are those the kernels execute on tensor cores, padding included. The
+maps into and out of rank space run once per split, every kv head's dot
+over all of a program's rows (tf32 products, counted at the fp16 rate). The
 fused kernel rebuilds each kv head's keys (2 * R_k * D a token and kv head,
 at the tile's rank) and scores them with all H_q rows of its program (each
 row keeps its own head's scores: H_kv times the useful QK work, the price of
@@ -30,10 +32,11 @@ and the key rebuild scale with the mean rank.
 
 from dataclasses import dataclass
 
+from kernels_py.ops import estimate, splitk
+from kernels_py.ops.estimate import H100
+from kernels_py.ops.lowrank_decode import kernel
 from kernels_py.tables import Column, table
 
-H100_HBM_BYTES_PER_S = 3.35e12  # H100 SXM, HBM3
-H100_FP16_FLOPS = 989e12  # dense fp16/bf16 tensor-core peak
 
 
 @dataclass(frozen=True)
@@ -76,14 +79,19 @@ def costs(s: Step) -> dict[str, dict]:
     factors = b * t * per_token_bytes(s)["factors"] + b * (rk + rv) * hk * d * e  # U once, W once
     logits = b * hq * (t + n) * 4 * 2  # float32, written then read for the masses
     rank_space_mass = b * hq * n * 4 * 2 + b * t * mk * e + b * hq * rk * 4 * 2  # dense logits, U_k again, q~
-    maps = b * hq * 2 * d * (rk + rv)  # into and out of rank space (once per split; counted once)
+    # Into and out of rank space, once per split (every split of a sequence
+    # maps again), each kv head's dot over all of a program's rows.
+    splits = kernel.split_count(t + n, b, H100.sms)
+    rows = hq * hk  # a program's rows x kv heads: each kv head's masked dot covers every row
+    maps_in, maps_out = b * splits * rows * 2 * d * rk, b * splits * rows * 2 * d * rv
     return {
         "flash, full cache": {"bytes": b * (t + n) * 2 * hk * d * e, "flops": b * hq * (t + n) * 4 * d},
         "absorbed (latent)": {"bytes": factors + dense_bytes, "mass_bytes": rank_space_mass,
-                              "flops": b * hq * t * 2 * (rk + rv) + maps + b * hq * t * 2 * rk + dense_flops},
+                              "flops": b * hq * t * 2 * (rk + rv) + maps_in + maps_out + b * hq * t * 2 * rk
+                              + dense_flops},
         "fused (exact)": {"bytes": factors + dense_bytes, "mass_bytes": logits,
                           "flops": b * t * hk * 2 * mk * d + b * t * hk * hq * 2 * d + b * hq * t * 2 * rv
-                          + maps + dense_flops},
+                          + maps_out + dense_flops},
     }
 
 
@@ -96,9 +104,9 @@ COLUMNS = (
            "absorbed kernel: of the dense tokens, plus U_k read again)", "+mass GB"),
     Column("tflop", "", "tensor-core teraFLOPs of one step", "TFLOP"),
     Column("roofline_us", "", "microseconds: max(bytes / 3.35 TB/s, FLOPs / 989 TFLOP/s), masses included",
-           "roofline µs"),
+           "ideal µs"),
     Column("bound", "", "what sets the roofline: memory or compute"),
-    Column("speedup_vs_flash", "x", "modeled: flash time / this time", "vs flash"),
+    Column("speedup_vs_flash", "x", "ideal: flash time / this time", "vs flash"),
 )
 
 SHAPES = (Step(batch=1, visual=1024), Step(batch=8, visual=32768), Step(batch=64, visual=32768))
@@ -107,8 +115,8 @@ SHAPES = (Step(batch=1, visual=1024), Step(batch=8, visual=32768), Step(batch=64
 def roofline_us(cost: dict) -> tuple[float, str]:
     """The time the bytes or the FLOPs of a step take at the H100's peaks,
     whichever is longer, and which it is."""
-    memory = (cost["bytes"] + cost.get("mass_bytes", 0)) / H100_HBM_BYTES_PER_S
-    compute = cost["flops"] / H100_FP16_FLOPS
+    memory = (cost["bytes"] + cost.get("mass_bytes", 0)) / H100.hbm_bytes_per_s
+    compute = cost["flops"] / H100.peak_flops
     return max(memory, compute) * 1e6, "memory" if memory >= compute else "compute"
 
 
@@ -123,7 +131,164 @@ def report(shapes=SHAPES) -> dict:
                          "mass_gbytes": cost.get("mass_bytes", 0) / 1e9, "tflop": cost["flops"] / 1e12,
                          "roofline_us": us, "bound": bound, "speedup_vs_flash": flash_us / us})
     s = shapes[0]
-    return {"title": f"one decode step on an H100, modeled ({s.heads} q / {s.kv_heads} kv heads, head_dim "
+    return {"title": f"one decode step on an H100, ideal at the peaks ({s.heads} q / {s.kv_heads} kv heads, head_dim "
                      f"{s.head_dim}, rank {s.rank_k}, fp16; {per_token_bytes(s)['full']} bytes a token in the full "
                      f"cache, {per_token_bytes(s)['factors']:g} in U_k + U_v)",
             **table(COLUMNS, rows)}
+
+
+# ----------------------------------------------------------------------------
+# What each launch does, for the estimate from the compiled code
+# (kernels_py.ops.estimate; `workbench kernels report --estimate`)
+# ----------------------------------------------------------------------------
+
+# Arguments every program of a sequence re-reads (L2 after the first): the
+# queries, W (one SVD per sequence, read by each of its splits), the lengths.
+_SHARED = {"Q": "l2", "QPos": "l2", "WK": "l2", "WV": "l2", "CLen": "l2", "DLen": "l2"}
+ESTIMATE_SHAPES = (Step(batch=8, visual=32768, low_share=0.75), Step(batch=64, visual=32768, low_share=0.75))
+
+
+def _dtype(s: Step):
+    import torch
+
+    return {2: torch.float16, 4: torch.float32}[s.elem_bytes]
+
+
+def _call(s: Step, *, absorbed: bool, kernels=None):
+    """The launcher on tiny CPU tensors that compile to the step's
+    specialization (heads, head_dim, ranks, dtype; lengths and strides
+    divisible by 16 like the step's)."""
+    from kernels_py.ops.lowrank_decode.cases import make_cache
+
+    kernels = kernels or kernel
+    q, q_pos, comp, dense = make_cache(batch=2, heads=s.heads, kv_heads=s.kv_heads, head_dim=s.head_dim,
+                                       rank_k=s.rank_k, rank_v=s.rank_v, tokens=64, slots=64, comp_lens=[64, 64],
+                                       dense_lens=[64, 64], queries=1, dtype=_dtype(s))
+    if kernels is not kernel:  # an older kernel file with its own segment classes
+        comp = kernels.CompressedKV(comp.uk, comp.wk, comp.uv, comp.wv, comp.rank_k, comp.rank_v, comp.pos,
+                                    comp.length)
+        dense = kernels.DenseKV(dense.k, dense.v, dense.pos, dense.length)
+    if absorbed:
+        kernels.lowrank_decode_absorbed(q, q_pos, comp, dense)
+    else:
+        chunk = {"rank_chunk": _rank_chunk(s)} if _rank_chunk(s) else {}
+        kernels.lowrank_decode(q, q_pos, comp, dense, rope_base=10000.0, **chunk)
+
+
+def _rank_chunk(s: Step) -> int | None:
+    """The rank chunk `bench lowrank` passes: no larger than the low group's
+    rank when keys are partial."""
+    if s.partial == "values":
+        return None
+    return min(64, max(16, 1 << (max(1, s.rank_k // 4) - 1).bit_length()))
+
+
+def split_classes(s: Step, splits: int, block_n: int) -> dict:
+    """Splits with the same work, as {(c_lo, c_hi, d_lo, d_hi, chunks per
+    tile): splits}: the ranges _split_range gives every split of
+    [compressed | dense], and the mean rank chunks a compressed tile
+    rebuilds (tokens are stored grouped by rank, the full-rank group first)."""
+    full = s.visual - round(s.low_share * s.visual) if s.partial in ("keys", "both") else s.visual
+    out: dict = {}
+    for lo, hi in splitk.split_ranges(s.visual + s.dense, splits, block_n):
+        c_lo, c_hi = min(lo, s.visual), min(hi, s.visual)
+        key = (c_lo, c_hi, max(lo, s.visual) - s.visual, max(hi, s.visual) - s.visual)
+        out[key] = out.get(key, 0) + 1
+    return {k + (full,): v for k, v in out.items()}
+
+
+def _tile_chunks(c_lo, c_hi, full, block_n, rank_k, low_rank, block_r) -> float:
+    """Mean rank chunks the key rebuild runs per compressed tile of a split."""
+    tiles = [(t, min(t + block_n, c_hi)) for t in range(c_lo, c_hi, block_n)]
+    if not tiles:
+        return 0.0
+    chunks = [-(-(rank_k if t < full else low_rank) // block_r) for t, _ in tiles]
+    return sum(chunks) / len(chunks)
+
+
+def _work(s: Step, kernel_name: str, meta: dict, gpu, *, absorbed: bool, per_kv_head: bool = False) -> estimate.Work:
+    """What one launch of a kernel of `lowrank_decode` (or `_absorbed`) does
+    at step s. per_kv_head: the grid of the kernels at commit fbd0532, one
+    program per (kv head, sequence, split), each reading U for its kv head."""
+    b, t, n, hq, hk, d, e = s.batch, s.visual, s.dense, s.heads, s.kv_heads, s.head_dim, s.elem_bytes
+    mk, mv = s.mean_ranks()
+    programs_per_split = b * hk if per_kv_head else b
+    splits = kernel.split_count(t + n, programs_per_split, gpu.sms)
+    tokens = b * (t + n)
+    u_bytes = b * t * (mk + mv) * e + b * (s.rank_k + s.rank_v) * hk * d * e
+    dense_bytes = b * n * 2 * hk * d * e
+    index_bytes = b * t * 12 + b * n * 4  # positions and both ranks per compressed token, dense positions
+    part_bytes = b * hq * splits * (d + 1) * 4
+    small = "l2" if part_bytes < gpu.l2_bytes / 2 else "hbm"
+    if kernel_name in ("_stage1_kernel", "_stage1_absorbed_kernel"):
+        block_n = int(meta["BLOCK_N"])
+        low_rank = max(1, s.rank_k // 4) if s.partial in ("keys", "both") else s.rank_k
+        classes: dict = {}  # splits with the same trips: (compressed tokens, dense tokens, chunks per tile)
+        for (c_lo, c_hi, d_lo, d_hi, full), count in split_classes(s, splits, block_n).items():
+            chunks = 0.0
+            if "BLOCK_R" in meta and not per_kv_head:
+                chunks = _tile_chunks(c_lo, c_hi, full, block_n, s.rank_k, low_rank, int(meta["BLOCK_R"]))
+            key = (c_hi - c_lo, d_hi - d_lo, round(chunks, 3))
+            classes[key] = classes.get(key, 0) + count
+        programs = []
+        for (c_len, d_len, chunks), count in classes.items():
+            values = {"c_lo": 0, "c_hi": c_len, "d_lo": 0, "d_hi": d_len}
+            if "BLOCK_R" in meta and not per_kv_head:
+                values["#r0"] = chunks
+            programs.append(estimate.Programs(count * programs_per_split, values))
+        logits = b * hq * (n if absorbed and not per_kv_head else t + n) * 4
+        q_rank = b * hq * s.rank_k * 4 if absorbed else 0
+        levels = dict(_SHARED)
+        if per_kv_head:
+            # The kv heads' programs of a (sequence, split) are neighbours in
+            # the grid and read the same U tiles at about the same time: at
+            # best one misses and the others hit L2; at worst they all wait
+            # for the line to come from HBM.
+            for name in ("UK", "UV", "RankK", "RankV", "CPos"):
+                levels[name] = ({"hbm": 1 / hk, "l2": 1 - 1 / hk}, "hbm")
+        useful = (b * hq * t * 2 * (s.rank_k + mv) if absorbed
+                  else b * t * hk * 2 * mk * d + b * hq * t * 2 * (d + mv)) + b * hq * n * 4 * d
+        notes = []
+        empty = sum(1 for lo, hi in splitk.split_ranges(t + n, splits, block_n) if lo == hi)
+        if empty:
+            notes.append(f"{empty} of {splits} splits per sequence are empty (whole tiles of "
+                         f"{block_n}); they still run the per-program prologue and epilogue")
+        return estimate.Work(tuple(programs), u_bytes + dense_bytes + index_bytes + logits + q_rank + part_bytes,
+                             levels, useful, tokens, tuple(notes))
+    if kernel_name == "_merge_kernel":
+        return estimate.Work((estimate.Programs(b * hq, {"n_splits": splits}),),
+                             part_bytes + b * hq * (d * e + 4), {"PartO": small, "PartLse": small}, 0.0, tokens)
+    if kernel_name == "_mass_kernel":
+        rank_space = absorbed and not per_kv_head  # the fbd0532 kernels stored every logit
+        block_t = 64 if rank_space else 256
+        grid = b * -(-(t + n) // block_t)
+        if rank_space:
+            read = b * hq * n * 4 + b * t * (mk * e + 8) + b * hq * s.rank_k * 4
+        else:
+            read = b * hq * (t + n) * 4
+        return estimate.Work((estimate.Programs(grid, {"n_rows": hq}),), read + b * (t + n) * 4 + b * hq * 4,
+                             {"Lse": "l2", "QRank": "l2", "QPos": "l2", "CLen": "l2", "DLen": "l2"},
+                             b * t * hq * 2 * s.rank_k if rank_space else 0.0, tokens)
+    raise KeyError(f"the lowrank_decode model knows no kernel {kernel_name!r}")
+
+
+def _key(s: Step) -> tuple:
+    return (s.heads, s.kv_heads, s.head_dim, s.rank_k, s.rank_v, s.elem_bytes, _rank_chunk(s))
+
+
+ESTIMATES = (
+    estimate.Implementation("fused (exact)", lambda s: _call(s, absorbed=False),
+                            lambda s, k, m, gpu: _work(s, k, m, gpu, absorbed=False), _key),
+    estimate.Implementation("absorbed (latent)", lambda s: _call(s, absorbed=True),
+                            lambda s, k, m, gpu: _work(s, k, m, gpu, absorbed=True), _key),
+)
+
+
+def flash_bytes(s: Step) -> float:
+    """What FlashAttention decode must read over the uncompressed cache."""
+    return costs(s)["flash, full cache"]["bytes"]
+
+
+def ideal_us(s: Step) -> dict:
+    """The bytes/FLOPs roofline of each implementation ("ideal")."""
+    return {name: roofline_us(cost)[0] for name, cost in costs(s).items()}

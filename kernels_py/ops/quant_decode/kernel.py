@@ -27,7 +27,6 @@ from kernels_py.ops.kv_quant.contract import per_word
 from kernels_py.ops.kv_quant.kernel import PAD, dequantize_tile
 from kernels_py.ops.quant_decode.contract import DenseKV, QuantDecodeOutput, check_inputs
 from kernels_py.ops.splitk import _attend_tile, _group_queries, _store_split
-from kernels_py.runtime import interpreter_mode
 
 MAX_ROWS = 128  # query heads per kv head x query tokens, one program's rows
 TOKENS_PER_SPLIT = 512
@@ -157,13 +156,15 @@ def default_num_splits(segments, dense: DenseKV) -> int:
     waves of SMs (FlashDecoding's rule). One host sync."""
     lengths = dense.length.to(torch.int64) + sum(seg.length.to(torch.int64) for seg in segments)
     longest = int(lengths.max()) if lengths.numel() else 0
-    splits = triton.cdiv(longest, TOKENS_PER_SPLIT)
-    device = dense.length.device
-    if device.type == "cuda" and not interpreter_mode():
-        programs = lengths.numel() * segments[0].kv_heads
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
-        splits = max(splits, min(triton.cdiv(2 * sms, max(programs, 1)), triton.cdiv(longest, 128)))
-    return max(1, min(splits, DEFAULT_MAX_SPLITS))
+    return split_count(longest, lengths.numel() * segments[0].kv_heads, splitk.sm_count(dense.length.device))
+
+
+def split_count(longest: int, programs_per_split: int, sms: int | None) -> int:
+    """The default split count for the longest sequence's slots, with
+    `programs_per_split` programs per split (kv heads x sequences) on `sms`
+    SMs (None: the interpreter)."""
+    return splitk.split_count(longest, programs_per_split, per_split=TOKENS_PER_SPLIT, min_split=128,
+                              max_splits=DEFAULT_MAX_SPLITS, sms=sms)
 
 
 def quant_decode(q: torch.Tensor, q_pos: torch.Tensor, segments, dense: DenseKV, *, sm_scale: float | None = None,

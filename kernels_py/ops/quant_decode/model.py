@@ -1,7 +1,9 @@
-"""What one decode step over a mixed-precision quantized cache must move and
-compute, and the time that sets on an H100: the roofline the quantized decode
-kernel is designed to (`workbench kernels report` prints it; measured times
-come from `workbench bench quant`).
+"""What one decode step over a mixed-precision quantized cache must move
+and compute, and the time that sets on an H100: the roofline the quantized
+decode kernel is designed to ("ideal": `workbench kernels report` prints
+it; measured times come from `workbench bench quant`), and what each launch
+does, for the estimate from the compiled code (`workbench kernels report
+--estimate`), which counts the dequantization the kernel really issues.
 
 Per token and kv head (head_dim 128, group 64): 4-bit K and V codes are
 2 * 128 / 2 = 128 bytes, 2-bit ones 64; key scales and zeros (per channel,
@@ -10,20 +12,18 @@ scales and zeros (per token, one pair per G channels) 2 * 2 * 128 / 64 = 8.
 With 25% of the tokens in 4 bits that is 96 bytes against the fp16 cache's
 512, plus the slot positions (4 bytes a token, shared by the kv heads).
 
-Dequantization is work on the CUDA cores, once per (token, kv head, channel)
-for K and V (the query heads of a kv head share the tile): shift, mask, OR
-with the magic exponent, subtract, multiply-add: about 5 instructions an
-element, counted against the H100's 67 TFLOP/s of fp32 (an upper bound on
-the integer rate as well). The attention dots run on tensor cores.
+Dequantization is work on the CUDA cores, once per (token, kv head,
+channel) for K and V; what it costs is what the compiled code issues for
+it, so the ideal leaves it out and the estimate's instruction count has it.
+The attention dots run on tensor cores.
 """
 
 from dataclasses import dataclass
 
-from kernels_py.ops.lowrank_decode.model import H100_FP16_FLOPS, H100_HBM_BYTES_PER_S
+from kernels_py.ops import estimate, splitk
+from kernels_py.ops.estimate import H100
+from kernels_py.ops.quant_decode import kernel
 from kernels_py.tables import Column, table
-
-H100_FP32_OPS = 67e12  # non-tensor fp32 (and roughly int32) operations per second
-DEQUANT_OPS_PER_ELEMENT = 5
 
 
 @dataclass(frozen=True)
@@ -56,18 +56,16 @@ def costs(s: Step) -> dict[str, dict]:
     dense_bytes = b * n * 2 * hk * d * 2
     group_rows = max(16, hq // hk)  # a program's rows: the query heads of a kv head, padded for tl.dot
     return {
-        "flash, full cache": {"bytes": b * (t + n) * 2 * hk * d * 2, "flops": b * hq * (t + n) * 4 * d, "alu": 0},
+        "flash, full cache": {"bytes": b * (t + n) * 2 * hk * d * 2, "flops": b * hq * (t + n) * 4 * d},
         "quantized (4/2-bit)": {"bytes": b * t * per_token_bytes(s)["quantized"] + dense_bytes,
-                                "flops": b * hk * group_rows * (t + n) * 4 * d,
-                                "alu": b * t * hk * 2 * d * DEQUANT_OPS_PER_ELEMENT},
+                                "flops": b * hk * group_rows * (t + n) * 4 * d},
     }
 
 
 def roofline_us(cost: dict) -> tuple[float, str]:
-    """The longest of the step's bytes at the HBM peak, its tensor-core FLOPs
-    and its dequantization work on the CUDA cores, and which it is."""
-    times = {"memory": cost["bytes"] / H100_HBM_BYTES_PER_S, "tensor cores": cost["flops"] / H100_FP16_FLOPS,
-             "dequantization": cost["alu"] / H100_FP32_OPS}
+    """The longer of the step's bytes at the HBM peak and its tensor-core
+    FLOPs at the MMA peak, and which it is."""
+    times = {"memory": cost["bytes"] / H100.hbm_bytes_per_s, "tensor cores": cost["flops"] / H100.peak_flops}
     bound = max(times, key=times.get)
     return times[bound] * 1e6, bound
 
@@ -77,11 +75,10 @@ COLUMNS = (
     Column("batch", "", "sequences"),
     Column("variant", "", "implementation"),
     Column("gbytes", "", "HBM gigabytes one step must read", "GB"),
-    Column("dequant_gops", "", "giga-operations of in-register dequantization", "dequant Gop"),
-    Column("roofline_us", "", "microseconds: the longest of bytes / 3.35 TB/s, FLOPs / 989 TFLOP/s and "
-           "dequantization / 67 Top/s", "roofline µs"),
+    Column("roofline_us", "", "microseconds: the longer of bytes / 3.35 TB/s and FLOPs / 989 TFLOP/s (the "
+           "dequantization the kernel issues is in `kernels report --estimate`)", "ideal µs"),
     Column("bound", "", "what sets the roofline"),
-    Column("speedup_vs_flash", "x", "modeled: flash time / this time", "vs flash"),
+    Column("speedup_vs_flash", "x", "ideal: flash time / this time", "vs flash"),
 )
 
 SHAPES = (Step(batch=1, context=2048), Step(batch=8, context=32768), Step(batch=64, context=32768))
@@ -95,13 +92,93 @@ def report(shapes=SHAPES) -> dict:
         for variant, cost in c.items():
             us, bound = roofline_us(cost)
             rows.append({"context": s.context, "batch": s.batch, "variant": variant, "gbytes": cost["bytes"] / 1e9,
-                         "dequant_gops": cost["alu"] / 1e9, "roofline_us": us, "bound": bound,
+                         "roofline_us": us, "bound": bound,
                          "speedup_vs_flash": flash_us / us})
     s = shapes[0]
     per = per_token_bytes(s)
-    return {"title": f"one decode step over a quantized cache on an H100, modeled ({s.heads} q / {s.kv_heads} kv "
-                     f"heads, "
-                     f"head_dim {s.head_dim}, {s.hi_share:.0%} of the tokens in {s.hi_bits} bits, the rest in "
-                     f"{s.lo_bits}, group {s.group}; {per['full']} bytes a token in the fp16 cache, "
+    return {"title": f"one decode step over a quantized cache on an H100, ideal at the peaks ({s.heads} q / "
+                     f"{s.kv_heads} kv heads, head_dim {s.head_dim}, {s.hi_share:.0%} of the tokens in {s.hi_bits} "
+                     f"bits, the rest in {s.lo_bits}, group {s.group}; {per['full']} bytes a token in the fp16 cache, "
                      f"{per['quantized']:g} quantized)",
             **table(COLUMNS, rows)}
+
+
+# ----------------------------------------------------------------------------
+# What each launch does, for the estimate from the compiled code
+# ----------------------------------------------------------------------------
+
+ESTIMATE_SHAPES = (Step(batch=8, context=32768), Step(batch=64, context=32768))
+
+
+def segment_slots(s: Step) -> tuple[int, int]:
+    """Slots of the 4-bit and the 2-bit segment, whole groups (as `bench
+    quant` lays the cache out)."""
+    hi = min(s.context, -(-int(s.hi_share * s.context + 0.5) // s.group) * s.group)
+    lo = -(-(s.context - hi) // s.group) * s.group
+    return hi, lo
+
+
+def _call(s: Step):
+    """quant_decode on tiny CPU segments with the step's specialization
+    (built as zeros of the layout's shapes: no quantize launch)."""
+    import torch
+
+    from kernels_py.ops.kv_quant.contract import QuantKV, shapes
+    from kernels_py.ops.quant_decode.contract import DenseKV
+
+    batch, slots = 2, 2 * s.group
+    segments = []
+    for i, bits in enumerate((s.hi_bits, s.lo_bits)):
+        shp = shapes(batch, s.kv_heads, slots, s.head_dim, bits, s.group)
+        tensors = {name: torch.zeros(shape, dtype=torch.int32 if name in ("k_codes", "v_codes", "pos", "length")
+                                     else torch.float16) for name, shape in shp.items()}
+        tensors["pos"] = (i * slots + torch.arange(slots, dtype=torch.int32)).repeat(batch, 1)
+        tensors["length"] = torch.full((batch,), slots, dtype=torch.int32)
+        segments.append(QuantKV(**tensors, bits=bits, group=s.group))
+    dense = DenseKV(torch.zeros(batch, s.kv_heads, s.dense, s.head_dim, dtype=torch.float16),
+                    torch.zeros(batch, s.kv_heads, s.dense, s.head_dim, dtype=torch.float16),
+                    (2 * slots + torch.arange(s.dense, dtype=torch.int32)).repeat(batch, 1),
+                    torch.full((batch,), s.dense, dtype=torch.int32))
+    q = torch.zeros(batch, s.heads, 1, s.head_dim, dtype=torch.float16)
+    q_pos = torch.full((batch, 1), 2 * slots + s.dense, dtype=torch.int32)
+    kernel.quant_decode(q, q_pos, segments, dense, check_values=False)
+
+
+def _work(s: Step, kernel_name: str, meta: dict, gpu) -> estimate.Work:
+    b, hq, hk, d = s.batch, s.heads, s.kv_heads, s.head_dim
+    hi, lo = segment_slots(s)
+    total = hi + lo + s.dense
+    splits = kernel.split_count(total, b * hk, gpu.sms)
+    tokens = b * (s.context + s.dense)
+    part_bytes = b * hq * splits * (d + 1) * 4
+    if kernel_name == "_stage1_kernel":
+        block_n = int(meta["BLOCK_N"])
+        classes: dict = {}
+        for lo_, hi_ in splitk.split_ranges(total, splits, block_n):
+            def seg(start, length):
+                return (min(max(lo_ - start, 0), length), min(max(hi_ - start, 0), length))
+            key = tuple(hi_ - lo_ for lo_, hi_ in (seg(0, hi), seg(hi, lo), seg(hi + lo, s.dense)))
+            classes[key] = classes.get(key, 0) + 1  # splits with the same slots of each segment
+        programs = tuple(estimate.Programs(n * b * hk, {"a_lo": 0, "a_hi": k[0], "b_lo": 0, "b_hi": k[1],
+                                                        "d_lo": 0, "d_hi": k[2]}) for k, n in classes.items())
+        read = b * s.context * per_token_bytes(s)["quantized"] + b * s.dense * (2 * hk * d * 2 + 4)
+        levels = {"Q": "l2", "QPos": "l2", "ALen": "l2", "BLen": "l2", "DLen": "l2"}
+        return estimate.Work(programs, read + part_bytes, levels, b * hq * (s.context + s.dense) * 4 * d, tokens)
+    if kernel_name == "_merge_kernel":
+        small = "l2" if part_bytes < gpu.l2_bytes / 2 else "hbm"
+        return estimate.Work((estimate.Programs(b * hq, {"n_splits": splits}),), part_bytes + b * hq * (d * 2 + 4),
+                             {"PartO": small, "PartLse": small}, 0.0, tokens)
+    raise KeyError(f"the quant_decode model knows no kernel {kernel_name!r}")
+
+
+ESTIMATES = (estimate.Implementation("quantized (4/2-bit)", _call, _work,
+                                     lambda s: (s.heads, s.kv_heads, s.head_dim, s.hi_bits, s.lo_bits, s.group,
+                                                s.dense)),)
+
+
+def flash_bytes(s: Step) -> float:
+    return costs(s)["flash, full cache"]["bytes"]
+
+
+def ideal_us(s: Step) -> dict:
+    return {name: roofline_us(cost)[0] for name, cost in costs(s).items()}

@@ -1,0 +1,111 @@
+"""Kernels measured on a GPU, kept with their measured times to check the
+estimate (kernels_py.ops.estimate) against: its band, for the config it
+predicts the autotuner chose, must contain each measured time.
+
+POINTS are the measurements the estimate is checked against today: the
+AttentionPack decode kernels as they were at commit fbd0532 (their source is
+kept in kernels_py/tests/fixtures/fbd0532/), measured by `workbench bench
+lowrank` on an H100 SXM: fp16, 32 query / 8 kv heads, head_dim 128, rank 64
+(keys at full rank, values 25% at 64 and 75% at 16), 32,768 visual tokens
+and 64 dense ones, batch 64: the fused call 12.7 ms, the rank-space
+(absorbed) call 3.18 ms; SDPA (FlashAttention) over the full cache 3.31 ms,
+78% of the 2.57 ms its bytes take at the HBM peak. Those launches were
+autotuned and the config chosen was not recorded.
+
+The statistics kernels of that commit (fixtures/fbd0532/attention_stats.py)
+were measured reading K at 200-365 GB/s over `bench stats`' sizes, but the
+size of each figure was not recorded, so they are no calibration point.
+
+Every `workbench bench` run on a GPU appends what it measured, with the
+config the autotuner chose and the band, to MEASURED (one JSON line each):
+points whose config is known, to calibrate the overlap rule on.
+"""
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from kernels_py.ops import estimate
+
+FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
+MEASURED = FIXTURES / "calibration.jsonl"
+
+
+@dataclass(frozen=True)
+class Point:
+    name: str
+    gpu: str
+    commit: str
+    measured_ms: float
+    absorbed: bool
+
+
+POINTS = (
+    Point("lowrank_decode fused (exact), fbd0532", "H100 SXM", "fbd0532", 12.7, absorbed=False),
+    Point("lowrank_decode absorbed (latent), fbd0532", "H100 SXM", "fbd0532", 3.18, absorbed=True),
+)
+
+
+def _step():
+    from kernels_py.ops.lowrank_decode.model import Step
+
+    return Step(batch=64, visual=32768, dense=64, low_share=0.75, partial="values")
+
+
+def implementation(point: Point) -> estimate.Implementation:
+    """The fbd0532 call as the estimate sees it: its own kernel file, one
+    program per (kv head, sequence, split)."""
+    from kernels_py.ops.lowrank_decode import model
+    from kernels_py.tests.fixtures.fbd0532 import lowrank_decode as old
+
+    return estimate.Implementation(
+        point.name, lambda s: model._call(s, absorbed=point.absorbed, kernels=old),
+        lambda s, k, m, gpu: model._work(s, k, m, gpu, absorbed=point.absorbed, per_kv_head=True),
+        lambda s: ("fbd0532", point.absorbed), prunes_spilling=False)  # its autotuner tried every config
+
+
+def check(gpu: estimate.GPU = estimate.H100) -> list[dict]:
+    """Each point's band for the config the estimate predicts, against its
+    measured time."""
+    from kernels_py.ops import report
+    from kernels_py.ops.lowrank_decode import model
+
+    rows = []
+    step = _step()
+    flash_us = model.flash_bytes(step) / gpu.hbm_bytes_per_s * 1e6
+    for point in POINTS:
+        impl = implementation(point)
+        band = report.estimate_implementation(impl, step, report.Compiled(impl, step, gpu.arch), gpu, flash_us)
+        opt, cons = band["optimistic_us"] / 1e3, band["conservative_us"] / 1e3
+        rows.append({"point": point.name, "gpu": point.gpu, "commit": point.commit,
+                     "picked": "; ".join(f"{k['kernel']} {k['picked']}" for k in band["kernels"] if k["autotuned"]),
+                     "measured_ms": point.measured_ms, "optimistic_ms": opt, "conservative_ms": cons,
+                     "optimistic_ratio": opt / point.measured_ms, "conservative_ratio": cons / point.measured_ms,
+                     "inside": opt <= point.measured_ms <= cons})
+    return rows
+
+
+def band_error(rows: list[dict]) -> dict:
+    """How far the band's ends lie from the measured times (geometric mean
+    and worst of each end's ratio)."""
+    out = {}
+    for end in ("optimistic", "conservative"):
+        ratios = [r[f"{end}_ratio"] for r in rows]
+        out[end] = {"geomean": math.exp(sum(math.log(x) for x in ratios) / len(ratios)),
+                    "worst": max(ratios, key=lambda x: abs(math.log(x)))}
+    return out
+
+
+def append(record: dict, path: Path = MEASURED) -> Path | None:
+    """Append one measured point (a bench row's time, its config, the band)
+    as a JSON line; None when the kernels root is read-only."""
+    try:
+        with open(path, "a") as f:
+            f.write(json.dumps(record, sort_keys=True) + "\n")
+    except OSError:
+        return None
+    return path
+
+
+__all__ = ["MEASURED", "POINTS", "Point", "append", "band_error", "check", "implementation"]

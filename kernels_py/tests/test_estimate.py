@@ -1,0 +1,358 @@
+"""The performance estimate from compiled code (kernels_py.ops.sass,
+source, estimate, report --estimate, calibration).
+
+Unit tests run here; what needs kernels compiled for a GPU target runs in
+child processes without TRITON_INTERPRET (as test_cuda_compile.py's do), one
+for the small probe kernels of probe_kernels.py and one for the whole
+`report --estimate` at sm_90 with the calibration points. The children start
+as soon as this module's tests are collected (conftest.py), so they compile
+while the rest of the suite runs.
+"""
+
+import atexit
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from kernels_py.ops import estimate, sass, splitk
+from kernels_py.ops.estimate import A100, H100
+
+ROOT = Path(__file__).resolve().parents[2]
+CHILD_TIMEOUT_S = 1500
+_CHILDREN: dict = {}
+
+
+def _hi(stall=1, write=None, read=None, wait=0) -> str:
+    """The high 64 bits of an instruction with this control word."""
+    ctl = stall | (7 if write is None else write) << 5 | (7 if read is None else read) << 8 | wait << 11
+    return f"0x{ctl << 41:016x}"
+
+
+def _listing(name: str, body: list[tuple]) -> str:
+    """An nvdisasm-like listing (-c -g -hex) of (text, control) lines."""
+    lines = [f"//--------------------- .text.{name}      --------------------------", f"{name}:"]
+    for k, (text, ctl) in enumerate(body):
+        if text.endswith(":"):
+            lines.append(text)
+            continue
+        lines.append(f"        /*{16 * k:04x}*/                   {text} ;    /* 0x{0:016x} */")
+        lines.append(f"                                                    /* {_hi(**ctl)} */")
+    return "\n".join(lines) + "\n"
+
+
+def test_control_words_decode_as_ptxas_wrote_them():
+    """Stall cycles, the scoreboards an instruction sets and the ones it waits
+    on, from the high half of two sm_90 encodings read off nvdisasm -hex."""
+    assert sass._control(0x000E700000000800) == (8, 1, None, 0)  # LDC R1: 8 cycles, sets SB1
+    assert sass._control(0x004FCC000F8E0004) == (6, None, None, 0b100)  # waits on SB2
+    assert sass._control(int(_hi(stall=3, write=2, read=4, wait=0b101), 16)) == (3, 2, 4, 0b101)
+
+
+@pytest.mark.parametrize("op,cls,width", [
+    ("LDG.E.U16", "ldg_narrow", 2), ("LDG.E.128", "ldg_wide", 16), ("LDG.E", "ldg", 4),
+    ("LDG.E.64.CONSTANT", "ldg_wide", 8), ("LDGSTS.E.BYPASS.128", "cp_async", 16), ("STG.E.128", "stg", 16),
+    ("LDSM.16.M88.4", "shared", 16), ("STS.U16", "shared", 2), ("LDL", "local", 4), ("HMMA.16816.F32", "mma", 4),
+    ("HGMMA.64x32x16.F32", "mma", 4), ("FFMA", "fp", 4), ("HFMA2.MMA", "fp", 4), ("MUFU.EX2", "mufu", 4),
+    ("F2FP.F16.F32.PACK_AB", "convert", 4), ("IMAD.WIDE", "int", 4), ("LOP3.LUT", "int", 4),
+    ("ULDC.64", "uniform", 8), ("S2R", "uniform", 4), ("BAR.SYNC.DEFER_BLOCKING", "sync", 4),
+    ("WARPGROUP.DEPBAR.LE", "sync", 4), ("DEPBAR.LE", "sync", 4), ("SHFL.BFLY", "shuffle", 4),
+    ("BRA", "control", 4), ("UTMALDG.2D", "tma", 4),
+])
+def test_classes_and_widths(op, cls, width):
+    assert sass.classify(op) == cls
+    assert sass.access_bytes(op) == width
+
+
+def test_mma_flops_per_warp_instruction():
+    """An HMMA is one warp's m16n8k16 (k8 for tf32); an HGMMA a warpgroup's
+    64 x N x 16, a quarter of it per warp."""
+    assert sass.mma_flops("HMMA.16816.F32", "") == (2 * 16 * 8 * 16, "f16")
+    assert sass.mma_flops("HMMA.1688.F32.TF32", "") == (2 * 16 * 8 * 8, "tf32")
+    assert sass.mma_flops("HGMMA.64x32x16.F32", "") == (2 * 64 * 32 * 16 / 4, "f16")
+
+
+@pytest.mark.parametrize("gpu,regs,warps,smem,want", [
+    (H100, 255, 8, 49152, (1, "registers")),  # 256 a thread x 256 threads = all 64K
+    (H100, 168, 4, 40960, (3, "registers")),  # 5,376 a warp x 4 = 21,504: 3 fit
+    (H100, 32, 4, 0, (16, "registers")),  # 16 by registers and by warps alike; registers named
+    (H100, 16, 1, 0, (32, "blocks")),  # at most 32 programs an SM
+    (H100, 32, 4, 100000, (2, "shared memory")),  # 233,472 // (100,000 + 1,024)
+    (H100, 24, 16, 0, (4, "warps")),  # 64 warps an SM
+    (A100, 128, 4, 80000, (2, "shared memory")),  # A100: 164 KB
+])
+def test_ctas_per_sm(gpu, regs, warps, smem, want):
+    assert estimate.ctas_per_sm(regs, warps, smem, gpu) == want
+
+
+def test_waves():
+    full, last = estimate.waves(3648, 1)  # fused decode at batch 64: 57 splits of 64 programs
+    assert full == pytest.approx(3648 / 132) and last == pytest.approx(3648 / 132 - 27)
+    assert estimate.waves(264, 2) == (1.0, 1.0)
+
+
+def test_split_helpers_match_the_stage1_kernels():
+    """split_ranges rounds splits to whole tiles as the kernels do: 32,832
+    tokens in 64 splits of 64-token tiles are 57 splits of 576 tokens and 7
+    empty ones; split_count is the launchers' rule."""
+    ranges = splitk.split_ranges(32832, 64, 64)
+    assert len(ranges) == 64 and ranges[0] == (0, 576) and ranges[56] == (32256, 32832)
+    assert sum(1 for lo, hi in ranges if lo == hi) == 7
+    from kernels_py.ops.lowrank_decode import kernel as lowrank
+
+    assert lowrank.split_count(32832, 64, 132) == 64  # cdiv(32832, 256) = 129, capped
+    assert lowrank.split_count(1088, 1, 132) == 17  # more splits while the grid is small: 64 tokens each
+    assert lowrank.split_count(1088, 1, None) == 5  # the interpreter: cdiv(1088, 256)
+
+
+def _kernel(body, loads=None) -> estimate.Kernel:
+    k = estimate.Kernel("probe", b"", {}, {}, listing=_listing("probe", body))
+    if loads:
+        k.loads.update(loads)
+    return k
+
+
+def test_the_timeline_replays_stalls_and_scoreboards():
+    """A load sets scoreboard 0, released after the latency of its memory
+    level; the add waits on it; stall cycles separate issues; a barrier costs
+    BARRIER cycles; a cp.async group is waited on by DEPBAR."""
+    lat = H100.latency
+    k = _kernel([("LDG.E R2, desc[UR4][R2.64]", {"stall": 1, "write": 0}),
+                 ("FADD R3, R2, R2", {"stall": 4, "wait": 0b1}),
+                 ("EXIT", {"stall": 1})])
+    prof, _ = estimate.profile(k, {}, {})
+    assert prof.cycles == lat["hbm"] + 4 + 1  # issues at 0, the add at hbm, EXIT 4 later, then 1
+    assert prof.waits == {"global loads": lat["hbm"] - 1}
+    assert prof.instructions == 3 and prof.by_class["ldg"] == 1 and prof.by_class["fp"] == 1
+    # An argument the model puts in L2 is served at the L2 latency.
+    k = _kernel([("LDG.E R2, desc[UR4][R2.64]", {"stall": 1, "write": 0}),
+                 ("FADD R3, R2, R2", {"stall": 1, "wait": 0b1})],
+                loads={0: estimate.LoadInfo(frozenset({"W"}), frozenset())})
+    assert estimate.profile(k, {}, {"W": "l2"})[0].cycles == lat["l2"] + 1
+    k = _kernel([("LDGSTS.E.BYPASS.128 [R5], desc[UR4][R2.64]", {"stall": 2}),
+                 ("LDGDEPBAR", {"stall": 1, "write": 0}),
+                 ("DEPBAR.LE SB0, 0x0", {"stall": 1}),
+                 ("BAR.SYNC.DEFER_BLOCKING 0x0", {"stall": 1}),
+                 ("EXIT", {"stall": 1})])
+    prof, _ = estimate.profile(k, {}, {})
+    assert prof.cycles == lat["hbm"] + lat["barrier"] + 3  # DEPBAR, BAR and EXIT issue a cycle each
+    assert prof.waits["cp.async"] == lat["hbm"] - 3 and prof.waits["barriers"] == lat["barrier"]
+
+
+def test_a_loop_runs_its_steady_state_times_its_trips():
+    """A loop with no source loop counts once and says so."""
+    k = _kernel([(".L_x_0:", {}), ("FADD R3, R2, R2", {"stall": 5}), ("@P0 BRA `(.L_x_0)", {"stall": 1}),
+                 ("EXIT", {"stall": 1})])
+    assert len(k.sass.loops) == 1
+    trips, notes = k.trips({})
+    assert list(trips.values()) == [1.0] and "no source loop" in notes[0]
+
+
+def test_prune_spilling_keeps_the_configs_that_do_not_spill():
+    import triton
+
+    from kernels_py.ops import common
+
+    configs = [triton.Config({"BLOCK_N": n}, num_warps=w) for n, w in ((32, 8), (64, 4), (64, 8), (128, 8))]
+    spill = {(64, 4): 212, (128, 8): 148}
+    prune = common.prune_spilling(None, lambda c, args, consts: spill.get((c.kwargs["BLOCK_N"], c.num_warps), 0))
+    assert [(c.kwargs["BLOCK_N"], c.num_warps) for c in prune(configs, {})] == [(32, 8), (64, 8)]
+    # If every config spills, the one spilling least is kept.
+    prune = common.prune_spilling(None, lambda c, args, consts: c.kwargs["BLOCK_N"])
+    assert [c.kwargs["BLOCK_N"] for c in prune(configs, {})] == [32]
+
+
+def test_shapes_are_parsed_with_clear_errors():
+    from kernels_py.ops import report
+
+    assert report.parse_shape("batch=16, visual=8192") == {"batch": 16, "visual": 8192}
+    assert report.parse_shape("hi_share=0.5") == {"hi_share": 0.5}
+    for bad, msg in (("batch", "not KEY=VALUE"), ("batch=lots", "is not a number"), ("batch=-1", ">= 0")):
+        with pytest.raises(ValueError, match=msg):
+            report.parse_shape(bad)
+
+
+# ----------------------------------------------------------------------------
+# Compiled for a GPU target, in child processes
+# ----------------------------------------------------------------------------
+
+
+def _missing_toolchain() -> str | None:
+    from triton.backends import backends
+
+    return None if "nvidia" in backends else "the installed Triton has no CUDA backend"
+
+
+def start_children() -> None:
+    """Start the compiling children once (conftest.py calls this after
+    collection; the fixtures call it again, which does nothing)."""
+    if _CHILDREN or _missing_toolchain():
+        return
+    tmp = Path(tempfile.mkdtemp(prefix="vlkv-estimate-"))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    jobs = {"probe90": ["-m", "kernels_py.tests.probe_kernels", "--target", "90"],
+            "probe80": ["-m", "kernels_py.tests.probe_kernels", "--target", "80"],
+            "report": ["-m", "kernels_py.ops.report", "--target", "90", "--estimate"]}
+    for name, args in jobs.items():
+        out = open(tmp / f"{name}.json", "w+")
+        err = open(tmp / f"{name}.log", "w+")
+        child = subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=out, stderr=err,
+                                 env=dict(env, TRITON_CACHE_DIR=str(tmp / f"cache-{name}")))
+        _CHILDREN[name] = (child, out, err)
+    atexit.register(_stop_children)
+
+
+def _stop_children():
+    for child, _, _ in _CHILDREN.values():
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+def _result(name: str) -> dict:
+    reason = _missing_toolchain()
+    if reason:
+        pytest.skip(reason)
+    start_children()
+    child, out, err = _CHILDREN[name]
+    try:
+        child.wait(timeout=CHILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        pytest.fail(f"{name} took over {CHILD_TIMEOUT_S} s")
+    err.seek(0)
+    out.seek(0)
+    if child.returncode != 0:
+        pytest.fail(f"{name} failed (exit {child.returncode}):\n{err.read()[-4000:]}")
+    return json.loads(out.read())
+
+
+@pytest.fixture(scope="module")
+def report():
+    return _result("report")
+
+
+@pytest.mark.parametrize("target", [90, 80])
+def test_probe_kernels_count_what_they_issue(target):
+    """Known kernels: a loop of 64 iterations issuing one 16-byte load a
+    thread each (unrolled 4x by the compiler, its remainder peeled beside
+    the loop: still 64), the same over every other element (8 scalar 16-bit
+    loads an iteration), a helper inlined at two call sites with other
+    bounds (4 and 3 iterations), and a matmul whose tensor-core FLOPs are
+    exactly 2 M N K (wgmma on sm_90, mma.sync on sm_80)."""
+    from kernels_py.tests import probe_kernels as pk
+
+    got = _result(f"probe{target}")
+    trips = pk.N // pk.BLOCK
+    wide, strided, two, mma = (got[k] for k in ("_wide_load_kernel", "_strided_load_kernel", "_two_ranges_kernel",
+                                                "_mma_kernel"))
+    assert wide["by_class"]["ldg_wide"] == trips and wide["by_class"]["ldg_narrow"] == 0
+    assert strided["by_class"]["ldg_narrow"] == 8 * trips and strided["by_class"]["ldg_wide"] == 0
+    assert two["by_class"]["ldg_wide"] == 4 + 3  # whatever the compiler unrolled and peeled
+    assert [lp["occurrence"] for lp in two["loops"]] == [0, 1]
+    m = pk.MMA
+    assert mma["tensor_flops"] == 2 * m["M"] * m["N"] * m["K"]
+    per_warp_mma = m["K"] // 16 if target == 90 else (m["M"] // 16) * (m["N"] // 8) * (m["K"] // 16) // 4
+    assert mma["by_class"]["mma"] == per_warp_mma
+    assert mma["loads"] == ["A", "B"] and wide["loads"] == ["X"]
+    for k in got.values():  # a warp's timeline is at least one cycle per instruction
+        assert k["cycles"] >= k["instructions"] > 0
+
+
+def test_calibration_bands_contain_the_measured_times(report):
+    """For the config the estimate predicts the autotuner chose, each band
+    contains the time measured on an H100 (the fbd0532 kernels)."""
+    rows = report["calibration"]
+    assert {r["commit"] for r in rows} == {"fbd0532"} and len(rows) == 2
+    lines = [f"{r['point']}: measured {r['measured_ms']} ms, band {r['optimistic_ms']:.2f}..{r['conservative_ms']:.2f} "
+             f"ms, optimistic/measured {r['optimistic_ratio']:.2f}, conservative/measured "
+             f"{r['conservative_ratio']:.2f} ({r['picked']})" for r in rows]
+    print("\n".join(lines))
+    for r, line in zip(rows, lines):
+        assert r["inside"] and r["optimistic_ms"] <= r["measured_ms"] <= r["conservative_ms"], line
+
+
+def test_every_op_with_a_model_is_estimated(report):
+    """Each implementation of each op model at its benchmark shapes has a
+    band (optimistic <= conservative, both above the memory floor), a bound,
+    instructions per token, a speedup over FlashAttention and words on what
+    limits it."""
+    seen = {}
+    for res in report["estimates"]:
+        for band in res["implementations"]:
+            seen.setdefault(res["op"], set()).add(band["implementation"])
+            assert 0 < band["optimistic_us"] <= band["conservative_us"]
+            assert band["bound"] in ("memory", "tensor", "issue", "load/store", "latency")
+            assert band["instructions_per_token"] > 0 and band["flags"]
+            assert band["speedup_conservative"] == pytest.approx(res["flash_us"] / band["conservative_us"])
+            for k in band["kernels"]:
+                for c in k["configs"]:
+                    if "error" in c:
+                        pytest.fail(f"{k['kernel']} {c['config']}: {c['error']}")
+                    assert c["floors_us"]["memory"] <= c["optimistic_us"] <= c["conservative_us"]
+                    assert sum(c["by_class_per_token"].values()) == pytest.approx(c["instructions_per_token"])
+    assert seen == {"lowrank_decode": {"fused (exact)", "absorbed (latent)"},
+                    "quant_decode": {"quantized (4/2-bit)"}, "gather_decode": {"selected rows"}}
+    assert {(r["op"], r["shape"]["batch"]) for r in report["estimates"]} >= {("lowrank_decode", 8),
+                                                                              ("lowrank_decode", 64)}
+    assert report["tables"] and all("title" in t for t in report["tables"])
+
+
+def test_no_config_that_spills_at_the_benchmark_shape_can_be_chosen(report):
+    """Every config of an autotuned kernel is compiled at the benchmark
+    shape; those that spill are pruned (the autotuner's prune_configs_by
+    drops them too) and never picked."""
+    tuned = 0
+    for res in report["estimates"]:
+        for band in res["implementations"]:
+            for k in band["kernels"]:
+                if not k["autotuned"]:
+                    continue
+                tuned += 1
+                assert len(k["configs"]) >= 8  # every config, not one pinned tile
+                for c in k["configs"]:
+                    assert bool(c["pruned"]) == bool(c["spill_bytes"]), c
+                    assert not (c["picked"] and c["spill_bytes"]), c
+    assert tuned == 4  # both low-rank stage-1 kernels, at batch 8 and 64
+
+
+def test_the_fused_kernel_is_seen_as_the_review_saw_it(report):
+    """At 32K tokens and batch 64 the estimate reads the fused kernel's
+    compiled code as the static review did: a few hundred warp-instructions
+    a token, tensor-core instructions a small share, scalar 16-bit U loads,
+    latency-bound, nowhere near the 6x the bytes/FLOPs model promised."""
+    res = next(r for r in report["estimates"] if r["op"] == "lowrank_decode" and r["shape"]["batch"] == 64)
+    fused = next(b for b in res["implementations"] if b["implementation"] == "fused (exact)")
+    stage1 = next(k for k in fused["kernels"] if k["kernel"] == "_stage1_kernel")
+    picked = next(c for c in stage1["configs"] if c["picked"])
+    assert 200 < picked["instructions_per_token"] < 2000
+    assert picked["mma_share"] < 0.2
+    assert picked["by_class_per_token"].get("ldg_narrow", 0) > 1
+    assert fused["speedup_conservative"] < 3 and fused["ideal_us"] < fused["optimistic_us"]
+    assert any("scalar sub-32-bit global loads" in f for f in fused["flags"])
+
+
+def test_calibration_error_is_summarised():
+    from kernels_py.ops import calibration
+
+    rows = [{"optimistic_ratio": 0.5, "conservative_ratio": 1.2}, {"optimistic_ratio": 0.8, "conservative_ratio": 2.0}]
+    err = calibration.band_error(rows)
+    assert err["optimistic"]["geomean"] == pytest.approx(math.sqrt(0.4)) and err["optimistic"]["worst"] == 0.5
+    assert err["conservative"]["worst"] == 2.0
+
+
+def test_a_bench_row_on_the_cpu_has_no_estimate_columns_filled():
+    """estimate_beside fills its columns on a GPU only; on the interpreter
+    they stay empty (and no calibration point is written)."""
+    from kernels_py.benchmarks.base import estimate_beside
+    from kernels_py.ops.gather_decode import model
+
+    row = {}
+    estimate_beside(row, "gather", model, "selected rows", model.Step(batch=1, context=2048), 1.0)
+    assert row == {"gather_config": None, "gather_est_low_ms": None, "gather_est_high_ms": None}
