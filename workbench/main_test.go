@@ -310,3 +310,64 @@ func TestKernelsReport(t *testing.T) {
 		t.Errorf("unknown case: exit %d, %s", code, stderr)
 	}
 }
+
+// kernels report --estimate estimates an op from its compiled code and
+// prints the band, every config and what limits each kernel; bad shapes
+// and ops are usage errors. (sm_80 has no calibration points, so this stays
+// quick; test_estimate.py covers sm_90 and the calibration.)
+func TestKernelsReportEstimate(t *testing.T) {
+	py := os.Getenv("VLKV_TEST_PYTHON")
+	if py == "" {
+		t.Skip("needs VLKV_TEST_PYTHON")
+	}
+	code, stdout, stderr := runCLI(t, "--python", py, "kernels", "report", "--estimate", "--arch", "sm_80",
+		"--op", "gather_decode", "--shape", "batch=16")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	for _, want := range []string{"estimated on an A100", "gather_decode (batch 16, context 16384",
+		"selected rows", "conservative", "every config at this shape", "warp-instructions per token by class",
+		"  - selected rows: _stage1_kernel: "} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("no %q in\n%s", want, stdout)
+		}
+	}
+	code, stdout, stderr = runCLI(t, "--python", py, "kernels", "report", "--estimate", "--arch", "sm_80",
+		"--op", "gather_decode", "--json")
+	if code != 0 {
+		t.Fatalf("--json: exit %d: %s", code, stderr)
+	}
+	var res struct {
+		Estimates []struct {
+			Op              string
+			Shape           map[string]any
+			Implementations []struct {
+				Implementation string
+				OptimisticUs   float64 `json:"optimistic_us"`
+				ConservativeUs float64 `json:"conservative_us"`
+				Bound          string
+			}
+		}
+	}
+	if err := json.Unmarshal([]byte(stdout), &res); err != nil || len(res.Estimates) != 2 {
+		t.Fatalf("%v\n%s", err, stdout)
+	}
+	for _, e := range res.Estimates {
+		b := e.Implementations[0]
+		if e.Op != "gather_decode" || b.OptimisticUs <= 0 || b.ConservativeUs < b.OptimisticUs || b.Bound == "" {
+			t.Errorf("estimate %+v", e)
+		}
+	}
+	for _, bad := range []struct{ args, msg string }{
+		{"--estimate --shape bach=8", `no op's shape has a field 'bach' (did you mean 'batch'?)`},
+		{"--estimate --shape batch", `'batch' is not KEY=VALUE`},
+		{"--estimate --op nope", `--op: 'nope' is unknown`},
+		{"--shape batch=8", "--shape and --op go with --estimate"},
+		{"--estimate --case decode-fp16-d128-rope-r64-h32kv8", "--estimate takes --op"},
+	} {
+		args := append([]string{"--python", py, "kernels", "report", "--arch", "sm_80"}, strings.Fields(bad.args)...)
+		if code, _, stderr := runCLI(t, args...); code != 2 || !strings.Contains(stderr, bad.msg) {
+			t.Errorf("%s: exit %d, %s", bad.args, code, stderr)
+		}
+	}
+}

@@ -177,41 +177,37 @@ def estimate_report(target: int, overrides: dict | None = None, ops: list[str] |
 
     gpu = estimate.GPUS[target]
     overrides = dict(overrides or {})
-    used = set()
-    results, cache = [], {}
-    for op in OPS.values():
-        if ops and op.name not in ops:
-            continue
-        model = op.model
-        if model is None or not hasattr(model, "ESTIMATES"):
-            continue
-        for base in model.ESTIMATE_SHAPES:
-            fields = {f.name for f in dataclasses.fields(base)}
-            mine = {k: v for k, v in overrides.items() if k in fields}
-            used |= set(mine)
-            step = dataclasses.replace(base, **{k: type(getattr(base, k))(v) for k, v in mine.items()})
-            flash_us = model.flash_bytes(step) / gpu.hbm_bytes_per_s * 1e6
-            ideal = model.ideal_us(step)
-            impls = []
-            for impl in model.ESTIMATES:
-                key = (op.name, impl.name, impl.key(step))
-                if key not in cache:
-                    cache[key] = Compiled(impl, step, target)
-                band = estimate_implementation(impl, step, cache[key], gpu, flash_us)
-                band["ideal_us"] = ideal.get(impl.name)
-                impls.append(band)
-            results.append({"op": op.name, "shape": dataclasses.asdict(step), "flash_us": flash_us,
-                            "implementations": impls})
-    unknown = set(overrides) - used
-    if unknown:
-        known = sorted({f.name for op in OPS.values() if op.model is not None and hasattr(op.model, "ESTIMATES")
-                        for f in dataclasses.fields(op.model.ESTIMATE_SHAPES[0])})
-        name = sorted(unknown)[0]
+    models = [(op, op.model) for op in OPS.values() if (not ops or op.name in ops)
+              and op.model is not None and hasattr(op.model, "ESTIMATES")]
+    known = sorted({f.name for _, model in models for f in dataclasses.fields(model.ESTIMATE_SHAPES[0])})
+    for name in sorted(set(overrides) - set(known)):
         raise ValueError(f"--shape: no op's shape has a field {name!r}{closest(name, known)} (known: "
                          f"{', '.join(known)})")
+    steps = []
+    for op, model in models:
+        for base in model.ESTIMATE_SHAPES:
+            mine = {k: v for k, v in overrides.items() if k in {f.name for f in dataclasses.fields(base)}}
+            for k, v in mine.items():
+                if isinstance(getattr(base, k), int) and v != int(v):
+                    raise ValueError(f"--shape: {k} must be a whole number, got {v}")
+            steps.append((op, model, dataclasses.replace(base, **{k: type(getattr(base, k))(v)
+                                                                  for k, v in mine.items()})))
+    results, cache = [], {}
+    for op, model, step in steps:
+        flash_us = model.flash_bytes(step) / gpu.hbm_bytes_per_s * 1e6
+        ideal = model.ideal_us(step)
+        impls = []
+        for impl in model.ESTIMATES:
+            key = (op.name, impl.name, impl.key(step))
+            if key not in cache:
+                cache[key] = Compiled(impl, step, target)
+            band = estimate_implementation(impl, step, cache[key], gpu, flash_us)
+            band["ideal_us"] = ideal.get(impl.name)
+            impls.append(band)
+        results.append({"op": op.name, "shape": dataclasses.asdict(step), "flash_us": flash_us,
+                        "implementations": impls})
     out = {"title": f"estimated on an {gpu.name} from the sm_{target} code (no GPU needed)", "target": target,
-           "gpu": {**{k: v for k, v in dataclasses.asdict(gpu).items()}, "peak_flops": gpu.peak_flops},
-           "estimates": results}
+           "gpu": {**dataclasses.asdict(gpu), "peak_flops": gpu.peak_flops}, "estimates": results}
     if calibrate and target == 90:
         from kernels_py.ops import calibration
 

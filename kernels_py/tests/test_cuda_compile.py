@@ -164,6 +164,17 @@ def test_quant_and_gather_decode_use_tensor_cores_without_spills(case, target, c
         assert e["spill_stores"] == 0 and e["spill_loads"] == 0, f"{case} (sm_{target}) spills"
 
 
+@pytest.mark.parametrize("target", cc.TARGETS, ids=lambda t: f"sm{t}")
+def test_no_plain_launch_spills(target, compiled):
+    """A launch with a fixed config spills no register in any case; an
+    autotuned config may, and the autotuner prunes it at the shape it tunes
+    (common.prune_spilling)."""
+    problems = [f"{case.name}: {e['kernel']} spills {e['spill_stores']} B stored, {e['spill_loads']} B loaded"
+                for case in CASES for e in compiled[case.name, target]["compiled"]
+                if not e.get("autotuned") and (e.get("spill_stores") or e.get("spill_loads"))]
+    assert not problems, "\n".join(problems)
+
+
 def _constexprs(compiled, case, kernel):
     entries = [e for e in compiled[case, cc.TARGETS[0]]["compiled"] if e["kernel"] == kernel and "constexprs" in e]
     assert entries, f"{case} compiled no {kernel}"

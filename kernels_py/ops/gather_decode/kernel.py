@@ -87,6 +87,13 @@ def default_num_splits(count: torch.Tensor) -> int:
     return split_count(longest, count.numel(), splitk.sm_count(count.device))
 
 
+def stage1_warps(elem_bytes: int, block_d: int, block_n: int) -> int:
+    """Warps of a stage-1 program: its K and V tiles [block_n, block_d] live
+    in registers, so tiles wider than a 16-bit [32, 128] pair get 8 warps
+    (float32 rows of head_dim 80 spilled on sm_80 on 4)."""
+    return 2 * DEFAULT_WARPS if elem_bytes * block_d * block_n > 2 * 128 * 32 else DEFAULT_WARPS
+
+
 def split_count(longest: int, programs_per_split: int, sms: int | None) -> int:
     """The default split count for the longest index list, with
     `programs_per_split` programs per split (kv heads x sequences) on `sms`
@@ -132,6 +139,6 @@ def gather_decode(q, q_pos, k, v, pos, index, count, *, sm_scale: float | None =
         scale * common.LOG2E, head_dim,
         GROUP=group, N_QUERIES=queries, BLOCK_ROWS=common.block(group * queries), BLOCK_D=common.block(head_dim),
         QK_DT=common.dot_dtype(q.dtype, k.dtype, v.dtype), BLOCK_N=block_n,
-        num_warps=DEFAULT_WARPS, num_stages=DEFAULT_STAGES)
+        num_warps=stage1_warps(k.element_size(), common.block(head_dim), block_n), num_stages=DEFAULT_STAGES)
     splitk.merge(workspace.part_o, workspace.part_lse, out, lse)
     return GatherDecodeOutput(out, lse)

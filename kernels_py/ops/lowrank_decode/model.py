@@ -266,8 +266,10 @@ def _work(s: Step, kernel_name: str, meta: dict, gpu, *, absorbed: bool, per_kv_
             read = b * hq * n * 4 + b * t * (mk * e + 8) + b * hq * s.rank_k * 4
         else:
             read = b * hq * (t + n) * 4
-        return estimate.Work((estimate.Programs(grid, {"n_rows": hq}),), read + b * (t + n) * 4 + b * hq * 4,
-                             {"Lse": "l2", "QRank": "l2", "QPos": "l2", "CLen": "l2", "DLen": "l2"},
+        levels = {"Lse": "l2", "QRank": "l2", "QPos": "l2", "CLen": "l2", "DLen": "l2"}
+        if rank_space:  # stage 1 stored the dense tokens' logits only: the other columns' loads are masked off
+            levels["Logits"] = {"masked": t / (t + n), "hbm": n / (t + n)}
+        return estimate.Work((estimate.Programs(grid, {"n_rows": hq}),), read + b * (t + n) * 4 + b * hq * 4, levels,
                              b * t * hq * 2 * s.rank_k if rank_space else 0.0, tokens)
     raise KeyError(f"the lowrank_decode model knows no kernel {kernel_name!r}")
 
