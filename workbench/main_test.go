@@ -321,21 +321,9 @@ func TestKernelsReportEstimate(t *testing.T) {
 		t.Skip("needs VLKV_TEST_PYTHON")
 	}
 	code, stdout, stderr := runCLI(t, "--python", py, "kernels", "report", "--estimate", "--arch", "sm_80",
-		"--op", "gather_decode", "--shape", "batch=16")
+		"--op", "gather_decode", "--shape", "batch=16", "--json")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
-	}
-	for _, want := range []string{"estimated on an A100", "gather_decode (batch 16, context 16384",
-		"selected rows", "conservative", "every config at this shape", "warp-instructions per token by class",
-		"  - selected rows: _stage1_kernel: "} {
-		if !strings.Contains(stdout, want) {
-			t.Errorf("no %q in\n%s", want, stdout)
-		}
-	}
-	code, stdout, stderr = runCLI(t, "--python", py, "kernels", "report", "--estimate", "--arch", "sm_80",
-		"--op", "gather_decode", "--json")
-	if code != 0 {
-		t.Fatalf("--json: exit %d: %s", code, stderr)
 	}
 	var res struct {
 		Estimates []struct {
@@ -354,13 +342,27 @@ func TestKernelsReportEstimate(t *testing.T) {
 	}
 	for _, e := range res.Estimates {
 		b := e.Implementations[0]
-		if e.Op != "gather_decode" || b.OptimisticUs <= 0 || b.ConservativeUs < b.OptimisticUs || b.Bound == "" {
+		if e.Op != "gather_decode" || e.Shape["batch"] != 16.0 || b.OptimisticUs <= 0 ||
+			b.ConservativeUs < b.OptimisticUs || b.Bound == "" {
 			t.Errorf("estimate %+v", e)
+		}
+	}
+	// The text form is printed from the same JSON.
+	var text bytes.Buffer
+	if err := printEstimate(&app{stdout: &text}, []byte(stdout)); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"estimated on an A100", "gather_decode (batch 16, context 16384",
+		"selected rows", "conservative", "every config at this shape", "warp-instructions per token by class",
+		"  - selected rows: _stage1_kernel: "} {
+		if !strings.Contains(text.String(), want) {
+			t.Errorf("no %q in\n%s", want, text.String())
 		}
 	}
 	for _, bad := range []struct{ args, msg string }{
 		{"--estimate --shape bach=8", `no op's shape has a field 'bach' (did you mean 'batch'?)`},
 		{"--estimate --shape batch", `'batch' is not KEY=VALUE`},
+		{"--estimate --shape batch=2.5", "batch must be a whole number"},
 		{"--estimate --op nope", `--op: 'nope' is unknown`},
 		{"--shape batch=8", "--shape and --op go with --estimate"},
 		{"--estimate --case decode-fp16-d128-rope-r64-h32kv8", "--estimate takes --op"},

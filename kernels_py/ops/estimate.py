@@ -13,7 +13,7 @@ Per program class (programs with the same loop trip counts):
   (a global load: the latency of the memory level its argument lives in, L1
   on a re-read of the same addresses; shared memory; a special function;
   ...), cp.async groups and wgmma groups after their own latencies, a
-  barrier costs BARRIER_CYCLES. Loops run their first iterations and then
+  barrier costs latency["barrier"]. Loops run their first iterations and then
   their steady-state iteration times the remaining trips.
 
 Per launch, on one SM (programs spread evenly, the busiest SM's share):
@@ -41,6 +41,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from typing import Callable
+
 from kernels_py.ops import sass as sass_mod
 from kernels_py.ops.source import SourceLoop, Sources
 
@@ -107,6 +108,7 @@ def gpu_for(name: str, capability: int) -> GPU:
         if key in name:
             return gpu
     return GPUS.get(capability, H100)
+
 
 # Waits on the memory system: co-resident programs have their requests in
 # flight together, so even the conservative end overlaps these.
@@ -358,7 +360,7 @@ class Kernel:
                 out[ins.addr] = LoadInfo(site.pointers, invariant)
         return out
 
-    def trips(self, values: dict) -> tuple[dict[int, float], list[str]]:
+    def trips(self, values: dict) -> tuple[dict, list[str]]:
         """Trips per entry of each SASS loop for one program class, and notes
         on loops without a source loop (counted once)."""
         def lookup(name):
@@ -779,7 +781,7 @@ def _flags(est: Estimate, work: Work, outside: float, narrow_waited: float, loca
     if mma and mma / total < 0.1:
         flags.append(f"tensor-core instructions are {mma / total:.0%} of those issued: "
                      f"the other {1 - mma / total:.0%} set the pace")
-    if work.useful_flops and est.tensor_flops > 1.5 * work.useful_flops:
+    if work.useful_flops and est.tensor_flops > 1.25 * work.useful_flops:
         flags.append(f"tensor cores execute {est.tensor_flops / work.useful_flops:.1f}x the FLOPs the math needs "
                      f"(padded rows, replicated or masked-away work)")
     if outside / total > 0.25:
