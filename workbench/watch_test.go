@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -122,11 +123,12 @@ func TestWatchAnOpWhileItsKernelIsEdited(t *testing.T) {
 		"compile sm_90 (gather-fp16-d128-gqa4): _stage1_kernel", "max error", "OK; watching")
 
 	// A compile error: the source line and the compiler's message, then the watch goes on.
-	edit("acc = tl.zeros([BLOCK_ROWS, BLOCK_D], dtype=tl.float32)\n",
-		"acc = tl.zeros([BLOCK_ROWS, BLOCK_D], dtype=tl.float32) + tl.arange(0, 3)\n")
+	zeros := "acc = tl.zeros([BLOCK_ROWS, BLOCK_D], dtype=tl.float32)\n"
+	line := strings.Count(string(original)[:strings.Index(string(original), zeros)], "\n") + 1
+	edit(zeros, "acc = tl.zeros([BLOCK_ROWS, BLOCK_D], dtype=tl.float32) + tl.arange(0, 3)\n")
 	at = waitOutput(t, out, at, 120*time.Second, "iteration 2 · ", "kernels_py/ops/gather_decode/kernel.py (",
-		"ERROR kernels_py/ops/gather_decode/kernel.py:64\n", "+ tl.arange(0, 3)\n  arange's range must be a power of 2",
-		"FAILING; watching")
+		fmt.Sprintf("ERROR kernels_py/ops/gather_decode/kernel.py:%d\n", line),
+		"+ tl.arange(0, 3)\n  arange's range must be a power of 2", "FAILING; watching")
 	if strings.Contains(out.String(), "Traceback") {
 		t.Errorf("a traceback was shown:\n%s", out.String())
 	}
