@@ -22,9 +22,18 @@ def _id(case: dict) -> str:
     return f"{case['method']}-{len(case['params'])}-{case['workload'].get('dtype', 'float32')}"
 
 
+# float16 workloads run through the CPU's vectorized half-precision kernels,
+# whose summation order depends on the instruction set (AVX2, AVX-512): the
+# same code gives metrics a few 1e-6 apart on two machines (vlcache's
+# rel_err_mean, 2.2e-6 on an AMD EPYC). Far below anything a change of a
+# method does, and far above float32's agreement.
+REL_TOL = {"float16": 2e-5}
+
+
 @pytest.mark.parametrize("case", RECORDED, ids=_id)
 def test_results_equal_the_recorded_ones(case):
     result = ablation.run(case["method"], case["params"], case["workload"])
+    rel_tol = REL_TOL.get(case["workload"].get("dtype"), 1e-6)
     for kind in ("metrics", "per_layer"):
         assert set(result[kind]) == set(case[kind]), kind
         for name, want in case[kind].items():
@@ -33,5 +42,5 @@ def test_results_equal_the_recorded_ones(case):
                 == len(want if isinstance(want, list) else [want]), f"{kind}.{name}: recorded {want}, now {got}"
             for w, g in zip(want if isinstance(want, list) else [want], got if isinstance(got, list) else [got]):
                 same = (w is None and g is None) or (w is not None and g is not None and (
-                    math.isclose(w, g, rel_tol=1e-6, abs_tol=1e-9) or (math.isnan(w) and math.isnan(g))))
+                    math.isclose(w, g, rel_tol=rel_tol, abs_tol=1e-9) or (math.isnan(w) and math.isnan(g))))
                 assert same, f"{kind}.{name}: recorded {want}, now {got}"
