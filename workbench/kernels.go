@@ -63,10 +63,10 @@ load/store or latency), % of the HBM peak, the speedup over FlashAttention
 over the uncompressed cache at the HBM peak, and what limits each kernel in
 words; then every config at the shape (configs that spill are pruned, as the
 autotuner prunes them), instructions per token by class, and the
-calibration: kernels measured on an H100 and the band estimated for them.
+calibration (sm_90): kernels measured on an H100 and their estimated band.
 Judge kernel work on the conservative end. What it cannot see: cache hit
 rates beyond what the op's model states, DRAM page effects, bank conflicts,
-clock throttling. About five minutes on a CPU; --op picks ops.`,
+clock throttling. About three minutes on a 2-core CPU; --op picks ops.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
