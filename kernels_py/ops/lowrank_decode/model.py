@@ -184,10 +184,10 @@ def _rank_chunk(s: Step) -> int | None:
 
 
 def split_classes(s: Step, splits: int, block_n: int) -> dict:
-    """Splits with the same work, as {(c_lo, c_hi, d_lo, d_hi, chunks per
-    tile): splits}: the ranges _split_range gives every split of
-    [compressed | dense], and the mean rank chunks a compressed tile
-    rebuilds (tokens are stored grouped by rank, the full-rank group first)."""
+    """Splits with the same ranges, as {(c_lo, c_hi, d_lo, d_hi, full):
+    splits}: the ranges _split_range gives every split of [compressed |
+    dense], and `full`, how many of the first compressed tokens keep the
+    full key rank (tokens are stored grouped by rank, that group first)."""
     full = s.visual - round(s.low_share * s.visual) if s.partial in ("keys", "both") else s.visual
     out: dict = {}
     for lo, hi in splitk.split_ranges(s.visual + s.dense, splits, block_n):
