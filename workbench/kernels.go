@@ -63,7 +63,8 @@ load/store or latency), % of the HBM peak, the speedup over FlashAttention
 over the uncompressed cache at the HBM peak, and what limits each kernel in
 words; then every config at the shape (configs that spill are pruned, as the
 autotuner prunes them), instructions per token by class, and the
-calibration (sm_90): kernels measured on an H100 and their estimated band.
+calibration (sm_90, with lowrank_decode): kernels measured on an H100 and
+their estimated band.
 Judge kernel work on the conservative end. What it cannot see: cache hit
 rates beyond what the op's model states, DRAM page effects, bank conflicts,
 clock throttling. About three minutes on a 2-core CPU; --op picks ops.`,

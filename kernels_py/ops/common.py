@@ -102,7 +102,12 @@ def prune_spilling(kernel, spill_bytes=None):
 
 
 def _compiled_spills(kernel, config, named_args: dict, constexprs: dict) -> int:
+    """Spilled bytes of one config on the GPU in use; 0 when it cannot be
+    told (the config is then timed like any other rather than failing the launch)."""
     args = [named_args[name] for name in kernel.arg_names if name in named_args]
-    compiled = kernel.warmup(*args, grid=(1,), **{**constexprs, **config.all_kwargs()})
-    compiled._init_handles()
+    try:
+        compiled = kernel.warmup(*args, grid=(1,), **{**constexprs, **config.all_kwargs()})
+        compiled._init_handles()
+    except Exception:  # e.g. out of resources: the timing run reports it as it always did
+        return 0
     return int(compiled.n_spills or 0)
