@@ -703,8 +703,9 @@ def estimate(kernel: Kernel, work: Work, *, warps: int, registers: int, shared: 
         raise ValueError(f"{kernel.name}: the model gives no program")
     n_waves, last = waves(programs, per_sm, gpu)
     clock = gpu.clock_hz
-    # The busiest SM gets ceil(programs / SMs) programs.
+    # The busiest SM gets ceil(programs / SMs) programs, at most per_sm of them at once.
     share = math.ceil(programs / gpu.sms) / (programs / gpu.sms)
+    resident = max(1, min(per_sm, math.ceil(programs / gpu.sms)))
     issue = tensor = lsu = 0.0
     lat_opt_sum = lat_cons = 0.0
     longest = 0.0
@@ -729,7 +730,7 @@ def estimate(kernel: Kernel, work: Work, *, warps: int, registers: int, shared: 
         lsu += n * warps * prof.lsu_cycles
         siblings = max(0.0, warps / 4 - 1) * cons.instructions
         memory_wait = sum(cons.waits.get(k, 0.0) for k in MEMORY_WAITS)
-        lat_cons += n * (cons.cycles - memory_wait + siblings + memory_wait / per_sm)
+        lat_cons += n * (cons.cycles - memory_wait + siblings + memory_wait / resident)
         lat_opt_sum += n * prof.cycles / per_sm
         longest = max(longest, prof.cycles)
         instructions += group.count * warps * prof.instructions

@@ -187,11 +187,12 @@ def test_specializations_are_the_gpu_ones(compiled):
     assert _constexprs(compiled, "stats-bf16-d64", "_row_stats_kernel")["UPCAST"] == "False"
     decode = _constexprs(compiled, "decode-bf16-d128-r96x160-m2", "_stage1_kernel")
     assert (decode["QK_DT"], decode["UW_DT"]) == ("bf16", "bf16")
-    assert (decode["BLOCK_R"], decode["BLOCK_RV"], decode["ROPE"], decode["RANK_PREC"]) == ("64", "256", "False", "tf32")
+    assert (decode["BLOCK_R"], decode["BLOCK_RV"], decode["ROPE"]) == ("64", "256", "False")
+    assert decode["ONE_CHUNK"] == "False"  # rank 96 takes two chunks of 64
     mixed = _constexprs(compiled, "decode-fp16-wbf16-d64-rope-r4x8-block32", "_stage1_kernel")
     assert (mixed["QK_DT"], mixed["UW_DT"], mixed["ROPE"]) == ("fp16", "fp32", "True")
-    assert _constexprs(compiled, "absorbed-bf16-d64-r256x200-m3", "_stage1_absorbed_kernel")["RANK_PREC"] == "tf32"
-    assert _constexprs(compiled, "absorbed-fp32-d80-r32-block32", "_stage1_absorbed_kernel")["RANK_PREC"] == "ieee"
+    assert _constexprs(compiled, "absorbed-bf16-d64-r256x200-m3", "_rank_query_kernel")["RANK_PREC"] == "tf32"
+    assert _constexprs(compiled, "absorbed-fp32-d80-r32-block32", "_rank_query_kernel")["RANK_PREC"] == "ieee"
 
 
 @pytest.mark.parametrize("target", cc.TARGETS, ids=lambda t: f"sm{t}")

@@ -108,6 +108,9 @@ def test_split_helpers_match_the_stage1_kernels():
     assert lowrank.split_count(32832, 64, 132) == 64  # cdiv(32832, 256) = 129, capped
     assert lowrank.split_count(1088, 1, 132) == 17  # more splits while the grid is small: 64 tokens each
     assert lowrank.split_count(1088, 1, None) == 5  # the interpreter: cdiv(1088, 256)
+    # The absorbed kernel: about 1,024 compressed tokens a split, still filling two waves.
+    assert lowrank.split_count(32768, 64, 132, absorbed=True) == 32
+    assert lowrank.split_count(32768, 8, 132, absorbed=True) == 33  # cdiv(2 * 132, 8)
 
 
 def _kernel(body, loads=None) -> estimate.Kernel:
@@ -142,6 +145,27 @@ def test_the_timeline_replays_stalls_and_scoreboards():
     prof, _ = estimate.profile(k, {}, {})
     assert prof.cycles == lat["hbm"] + lat["barrier"] + 3  # DEPBAR, BAR and EXIT issue a cycle each
     assert prof.waits["cp.async"] == lat["hbm"] - 3 and prof.waits["barriers"] == lat["barrier"]
+
+
+def test_memory_waits_overlap_only_across_programs_an_sm_holds():
+    """The conservative end overlaps memory waits across co-resident
+    programs: a grid smaller than the GPU has one program per SM, so
+    nothing overlaps and the band stays ordered (optimistic <= conservative);
+    a full grid overlaps them by the CTAs an SM holds."""
+    k = _kernel([("LDG.E R2, desc[UR4][R2.64]", {"stall": 1, "write": 0}),
+                 ("FADD R3, R2, R2", {"stall": 4, "wait": 0b1}),
+                 ("EXIT", {"stall": 1})])
+    one_each = estimate.estimate(k, estimate.Work((estimate.Programs(64, {}),), 0.0), warps=4, registers=32,
+                                 shared=0)
+    cycles = H100.latency["hbm"] + 5
+    assert one_each.latency_us["conservative"] == pytest.approx(cycles / H100.clock_hz * 1e6)
+    assert one_each.optimistic_us <= one_each.conservative_us
+    per_sm = one_each.ctas_per_sm
+    full = estimate.estimate(k, estimate.Work((estimate.Programs(H100.sms * per_sm, {}),), 0.0), warps=4,
+                             registers=32, shared=0)
+    waited = H100.latency["hbm"] - 1
+    assert full.latency_us["conservative"] == pytest.approx(
+        per_sm * (cycles - waited + waited / per_sm) / H100.clock_hz * 1e6)
 
 
 def test_a_loop_runs_its_steady_state_times_its_trips():
@@ -322,20 +346,21 @@ def test_no_config_that_spills_at_the_benchmark_shape_can_be_chosen(report):
     assert tuned == 4  # both low-rank stage-1 kernels, at batch 8 and 64
 
 
-def test_the_fused_kernel_is_seen_as_the_review_saw_it(report):
+def test_the_fused_kernel_is_seen_as_its_code_stands(report):
     """At 32K tokens and batch 64 the estimate reads the fused kernel's
-    compiled code as the static review did: a few hundred warp-instructions
-    a token, tensor-core instructions a small share, scalar 16-bit U loads,
-    latency-bound, nowhere near the 6x the bytes/FLOPs model promised."""
+    compiled code: U_k loaded 16 bytes wide once a tile (no scalar 16-bit
+    loads left), yet a few hundred warp-instructions a token with
+    tensor-core instructions a small share (the per-kv-head key rebuild,
+    RoPE and scoring), nowhere near the 6x the bytes/FLOPs model promises."""
     res = next(r for r in report["estimates"] if r["op"] == "lowrank_decode" and r["shape"]["batch"] == 64)
     fused = next(b for b in res["implementations"] if b["implementation"] == "fused (exact)")
     stage1 = next(k for k in fused["kernels"] if k["kernel"] == "_stage1_kernel")
     picked = next(c for c in stage1["configs"] if c["picked"])
     assert 200 < picked["instructions_per_token"] < 2000
     assert picked["mma_share"] < 0.2
-    assert picked["by_class_per_token"].get("ldg_narrow", 0) > 1
+    assert picked["by_class_per_token"].get("ldg_narrow", 0) < 1
     assert fused["speedup_conservative"] < 3 and fused["ideal_us"] < fused["optimistic_us"]
-    assert any("scalar sub-32-bit global loads" in f for f in fused["flags"])
+    assert not any("scalar sub-32-bit global loads" in f for f in fused["flags"] if f.startswith("_stage1_kernel"))
 
 
 def test_calibration_error_is_summarised():

@@ -336,11 +336,35 @@ def test_default_num_splits():
         return (CompressedKV(*[None] * 7, torch.tensor(c)), DenseKV(None, None, None, torch.tensor(d)))
 
     cpu = torch.device("cpu")
-    assert kernel._num_splits(None, *lengths([100, 700], [20, 64]), 8, cpu) == 3  # ceil(764 / 256)
+    # The splits cover the compressed tokens (the dense segment has programs of its own).
+    assert kernel._num_splits(None, *lengths([100, 700], [20, 64]), 8, cpu) == 3  # ceil(700 / 256)
     assert kernel._num_splits(None, *lengths([0], [0]), 8, cpu) == 1
     assert kernel._num_splits(None, *lengths([200_000], [64]), 8, cpu) == kernel.DEFAULT_MAX_SPLITS
     assert kernel._num_splits(5, *lengths([10], [0]), 8, cpu) == 5
-    assert kernel.default_num_splits(*lengths([300, 10], [250, 0])) == 3  # ceil(550 / 256)
+    assert kernel.default_num_splits(*lengths([300, 10], [250, 0])) == 2  # ceil(300 / 256)
+    # The absorbed kernel's splits are longer: about 1,024 tokens each.
+    assert kernel.default_num_splits(*lengths([3000, 10], [5000, 0]), absorbed=True) == 3
+    assert kernel._num_splits(None, *lengths([0], [70]), 8, cpu, absorbed=True) == 1
+
+
+def test_workspace_holds_rank_space_partials(device):
+    """Both kernels' workspaces: a rank-space partial per split, one dense
+    partial, one more LSE slot (the dense segment's); only the absorbed
+    kernel's has rank-space queries. A workspace made for the other kernel
+    is refused with the call that makes the right one."""
+    q, q_pos, comp, dense = make_case(device, rank_k=16, rank_v=8)
+    ws = kernel.make_workspace(q, comp, dense, 3, absorbed=True)
+    assert ws.splits == 3
+    assert ws.part_rank.shape == (2, 4, 1, 3, 8) and ws.part_o.shape == (2, 4, 1, 1, q.shape[3])
+    assert ws.part_lse.shape == (2, 4, 1, 4) and ws.q_rank.shape == (2, 4, 16)
+    fused = kernel.make_workspace(q, comp, dense, 3)
+    assert fused.splits == 3 and fused.q_rank.numel() == 0 and fused.part_rank.shape == ws.part_rank.shape
+    assert fused.logits.shape[3] == comp.uk.shape[1] + dense.k.shape[2]  # every column: the masses read them
+    check(decode_absorbed(q, q_pos, comp, dense, workspace=ws), ref.lowrank_decode(q, q_pos, comp, dense,
+                                                                                   rope_base=None),
+          q, comp, dense, q.dtype)
+    with pytest.raises(ValueError, match="absorbed=True"):
+        decode_absorbed(q, q_pos, comp, dense, workspace=fused)
 
 
 def _replace(case, **changes):

@@ -25,7 +25,11 @@ from kernels_py.ops.splitk import _attend_tile, _group_queries, _store_split
 MAX_ROWS = 128  # query heads per kv head x query tokens, one program's rows
 TOKENS_PER_SPLIT = 512
 DEFAULT_MAX_SPLITS = 64
-DEFAULT_BLOCK_N, DEFAULT_WARPS, DEFAULT_STAGES = 32, 4, 2
+# 128-row tiles on 8 warps, three stages: the pipeliner loads the next
+# tiles' indices a stage ahead of the rows they name, so the wait on an
+# index list is not exposed each tile (two stages waited on it: the rows'
+# addresses come from it). Float32 rows take 32-row tiles (registers).
+DEFAULT_BLOCK_N, FLOAT32_BLOCK_N, DEFAULT_WARPS, DEFAULT_STAGES = 128, 32, 4, 3
 
 
 @triton.jit
@@ -87,6 +91,11 @@ def default_num_splits(count: torch.Tensor) -> int:
     return split_count(longest, count.numel(), splitk.sm_count(count.device))
 
 
+def default_block_n(elem_bytes: int) -> int:
+    """The index tile of a call with block_n=None, by the cache's element size."""
+    return FLOAT32_BLOCK_N if elem_bytes > 2 else DEFAULT_BLOCK_N
+
+
 def stage1_warps(elem_bytes: int, block_d: int, block_n: int) -> int:
     """Warps of a stage-1 program: its K and V tiles [block_n, block_d] live
     in registers, so tiles wider than a 16-bit [32, 128] pair get 8 warps
@@ -114,7 +123,7 @@ def gather_decode(q, q_pos, k, v, pos, index, count, *, sm_scale: float | None =
     workspace: make_workspace's scratch, reused across calls (its split
     count is used). check_values=False skips the checks that read values
     (counts, index ranges, duplicates), which wait for the device. block_n:
-    the index tile (power of two >= 16), default DEFAULT_BLOCK_N.
+    the index tile (power of two >= 16), default default_block_n.
     Returns GatherDecodeOutput(out [B, Hq, M, D] q.dtype, lse [B, Hq, M] float32).
     """
     check_inputs(q, q_pos, k, v, pos, index, count, check_values)
@@ -125,7 +134,7 @@ def gather_decode(q, q_pos, k, v, pos, index, count, *, sm_scale: float | None =
         raise ValueError(f"query heads per kv head x query tokens = {group * queries} exceeds {MAX_ROWS}, the rows "
                          f"one program holds")
     scale = common.softmax_scale(sm_scale, head_dim, "sm_scale")
-    block_n = common.check_block("block_n", block_n) if block_n is not None else DEFAULT_BLOCK_N
+    block_n = common.check_block("block_n", block_n) if block_n is not None else default_block_n(k.element_size())
     dev = q.device
     out = torch.empty((batch, heads, queries, head_dim), dtype=q.dtype, device=dev)
     lse = torch.empty((batch, heads, queries), dtype=torch.float32, device=dev)

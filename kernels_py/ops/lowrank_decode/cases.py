@@ -13,8 +13,9 @@ from kernels_py.ops.lowrank_decode.contract import CompressedKV, DenseKV
 from kernels_py.ops.lowrank_decode.kernel import lowrank_decode, lowrank_decode_absorbed
 from kernels_py.tables import Column, table
 
-DECODE = ("_stage1_kernel", "_merge_kernel", "_mass_kernel")
-ABSORBED = ("_stage1_absorbed_kernel", "_merge_kernel", "_mass_kernel")
+DECODE = ("_stage1_kernel", "_dense_segment_kernel", "_merge_rank_kernel", "_mass_kernel")
+ABSORBED = ("_rank_query_kernel", "_stage1_absorbed_kernel", "_dense_segment_kernel", "_merge_rank_kernel",
+            "_mass_rank_kernel", "_mass_kernel")
 
 
 def make_cache(*, batch, heads, kv_heads, head_dim, rank_k, rank_v, tokens, slots, comp_lens, dense_lens, queries,

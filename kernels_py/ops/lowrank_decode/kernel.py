@@ -3,8 +3,8 @@
 
 `lowrank_decode` rebuilds key tiles from U_k and W_k in SRAM (rotating them
 when rope_base is set) and attends with split-K flash-decoding; values are
-never rebuilt: the split's sum_t p_t U_v[t] stays in rank space and is mapped
-by W_v once per split, which is exact. `lowrank_decode_absorbed` attends
+never rebuilt: each split's sum_t p_t U_v[t] stays in rank space and the
+merge maps it by W_v once per sequence, which is exact. `lowrank_decode_absorbed` attends
 entirely in rank space (q~ = q W_k^T against U_k), which is only exact for
 keys decomposed after RoPE; its programs hold every query head of a sequence,
 so U is read once for all heads. What each compiles to on sm_80/sm_90:
@@ -31,23 +31,30 @@ from kernels_py.ops.lowrank_decode.contract import CompressedKV, DecodeOutput, D
 # Triton kernels: split-K flash-decoding over the two segments
 # ----------------------------------------------------------------------------
 #
-# Stage 1: one program per (sequence, split), owning every query row of the
-# sequence: H_q query heads times M query tokens, folded into BLOCK_ROWS rows
-# (padded to a power of two >= 16 for tl.dot), FlashMLA's
-# all-heads-as-MMA-rows. U is shared by all kv heads, so each U tile is read
-# once for all of them. `_stage1_kernel` rebuilds each kv head's keys of a
-# tile from U_k (exact, RoPE after the rebuild); `_stage1_absorbed_kernel`
-# scores in rank space. A program's split is a contiguous range of the
-# sequence [compressed tokens, then dense tokens]; each tile of BLOCK_N
-# tokens is scored, the scaled logits are written out (log2 units, -inf
-# where masked) for the masses, and an online softmax (base 2) keeps the
-# running max, sum and weighted values. It writes its split's normalised
-# output and log2-sum-exp.
-# Stage 2: `_merge_kernel` merges the splits of each query row into the output
-# and the natural-log LSE; `_mass_kernel` turns the stored logits into each
-# token's attention weight exp(logit - lse), averaged over heads and queries
-# (for the absorbed kernel's compressed tokens it recomputes the scores in
-# rank space instead: stage 1 stores no logit of theirs).
+# Stage 1, the compressed segment: one program per (sequence, split), owning
+# every query row of the sequence: H_q query heads times M query tokens,
+# folded into BLOCK_ROWS rows (padded to a power of two >= 16 for tl.dot),
+# FlashMLA's all-heads-as-MMA-rows. U is shared by all kv heads, so each U
+# tile is read once for all of them, 16 bytes wide (masked by token and by
+# the tile's largest rank rounded to 16 columns; each token's own rank
+# prefix is applied in registers). `_stage1_kernel` rebuilds each kv head's
+# keys of a tile from U_k (exact, RoPE after the rebuild) and writes the
+# scaled logits (log2 units, -inf where masked) for the masses;
+# `_stage1_absorbed_kernel` scores in rank space against q~, which
+# `_rank_query_kernel` makes once per sequence. A split is a contiguous
+# range of the compressed tokens; an online softmax (base 2) keeps the
+# running max, sum and sum_t p_t U_v[t] (rank space), stored normalised
+# with the split's log2-sum-exp.
+# The dense segment: `_dense_segment_kernel`, grouped decode per (sequence,
+# kv head), its logits and partial in one more slot. Apart, so the
+# compressed segment's kernels keep their registers (a dense loop inside
+# them put both at 255 and one CTA per SM).
+# Stage 2: `_merge_rank_kernel` merges the partials of each query row, maps
+# the rank-space sum by the row's W_v once and writes the output and the
+# natural-log LSE; `_mass_kernel` turns the stored logits into each token's
+# attention weight exp(logit - lse), averaged over heads and queries, and
+# `_mass_rank_kernel` recomputes the absorbed kernel's compressed tokens'
+# scores in rank space instead (stage 1 stores no logit of theirs).
 #
 # Dot operand dtypes: the loads are cast to constexpr dtypes chosen by the
 # launcher (QK_DT for q against keys and p against values, UW_DT for U
@@ -59,12 +66,19 @@ MAX_HEAD_DIM = 256
 MAX_ROWS = 128  # query heads x query tokens, one program's rows
 MAX_SPLITS = 256
 TOKENS_PER_SPLIT = 256  # default split size (num_splits=None)
+# The absorbed kernel's per-split cost is a q~ load and a rank-space partial,
+# so its splits are longer: fewer partials to write and merge.
+ABSORBED_TOKENS_PER_SPLIT = 1024
 DEFAULT_MAX_SPLITS = 64
 MAX_BLOCK_R = 64  # default rank chunk of the key rebuild; larger ranks loop over chunks
 # Values stay in rank space, so a program holds a whole U_v row (and in the
 # absorbed kernel a whole U_k row): ranks up to this.
 MAX_RANK_SPACE = 256
 INTERPRET_BLOCK_N = 32  # fixed tile under the interpreter (no autotuning there)
+DENSE_BLOCK_N = 32  # tokens per tile of the absorbed kernel's dense segment
+MASS_BLOCK_T = 256  # columns of stored logits per mass program
+MASS_SPAN = 1024  # compressed columns per rank-space mass program,
+MASS_RANK_BLOCK_T = 128  # in [MASS_RANK_BLOCK_T, Rk] U_k tiles
 
 
 @triton.jit
@@ -172,25 +186,20 @@ def _rope_sincos_t(tok_pos, inv_freq):
 
 @triton.jit
 def _stage1_kernel(
-    Q, QPos, UK, WK, UV, WV, RankK, RankV, CPos, CLen, DK, DV, DPos, DLen, Logits, PartO, PartLse,
+    Q, QPos, UK, WK, UV, RankK, RankV, CPos, CLen, Logits, PartRank, PartLse,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_pb, stride_pm,
     stride_ukb, stride_ukn, stride_ukr,
     stride_wkb, stride_wkr, stride_wkc,
     stride_uvb, stride_uvn, stride_uvr,
-    stride_wvb, stride_wvr, stride_wvc,
     stride_rkb, stride_rkn,
     stride_rvb, stride_rvn,
     stride_cpb, stride_cpn,
     stride_clb,
-    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
-    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
-    stride_dpb, stride_dpn,
-    stride_dlb,
     stride_lb, stride_lh, stride_lm, stride_ln,
-    stride_ob, stride_oh, stride_om, stride_os, stride_od,
+    stride_zb, stride_zh, stride_zm, stride_zs, stride_zr,
     stride_sb, stride_sh, stride_sm, stride_ss,
-    n_comp, rank_k_max, rank_v_max, qk_scale, rope_log2_step, tune_programs, tune_span,
+    rank_k_max, rank_v_max, qk_scale, rope_log2_step, tune_programs, tune_span,
     KV_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     N_QUERIES: tl.constexpr,
@@ -204,7 +213,7 @@ def _stage1_kernel(
     BLOCK_RV: tl.constexpr,
     QK_DT: tl.constexpr,
     UW_DT: tl.constexpr,
-    RANK_PREC: tl.constexpr,
+    ONE_CHUNK: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     """Exact attention over keys rebuilt per tile. One program per (sequence,
@@ -215,8 +224,10 @@ def _stage1_kernel(
     largest rank prefix (tiles of low-rank tokens do less work), rotated,
     and scored by all rows, each row keeping its own head's scores. Values
     are never rebuilt: sum_t p_t U_v[t, :r_t] stays in rank space, one MMA
-    for all rows, and is mapped by each row's W_v,g once per split, which
-    is exact (o = (sum_t p_t U_v[t]) W_v)."""
+    for all rows, and the split stores it normalised; the merge maps it by
+    each row's W_v,g once per sequence, which is exact (o = (sum_t p_t
+    U_v[t]) W_v). The splits cover the compressed segment; the dense one is
+    _dense_segment_kernel's."""
     b = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     n_splits = tl.num_programs(1)
@@ -225,8 +236,6 @@ def _stage1_kernel(
     q_pos = tl.load(QPos + b * stride_pb + query * stride_pm, mask=row_mask, other=-1).to(tl.int32)
     offs_h = tl.arange(0, BLOCK_HALF)
     h_mask = offs_h < HALF
-    offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < HEAD_DIM
     offs_rv = tl.arange(0, BLOCK_RV)
     q_rows = Q + b * stride_qb + head[:, None] * stride_qh + query[:, None] * stride_qm
     q_mask = row_mask[:, None] & h_mask[None, :]
@@ -237,14 +246,14 @@ def _stage1_kernel(
     inv_freq = tl.exp2(offs_h.to(tl.float32) * rope_log2_step)
 
     c_len = tl.load(CLen + b * stride_clb).to(tl.int32)
-    d_len = tl.load(DLen + b * stride_dlb).to(tl.int32)
-    c_lo, c_hi, d_lo, d_hi = _split_range(c_len, d_len, split, n_splits, BLOCK_N)
+    c_lo, c_hi, _, _ = _split_range(c_len, 0, split, n_splits, BLOCK_N)
 
     m_i = tl.full([BLOCK_ROWS], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
     acc_rank = tl.zeros([BLOCK_ROWS, BLOCK_RV], dtype=tl.float32)  # sum_t p_t U_v[t, :r_t]
 
     UK_b = UK + b * stride_ukb
+    UV_b = UV + b * stride_uvb
     WK_b = WK + b * stride_wkb
     for start in range(c_lo, c_hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
@@ -255,16 +264,25 @@ def _stage1_kernel(
         if ROPE:
             sin, cos = _rope_sincos_t(tok_pos, inv_freq)
         s = tl.zeros([BLOCK_ROWS, BLOCK_N], dtype=tl.float32)
+        if ONE_CHUNK:  # the whole rank in one chunk: the tile's U_k is loaded once for every kv head
+            ut = tl.trans(_load_rank_rows(UK_b, offs_n, tok_mask, rank_k, tl.arange(0, BLOCK_R), rank_k_max,
+                                          stride_ukn, stride_ukr, UW_DT))
         for g in range(KV_HEADS):
             # This kv head's keys of the tile, transposed, in RoPE's two halves.
-            k_lo = tl.zeros([BLOCK_HALF, BLOCK_N], dtype=tl.float32)
-            k_hi = tl.zeros([BLOCK_HALF, BLOCK_N], dtype=tl.float32)
-            for r0 in range(0, tile_rank, BLOCK_R):  # chunks past the tile's largest rank are skipped
-                ut = _load_ut(UK_b, offs_n, rank_k, r0, stride_ukn, stride_ukr, BLOCK_R, UW_DT)  # from L1 after g = 0
-                w_lo, w_hi = _load_wk_t(WK_b + g * HEAD_DIM * stride_wkc, r0, offs_h, h_mask, rank_k_max,
+            if ONE_CHUNK:
+                w_lo, w_hi = _load_wk_t(WK_b + g * HEAD_DIM * stride_wkc, 0, offs_h, h_mask, rank_k_max,
                                         stride_wkr, stride_wkc, HALF, BLOCK_R, UW_DT)
-                k_lo += tl.dot(w_lo, ut, input_precision="ieee")
-                k_hi += tl.dot(w_hi, ut, input_precision="ieee")
+                k_lo = tl.dot(w_lo, ut, input_precision="ieee")
+                k_hi = tl.dot(w_hi, ut, input_precision="ieee")
+            else:
+                k_lo = tl.zeros([BLOCK_HALF, BLOCK_N], dtype=tl.float32)
+                k_hi = tl.zeros([BLOCK_HALF, BLOCK_N], dtype=tl.float32)
+                for r0 in range(0, tile_rank, BLOCK_R):  # chunks past the tile's largest rank are skipped
+                    ut_r = _load_ut(UK_b, offs_n, rank_k, r0, stride_ukn, stride_ukr, BLOCK_R, UW_DT)  # L1 after g = 0
+                    w_lo, w_hi = _load_wk_t(WK_b + g * HEAD_DIM * stride_wkc, r0, offs_h, h_mask, rank_k_max,
+                                            stride_wkr, stride_wkc, HALF, BLOCK_R, UW_DT)
+                    k_lo += tl.dot(w_lo, ut_r, input_precision="ieee")
+                    k_hi += tl.dot(w_hi, ut_r, input_precision="ieee")
             if ROPE:
                 k_lo, k_hi = k_lo * cos - k_hi * sin, k_hi * cos + k_lo * sin
             s_g = tl.dot(q_lo, k_lo.to(QK_DT), input_precision="ieee")
@@ -273,220 +291,281 @@ def _stage1_kernel(
         s = _mask_and_store(s * qk_scale, logit_rows, offs_n, stride_ln, tok_pos, tok_mask, q_pos, row_mask)
         p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i)
         rank_v = tl.load(RankV + b * stride_rvb + offs_n * stride_rvn, mask=tok_mask, other=0).to(tl.int32)
-        uv = tl.load(UV + b * stride_uvb + offs_n[:, None] * stride_uvn + offs_rv[None, :] * stride_uvr,
-                     mask=offs_rv[None, :] < rank_v[:, None], other=0.0).to(UW_DT)
+        uv = _load_rank_rows(UV_b, offs_n, tok_mask, rank_v, offs_rv, rank_v_max, stride_uvn, stride_uvr, UW_DT)
         acc_rank = acc_rank * alpha[:, None] + tl.dot(p.to(UW_DT), uv, input_precision="ieee")
 
-    # A split's dense tokens come after its compressed ones: their sum starts here.
-    acc = tl.zeros([BLOCK_ROWS, BLOCK_D], dtype=tl.float32)  # the dense segment's sum_t p_t v_t
-    DK_b = DK + b * stride_dkb
-    DV_b = DV + b * stride_dvb
-    for start in range(d_lo, d_hi, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        tok_mask = offs_n < d_hi
-        tok_pos = tl.load(DPos + b * stride_dpb + offs_n * stride_dpn, mask=tok_mask, other=0).to(tl.int32)
-        kt_mask = tok_mask[None, :] & h_mask[:, None]
-        s = tl.zeros([BLOCK_ROWS, BLOCK_N], dtype=tl.float32)
-        for g in range(KV_HEADS):  # each row scores its own kv head's keys
-            kt_ptrs = DK_b + g * stride_dkh + offs_n[None, :] * stride_dkn + offs_h[:, None] * stride_dkd
-            kt_lo = tl.load(kt_ptrs, mask=kt_mask, other=0.0).to(QK_DT)
-            kt_hi = tl.load(kt_ptrs + HALF * stride_dkd, mask=kt_mask, other=0.0).to(QK_DT)
-            s_g = tl.dot(q_lo, kt_lo, input_precision="ieee")
-            s_g += tl.dot(q_hi, kt_hi, input_precision="ieee")
-            s = tl.where((row_kv == g)[:, None], s_g, s)
-        s = _mask_and_store(s * qk_scale, logit_rows, n_comp + offs_n, stride_ln, tok_pos, tok_mask, q_pos, row_mask)
-        p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i)
-        acc = acc * alpha[:, None]
-        p = p.to(QK_DT)
-        for g in range(KV_HEADS):
-            v = tl.load(DV_b + g * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd,
-                        mask=tok_mask[:, None] & d_mask[None, :], other=0.0).to(QK_DT)
-            acc += tl.dot(tl.where((row_kv == g)[:, None], p, 0.0).to(QK_DT), v, input_precision="ieee")
-        acc_rank = acc_rank * alpha[:, None]
-
-    acc = _from_rank_space(acc, acc_rank, WV + b * stride_wvb, row_kv, offs_rv, offs_d, d_mask, rank_v_max,
-                           stride_wvr, stride_wvc, KV_HEADS, HEAD_DIM, RANK_PREC)
-    part_rows = b * stride_ob + head[:, None] * stride_oh + query[:, None] * stride_om + split * stride_os
+    rank_rows = b * stride_zb + head[:, None] * stride_zh + query[:, None] * stride_zm + split * stride_zs
     lse_rows = b * stride_sb + head * stride_sh + query * stride_sm + split * stride_ss
-    _store_split(PartO + part_rows, PartLse + lse_rows, acc, m_i, l_i, offs_d, d_mask, row_mask, stride_od)
+    _store_split(PartRank + rank_rows, PartLse + lse_rows, acc_rank, m_i, l_i, offs_rv, offs_rv < rank_v_max,
+                 row_mask, stride_zr)
 
 
 @triton.jit
-def _from_rank_space(acc, acc_rank, WV_b, row_kv, offs_rv, offs_d, d_mask, rank_v_max, stride_wvr, stride_wvc,
-                     KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, RANK_PREC: tl.constexpr):
-    """acc + each row's sum_t p_t U_v[t] mapped by its kv head's W_v (float32), once per split."""
-    for g in range(KV_HEADS):
-        wv = tl.load(WV_b + offs_rv[:, None] * stride_wvr + (g * HEAD_DIM + offs_d[None, :]) * stride_wvc,
-                     mask=(offs_rv[:, None] < rank_v_max) & d_mask[None, :], other=0.0)
-        rows_g = tl.where((row_kv == g)[:, None], acc_rank, 0.0)
-        acc += tl.dot(rows_g, wv.to(tl.float32), input_precision=RANK_PREC)
-    return acc
+def _rank_query_kernel(
+    Q, WK, QRank,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_wkb, stride_wkr, stride_wkc,
+    stride_xb, stride_xr, stride_xk,
+    rank_k_max,
+    GROUP: tl.constexpr,
+    N_QUERIES: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_RK: tl.constexpr,
+    UW_DT: tl.constexpr,
+    RANK_PREC: tl.constexpr,
+):
+    """The rank-space queries of one (sequence, kv head): q~_r = q_r W_k,g^T
+    for the GROUP x M rows of kv head g, rounded to the dot dtype of U (as
+    stage 1 and the mass kernel use them) and stored float32. Once per
+    sequence, not once per split: W_k is read once."""
+    b = tl.program_id(0).to(tl.int64)
+    g = tl.program_id(1)
+    offs_g = tl.arange(0, BLOCK_G)
+    g_mask = offs_g < GROUP * N_QUERIES
+    row = g * GROUP * N_QUERIES + offs_g  # row = head * M + query
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    offs_rk = tl.arange(0, BLOCK_RK)
+    q = tl.load(Q + b * stride_qb + (row // N_QUERIES)[:, None] * stride_qh + (row % N_QUERIES)[:, None] * stride_qm
+                + offs_d[None, :] * stride_qd, mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+    wk_t = tl.load(WK + b * stride_wkb + offs_rk[None, :] * stride_wkr + (g * HEAD_DIM + offs_d[:, None]) * stride_wkc,
+                   mask=(offs_rk[None, :] < rank_k_max) & d_mask[:, None], other=0.0)
+    q_rank = tl.dot(q.to(tl.float32), wk_t.to(tl.float32), input_precision=RANK_PREC).to(UW_DT)
+    tl.store(QRank + b * stride_xb + row[:, None] * stride_xr + offs_rk[None, :] * stride_xk, q_rank.to(tl.float32),
+             mask=g_mask[:, None] & (offs_rk[None, :] < rank_k_max))
+
+
+@triton.jit
+def _load_rank_rows(U_b, offs_n, tok_mask, rank, offs_r, rank_max, stride_un, stride_ur, UW_DT: tl.constexpr):
+    """A tile's U rows [BLOCK_N, BLOCK_R], token t keeping its columns <
+    rank[t]. The load is masked by token and by the tile's largest rank
+    rounded up to 16 columns only, so it vectorises to 16-byte accesses (and
+    low-rank tiles still read only their columns); each token's own rank
+    prefix is applied in registers."""
+    tile_rank = tl.multiple_of((tl.max(rank, 0) + 15) // 16 * 16, 16)
+    u = tl.load(U_b + offs_n[:, None] * stride_un + offs_r[None, :] * stride_ur,
+                mask=tok_mask[:, None] & (offs_r[None, :] < tile_rank) & (offs_r[None, :] < rank_max), other=0.0)
+    return tl.where(offs_r[None, :] < rank[:, None], u, 0.0).to(UW_DT)
 
 
 @triton.jit
 def _stage1_absorbed_kernel(
-    Q, QPos, UK, WK, UV, WV, RankK, RankV, CPos, CLen, DK, DV, DPos, DLen, Logits, PartO, PartLse, QRank,
-    stride_qb, stride_qh, stride_qm, stride_qd,
+    QPos, UK, UV, RankK, RankV, CPos, CLen, PartRank, PartLse, QRank,
     stride_pb, stride_pm,
     stride_ukb, stride_ukn, stride_ukr,
-    stride_wkb, stride_wkr, stride_wkc,
     stride_uvb, stride_uvn, stride_uvr,
-    stride_wvb, stride_wvr, stride_wvc,
     stride_rkb, stride_rkn,
     stride_rvb, stride_rvn,
     stride_cpb, stride_cpn,
     stride_clb,
-    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
-    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
-    stride_dpb, stride_dpn,
-    stride_dlb,
-    stride_lb, stride_lh, stride_lm, stride_ln,
-    stride_ob, stride_oh, stride_om, stride_os, stride_od,
+    stride_zb, stride_zh, stride_zm, stride_zs, stride_zr,
     stride_sb, stride_sh, stride_sm, stride_ss,
     stride_xb, stride_xr, stride_xk,
-    n_comp, rank_k_max, rank_v_max, qk_scale, tune_programs, tune_span,
+    rank_k_max, rank_v_max, qk_scale, tune_programs, tune_span,
     KV_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     N_QUERIES: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
-    BLOCK_D: tl.constexpr,
     BLOCK_RK: tl.constexpr,
     BLOCK_RV: tl.constexpr,
-    QK_DT: tl.constexpr,
     UW_DT: tl.constexpr,
-    RANK_PREC: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """Rank-space attention for keys decomposed after RoPE, like MLA decode:
-    one program per (sequence, split) holds every query head of the sequence
-    as a row of its MMAs, so each U tile is read once for all heads (U is
-    shared by every kv head). Row r of kv head g scores (q_r W_k,g^T) .
-    U_k[t, :r_t]; values are accumulated as sum_t p_t U_v[t, :r_t] and mapped
-    by W_v,g once per split. The dense segment is read per kv head. Only the
-    dense segment's logits are written for the masses: the mass kernel
-    recomputes the compressed tokens' scores in rank space from q~ (which
-    the first split stores), reading U_k again instead of writing and
-    re-reading a float32 logit per head and token."""
+    """Rank-space attention over the compressed segment for keys decomposed
+    after RoPE, like MLA decode: one program per (sequence, split) holds
+    every query head of the sequence as a row of its MMAs, so each U tile
+    is read once for all heads (U is shared by every kv head). Row r scores
+    q~_r . U_k[t, :r_t] (q~ from _rank_query_kernel) and accumulates
+    sum_t p_t U_v[t, :r_t]; both U tiles of a tile are loaded together, 16
+    bytes wide. The split stores that sum normalised, in rank space: the
+    merge maps it by W_v once per sequence. The dense segment is
+    _dense_segment_kernel's, which keeps this kernel's registers low."""
     b = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     n_splits = tl.num_programs(1)
 
     head, query, row_kv, row_mask = _all_query_rows(N_QUERIES, GROUP, KV_HEADS * GROUP * N_QUERIES, BLOCK_ROWS)
     q_pos = tl.load(QPos + b * stride_pb + query * stride_pm, mask=row_mask, other=-1).to(tl.int32)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < HEAD_DIM
     offs_rk = tl.arange(0, BLOCK_RK)
     offs_rv = tl.arange(0, BLOCK_RV)
-    q_rows = Q + b * stride_qb + head[:, None] * stride_qh + query[:, None] * stride_qm
-    q = tl.load(q_rows + offs_d[None, :] * stride_qd, mask=row_mask[:, None] & d_mask[None, :], other=0.0)
-    # Rank-space queries, once per program, float32: q~_r = q_r W_k,g(r)^T [BLOCK_ROWS, BLOCK_RK].
-    WK_b = WK + b * stride_wkb
-    q_rank = tl.zeros([BLOCK_ROWS, BLOCK_RK], dtype=tl.float32)
-    for g in range(KV_HEADS):
-        wk_t = tl.load(WK_b + offs_rk[None, :] * stride_wkr + (g * HEAD_DIM + offs_d[:, None]) * stride_wkc,
-                       mask=(offs_rk[None, :] < rank_k_max) & d_mask[:, None], other=0.0)
-        q_g = tl.where((row_kv == g)[:, None], q, 0.0).to(tl.float32)
-        q_rank += tl.dot(q_g, wk_t.to(tl.float32), input_precision=RANK_PREC)
-    q_rank = q_rank.to(UW_DT)
-    if split == 0:
-        tl.store(QRank + b * stride_xb + tl.arange(0, BLOCK_ROWS)[:, None] * stride_xr + offs_rk[None, :] * stride_xk,
-                 q_rank.to(tl.float32), mask=row_mask[:, None] & (offs_rk[None, :] < rank_k_max))
-    q = q.to(QK_DT)
-    logit_rows = Logits + b * stride_lb + head[:, None] * stride_lh + query[:, None] * stride_lm
+    offs_row = tl.arange(0, BLOCK_ROWS)
+    q_rank = tl.load(QRank + b * stride_xb + offs_row[:, None] * stride_xr + offs_rk[None, :] * stride_xk,
+                     mask=row_mask[:, None] & (offs_rk[None, :] < rank_k_max), other=0.0).to(UW_DT)
 
     c_len = tl.load(CLen + b * stride_clb).to(tl.int32)
-    d_len = tl.load(DLen + b * stride_dlb).to(tl.int32)
-    c_lo, c_hi, d_lo, d_hi = _split_range(c_len, d_len, split, n_splits, BLOCK_N)
+    c_lo, c_hi, _, _ = _split_range(c_len, 0, split, n_splits, BLOCK_N)
 
     m_i = tl.full([BLOCK_ROWS], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
     acc_rank = tl.zeros([BLOCK_ROWS, BLOCK_RV], dtype=tl.float32)  # sum_t p_t U_v[t, :r_t]
 
+    UK_b = UK + b * stride_ukb
+    UV_b = UV + b * stride_uvb
     for start in range(c_lo, c_hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         tok_mask = offs_n < c_hi
         tok_pos = tl.load(CPos + b * stride_cpb + offs_n * stride_cpn, mask=tok_mask, other=0).to(tl.int32)
         rank_k = tl.load(RankK + b * stride_rkb + offs_n * stride_rkn, mask=tok_mask, other=0).to(tl.int32)
-        ut = tl.load(UK + b * stride_ukb + offs_n[None, :] * stride_ukn + offs_rk[:, None] * stride_ukr,
-                     mask=offs_rk[:, None] < rank_k[None, :], other=0.0).to(UW_DT)
-        s = tl.dot(q_rank, ut, input_precision="ieee")
+        rank_v = tl.load(RankV + b * stride_rvb + offs_n * stride_rvn, mask=tok_mask, other=0).to(tl.int32)
+        uk = _load_rank_rows(UK_b, offs_n, tok_mask, rank_k, offs_rk, rank_k_max, stride_ukn, stride_ukr, UW_DT)
+        uv = _load_rank_rows(UV_b, offs_n, tok_mask, rank_v, offs_rv, rank_v_max, stride_uvn, stride_uvr, UW_DT)
+        s = tl.dot(q_rank, tl.trans(uk), input_precision="ieee")
         s = _mask(s * qk_scale, tok_pos, tok_mask, q_pos, row_mask)
         p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i)
-        rank_v = tl.load(RankV + b * stride_rvb + offs_n * stride_rvn, mask=tok_mask, other=0).to(tl.int32)
-        uv = tl.load(UV + b * stride_uvb + offs_n[:, None] * stride_uvn + offs_rv[None, :] * stride_uvr,
-                     mask=offs_rv[None, :] < rank_v[:, None], other=0.0).to(UW_DT)
         acc_rank = acc_rank * alpha[:, None] + tl.dot(p.to(UW_DT), uv, input_precision="ieee")
 
-    # A split's dense tokens come after its compressed ones: their sum starts here.
-    acc = tl.zeros([BLOCK_ROWS, BLOCK_D], dtype=tl.float32)  # the dense segment's sum_t p_t v_t
-    DK_b = DK + b * stride_dkb
-    DV_b = DV + b * stride_dvb
-    for start in range(d_lo, d_hi, BLOCK_N):
+    rank_rows = b * stride_zb + head[:, None] * stride_zh + query[:, None] * stride_zm + split * stride_zs
+    lse_rows = b * stride_sb + head * stride_sh + query * stride_sm + split * stride_ss
+    _store_split(PartRank + rank_rows, PartLse + lse_rows, acc_rank, m_i, l_i, offs_rv, offs_rv < rank_v_max,
+                 row_mask, stride_zr)
+
+
+@triton.jit
+def _dense_segment_kernel(
+    Q, QPos, DK, DV, DPos, DLen, Logits, PartO, PartLse,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_pb, stride_pm,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    stride_dpb, stride_dpn,
+    stride_dlb,
+    stride_lb, stride_lh, stride_lm, stride_ln,
+    stride_ob, stride_oh, stride_om, stride_od,
+    stride_sb, stride_sh, stride_sm, stride_ss,
+    head_dim, dense_slot, qk_scale,
+    GROUP: tl.constexpr,
+    N_QUERIES: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    QK_DT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """The dense segment of both kernels: grouped decode of one (sequence,
+    kv head) over its uncompressed tokens, storing their logits for the
+    masses, the normalised sum in part_o and the log2-sum-exp in the
+    partials' slot `dense_slot` (after the compressed splits'). Apart from
+    the compressed segment's kernels, so their registers stay low."""
+    b = tl.program_id(0).to(tl.int64)
+    g = tl.program_id(1)
+    head, query, row_mask, q_pos, offs_d, d_mask, q = splitk._group_queries(
+        Q, QPos, g, b, stride_qb, stride_qh, stride_qm, stride_qd, stride_pb, stride_pm, head_dim,
+        GROUP, N_QUERIES, BLOCK_G, BLOCK_D, QK_DT)
+    d_len = tl.load(DLen + b * stride_dlb).to(tl.int32)
+    logit_rows = Logits + b * stride_lb + head[:, None] * stride_lh + query[:, None] * stride_lm
+    DK_g = DK + b * stride_dkb + g * stride_dkh
+    DV_g = DV + b * stride_dvb + g * stride_dvh
+    m_i = tl.full([BLOCK_G], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    for start in range(0, d_len, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
-        tok_mask = offs_n < d_hi
+        tok_mask = offs_n < d_len
         tok_pos = tl.load(DPos + b * stride_dpb + offs_n * stride_dpn, mask=tok_mask, other=0).to(tl.int32)
-        s = tl.zeros([BLOCK_ROWS, BLOCK_N], dtype=tl.float32)
-        for g in range(KV_HEADS):  # each row scores its own kv head's keys
-            kt = tl.load(DK_b + g * stride_dkh + offs_n[None, :] * stride_dkn + offs_d[:, None] * stride_dkd,
-                         mask=tok_mask[None, :] & d_mask[:, None], other=0.0).to(QK_DT)
-            s = tl.where((row_kv == g)[:, None], tl.dot(q, kt, input_precision="ieee"), s)
+        kv_mask = tok_mask[:, None] & d_mask[None, :]
+        k = tl.load(DK_g + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd, mask=kv_mask, other=0.0)
+        v = tl.load(DV_g + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd, mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k.to(QK_DT)), input_precision="ieee")
         s = _mask_and_store(s * qk_scale, logit_rows, offs_n, stride_ln, tok_pos, tok_mask, q_pos, row_mask)
         p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i)
-        acc = acc * alpha[:, None]
-        p = p.to(QK_DT)
-        for g in range(KV_HEADS):
-            v = tl.load(DV_b + g * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd,
-                        mask=tok_mask[:, None] & d_mask[None, :], other=0.0).to(QK_DT)
-            acc += tl.dot(tl.where((row_kv == g)[:, None], p, 0.0).to(QK_DT), v, input_precision="ieee")
-        acc_rank = acc_rank * alpha[:, None]
-
-    acc = _from_rank_space(acc, acc_rank, WV + b * stride_wvb, row_kv, offs_rv, offs_d, d_mask, rank_v_max,
-                           stride_wvr, stride_wvc, KV_HEADS, HEAD_DIM, RANK_PREC)
-    part_rows = b * stride_ob + head[:, None] * stride_oh + query[:, None] * stride_om + split * stride_os
-    lse_rows = b * stride_sb + head * stride_sh + query * stride_sm + split * stride_ss
+        acc = acc * alpha[:, None] + tl.dot(p.to(QK_DT), v.to(QK_DT), input_precision="ieee")
+    part_rows = b * stride_ob + head[:, None] * stride_oh + query[:, None] * stride_om
+    lse_rows = b * stride_sb + head * stride_sh + query * stride_sm + dense_slot * stride_ss
     _store_split(PartO + part_rows, PartLse + lse_rows, acc, m_i, l_i, offs_d, d_mask, row_mask, stride_od)
 
 
 @triton.jit
+def _merge_rank_kernel(
+    PartO, PartRank, PartLse, WV, Out, Lse,
+    stride_ob, stride_oh, stride_om, stride_od,
+    stride_zb, stride_zh, stride_zm, stride_zs, stride_zr,
+    stride_sb, stride_sh, stride_sm, stride_ss,
+    stride_wvb, stride_wvr, stride_wvc,
+    stride_yb, stride_yh, stride_ym, stride_yd,
+    stride_lb, stride_lh, stride_lm,
+    n_splits, rank_v_max,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_RV: tl.constexpr,
+):
+    """Merge one query row's partials (as splitk's merge): the compressed
+    splits' rank-space sums and the dense segment's sum (slot n_splits),
+    mapping the merged rank-space sum by the row's W_v,g once per sequence:
+    o = o_dense + (sum_t p_t U_v[t]) W_v,g, normalised."""
+    b = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    query = tl.program_id(2)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    offs_rv = tl.arange(0, BLOCK_RV)
+    rv_mask = offs_rv < rank_v_max
+    part_rank = PartRank + b * stride_zb + head * stride_zh + query * stride_zm
+    part_lse = PartLse + b * stride_sb + head * stride_sh + query * stride_sm
+
+    e_max = float("-inf")
+    e_sum = 0.0
+    acc_rank = tl.zeros([BLOCK_RV], dtype=tl.float32)
+    for s in range(0, n_splits):
+        lse_s = tl.load(part_lse + s * stride_ss)
+        r_s = tl.load(part_rank + s * stride_zs + offs_rv * stride_zr, mask=rv_mask, other=0.0)
+        new_max = tl.maximum(e_max, lse_s)
+        ref_max = tl.where(new_max == float("-inf"), 0.0, new_max)  # empty so far: no inf - inf
+        old_scale = tl.exp2(e_max - ref_max)
+        w = tl.exp2(lse_s - ref_max)
+        acc_rank = acc_rank * old_scale + w * r_s
+        e_sum = e_sum * old_scale + w
+        e_max = new_max
+    lse_d = tl.load(part_lse + n_splits * stride_ss)
+    o_d = tl.load(PartO + b * stride_ob + head * stride_oh + query * stride_om + offs_d * stride_od, mask=d_mask,
+                  other=0.0)
+    new_max = tl.maximum(e_max, lse_d)
+    ref_max = tl.where(new_max == float("-inf"), 0.0, new_max)
+    old_scale = tl.exp2(e_max - ref_max)
+    w_d = tl.exp2(lse_d - ref_max)
+    e_sum = e_sum * old_scale + w_d
+    e_max = new_max
+    seen = e_sum > 0
+    inv = 1.0 / tl.where(seen, e_sum, 1.0)
+    g = head // GROUP
+    wv = tl.load(WV + b * stride_wvb + offs_rv[:, None] * stride_wvr + (g * HEAD_DIM + offs_d[None, :]) * stride_wvc,
+                 mask=rv_mask[:, None] & d_mask[None, :], other=0.0).to(tl.float32)
+    out = (tl.sum((acc_rank * old_scale)[:, None] * wv, 0) + w_d * o_d) * inv
+    lse = tl.where(seen, (e_max + tl.log2(tl.where(seen, e_sum, 1.0))) * 0.6931471805599453, float("-inf"))
+    tl.store(Out + b * stride_yb + head * stride_yh + query * stride_ym + offs_d * stride_yd,
+             out.to(Out.dtype.element_ty), mask=d_mask)
+    tl.store(Lse + b * stride_lb + head * stride_lh + query * stride_lm, lse)
+
+
+@triton.jit
 def _mass_kernel(
-    Logits, Lse, MassC, MassD, CLen, DLen, QRank, UK, RankK, CPos, QPos,
+    Logits, Lse, MassC, MassD, CLen, DLen,
     stride_lb, stride_lh, stride_lm, stride_ln,
     stride_sb, stride_sh, stride_sm,
     stride_cb, stride_cn,
     stride_db, stride_dn,
     stride_clb, stride_dlb,
-    stride_xb, stride_xr, stride_xk,
-    stride_ukb, stride_ukn, stride_ukr,
-    stride_rkb, stride_rkn,
-    stride_cpb, stride_cpn,
-    stride_pb, stride_pm,
-    n_comp, n_cols, n_rows, inv_rows, qk_scale, rank_k_max,
+    n_comp, n_cols, n_rows, inv_rows,
     N_QUERIES: tl.constexpr,
     BLOCK_T: tl.constexpr,
-    RANK_SPACE: tl.constexpr,
-    BLOCK_ROWS: tl.constexpr,
-    BLOCK_RK: tl.constexpr,
-    UW_DT: tl.constexpr,
+    DENSE_ONLY: tl.constexpr,
 ):
     """Per-token attention weight exp(logit - lse), averaged over the n_rows =
-    heads x queries rows, for a block of columns of [compressed | dense].
-    The logits come from stage 1 ([compressed | dense] columns); with
-    RANK_SPACE (the absorbed kernel) stage 1 wrote the dense columns only,
-    and the compressed tokens' scores are recomputed here as q~ . U_k[t]."""
+    heads x queries rows, for a block of columns of [compressed | dense],
+    from the logits stage 1 stored. DENSE_ONLY (the absorbed kernel): stage
+    1 stored the dense columns only, and the blocks cover those (the
+    compressed ones are _mass_rank_kernel's)."""
     b = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    if DENSE_ONLY:
+        cols += n_comp
     c_len = tl.load(CLen + b * stride_clb).to(tl.int32)
     d_len = tl.load(DLen + b * stride_dlb).to(tl.int32)
     valid_c = cols < c_len
     valid_d = (cols >= n_comp) & (cols - n_comp < d_len)
     # Only columns of real tokens were written by stage 1; padding is never read.
-    if RANK_SPACE:
-        from_logits = valid_d
-        logit_cols = cols - n_comp
-    else:
-        from_logits = valid_c | valid_d
-        logit_cols = cols
+    logit_cols = cols - n_comp if DENSE_ONLY else cols
     total = tl.zeros([BLOCK_T], dtype=tl.float32)
     for r in range(0, n_rows):
         head = r // N_QUERIES
@@ -494,29 +573,63 @@ def _mass_kernel(
         lse2 = tl.load(Lse + b * stride_sb + head * stride_sh + query * stride_sm) * 1.4426950408889634
         lse2 = tl.where(lse2 == float("-inf"), 0.0, lse2)  # a row that saw nothing has only -inf logits
         logit = tl.load(Logits + b * stride_lb + head * stride_lh + query * stride_lm + logit_cols * stride_ln,
-                        mask=from_logits, other=float("-inf"))
+                        mask=valid_c | valid_d, other=float("-inf"))
         total += tl.exp2(logit - lse2)
-    if RANK_SPACE:
-        offs_row = tl.arange(0, BLOCK_ROWS)
-        row_mask = offs_row < n_rows
-        head_r = offs_row // N_QUERIES
-        query_r = offs_row % N_QUERIES
-        lse2_r = tl.load(Lse + b * stride_sb + head_r * stride_sh + query_r * stride_sm, mask=row_mask,
-                         other=0.0) * 1.4426950408889634
-        lse2_r = tl.where(lse2_r == float("-inf"), 0.0, lse2_r)
-        q_pos = tl.load(QPos + b * stride_pb + query_r * stride_pm, mask=row_mask, other=-1).to(tl.int32)
-        offs_rk = tl.arange(0, BLOCK_RK)
-        rank = tl.load(RankK + b * stride_rkb + cols * stride_rkn, mask=valid_c, other=0).to(tl.int32)
-        tok_pos = tl.load(CPos + b * stride_cpb + cols * stride_cpn, mask=valid_c, other=0).to(tl.int32)
-        ut = tl.load(UK + b * stride_ukb + cols[None, :] * stride_ukn + offs_rk[:, None] * stride_ukr,
-                     mask=offs_rk[:, None] < rank[None, :], other=0.0).to(UW_DT)
-        q_rank = tl.load(QRank + b * stride_xb + offs_row[:, None] * stride_xr + offs_rk[None, :] * stride_xk,
-                         mask=row_mask[:, None] & (offs_rk[None, :] < rank_k_max), other=0.0).to(UW_DT)
-        s = _mask(tl.dot(q_rank, ut, input_precision="ieee") * qk_scale, tok_pos, valid_c, q_pos, row_mask)
-        total += tl.sum(tl.exp2(s - lse2_r[:, None]), 0)
     mass = tl.where(valid_c | valid_d, total * inv_rows, 0.0)
     tl.store(MassC + b * stride_cb + cols * stride_cn, mass, mask=cols < n_comp)
     tl.store(MassD + b * stride_db + (cols - n_comp) * stride_dn, mass, mask=(cols >= n_comp) & (cols < n_cols))
+
+
+@triton.jit
+def _mass_rank_kernel(
+    Lse, MassC, CLen, QRank, UK, RankK, CPos, QPos,
+    stride_sb, stride_sh, stride_sm,
+    stride_cb, stride_cn,
+    stride_clb,
+    stride_xb, stride_xr, stride_xk,
+    stride_ukb, stride_ukn, stride_ukr,
+    stride_rkb, stride_rkn,
+    stride_cpb, stride_cpn,
+    stride_pb, stride_pm,
+    n_comp, n_rows, inv_rows, qk_scale, rank_k_max,
+    N_QUERIES: tl.constexpr,
+    SPAN: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_RK: tl.constexpr,
+    UW_DT: tl.constexpr,
+):
+    """The absorbed kernel's compressed tokens' masses, recomputed in rank
+    space: row r's weight of token t is exp(q~_r . U_k[t, :r_t] * scale -
+    lse_r), averaged over the rows. A program walks SPAN columns in tiles of
+    BLOCK_T (q~ and the LSEs loaded once, U_k tiles 16 bytes wide and
+    pipelined), the cheaper choice than storing a float32 logit per row and
+    token in stage 1 and reading it back."""
+    b = tl.program_id(0).to(tl.int64)
+    lo = tl.program_id(1) * SPAN
+    hi = tl.minimum(lo + SPAN, n_comp)
+    c_len = tl.load(CLen + b * stride_clb).to(tl.int32)
+    offs_row = tl.arange(0, BLOCK_ROWS)
+    row_mask = offs_row < n_rows
+    head_r = offs_row // N_QUERIES
+    query_r = offs_row % N_QUERIES
+    lse2 = tl.load(Lse + b * stride_sb + head_r * stride_sh + query_r * stride_sm, mask=row_mask,
+                   other=0.0) * 1.4426950408889634
+    lse2 = tl.where(lse2 == float("-inf"), 0.0, lse2)
+    q_pos = tl.load(QPos + b * stride_pb + query_r * stride_pm, mask=row_mask, other=-1).to(tl.int32)
+    offs_rk = tl.arange(0, BLOCK_RK)
+    q_rank = tl.load(QRank + b * stride_xb + offs_row[:, None] * stride_xr + offs_rk[None, :] * stride_xk,
+                     mask=row_mask[:, None] & (offs_rk[None, :] < rank_k_max), other=0.0).to(UW_DT)
+    UK_b = UK + b * stride_ukb
+    for start in range(lo, hi, BLOCK_T):
+        cols = start + tl.arange(0, BLOCK_T)
+        valid = cols < c_len
+        rank = tl.load(RankK + b * stride_rkb + cols * stride_rkn, mask=valid, other=0).to(tl.int32)
+        tok_pos = tl.load(CPos + b * stride_cpb + cols * stride_cpn, mask=valid, other=0).to(tl.int32)
+        uk = _load_rank_rows(UK_b, cols, valid, rank, offs_rk, rank_k_max, stride_ukn, stride_ukr, UW_DT)
+        s = _mask(tl.dot(q_rank, tl.trans(uk), input_precision="ieee") * qk_scale, tok_pos, valid, q_pos, row_mask)
+        mass = tl.sum(tl.exp2(s - lse2[:, None]), 0) * inv_rows
+        tl.store(MassC + b * stride_cb + cols * stride_cn, tl.where(valid, mass, 0.0), mask=cols < hi)
 
 
 # The pinned config (block_n given, or the interpreter) and the autotuner's
@@ -545,7 +658,7 @@ _STAGE1_KEY = ["tune_programs", "tune_span", "KV_HEADS", "GROUP", "N_QUERIES", "
 # Configs that spill at the shape being tuned are pruned before timing (at
 # 32 query rows, 64-token tiles on 4 warps and 128-token tiles on 8 do).
 _stage1_tuned = triton.autotune(configs=_stage1_configs("_stage1_kernel"), cache_results=True,
-                                key=_STAGE1_KEY + ["BLOCK_R", "BLOCK_RV", "ROPE"],
+                                key=_STAGE1_KEY + ["BLOCK_R", "BLOCK_RV", "ROPE", "ONE_CHUNK"],
                                 prune_configs_by={"early_config_prune": common.prune_spilling(_stage1_kernel)})(
     _stage1_kernel)
 _stage1_absorbed_tuned = triton.autotune(
@@ -613,7 +726,7 @@ def lowrank_decode_absorbed(q: torch.Tensor, q_pos: torch.Tensor, comp: Compress
     decomposed after RoPE (there is no rope_base: rank-space scores cannot be
     rotated per token). Per query head h of kv head g: q~ = q W_k[:, g]^T [Rk]
     is scored against U_k[t, :rank_k[t]], and sum_t p_t U_v[t, :rank_v[t]] is
-    mapped back by W_v[:, g] once per split. Ranks up to MAX_RANK_SPACE.
+    mapped back by W_v[:, g] once per sequence, in the merge. Ranks up to MAX_RANK_SPACE.
     Shapes, outputs and the other arguments as lowrank_decode."""
     check_inputs(q, q_pos, comp, dense, None, check_values)
     for name, u in (("uk", comp.uk), ("uv", comp.uv)):
@@ -628,18 +741,22 @@ class Workspace:
     scaled logits of every (query row, token) for the masses [B, Hq, M, T + S]
     (the absorbed kernel: of the dense tokens only, [B, Hq, M, S]), each
     split's partial output [B, Hq, M, splits, D] and log2-sum-exp [B, Hq, M,
-    splits], and the absorbed kernel's rank-space queries [B, Hq * M, Rk].
-    Made once by make_workspace for a kernel, a cache's shapes and a split
-    count; the same one serves every step while the shapes stay."""
+    splits], the absorbed kernel's rank-space queries [B, Hq * M, Rk] and
+    each split's rank-space partial sum [B, Hq, M, splits, Rv] (there part_o
+    [B, Hq, M, 1, D] is the dense segment's sum and part_lse has one more
+    slot, the dense segment's; the fused kernel's q_rank and part_rank are
+    empty). Made once by make_workspace for a kernel, a cache's shapes and a
+    split count; the same one serves every step while the shapes stay."""
 
     logits: torch.Tensor
     part_o: torch.Tensor
     part_lse: torch.Tensor
     q_rank: torch.Tensor
+    part_rank: torch.Tensor
 
     @property
     def splits(self) -> int:
-        return self.part_o.shape[3]
+        return self.part_rank.shape[3]
 
 
 def make_workspace(q: torch.Tensor, comp: CompressedKV, dense: DenseKV, num_splits: int, *,
@@ -647,7 +764,7 @@ def make_workspace(q: torch.Tensor, comp: CompressedKV, dense: DenseKV, num_spli
     """A workspace for calls of lowrank_decode (or, with absorbed=True,
     lowrank_decode_absorbed) with these shapes and num_splits splits (see
     default_num_splits), on q's device."""
-    num_splits = _num_splits(num_splits, comp, dense, 1, q.device)
+    num_splits = _num_splits(num_splits, comp, dense, 1, q.device, absorbed)
     return Workspace(*(torch.empty(shape, dtype=torch.float32, device=q.device)
                        for shape in _workspace_shapes(q, comp, dense, num_splits, absorbed)))
 
@@ -655,8 +772,10 @@ def make_workspace(q: torch.Tensor, comp: CompressedKV, dense: DenseKV, num_spli
 def _workspace_shapes(q, comp, dense, splits: int, absorbed: bool):
     batch, heads, queries, head_dim = q.shape
     cols = dense.k.shape[2] + (0 if absorbed else comp.uk.shape[1])
-    return ((batch, heads, queries, cols), (batch, heads, queries, splits, head_dim), (batch, heads, queries, splits),
-            (batch, heads * queries, comp.uk.shape[2] if absorbed else 0))
+    # The compressed splits' rank-space partials, then one slot for the dense segment.
+    return ((batch, heads, queries, cols), (batch, heads, queries, 1, head_dim), (batch, heads, queries, splits + 1),
+            (batch, heads * queries, comp.uk.shape[2] if absorbed else 0), (batch, heads, queries, splits,
+                                                                             comp.uv.shape[2]))
 
 
 def _check_workspace(ws: Workspace, q, comp, dense, num_splits, absorbed: bool) -> int:
@@ -665,8 +784,8 @@ def _check_workspace(ws: Workspace, q, comp, dense, num_splits, absorbed: bool) 
         raise TypeError(f"workspace must be a Workspace (make_workspace), got {type(ws).__name__}")
     if num_splits is not None and num_splits != ws.splits:
         raise ValueError(f"num_splits={num_splits} but the workspace was made for {ws.splits} splits")
-    for name, t, shape in zip(("logits", "part_o", "part_lse", "q_rank"),
-                              (ws.logits, ws.part_o, ws.part_lse, ws.q_rank),
+    for name, t, shape in zip(("logits", "part_o", "part_lse", "q_rank", "part_rank"),
+                              (ws.logits, ws.part_o, ws.part_lse, ws.q_rank, ws.part_rank),
                               _workspace_shapes(q, comp, dense, ws.splits, absorbed)):
         if tuple(t.shape) != shape or t.dtype != torch.float32 or t.device != q.device:
             raise ValueError(f"workspace.{name} is {t.dtype} {tuple(t.shape)} on {t.device}; this call needs "
@@ -703,7 +822,7 @@ def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, wor
     if workspace is not None:
         splits = _check_workspace(workspace, q, comp, dense, num_splits, absorbed)
     else:
-        splits = _num_splits(num_splits, comp, dense, batch, dev)
+        splits = _num_splits(num_splits, comp, dense, batch, dev, absorbed)
         workspace = Workspace(*(torch.empty(shape, dtype=torch.float32, device=dev)
                                 for shape in _workspace_shapes(q, comp, dense, splits, absorbed)))
     # Scaled logits (log2 units) of every (row, token) for the masses; columns
@@ -711,83 +830,160 @@ def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, wor
     # absorbed kernel: the dense ones only). Only real tokens' columns are
     # written and read.
     logits, part_o, part_lse, q_rank = workspace.logits, workspace.part_o, workspace.part_lse, workspace.q_rank
+    part_rank = workspace.part_rank
 
     block_d = common.block(head_dim)
     shared = dict(KV_HEADS=kv_heads, GROUP=group, N_QUERIES=queries, HEAD_DIM=head_dim, BLOCK_ROWS=common.block(rows),
                   BLOCK_D=block_d, QK_DT=common.dot_dtype(q.dtype, dense.k.dtype, dense.v.dtype),
                   UW_DT=common.dot_dtype(comp.uk.dtype, comp.wk.dtype, comp.uv.dtype, comp.wv.dtype))
-    tensors = [q, q_pos, comp.uk, comp.wk, comp.uv, comp.wv, comp.rank_k, comp.rank_v, comp.pos, comp.length,
-               dense.k, dense.v, dense.pos, dense.length, logits, part_o, part_lse]
-    strides = [*q.stride(), *q_pos.stride(), *comp.uk.stride(), *comp.wk.stride(), *comp.uv.stride(),
-               *comp.wv.stride(), *comp.rank_k.stride(), *comp.rank_v.stride(), *comp.pos.stride(),
-               *comp.length.stride(), *dense.k.stride(), *dense.v.stride(), *dense.pos.stride(),
-               *dense.length.stride(), *logits.stride(), *part_o.stride(), *part_lse.stride()]
-    scalars = [tokens, comp.uk.shape[2], comp.uv.shape[2], scale * common.LOG2E]
     # Autotuning buckets (unused by the kernels): the best tile depends on how
     # many programs run and how many tokens each walks, so tune once per
     # power-of-two class of each rather than once for all shapes.
-    tune = [common.block(batch * splits), common.block(triton.cdiv(tokens + slots, splits))]
+    tune = [common.block(batch * splits), common.block(triton.cdiv(tokens, splits))]
     grid = (batch, splits)
-    # The float32 products into and out of rank space may use tf32 tensor
-    # cores when q and W are 16-bit: such values are exact in tf32, so only
-    # the accumulated rank-space values get rounded (like fp16).
-    exact = all(t.dtype != torch.float32 for t in (q, comp.wk, comp.wv)) and not interpreter_mode()
     if absorbed:
-        meta = dict(shared, BLOCK_RK=common.block(comp.uk.shape[2]),
-                    BLOCK_RV=common.block(comp.uv.shape[2]), RANK_PREC="tf32" if exact else "ieee")
-        kernel, tuned, name = _stage1_absorbed_kernel, _stage1_absorbed_tuned, "_stage1_absorbed_kernel"
-        args = [*tensors, q_rank, *strides, *q_rank.stride(), *scalars, *tune]
+        _absorbed_stage1(q, q_pos, comp, part_rank, part_lse, q_rank, shared, scale, tune, grid, block_n)
     else:
         rope_step = 0.0 if rope_base is None else -2.0 * math.log2(rope_base) / head_dim
-        args = [*tensors, *strides, *scalars, rope_step, *tune]
+        block_r = min(common.block(comp.uk.shape[2]), rank_chunk or MAX_BLOCK_R)
+        args = [q, q_pos, comp.uk, comp.wk, comp.uv, comp.rank_k, comp.rank_v, comp.pos, comp.length, logits,
+                part_rank, part_lse,
+                *q.stride(), *q_pos.stride(), *comp.uk.stride(), *comp.wk.stride(), *comp.uv.stride(),
+                *comp.rank_k.stride(), *comp.rank_v.stride(), *comp.pos.stride(), *comp.length.stride(),
+                *logits.stride(), *part_rank.stride(), *part_lse.stride(),
+                comp.uk.shape[2], comp.uv.shape[2], scale * common.LOG2E, rope_step, *tune]
         meta = dict(shared, HALF=head_dim // 2, ROPE=rope_base is not None, BLOCK_HALF=common.block(head_dim // 2),
-                    BLOCK_R=min(common.block(comp.uk.shape[2]), rank_chunk or MAX_BLOCK_R),
-                    BLOCK_RV=common.block(comp.uv.shape[2]), RANK_PREC="tf32" if exact else "ieee")
-        kernel, tuned, name = _stage1_kernel, _stage1_tuned, "_stage1_kernel"
-    if block_n is not None or interpreter_mode():
-        kernel[grid](*args, **meta, BLOCK_N=block_n or INTERPRET_BLOCK_N, num_warps=DEFAULT_WARPS[name],
-                     num_stages=DEFAULT_STAGES)
-    else:
-        tuned[grid](*args, **meta)
-
-    splitk.merge(part_o, part_lse, out, lse)
-    if tokens + slots:
-        block_t = 64 if absorbed else 256  # absorbed: a [block_t, Rk] U_k tile per program
-        _mass_kernel[(batch, triton.cdiv(tokens + slots, block_t))](
-            logits, lse, mass_comp, mass_dense, comp.length, dense.length, q_rank, comp.uk, comp.rank_k, comp.pos,
-            q_pos,
+                    BLOCK_R=block_r, BLOCK_RV=common.block(comp.uv.shape[2]), ONE_CHUNK=block_r >= comp.uk.shape[2])
+        if block_n is not None or interpreter_mode():
+            _stage1_kernel[grid](*args, **meta, BLOCK_N=block_n or INTERPRET_BLOCK_N,
+                                 num_warps=DEFAULT_WARPS["_stage1_kernel"], num_stages=DEFAULT_STAGES)
+        else:
+            _stage1_tuned[grid](*args, **meta)
+    # The dense tokens' logits: columns [T, T + S) of the fused kernel's, all of the absorbed kernel's.
+    _dense_and_merge(q, q_pos, comp, dense, logits if absorbed else logits[..., tokens:], part_o, part_rank,
+                     part_lse, out, lse, shared, scale)
+    if absorbed:
+        _rank_space_masses(q_pos, comp, logits, lse, mass_comp, mass_dense, dense.length, q_rank, heads * queries,
+                           queries, scale, shared["UW_DT"])
+    elif tokens + slots:
+        _mass_kernel[(batch, triton.cdiv(tokens + slots, MASS_BLOCK_T))](
+            logits, lse, mass_comp, mass_dense, comp.length, dense.length,
             *logits.stride(), *lse.stride(), *mass_comp.stride(), *mass_dense.stride(),
-            *comp.length.stride(), *dense.length.stride(), *q_rank.stride(), *comp.uk.stride(),
-            *comp.rank_k.stride(), *comp.pos.stride(), *q_pos.stride(),
-            tokens, tokens + slots, heads * queries, 1.0 / (heads * queries), scale * common.LOG2E,
-            comp.uk.shape[2],
-            N_QUERIES=queries, BLOCK_T=block_t, RANK_SPACE=absorbed, BLOCK_ROWS=common.block(heads * queries),
-            BLOCK_RK=common.block(comp.uk.shape[2]), UW_DT=shared["UW_DT"])
+            *comp.length.stride(), *dense.length.stride(),
+            tokens, tokens + slots, heads * queries, 1.0 / (heads * queries),
+            N_QUERIES=queries, BLOCK_T=MASS_BLOCK_T, DENSE_ONLY=False)
     return DecodeOutput(out, lse, mass_comp, mass_dense)
 
 
-def default_num_splits(comp: CompressedKV, dense: DenseKV) -> int:
+def _absorbed_stage1(q, q_pos, comp, part_rank, part_lse, q_rank, shared, scale, tune, grid, block_n) -> None:
+    """The absorbed kernel's compressed segment: q~ once per sequence, then
+    the splits in rank space."""
+    batch, heads, queries, head_dim = q.shape
+    kv_heads, group = shared["KV_HEADS"], shared["GROUP"]
+    rank_k, rank_v = comp.uk.shape[2], comp.uv.shape[2]
+    block_rk, block_rv = common.block(rank_k), common.block(rank_v)
+    # The float32 products into rank space may use tf32 tensor cores when q
+    # and W_k are 16-bit: such values are exact in tf32, so only the
+    # accumulated rank-space values get rounded (like fp16).
+    exact = all(t.dtype != torch.float32 for t in (q, comp.wk)) and not interpreter_mode()
+    _rank_query_kernel[(batch, kv_heads)](
+        q, comp.wk, q_rank, *q.stride(), *comp.wk.stride(), *q_rank.stride(), rank_k,
+        GROUP=group, N_QUERIES=queries, HEAD_DIM=head_dim, BLOCK_G=common.block(group * queries),
+        BLOCK_D=shared["BLOCK_D"], BLOCK_RK=block_rk, UW_DT=shared["UW_DT"], RANK_PREC="tf32" if exact else "ieee")
+    args = [q_pos, comp.uk, comp.uv, comp.rank_k, comp.rank_v, comp.pos, comp.length, part_rank, part_lse, q_rank,
+            *q_pos.stride(), *comp.uk.stride(), *comp.uv.stride(), *comp.rank_k.stride(), *comp.rank_v.stride(),
+            *comp.pos.stride(), *comp.length.stride(), *part_rank.stride(), *part_lse.stride(), *q_rank.stride(),
+            rank_k, rank_v, scale * common.LOG2E, *tune]
+    meta = dict(KV_HEADS=kv_heads, GROUP=group, N_QUERIES=queries, BLOCK_ROWS=shared["BLOCK_ROWS"],
+                BLOCK_RK=block_rk, BLOCK_RV=block_rv, UW_DT=shared["UW_DT"])
+    if block_n is not None or interpreter_mode():
+        _stage1_absorbed_kernel[grid](*args, **meta, BLOCK_N=block_n or INTERPRET_BLOCK_N,
+                                      num_warps=DEFAULT_WARPS["_stage1_absorbed_kernel"], num_stages=DEFAULT_STAGES)
+    else:
+        _stage1_absorbed_tuned[grid](*args, **meta)
+
+
+def _dense_and_merge(q, q_pos, comp, dense, dense_logits, part_o, part_rank, part_lse, out, lse, shared,
+                     scale) -> None:
+    """The dense segment (its partial in the last slot) and the merge of
+    every partial, W_v applied once per sequence."""
+    batch, heads, queries, head_dim = q.shape
+    kv_heads, group = shared["KV_HEADS"], shared["GROUP"]
+    splits = part_rank.shape[3]
+    part_dense = part_o[:, :, :, 0]
+    _dense_segment_kernel[(batch, kv_heads)](
+        q, q_pos, dense.k, dense.v, dense.pos, dense.length, dense_logits, part_dense, part_lse,
+        *q.stride(), *q_pos.stride(), *dense.k.stride(), *dense.v.stride(), *dense.pos.stride(),
+        *dense.length.stride(), *dense_logits.stride(), *part_dense.stride(), *part_lse.stride(),
+        head_dim, splits, scale * common.LOG2E,
+        GROUP=group, N_QUERIES=queries, BLOCK_G=common.block(group * queries), BLOCK_D=shared["BLOCK_D"],
+        QK_DT=shared["QK_DT"], BLOCK_N=DENSE_BLOCK_N,
+        num_warps=dense_warps(dense.k.element_size(), shared["BLOCK_D"]), num_stages=2)
+    _merge_rank_kernel[(batch, heads, queries)](
+        part_dense, part_rank, part_lse, comp.wv, out, lse,
+        *part_dense.stride(), *part_rank.stride(), *part_lse.stride(), *comp.wv.stride(), *out.stride(),
+        *lse.stride(), splits, comp.uv.shape[2],
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=shared["BLOCK_D"], BLOCK_RV=common.block(comp.uv.shape[2]))
+
+
+def dense_warps(elem_bytes: int, block_d: int) -> int:
+    """Warps of a _dense_segment_kernel program: its K and V tiles
+    [DENSE_BLOCK_N, block_d] live in registers, so tiles wider than a 16-bit
+    [32, 128] pair get 8 (float32 rows of head_dim 80 spill on 4)."""
+    return 8 if elem_bytes * block_d * DENSE_BLOCK_N > 2 * 128 * 32 else 4
+
+
+def _rank_space_masses(q_pos, comp, logits, lse, mass_comp, mass_dense, dense_length, q_rank, rows, queries, scale,
+                       uw_dt) -> None:
+    """The absorbed kernel's masses: compressed tokens recomputed in rank
+    space, dense tokens from their stored logits."""
+    batch, tokens = mass_comp.shape
+    slots = mass_dense.shape[1]
+    if tokens:
+        _mass_rank_kernel[(batch, triton.cdiv(tokens, MASS_SPAN))](
+            lse, mass_comp, comp.length, q_rank, comp.uk, comp.rank_k, comp.pos, q_pos,
+            *lse.stride(), *mass_comp.stride(), *comp.length.stride(), *q_rank.stride(), *comp.uk.stride(),
+            *comp.rank_k.stride(), *comp.pos.stride(), *q_pos.stride(),
+            tokens, rows, 1.0 / rows, scale * common.LOG2E, comp.uk.shape[2],
+            N_QUERIES=queries, SPAN=MASS_SPAN, BLOCK_T=MASS_RANK_BLOCK_T, BLOCK_ROWS=common.block(rows),
+            BLOCK_RK=common.block(comp.uk.shape[2]), UW_DT=uw_dt, num_warps=8, num_stages=3)
+    if slots:
+        _mass_kernel[(batch, triton.cdiv(slots, MASS_BLOCK_T))](
+            logits, lse, mass_comp, mass_dense, comp.length, dense_length,
+            *logits.stride(), *lse.stride(), *mass_comp.stride(), *mass_dense.stride(),
+            *comp.length.stride(), *dense_length.stride(),
+            tokens, tokens + slots, rows, 1.0 / rows,
+            N_QUERIES=queries, BLOCK_T=MASS_BLOCK_T, DENSE_ONLY=True)
+
+
+def default_num_splits(comp: CompressedKV, dense: DenseKV, *, absorbed: bool = False) -> int:
     """The num_splits a call with num_splits=None uses (one host sync); pass it
     explicitly to keep repeated calls free of synchronisation. Both kernels
-    run one program per (sequence, split)."""
-    return _num_splits(None, comp, dense, comp.length.shape[0], comp.length.device)
+    run one program per (sequence, split); absorbed=True: the absorbed
+    kernel's count (longer splits)."""
+    return _num_splits(None, comp, dense, comp.length.shape[0], comp.length.device, absorbed)
 
 
-def _num_splits(num_splits, comp: CompressedKV, dense: DenseKV, programs_per_split: int, device) -> int:
-    """Splits per sequence. Default: about TOKENS_PER_SPLIT tokens
-    each for the longest sequence, at most DEFAULT_MAX_SPLITS; on a GPU, more
-    (down to 64 tokens each) while the grid would not fill two waves of SMs."""
+def _num_splits(num_splits, comp: CompressedKV, dense: DenseKV, programs_per_split: int, device,
+                absorbed: bool = False) -> int:
+    """Splits per sequence: num_splits checked, else split_count's default for
+    the longest sequence."""
     if num_splits is not None:
         if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_SPLITS:
             raise ValueError(f"num_splits must be an int in [1, {MAX_SPLITS}], got {num_splits!r}")
         return num_splits
-    longest = int((comp.length.to(torch.int64) + dense.length.to(torch.int64)).max())  # one host sync
-    return split_count(longest, programs_per_split, splitk.sm_count(device))
+    lengths = comp.length  # the splits cover the compressed segment (the dense one has its own programs)
+    longest = int(lengths.max()) if lengths.numel() else 0  # one host sync
+    return split_count(longest, programs_per_split, splitk.sm_count(device), absorbed=absorbed)
 
 
-def split_count(longest: int, programs_per_split: int, sms: int | None) -> int:
-    """The default split count for the longest sequence's tokens, with
+def split_count(longest: int, programs_per_split: int, sms: int | None, *, absorbed: bool = False) -> int:
+    """The default split count for the longest sequence's compressed tokens, with
     `programs_per_split` programs per split (the batch) on `sms` SMs (None:
-    the interpreter)."""
-    return splitk.split_count(longest, programs_per_split, per_split=TOKENS_PER_SPLIT, min_split=64,
+    the interpreter): about TOKENS_PER_SPLIT tokens each (the absorbed
+    kernel: ABSORBED_TOKENS_PER_SPLIT), at most DEFAULT_MAX_SPLITS; on a
+    GPU, more (down to 64 tokens each) while the grid would not fill two
+    waves of SMs."""
+    per_split = ABSORBED_TOKENS_PER_SPLIT if absorbed else TOKENS_PER_SPLIT
+    return splitk.split_count(longest, programs_per_split, per_split=per_split, min_split=64,
                               max_splits=DEFAULT_MAX_SPLITS, sms=sms)

@@ -9,9 +9,12 @@ Per token of the compressed segment (fp16, 8 kv heads, head_dim 128, rank
 shared by every head, and both kernels' programs hold every query head of a
 sequence: each U tile is read once for all heads, 256 bytes a token.
 
-FLOPs are those the kernels execute on tensor cores, padding included. The
-maps into and out of rank space run once per split, every kv head's dot
-over all of a program's rows (tf32 products, counted at the fp16 rate). The
+FLOPs are those the kernels execute on tensor cores, padding included.
+Both kernels map out of rank space once per sequence, in their merge, on
+CUDA cores (not counted); the absorbed kernel maps into rank space once
+per sequence (a small pre-kernel, tf32 products counted at the fp16 rate).
+The dense segment is grouped decode, each kv head's rows (padded to 16).
+The
 fused kernel rebuilds each kv head's keys (2 * R_k * D a token and kv head,
 at the tile's rank) and scores them with all H_q rows of its program (each
 row keeps its own head's scores: H_kv times the useful QK work, the price of
@@ -75,23 +78,18 @@ def costs(s: Step) -> dict[str, dict]:
                                      s.elem_bytes)
     mk, mv = s.mean_ranks()
     dense_bytes = b * n * 2 * hk * d * e
-    dense_flops = b * hk * hq * n * 4 * d  # every row scores and sums each kv head's dense tokens
+    dense_flops = b * hk * max(16, hq // hk) * n * 4 * d  # each kv head's rows, padded to 16
     factors = b * t * per_token_bytes(s)["factors"] + b * (rk + rv) * hk * d * e  # U once, W once
     logits = b * hq * (t + n) * 4 * 2  # float32, written then read for the masses
     rank_space_mass = b * hq * n * 4 * 2 + b * t * mk * e + b * hq * rk * 4 * 2  # dense logits, U_k again, q~
-    # Into and out of rank space, once per split (every split of a sequence
-    # maps again), each kv head's dot over all of a program's rows.
-    splits = kernel.split_count(t + n, b, H100.sms)
-    rows = hq * hk  # a program's rows x kv heads: each kv head's masked dot covers every row
-    maps_in, maps_out = b * splits * rows * 2 * d * rk, b * splits * rows * 2 * d * rv
     return {
         "flash, full cache": {"bytes": b * (t + n) * 2 * hk * d * e, "flops": b * hq * (t + n) * 4 * d},
         "absorbed (latent)": {"bytes": factors + dense_bytes, "mass_bytes": rank_space_mass,
-                              "flops": b * hq * t * 2 * (rk + rv) + maps_in + maps_out + b * hq * t * 2 * rk
+                              "flops": b * hq * t * 2 * (rk + rv) + b * hq * 2 * d * rk + b * hq * t * 2 * rk
                               + dense_flops},
         "fused (exact)": {"bytes": factors + dense_bytes, "mass_bytes": logits,
                           "flops": b * t * hk * 2 * mk * d + b * t * hk * hq * 2 * d + b * hq * t * 2 * rv
-                          + maps_out + dense_flops},
+                          + dense_flops},
     }
 
 
@@ -183,14 +181,16 @@ def _rank_chunk(s: Step) -> int | None:
     return min(64, max(16, 1 << (max(1, s.rank_k // 4) - 1).bit_length()))
 
 
-def split_classes(s: Step, splits: int, block_n: int) -> dict:
+def split_classes(s: Step, splits: int, block_n: int, *, dense_apart: bool = False) -> dict:
     """Splits with the same ranges, as {(c_lo, c_hi, d_lo, d_hi, full):
     splits}: the ranges _split_range gives every split of [compressed |
-    dense], and `full`, how many of the first compressed tokens keep the
-    full key rank (tokens are stored grouped by rank, that group first)."""
+    dense] (dense_apart: of the compressed tokens only, as the absorbed
+    kernel splits them), and `full`, how many of the first compressed tokens
+    keep the full key rank (tokens are stored grouped by rank, that group
+    first)."""
     full = s.visual - round(s.low_share * s.visual) if s.partial in ("keys", "both") else s.visual
     out: dict = {}
-    for lo, hi in splitk.split_ranges(s.visual + s.dense, splits, block_n):
+    for lo, hi in splitk.split_ranges(s.visual + (0 if dense_apart else s.dense), splits, block_n):
         c_lo, c_hi = min(lo, s.visual), min(hi, s.visual)
         key = (c_lo, c_hi, max(lo, s.visual) - s.visual, max(hi, s.visual) - s.visual)
         out[key] = out.get(key, 0) + 1
@@ -213,18 +213,43 @@ def _work(s: Step, kernel_name: str, meta: dict, gpu, *, absorbed: bool, per_kv_
     b, t, n, hq, hk, d, e = s.batch, s.visual, s.dense, s.heads, s.kv_heads, s.head_dim, s.elem_bytes
     mk, mv = s.mean_ranks()
     programs_per_split = b * hk if per_kv_head else b
-    splits = kernel.split_count(t + n, programs_per_split, gpu.sms)
+    # Today's kernels split the compressed tokens only (the dense segment
+    # has a kernel of its own), keep their partials in rank space and apply
+    # W_v in the merge; the absorbed one makes q~ once per sequence and has
+    # longer splits. The fbd0532 kernels split [compressed | dense].
+    rank_space_parts = not per_kv_head
+    splits = kernel.split_count(t if rank_space_parts else t + n, programs_per_split, gpu.sms,
+                                absorbed=absorbed and rank_space_parts)
     tokens = b * (t + n)
-    u_bytes = b * t * (mk + mv) * e + b * (s.rank_k + s.rank_v) * hk * d * e
+    w_bytes = b * (s.rank_k + s.rank_v) * hk * d * e
+    # W in stage 1: both at fbd0532, W_k in today's fused kernel (W_v is the merge's).
+    stage1_w = w_bytes if not rank_space_parts else 0 if absorbed else b * s.rank_k * hk * d * e
+    u_bytes = b * t * (mk + mv) * e + stage1_w
     dense_bytes = b * n * 2 * hk * d * e
     index_bytes = b * t * 12 + b * n * 4  # positions and both ranks per compressed token, dense positions
-    part_bytes = b * hq * splits * (d + 1) * 4
+    if rank_space_parts:
+        part_bytes = b * hq * (splits * (s.rank_v + 1) + d + 1) * 4
+    else:
+        part_bytes = b * hq * splits * (d + 1) * 4
     small = "l2" if part_bytes < gpu.l2_bytes / 2 else "hbm"
+    if kernel_name == "_rank_query_kernel":
+        return estimate.Work((estimate.Programs(b * hk, {}),),
+                             b * hq * d * e + b * s.rank_k * hk * d * e + b * hq * s.rank_k * 4,
+                             {"Q": "hbm", "WK": "hbm"}, b * hq * 2 * d * s.rank_k, tokens)
+    if kernel_name == "_merge_rank_kernel":
+        return estimate.Work((estimate.Programs(b * hq, {"n_splits": splits}),),
+                             part_bytes + b * s.rank_v * hk * d * e + b * hq * (d * e + 4),
+                             {"PartO": small, "PartRank": small, "PartLse": small, "WV": "l2"}, 0.0, tokens)
+    if kernel_name == "_dense_segment_kernel":
+        return estimate.Work((estimate.Programs(b * hk, {"d_len": n}),),
+                             dense_bytes + b * n * 4 + b * hq * n * 4 + b * hq * (d + 1) * 4,
+                             {"Q": "l2", "QPos": "l2", "DLen": "l2"}, b * hq * n * 4 * d, tokens)
     if kernel_name in ("_stage1_kernel", "_stage1_absorbed_kernel"):
         block_n = int(meta["BLOCK_N"])
         low_rank = max(1, s.rank_k // 4) if s.partial in ("keys", "both") else s.rank_k
         classes: dict = {}  # splits with the same trips: (compressed tokens, dense tokens, chunks per tile)
-        for (c_lo, c_hi, d_lo, d_hi, full), count in split_classes(s, splits, block_n).items():
+        for (c_lo, c_hi, d_lo, d_hi, full), count in split_classes(s, splits, block_n,
+                                                                    dense_apart=rank_space_parts).items():
             chunks = 0.0
             if "BLOCK_R" in meta and not per_kv_head:
                 chunks = _tile_chunks(c_lo, c_hi, full, block_n, s.rank_k, low_rank, int(meta["BLOCK_R"]))
@@ -236,9 +261,13 @@ def _work(s: Step, kernel_name: str, meta: dict, gpu, *, absorbed: bool, per_kv_
             if "BLOCK_R" in meta and not per_kv_head:
                 values["#r0"] = chunks
             programs.append(estimate.Programs(count * programs_per_split, values))
-        logits = b * hq * (n if absorbed and not per_kv_head else t + n) * 4
-        q_rank = b * hq * s.rank_k * 4 if absorbed else 0
-        levels = dict(_SHARED)
+        logits = b * hq * (t + n) * 4  # fbd0532: every column
+        q_rank = b * hq * s.rank_k * 4 if absorbed and per_kv_head else 0  # today's: read from L2
+        levels = dict(_SHARED, QRank="l2")
+        if rank_space_parts:  # the dense segment is _dense_segment_kernel's
+            dense_bytes, index_bytes = 0, b * t * 12
+            part_bytes = b * hq * splits * (s.rank_v + 1) * 4
+            logits = 0 if absorbed else b * hq * t * 4
         if per_kv_head:
             # The kv heads' programs of a (sequence, split) are neighbours in
             # the grid and read the same U tiles at about the same time: at
@@ -247,9 +276,11 @@ def _work(s: Step, kernel_name: str, meta: dict, gpu, *, absorbed: bool, per_kv_
             for name in ("UK", "UV", "RankK", "RankV", "CPos"):
                 levels[name] = ({"hbm": 1 / hk, "l2": 1 - 1 / hk}, "hbm")
         useful = (b * hq * t * 2 * (s.rank_k + mv) if absorbed
-                  else b * t * hk * 2 * mk * d + b * hq * t * 2 * (d + mv)) + b * hq * n * 4 * d
+                  else b * t * hk * 2 * mk * d + b * hq * t * 2 * (d + mv)) + (0 if rank_space_parts
+                                                                               else b * hq * n * 4 * d)
         notes = []
-        empty = sum(1 for lo, hi in splitk.split_ranges(t + n, splits, block_n) if lo == hi)
+        empty = sum(1 for lo, hi in splitk.split_ranges(t if rank_space_parts else t + n, splits, block_n)
+                    if lo == hi)
         if empty:
             notes.append(f"{empty} of {splits} splits per sequence are empty (whole tiles of "
                          f"{block_n}); they still run the per-program prologue and epilogue")
@@ -259,18 +290,21 @@ def _work(s: Step, kernel_name: str, meta: dict, gpu, *, absorbed: bool, per_kv_
         return estimate.Work((estimate.Programs(b * hq, {"n_splits": splits}),),
                              part_bytes + b * hq * (d * e + 4), {"PartO": small, "PartLse": small}, 0.0, tokens)
     if kernel_name == "_mass_kernel":
-        rank_space = absorbed and not per_kv_head  # the fbd0532 kernels stored every logit
-        block_t = 64 if rank_space else 256
-        grid = b * -(-(t + n) // block_t)
-        if rank_space:
-            read = b * hq * n * 4 + b * t * (mk * e + 8) + b * hq * s.rank_k * 4
-        else:
-            read = b * hq * (t + n) * 4
-        levels = {"Lse": "l2", "QRank": "l2", "QPos": "l2", "CLen": "l2", "DLen": "l2"}
-        if rank_space:  # stage 1 stored the dense tokens' logits only: the other columns' loads are masked off
-            levels["Logits"] = {"masked": t / (t + n), "hbm": n / (t + n)}
-        return estimate.Work((estimate.Programs(grid, {"n_rows": hq}),), read + b * (t + n) * 4 + b * hq * 4, levels,
-                             b * t * hq * 2 * s.rank_k if rank_space else 0.0, tokens)
+        # From stored logits: every column (the fused kernel, and both
+        # fbd0532 kernels), or today's absorbed kernel's dense columns only.
+        cols = n if absorbed and rank_space_parts else t + n
+        grid = b * -(-cols // kernel.MASS_BLOCK_T)
+        levels = {"Lse": "l2", "CLen": "l2", "DLen": "l2"}
+        return estimate.Work((estimate.Programs(grid, {"n_rows": hq}),), b * hq * cols * 4 + b * cols * 4 + b * hq * 4,
+                             levels, 0.0, tokens)
+    if kernel_name == "_mass_rank_kernel":
+        span, block_t = kernel.MASS_SPAN, kernel.MASS_RANK_BLOCK_T
+        programs = [estimate.Programs(b * (t // span), {"lo": 0, "hi": span})]
+        if t % span:
+            programs.append(estimate.Programs(b, {"lo": 0, "hi": t % span}))
+        levels = {"Lse": "l2", "QRank": "l2", "QPos": "l2", "CLen": "l2"}
+        return estimate.Work(tuple(programs), b * t * (mk * e + 8) + b * t * 4 + b * hq * s.rank_k * 4, levels,
+                             b * t * hq * 2 * s.rank_k, tokens)
     raise KeyError(f"the lowrank_decode model knows no kernel {kernel_name!r}")
 
 
