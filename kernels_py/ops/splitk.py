@@ -73,6 +73,26 @@ def _store_split(PartO_rows, PartLse_rows, acc, m_i, l_i, offs_d, d_mask, row_ma
 
 
 @triton.jit
+def _merge_weights(e_max, e_sum, lse_s):
+    """One split's step of the merge: with the running max e_max and sum
+    e_sum of 2^lse (log2 units), a split of log2-sum-exp lse_s rescales
+    what was merged by old_scale and enters with weight w. Returns
+    old_scale, w and the new max and sum."""
+    new_max = tl.maximum(e_max, lse_s)
+    ref_max = tl.where(new_max == float("-inf"), 0.0, new_max)  # empty so far: no inf - inf
+    old_scale = tl.exp2(e_max - ref_max)
+    w = tl.exp2(lse_s - ref_max)
+    return old_scale, w, new_max, e_sum * old_scale + w
+
+
+@triton.jit
+def _merged_lse(e_max, e_sum):
+    """The natural-log LSE of merged splits (-inf when none saw a token)."""
+    seen = e_sum > 0
+    return tl.where(seen, (e_max + tl.log2(tl.where(seen, e_sum, 1.0))) * 0.6931471805599453, float("-inf"))
+
+
+@triton.jit
 def _merge_kernel(
     PartO, PartLse, Out, Lse,
     stride_ob, stride_oh, stride_om, stride_os, stride_od,
@@ -99,16 +119,10 @@ def _merge_kernel(
     for s in range(0, n_splits):
         lse_s = tl.load(part_lse + s * stride_ss)
         o_s = tl.load(part_o + s * stride_os + offs_d * stride_od, mask=d_mask, other=0.0)
-        new_max = tl.maximum(e_max, lse_s)
-        ref_max = tl.where(new_max == float("-inf"), 0.0, new_max)  # empty so far: no inf - inf
-        old_scale = tl.exp2(e_max - ref_max)
-        w = tl.exp2(lse_s - ref_max)
+        old_scale, w, e_max, e_sum = _merge_weights(e_max, e_sum, lse_s)
         acc = acc * old_scale + w * o_s
-        e_sum = e_sum * old_scale + w
-        e_max = new_max
-    seen = e_sum > 0
-    out = acc / tl.where(seen, e_sum, 1.0)
-    lse = tl.where(seen, (e_max + tl.log2(tl.where(seen, e_sum, 1.0))) * 0.6931471805599453, float("-inf"))
+    out = acc / tl.where(e_sum > 0, e_sum, 1.0)
+    lse = _merged_lse(e_max, e_sum)
     tl.store(Out + b * stride_yb + head * stride_yh + query * stride_ym + offs_d * stride_yd,
              out.to(Out.dtype.element_ty), mask=d_mask)
     tl.store(Lse + b * stride_lb + head * stride_lh + query * stride_lm, lse)

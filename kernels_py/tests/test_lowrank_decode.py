@@ -456,11 +456,10 @@ def test_roofline_model_counts_the_bytes_of_the_issue():
     assert bound == "memory" and abs(flash_us - 8.6e9 / 3.35e12 * 1e6) / flash_us < 0.01
     # Executed FLOPs of the fused kernel per token: the rebuild (8 kv heads x
     # 2 * 64 * 128), all 32 rows scoring each kv head's keys, values in rank
-    # space; W_v's map once per split (64 of them), each kv head's dot over
-    # all 32 rows; the dense tokens.
+    # space (W_v's map is the merge's, on CUDA cores); the dense tokens, each
+    # kv head's 4 rows padded to 16.
     per_token = 8 * 2 * 64 * 128 + 8 * 32 * 2 * 128 + 32 * 2 * 64
-    maps = 64 * 64 * (32 * 8) * 2 * 128 * 64
-    assert c["fused (exact)"]["flops"] == 64 * 32768 * per_token + maps + 64 * 8 * 32 * 64 * 4 * 128
+    assert c["fused (exact)"]["flops"] == 64 * 32768 * per_token + 64 * 8 * 16 * 64 * 4 * 128
     rows = model.report()["rows"]
     assert {r["variant"] for r in rows} == {"flash, full cache", "absorbed (latent)", "fused (exact)"}
     # 75% of the tokens at rank 16 in keys and values, stored grouped: U bytes

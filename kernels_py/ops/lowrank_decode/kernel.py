@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from kernels_py.ops import common, splitk
-from kernels_py.ops.splitk import _online_softmax, _store_split
+from kernels_py.ops.splitk import _merge_weights, _merged_lse, _online_softmax, _store_split
 from kernels_py.runtime import interpreter_mode
 from kernels_py.ops.lowrank_decode.contract import CompressedKV, DecodeOutput, DenseKV, check_inputs
 
@@ -510,29 +510,18 @@ def _merge_rank_kernel(
     for s in range(0, n_splits):
         lse_s = tl.load(part_lse + s * stride_ss)
         r_s = tl.load(part_rank + s * stride_zs + offs_rv * stride_zr, mask=rv_mask, other=0.0)
-        new_max = tl.maximum(e_max, lse_s)
-        ref_max = tl.where(new_max == float("-inf"), 0.0, new_max)  # empty so far: no inf - inf
-        old_scale = tl.exp2(e_max - ref_max)
-        w = tl.exp2(lse_s - ref_max)
+        old_scale, w, e_max, e_sum = _merge_weights(e_max, e_sum, lse_s)
         acc_rank = acc_rank * old_scale + w * r_s
-        e_sum = e_sum * old_scale + w
-        e_max = new_max
     lse_d = tl.load(part_lse + n_splits * stride_ss)
     o_d = tl.load(PartO + b * stride_ob + head * stride_oh + query * stride_om + offs_d * stride_od, mask=d_mask,
                   other=0.0)
-    new_max = tl.maximum(e_max, lse_d)
-    ref_max = tl.where(new_max == float("-inf"), 0.0, new_max)
-    old_scale = tl.exp2(e_max - ref_max)
-    w_d = tl.exp2(lse_d - ref_max)
-    e_sum = e_sum * old_scale + w_d
-    e_max = new_max
-    seen = e_sum > 0
-    inv = 1.0 / tl.where(seen, e_sum, 1.0)
+    old_scale, w_d, e_max, e_sum = _merge_weights(e_max, e_sum, lse_d)
+    inv = 1.0 / tl.where(e_sum > 0, e_sum, 1.0)
     g = head // GROUP
     wv = tl.load(WV + b * stride_wvb + offs_rv[:, None] * stride_wvr + (g * HEAD_DIM + offs_d[None, :]) * stride_wvc,
                  mask=rv_mask[:, None] & d_mask[None, :], other=0.0).to(tl.float32)
     out = (tl.sum((acc_rank * old_scale)[:, None] * wv, 0) + w_d * o_d) * inv
-    lse = tl.where(seen, (e_max + tl.log2(tl.where(seen, e_sum, 1.0))) * 0.6931471805599453, float("-inf"))
+    lse = _merged_lse(e_max, e_sum)
     tl.store(Out + b * stride_yb + head * stride_yh + query * stride_ym + offs_d * stride_yd,
              out.to(Out.dtype.element_ty), mask=d_mask)
     tl.store(Lse + b * stride_lb + head * stride_lh + query * stride_lm, lse)
