@@ -67,7 +67,7 @@ calibration (sm_90, with lowrank_decode): kernels measured on an H100 and
 their estimated band.
 Judge kernel work on the conservative end. What it cannot see: cache hit
 rates beyond what the op's model states, DRAM page effects, bank conflicts,
-clock throttling. About three minutes on a 2-core CPU; --op picks ops.`,
+clock throttling. About five minutes on a 2-core CPU; --op picks ops.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
