@@ -49,8 +49,9 @@ not reached: the ideal is a bound, never a prediction.
 
 --estimate compiles every config the autotuner may choose at each op's
 benchmark shapes (fp16, 32 query / 8 kv heads, head_dim 128, batch 8 and
-64; --shape replaces fields, e.g. --shape batch=16,visual=8192) and
-estimates each implementation from what its SASS issues: the loops found in
+64; --shape replaces fields, e.g. --shape batch=16,visual=8192, or
+--shape partial=keys,low_share=0.75 for lowrank_decode's partial
+decompression on keys) and estimates each implementation from what its SASS issues: the loops found in
 the machine code and their trips from the op's model, every instruction
 classified (tensor-core, FP, MUFU, conversions, global loads by width and
 kind, cp.async, shared memory, barriers, integer, uniform), a warp's timeline
@@ -146,7 +147,7 @@ clock throttling. About five minutes on a 2-core CPU; --op picks ops.`,
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
 	cmd.Flags().BoolVar(&estimate, "estimate", false,
 		"estimate each op's implementations at its benchmark shapes from what their compiled code issues")
-	cmd.Flags().StringVar(&shape, "shape", "", "with --estimate: fields of the ops' shapes, KEY=VALUE,... (e.g. batch=16,visual=8192)")
+	cmd.Flags().StringVar(&shape, "shape", "", "with --estimate: fields of the ops' shapes, KEY=VALUE,... (e.g. batch=16,visual=8192 or partial=keys)")
 	cmd.Flags().StringArrayVar(&ops, "op", nil, "with --estimate: only this op (repeatable; default: every op with a model)")
 	return cmd
 }

@@ -107,8 +107,10 @@ def specialize(kernel: JITFunction, args: tuple, kwargs: dict, target: GPUTarget
 
 
 def config_key(config) -> list:
-    """An autotune config as [its kwargs in order, num_warps, num_stages]."""
-    return [sorted(config.kwargs.items()), config.num_warps, config.num_stages]
+    """An autotune config as [its kwargs in order, num_warps, num_stages],
+    then its register cap (maxnreg) where it has one."""
+    key = [sorted(config.kwargs.items()), config.num_warps, config.num_stages]
+    return key + [config.maxnreg] if config.maxnreg else key
 
 
 def describe(kernel: JITFunction, src: ASTSource, options) -> dict:
@@ -124,6 +126,7 @@ def describe(kernel: JITFunction, src: ASTSource, options) -> dict:
         "signature": {k: v for k, v in src.signature.items() if v != "constexpr"},
         "num_warps": options.num_warps,
         "num_stages": options.num_stages,
+        "maxnreg": options.maxnreg,
     }
 
 

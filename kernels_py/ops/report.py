@@ -29,6 +29,7 @@ COLUMNS = (
     Column("block_n", "", "the autotuned token tile of this config (empty: a plain launch)", "tile"),
     Column("num_warps", "", "warps per program", "warps"),
     Column("num_stages", "", "software pipelining stages", "stages"),
+    Column("maxnreg", "", "the config's register cap (ptx .maxnreg; empty: none)", "cap"),
     Column("registers", "", "registers per thread (255 is the most a thread may have)", "regs"),
     Column("spill_stores", "", "bytes of registers spilled to local memory per thread (ptxas -v)", "spill"),
     Column("stack_bytes", "", "stack frame per thread: spills, or libdevice's sin/cos table", "stack", show=False),
@@ -57,7 +58,7 @@ def report(target: int, names: list[str] | None = None) -> dict:
             rows.append({
                 "case": case.name, "kernel": e["kernel"],
                 "block_n": dict(config[0]).get("BLOCK_N") if config else None,
-                "num_warps": e.get("num_warps"), "num_stages": e.get("num_stages"),
+                "num_warps": e.get("num_warps"), "num_stages": e.get("num_stages"), "maxnreg": e.get("maxnreg"),
                 "registers": e.get("registers"), "spill_stores": e.get("spill_stores"),
                 "stack_bytes": e.get("stack_bytes"), "shared": e.get("shared"),
                 "sass_instructions": e.get("sass_instructions"),
@@ -91,11 +92,13 @@ def _value(v):
 
 
 def config_label(entry: dict) -> str:
-    """A compiled entry's autotune config, e.g. "BLOCK_N=64 w8 s2" ("" for a plain launch)."""
+    """A compiled entry's config, e.g. "BLOCK_N=64 w8 s2", or "w4 s1 r168"
+    with a register cap of 168."""
+    cap = f" r{entry['maxnreg']}" if entry.get("maxnreg") else ""
     if not entry.get("config"):
-        return f"w{entry.get('num_warps')} s{entry.get('num_stages')}"
+        return f"w{entry.get('num_warps')} s{entry.get('num_stages')}{cap}"
     kwargs = " ".join(f"{k}={v}" for k, v in entry["config"][0])
-    return f"{kwargs} w{entry['num_warps']} s{entry['num_stages']}"
+    return f"{kwargs} w{entry['num_warps']} s{entry['num_stages']}{cap}".strip()
 
 
 def spills(entry: dict) -> bool:
@@ -188,7 +191,13 @@ def estimate_report(target: int, overrides: dict | None = None, ops: list[str] |
         for base in model.ESTIMATE_SHAPES:
             mine = {k: v for k, v in overrides.items() if k in {f.name for f in dataclasses.fields(base)}}
             for k, v in mine.items():
-                if isinstance(getattr(base, k), int) and v != int(v):
+                word = isinstance(getattr(base, k), str)
+                if word != isinstance(v, str):
+                    raise ValueError(f"--shape: {k} must be {'a word' if word else 'a number'}, got {v!r}")
+                if word and hasattr(model, "CHOICES") and v not in model.CHOICES.get(k, (v,)):
+                    raise ValueError(f"--shape: {k} must be one of {', '.join(model.CHOICES[k])}, got {v!r}"
+                                     f"{closest(v, model.CHOICES[k])}")
+                if not word and isinstance(getattr(base, k), int) and v != int(v):
                     raise ValueError(f"--shape: {k} must be a whole number, got {v}")
             steps.append((op, model, dataclasses.replace(base, **{k: type(getattr(base, k))(v)
                                                                   for k, v in mine.items()})))
@@ -317,16 +326,21 @@ def _tables(report: dict) -> list[dict]:
 
 
 def parse_shape(text: str) -> dict:
-    """--shape K=V,... as a dict of numbers."""
+    """--shape K=V,... as a dict of numbers, or of words for the fields that
+    take one (e.g. partial=keys; estimate_report checks which do)."""
     out = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, eq, value = part.partition("=")
         if not eq or not key.strip():
             raise ValueError(f"--shape: {part!r} is not KEY=VALUE")
+        value = value.strip()
         try:
             number = float(value)
         except ValueError:
-            raise ValueError(f"--shape: {key.strip()}={value!r} is not a number") from None
+            if not value.isidentifier():
+                raise ValueError(f"--shape: {key.strip()}={value!r} is neither a number nor a word") from None
+            out[key.strip()] = value
+            continue
         if not math.isfinite(number) or number < 0:
             raise ValueError(f"--shape: {key.strip()}={value!r} must be a finite number >= 0")
         out[key.strip()] = int(number) if number == int(number) else number

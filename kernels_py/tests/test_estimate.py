@@ -196,9 +196,17 @@ def test_shapes_are_parsed_with_clear_errors():
 
     assert report.parse_shape("batch=16, visual=8192") == {"batch": 16, "visual": 8192}
     assert report.parse_shape("hi_share=0.5") == {"hi_share": 0.5}
-    for bad, msg in (("batch", "not KEY=VALUE"), ("batch=lots", "is not a number"), ("batch=-1", ">= 0")):
+    assert report.parse_shape("partial=keys,low_share=0.75") == {"partial": "keys", "low_share": 0.75}
+    for bad, msg in (("batch", "not KEY=VALUE"), ("batch=2 4", "neither a number nor a word"),
+                     ("batch=-1", ">= 0")):
         with pytest.raises(ValueError, match=msg):
             report.parse_shape(bad)
+    # Checked against the fields before anything compiles.
+    for shape, msg in (({"batch": "lots"}, "batch must be a number, got 'lots'"),
+                       ({"partial": 1}, "partial must be a word"),
+                       ({"partial": "key"}, "partial must be one of values, keys, both, got 'key'")):
+        with pytest.raises(ValueError, match=msg):
+            report.estimate_report(90, shape, ["lowrank_decode"])
 
 
 # ----------------------------------------------------------------------------
@@ -332,18 +340,22 @@ def test_no_config_that_spills_at_the_benchmark_shape_can_be_chosen(report):
     """Every config of an autotuned kernel is compiled at the benchmark
     shape; those that spill are pruned (the autotuner's prune_configs_by
     drops them too) and never picked."""
-    tuned = 0
+    from kernels_py.ops.quant_decode import kernel as quant
+
+    tuned = {}
     for res in report["estimates"]:
         for band in res["implementations"]:
             for k in band["kernels"]:
                 if not k["autotuned"]:
                     continue
-                tuned += 1
-                assert len(k["configs"]) >= 8  # every config, not one pinned tile
+                tuned[res["op"]] = tuned.get(res["op"], 0) + 1
+                want = len(quant.STAGE1_CONFIGS) if res["op"] == "quant_decode" else 8
+                assert len(k["configs"]) >= want  # every config, not one pinned one
                 for c in k["configs"]:
                     assert bool(c["pruned"]) == bool(c["spill_bytes"]), c
                     assert not (c["picked"] and c["spill_bytes"]), c
-    assert tuned == 4  # both low-rank stage-1 kernels, at batch 8 and 64
+    # Both low-rank stage-1 kernels and the quantized one, at batch 8 and 64.
+    assert tuned == {"lowrank_decode": 4, "quant_decode": 2}
 
 
 def test_the_fused_kernel_is_seen_as_its_code_stands(report):

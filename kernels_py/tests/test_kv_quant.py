@@ -5,10 +5,13 @@ clear errors."""
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
-from kernels_py.ops import kv_quant
+from kernels_py.ops import common, kv_quant
 from kernels_py.ops.kv_quant import reference as ref
 from kernels_py.ops.kv_quant.cases import error_over_bound, random_kv
+from kernels_py.ops.kv_quant.kernel import code_pairs, dequantize_keys, dequantize_values, key_scales, load_tile
 
 FIELDS = ("k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero", "pos", "length")
 
@@ -103,3 +106,94 @@ def test_concat_needs_a_full_first_segment():
     assert kv_quant.concat(full, half).length.tolist() == [96]
     with pytest.raises(ValueError, match="not all in use"):
         kv_quant.concat(half, full)
+
+
+@triton.jit
+def _code_pairs_kernel(Words, Out, BITS: tl.constexpr, N: tl.constexpr, DT: tl.constexpr):
+    H: tl.constexpr = 16 // BITS
+    shifts = tl.arange(0, H) * BITS
+    pair = code_pairs(tl.load(Words + tl.arange(0, N))[:, None] >> shifts[None, :], BITS, DT)  # [N, H, 2]
+    slot = tl.arange(0, H)[None, :, None] + tl.arange(0, 2)[None, None, :] * H  # a pair holds slots i, i + H
+    tl.store(Out + tl.arange(0, N)[:, None, None] * (2 * H) + slot, pair.to(tl.float32))
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+@pytest.mark.parametrize("dtype", [
+    torch.float16,
+    # The interpreter cannot build a bf16 constant; it never reaches this
+    # branch either (bf16 dots run in float32 there: common.upcast_for_dot).
+    pytest.param(torch.bfloat16, marks=pytest.mark.skipif(common.interpreter_mode(),
+                                                          reason="bf16 constants need a GPU")),
+])
+def test_code_pairs_unpack_every_code_exactly(bits, dtype, device):
+    """The two-codes-at-once conversion the decode kernels feed their dots
+    with: every code of every word, sign bit set or not, comes out as
+    itself, in fp16 and in bf16."""
+    g = torch.Generator().manual_seed(3)
+    words = torch.randint(-2**31, 2**31, (16,), generator=g, dtype=torch.int64).to(torch.int32)
+    words[0], words[1] = -1, 0
+    out = torch.empty(16, 32 // bits, dtype=torch.float32, device=device)
+    _code_pairs_kernel[(1,)](words.to(device), out, BITS=bits, N=16,
+                             DT=tl.float16 if dtype == torch.float16 else tl.bfloat16)
+    shifts = torch.arange(32 // bits) * bits
+    want = ((words.to(torch.int64)[:, None] & 0xFFFFFFFF) >> shifts) & ((1 << bits) - 1)
+    assert torch.equal(out.cpu(), want.float())
+
+
+@triton.jit
+def _decode_tile_kernel(KC, KS, KZ, VC, VS, VZ, KOut, VOut,
+                        stride_kcw, stride_kcd, stride_ksg, stride_ksd, stride_vcn, stride_vcw, stride_vsn,
+                        stride_vsg, head_dim, BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_D: tl.constexpr, BLOCK_W: tl.constexpr, DT: tl.constexpr,
+                        SCALE_PER_WORD: tl.constexpr):
+    """A decode kernel's view of one sequence's tiles: load_tile, key_scales,
+    dequantize_keys/_values, stored as float32 [slots, BLOCK_D]."""
+    start = tl.program_id(0) * BLOCK_N
+    offs_n = start + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < head_dim
+    k_words, v_words, v_scale, v_zero = load_tile(
+        KC, VC, VS, VZ, start, True, offs_n, offs_d, d_mask, stride_kcw, stride_kcd, stride_vcn, stride_vcw,
+        stride_vsn, stride_vsg, head_dim, BITS, GROUP, BLOCK_N, BLOCK_D, BLOCK_W, SCALE_PER_WORD)
+    k_scale, k_zero = key_scales(KS, KZ, start, offs_d, d_mask, stride_ksg, stride_ksd, GROUP)
+    k = dequantize_keys(k_words, k_scale, k_zero, BITS, BLOCK_N, BLOCK_D, DT)
+    v = dequantize_values(v_words, v_scale, v_zero, BITS, GROUP, BLOCK_N, BLOCK_D, BLOCK_W, DT, SCALE_PER_WORD)
+    out = offs_n[:, None] * BLOCK_D + offs_d[None, :]
+    tl.store(KOut + out, k.to(tl.float32))
+    tl.store(VOut + out, v.to(tl.float32))
+
+
+@pytest.mark.parametrize("per_word", [False, True], ids=["scale-per-group", "scale-per-word"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("bits", [2, 4])
+def test_decode_tiles_dequantize_as_the_reference(bits, group, dtype, per_word, device):
+    """The device functions quant_decode builds its tiles with (every value
+    scale layout the autotuner may pick; the decode tests run one), on 64-slot
+    tiles where the group allows: the reference's float32 values exactly, or
+    within the fp16 roundings of the product and the sum when the dot takes
+    fp16."""
+    head_dim, block_n = 96 if group == 32 else 128, min(64, group)
+    k, v, pos, length = random_kv(batch=1, kv_heads=1, slots=2 * group, head_dim=head_dim, lengths=[2 * group],
+                                  dtype=torch.float32, seed=bits * group)
+    seg = kv_quant.quantize(k.to(device), v.to(device), pos.to(device), length.to(device), bits=bits, group=group)
+    want_k, want_v = (t[0, 0].cpu() for t in ref.dequantize(seg.to("cpu")))
+    block_d = triton.next_power_of_2(head_dim)
+    got_k = torch.zeros(2 * group, block_d, device=device)
+    got_v = torch.zeros_like(got_k)
+    first = lambda t: t[0, 0]  # noqa: E731
+    _decode_tile_kernel[(2 * group // block_n,)](
+        first(seg.k_codes), first(seg.k_scale), first(seg.k_zero), first(seg.v_codes), first(seg.v_scale),
+        first(seg.v_zero), got_k, got_v, *first(seg.k_codes).stride(), *first(seg.k_scale).stride(),
+        *first(seg.v_codes).stride(), *first(seg.v_scale).stride(), head_dim,
+        BITS=bits, GROUP=group, BLOCK_N=block_n, BLOCK_D=block_d,
+        BLOCK_W=triton.next_power_of_2(head_dim // (32 // bits)),
+        DT=tl.float32 if dtype == torch.float32 else tl.float16, SCALE_PER_WORD=per_word)
+    zeros = (first(seg.k_zero).float().cpu().repeat_interleave(group, 0),
+             first(seg.v_zero).float().cpu().repeat_interleave(group, 1))
+    for got, want, zero in ((got_k, want_k, zeros[0]), (got_v, want_v, zeros[1])):
+        got = got[:, :head_dim].cpu()
+        if dtype == torch.float32:
+            assert torch.equal(got, want)
+        else:  # code * scale and + zero each round to fp16: 2^-11 of |code * scale| <= |x| + |zero|, and of |x|
+            assert ((got - want).abs() <= 2.0**-10 * (want.abs() + zero.abs())).all()

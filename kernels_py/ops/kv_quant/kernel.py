@@ -6,9 +6,11 @@ Dequantization in registers: a code c < 2^23 becomes the float32
 2^23 + c by OR-ing it into the mantissa of 2^23 (0x4B000000) and
 reinterpreting the bits; subtracting 2^23 leaves c exactly. That is a LOP3
 and an FADD per element instead of an integer-to-float conversion (a
-quarter-rate instruction), the magic-number trick of BitDecoding and QServe
-(they use 0x6400 = 1024.0 in fp16); the multiply-add by scale and zero
-follows.
+quarter-rate instruction), the magic-number trick of BitDecoding and QServe.
+Where the dot takes 16-bit operands, code_pairs does the same in fp16
+(0x6400 = 1024.0) or bf16 (0x4300 = 128.0), two codes of a word at a time,
+and the multiply-add by scale and zero runs in that dtype, two elements to
+an instruction.
 
 Reference: reference.py beside this file (identical float operations, so
 the packed bytes match exactly).
@@ -172,12 +174,15 @@ def _dequantize_kernel(
     length = tl.load(Len + b * stride_lb)
     pos = tl.load(Pos + b * stride_pb + offs_n * stride_pn)
     valid = (offs_n < length) & (pos != PAD)
-    k, v = dequantize_tile(KCodes + b * stride_kcb + h * stride_kch, KScale + b * stride_ksb + h * stride_ksh,
-                           KZero + b * stride_ksb + h * stride_ksh, VCodes + b * stride_vcb + h * stride_vch,
-                           VScale + b * stride_vsb + h * stride_vsh, VZero + b * stride_vsb + h * stride_vsh,
-                           start, offs_n, offs_d, d_mask,
-                           stride_kcw, stride_kcd, stride_ksg, stride_ksd, stride_vcn, stride_vcw, stride_vsn,
-                           stride_vsg, head_dim, BITS, GROUP, BLOCK_N, BLOCK_D, BLOCK_W)
+    words = load_tile(KCodes + b * stride_kcb + h * stride_kch, VCodes + b * stride_vcb + h * stride_vch,
+                      VScale + b * stride_vsb + h * stride_vsh, VZero + b * stride_vsb + h * stride_vsh,
+                      start, True, offs_n, offs_d, d_mask, stride_kcw, stride_kcd, stride_vcn, stride_vcw,
+                      stride_vsn, stride_vsg, head_dim, BITS, GROUP, BLOCK_N, BLOCK_D, BLOCK_W, False)
+    k_scale, k_zero = key_scales(KScale + b * stride_ksb + h * stride_ksh, KZero + b * stride_ksb + h * stride_ksh,
+                                 start, offs_d, d_mask, stride_ksg, stride_ksd, GROUP)
+    k_words, v_words, v_scale, v_zero = words
+    k = dequantize_keys(k_words, k_scale, k_zero, BITS, BLOCK_N, BLOCK_D, tl.float32)
+    v = dequantize_values(v_words, v_scale, v_zero, BITS, GROUP, BLOCK_N, BLOCK_D, BLOCK_W, tl.float32, False)
     out = b * stride_ob + h * stride_oh + offs_n[:, None] * stride_on + offs_d[None, :] * stride_od
     keep = valid[:, None] & d_mask[None, :]
     tl.store(KOut + out, tl.where(keep, k, 0.0), mask=d_mask[None, :])
@@ -185,32 +190,122 @@ def _dequantize_kernel(
 
 
 @triton.jit
-def dequantize_tile(KC, KS, KZ, VC, VS, VZ, start, offs_n, offs_d, d_mask,
-                    stride_kcw, stride_kcd, stride_ksg, stride_ksd, stride_vcn, stride_vcw, stride_vsn, stride_vsg,
-                    head_dim, BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_D: tl.constexpr, BLOCK_W: tl.constexpr):
-    """Keys and values [BLOCK_N, BLOCK_D] float32 of the tile of slots
-    [start, start + BLOCK_N) of one (sequence, kv head), BLOCK_N dividing
-    GROUP so the keys share one row of scales: wide loads of whole words,
-    codes unpacked and converted in registers. Padding slots come out as
-    whatever their zero codes give; callers mask them."""
+def load_tile(KC, VC, VS, VZ, start, live, offs_n, offs_d, d_mask, stride_kcw, stride_kcd, stride_vcn, stride_vcw,
+              stride_vsn, stride_vsg, head_dim, BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_D: tl.constexpr, BLOCK_W: tl.constexpr, SCALE_PER_WORD: tl.constexpr):
+    """The packed words and value scales of the tile of slots [start, start +
+    BLOCK_N) of one (sequence, kv head): key words [BLOCK_N / P, BLOCK_D],
+    value words [BLOCK_N, BLOCK_W], and the value scales and zeros, one per
+    slot and channel group: [BLOCK_N, BLOCK_D / GROUP], or with
+    SCALE_PER_WORD the group's pair loaded for each word, [BLOCK_N, BLOCK_W]
+    (more loads, no broadcast in registers: which costs fewer registers
+    depends on the shape, so the autotuner picks). Those past head_dim are 0.
+    Nothing is read unless `live` (0s instead). A tuple, so a loop can issue
+    the next tile's loads before it works on this one (dequantize_keys,
+    _values); the key scales are a row per group, loaded by key_scales where
+    they are used."""
     P: tl.constexpr = 32 // BITS
     offs_kw = start // P + tl.arange(0, BLOCK_N // P)
-    k_words = tl.load(KC + offs_kw[:, None] * stride_kcw + offs_d[None, :] * stride_kcd, mask=d_mask[None, :],
-                      other=0)
-    k_codes = codes_to_float(unpack_key_tile(k_words, BITS, BLOCK_N // P, BLOCK_D))
-    k_row = (start // GROUP) * stride_ksg + offs_d * stride_ksd
-    k_scale = tl.load(KS + k_row, mask=d_mask, other=0.0).to(tl.float32)
-    k_zero = tl.load(KZ + k_row, mask=d_mask, other=0.0).to(tl.float32)
-    k = k_codes * k_scale[None, :] + k_zero[None, :]
+    k_words = tl.load(KC + offs_kw[:, None] * stride_kcw + offs_d[None, :] * stride_kcd,
+                      mask=d_mask[None, :] & live, other=0)
     offs_w = tl.arange(0, BLOCK_W)
     v_words = tl.load(VC + offs_n[:, None] * stride_vcn + offs_w[None, :] * stride_vcw,
-                      mask=offs_w[None, :] < head_dim // P, other=0)
-    v_codes = codes_to_float(unpack_value_tile(v_words, BITS, BLOCK_N, BLOCK_W))
-    v_at = offs_n[:, None] * stride_vsn + (offs_d // GROUP)[None, :] * stride_vsg  # each channel's group
-    v_scale = tl.load(VS + v_at, mask=d_mask[None, :], other=0.0).to(tl.float32)
-    v_zero = tl.load(VZ + v_at, mask=d_mask[None, :], other=0.0).to(tl.float32)
-    return k, v_codes * v_scale + v_zero
+                      mask=(offs_w[None, :] < head_dim // P) & live, other=0)
+    if SCALE_PER_WORD:
+        v_at = offs_n[:, None] * stride_vsn + ((offs_w * P) // GROUP)[None, :] * stride_vsg  # each word's group
+        s_mask = (offs_w[None, :] < head_dim // P) & live
+    else:
+        offs_g = tl.arange(0, BLOCK_D // GROUP)
+        v_at = offs_n[:, None] * stride_vsn + offs_g[None, :] * stride_vsg
+        s_mask = (offs_g[None, :] < head_dim // GROUP) & live
+    v_scale = tl.load(VS + v_at, mask=s_mask, other=0.0)
+    v_zero = tl.load(VZ + v_at, mask=s_mask, other=0.0)
+    return k_words, v_words, v_scale, v_zero
+
+
+@triton.jit
+def key_scales(KS, KZ, start, offs_d, d_mask, stride_ksg, stride_ksd, GROUP: tl.constexpr):
+    """The key scale and zero [BLOCK_D] of the group holding slot `start`."""
+    k_row = (start // GROUP) * stride_ksg + offs_d * stride_ksd
+    return tl.load(KS + k_row, mask=d_mask, other=0.0), tl.load(KZ + k_row, mask=d_mask, other=0.0)
+
+
+@triton.jit
+def code_pairs(shifted, BITS: tl.constexpr, DT: tl.constexpr):
+    """Packed words already shifted right by i * BITS (int32, any shape) ->
+    [..., 2] DT (fp16 or bf16): the codes at bits [0, BITS) and [16, 16 +
+    BITS) of each, exactly. A mask and an OR put both codes in the mantissas
+    of two 16-bit 1024.0s (fp16 0x6400; bf16 128.0, 0x4300) at once and one
+    packed subtract takes the offsets off: two codes a shift, two LOP3s and
+    an HADD2, where a code at a time costs a conversion each. Triton cannot
+    reinterpret the word as two halves in place, so the halves are split and
+    joined; ptxas spends about a PRMT a pair on it."""
+    lanes: tl.constexpr = ((1 << BITS) - 1) * 0x10001
+    if DT == tl.float16:
+        t = (shifted & lanes) | 0x64006400
+        pair = tl.join(t.to(tl.int16).to(tl.float16, bitcast=True),
+                       (t >> 16).to(tl.int16).to(tl.float16, bitcast=True))
+        return pair - 1024.0
+    else:
+        t = (shifted & lanes) | 0x43004300
+        pair = tl.join(t.to(tl.int16).to(tl.bfloat16, bitcast=True),
+                       (t >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True))
+        return pair - 128.0
+
+
+@triton.jit
+def dequantize_keys(k_words, k_scale, k_zero, BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                    DT: tl.constexpr):
+    """Keys [BLOCK_N, BLOCK_D] in DT from load_tile's key words and
+    key_scales' row: codes unpacked and converted in registers, then one
+    multiply-add by scale and zero in DT (float32: exactly
+    reference.dequantize's operations; fp16/bf16: code_pairs, then a single
+    rounding of the same product and sum, two elements to an instruction).
+    Padding slots come out as whatever their zero codes give; callers mask
+    them."""
+    P: tl.constexpr = 32 // BITS
+    if DT == tl.float32:
+        codes = unpack_key_tile(k_words, BITS, BLOCK_N // P, BLOCK_D)
+        return codes_to_float(codes) * k_scale.to(tl.float32)[None, :] + k_zero.to(tl.float32)[None, :]
+    else:
+        H: tl.constexpr = P // 2
+        shifts = tl.arange(0, H) * BITS
+        pair = code_pairs(k_words[:, None, :] >> shifts[None, :, None], BITS, DT)  # [W, H, D, 2]: slots i, i + H
+        k = pair * k_scale.to(DT)[None, None, :, None] + k_zero.to(DT)[None, None, :, None]
+        return tl.reshape(tl.permute(k, (0, 3, 1, 2)), [BLOCK_N, BLOCK_D])
+
+
+@triton.jit
+def dequantize_values(v_words, v_scale, v_zero, BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_D: tl.constexpr, BLOCK_W: tl.constexpr, DT: tl.constexpr, SCALE_PER_WORD: tl.constexpr):
+    """Values [BLOCK_N, BLOCK_D] in DT from load_tile's value words and
+    scales, as dequantize_keys, each slot's scales broadcast over their
+    channel group (a word's channels lie in one group: GROUP >= 32 / BITS)."""
+    P: tl.constexpr = 32 // BITS
+    NG: tl.constexpr = BLOCK_D // GROUP
+    if DT == tl.float32:
+        shifts = tl.arange(0, P) * BITS
+        codes = codes_to_float((v_words[:, :, None] >> shifts[None, None, :]) & ((1 << BITS) - 1))  # [N, W, P]
+        if SCALE_PER_WORD:
+            v = codes * v_scale.to(tl.float32)[:, :, None] + v_zero.to(tl.float32)[:, :, None]
+        else:
+            codes = tl.reshape(codes, [BLOCK_N, NG, GROUP])
+            v = codes * v_scale.to(tl.float32)[:, :, None] + v_zero.to(tl.float32)[:, :, None]
+        return tl.reshape(v, [BLOCK_N, BLOCK_D])
+    elif SCALE_PER_WORD:
+        H: tl.constexpr = P // 2
+        shifts = tl.arange(0, H) * BITS
+        pair = code_pairs(v_words[:, :, None] >> shifts[None, None, :], BITS, DT)  # [N, W, H, 2]: channels i, i + H
+        v = pair * v_scale.to(DT)[:, :, None, None] + v_zero.to(DT)[:, :, None, None]
+        return tl.reshape(tl.permute(v, (0, 1, 3, 2)), [BLOCK_N, BLOCK_D])
+    else:
+        H: tl.constexpr = P // 2
+        WG: tl.constexpr = GROUP // P  # words per channel group
+        shifts = tl.arange(0, H) * BITS
+        words = tl.reshape(v_words, [BLOCK_N, NG, WG])
+        pair = code_pairs(words[:, :, :, None] >> shifts[None, None, None, :], BITS, DT)  # channels i, i + H
+        v = pair * v_scale.to(DT)[:, :, None, None, None] + v_zero.to(DT)[:, :, None, None, None]
+        return tl.reshape(tl.permute(v, (0, 1, 2, 4, 3)), [BLOCK_N, BLOCK_D])
 
 
 # ----------------------------------------------------------------------------

@@ -42,6 +42,9 @@ from kernels_py.tables import Column, table
 
 
 
+CHOICES = {"partial": ("values", "keys", "both")}  # the word-valued fields of Step (`--shape partial=keys`)
+
+
 @dataclass(frozen=True)
 class Step:
     """One decode step (one query token per sequence)."""
@@ -57,6 +60,10 @@ class Step:
     elem_bytes: int = 2  # fp16/bf16 cache and factors
     low_share: float = 0.0  # share of the tokens decompressed at rank / 4
     partial: str = "values"  # which factors the low rank applies to: values, keys or both
+
+    def __post_init__(self):
+        if self.partial not in CHOICES["partial"]:
+            raise ValueError(f"partial={self.partial!r} must be one of {', '.join(CHOICES['partial'])}")
 
     def mean_ranks(self) -> tuple[float, float]:
         """(R_k, R_v) averaged over the tokens."""
