@@ -284,13 +284,10 @@ def dequantize_values(v_words, v_scale, v_zero, BITS: tl.constexpr, GROUP: tl.co
     P: tl.constexpr = 32 // BITS
     NG: tl.constexpr = BLOCK_D // GROUP
     if DT == tl.float32:
-        shifts = tl.arange(0, P) * BITS
-        codes = codes_to_float((v_words[:, :, None] >> shifts[None, None, :]) & ((1 << BITS) - 1))  # [N, W, P]
-        if SCALE_PER_WORD:
-            v = codes * v_scale.to(tl.float32)[:, :, None] + v_zero.to(tl.float32)[:, :, None]
-        else:
-            codes = tl.reshape(codes, [BLOCK_N, NG, GROUP])
-            v = codes * v_scale.to(tl.float32)[:, :, None] + v_zero.to(tl.float32)[:, :, None]
+        codes = codes_to_float(unpack_value_tile(v_words, BITS, BLOCK_N, BLOCK_W))
+        # Channels grouped as the scales are: by word, or by channel group.
+        codes = tl.reshape(codes, [BLOCK_N, BLOCK_W, P] if SCALE_PER_WORD else [BLOCK_N, NG, GROUP])
+        v = codes * v_scale.to(tl.float32)[:, :, None] + v_zero.to(tl.float32)[:, :, None]
         return tl.reshape(v, [BLOCK_N, BLOCK_D])
     elif SCALE_PER_WORD:
         H: tl.constexpr = P // 2
