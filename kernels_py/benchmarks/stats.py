@@ -15,10 +15,11 @@ from dataclasses import dataclass
 import torch
 
 from kernels_py.benchmarks.base import (
-    AttentionBenchmark, hbm_peak_gbps, nbytes, peak_bytes, percent_of, sdpa, time_median,
+    ESTIMATE_ERROR, AttentionBenchmark, estimate_beside, estimate_columns, hbm_peak_gbps, nbytes, peak_bytes,
+    percent_of, sdpa, time_median,
 )
 from kernels_py.model import expand_kv
-from kernels_py.ops.attention_stats import attention_stats, recent_rows
+from kernels_py.ops.attention_stats import attention_stats, model, recent_rows
 from kernels_py.params import Rule, knob
 from kernels_py.tables import Column
 
@@ -70,6 +71,8 @@ class Stats(AttentionBenchmark):
         Column("materialize_peak_bytes", "bytes", "extra device memory of the materialised path",
                "peak materialise"),
         Column("sdpa_peak_bytes", "bytes", "extra device memory of SDPA", show=False),
+        *estimate_columns("stats", "the statistics call (float16 only: the model's dtype)"),
+        ESTIMATE_ERROR,
     )
     smoke = ({"lengths": (256,), "rows": 16}, {"batches": (1,)}, {"heads": 4, "kv_heads": 2, "head_dim": 64},
              {"dtype": "float32"}, {"repeat": 2})
@@ -104,4 +107,8 @@ class Stats(AttentionBenchmark):
         row["stats_hbm_pct"] = percent_of(row["stats_gbps"], hbm_peak_gbps(device))
         row["stats_vs_sdpa"] = row["stats_seconds"] / row["sdpa_seconds"]
         row["materialize_vs_stats"] = row["materialize_seconds"] / row["stats_seconds"]
+        step = model.Step(batch=b, context=n, rows=self.rows, heads=self.heads, kv_heads=self.kv_heads,
+                          head_dim=self.head_dim)
+        if self.dtype == "float16":
+            estimate_beside(row, "stats", model, "statistics (two passes)", step, row["stats_seconds"] * 1e3)
         return row

@@ -66,12 +66,14 @@ def report(target: int, names: list[str] | None = None) -> dict:
                 "tensor_cores": (e.get("mma_sync") or 0) + (e.get("wgmma") or 0) > 0 if "mma_sync" in e else None,
                 "error": (e.get("error") or "").splitlines()[-1] if e.get("error") else None,
             })
+    from kernels_py.ops.attention_stats import model as stats_model
     from kernels_py.ops.gather_decode import model as gather_model
     from kernels_py.ops.lowrank_decode import model as lowrank_model
     from kernels_py.ops.quant_decode import model as quant_model
 
+    models = [lowrank_model.report(), quant_model.report(), gather_model.report(), stats_model.report()]
     return {"title": f"Triton kernels compiled for sm_{target} (no GPU needed)", "target": target,
-            **table(COLUMNS, rows), "models": [lowrank_model.report(), quant_model.report(), gather_model.report()]}
+            **table(COLUMNS, rows), "models": models}
 
 
 # ----------------------------------------------------------------------------

@@ -102,32 +102,32 @@ def check_against_reference(got, want, q, k, q_pos, p, dtype, scale=None):
 
 
 CASES = [
-    # heads, kv_heads, keys, rows kind, rows, head_dim, dtype, rows_per_split, seed
+    # heads, kv_heads, keys, rows kind, rows, head_dim, dtype, key_splits, seed
     # (fp32 seeds chosen so that no entry sits within BAND of the cut)
-    pytest.param(2, 2, 37, "last", 1, 64, torch.float32, 64, 1, id="mha-N37-last-d64-fp32"),
-    pytest.param(4, 1, 100, "recent", 5, 80, torch.float32, 64, 0, id="gqa4-N100-recent5-d80-fp32"),
-    pytest.param(7, 1, 257, "probe", 33, 96, torch.float32, 16, 2, id="gqa7-N257-probe33-d96-fp32-3splits"),
-    pytest.param(2, 2, 100, "start", 5, 128, torch.float32, 64, 0, id="mha-N100-start5-d128-fp32"),
-    pytest.param(1, 1, 257, "at0", 1, 128, torch.float32, 64, 0, id="N257-row-at-0-d128-fp32"),
-    pytest.param(14, 2, 100, "scattered", 5, 80, torch.float32, 16, 0, id="gqa7x2-N100-scattered-d80-fp32"),
-    pytest.param(4, 2, 257, "post", 33, 64, torch.float32, 32, 2, id="gqa2-N257-post33-d64-fp32-2splits"),
-    pytest.param(4, 4, 100, "probe", 33, 128, torch.float16, 64, 0, id="mha-N100-probe33-d128-fp16"),
-    pytest.param(4, 1, 257, "post", 33, 96, torch.float16, 16, 0, id="gqa4-N257-post33-d96-fp16-3splits"),
-    pytest.param(7, 1, 100, "scattered", 5, 64, torch.float16, 64, 0, id="gqa7-N100-scattered-d64-fp16"),
-    pytest.param(2, 2, 37, "start", 33, 80, torch.float16, 16, 0, id="mha-N37-start33-d80-fp16"),
-    pytest.param(7, 1, 37, "start", 5, 64, torch.bfloat16, 64, 0, id="gqa7-N37-start5-d64-bf16"),
-    pytest.param(8, 2, 257, "at200", 1, 80, torch.bfloat16, 64, 0, id="gqa4-N257-row-at-200-d80-bf16"),
-    pytest.param(2, 2, 37, "recent", 33, 128, torch.bfloat16, 16, 0, id="mha-N37-recent33-d128-bf16"),
-    pytest.param(4, 4, 257, "probe", 33, 96, torch.bfloat16, 32, 0, id="mha-N257-probe33-d96-bf16"),
+    pytest.param(2, 2, 37, "last", 1, 64, torch.float32, 1, 1, id="mha-N37-last-d64-fp32"),
+    pytest.param(4, 1, 100, "recent", 5, 80, torch.float32, 1, 0, id="gqa4-N100-recent5-d80-fp32"),
+    pytest.param(7, 1, 257, "probe", 33, 96, torch.float32, 3, 2, id="gqa7-N257-probe33-d96-fp32-3keysplits"),
+    pytest.param(2, 2, 100, "start", 5, 128, torch.float32, 1, 0, id="mha-N100-start5-d128-fp32"),
+    pytest.param(1, 1, 257, "at0", 1, 128, torch.float32, 1, 0, id="N257-row-at-0-d128-fp32"),
+    pytest.param(14, 2, 100, "scattered", 5, 80, torch.float32, 3, 0, id="gqa7x2-N100-scattered-d80-fp32"),
+    pytest.param(4, 2, 257, "post", 33, 64, torch.float32, 2, 2, id="gqa2-N257-post33-d64-fp32-2keysplits"),
+    pytest.param(4, 4, 100, "probe", 33, 128, torch.float16, 1, 0, id="mha-N100-probe33-d128-fp16"),
+    pytest.param(4, 1, 257, "post", 33, 96, torch.float16, 3, 0, id="gqa4-N257-post33-d96-fp16-3keysplits"),
+    pytest.param(7, 1, 100, "scattered", 5, 64, torch.float16, 1, 0, id="gqa7-N100-scattered-d64-fp16"),
+    pytest.param(2, 2, 37, "start", 33, 80, torch.float16, 3, 0, id="mha-N37-start33-d80-fp16"),
+    pytest.param(7, 1, 37, "start", 5, 64, torch.bfloat16, 1, 0, id="gqa7-N37-start5-d64-bf16"),
+    pytest.param(8, 2, 257, "at200", 1, 80, torch.bfloat16, 1, 0, id="gqa4-N257-row-at-200-d80-bf16"),
+    pytest.param(2, 2, 37, "recent", 33, 128, torch.bfloat16, 3, 0, id="mha-N37-recent33-d128-bf16"),
+    pytest.param(4, 4, 257, "probe", 33, 96, torch.bfloat16, 2, 0, id="mha-N257-probe33-d96-bf16"),
 ]
 
 
-@pytest.mark.parametrize("heads,kv_heads,keys,kind,rows,head_dim,dtype,rows_per_split,seed", CASES)
-def test_matches_reference(heads, kv_heads, keys, kind, rows, head_dim, dtype, rows_per_split, seed, device):
+@pytest.mark.parametrize("heads,kv_heads,keys,kind,rows,head_dim,dtype,key_splits,seed", CASES)
+def test_matches_reference(heads, kv_heads, keys, kind, rows, head_dim, dtype, key_splits, seed, device):
     q_pos = positions(kind, keys, rows).to(device)
     assert q_pos.shape == (rows,)
     q, k = make(heads, kv_heads, keys, rows, head_dim, dtype, device, seed)
-    got = kernel.attention_stats(q, k, q_pos, rows_per_split=rows_per_split)
+    got = kernel.attention_stats(q, k, q_pos, key_splits=key_splits)
     want = ref.attention_stats(q, k, q_pos)
     check_against_reference(got, want, q, k, q_pos, 0.01, dtype)
 
@@ -144,28 +144,35 @@ def test_threshold_and_scale(p, scale, device):
 
 
 def test_stages_compose(device):
-    """The three launchers by hand: partial shapes, one partial per row split
-    equal to the statistics of that split's rows alone, and their reduction."""
+    """The two passes by hand: the row pass split over the keys (merged) equals
+    it unsplit, and the column pass on its output is the whole call."""
     q, k = make(4, 1, 100, 20, 64, torch.float16, device, seed=2)
     q_pos = kernel.probe_rows(100, recent=10, random=10, seed=2).to(device)
-    m, l = kernel.row_stats(q, k, q_pos)
-    partials = kernel.column_stats(q, k, q_pos, m, l, 0.01, rows_per_split=16)
-    assert partials.attn_sum.shape == partials.below.shape == (2, 4, 100)
-    assert partials.nonzero.shape == (2, 100)
-    for split, rows in enumerate((slice(0, 16), slice(16, 20))):
-        alone = ref.attention_stats(q[:, rows], k, q_pos[rows])
-        torch.testing.assert_close(partials.attn_sum[split], alone.attn_sum, atol=1e-4, rtol=1e-4)
-        assert torch.equal(partials.nonzero[split], alone.nonzero[0])
-        near = (ref.threshold_distance(q[:, rows], k, q_pos[rows]) < BAND[torch.float16]).sum(1)
-        assert torch.all((partials.below[split] - alone.below).abs() <= near)
-    reduced = kernel.reduce(partials, kv_heads=1)
-    assert torch.equal(reduced.below, partials.below.sum(0, dtype=torch.int32))
-    assert torch.equal(reduced.nonzero, partials.nonzero.sum(0, dtype=torch.int32).expand(4, 100))
-    torch.testing.assert_close(reduced.attn_sum, partials.attn_sum.sum(0), atol=1e-6, rtol=1e-6)
-    torch.testing.assert_close(reduced.attn_sum_kv, reduced.attn_sum.sum(0, keepdim=True), atol=1e-6, rtol=1e-6)
-    whole = kernel.attention_stats(q, k, q_pos, rows_per_split=16)
+    want = ref.attention_stats(q, k, q_pos)
+    m, l = kernel.row_stats(q, k, q_pos, key_splits=1)
+    for splits in (2, 3, 7):  # 7 splits of 16 keys: the last ones see no key
+        m_s, l_s = kernel.row_stats(q, k, q_pos, block_n=16, key_splits=splits)
+        torch.testing.assert_close(m_s, m, atol=1e-5, rtol=1e-6)  # a max of the same scores
+        torch.testing.assert_close(l_s, l, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(m, want.row_max, atol=1e-3, rtol=1e-3)
+    cols = kernel.column_stats(q, k, q_pos, m, l, 0.01)
+    assert cols.attn_sum.shape == cols.below.shape == cols.nonzero.shape == (4, 100)
+    assert cols.attn_sum_kv.shape == (1, 100)
+    torch.testing.assert_close(cols.attn_sum, want.attn_sum, atol=1e-3, rtol=1e-3)
+    assert torch.equal(cols.nonzero, want.nonzero)
+    whole = kernel.attention_stats(q, k, q_pos, key_splits=1)
     assert torch.equal(whole.row_max, m) and torch.equal(whole.row_sumexp, l)
-    assert torch.equal(whole.attn_sum, reduced.attn_sum) and torch.equal(whole.below, reduced.below)
+    assert torch.equal(whole.attn_sum, cols.attn_sum) and torch.equal(whole.below, cols.below)
+
+
+@pytest.mark.parametrize("heads,kv_heads,block_m", [(4, 1, 16), (8, 1, 16), (32, 1, 16), (6, 2, 64)])
+def test_group_wider_than_the_tile(heads, kv_heads, block_m, device):
+    """A group padded past block_m (one row per tile, the tile as wide as the
+    group), or a group that is not a power of two."""
+    q, k = make(heads, kv_heads, 40, 6, 16, torch.float32, device, seed=5)
+    q_pos = kernel.recent_rows(40, 6).to(device)
+    got = kernel.attention_stats(q, k, q_pos, block_m=block_m, key_splits=2)
+    check_against_reference(got, ref.attention_stats(q, k, q_pos), q, k, q_pos, 0.01, torch.float32)
 
 
 def test_deterministic_and_split_independent_counts(device):
@@ -175,7 +182,7 @@ def test_deterministic_and_split_independent_counts(device):
     b = kernel.attention_stats(q, k, q_pos)
     for name in ("row_max", "row_sumexp", "attn_sum", "below", "nonzero", "attn_sum_kv"):
         assert torch.equal(getattr(a, name), getattr(b, name)), name  # no atomics: bitwise repeatable
-    c = kernel.attention_stats(q, k, q_pos, block_n=32, rows_per_split=16)
+    c = kernel.attention_stats(q, k, q_pos, block_n=32, block_m=16, key_splits=2)
     assert torch.equal(a.below, c.below) and torch.equal(a.nonzero, c.nonzero)
     torch.testing.assert_close(a.attn_sum, c.attn_sum, atol=1e-6, rtol=1e-5)
 
@@ -344,7 +351,8 @@ def test_bad_inputs(change, error, match, device):
         ({"scale": -1.0}, "scale"),
         ({"block_m": 8}, "power of two"),
         ({"block_n": 48}, "power of two"),
-        ({"rows_per_split": 24}, "multiple of block_m"),
+        ({"key_splits": 0}, "key_splits must be a positive int"),
+        ({"key_splits": 2.0}, "key_splits must be a positive int"),
     ],
 )
 def test_bad_options(kwargs, match, device):
@@ -360,11 +368,6 @@ def test_bad_stage_inputs(device):
         kernel.column_stats(q, k, pos, m[:, :3], l)
     with pytest.raises(ValueError, match="row_sumexp must be float32"):
         kernel.column_stats(q, k, pos, m, l.double())
-    partials = kernel.column_stats(q, k, pos, m, l)
-    with pytest.raises(ValueError, match="multiple of kv heads"):
-        kernel.reduce_stats(partials, kv_heads=3)
-    with pytest.raises(ValueError, match="partial below"):
-        kernel.reduce_stats(partials._replace(below=partials.below.float()), kv_heads=2)
 
 
 def test_no_rows(device):

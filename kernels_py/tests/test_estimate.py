@@ -330,7 +330,8 @@ def test_every_op_with_a_model_is_estimated(report):
                     assert c["floors_us"]["memory"] <= c["optimistic_us"] <= c["conservative_us"]
                     assert sum(c["by_class_per_token"].values()) == pytest.approx(c["instructions_per_token"])
     assert seen == {"lowrank_decode": {"fused (exact)", "absorbed (latent)"},
-                    "quant_decode": {"quantized (4/2-bit)"}, "gather_decode": {"selected rows"}}
+                    "quant_decode": {"quantized (4/2-bit)"}, "gather_decode": {"selected rows"},
+                    "attention_stats": {"statistics (two passes)"}}
     assert {(r["op"], r["shape"]["batch"]) for r in report["estimates"]} >= {("lowrank_decode", 8),
                                                                               ("lowrank_decode", 64)}
     assert report["tables"] and all("title" in t for t in report["tables"])
@@ -373,6 +374,25 @@ def test_the_fused_kernel_is_seen_as_its_code_stands(report):
     assert picked["by_class_per_token"].get("ldg_narrow", 0) < 1
     assert fused["speedup_conservative"] < 3 and fused["ideal_us"] < fused["optimistic_us"]
     assert not any("scalar sub-32-bit global loads" in f for f in fused["flags"] if f.startswith("_stage1_kernel"))
+
+
+def test_the_statistics_passes_are_seen_as_their_code_stands(report):
+    """The statistics at 32K keys and 50 rows: the row pass split over the
+    keys (so its merge runs at batch 8, not at 64, where the row tiles fill
+    the GPU alone), the column pass's blocks every row sees whole counted
+    apart from the few at the prompt's end; K moved twice, so even the ideal
+    is slower than one FlashAttention forward, and the estimate says by how
+    much more."""
+    for batch, merged in ((8, True), (64, False)):
+        res = next(r for r in report["estimates"] if r["op"] == "attention_stats" and r["shape"]["batch"] == batch)
+        band = res["implementations"][0]
+        kernels = [k["kernel"] for k in band["kernels"]]
+        assert kernels == (["_row_stats_kernel", "_merge_rows_kernel", "_column_stats_kernel"] if merged
+                           else ["_row_stats_kernel", "_column_stats_kernel"])
+        assert band["ideal_us"] > res["flash_us"]  # two passes over K and the per-head results
+        assert band["ideal_us"] < band["optimistic_us"] <= band["conservative_us"]
+        assert band["speedup_conservative"] < 1.0
+        assert 200 < band["instructions_per_token"] < 5000
 
 
 def test_calibration_error_is_summarised():

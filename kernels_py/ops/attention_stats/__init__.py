@@ -4,7 +4,7 @@ it receives, how many rows see it and how many of those give it less than
 p * row max. Every method that ranks prompt tokens by attention reads these.
 
 contract.py   what is computed, the result types, input checks, row selectors
-kernel.py     the three Triton kernels and their launchers
+kernel.py     the Triton kernels of the two passes and their launchers
 reference.py  the same contract in plain PyTorch
 cases.py      compile cases (sm_80 / sm_90) and the selftest
 """
@@ -13,9 +13,9 @@ import torch
 
 from kernels_py.ops.attention_stats import reference
 from kernels_py.ops.attention_stats.contract import (
-    AttentionStats, ColumnPartials, ReducedStats, all_rows, last_row, post_vision_rows, probe_rows, recent_rows,
+    AttentionStats, ReducedStats, all_rows, last_row, post_vision_rows, probe_rows, recent_rows,
 )
-from kernels_py.ops.attention_stats.kernel import attention_stats, column_stats, reduce, reduce_stats, row_stats
+from kernels_py.ops.attention_stats.kernel import attention_stats, column_stats, row_stats
 from kernels_py.ops.common import use_triton
 
 
@@ -29,7 +29,7 @@ def compute(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, p: float = 0.
 
 
 __all__ = [
-    "AttentionStats", "ColumnPartials", "ReducedStats", "compute", "reference",
-    "attention_stats", "row_stats", "column_stats", "reduce_stats", "reduce",
+    "AttentionStats", "ReducedStats", "compute", "reference",
+    "attention_stats", "row_stats", "column_stats",
     "post_vision_rows", "probe_rows", "recent_rows", "last_row", "all_rows",
 ]

@@ -12,14 +12,14 @@ from kernels_py.ops.attention_stats.contract import post_vision_rows
 from kernels_py.ops.attention_stats.kernel import attention_stats
 from kernels_py.tables import Column, table
 
-KERNELS = ("_row_stats_kernel", "_column_stats_kernel", "_reduce_kernel")
+KERNELS = ("_row_stats_kernel", "_merge_rows_kernel", "_column_stats_kernel")
 
 
 def _compile(dtype, heads, kv_heads, head_dim):
     rows, keys = 20, 40
     q_pos = torch.arange(keys - rows, keys, dtype=torch.int64)
     attention_stats(torch.randn(heads, rows, head_dim).to(dtype), torch.randn(kv_heads, keys, head_dim).to(dtype),
-                    q_pos)
+                    q_pos, key_splits=2)  # two splits, so the merge compiles too
 
 
 COMPILE_CASES = [

@@ -1,4 +1,4 @@
-"""The attention-statistics op's contract: what the three kernels compute,
+"""The attention-statistics op's contract: what the two passes compute,
 the types they return, the checks every implementation applies to its inputs,
 and the row selectors that say which query rows each method takes statistics
 over.
@@ -70,16 +70,10 @@ class AttentionStats:
         return gamma if per_head else gamma.mean()
 
 
-class ColumnPartials(NamedTuple):
-    """Per-row-split partial results of `column_stats`: attn_sum and below are
-    [S, H, N], nonzero is [S, N] (it does not depend on the head)."""
-
-    attn_sum: torch.Tensor
-    below: torch.Tensor
-    nonzero: torch.Tensor
-
-
 class ReducedStats(NamedTuple):
+    """What the column pass returns: attn_sum, below, nonzero [H, N] and
+    attn_sum_kv [H_kv, N], as in AttentionStats."""
+
     attn_sum: torch.Tensor
     below: torch.Tensor
     nonzero: torch.Tensor
@@ -93,7 +87,9 @@ def check_threshold(p) -> float:
     return p
 
 
-def check_inputs(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor) -> None:
+def check_inputs(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor) -> tuple[int, int]:
+    """Checks the inputs; returns the smallest and largest position ((0, -1)
+    when no row is selected)."""
     if not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor):
         raise TypeError("q and k must be torch tensors")
     if q.dim() != 3 or k.dim() != 3:
@@ -124,6 +120,8 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor) -> None:
         lo, hi = (int(v) for v in torch.aminmax(q_pos))  # one host sync
         if lo < 0 or hi >= n_keys:
             raise ValueError(f"q_pos must lie in [0, {n_keys}) (the keys), got values in [{lo}, {hi}]")
+        return lo, hi
+    return 0, -1
 
 
 def check_row_stats(q: torch.Tensor, row_max, row_sumexp) -> None:
@@ -135,22 +133,6 @@ def check_row_stats(q: torch.Tensor, row_max, row_sumexp) -> None:
             raise ValueError(f"{name} must be float32 [{heads}, {n_rows}] as row_stats returns it, got {got}")
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
-
-
-def check_partials(partials: ColumnPartials, kv_heads: int) -> None:
-    """Partials as column_stats returns them, for `kv_heads` kv heads."""
-    attn_p, below_p, nonzero_p = partials
-    if attn_p.dim() != 3 or attn_p.dtype != torch.float32:
-        raise ValueError(f"partial attn_sum must be float32 [splits, heads, keys], got {attn_p.dtype} {tuple(attn_p.shape)}")
-    n_splits, heads, n_keys = attn_p.shape
-    if below_p.dtype != torch.int32 or tuple(below_p.shape) != (n_splits, heads, n_keys):
-        raise ValueError(f"partial below must be int32 {[n_splits, heads, n_keys]}, got {below_p.dtype} {tuple(below_p.shape)}")
-    if nonzero_p.dtype != torch.int32 or tuple(nonzero_p.shape) != (n_splits, n_keys):
-        raise ValueError(f"partial nonzero must be int32 {[n_splits, n_keys]}, got {nonzero_p.dtype} {tuple(nonzero_p.shape)}")
-    if not (below_p.device == nonzero_p.device == attn_p.device):
-        raise ValueError("the partials must be on one device")
-    if isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or kv_heads < 1 or heads % kv_heads:
-        raise ValueError(f"query heads ({heads}) must be a multiple of kv heads ({kv_heads})")
 
 
 # ----------------------------------------------------------------------------

@@ -1,20 +1,25 @@
-"""The attention-statistics kernels (VL-Cache appendix A.5, three kernels
-run in order) and their launchers. What they compute is in contract.py.
+"""The attention-statistics kernels (VL-Cache appendix A.5: a row pass, then a
+column pass over the keys) and their launchers. What they compute is in
+contract.py.
 
-1. `row_stats`: one program per (block of BLOCK_M selected rows, query head)
-   walks the keys each row can see and keeps the running row max and sum of
-   exp (online softmax). Writes m, l [H, R] float32.
-2. `column_stats`: one program per (split of ROWS_PER_SPLIT rows, block of
-   BLOCK_N keys, query head). It loads its key tile once, walks the split's
-   rows BLOCK_M at a time, recomputes the probabilities from m and l and
-   reduces over the rows: attention sum, count below the ThresholdFilter and
-   count of causally visible rows. Each program writes its own partial
-   (partials [S, H, N], S = row splits), so nothing is atomic and the result
-   is deterministic. The visible count does not depend on the head: only the
-   programs of head 0 write it (partial [S, N]).
-3. `reduce_stats`: one program per (block of keys, kv head) adds the partials
-   over the splits in a fixed order and writes the per-head results [H, N]
-   plus their sum over the query heads of each kv group [H_kv, N].
+Both passes hold a kv head's whole query group as the rows of one MMA tile
+(GQA heads stacked, FlashMLA-style): tile row r is query head g = r // ROWS
+of the group and selected row i = r % ROWS of the tile, so a key tile is
+loaded once for every head that reads it, and the tile has block_m rows
+(ROWS = block_m // the group padded to a power of two).
+
+1. `row_stats`: one program per (row tile, split of the keys, kv head) walks
+   its split's keys with the online softmax and writes its rows' max and sum
+   of exp; `_merge_rows_kernel` merges the splits (FlashDecoding's split-K:
+   a few row tiles alone would not fill the GPU). Writes m, l [H, R] float32.
+2. `column_stats`: one program per (block of BLOCK_N keys, kv head) loads its
+   key tile once, walks every selected row a tile at a time, recomputes the
+   probabilities from m and l and reduces them over each head's rows:
+   attention sum and count below the ThresholdFilter per head, their sum
+   over the group (attn_sum_kv), and the count of rows that see each key
+   (written once, by kv head 0: it depends on the positions only). Each key
+   is owned by one program that adds the rows in a fixed order, so the
+   result is deterministic without a reduction pass.
 
 Reference: reference.py beside this file.
 """
@@ -23,10 +28,20 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels_py.ops import common
+from kernels_py.ops import common, splitk
 from kernels_py.ops.attention_stats.contract import (
-    AttentionStats, ColumnPartials, ReducedStats, check_inputs, check_partials, check_row_stats, check_threshold,
+    AttentionStats, ReducedStats, check_inputs, check_row_stats, check_threshold,
 )
+
+# Tiles of each pass, 16-bit inputs: (MMA rows, keys, warps); float32 tiles
+# are smaller (a float32 key block twice as wide spills on sm_90).
+ROW_TILE = {2: (128, 128, 8), 4: (32, 32, 4)}
+COLUMN_TILE = {2: (64, 128, 8), 4: (32, 32, 8)}
+MAX_TILE_ELEMENTS = 128 * 128  # keys x head_dim of a default key tile (registers)
+COLUMN_BLOCKS_PER_PROGRAM = 8  # consecutive key blocks a column-pass program walks
+MIN_SPLIT_BLOCKS = 8  # a row-pass key split walks at least this many key tiles
+MAX_SPLITS = 64
+PROGRAMS_PER_SM = 4  # row-pass programs to aim for on each SM (waits on HBM overlap across them)
 
 # ----------------------------------------------------------------------------
 # Kernels
@@ -34,18 +49,22 @@ from kernels_py.ops.attention_stats.contract import (
 
 
 @triton.jit
-def _load_positions(QPos, offs_m, stride_p, row_mask):
-    """Positions of the selected rows; -1 (sees no key) past the last row."""
-    return tl.load(QPos + offs_m * stride_p, mask=row_mask, other=-1).to(tl.int32)
+def _group_rows(QPos, first_row, kv_head, n_rows, stride_p,
+                GROUP: tl.constexpr, ROWS: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The tile's rows: query head of each (kv_head * GROUP + g), selected row,
+    whether it is real, and its position (-1, which sees no key, when not)."""
+    offs_r = tl.arange(0, BLOCK_M)
+    g = offs_r // ROWS
+    row = first_row + offs_r % ROWS
+    real = (g < GROUP) & (row < n_rows)
+    q_pos = tl.load(QPos + row * stride_p, mask=real, other=-1).to(tl.int32)
+    return kv_head * GROUP + g, row, real, q_pos
 
 
 @triton.jit
-def _load_q(Q_head, offs_m, offs_d, stride_qm, stride_qd, row_mask, d_mask, UPCAST: tl.constexpr):
-    q = tl.load(
-        Q_head + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-        mask=row_mask[:, None] & d_mask[None, :],
-        other=0.0,
-    )
+def _load_group_q(Q, head, row, real, offs_d, stride_qh, stride_qm, stride_qd, d_mask, UPCAST: tl.constexpr):
+    q = tl.load(Q + head[:, None] * stride_qh + row[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                mask=real[:, None] & d_mask[None, :], other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
     return q
@@ -74,146 +93,203 @@ def _scores(q, kt, offs_n, q_pos, n_keys, qk_scale):
 
 
 @triton.jit
+def _per_head(x, GROUP_PAD: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """[BLOCK_M, BLOCK_N] tile rows summed over each head's rows: [GROUP_PAD, BLOCK_N]."""
+    return tl.sum(tl.reshape(x, (GROUP_PAD, ROWS, BLOCK_N)), 1)
+
+
+@triton.jit
+def _row_tile(q, kt, m_i, l_i, qk_scale, offs_n, q_pos, n_keys, MASKED: tl.constexpr):
+    """One key tile of the online softmax, m_i in raw score units (the scale
+    folds into the exponent's FMA). Tiles every real row sees whole skip the
+    causal mask (MASKED=False)."""
+    s = tl.dot(q, kt, input_precision="ieee")
+    if MASKED:
+        s = tl.where((offs_n[None, :] <= q_pos[:, None]) & (offs_n[None, :] < n_keys), s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_scaled = m_new * qk_scale
+    l_i = l_i * tl.exp2(m_i * qk_scale - m_scaled) + tl.sum(tl.exp2(s * qk_scale - m_scaled[:, None]), 1)
+    return m_new, l_i
+
+
+@triton.jit
 def _row_stats_kernel(
-    Q, K, QPos, M, L,
+    Q, K, QPos, PartM, PartL,
     stride_qh, stride_qm, stride_qd,
     stride_kh, stride_kn, stride_kd,
     stride_p,
-    stride_mh, stride_mr,
-    stride_lh, stride_lr,
-    n_rows, n_keys, qk_scale,
+    stride_ms, stride_mh, stride_mr,
+    stride_ls, stride_lh, stride_lr,
+    n_rows, n_keys, keys_per_split, qk_scale,
     GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr,
+    ROWS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
-    head = tl.program_id(1)
-    kv_head = head // GROUP
+    split = tl.program_id(1)
+    kv_head = tl.program_id(2)
+    BLOCK_M: tl.constexpr = GROUP_PAD * ROWS
 
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    head, row, real, q_pos = _group_rows(QPos, pid_m * ROWS, kv_head, n_rows, stride_p, GROUP, ROWS, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    row_mask = offs_m < n_rows
     d_mask = offs_d < HEAD_DIM
-    q_pos = _load_positions(QPos, offs_m, stride_p, row_mask)
-    q = _load_q(Q + head * stride_qh, offs_m, offs_d, stride_qm, stride_qd, row_mask, d_mask, UPCAST)
+    q = _load_group_q(Q, head, row, real, offs_d, stride_qh, stride_qm, stride_qd, d_mask, UPCAST)
     K_head = K + kv_head * stride_kh
-    # No row of this block sees a key past its largest position.
-    key_end = tl.minimum(tl.max(q_pos, 0) + 1, n_keys)
+    # No row of this tile sees a key past its largest position, and every real
+    # row sees the whole tiles that end at or before its smallest one.
+    lo = split * keys_per_split
+    hi = tl.minimum(tl.minimum(lo + keys_per_split, tl.max(q_pos, 0) + 1), n_keys)
+    whole = tl.maximum(tl.minimum(hi, (tl.min(tl.where(real, q_pos, n_keys), 0) + 1) // BLOCK_N * BLOCK_N), lo)
 
-    # A finite floor instead of -inf keeps rows past n_rows (all scores -inf)
-    # free of inf - inf; every real row sees key 0 in the first block, so its
-    # max is a real score from then on.
+    # A finite floor instead of -inf: a row that sees nothing in this split
+    # keeps l = 0 and weighs nothing in the merge, with no inf - inf.
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for start_n in range(0, key_end, BLOCK_N):
+    for start_n in range(lo, whole, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         kt = _load_kt(K_head, offs_n, offs_d, stride_kn, stride_kd, n_keys, d_mask, UPCAST)
-        s, _ = _scores(q, kt, offs_n, q_pos, n_keys, qk_scale)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        l_i = l_i * tl.exp2(m_i - m_new) + tl.sum(tl.exp2(s - m_new[:, None]), 1)
-        m_i = m_new
+        m_i, l_i = _row_tile(q, kt, m_i, l_i, qk_scale, offs_n, q_pos, n_keys, False)
+    for start_edge in range(whole, hi, BLOCK_N):
+        offs_n = start_edge + tl.arange(0, BLOCK_N)
+        kt = _load_kt(K_head, offs_n, offs_d, stride_kn, stride_kd, n_keys, d_mask, UPCAST)
+        m_i, l_i = _row_tile(q, kt, m_i, l_i, qk_scale, offs_n, q_pos, n_keys, True)
 
-    tl.store(M + head * stride_mh + offs_m * stride_mr, m_i, mask=row_mask)
-    tl.store(L + head * stride_lh + offs_m * stride_lr, l_i, mask=row_mask)
+    tl.store(PartM + split * stride_ms + head * stride_mh + row * stride_mr, m_i * qk_scale, mask=real)
+    tl.store(PartL + split * stride_ls + head * stride_lh + row * stride_lr, l_i, mask=real)
+
+
+@triton.jit
+def _merge_rows_kernel(
+    PartM, PartL, M, L,
+    stride_ms, stride_mh, stride_mr,
+    stride_ls, stride_lh, stride_lr,
+    stride_oh, stride_or,
+    n_rows, n_splits,
+    BLOCK_R: tl.constexpr,
+):
+    """The key splits of one head's rows merged: max over the splits, sums
+    rescaled to it (a split a row saw nothing of has l = 0)."""
+    head = tl.program_id(0)
+    offs_r = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    mask = offs_r < n_rows
+    m = tl.full([BLOCK_R], -1.0e30, dtype=tl.float32)
+    l = tl.zeros([BLOCK_R], dtype=tl.float32)
+    for s in range(0, n_splits):
+        m_s = tl.load(PartM + s * stride_ms + head * stride_mh + offs_r * stride_mr, mask=mask, other=-1.0e30)
+        l_s = tl.load(PartL + s * stride_ls + head * stride_lh + offs_r * stride_lr, mask=mask, other=0.0)
+        m_new = tl.maximum(m, m_s)
+        l = l * tl.exp2(m - m_new) + l_s * tl.exp2(m_s - m_new)
+        m = m_new
+    tl.store(M + head * stride_oh + offs_r * stride_or, m, mask=mask)
+    tl.store(L + head * stride_oh + offs_r * stride_or, l, mask=mask)
+
+
+@triton.jit
+def _column_tile(q, kt, m_i, inv_l, qk_scale, threshold, attn, below, offs_n, q_pos, n_keys, MASKED: tl.constexpr):
+    """One row tile of a key block: its probabilities (A_ij * l_i, 1 at the
+    row max) added to the per-row sums and counts. Blocks every selected row
+    sees whole skip the causal mask (MASKED=False)."""
+    e = tl.exp2(tl.dot(q, kt, input_precision="ieee") * qk_scale - m_i[:, None])
+    if MASKED:
+        visible = (offs_n[None, :] <= q_pos[:, None]) & (offs_n[None, :] < n_keys)
+        e = tl.where(visible, e, 0.0)
+        below += (visible & (e < threshold)).to(tl.int32)
+    else:
+        below += (e < threshold).to(tl.int32)  # rows that are not real have e = 1: never below p <= 1
+    return attn + e * inv_l[:, None], below
+
+
+@triton.jit
+def _column_rows(Q, M, L, QPos, first_row, kv_head, n_rows, offs_d, d_mask,
+                 stride_qh, stride_qm, stride_qd, stride_mh, stride_mr, stride_lh, stride_lr, stride_p,
+                 GROUP: tl.constexpr, ROWS: tl.constexpr, BLOCK_M: tl.constexpr, UPCAST: tl.constexpr):
+    """A row tile's queries, row max, 1 / row sum (0 for rows that are not
+    real, so they weigh nothing) and positions."""
+    head, row, real, q_pos = _group_rows(QPos, first_row, kv_head, n_rows, stride_p, GROUP, ROWS, BLOCK_M)
+    q = _load_group_q(Q, head, row, real, offs_d, stride_qh, stride_qm, stride_qd, d_mask, UPCAST)
+    m_i = tl.load(M + head * stride_mh + row * stride_mr, mask=real, other=0.0)
+    inv_l = tl.where(real, 1.0 / tl.load(L + head * stride_lh + row * stride_lr, mask=real, other=1.0), 0.0)
+    return q, m_i, inv_l, q_pos, real & (head == kv_head * GROUP)
 
 
 @triton.jit
 def _column_stats_kernel(
-    Q, K, QPos, M, L, PAttn, PBelow, PNonzero,
+    Q, K, QPos, M, L, Attn, Below, Nonzero, AttnKV,
     stride_qh, stride_qm, stride_qd,
     stride_kh, stride_kn, stride_kd,
     stride_p,
     stride_mh, stride_mr,
     stride_lh, stride_lr,
-    stride_as, stride_ah, stride_an,
-    stride_bs, stride_bh, stride_bn,
-    stride_zs, stride_zn,
-    n_rows, n_keys, qk_scale, threshold,
+    stride_ah, stride_an,
+    stride_bh, stride_bn,
+    stride_zn,
+    stride_kvh, stride_kvn,
+    n_rows, n_keys, min_pos, max_pos, qk_scale, threshold,
     GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
-    ROWS_PER_SPLIT: tl.constexpr,
-    BLOCK_M: tl.constexpr,
+    ROWS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    BLOCKS_PER_PROGRAM: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    split = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    head = tl.program_id(2)
-    kv_head = head // GROUP
-
-    first_key = pid_n * BLOCK_N
-    offs_n = first_key + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    key_mask = offs_n < n_keys
-    d_mask = offs_d < HEAD_DIM
-    kt = _load_kt(K + kv_head * stride_kh, offs_n, offs_d, stride_kn, stride_kd, n_keys, d_mask, UPCAST)
-    Q_head = Q + head * stride_qh
-
-    attn = tl.zeros([BLOCK_N], dtype=tl.float32)
-    below = tl.zeros([BLOCK_N], dtype=tl.int32)
-    nonzero = tl.zeros([BLOCK_N], dtype=tl.int32)
-    row_lo = split * ROWS_PER_SPLIT
-    row_hi = tl.minimum(row_lo + ROWS_PER_SPLIT, n_rows)
-    for start_m in range(row_lo, row_hi, BLOCK_M):
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        row_mask = offs_m < row_hi
-        q_pos = _load_positions(QPos, offs_m, stride_p, row_mask)
-        # Skip the matmul when no row of this tile sees any key of this block.
-        if tl.max(q_pos, 0) >= first_key:
-            q = _load_q(Q_head, offs_m, offs_d, stride_qm, stride_qd, row_mask, d_mask, UPCAST)
-            m_i = tl.load(M + head * stride_mh + offs_m * stride_mr, mask=row_mask, other=0.0)
-            l_i = tl.load(L + head * stride_lh + offs_m * stride_lr, mask=row_mask, other=1.0)
-            s, visible = _scores(q, kt, offs_n, q_pos, n_keys, qk_scale)
-            e = tl.exp2(s - m_i[:, None])  # A_ij * l_i; 1 at the row max, 0 where masked
-            attn += tl.sum(e * (1.0 / l_i)[:, None], 0)
-            below += tl.sum((visible & (e < threshold)).to(tl.int32), 0)
-            nonzero += tl.sum(visible.to(tl.int32), 0)
-
-    tl.store(PAttn + split * stride_as + head * stride_ah + offs_n * stride_an, attn, mask=key_mask)
-    tl.store(PBelow + split * stride_bs + head * stride_bh + offs_n * stride_bn, below, mask=key_mask)
-    tl.store(PNonzero + split * stride_zs + offs_n * stride_zn, nonzero, mask=key_mask & (head == 0))
-
-
-@triton.jit
-def _reduce_kernel(
-    PAttn, PBelow, PNonzero, Attn, Below, Nonzero, AttnKV,
-    stride_as, stride_ah, stride_an,
-    stride_bs, stride_bh, stride_bn,
-    stride_zs, stride_zn,
-    stride_oah, stride_oan,
-    stride_obh, stride_obn,
-    stride_ozh, stride_ozn,
-    stride_kvh, stride_kvn,
-    n_splits, n_keys,
-    GROUP: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    pid_n = tl.program_id(0)
     kv_head = tl.program_id(1)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    key_mask = offs_n < n_keys
+    BLOCK_M: tl.constexpr = GROUP_PAD * ROWS
+    first_block = tl.program_id(0) * BLOCKS_PER_PROGRAM
+    end_block = tl.minimum(first_block + BLOCKS_PER_PROGRAM, tl.cdiv(n_keys, BLOCK_N))
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    offs_g = tl.arange(0, GROUP_PAD)
+    heads = kv_head * GROUP + offs_g
+    K_head = K + kv_head * stride_kh
 
-    nonzero = tl.zeros([BLOCK_N], dtype=tl.int32)
-    for s in range(0, n_splits):
-        nonzero += tl.load(PNonzero + s * stride_zs + offs_n * stride_zn, mask=key_mask, other=0)
+    # The next block's keys are loaded while this block's rows run: each
+    # program walks a few consecutive blocks, so the HBM wait is exposed once.
+    kt_next = _load_kt(K_head, first_block * BLOCK_N + tl.arange(0, BLOCK_N), offs_d, stride_kn, stride_kd, n_keys,
+                       d_mask, UPCAST)
+    for block in range(first_block, end_block):
+        first_key = block * BLOCK_N
+        offs_n = first_key + tl.arange(0, BLOCK_N)
+        key_mask = offs_n < n_keys
+        kt = kt_next
+        kt_next = _load_kt(K_head, offs_n + BLOCK_N, offs_d, stride_kn, stride_kd,
+                           tl.minimum(n_keys, end_block * BLOCK_N), d_mask, UPCAST)
+        # Every selected row sees this block whole (no mask), or some rows see
+        # part of it (masked), or none sees any of it (nothing to add).
+        whole_rows = tl.where(tl.minimum(first_key + BLOCK_N, n_keys) - 1 <= min_pos, n_rows, 0)
+        edge_rows = tl.where(first_key <= max_pos, n_rows - whole_rows, 0)
 
-    attn_kv = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for g in tl.static_range(GROUP):
-        head = kv_head * GROUP + g
-        attn = tl.zeros([BLOCK_N], dtype=tl.float32)
-        below = tl.zeros([BLOCK_N], dtype=tl.int32)
-        for s in range(0, n_splits):
-            attn += tl.load(PAttn + s * stride_as + head * stride_ah + offs_n * stride_an, mask=key_mask, other=0.0)
-            below += tl.load(PBelow + s * stride_bs + head * stride_bh + offs_n * stride_bn, mask=key_mask, other=0)
-        tl.store(Attn + head * stride_oah + offs_n * stride_oan, attn, mask=key_mask)
-        tl.store(Below + head * stride_obh + offs_n * stride_obn, below, mask=key_mask)
-        tl.store(Nonzero + head * stride_ozh + offs_n * stride_ozn, nonzero, mask=key_mask)
-        attn_kv += attn
-    tl.store(AttnKV + kv_head * stride_kvh + offs_n * stride_kvn, attn_kv, mask=key_mask)
+        # Sums over the rows stay per tile row until the block ends: one
+        # cross-thread reduction per block instead of one per row tile.
+        attn = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        below = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
+        nonzero = tl.zeros([BLOCK_N], dtype=tl.int32) + whole_rows
+        for first_row in range(0, whole_rows, ROWS):
+            q, m_i, inv_l, q_pos, counted = _column_rows(
+                Q, M, L, QPos, first_row, kv_head, n_rows, offs_d, d_mask, stride_qh, stride_qm, stride_qd,
+                stride_mh, stride_mr, stride_lh, stride_lr, stride_p, GROUP, ROWS, BLOCK_M, UPCAST)
+            attn, below = _column_tile(q, kt, m_i, inv_l, qk_scale, threshold, attn, below, offs_n, q_pos, n_keys,
+                                       False)
+        for first_edge in range(whole_rows, whole_rows + edge_rows, ROWS):
+            q, m_i, inv_l, q_pos, counted = _column_rows(
+                Q, M, L, QPos, first_edge, kv_head, n_rows, offs_d, d_mask, stride_qh, stride_qm, stride_qd,
+                stride_mh, stride_mr, stride_lh, stride_lr, stride_p, GROUP, ROWS, BLOCK_M, UPCAST)
+            attn, below = _column_tile(q, kt, m_i, inv_l, qk_scale, threshold, attn, below, offs_n, q_pos, n_keys,
+                                       True)
+            nonzero += tl.sum(((offs_n[None, :] <= q_pos[:, None]) & counted[:, None]).to(tl.int32), 0)
+
+        attn_g = _per_head(attn, GROUP_PAD, ROWS, BLOCK_N)
+        out_mask = (offs_g < GROUP)[:, None] & key_mask[None, :]
+        tl.store(Attn + heads[:, None] * stride_ah + offs_n[None, :] * stride_an, attn_g, mask=out_mask)
+        tl.store(Below + heads[:, None] * stride_bh + offs_n[None, :] * stride_bn,
+                 _per_head(below, GROUP_PAD, ROWS, BLOCK_N), mask=out_mask)
+        tl.store(AttnKV + kv_head * stride_kvh + offs_n * stride_kvn, tl.sum(attn_g, 0), mask=key_mask)
+        tl.store(Nonzero + offs_n * stride_zn, nonzero, mask=key_mask & (kv_head == 0))
 
 
 # ----------------------------------------------------------------------------
@@ -221,9 +297,28 @@ def _reduce_kernel(
 # ----------------------------------------------------------------------------
 
 
+def group_tile(heads: int, kv_heads: int, block_m: int) -> tuple[int, int]:
+    """(GROUP_PAD, ROWS): the group padded to a power of two and the selected
+    rows of a tile of block_m MMA rows (at least one row: a group wider than
+    block_m makes the tile as wide as the group)."""
+    group_pad = triton.next_power_of_2(heads // kv_heads)
+    return group_pad, max(1, block_m // group_pad)
+
+
+def key_split_count(n_keys: int, programs: int, block_n: int, sms: int | None) -> int:
+    """Key splits of the row pass: one on the CPU; on a GPU of `sms` SMs enough
+    that the row tiles x kv heads (`programs`) times the splits give about
+    PROGRAMS_PER_SM programs an SM, each split at least MIN_SPLIT_BLOCKS tiles.
+    The launcher and the op's model both ask here."""
+    if not sms:
+        return 1
+    most = max(1, -(-n_keys // (MIN_SPLIT_BLOCKS * block_n)))
+    return max(1, min(-(-PROGRAMS_PER_SM * sms // max(programs, 1)), most, MAX_SPLITS))
+
+
 def attention_stats(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, p: float = 0.01,
-                    scale: float | None = None, *, block_m: int = 16, block_n: int | None = None,
-                    rows_per_split: int = 64) -> AttentionStats:
+                    scale: float | None = None, *, block_m: int | None = None, block_n: int | None = None,
+                    key_splits: int | None = None) -> AttentionStats:
     """Attention statistics of the selected query rows, without the attention matrix.
 
     q: [heads, rows, head_dim], the selected query rows (gathered by the caller).
@@ -233,136 +328,126 @@ def attention_stats(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, p: fl
     p: ThresholdFilter threshold in [0, 1] (VL-Cache: 0.01).
     scale: softmax scale, default head_dim ** -0.5.
     fp16/bf16/fp32 inputs, fp32 accumulation; strided inputs are fine.
-    block_m, block_n: row and key tiles (block_n default: 64, and
-    column_block_n(k) for the column kernel).
+    block_m: MMA rows of a tile (a kv group's heads x selected rows) and
+    block_n: keys of a tile, in both passes (default: ROW_TILE and
+    COLUMN_TILE for the dtype); key_splits: splits of the row pass
+    (default key_split_count). `nonzero` is one row of counts expanded over
+    the heads.
     """
-    m, l = row_stats(q, k, q_pos, scale, block_m=block_m, block_n=block_n or 64)
-    partials = column_stats(q, k, q_pos, m, l, p, scale, block_m=block_m, block_n=block_n,
-                            rows_per_split=rows_per_split)
-    reduced = reduce_stats(partials, k.shape[0], block_n=block_n or 64)
-    return AttentionStats(m, l, reduced.attn_sum, reduced.below, reduced.nonzero, reduced.attn_sum_kv, float(p))
+    m, l = row_stats(q, k, q_pos, scale, block_m=block_m, block_n=block_n, key_splits=key_splits)
+    cols = column_stats(q, k, q_pos, m, l, p, scale, block_m=block_m, block_n=block_n)
+    return AttentionStats(m, l, cols.attn_sum, cols.below, cols.nonzero, cols.attn_sum_kv, float(p))
 
 
 def row_stats(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, scale: float | None = None, *,
-              block_m: int = 16, block_n: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
-    """Kernel 1: row max (log2 units, see the module doc) and sum of exp of the
-    causal scores of each selected row, each float32 [heads, rows]."""
+              block_m: int | None = None, block_n: int | None = None,
+              key_splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pass 1: row max (log2 units, see contract.py) and sum of exp of the
+    causal scores of each selected row, each float32 [heads, rows]. Tiles
+    default to ROW_TILE for the dtype."""
     check_inputs(q, k, q_pos)
+    block_m, block_n, warps = _tile(ROW_TILE, q, block_m, block_n)
     common.check_block("block_m", block_m)
     common.check_block("block_n", block_n)
     heads, n_rows, head_dim = q.shape
     kv_heads, n_keys, _ = k.shape
     qk_scale = common.softmax_scale(scale, head_dim) * common.LOG2E
-    m = torch.empty((heads, n_rows), dtype=torch.float32, device=q.device)
-    l = torch.empty((heads, n_rows), dtype=torch.float32, device=q.device)
+    group_pad, rows = group_tile(heads, kv_heads, block_m)
+    row_tiles = triton.cdiv(n_rows, rows)
+    if key_splits is None:
+        key_splits = key_split_count(n_keys, row_tiles * kv_heads, block_n, splitk.sm_count(q.device))
+    elif isinstance(key_splits, bool) or not isinstance(key_splits, int) or key_splits < 1:
+        raise ValueError(f"key_splits must be a positive int, got {key_splits!r}")
+    keys_per_split = triton.cdiv(triton.cdiv(max(n_keys, 1), key_splits), block_n) * block_n
+    dev = q.device
+    part_m = torch.empty((key_splits, heads, n_rows), dtype=torch.float32, device=dev)
+    part_l = torch.empty((key_splits, heads, n_rows), dtype=torch.float32, device=dev)
     if n_rows == 0:
-        return m, l
-    grid = (triton.cdiv(n_rows, block_m), heads)
-    _row_stats_kernel[grid](
-        q, k, q_pos, m, l,
+        return part_m[0], part_l[0]
+    _row_stats_kernel[(row_tiles, key_splits, kv_heads)](
+        q, k, q_pos, part_m, part_l,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
         q_pos.stride(0),
-        m.stride(0), m.stride(1),
-        l.stride(0), l.stride(1),
-        n_rows, n_keys, qk_scale,
+        part_m.stride(0), part_m.stride(1), part_m.stride(2),
+        part_l.stride(0), part_l.stride(1), part_l.stride(2),
+        n_rows, n_keys, keys_per_split, qk_scale,
         GROUP=heads // kv_heads,
+        GROUP_PAD=group_pad,
         HEAD_DIM=head_dim,
-        BLOCK_M=block_m,
+        ROWS=rows,
         BLOCK_N=block_n,
         BLOCK_D=common.block(head_dim),
         UPCAST=common.upcast_for_dot(q.dtype),
+        num_warps=warps,
+    )
+    if key_splits == 1:
+        return part_m[0], part_l[0]
+    m = torch.empty((heads, n_rows), dtype=torch.float32, device=dev)
+    l = torch.empty_like(m)
+    block_r = min(256, triton.next_power_of_2(n_rows))
+    _merge_rows_kernel[(heads, triton.cdiv(n_rows, block_r))](
+        part_m, part_l, m, l,
+        part_m.stride(0), part_m.stride(1), part_m.stride(2),
+        part_l.stride(0), part_l.stride(1), part_l.stride(2),
+        m.stride(0), m.stride(1),
+        n_rows, key_splits,
+        BLOCK_R=block_r,
     )
     return m, l
 
 
 def column_stats(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, row_max: torch.Tensor,
                  row_sumexp: torch.Tensor, p: float = 0.01, scale: float | None = None, *,
-                 block_m: int = 16, block_n: int | None = None, rows_per_split: int = 64) -> ColumnPartials:
-    """Kernel 2: recompute the probabilities from `row_stats` and reduce them over
-    the rows of each split of `rows_per_split` rows (a multiple of block_m).
-    Returns one partial per split: attn_sum and below [S, heads, keys], nonzero
-    [S, keys], S = ceil(rows / rows_per_split). block_n: keys per program,
-    default column_block_n(k)."""
-    check_inputs(q, k, q_pos)
-    block_n = column_block_n(k) if block_n is None else block_n
+                 block_m: int | None = None, block_n: int | None = None) -> ReducedStats:
+    """Pass 2: recompute the probabilities from `row_stats` and reduce them
+    over the selected rows: attn_sum, below [heads, keys], nonzero [heads,
+    keys] (one row of counts expanded over the heads) and attn_sum_kv
+    [kv_heads, keys]. Tiles default to COLUMN_TILE for the dtype."""
+    min_pos, max_pos = check_inputs(q, k, q_pos)
+    block_m, block_n, warps = _tile(COLUMN_TILE, q, block_m, block_n)
     common.check_block("block_m", block_m)
     common.check_block("block_n", block_n)
-    if rows_per_split < block_m or rows_per_split % block_m:
-        raise ValueError(f"rows_per_split ({rows_per_split}) must be a positive multiple of block_m ({block_m})")
     p = check_threshold(p)
     check_row_stats(q, row_max, row_sumexp)
     heads, n_rows, head_dim = q.shape
     kv_heads, n_keys, _ = k.shape
     qk_scale = common.softmax_scale(scale, head_dim) * common.LOG2E
-    n_splits = triton.cdiv(n_rows, rows_per_split)
+    group_pad, rows = group_tile(heads, kv_heads, block_m)
     dev = q.device
-    attn = torch.empty((n_splits, heads, n_keys), dtype=torch.float32, device=dev)
-    below = torch.empty((n_splits, heads, n_keys), dtype=torch.int32, device=dev)
-    nonzero = torch.empty((n_splits, n_keys), dtype=torch.int32, device=dev)
-    if n_rows == 0 or n_keys == 0:
-        return ColumnPartials(attn, below, nonzero)
-    grid = (n_splits, triton.cdiv(n_keys, block_n), heads)
-    _column_stats_kernel[grid](
-        q, k, q_pos, row_max, row_sumexp, attn, below, nonzero,
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        q_pos.stride(0),
-        row_max.stride(0), row_max.stride(1),
-        row_sumexp.stride(0), row_sumexp.stride(1),
-        attn.stride(0), attn.stride(1), attn.stride(2),
-        below.stride(0), below.stride(1), below.stride(2),
-        nonzero.stride(0), nonzero.stride(1),
-        n_rows, n_keys, qk_scale, p,
-        GROUP=heads // kv_heads,
-        HEAD_DIM=head_dim,
-        ROWS_PER_SPLIT=rows_per_split,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        BLOCK_D=common.block(head_dim),
-        UPCAST=common.upcast_for_dot(q.dtype),
-    )
-    return ColumnPartials(attn, below, nonzero)
-
-
-def column_block_n(k: torch.Tensor) -> int:
-    """The key block of a column-statistics program when the caller gives
-    none: each program holds its [head_dim, block_n] keys in registers for
-    every row tile, so keys wider than 16 bits take 32 (a float32 block of
-    64 spilled on sm_90, at 255 registers a thread even on 8 warps)."""
-    return 64 if k.element_size() <= 2 else 32
-
-
-def reduce_stats(partials: ColumnPartials, kv_heads: int, *, block_n: int = 64) -> ReducedStats:
-    """Kernel 3: sum the partials of `column_stats` over the row splits, in a
-    fixed order. Returns attn_sum, below, nonzero [heads, keys] and attn_sum_kv
-    [kv_heads, keys] (attn_sum summed over the query heads of each kv head)."""
-    check_partials(partials, kv_heads)
-    common.check_block("block_n", block_n)
-    attn_p, below_p, nonzero_p = partials
-    n_splits, heads, n_keys = attn_p.shape
-    dev = attn_p.device
     attn = torch.zeros((heads, n_keys), dtype=torch.float32, device=dev)
     below = torch.zeros((heads, n_keys), dtype=torch.int32, device=dev)
-    nonzero = torch.zeros((heads, n_keys), dtype=torch.int32, device=dev)
+    nonzero = torch.zeros((n_keys,), dtype=torch.int32, device=dev)
     attn_kv = torch.zeros((kv_heads, n_keys), dtype=torch.float32, device=dev)
-    if n_splits == 0 or n_keys == 0 or heads == 0:
-        return ReducedStats(attn, below, nonzero, attn_kv)
-    grid = (triton.cdiv(n_keys, block_n), kv_heads)
-    _reduce_kernel[grid](
-        attn_p, below_p, nonzero_p, attn, below, nonzero, attn_kv,
-        attn_p.stride(0), attn_p.stride(1), attn_p.stride(2),
-        below_p.stride(0), below_p.stride(1), below_p.stride(2),
-        nonzero_p.stride(0), nonzero_p.stride(1),
-        attn.stride(0), attn.stride(1),
-        below.stride(0), below.stride(1),
-        nonzero.stride(0), nonzero.stride(1),
-        attn_kv.stride(0), attn_kv.stride(1),
-        n_splits, n_keys,
-        GROUP=heads // kv_heads,
-        BLOCK_N=block_n,
-    )
-    return ReducedStats(attn, below, nonzero, attn_kv)
+    if n_rows and n_keys:
+        _column_stats_kernel[(triton.cdiv(triton.cdiv(n_keys, block_n), COLUMN_BLOCKS_PER_PROGRAM), kv_heads)](
+            q, k, q_pos, row_max, row_sumexp, attn, below, nonzero, attn_kv,
+            q.stride(0), q.stride(1), q.stride(2),
+            k.stride(0), k.stride(1), k.stride(2),
+            q_pos.stride(0),
+            row_max.stride(0), row_max.stride(1),
+            row_sumexp.stride(0), row_sumexp.stride(1),
+            attn.stride(0), attn.stride(1),
+            below.stride(0), below.stride(1),
+            nonzero.stride(0),
+            attn_kv.stride(0), attn_kv.stride(1),
+            n_rows, n_keys, min_pos, max_pos, qk_scale, p,
+            GROUP=heads // kv_heads,
+            GROUP_PAD=group_pad,
+            HEAD_DIM=head_dim,
+            ROWS=rows,
+            BLOCK_N=block_n,
+            BLOCK_D=common.block(head_dim),
+            BLOCKS_PER_PROGRAM=COLUMN_BLOCKS_PER_PROGRAM,
+            UPCAST=common.upcast_for_dot(q.dtype),
+            num_warps=warps,
+        )
+    return ReducedStats(attn, below, nonzero.expand(heads, n_keys), attn_kv)
 
 
-reduce = reduce_stats  # the name VL-Cache A.5 gives the third kernel
+def _tile(tiles: dict, q: torch.Tensor, block_m: int | None, block_n: int | None) -> tuple[int, int, int]:
+    """A pass's (block_m, block_n, warps): the caller's sizes where given,
+    else the pass's defaults for the dtype's width."""
+    default_m, default_n, warps = tiles[min(q.element_size(), 4)]
+    default_n = min(default_n, max(16, MAX_TILE_ELEMENTS // common.block(q.shape[-1])))  # wide heads: fewer keys
+    return default_m if block_m is None else block_m, default_n if block_n is None else block_n, warps
