@@ -121,7 +121,9 @@ class TokenSelection(Method):
     def decode(self, layer, cache: KeptTokens, q_t, k_t, v_t) -> torch.Tensor:
         scorer, allocator = self._parts
         cache.append(k_t, v_t)
-        output, weights = cache.attend(q_t)
+        # On a GPU, a method whose scores ignore the step's attention attends
+        # with SDPA (FlashAttention); elsewhere in float32, as it always did.
+        output, weights = cache.attend(q_t, weights=scorer.needs_weights or q_t.device.type != "cuda")
         scorer.decode(cache, weights)
         capacity = allocator.capacity(layer, cache.seen)
         if capacity is not None:

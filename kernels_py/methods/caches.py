@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 from kernels_py.metrics import tensor_bytes
 from kernels_py.model import expand_kv
@@ -71,11 +72,17 @@ class KeptTokens:
             self.scores = torch.cat([self.scores, self.scores.new_zeros(kv_heads, 1)], dim=1)
         self.seen += 1
 
-    def attend(self, q_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def attend(self, q_t: torch.Tensor, weights: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One query token q_t [heads, 1, d] over the held K/V. Returns the output
         [heads, 1, d] in q's dtype and the attention weights [heads, n] in
-        float32 (for the method's statistics)."""
+        float32 (for the method's statistics). weights=False: no weights
+        (None), the output from SDPA in the cache's dtype (FlashAttention on
+        a GPU), without the float32 copy of every held K/V."""
         heads, _, head_dim = q_t.shape
+        if not weights:
+            out = F.scaled_dot_product_attention(q_t[None].to(self.keys.dtype), self.keys[None], self.values[None],
+                                                 enable_gqa=heads != self.keys.shape[0])
+            return out[0].to(q_t.dtype), None
         keys = expand_kv(self.keys.float(), heads)
         values = expand_kv(self.values.float(), heads)
         weights = torch.softmax(q_t.float() @ keys.transpose(1, 2) / math.sqrt(head_dim), dim=-1)

@@ -33,9 +33,12 @@ class Scorer:
         """[kv_heads, T] float32 scores of the prompt tokens, or None."""
         return None
 
-    def decode(self, cache, weights: torch.Tensor) -> None:
+    needs_weights = False  # whether decode reads the step's attention weights
+
+    def decode(self, cache, weights: torch.Tensor | None) -> None:
         """Update cache.scores after a decode step with attention `weights`
-        [heads, n] over the held tokens; default: scores do not change."""
+        [heads, n] over the held tokens (None unless needs_weights); default:
+        scores do not change."""
 
     def held(self, cache) -> torch.Tensor:
         """[kv_heads, n] scores ranking the held tokens of `cache`."""
@@ -60,6 +63,10 @@ class AttentionMass(Scorer):
         if self.normalize:
             return s.attn_sum_kv / s.nonzero[: s.attn_sum_kv.shape[0]].clamp_min(1).float()
         return s.attn_sum_kv
+
+    @property
+    def needs_weights(self) -> bool:
+        return self.accumulate
 
     def decode(self, cache, weights):
         if self.accumulate:

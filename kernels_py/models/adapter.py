@@ -284,6 +284,14 @@ class _Memory:
         return _proc_status("VmHWM") - self.base
 
 
+def _clock(device: torch.device) -> float:
+    """Seconds on a monotonic clock once the device's queued work is done
+    (CUDA launches return before their kernels run)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 def _trim_heap() -> None:
     """Give the C heap's free pages back to the system (glibc), so the resident
     set counts live memory rather than what earlier work freed."""
@@ -387,15 +395,15 @@ def generate_batch(vlm: VLM, method, inputs: dict, max_new_tokens: int,
                 extra["position_ids"] = positions
                 if vlm.mrope:
                     extra["position_ids"], deltas = _mrope_positions(model, inputs)
-            start = time.perf_counter()
+            start = _clock(model.device)
             out = model(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=1, **extra)
-            prefill = time.perf_counter() - start
+            prefill = _clock(model.device) - start
             logits = [out.logits[:, -1].float()]
             tokens = [logits[-1].argmax(-1)]
             del out  # its logits over the whole prompt are not the decode steps' memory
             peak = memory.peak()
             memory.reset()
-            start = time.perf_counter()
+            start = _clock(model.device)
             for i in range(max_new_tokens - 1):
                 fed = tokens[-1] if force_tokens is None else torch.tensor([f[i] for f in force_tokens],
                                                                            device=model.device)
@@ -407,7 +415,7 @@ def generate_batch(vlm: VLM, method, inputs: dict, max_new_tokens: int,
                 out = model(**step, past_key_values=cache, use_cache=True)
                 logits.append(out.logits[:, -1].float())
                 tokens.append(logits[-1].argmax(-1))
-            decode = time.perf_counter() - start
+            decode = _clock(model.device) - start
             decode_peak = memory.peak()
     finally:
         language.set_attn_implementation(before)
@@ -416,6 +424,56 @@ def generate_batch(vlm: VLM, method, inputs: dict, max_new_tokens: int,
     return [Generation(chosen[b].tolist(), stacked[b], sum(method.cache_bytes(c) for c in session.caches[b]),
                        prefill, decode, spans[b], max(peak, decode_peak), decode_peak, memory.kind)
             for b in range(batch)]
+
+
+def generate_sdpa(vlm: VLM, inputs: dict, max_new_tokens: int) -> list[Generation]:
+    """Greedy decoding of a batch of prompts of one length (no padding) with
+    transformers' own cache (DynamicCache) and attention (SDPA: FlashAttention
+    on a GPU): the full cache at the speed a serving stack gives it, the
+    baseline of end-to-end timings. cache_bytes: the batch's cache split
+    evenly over its prompts."""
+    from transformers import DynamicCache
+
+    from kernels_py.models.presses import cache_bytes
+
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    mask = inputs.get("attention_mask")
+    if mask is not None and not bool(mask.all()):
+        raise ModelError("generate_sdpa takes prompts of one length: no padding")
+    ids = inputs["input_ids"]
+    batch = ids.shape[0]
+    spans = [spans_from_ids(ids[b], vlm.image_token_id) for b in range(batch)]
+    model = vlm.model
+    language = model.model.language_model
+    before = language.config._attn_implementation
+    language.set_attn_implementation("sdpa")
+    try:
+        with torch.inference_mode():
+            memory = _Memory(model.device)
+            memory.reset()
+            cache = DynamicCache(config=model.config)
+            start = _clock(model.device)
+            out = model(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            prefill = _clock(model.device) - start
+            logits = [out.logits[:, -1].float()]
+            tokens = [logits[-1].argmax(-1)]
+            del out
+            peak = memory.peak()
+            memory.reset()
+            start = _clock(model.device)
+            for _ in range(max_new_tokens - 1):
+                out = model(input_ids=tokens[-1][:, None], past_key_values=cache, use_cache=True)
+                logits.append(out.logits[:, -1].float())
+                tokens.append(logits[-1].argmax(-1))
+            decode = _clock(model.device) - start
+            decode_peak = memory.peak()
+    finally:
+        language.set_attn_implementation(before if before != ATTENTION else "sdpa")
+    stacked, chosen = torch.stack(logits, dim=1), torch.stack(tokens, dim=1)
+    held = cache_bytes(cache) // batch
+    return [Generation(chosen[b].tolist(), stacked[b], held, prefill, decode, spans[b], max(peak, decode_peak),
+                       decode_peak, memory.kind) for b in range(batch)]
 
 
 def _mrope_positions(model, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:

@@ -15,7 +15,6 @@ the bytes say so.
 
 import dataclasses
 import inspect
-import time
 from contextlib import contextmanager
 
 import torch
@@ -205,7 +204,7 @@ def generate(vlm, press, inputs: dict, max_new_tokens: int, force_tokens: list[i
     prefill: kernels_py.models.Generation, with the cache's bytes measured."""
     from transformers import DynamicCache
 
-    from kernels_py.models.adapter import ATTENTION, Generation, ModelError, _Memory, spans_from_ids
+    from kernels_py.models.adapter import ATTENTION, Generation, ModelError, _Memory, _clock, spans_from_ids
 
     if inputs["input_ids"].shape[0] != 1:
         raise ModelError("the kvpress path generates one prompt at a time")
@@ -218,7 +217,7 @@ def generate(vlm, press, inputs: dict, max_new_tokens: int, force_tokens: list[i
         memory = _Memory(model.device)
         memory.reset()
         cache = DynamicCache(config=model.config)
-        start = time.perf_counter()
+        start = _clock(model.device)
         try:
             if press is None:
                 out = model(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=1)
@@ -229,7 +228,7 @@ def generate(vlm, press, inputs: dict, max_new_tokens: int, force_tokens: list[i
             reason = " ".join(str(err).split())[:300]
             raise PressError(f"{type(press).__name__} cannot run on {vlm.family} ({type(err).__name__}: {reason})") \
                 from err
-        prefill = time.perf_counter() - start
+        prefill = _clock(model.device) - start
         logits = [out.logits[:, -1].float()]
         tokens = [logits[-1].argmax(-1)]
         del out
@@ -239,7 +238,7 @@ def generate(vlm, press, inputs: dict, max_new_tokens: int, force_tokens: list[i
         # positions the tokens really have (M-RoPE: the text position plus the prompt's rope delta).
         prompt = inputs["input_ids"].shape[1]
         deltas = getattr(model.model, "rope_deltas", None) if vlm.mrope else None
-        start = time.perf_counter()
+        start = _clock(model.device)
         for i in range(max_new_tokens - 1):
             fed = tokens[-1] if force_tokens is None else torch.tensor([force_tokens[i]], device=model.device)
             position = torch.tensor([[prompt + i]], device=model.device)
@@ -249,7 +248,7 @@ def generate(vlm, press, inputs: dict, max_new_tokens: int, force_tokens: list[i
                         position_ids=position)
             logits.append(out.logits[:, -1].float())
             tokens.append(logits[-1].argmax(-1))
-        decode = time.perf_counter() - start
+        decode = _clock(model.device) - start
         decode_peak = memory.peak()
     return Generation(torch.stack(tokens, dim=1)[0].tolist(), torch.stack(logits, dim=1)[0], cache_bytes(cache),
                       prefill, decode, spans, max(peak, decode_peak), decode_peak, memory.kind)

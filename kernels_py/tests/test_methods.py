@@ -289,3 +289,24 @@ def test_schema_matches_the_registries():
     for name, cls in BENCHMARKS.items():
         check_params(document["benchmarks"][name]["params"], cls)
         assert [c["name"] for c in document["benchmarks"][name]["columns"]] == [c.name for c in cls.columns]
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2)])
+def test_attending_without_weights_gives_the_same_output(heads, kv_heads):
+    """The path a GPU decode step takes when the method's scores ignore the
+    step's attention (SDPA over the held tokens, no float32 copy) gives what
+    the float32 path gives, and no weights."""
+    g = torch.Generator().manual_seed(0)
+    keys, values = torch.randn(kv_heads, 37, 16, generator=g), torch.randn(kv_heads, 37, 16, generator=g)
+    cache = KeptTokens.from_prompt(keys, values, None)
+    q = torch.randn(heads, 1, 16, generator=g)
+    want, weights = cache.attend(q)
+    got, none = cache.attend(q, weights=False)
+    assert none is None and weights.shape == (heads, 37)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_only_scores_that_accumulate_need_the_steps_weights():
+    assert make_method("h2o")._parts[0].needs_weights
+    assert not make_method("vlcache")._parts[0].needs_weights
+    assert not make_method("snapkv")._parts[0].needs_weights

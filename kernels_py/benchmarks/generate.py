@@ -1,0 +1,136 @@
+"""End to end: a VLM at a published model's sizes with random weights
+(kernels_py.models.sized: LLaVA-1.5-7B or Qwen2-VL-7B; speed does not
+depend on the weights' values, so nothing is downloaded) prefills batches of
+prompts of a chosen number of visual tokens and generates `new_tokens`
+tokens greedily, once with the full cache as transformers runs it
+(DynamicCache and SDPA: FlashAttention on a GPU; the row "full cache,
+SDPA"), the baseline, and once with each method holding every layer's cache
+through the vlkv adapter. On a GPU a method decodes with its op: the
+quantized decode for ZipVL, the low-rank decode for AttentionPack, SDPA
+over the kept tokens for evictions whose scores ignore the decode steps
+(VL-Cache, SnapKV; H2O's running totals need each step's weights, which
+come from a float32 PyTorch attention). Per row: prefill time, time per
+decode step and for the whole generation, their speedups over the
+baseline, the cache bytes and the peak memory.
+
+Each (method, shape) runs once untimed first (two tokens: it compiles the
+kernels and warms the allocator), then once timed. A size that runs out of
+memory is kept as a row saying so. On the CPU a tiny model of the same
+architecture shows the benchmark works; its times are not the kernels'.
+"""
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from kernels_py import runtime
+from kernels_py.benchmarks.base import Benchmark
+from kernels_py.methods import METHODS, make_method
+from kernels_py.models import generate_batch, generate_sdpa, sized
+from kernels_py.ops import common
+from kernels_py.params import BadKnobs, closest, knob
+from kernels_py.tables import Column
+
+_MODELS: dict = {}  # (size, dtype, device) -> the model, built once per process
+BASELINE = "full cache, SDPA"
+
+
+@dataclass(frozen=True)
+class Generate(Benchmark):
+    """Prefill, decode step and 100-token generation of a 7B VLM per method vs the full cache."""
+
+    name = "generate"
+    columns = (
+        Column("model", "", "model sizes (kernels_py.models.sized), random weights"),
+        Column("visual", "", "visual tokens per prompt"),
+        Column("batch", "", "prompts decoded together"),
+        Column("method", "", f"what holds the KV cache ({BASELINE!r}: transformers' own, the baseline)"),
+        Column("prompt_tokens", "", "tokens per prompt: visual, text and the few around them", "prompt"),
+        Column("prefill_s", "s", "prefill of the batch, the method's compression included", "prefill"),
+        Column("decode_step_ms", "ms", "one decode step of the batch, the mean over the generation", "step"),
+        Column("generate_s", "s", "prefill and every decode step of the generation", "generate"),
+        Column("decode_speedup", "x", "the baseline's decode step / this one", "step vs full"),
+        Column("generate_speedup", "x", "the baseline's generation / this one", "generate vs full"),
+        Column("cache_bytes", "bytes", "the method's caches after the last step, every layer and prompt", "cache"),
+        Column("cache_share", "", "cache_bytes / the baseline's", "cache share"),
+        Column("peak_bytes", "bytes", "device memory above the model's at the generation's peak", "peak"),
+        Column("memory_kind", "", "what peak_bytes counts: cuda (allocator) or cpu-rss", show=False),
+    )
+    smoke = ({"model": "tiny-llava"}, {"visual": (64,), "text": 16}, {"batches": (1, 2)}, {"new_tokens": 4},
+             {"dtype": "float32"})
+
+    model: str = knob("str", "llava-1.5-7b", "model sizes", choices=tuple(sized.SIZES))
+    methods: str = knob("str", "vlcache,zipvl,attentionpack", "methods compared with the full cache, comma-separated "
+                        "(kernels_py/methods); each takes its defaults, and `budget` where it has one",
+                        pattern=r"^[a-z0-9_]+(,[a-z0-9_]+)*$")
+    budget: float = knob("float", 0.1, "share of the prompt a method with a budget keeps", min=0.001, max=1.0,
+                         ref="VL-Cache: decoding 7.08x faster at 10% of the cache")
+    visual: tuple = knob("ints", (2048, 8192, 32768), "visual tokens per prompt (LLaVA: rounded up to whole "
+                         "images of 576)", min=1, max=1 << 20)
+    text: int = knob("int", 64, "text tokens after the image", min=1, max=1 << 16)
+    batches: tuple = knob("ints", (1, 8, 64), "batch sizes", min=1, max=4096)
+    new_tokens: int = knob("int", 100, "tokens generated per prompt", min=2, max=1 << 16)
+    dtype: str = knob("str", "float16", "dtype of the weights and activations",
+                      choices=("float16", "bfloat16", "float32"))
+    seed: int = knob("int", 0, "seed of the weights and the prompts", min=0, max=2**31 - 1)
+
+    def method_names(self) -> list[str]:
+        names = self.methods.split(",")
+        for name in names:
+            if name not in METHODS:
+                raise BadKnobs(f"--methods: unknown method {name!r}{closest(name, METHODS)}; known: "
+                               f"{', '.join(sorted(METHODS))}")
+        return [BASELINE] + list(dict.fromkeys(names))
+
+    def cases(self):
+        names = self.method_names()
+        return ({"model": self.model, "visual": v, "batch": b, "method": m}
+                for v in self.visual for b in self.batches for m in names)
+
+    def _vlm(self):
+        device = runtime.device()
+        key = (self.model, self.dtype, str(device), self.seed)
+        if key not in _MODELS:
+            _MODELS.clear()  # one model at a time: two 7B models need not fit together
+            longest = max(self.visual) + 576 + self.text + self.new_tokens + 2
+            _MODELS[key] = sized.build(self.model, longest, device=device, dtype=common.dtype(self.dtype),
+                                       seed=self.seed)
+        return _MODELS[key]
+
+    def _method(self, name: str):
+        params = {"budget": self.budget} if "budget" in {f.name for f in fields(METHODS[name])} else {}
+        return make_method(name, params)
+
+    def measure(self, case):
+        vlm = self._vlm()
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + case["visual"] * 131 + case["batch"])
+        inputs = sized.prompt(vlm, case["batch"], case["visual"], self.text, g)
+        if case["method"] == BASELINE:
+            def run(tokens):
+                return generate_sdpa(vlm, inputs, tokens)
+        else:
+            method = self._method(case["method"])
+
+            def run(tokens):
+                return generate_batch(vlm, method, inputs, tokens)
+        run(2)  # compiles the kernels, warms the allocator
+        out = run(self.new_tokens)
+        first = out[0]
+        steps = self.new_tokens - 1
+        row = {"prompt_tokens": int(inputs["input_ids"].shape[1]), "prefill_s": first.prefill_seconds,
+               "decode_step_ms": first.decode_seconds / steps * 1e3,
+               "generate_s": first.prefill_seconds + first.decode_seconds,
+               "cache_bytes": sum(g.cache_bytes for g in out), "peak_bytes": first.peak_bytes,
+               "memory_kind": first.memory_kind}
+        shape = (case["model"], case["visual"], case["batch"])
+        if case["method"] == BASELINE:
+            _FULL[shape] = row
+        full = _FULL.get(shape)
+        if full:
+            row["decode_speedup"] = full["decode_step_ms"] / row["decode_step_ms"]
+            row["generate_speedup"] = full["generate_s"] / row["generate_s"]
+            row["cache_share"] = row["cache_bytes"] / full["cache_bytes"]
+        return row
+
+
+_FULL: dict = {}  # the baseline's row of each shape, which the methods' rows compare with

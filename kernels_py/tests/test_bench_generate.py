@@ -1,0 +1,86 @@
+"""The end-to-end generation benchmark: the models are the published sizes,
+the synthetic prompts are what the models take, and a run on the CPU
+reports every method against the full cache (its timings are not checked)."""
+
+import pytest
+import torch
+
+from kernels_py import benchmarks
+from kernels_py.benchmarks import generate
+from kernels_py.models import sized, spans_from_ids
+
+
+@pytest.mark.parametrize("name,params", [("llava-1.5-7b", 7.063e9), ("qwen2-vl-7b", 8.291e9)])
+def test_the_sizes_are_the_published_models(name, params):
+    """Built without memory (meta device): the parameter count of the public
+    checkpoints (LLaVA-1.5-7B 7.06B, Qwen2-VL-7B 8.29B), so the weights that
+    every step moves are the real model's."""
+    vlm = sized.build(name, 4096, device=torch.device("meta"), dtype=torch.float16)
+    count = sum(p.numel() for p in vlm.model.parameters())
+    assert count == pytest.approx(params, rel=0.005)
+    assert next(vlm.model.parameters()).dtype == torch.float16
+
+
+@pytest.mark.parametrize("name,visual,want", [("tiny-llava", 100, 128), ("tiny-qwen2-vl", 96, 96)])
+def test_synthetic_prompts_hold_the_visual_tokens_asked(name, visual, want):
+    """LLaVA rounds up to whole images (64 tokens at the tiny size); Qwen2-VL
+    takes one image whose patch grid merges into exactly the tokens asked.
+    The model runs them, and the spans a method sees are the image."""
+    vlm = sized.build(name, 512, device=torch.device("cpu"), dtype=torch.float32)
+    inputs = sized.prompt(vlm, 2, visual, 5, torch.Generator().manual_seed(0))
+    ids = inputs["input_ids"]
+    assert all(int((row == vlm.image_token_id).sum()) == want for row in ids)
+    spans = spans_from_ids(ids[1], vlm.image_token_id)
+    assert spans.images == ((1, 1 + want),) and spans.text[1] == ids.shape[1]
+    if name == "tiny-qwen2-vl":
+        t, h, w = inputs["image_grid_thw"][0].tolist()
+        assert (t, h * w // 4) == (1, want) and inputs["pixel_values"].shape[0] == 2 * h * w
+    with torch.inference_mode():
+        logits = vlm.model(**inputs).logits
+    assert logits.shape[:2] == ids.shape and torch.isfinite(logits).all()
+
+
+def test_smoke_run_compares_every_method_with_the_full_cache():
+    result = benchmarks.run("generate", dict(generate.Generate.smoke_sizes(), methods="full,vlcache,zipvl"))
+    rows = result["rows"]
+    names = (generate.BASELINE, "full", "vlcache", "zipvl")
+    assert [(r["batch"], r["method"]) for r in rows] == [(b, m) for b in (1, 2) for m in names]
+    for r in rows:
+        assert r["prefill_s"] > 0 and r["decode_step_ms"] > 0
+        assert r["generate_s"] == pytest.approx(r["prefill_s"] + r["decode_step_ms"] / 1e3 * 3)
+        full = next(f for f in rows if f["batch"] == r["batch"] and f["method"] == generate.BASELINE)
+        assert r["decode_speedup"] == pytest.approx(full["decode_step_ms"] / r["decode_step_ms"])
+        assert r["cache_share"] == pytest.approx(r["cache_bytes"] / full["cache_bytes"])
+    vlcache = [r for r in rows if r["method"] == "vlcache"]
+    assert all(0 < r["cache_share"] < 0.25 for r in vlcache)  # a 10% budget, plus the generated tokens
+    # The method path's full cache holds what transformers' does; two prompts hold twice one's.
+    assert [r["cache_share"] for r in rows if r["method"] == "full"] == [1.0, 1.0]
+    assert rows[4]["cache_bytes"] == 2 * rows[0]["cache_bytes"]
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"methods": "vlcache,zipv"}, "unknown method 'zipv'"),
+    ({"methods": "VL Cache"}, "methods"),
+    ({"model": "llava-13b"}, "model"),
+    ({"new_tokens": 1}, "new_tokens"),
+])
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        benchmarks.run("generate", dict(generate.Generate.smoke_sizes(), **kwargs))
+
+
+@pytest.mark.parametrize("name", ["tiny-llava", "tiny-qwen2-vl"])
+def test_the_baseline_is_the_full_cache(name):
+    """transformers' own cache and attention (the baseline) and the full
+    cache through the method adapter choose the same tokens from the same
+    distributions (M-RoPE positions included)."""
+    from kernels_py.methods import make_method
+    from kernels_py.models import generate_batch, generate_sdpa
+
+    vlm = sized.build(name, 512, device=torch.device("cpu"), dtype=torch.float32)
+    inputs = sized.prompt(vlm, 2, 64, 6, torch.Generator().manual_seed(1))
+    base = generate_sdpa(vlm, inputs, 5)
+    ours = generate_batch(vlm, make_method("full"), inputs, 5)
+    for a, b in zip(base, ours):
+        assert a.tokens == b.tokens and a.cache_bytes == b.cache_bytes
+        torch.testing.assert_close(a.logits, b.logits, atol=1e-4, rtol=1e-4)
