@@ -126,11 +126,11 @@ func TestSelftestPicksUpKernelEdits(t *testing.T) {
 		t.Fatalf("unedited selftest: exit %d\n%s", code, out)
 	}
 
-	const line = "attn += tl.sum(e * (1.0 / l_i)[:, None], 0)"
+	const line = "return attn + e * inv_l[:, None], below"
 	if !bytes.Contains(orig, []byte(line)) {
 		t.Fatalf("kernel source no longer contains %q; update this test", line)
 	}
-	broken := bytes.Replace(orig, []byte(line), []byte(line+" * 2.0"), 1)
+	broken := bytes.Replace(orig, []byte(line), []byte("return attn + 2.0 * e * inv_l[:, None], below"), 1)
 	if err := os.WriteFile(kernel, broken, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -285,8 +285,9 @@ func TestKernelsReport(t *testing.T) {
 	if err := json.Unmarshal([]byte(stdout), &res); err != nil || !strings.Contains(res.Title, "sm_90") {
 		t.Fatalf("%v\n%s", err, stdout)
 	}
-	if len(res.Models) != 3 || !strings.Contains(res.Models[0].Title, "U_k + U_v") ||
-		!strings.Contains(res.Models[1].Title, "quantized cache") || !strings.Contains(res.Models[2].Title, "of the rows") {
+	if len(res.Models) != 4 || !strings.Contains(res.Models[0].Title, "U_k + U_v") ||
+		!strings.Contains(res.Models[1].Title, "quantized cache") || !strings.Contains(res.Models[2].Title, "of the rows") ||
+		!strings.Contains(res.Models[3].Title, "attention statistics") {
 		t.Errorf("models: %+v", res.Models)
 	}
 	stage1 := 0
