@@ -1,22 +1,39 @@
 """End to end: a VLM at a published model's sizes with random weights
-(kernels_py.models.sized: LLaVA-1.5-7B or Qwen2-VL-7B; speed does not
-depend on the weights' values, so nothing is downloaded) prefills batches of
-prompts of a chosen number of visual tokens and generates `new_tokens`
-tokens greedily, once with the full cache as transformers runs it
-(DynamicCache and SDPA: FlashAttention on a GPU; the row "full cache,
-SDPA"), the baseline, and once with each method holding every layer's cache
-through the vlkv adapter. On a GPU a method decodes with its op: the
-quantized decode for ZipVL, the low-rank decode for AttentionPack, SDPA
-over the kept tokens for evictions whose scores ignore the decode steps
-(VL-Cache, SnapKV; H2O's running totals need each step's weights, which
-come from a float32 PyTorch attention). Per row: prefill time, time per
-decode step and for the whole generation, their speedups over the
-baseline, the cache bytes and the peak memory.
+(kernels_py.models.sized: LLaVA-1.5-7B or Qwen2-VL-7B; nothing is
+downloaded) prefills batches of prompts of a chosen number of visual tokens
+and generates `new_tokens` tokens greedily, once with the full cache as
+transformers runs it (DynamicCache and SDPA, FlashAttention on a GPU; the
+row "full cache, SDPA"), the baseline, and once with each method holding
+every layer's cache through the vlkv adapter. On a GPU a method decodes with
+its op: the quantized decode for ZipVL, the low-rank decode for
+AttentionPack, SDPA over the kept tokens for evictions (attention="sdpa";
+H2O's running totals need each step's weights, from a float32 attention).
+Per row: prefill time, time per decode step and for the whole generation,
+their speedups over the baseline, the cache bytes and the peak memory.
 
-Each (method, shape) runs once untimed first (two tokens: it compiles the
-kernels and warms the allocator), then once timed. A size that runs out of
-memory is kept as a row saying so. On the CPU a tiny model of the same
-architecture shows the benchmark works; its times are not the kernels'.
+What the numbers are and are not:
+- The weights' values do not change the work of the model's own layers, but
+  they do change what adaptive methods keep: random weights attend almost
+  uniformly, so ZipVL marks nearly every token important and VL-Cache's
+  sparsity-based layer budgets are not the real model's. cache_share says
+  what each method really kept.
+- The adapter calls each method once per (prompt, layer) and holds every
+  layer's prompt Q/K/V until the last layer has run (what methods that
+  weigh layers against each other need), so batches above 1 time a Python
+  loop as well, and a method's peak memory is above the baseline's.
+- The baseline appends with torch.cat every step, as DynamicCache does; a
+  serving stack's paged or static cache would make it faster.
+- ZipVL runs without its sparse-prefill measurement (two extra float32
+  attentions per layer that only report an error), AttentionPack with
+  rope="after" on M-RoPE models. With ZipVL's period (100), a generation of
+  100 tokens never re-quantizes while timed.
+
+Each (method, shape) first runs untimed (a prefill and 4 steps: kernels
+compile, the allocator warms), then once timed. A shape whose baseline runs
+out of memory is skipped for every method; other rows that run out of
+memory are kept saying so. A full default grid takes tens of minutes on an
+H100. On the CPU a tiny model of the same architecture shows the benchmark
+works; its times are not the kernels'.
 """
 
 from dataclasses import dataclass, fields
@@ -42,7 +59,7 @@ class Generate(Benchmark):
     name = "generate"
     columns = (
         Column("model", "", "model sizes (kernels_py.models.sized), random weights"),
-        Column("visual", "", "visual tokens per prompt"),
+        Column("visual", "", "visual tokens asked per prompt (LLaVA rounds up to whole images: see prompt_tokens)"),
         Column("batch", "", "prompts decoded together"),
         Column("method", "", f"what holds the KV cache ({BASELINE!r}: transformers' own, the baseline)"),
         Column("prompt_tokens", "", "tokens per prompt: visual, text and the few around them", "prompt"),
@@ -53,7 +70,8 @@ class Generate(Benchmark):
         Column("generate_speedup", "x", "the baseline's generation / this one", "generate vs full"),
         Column("cache_bytes", "bytes", "the method's caches after the last step, every layer and prompt", "cache"),
         Column("cache_share", "", "cache_bytes / the baseline's", "cache share"),
-        Column("peak_bytes", "bytes", "device memory above the model's at the generation's peak", "peak"),
+        Column("peak_bytes", "bytes", "device memory above what was allocated when the generation started (the "
+               "model and the inputs), at its peak", "peak"),
         Column("memory_kind", "", "what peak_bytes counts: cuda (allocator) or cpu-rss", show=False),
     )
     smoke = ({"model": "tiny-llava"}, {"visual": (64,), "text": 16}, {"batches": (1, 2)}, {"new_tokens": 4},
@@ -61,14 +79,15 @@ class Generate(Benchmark):
 
     model: str = knob("str", "llava-1.5-7b", "model sizes", choices=tuple(sized.SIZES))
     methods: str = knob("str", "vlcache,zipvl,attentionpack", "methods compared with the full cache, comma-separated "
-                        "(kernels_py/methods); each takes its defaults, and `budget` where it has one",
+                        "(kernels_py/methods); each takes its defaults, and the budget where it has one",
                         pattern=r"^[a-z0-9_]+(,[a-z0-9_]+)*$")
     budget: float = knob("float", 0.1, "share of the prompt a method with a budget keeps", min=0.001, max=1.0,
                          ref="VL-Cache: decoding 7.08x faster at 10% of the cache")
     visual: tuple = knob("ints", (2048, 8192, 32768), "visual tokens per prompt (LLaVA: rounded up to whole "
                          "images of 576)", min=1, max=1 << 20)
     text: int = knob("int", 64, "text tokens after the image", min=1, max=1 << 16)
-    batches: tuple = knob("ints", (1, 8, 64), "batch sizes", min=1, max=4096)
+    batches: tuple = knob("ints", (1, 8), "batch sizes (LLaVA-1.5-7B's full cache is 512 KiB a token: 32K tokens "
+                          "x 8 prompts is 128 GiB)", min=1, max=4096)
     new_tokens: int = knob("int", 100, "tokens generated per prompt", min=2, max=1 << 16)
     dtype: str = knob("str", "float16", "dtype of the weights and activations",
                       choices=("float16", "bfloat16", "float32"))
@@ -84,24 +103,33 @@ class Generate(Benchmark):
 
     def cases(self):
         names = self.method_names()
+        _FULL.clear()  # baselines of an earlier run (another dtype, seed or length) must not be compared with
         return ({"model": self.model, "visual": v, "batch": b, "method": m}
                 for v in self.visual for b in self.batches for m in names)
 
     def _vlm(self):
         device = runtime.device()
-        key = (self.model, self.dtype, str(device), self.seed)
+        longest = max(self.visual) + 576 + self.text + self.new_tokens + 2
+        key = (self.model, self.dtype, str(device), self.seed, longest)
         if key not in _MODELS:
             _MODELS.clear()  # one model at a time: two 7B models need not fit together
-            longest = max(self.visual) + 576 + self.text + self.new_tokens + 2
             _MODELS[key] = sized.build(self.model, longest, device=device, dtype=common.dtype(self.dtype),
                                        seed=self.seed)
         return _MODELS[key]
 
-    def _method(self, name: str):
-        params = {"budget": self.budget} if "budget" in {f.name for f in fields(METHODS[name])} else {}
-        return make_method(name, params)
+    def _method(self, name: str, mrope: bool):
+        """The method with the budget where it has one, and what end-to-end
+        timing needs (see the module doc)."""
+        knobs = {f.name for f in fields(METHODS[name])}
+        wanted = {"budget": self.budget, "attention": "sdpa", "sparse_prefill": False}
+        if mrope:
+            wanted["rope"] = "after"
+        return make_method(name, {k: v for k, v in wanted.items() if k in knobs})
 
     def measure(self, case):
+        shape = (case["model"], case["visual"], case["batch"])
+        if case["method"] != BASELINE and shape not in _FULL:
+            raise torch.cuda.OutOfMemoryError("the baseline ran out of memory at this shape: not run")
         vlm = self._vlm()
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + case["visual"] * 131 + case["batch"])
         inputs = sized.prompt(vlm, case["batch"], case["visual"], self.text, g)
@@ -109,11 +137,11 @@ class Generate(Benchmark):
             def run(tokens):
                 return generate_sdpa(vlm, inputs, tokens)
         else:
-            method = self._method(case["method"])
+            method = self._method(case["method"], vlm.mrope)
 
             def run(tokens):
                 return generate_batch(vlm, method, inputs, tokens)
-        run(2)  # compiles the kernels, warms the allocator
+        run(min(5, self.new_tokens))  # compiles the kernels, warms the allocator
         out = run(self.new_tokens)
         first = out[0]
         steps = self.new_tokens - 1
@@ -122,7 +150,6 @@ class Generate(Benchmark):
                "generate_s": first.prefill_seconds + first.decode_seconds,
                "cache_bytes": sum(g.cache_bytes for g in out), "peak_bytes": first.peak_bytes,
                "memory_kind": first.memory_kind}
-        shape = (case["model"], case["visual"], case["batch"])
         if case["method"] == BASELINE:
             _FULL[shape] = row
         full = _FULL.get(shape)

@@ -58,7 +58,7 @@ class Stats(AttentionBenchmark):
         Column("batch", "", "sequences, folded into the heads"),
         Column("rows", "", "selected query rows", show=False),
         *AttentionBenchmark.SHAPE_COLUMNS,
-        Column("stats_seconds", "s", "the three statistics kernels, median", "stats"),
+        Column("stats_seconds", "s", "the statistics call (row pass, merge where split, column pass), median", "stats"),
         Column("stats_gbps", "GB/s", "K bytes the pipeline must read (twice) / time", "GB/s"),
         Column("stats_hbm_pct", "%", "stats_gbps as a share of the GPU's HBM bandwidth", "% HBM"),
         Column("materialize_seconds", "s", "softmax(QK^T) materialised and reduced in PyTorch", "materialise"),

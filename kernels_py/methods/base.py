@@ -25,6 +25,7 @@ Prompt tokens sit at positions 0..T-1 and step s at position T + s.
 """
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from functools import cached_property
 from typing import ClassVar
 
@@ -78,11 +79,17 @@ class Method(Knobs, ABC):
         return dict(cache.notes)
 
 
+@dataclass(frozen=True)
 class TokenSelection(Method):
     """A method that keeps a subset of tokens: after prefill each layer holds
     the allocator's count of tokens, the `recent` latest plus the ones its
     scorer ranks highest; while decoding, an allocator with a capacity trims
     the cache after every step the same way."""
+
+    attention: str = knob(
+        "str", "float32", "decode attention over the kept tokens: float32 (PyTorch, the precision comparisons use) "
+        "or sdpa (the cache's dtype, FlashAttention on a GPU: for end-to-end speed); scores that read every "
+        "step's attention (H2O's) keep float32", choices=("float32", "sdpa"))
 
     @abstractmethod
     def scorer(self) -> Scorer:
@@ -121,9 +128,7 @@ class TokenSelection(Method):
     def decode(self, layer, cache: KeptTokens, q_t, k_t, v_t) -> torch.Tensor:
         scorer, allocator = self._parts
         cache.append(k_t, v_t)
-        # On a GPU, a method whose scores ignore the step's attention attends
-        # with SDPA (FlashAttention); elsewhere in float32, as it always did.
-        output, weights = cache.attend(q_t, weights=scorer.needs_weights or q_t.device.type != "cuda")
+        output, weights = cache.attend(q_t, weights=scorer.needs_weights or self.attention == "float32")
         scorer.decode(cache, weights)
         capacity = allocator.capacity(layer, cache.seen)
         if capacity is not None:

@@ -428,10 +428,10 @@ def generate_batch(vlm: VLM, method, inputs: dict, max_new_tokens: int,
 
 def generate_sdpa(vlm: VLM, inputs: dict, max_new_tokens: int) -> list[Generation]:
     """Greedy decoding of a batch of prompts of one length (no padding) with
-    transformers' own cache (DynamicCache) and attention (SDPA: FlashAttention
-    on a GPU): the full cache at the speed a serving stack gives it, the
-    baseline of end-to-end timings. cache_bytes: the batch's cache split
-    evenly over its prompts."""
+    transformers' own cache (DynamicCache, which appends with torch.cat) and
+    attention (SDPA: FlashAttention on a GPU): the full cache as transformers
+    runs it, the baseline of end-to-end timings. cache_bytes: the batch's
+    cache split evenly over its prompts."""
     from transformers import DynamicCache
 
     from kernels_py.models.presses import cache_bytes

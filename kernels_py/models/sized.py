@@ -47,7 +47,9 @@ SIZES = {
                     temporal_patch_size=2, in_chans=3),
         tokens=dict(image_token_id=3, video_token_id=4, vision_start_token_id=1, vision_end_token_id=2))),
 }
-FIRST_TEXT_ID = 8  # text tokens are drawn above every special id of the tiny vocabularies
+FIRST_TEXT_ID = 8  # text tokens are drawn above every special id of the tiny vocabularies...
+SPECIAL_IDS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id", "bos_token_id",
+               "eos_token_id", "pad_token_id")  # ...and below every one of the real ones
 
 
 def build(name: str, positions: int, *, device: torch.device, dtype: torch.dtype, seed: int = 0) -> VLM:
@@ -81,6 +83,15 @@ def build(name: str, positions: int, *, device: torch.device, dtype: torch.dtype
     return VLM(model, None, family, f"{name} (random weights)")
 
 
+def text_ids(config) -> tuple[int, int]:
+    """[low, high) of the ids random text is drawn from: above the tiny
+    vocabularies' special ids and below the real ones' (an image id among
+    the text would not match the image's features)."""
+    specials = [getattr(c, name, None) for c in (config, config.text_config) for name in SPECIAL_IDS]
+    return FIRST_TEXT_ID, min([config.text_config.vocab_size] + [i for i in specials
+                                                                 if isinstance(i, int) and i >= FIRST_TEXT_ID])
+
+
 def image_tokens(vlm: VLM) -> int:
     """Tokens one LLaVA image becomes ((image_size / patch)^2, the CLS token dropped)."""
     vision = vlm.model.config.vision_config
@@ -94,8 +105,10 @@ def prompt(vlm: VLM, batch: int, visual: int, text: int, generator: torch.Genera
     rounded up to them; Qwen2-VL: one image of a patch grid holding exactly
     `visual` tokens) and `text` random text tokens."""
     device, dtype = vlm.model.device, vlm.model.dtype
-    vocab = vlm.model.config.text_config.vocab_size
-    words = torch.randint(FIRST_TEXT_ID, vocab, (batch, text), generator=generator, device="cpu").to(device)
+    cfg = vlm.model.config
+    words = torch.randint(*text_ids(cfg), (batch, text), generator=generator).to(device)
+    # Pixels straight on the device in the model's dtype (a 32K-token batch is tens of GB in float32).
+    noise = torch.Generator(device).manual_seed(int(torch.randint(1 << 62, (1,), generator=generator)))
     image_id = vlm.image_token_id
     if vlm.family == "llava":
         per = image_tokens(vlm)
@@ -103,9 +116,8 @@ def prompt(vlm: VLM, batch: int, visual: int, text: int, generator: torch.Genera
         size = vlm.model.config.vision_config.image_size
         ids = torch.cat([torch.full((batch, 1), FIRST_TEXT_ID, device=device),
                          torch.full((batch, count * per), image_id, device=device), words], dim=1)
-        pixels = torch.randn(batch * count, 3, size, size, generator=generator).to(device, dtype)
+        pixels = torch.randn(batch * count, 3, size, size, generator=noise, device=device, dtype=dtype)
         return {"input_ids": ids, "pixel_values": pixels}
-    cfg = vlm.model.config
     vision = cfg.vision_config
     rows = max(d for d in range(1, math.isqrt(visual) + 1) if visual % d == 0)  # merged tokens: rows x cols
     grid = torch.tensor([[1, 2 * rows, 2 * (visual // rows)]] * batch, device=device)
@@ -114,6 +126,6 @@ def prompt(vlm: VLM, batch: int, visual: int, text: int, generator: torch.Genera
     ids = torch.cat([torch.full((batch, 1), cfg.vision_start_token_id, device=device),
                      torch.full((batch, visual), image_id, device=device),
                      torch.full((batch, 1), cfg.vision_end_token_id, device=device), words], dim=1)
-    pixels = torch.randn(batch * patches, width, generator=generator).to(device, dtype)
+    pixels = torch.randn(batch * patches, width, generator=noise, device=device, dtype=dtype)
     return {"input_ids": ids, "pixel_values": pixels, "image_grid_thw": grid,
             "mm_token_type_ids": (ids == image_id).int()}

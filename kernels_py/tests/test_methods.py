@@ -216,7 +216,7 @@ def test_layer_cache_append_and_keep():
         ("h2o2", {}, ValueError, "unknown method 'h2o2' \\(did you mean 'h2o'\\?\\)"),
         (None, {}, TypeError, "method name must be a str"),
         ("full", {"budget": 0.5}, ValueError, "unknown parameter.*'budget'"),
-        ("h2o", {"window": 4}, ValueError, "unknown parameter.*known: \\['backend', 'budget', 'recent_fraction'\\]"),
+        ("h2o", {"window": 4}, ValueError, "unknown parameter.*known: \\['attention', 'backend', 'budget', 'recent_fraction'\\]"),
         ("h2o", {"budgett": 0.5}, ValueError, "did you mean 'budget'"),
         ("h2o", {"budget": "0.5"}, TypeError, "budget must be float"),
         ("h2o", {"budget": 0.0}, ValueError, "below its minimum"),

@@ -12,8 +12,10 @@ loaded once for every head that reads it, and the tile has block_m rows
    its split's keys with the online softmax and writes its rows' max and sum
    of exp; `_merge_rows_kernel` merges the splits (FlashDecoding's split-K:
    a few row tiles alone would not fill the GPU). Writes m, l [H, R] float32.
-2. `column_stats`: one program per (block of BLOCK_N keys, kv head) loads its
-   key tile once, walks every selected row a tile at a time, recomputes the
+2. `column_stats`: one program per (a few consecutive blocks of BLOCK_N keys,
+   kv head; column_blocks_per_program) loads each block's key tile once,
+   the next one while this one's rows run, walks every selected row a tile
+   at a time, recomputes the
    probabilities from m and l and reduces them over each head's rows:
    attention sum and count below the ThresholdFilter per head, their sum
    over the group (attn_sum_kv), and the count of rows that see each key
@@ -38,10 +40,10 @@ from kernels_py.ops.attention_stats.contract import (
 ROW_TILE = {2: (128, 128, 8), 4: (32, 32, 4)}
 COLUMN_TILE = {2: (64, 128, 8), 4: (32, 32, 8)}
 MAX_TILE_ELEMENTS = 128 * 128  # keys x head_dim of a default key tile (registers)
-COLUMN_BLOCKS_PER_PROGRAM = 8  # consecutive key blocks a column-pass program walks
+COLUMN_BLOCKS_PER_PROGRAM = 8  # consecutive key blocks a column-pass program walks, at most
 MIN_SPLIT_BLOCKS = 8  # a row-pass key split walks at least this many key tiles
 MAX_SPLITS = 64
-PROGRAMS_PER_SM = 4  # row-pass programs to aim for on each SM (waits on HBM overlap across them)
+PROGRAMS_PER_SM = 4  # programs to aim for on each SM (waits on HBM overlap across them)
 
 # ----------------------------------------------------------------------------
 # Kernels
@@ -228,20 +230,19 @@ def _column_stats_kernel(
     stride_bh, stride_bn,
     stride_zn,
     stride_kvh, stride_kvn,
-    n_rows, n_keys, min_pos, max_pos, qk_scale, threshold,
+    n_rows, n_keys, min_pos, max_pos, qk_scale, threshold, blocks_per_program,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    BLOCKS_PER_PROGRAM: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
     kv_head = tl.program_id(1)
     BLOCK_M: tl.constexpr = GROUP_PAD * ROWS
-    first_block = tl.program_id(0) * BLOCKS_PER_PROGRAM
-    end_block = tl.minimum(first_block + BLOCKS_PER_PROGRAM, tl.cdiv(n_keys, BLOCK_N))
+    first_block = tl.program_id(0) * blocks_per_program
+    end_block = tl.minimum(first_block + blocks_per_program, tl.cdiv(n_keys, BLOCK_N))
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
     offs_g = tl.arange(0, GROUP_PAD)
@@ -314,6 +315,15 @@ def key_split_count(n_keys: int, programs: int, block_n: int, sms: int | None) -
         return 1
     most = max(1, -(-n_keys // (MIN_SPLIT_BLOCKS * block_n)))
     return max(1, min(-(-PROGRAMS_PER_SM * sms // max(programs, 1)), most, MAX_SPLITS))
+
+
+def column_blocks_per_program(blocks: int, kv_heads: int, sms: int | None) -> int:
+    """Consecutive key blocks a column-pass program walks: COLUMN_BLOCKS_PER_PROGRAM,
+    fewer where that would leave less than PROGRAMS_PER_SM programs an SM
+    (short prompts, few kv heads). The launcher and the op's model both ask here."""
+    if not sms:
+        return COLUMN_BLOCKS_PER_PROGRAM
+    return max(1, min(COLUMN_BLOCKS_PER_PROGRAM, blocks * kv_heads // (PROGRAMS_PER_SM * sms)))
 
 
 def attention_stats(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, p: float = 0.01,
@@ -420,7 +430,9 @@ def column_stats(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, row_max:
     nonzero = torch.zeros((n_keys,), dtype=torch.int32, device=dev)
     attn_kv = torch.zeros((kv_heads, n_keys), dtype=torch.float32, device=dev)
     if n_rows and n_keys:
-        _column_stats_kernel[(triton.cdiv(triton.cdiv(n_keys, block_n), COLUMN_BLOCKS_PER_PROGRAM), kv_heads)](
+        blocks = triton.cdiv(n_keys, block_n)
+        per_program = column_blocks_per_program(blocks, kv_heads, splitk.sm_count(dev))
+        _column_stats_kernel[(triton.cdiv(blocks, per_program), kv_heads)](
             q, k, q_pos, row_max, row_sumexp, attn, below, nonzero, attn_kv,
             q.stride(0), q.stride(1), q.stride(2),
             k.stride(0), k.stride(1), k.stride(2),
@@ -431,14 +443,13 @@ def column_stats(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, row_max:
             below.stride(0), below.stride(1),
             nonzero.stride(0),
             attn_kv.stride(0), attn_kv.stride(1),
-            n_rows, n_keys, min_pos, max_pos, qk_scale, p,
+            n_rows, n_keys, min_pos, max_pos, qk_scale, p, per_program,
             GROUP=heads // kv_heads,
             GROUP_PAD=group_pad,
             HEAD_DIM=head_dim,
             ROWS=rows,
             BLOCK_N=block_n,
             BLOCK_D=common.block(head_dim),
-            BLOCKS_PER_PROGRAM=COLUMN_BLOCKS_PER_PROGRAM,
             UPCAST=common.upcast_for_dot(q.dtype),
             num_warps=warps,
         )

@@ -90,6 +90,7 @@ ESTIMATE_SHAPES = (Step(batch=8, context=32768), Step(batch=64, context=32768))
 def _tiles(s: Step) -> tuple[int, int]:
     """(row tiles, key splits) of the row pass at the step, on an H100."""
     block_m, block_n, _ = kernel.ROW_TILE[2]
+    block_n = min(block_n, max(16, kernel.MAX_TILE_ELEMENTS // max(16, 1 << (s.head_dim - 1).bit_length())))
     _, rows = kernel.group_tile(s.heads, s.kv_heads, block_m)
     row_tiles = -(-s.rows // rows)
     return row_tiles, kernel.key_split_count(s.context, row_tiles * s.batch * s.kv_heads, block_n, H100.sms)
@@ -132,8 +133,9 @@ def _work(s: Step, kernel_name: str, meta: dict, gpu) -> estimate.Work:
         return estimate.Work((estimate.Programs(b * hq * -(-r // block_r), {"n_splits": splits}),),
                              part_bytes + b * hq * r * 8, {"PartM": "l2", "PartL": "l2"}, 0.0, tokens)
     if kernel_name == "_column_stats_kernel":
-        block_n, per = int(meta["BLOCK_N"]), int(meta["BLOCKS_PER_PROGRAM"])
+        block_n = int(meta["BLOCK_N"])
         blocks = -(-n // block_n)
+        per = kernel.column_blocks_per_program(blocks, b * hk, gpu.sms)
         whole = min(blocks, (n - r + 1) // block_n)  # blocks every row sees whole
         row_tiles = -(-r // int(meta["ROWS"]))
         classes: dict = {}
