@@ -207,9 +207,11 @@ def resources(compiled, ptxas_log: str = "") -> dict:
     resource usage (cuobjdump), and its SASS instruction count (static, the
     code size: loops count once); bytes of register spill stores and loads, from
     ptxas -v (a stack frame alone is not a spill: libdevice's sin/cos keep a
-    table there); counts of tensor-core instructions, from the PTX."""
+    table there); counts of tensor-core instructions and of approximate
+    sines and cosines, from the PTX."""
     ptx = compiled.asm.get("ptx", "")
     out = {name: ptx.count(opcode) for name, opcode in MMA_OPCODES.items()}
+    out["sincos_approx"] = ptx.count("sin.approx") + ptx.count("cos.approx")  # the special-function unit's
     for kind in ("stores", "loads"):
         found = re.findall(rf"(\d+) bytes spill {kind}", ptxas_log)
         out[f"spill_{kind}"] = sum(int(n) for n in found) if found else None

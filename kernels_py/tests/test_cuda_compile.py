@@ -130,7 +130,9 @@ def test_decode_kernels_use_tensor_cores_without_spills(case, kernel, target, co
     (lowrank_decode's pinned tile, also the autotuner's first), the fused
     one also at the benchmark's 32 query / 8 kv heads: their dots
     lower to tensor-core MMAs (mma.sync, and wgmma on sm_90 where Triton
-    chooses it) and ptxas spills no register."""
+    chooses it) and ptxas spills no register; with RoPE, sines and cosines
+    are the GPU's approximate ones (the interpreter's polynomials are
+    checked against float64 in test_lowrank_decode)."""
     from kernels_py.ops.lowrank_decode import kernel as lowrank
 
     warps = lowrank.DEFAULT_WARPS[kernel]
@@ -148,6 +150,9 @@ def test_decode_kernels_use_tensor_cores_without_spills(case, kernel, target, co
         assert e["mma_sync"] + e["wgmma"] > 0, f"{kernel} ({case}, sm_{target}) has no tensor-core instruction"
         assert e["spill_stores"] == 0 and e["spill_loads"] == 0, \
             f"{kernel} ({case}, sm_{target}) spills: {e['spill_stores']} B stored, {e['spill_loads']} B loaded"
+        if "rope" in case:  # RoPE's sines and cosines on the special-function unit, no libdevice table
+            assert e["sincos_approx"] > 0 and not e.get("stack_bytes"), \
+                f"{kernel} ({case}, sm_{target}): {e['sincos_approx']} sin/cos.approx, {e.get('stack_bytes')} B stack"
 
 
 @pytest.mark.parametrize("target", cc.TARGETS, ids=lambda t: f"sm{t}")

@@ -13,6 +13,8 @@ import math
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from kernels_py.ops.lowrank_decode import reference as ref
 from kernels_py.ops.lowrank_decode import kernel
@@ -168,6 +170,35 @@ def test_rope_is_applied(device):
     assert (rot.out - plain.out).abs().max() > 0.05
     torch.testing.assert_close(rot.out, ref.lowrank_decode(q, q_pos, comp, dense, rope_base=10000.0).out,
                                atol=1e-4, rtol=1e-4)
+
+
+@triton.jit
+def _rope_sincos_probe(Pos, InvFreq, Sin, Cos, N: tl.constexpr, HALF: tl.constexpr, MUFU: tl.constexpr):
+    offs_h, offs_n = tl.arange(0, HALF), tl.arange(0, N)
+    sin, cos = kernel._rope_sincos_t(tl.load(Pos + offs_n), tl.load(InvFreq + offs_h), MUFU)
+    tl.store(Sin + offs_h[:, None] * N + offs_n[None, :], sin)
+    tl.store(Cos + offs_h[:, None] * N + offs_n[None, :], cos)
+
+
+def test_rope_angles_stay_exact_at_large_positions(device):
+    """The fused kernel's sines and cosines of pos * inv_freq (float32, as
+    transformers computes the angle) at positions up to 2e5: within 1e-6 of
+    float64 sin/cos of that float32 angle (2e-6 with the GPU's approximate
+    sin/cos). The angle is reduced by 2 pi in three parts; one float32 2 pi
+    was off by up to 5e-3 radians here."""
+    half, n = 16, 64
+    inv_freq = (10000.0 ** (-torch.arange(half, dtype=torch.float64) / half)).float()
+    inv_freq[0] = 1.0  # the fastest pair turns once per 2 pi positions
+    pos = torch.cat([torch.arange(8), torch.randint(0, 200_000, (n - 8,), generator=torch.Generator().manual_seed(1))])
+    pos = pos.to(torch.int32)
+    sin = torch.empty(half, n, device=device)
+    cos = torch.empty(half, n, device=device)
+    mufu = not kernel.interpreter_mode()
+    _rope_sincos_probe[(1,)](pos.to(device), inv_freq.to(device), sin, cos, N=n, HALF=half, MUFU=mufu)
+    angle = (inv_freq[:, None] * pos[None, :].float()).double()  # the float32 angle, exactly
+    tol = 2e-6 if mufu else 1e-6
+    torch.testing.assert_close(sin.cpu().double(), torch.sin(angle), atol=tol, rtol=0)
+    torch.testing.assert_close(cos.cpu().double(), torch.cos(angle), atol=tol, rtol=0)
 
 
 @pytest.mark.parametrize("absorbed", [False, True])

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from kernels_py.ops import common, splitk
 from kernels_py.ops.splitk import _merge_weights, _merged_lse, _online_softmax, _store_split
@@ -159,29 +160,45 @@ def _sin_half_pi(x):
 
 
 @triton.jit
-def _sincos(angle):
-    """sin and cos of angles already reduced to [-pi, pi], as polynomials.
-    tl.sin / tl.cos lower to libdevice's sinf / cosf, whose argument
-    reduction for large inputs (a table on the stack, thousands of
-    instructions per tile) never runs here but is compiled in all the same."""
-    half_pi = 1.5707963267948966
-    pi = 3.141592653589793
-    # sin(a) = sin(pi - a): fold [-pi, pi] into [-pi/2, pi/2].
-    s_arg = tl.where(angle > half_pi, pi - angle, tl.where(angle < -half_pi, -pi - angle, angle))
-    # cos(a) = sin(pi/2 - |a|), and pi/2 - |a| lies in [-pi/2, pi/2].
-    c_arg = half_pi - tl.abs(angle)
-    return _sin_half_pi(s_arg), _sin_half_pi(c_arg)
+def _sincos(angle, MUFU: tl.constexpr):
+    """sin and cos of angles already reduced to [-pi, pi]. MUFU: the GPU's
+    special-function unit (sin.approx / cos.approx, absolute error below
+    1e-6 on [-pi, pi], two instructions each); else polynomials, which is
+    what the interpreter runs (it has no libdevice). tl.sin / tl.cos lower
+    to libdevice's accurate sinf / cosf instead: about 20 instructions each,
+    and a reduction for large inputs (a table on the stack) that never runs
+    here but is compiled in all the same."""
+    if MUFU:
+        return libdevice.fast_sinf(angle), libdevice.fast_cosf(angle)
+    else:
+        half_pi = 1.5707963267948966
+        pi = 3.141592653589793
+        # sin(a) = sin(pi - a): fold [-pi, pi] into [-pi/2, pi/2].
+        s_arg = tl.where(angle > half_pi, pi - angle, tl.where(angle < -half_pi, -pi - angle, angle))
+        # cos(a) = sin(pi/2 - |a|), and pi/2 - |a| lies in [-pi/2, pi/2].
+        c_arg = half_pi - tl.abs(angle)
+        return _sin_half_pi(s_arg), _sin_half_pi(c_arg)
+
+
+# 2 pi in three parts (Cody-Waite): the first two have few significant bits,
+# so k * part is exact in float32 for k < 2^15 turns (angles up to ~2e5
+# radians) and the reduction adds about 1e-7 radians, where one float32 2 pi
+# added k * 1.7e-7.
+TWO_PI_1 = tl.constexpr(6.28125)
+TWO_PI_2 = tl.constexpr(0.001934051513671875)
+TWO_PI_3 = tl.constexpr(1.2556658930407139e-06)
 
 
 @triton.jit
-def _rope_sincos_t(tok_pos, inv_freq):
+def _rope_sincos_t(tok_pos, inv_freq, MUFU: tl.constexpr):
     """sin and cos of the RoPE angles of a tile, transposed [BLOCK_HALF,
-    BLOCK_N]: pair (i, i + D/2) of token t turns by pos_t * inv_freq[i],
-    reduced to [-pi, pi] (the float32 angle is what transformers computes;
-    its reduction loses nothing more). The same for every kv head."""
+    BLOCK_N]: pair (i, i + D/2) of token t turns by pos_t * inv_freq[i]
+    (the float32 angle is what transformers computes), reduced to
+    [-pi, pi]. The same for every kv head."""
     angle = inv_freq[:, None] * tok_pos[None, :].to(tl.float32)
-    angle = angle - 6.283185307179586 * tl.floor(angle * 0.15915494309189535 + 0.5)
-    return _sincos(angle)
+    turns = tl.floor(angle * 0.15915494309189535 + 0.5)
+    angle = ((angle - turns * TWO_PI_1) - turns * TWO_PI_2) - turns * TWO_PI_3
+    return _sincos(angle, MUFU)
 
 
 @triton.jit
@@ -214,6 +231,7 @@ def _stage1_kernel(
     QK_DT: tl.constexpr,
     UW_DT: tl.constexpr,
     ONE_CHUNK: tl.constexpr,
+    MUFU: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     """Exact attention over keys rebuilt per tile. One program per (sequence,
@@ -262,7 +280,7 @@ def _stage1_kernel(
         rank_k = tl.load(RankK + b * stride_rkb + offs_n * stride_rkn, mask=tok_mask, other=0).to(tl.int32)
         tile_rank = tl.max(rank_k, 0)
         if ROPE:
-            sin, cos = _rope_sincos_t(tok_pos, inv_freq)
+            sin, cos = _rope_sincos_t(tok_pos, inv_freq, MUFU)
         s = tl.zeros([BLOCK_ROWS, BLOCK_N], dtype=tl.float32)
         if ONE_CHUNK:  # the whole rank in one chunk: the tile's U_k is loaded once for every kv head
             ut = tl.trans(_load_rank_rows(UK_b, offs_n, tok_mask, rank_k, tl.arange(0, BLOCK_R), rank_k_max,
@@ -842,7 +860,8 @@ def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, wor
                 *logits.stride(), *part_rank.stride(), *part_lse.stride(),
                 comp.uk.shape[2], comp.uv.shape[2], scale * common.LOG2E, rope_step, *tune]
         meta = dict(shared, HALF=head_dim // 2, ROPE=rope_base is not None, BLOCK_HALF=common.block(head_dim // 2),
-                    BLOCK_R=block_r, BLOCK_RV=common.block(comp.uv.shape[2]), ONE_CHUNK=block_r >= comp.uk.shape[2])
+                    BLOCK_R=block_r, BLOCK_RV=common.block(comp.uv.shape[2]), ONE_CHUNK=block_r >= comp.uk.shape[2],
+                    MUFU=not interpreter_mode())
         if block_n is not None or interpreter_mode():
             _stage1_kernel[grid](*args, **meta, BLOCK_N=block_n or INTERPRET_BLOCK_N,
                                  num_warps=DEFAULT_WARPS["_stage1_kernel"], num_stages=DEFAULT_STAGES)
