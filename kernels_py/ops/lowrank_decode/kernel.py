@@ -78,8 +78,7 @@ MAX_RANK_SPACE = 256
 INTERPRET_BLOCK_N = 32  # fixed tile under the interpreter (no autotuning there)
 DENSE_BLOCK_N = 32  # tokens per tile of the absorbed kernel's dense segment
 MASS_BLOCK_T = 256  # columns of stored logits per mass program
-MASS_SPAN = 1024  # compressed columns per rank-space mass program,
-MASS_RANK_BLOCK_T = 128  # in [MASS_RANK_BLOCK_T, Rk] U_k tiles
+MASS_SPAN = 2048  # compressed columns per rank-space mass program, in U_k tiles of mass_rank_tile's
 
 
 @triton.jit
@@ -649,11 +648,12 @@ DEFAULT_STAGES = 2
 
 
 def _stage1_configs(kernel: str):
-    # 128-token tiles on 4 warps spill (the key rebuild holds two
-    # [head_dim / 2, 128] float32 halves), so they are not tried.
+    # The fused kernel's 128-token tiles on 4 warps spill (the key rebuild
+    # holds two [head_dim / 2, 128] float32 halves), so they are not tried;
+    # the absorbed kernel's fit (254 registers at 32 rows, rank 64 on sm_90).
     first = (INTERPRET_BLOCK_N, DEFAULT_WARPS[kernel], DEFAULT_STAGES)
     rest = [(n, w, s) for n in (32, 64, 128) for w in (4, 8) for s in (2, 3)
-            if not (n == 128 and w == 4) and (n, w, s) != first]
+            if not (n == 128 and w == 4 and kernel == "_stage1_kernel") and (n, w, s) != first]
     return [triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=s) for n, w, s in [first, *rest]]
 
 
@@ -947,14 +947,15 @@ def _rank_space_masses(q_pos, comp, logits, lse, mass_comp, mass_dense, dense_le
     space, dense tokens from their stored logits."""
     batch, tokens = mass_comp.shape
     slots = mass_dense.shape[1]
+    block_t, warps = mass_rank_tile(common.block(rows), common.block(comp.uk.shape[2]), uw_dt)
     if tokens:
         _mass_rank_kernel[(batch, triton.cdiv(tokens, MASS_SPAN))](
             lse, mass_comp, comp.length, q_rank, comp.uk, comp.rank_k, comp.pos, q_pos,
             *lse.stride(), *mass_comp.stride(), *comp.length.stride(), *q_rank.stride(), *comp.uk.stride(),
             *comp.rank_k.stride(), *comp.pos.stride(), *q_pos.stride(),
             tokens, rows, 1.0 / rows, scale * common.LOG2E, comp.uk.shape[2],
-            N_QUERIES=queries, SPAN=MASS_SPAN, BLOCK_T=MASS_RANK_BLOCK_T, BLOCK_ROWS=common.block(rows),
-            BLOCK_RK=common.block(comp.uk.shape[2]), UW_DT=uw_dt, num_warps=8, num_stages=3)
+            N_QUERIES=queries, SPAN=MASS_SPAN, BLOCK_T=block_t, BLOCK_ROWS=common.block(rows),
+            BLOCK_RK=common.block(comp.uk.shape[2]), UW_DT=uw_dt, num_warps=warps, num_stages=3)
     if slots:
         _mass_kernel[(batch, triton.cdiv(slots, MASS_BLOCK_T))](
             logits, lse, mass_comp, mass_dense, comp.length, dense_length,
@@ -962,6 +963,21 @@ def _rank_space_masses(q_pos, comp, logits, lse, mass_comp, mass_dense, dense_le
             *comp.length.stride(), *dense_length.stride(),
             tokens, tokens + slots, rows, 1.0 / rows,
             N_QUERIES=queries, BLOCK_T=MASS_BLOCK_T, DENSE_ONLY=True)
+
+
+def mass_rank_tile(block_rows: int, block_rk: int, uw_dt) -> tuple[int, int]:
+    """Tokens per U_k tile and warps of _mass_rank_kernel: 256 tokens on 4
+    warps for 16-bit factors (32 KB a pipeline stage and a [32, 256] float32
+    score tile at rank 64 and 32 rows), fewer for wider ranks or more rows;
+    float32 factors take dots without tensor cores, whose operands need 8
+    warps for 128 tokens (4 warps spill)."""
+    if uw_dt == tl.float32:
+        block_t, warps, budget = 128, 8, 128 * 64
+    else:
+        block_t, warps, budget = 256, 4, 256 * 64
+    while block_t > 32 and (block_t * block_rk > budget or block_t * block_rows > budget // 2):
+        block_t //= 2
+    return block_t, warps
 
 
 def default_num_splits(comp: CompressedKV, dense: DenseKV, *, absorbed: bool = False) -> int:
