@@ -77,7 +77,8 @@ MAX_BLOCK_R = 64  # default rank chunk of the key rebuild; larger ranks loop ove
 MAX_RANK_SPACE = 256
 INTERPRET_BLOCK_N = 32  # fixed tile under the interpreter (no autotuning there)
 DENSE_BLOCK_N = 32  # tokens per tile of the absorbed kernel's dense segment
-MASS_BLOCK_T = 256  # columns of stored logits per mass program
+MASS_BLOCK_T = 256  # columns of stored logits per mass program,
+MASS_BLOCK_R = 16  # read for this many rows at a time
 MASS_SPAN = 2048  # compressed columns per rank-space mass program, in U_k tiles of mass_rank_tile's
 
 
@@ -554,6 +555,7 @@ def _mass_kernel(
     stride_clb, stride_dlb,
     n_comp, n_cols, n_rows, inv_rows,
     N_QUERIES: tl.constexpr,
+    BLOCK_R: tl.constexpr,
     BLOCK_T: tl.constexpr,
     DENSE_ONLY: tl.constexpr,
 ):
@@ -572,16 +574,21 @@ def _mass_kernel(
     valid_d = (cols >= n_comp) & (cols - n_comp < d_len)
     # Only columns of real tokens were written by stage 1; padding is never read.
     logit_cols = cols - n_comp if DENSE_ONLY else cols
+    valid = valid_c | valid_d
     total = tl.zeros([BLOCK_T], dtype=tl.float32)
-    for r in range(0, n_rows):
-        head = r // N_QUERIES
-        query = r % N_QUERIES
-        lse2 = tl.load(Lse + b * stride_sb + head * stride_sh + query * stride_sm) * 1.4426950408889634
+    for r0 in range(0, n_rows, BLOCK_R):  # BLOCK_R rows' loads in flight at once
+        rows = r0 + tl.arange(0, BLOCK_R)
+        row_mask = rows < n_rows
+        head = rows // N_QUERIES
+        query = rows % N_QUERIES
+        lse2 = tl.load(Lse + b * stride_sb + head * stride_sh + query * stride_sm, mask=row_mask,
+                       other=0.0) * 1.4426950408889634
         lse2 = tl.where(lse2 == float("-inf"), 0.0, lse2)  # a row that saw nothing has only -inf logits
-        logit = tl.load(Logits + b * stride_lb + head * stride_lh + query * stride_lm + logit_cols * stride_ln,
-                        mask=valid_c | valid_d, other=float("-inf"))
-        total += tl.exp2(logit - lse2)
-    mass = tl.where(valid_c | valid_d, total * inv_rows, 0.0)
+        logit = tl.load(Logits + b * stride_lb + head[:, None] * stride_lh + query[:, None] * stride_lm
+                        + logit_cols[None, :] * stride_ln, mask=row_mask[:, None] & valid[None, :],
+                        other=float("-inf"))
+        total += tl.sum(tl.exp2(logit - lse2[:, None]), 0)
+    mass = tl.where(valid, total * inv_rows, 0.0)
     tl.store(MassC + b * stride_cb + cols * stride_cn, mass, mask=cols < n_comp)
     tl.store(MassD + b * stride_db + (cols - n_comp) * stride_dn, mass, mask=(cols >= n_comp) & (cols < n_cols))
 
@@ -879,7 +886,7 @@ def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, wor
             *logits.stride(), *lse.stride(), *mass_comp.stride(), *mass_dense.stride(),
             *comp.length.stride(), *dense.length.stride(),
             tokens, tokens + slots, heads * queries, 1.0 / (heads * queries),
-            N_QUERIES=queries, BLOCK_T=MASS_BLOCK_T, DENSE_ONLY=False)
+            N_QUERIES=queries, BLOCK_R=MASS_BLOCK_R, BLOCK_T=MASS_BLOCK_T, DENSE_ONLY=False)
     return DecodeOutput(out, lse, mass_comp, mass_dense)
 
 
@@ -962,7 +969,7 @@ def _rank_space_masses(q_pos, comp, logits, lse, mass_comp, mass_dense, dense_le
             *logits.stride(), *lse.stride(), *mass_comp.stride(), *mass_dense.stride(),
             *comp.length.stride(), *dense_length.stride(),
             tokens, tokens + slots, rows, 1.0 / rows,
-            N_QUERIES=queries, BLOCK_T=MASS_BLOCK_T, DENSE_ONLY=True)
+            N_QUERIES=queries, BLOCK_R=MASS_BLOCK_R, BLOCK_T=MASS_BLOCK_T, DENSE_ONLY=True)
 
 
 def mass_rank_tile(block_rows: int, block_rk: int, uw_dt) -> tuple[int, int]:
