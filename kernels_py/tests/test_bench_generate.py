@@ -50,6 +50,7 @@ def test_smoke_run_compares_every_method_with_the_full_cache():
     assert [(r["batch"], r["method"]) for r in rows] == [(b, m) for b in (1, 2) for m in names]
     for r in rows:
         assert r["prefill_s"] > 0 and r["decode_step_ms"] > 0
+        assert r["generate_s"] == pytest.approx(r["prefill_s"] + r["decode_step_ms"] / 1e3 * 3)
         full = next(f for f in rows if f["batch"] == r["batch"] and f["method"] == generate.BASELINE)
         assert r["decode_speedup"] == pytest.approx(full["decode_step_ms"] / r["decode_step_ms"])
         assert r["cache_share"] == pytest.approx(r["cache_bytes"] / full["cache_bytes"])

@@ -456,9 +456,17 @@ def column_stats(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, row_max:
     return ReducedStats(attn, below, nonzero.expand(heads, n_keys), attn_kv)
 
 
+def default_tile(tiles: dict, elem_bytes: int, head_dim: int) -> tuple[int, int, int]:
+    """A pass's default (block_m, block_n, warps) for inputs of this width
+    and head_dim (ROW_TILE or COLUMN_TILE); the launchers and the op's model
+    both ask here."""
+    default_m, default_n, warps = tiles[min(elem_bytes, 4)]
+    default_n = min(default_n, max(16, MAX_TILE_ELEMENTS // common.block(head_dim)))  # wide heads: fewer keys
+    return default_m, default_n, warps
+
+
 def _tile(tiles: dict, q: torch.Tensor, block_m: int | None, block_n: int | None) -> tuple[int, int, int]:
     """A pass's (block_m, block_n, warps): the caller's sizes where given,
     else the pass's defaults for the dtype's width."""
-    default_m, default_n, warps = tiles[min(q.element_size(), 4)]
-    default_n = min(default_n, max(16, MAX_TILE_ELEMENTS // common.block(q.shape[-1])))  # wide heads: fewer keys
+    default_m, default_n, warps = default_tile(tiles, q.element_size(), q.shape[-1])
     return default_m if block_m is None else block_m, default_n if block_n is None else block_n, warps

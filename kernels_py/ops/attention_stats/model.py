@@ -89,8 +89,7 @@ ESTIMATE_SHAPES = (Step(batch=8, context=32768), Step(batch=64, context=32768))
 
 def _tiles(s: Step) -> tuple[int, int]:
     """(row tiles, key splits) of the row pass at the step, on an H100."""
-    block_m, block_n, _ = kernel.ROW_TILE[2]
-    block_n = min(block_n, max(16, kernel.MAX_TILE_ELEMENTS // max(16, 1 << (s.head_dim - 1).bit_length())))
+    block_m, block_n, _ = kernel.default_tile(kernel.ROW_TILE, 2, s.head_dim)
     _, rows = kernel.group_tile(s.heads, s.kv_heads, block_m)
     row_tiles = -(-s.rows // rows)
     return row_tiles, kernel.key_split_count(s.context, row_tiles * s.batch * s.kv_heads, block_n, H100.sms)
