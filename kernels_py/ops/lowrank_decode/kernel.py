@@ -190,15 +190,36 @@ TWO_PI_3 = tl.constexpr(1.2556658930407139e-06)
 
 
 @triton.jit
-def _rope_sincos_t(tok_pos, inv_freq, MUFU: tl.constexpr):
+def _rope_sincos_t(tok_pos, inv_freq, MUFU: tl.constexpr, HOLD_DT: tl.constexpr):
     """sin and cos of the RoPE angles of a tile, transposed [BLOCK_HALF,
     BLOCK_N]: pair (i, i + D/2) of token t turns by pos_t * inv_freq[i]
     (the float32 angle is what transformers computes), reduced to
-    [-pi, pi]. The same for every kv head."""
+    [-pi, pi]. The same for every kv head, so they are held across the
+    head loop, in HOLD_DT (see _widen)."""
     angle = inv_freq[:, None] * tok_pos[None, :].to(tl.float32)
     turns = tl.floor(angle * 0.15915494309189535 + 0.5)
     angle = ((angle - turns * TWO_PI_1) - turns * TWO_PI_2) - turns * TWO_PI_3
-    return _sincos(angle, MUFU)
+    sn, cs = _sincos(angle, MUFU)
+    return sn.to(HOLD_DT), cs.to(HOLD_DT)
+
+
+@triton.jit
+def _widen(x, MUFU: tl.constexpr):
+    """A tile's held sines or cosines as float32, converted where each kv
+    head uses them. Held as fp16 (16-bit keys: their error, below 2.5e-4,
+    is under the keys' own rounding to the dot dtype), they take half the
+    registers, which is what lets 64-token tiles run on 4 warps without
+    spilling; but a plain conversion is the same for every head, so the
+    compiler hoists it out of the head loop and holds the float32 copies
+    after all. On a GPU the conversion is therefore an opaque (non-pure)
+    PTX cvt it cannot hoist; the interpreter converts plainly."""
+    if x.dtype == tl.float32:
+        return x
+    elif MUFU:
+        return tl.inline_asm_elementwise("cvt.f32.f16 $0, $1;", "=r,h", [x], dtype=tl.float32, is_pure=False,
+                                         pack=1)
+    else:
+        return x.to(tl.float32)
 
 
 @triton.jit
@@ -259,7 +280,10 @@ def _stage1_kernel(
     q_mask = row_mask[:, None] & h_mask[None, :]
     q_lo = tl.load(q_rows + offs_h[None, :] * stride_qd, mask=q_mask, other=0.0).to(QK_DT)
     q_hi = tl.load(q_rows + (HALF + offs_h[None, :]) * stride_qd, mask=q_mask, other=0.0).to(QK_DT)
-    logit_rows = Logits + b * stride_lb + head[:, None] * stride_lh + query[:, None] * stride_lm
+    # 32-bit offsets from the sequence's base: 64-bit row pointers, hoisted
+    # out of the tile loop, cost 64-token tiles on 4 warps ~30 registers.
+    Logits_b = Logits + b * stride_lb
+    row_off = head * stride_lh + query * stride_lm
     # RoPE frequencies base ** (-2i / D) = 2 ** (i * rope_log2_step), float32.
     inv_freq = tl.exp2(offs_h.to(tl.float32) * rope_log2_step)
 
@@ -278,9 +302,10 @@ def _stage1_kernel(
         tok_mask = offs_n < c_hi
         tok_pos = tl.load(CPos + b * stride_cpb + offs_n * stride_cpn, mask=tok_mask, other=0).to(tl.int32)
         rank_k = tl.load(RankK + b * stride_rkb + offs_n * stride_rkn, mask=tok_mask, other=0).to(tl.int32)
+        rank_v = tl.load(RankV + b * stride_rvb + offs_n * stride_rvn, mask=tok_mask, other=0).to(tl.int32)
         tile_rank = tl.max(rank_k, 0)
         if ROPE:
-            sin, cos = _rope_sincos_t(tok_pos, inv_freq, MUFU)
+            sin, cos = _rope_sincos_t(tok_pos, inv_freq, MUFU, tl.float32 if QK_DT == tl.float32 else tl.float16)
         s = tl.zeros([BLOCK_ROWS, BLOCK_N], dtype=tl.float32)
         if ONE_CHUNK:  # the whole rank in one chunk: the tile's U_k is loaded once for every kv head
             ut = tl.trans(_load_rank_rows(UK_b, offs_n, tok_mask, rank_k, tl.arange(0, BLOCK_R), rank_k_max,
@@ -302,13 +327,16 @@ def _stage1_kernel(
                     k_lo += tl.dot(w_lo, ut_r, input_precision="ieee")
                     k_hi += tl.dot(w_hi, ut_r, input_precision="ieee")
             if ROPE:
-                k_lo, k_hi = k_lo * cos - k_hi * sin, k_hi * cos + k_lo * sin
+                c32 = _widen(cos, MUFU)
+                s32 = _widen(sin, MUFU)
+                k_lo, k_hi = k_lo * c32 - k_hi * s32, k_hi * c32 + k_lo * s32
             s_g = tl.dot(q_lo, k_lo.to(QK_DT), input_precision="ieee")
             s_g += tl.dot(q_hi, k_hi.to(QK_DT), input_precision="ieee")
             s = tl.where((row_kv == g)[:, None], s_g, s)
-        s = _mask_and_store(s * qk_scale, logit_rows, offs_n, stride_ln, tok_pos, tok_mask, q_pos, row_mask)
+        s = _mask(s * qk_scale, tok_pos, tok_mask, q_pos, row_mask)
+        tl.store(Logits_b + (row_off[:, None] + offs_n[None, :] * stride_ln), s,
+                 mask=row_mask[:, None] & tok_mask[None, :])
         p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i)
-        rank_v = tl.load(RankV + b * stride_rvb + offs_n * stride_rvn, mask=tok_mask, other=0).to(tl.int32)
         uv = _load_rank_rows(UV_b, offs_n, tok_mask, rank_v, offs_rv, rank_v_max, stride_uvn, stride_uvr, UW_DT)
         acc_rank = acc_rank * alpha[:, None] + tl.dot(p.to(UW_DT), uv, input_precision="ieee")
 
