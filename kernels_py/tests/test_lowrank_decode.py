@@ -175,7 +175,8 @@ def test_rope_is_applied(device):
 @triton.jit
 def _rope_sincos_probe(Pos, InvFreq, Sin, Cos, N: tl.constexpr, HALF: tl.constexpr, MUFU: tl.constexpr):
     offs_h, offs_n = tl.arange(0, HALF), tl.arange(0, N)
-    sin, cos = kernel._rope_sincos_t(tl.load(Pos + offs_n), tl.load(InvFreq + offs_h), MUFU, tl.float32)
+    sin, cos = kernel._rope_sincos(tl.load(Pos + offs_n), tl.load(InvFreq + offs_h), MUFU, tl.float32)
+    sin, cos = tl.trans(sin), tl.trans(cos)
     tl.store(Sin + offs_h[:, None] * N + offs_n[None, :], sin)
     tl.store(Cos + offs_h[:, None] * N + offs_n[None, :], cos)
 

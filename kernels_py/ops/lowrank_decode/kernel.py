@@ -125,22 +125,22 @@ def _mask_and_store(s, Logits_rows, offs_col, stride_ln, tok_pos, tok_mask, q_po
 
 
 @triton.jit
-def _load_ut(UK_b, offs_n, rank, r0, stride_un, stride_ur, BLOCK_R: tl.constexpr, UW_DT: tl.constexpr):
-    """U columns [r0, r0 + BLOCK_R) of a tile, transposed: [BLOCK_R, BLOCK_N].
-    Token t keeps the columns < rank[t] (its rank prefix); padding has rank 0."""
+def _load_u(UK_b, offs_n, rank, r0, stride_un, stride_ur, BLOCK_R: tl.constexpr, UW_DT: tl.constexpr):
+    """U columns [r0, r0 + BLOCK_R) of a tile: [BLOCK_N, BLOCK_R]. Token t
+    keeps the columns < rank[t] (its rank prefix); padding has rank 0."""
     offs_r = r0 + tl.arange(0, BLOCK_R)
-    return tl.load(UK_b + offs_n[None, :] * stride_un + offs_r[:, None] * stride_ur,
-                   mask=offs_r[:, None] < rank[None, :], other=0.0).to(UW_DT)
+    return tl.load(UK_b + offs_n[:, None] * stride_un + offs_r[None, :] * stride_ur,
+                   mask=offs_r[None, :] < rank[:, None], other=0.0).to(UW_DT)
 
 
 @triton.jit
-def _load_wk_t(WK_col, r0, offs_h, h_mask, n_rank, stride_wr, stride_wc,
-               HALF: tl.constexpr, BLOCK_R: tl.constexpr, UW_DT: tl.constexpr):
-    """Rows [r0, r0 + BLOCK_R) of this kv head's W_k, transposed and split in
-    RoPE's two halves (channels [0, D/2) and [D/2, D)): two [BLOCK_HALF, BLOCK_R]."""
+def _load_wk(WK_col, r0, offs_h, h_mask, n_rank, stride_wr, stride_wc,
+             HALF: tl.constexpr, BLOCK_R: tl.constexpr, UW_DT: tl.constexpr):
+    """Rows [r0, r0 + BLOCK_R) of this kv head's W_k in RoPE's two halves
+    (channels [0, D/2) and [D/2, D)): two [BLOCK_R, BLOCK_HALF]."""
     offs_r = r0 + tl.arange(0, BLOCK_R)
-    ptrs = WK_col + offs_r[None, :] * stride_wr + offs_h[:, None] * stride_wc
-    mask = (offs_r[None, :] < n_rank) & h_mask[:, None]
+    ptrs = WK_col + offs_r[:, None] * stride_wr + offs_h[None, :] * stride_wc
+    mask = (offs_r[:, None] < n_rank) & h_mask[None, :]
     w_lo = tl.load(ptrs, mask=mask, other=0.0).to(UW_DT)
     w_hi = tl.load(ptrs + HALF * stride_wc, mask=mask, other=0.0).to(UW_DT)
     return w_lo, w_hi
@@ -190,13 +190,12 @@ TWO_PI_3 = tl.constexpr(1.2556658930407139e-06)
 
 
 @triton.jit
-def _rope_sincos_t(tok_pos, inv_freq, MUFU: tl.constexpr, HOLD_DT: tl.constexpr):
-    """sin and cos of the RoPE angles of a tile, transposed [BLOCK_HALF,
-    BLOCK_N]: pair (i, i + D/2) of token t turns by pos_t * inv_freq[i]
-    (the float32 angle is what transformers computes), reduced to
-    [-pi, pi]. The same for every kv head, so they are held across the
-    head loop, in HOLD_DT (see _widen)."""
-    angle = inv_freq[:, None] * tok_pos[None, :].to(tl.float32)
+def _rope_sincos(tok_pos, inv_freq, MUFU: tl.constexpr, HOLD_DT: tl.constexpr):
+    """sin and cos of the RoPE angles of a tile [BLOCK_N, BLOCK_HALF]: pair
+    (i, i + D/2) of token t turns by pos_t * inv_freq[i] (the float32 angle
+    is what transformers computes), reduced to [-pi, pi]. The same for every
+    kv head, so they are held across the head loop, in HOLD_DT (see _widen)."""
+    angle = tok_pos[:, None].to(tl.float32) * inv_freq[None, :]
     turns = tl.floor(angle * 0.15915494309189535 + 0.5)
     angle = ((angle - turns * TWO_PI_1) - turns * TWO_PI_2) - turns * TWO_PI_3
     sn, cs = _sincos(angle, MUFU)
@@ -204,15 +203,32 @@ def _rope_sincos_t(tok_pos, inv_freq, MUFU: tl.constexpr, HOLD_DT: tl.constexpr)
 
 
 @triton.jit
+def _rotate(k_lo, k_hi, sin, cos, QK_DT: tl.constexpr, MUFU: tl.constexpr):
+    """RoPE on a tile's rebuilt keys (float32, in their two halves), returned
+    in the dot dtype QK_DT. The sines and cosines are held across the head
+    loop as fp16 for 16-bit dots (their error, below 2.5e-4, is under the
+    keys' own rounding to 16 bits): half the registers of float32, which
+    is what lets the large tiles run without spilling. fp16 keys rotate
+    after their rounding, two elements an instruction (one rounding more
+    than rotating in float32, within the same tolerance); bf16 and float32
+    keys rotate in float32."""
+    if QK_DT == tl.float16:
+        k_lo = k_lo.to(QK_DT)
+        k_hi = k_hi.to(QK_DT)
+        return k_lo * cos - k_hi * sin, k_hi * cos + k_lo * sin
+    else:
+        c32 = _widen(cos, MUFU)
+        s32 = _widen(sin, MUFU)
+        return (k_lo * c32 - k_hi * s32).to(QK_DT), (k_hi * c32 + k_lo * s32).to(QK_DT)
+
+
+@triton.jit
 def _widen(x, MUFU: tl.constexpr):
-    """A tile's held sines or cosines as float32, converted where each kv
-    head uses them. Held as fp16 (16-bit keys: their error, below 2.5e-4,
-    is under the keys' own rounding to the dot dtype), they take half the
-    registers, which is what lets 64-token tiles run on 4 warps without
-    spilling; but a plain conversion is the same for every head, so the
-    compiler hoists it out of the head loop and holds the float32 copies
-    after all. On a GPU the conversion is therefore an opaque (non-pure)
-    PTX cvt it cannot hoist; the interpreter converts plainly."""
+    """Held sines or cosines as float32, converted where each kv head uses
+    them: a plain conversion is the same for every head, so the compiler
+    hoists it out of the head loop and holds float32 copies after all (and
+    spills). On a GPU the conversion is therefore an opaque (non-pure) PTX
+    cvt it cannot hoist; the interpreter converts plainly."""
     if x.dtype == tl.float32:
         return x
     elif MUFU:
@@ -255,17 +271,21 @@ def _stage1_kernel(
     MUFU: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """Exact attention over keys rebuilt per tile. One program per (sequence,
-    split) holds every query head as a row of its MMAs, so each U tile is
-    read from memory once for all kv heads (U is shared by them) and the
-    RoPE angles of a tile are computed once. Per kv head g, the tile's keys
-    are rebuilt as W_k,g^T U_k^T in BLOCK_R-rank chunks up to the tile's
+    """Exact attention over keys rebuilt per tile, computed transposed
+    (tokens are the MMA rows, query rows the columns). One program per
+    (sequence, split) holds every query head, so each U tile is read from
+    memory once for all kv heads (U is shared by them) and the RoPE angles
+    of a tile are computed once. Per kv head g, the tile's keys are rebuilt
+    as U_k W_k,g [BLOCK_N, D] in BLOCK_R-rank chunks up to the tile's
     largest rank prefix (tiles of low-rank tokens do less work), rotated,
-    and scored by all rows, each row keeping its own head's scores. Values
-    are never rebuilt: sum_t p_t U_v[t, :r_t] stays in rank space, one MMA
-    for all rows, and the split stores it normalised; the merge maps it by
-    each row's W_v,g once per sequence, which is exact (o = (sum_t p_t
-    U_v[t]) W_v). The splits cover the compressed segment; the dense one is
+    and scored against every row's query (q^T stays in shared memory),
+    each row keeping its own head's scores. The keys come out of their MMA
+    in the layout of the next MMA's left operand, so they reach the scores
+    in registers, with no trip through shared memory. Values are never
+    rebuilt: sum_t p_t U_v[t, :r_t] stays in rank space, one MMA for all
+    rows, and the split stores it normalised; the merge maps it by each
+    row's W_v,g once per sequence, which is exact (o = (sum_t p_t U_v[t])
+    W_v). The splits cover the compressed segment; the dense one is
     _dense_segment_kernel's."""
     b = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
@@ -276,12 +296,13 @@ def _stage1_kernel(
     offs_h = tl.arange(0, BLOCK_HALF)
     h_mask = offs_h < HALF
     offs_rv = tl.arange(0, BLOCK_RV)
-    q_rows = Q + b * stride_qb + head[:, None] * stride_qh + query[:, None] * stride_qm
-    q_mask = row_mask[:, None] & h_mask[None, :]
-    q_lo = tl.load(q_rows + offs_h[None, :] * stride_qd, mask=q_mask, other=0.0).to(QK_DT)
-    q_hi = tl.load(q_rows + (HALF + offs_h[None, :]) * stride_qd, mask=q_mask, other=0.0).to(QK_DT)
-    # 32-bit offsets from the sequence's base: 64-bit row pointers, hoisted
-    # out of the tile loop, cost 64-token tiles on 4 warps ~30 registers.
+    # The queries transposed, [BLOCK_HALF, BLOCK_ROWS] per RoPE half.
+    q_cols = Q + b * stride_qb + head[None, :] * stride_qh + query[None, :] * stride_qm
+    q_mask = h_mask[:, None] & row_mask[None, :]
+    qt_lo = tl.load(q_cols + offs_h[:, None] * stride_qd, mask=q_mask, other=0.0).to(QK_DT)
+    qt_hi = tl.load(q_cols + (HALF + offs_h[:, None]) * stride_qd, mask=q_mask, other=0.0).to(QK_DT)
+    # 32-bit offsets from the sequence's base: 64-bit pointers per row,
+    # hoisted out of the tile loop, cost registers.
     Logits_b = Logits + b * stride_lb
     row_off = head * stride_lh + query * stride_lm
     # RoPE frequencies base ** (-2i / D) = 2 ** (i * rope_log2_step), float32.
@@ -292,7 +313,7 @@ def _stage1_kernel(
 
     m_i = tl.full([BLOCK_ROWS], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
-    acc_rank = tl.zeros([BLOCK_ROWS, BLOCK_RV], dtype=tl.float32)  # sum_t p_t U_v[t, :r_t]
+    acc_t = tl.zeros([BLOCK_RV, BLOCK_ROWS], dtype=tl.float32)  # (sum_t p_t U_v[t, :r_t])^T
 
     UK_b = UK + b * stride_ukb
     UV_b = UV + b * stride_uvb
@@ -305,44 +326,51 @@ def _stage1_kernel(
         rank_v = tl.load(RankV + b * stride_rvb + offs_n * stride_rvn, mask=tok_mask, other=0).to(tl.int32)
         tile_rank = tl.max(rank_k, 0)
         if ROPE:
-            sin, cos = _rope_sincos_t(tok_pos, inv_freq, MUFU, tl.float32 if QK_DT == tl.float32 else tl.float16)
-        s = tl.zeros([BLOCK_ROWS, BLOCK_N], dtype=tl.float32)
+            sin, cos = _rope_sincos(tok_pos, inv_freq, MUFU, tl.float32 if QK_DT == tl.float32 else tl.float16)
+        s_t = tl.zeros([BLOCK_N, BLOCK_ROWS], dtype=tl.float32)
         if ONE_CHUNK:  # the whole rank in one chunk: the tile's U_k is loaded once for every kv head
-            ut = tl.trans(_load_rank_rows(UK_b, offs_n, tok_mask, rank_k, tl.arange(0, BLOCK_R), rank_k_max,
-                                          stride_ukn, stride_ukr, UW_DT))
+            u = _load_rank_rows(UK_b, offs_n, tok_mask, rank_k, tl.arange(0, BLOCK_R), rank_k_max, stride_ukn,
+                                stride_ukr, UW_DT)
         for g in range(KV_HEADS):
-            # This kv head's keys of the tile, transposed, in RoPE's two halves.
+            # This kv head's keys of the tile, in RoPE's two halves.
             if ONE_CHUNK:
-                w_lo, w_hi = _load_wk_t(WK_b + g * HEAD_DIM * stride_wkc, 0, offs_h, h_mask, rank_k_max,
-                                        stride_wkr, stride_wkc, HALF, BLOCK_R, UW_DT)
-                k_lo = tl.dot(w_lo, ut, input_precision="ieee")
-                k_hi = tl.dot(w_hi, ut, input_precision="ieee")
+                w_lo, w_hi = _load_wk(WK_b + g * HEAD_DIM * stride_wkc, 0, offs_h, h_mask, rank_k_max,
+                                      stride_wkr, stride_wkc, HALF, BLOCK_R, UW_DT)
+                k_lo = tl.dot(u, w_lo, input_precision="ieee")
+                k_hi = tl.dot(u, w_hi, input_precision="ieee")
             else:
-                k_lo = tl.zeros([BLOCK_HALF, BLOCK_N], dtype=tl.float32)
-                k_hi = tl.zeros([BLOCK_HALF, BLOCK_N], dtype=tl.float32)
+                k_lo = tl.zeros([BLOCK_N, BLOCK_HALF], dtype=tl.float32)
+                k_hi = tl.zeros([BLOCK_N, BLOCK_HALF], dtype=tl.float32)
                 for r0 in range(0, tile_rank, BLOCK_R):  # chunks past the tile's largest rank are skipped
-                    ut_r = _load_ut(UK_b, offs_n, rank_k, r0, stride_ukn, stride_ukr, BLOCK_R, UW_DT)  # L1 after g = 0
-                    w_lo, w_hi = _load_wk_t(WK_b + g * HEAD_DIM * stride_wkc, r0, offs_h, h_mask, rank_k_max,
-                                            stride_wkr, stride_wkc, HALF, BLOCK_R, UW_DT)
-                    k_lo += tl.dot(w_lo, ut_r, input_precision="ieee")
-                    k_hi += tl.dot(w_hi, ut_r, input_precision="ieee")
+                    u_r = _load_u(UK_b, offs_n, rank_k, r0, stride_ukn, stride_ukr, BLOCK_R, UW_DT)  # L1 after g = 0
+                    w_lo, w_hi = _load_wk(WK_b + g * HEAD_DIM * stride_wkc, r0, offs_h, h_mask, rank_k_max,
+                                          stride_wkr, stride_wkc, HALF, BLOCK_R, UW_DT)
+                    k_lo += tl.dot(u_r, w_lo, input_precision="ieee")
+                    k_hi += tl.dot(u_r, w_hi, input_precision="ieee")
             if ROPE:
-                c32 = _widen(cos, MUFU)
-                s32 = _widen(sin, MUFU)
-                k_lo, k_hi = k_lo * c32 - k_hi * s32, k_hi * c32 + k_lo * s32
-            s_g = tl.dot(q_lo, k_lo.to(QK_DT), input_precision="ieee")
-            s_g += tl.dot(q_hi, k_hi.to(QK_DT), input_precision="ieee")
-            s = tl.where((row_kv == g)[:, None], s_g, s)
-        s = _mask(s * qk_scale, tok_pos, tok_mask, q_pos, row_mask)
-        tl.store(Logits_b + (row_off[:, None] + offs_n[None, :] * stride_ln), s,
-                 mask=row_mask[:, None] & tok_mask[None, :])
-        p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i)
-        uv = _load_rank_rows(UV_b, offs_n, tok_mask, rank_v, offs_rv, rank_v_max, stride_uvn, stride_uvr, UW_DT)
-        acc_rank = acc_rank * alpha[:, None] + tl.dot(p.to(UW_DT), uv, input_precision="ieee")
+                k_lo, k_hi = _rotate(k_lo, k_hi, sin, cos, QK_DT, MUFU)
+            else:
+                k_lo, k_hi = k_lo.to(QK_DT), k_hi.to(QK_DT)
+            s_g = tl.dot(k_lo, qt_lo, input_precision="ieee")
+            s_g += tl.dot(k_hi, qt_hi, input_precision="ieee")
+            s_t = tl.where((row_kv == g)[None, :], s_g, s_t)
+        visible = (tok_pos[:, None] <= q_pos[None, :]) & tok_mask[:, None] & row_mask[None, :]
+        s_t = tl.where(visible, s_t * qk_scale, float("-inf"))
+        tl.store(Logits_b + (row_off[None, :] + offs_n[:, None] * stride_ln), s_t,
+                 mask=tok_mask[:, None] & row_mask[None, :])
+        # The online softmax (splitk._online_softmax), over the tile's tokens: axis 0 here.
+        m_new = tl.maximum(m_i, tl.max(s_t, 0))
+        alpha = tl.exp2(m_i - m_new)
+        p_t = tl.exp2(s_t - m_new[None, :])
+        l_i = l_i * alpha + tl.sum(p_t, 0)
+        m_i = m_new
+        uv_t = tl.trans(_load_rank_rows(UV_b, offs_n, tok_mask, rank_v, offs_rv, rank_v_max, stride_uvn, stride_uvr,
+                                        UW_DT))
+        acc_t = acc_t * alpha[None, :] + tl.dot(uv_t, p_t.to(UW_DT), input_precision="ieee")
 
     rank_rows = b * stride_zb + head[:, None] * stride_zh + query[:, None] * stride_zm + split * stride_zs
     lse_rows = b * stride_sb + head * stride_sh + query * stride_sm + split * stride_ss
-    _store_split(PartRank + rank_rows, PartLse + lse_rows, acc_rank, m_i, l_i, offs_rv, offs_rv < rank_v_max,
+    _store_split(PartRank + rank_rows, PartLse + lse_rows, tl.trans(acc_t), m_i, l_i, offs_rv, offs_rv < rank_v_max,
                  row_mask, stride_zr)
 
 
@@ -675,16 +703,15 @@ def _mass_rank_kernel(
 
 # The pinned config (block_n given, or the interpreter) and the autotuner's
 # first, by kernel: tests assert it compiles to tensor-core MMAs without
-# spills. The fused kernel holds a tile's RoPE sines and cosines and a kv
-# head's rebuilt keys besides every query row's state: on 4 warps it spills
-# on sm_80, so it runs on 8.
-DEFAULT_WARPS = {"_stage1_kernel": 8, "_stage1_absorbed_kernel": 4}
+# spills. The fused kernel's tokens are its MMA rows: 32 of them fill 4
+# warps (on 8, the scores are computed twice over and ptxas spills on sm_90).
+DEFAULT_WARPS = {"_stage1_kernel": 4, "_stage1_absorbed_kernel": 4}
 DEFAULT_STAGES = 2
 
 
 def _stage1_configs(kernel: str):
     # The fused kernel's 128-token tiles on 4 warps spill (the key rebuild
-    # holds two [head_dim / 2, 128] float32 halves), so they are not tried;
+    # holds two [128, head_dim / 2] float32 halves), so they are not tried;
     # the absorbed kernel's fit (254 registers at 32 rows, rank 64 on sm_90).
     first = (INTERPRET_BLOCK_N, DEFAULT_WARPS[kernel], DEFAULT_STAGES)
     rest = [(n, w, s) for n in (32, 64, 128) for w in (4, 8) for s in (2, 3)
@@ -698,7 +725,7 @@ def _stage1_configs(kernel: str):
 # per machine and code version, not once per process.
 _STAGE1_KEY = ["tune_programs", "tune_span", "KV_HEADS", "GROUP", "N_QUERIES", "HEAD_DIM", "BLOCK_ROWS", "BLOCK_D"]
 # Configs that spill at the shape being tuned are pruned before timing (at
-# 32 query rows, 64-token tiles on 4 warps and 128-token tiles on 8 do).
+# 32 query rows on sm_90: 32-token tiles on 8 warps and 64-token tiles on 4).
 _stage1_tuned = triton.autotune(configs=_stage1_configs("_stage1_kernel"), cache_results=True,
                                 key=_STAGE1_KEY + ["BLOCK_R", "BLOCK_RV", "ROPE", "ONE_CHUNK"],
                                 prune_configs_by={"early_config_prune": common.prune_spilling(_stage1_kernel)})(
