@@ -127,7 +127,7 @@ def test_compiles(case, target, compiled):
                                          ("absorbed-fp16-d128-r64x96", "_stage1_absorbed_kernel")])
 def test_decode_kernels_use_tensor_cores_without_spills(case, kernel, target, compiled):
     """Both low-rank decode kernels, 16-bit inputs, at the default config
-    (lowrank_decode's pinned tile, also the autotuner's first), the fused
+    (the autotuner's first, DEFAULT_BLOCK_N, or a launch pinned to it), the fused
     one also at the benchmark's 32 query / 8 kv heads: their dots
     lower to tensor-core MMAs (mma.sync, and wgmma on sm_90 where Triton
     chooses it) and ptxas spills no register; with RoPE, sines and cosines
@@ -136,12 +136,13 @@ def test_decode_kernels_use_tensor_cores_without_spills(case, kernel, target, co
     from kernels_py.ops.lowrank_decode import kernel as lowrank
 
     warps = lowrank.DEFAULT_WARPS[kernel]
-    default = [[["BLOCK_N", lowrank.INTERPRET_BLOCK_N]], warps, lowrank.DEFAULT_STAGES]
+    tile = lowrank.DEFAULT_BLOCK_N[kernel]
+    default = [[["BLOCK_N", tile]], warps, lowrank.DEFAULT_STAGES]
 
     def at_default(e):  # an autotuned case's default config, or a pinned launch at the default tile
         if e.get("config") is not None:
             return e["config"] == default
-        return (e.get("constexprs", {}).get("BLOCK_N") == str(lowrank.INTERPRET_BLOCK_N)
+        return (e.get("constexprs", {}).get("BLOCK_N") == str(tile)
                 and e.get("num_warps") == warps)
 
     entries = [e for e in compiled[case, target]["compiled"] if e["kernel"] == kernel and at_default(e)]

@@ -68,7 +68,7 @@ COMPILE_CASES = [
     # The benchmark's shape (32 query / 8 kv heads, rank 64, RoPE): 32 rows a program.
     CompileCase("decode-fp16-d128-rope-r64-h32kv8",
                 partial(_compile, dtype=f16, head_dim=128, rank_k=64, rank_v=64, heads=32, kv_heads=8,
-                        rope_base=10000.0, block_n=32), DECODE),
+                        rope_base=10000.0, block_n=64), DECODE),
     CompileCase("decode-bf16-d128-r96x160-m2",
                 partial(_compile, dtype=bf16, head_dim=128, rank_k=96, rank_v=160, queries=2), DECODE,
                 slice(1, None, 3)),

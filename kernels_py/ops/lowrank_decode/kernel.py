@@ -213,13 +213,26 @@ def _rotate(k_lo, k_hi, sin, cos, QK_DT: tl.constexpr, MUFU: tl.constexpr):
     than rotating in float32, within the same tolerance); bf16 and float32
     keys rotate in float32."""
     if QK_DT == tl.float16:
-        k_lo = k_lo.to(QK_DT)
-        k_hi = k_hi.to(QK_DT)
+        k_lo = _to_f16(k_lo, MUFU)
+        k_hi = _to_f16(k_hi, MUFU)
         return k_lo * cos - k_hi * sin, k_hi * cos + k_lo * sin
     else:
         c32 = _widen(cos, MUFU)
         s32 = _widen(sin, MUFU)
         return (k_lo * c32 - k_hi * s32).to(QK_DT), (k_hi * c32 + k_lo * s32).to(QK_DT)
+
+
+@triton.jit
+def _to_f16(x, MUFU: tl.constexpr):
+    """float32 to fp16, two elements an instruction on a GPU (PTX's
+    cvt.rn.f16x2.f32). Triton converts one element at a time and then packs
+    the pairs for the fp16x2 arithmetic: three instructions a pair where
+    one does."""
+    if MUFU:
+        return tl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [x], dtype=tl.float16,
+                                         is_pure=True, pack=2)
+    else:
+        return x.to(tl.float16)
 
 
 @triton.jit
@@ -318,19 +331,33 @@ def _stage1_kernel(
     UK_b = UK + b * stride_ukb
     UV_b = UV + b * stride_uvb
     WK_b = WK + b * stride_wkb
+    # Triton pipelines innermost loops only, and the head loop is inside this
+    # one: the next tile's positions and ranks are loaded a tile ahead by
+    # hand, so a tile's U_k load (masked by its largest rank) is issued at
+    # once and waited on only after the RoPE angles. (Holding the next U_k
+    # tile too would spill at 128 tokens on 8 warps.)
+    offs_rk = tl.arange(0, BLOCK_R)
+    CPos_b, RankK_b, RankV_b = CPos + b * stride_cpb, RankK + b * stride_rkb, RankV + b * stride_rvb
+    offs_n = c_lo + tl.arange(0, BLOCK_N)
+    tok_pos_nx = _load_per_token(CPos_b, offs_n, offs_n < c_hi, stride_cpn)
+    rank_k_nx = _load_per_token(RankK_b, offs_n, offs_n < c_hi, stride_rkn)
+    rank_v_nx = _load_per_token(RankV_b, offs_n, offs_n < c_hi, stride_rvn)
     for start in range(c_lo, c_hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         tok_mask = offs_n < c_hi
-        tok_pos = tl.load(CPos + b * stride_cpb + offs_n * stride_cpn, mask=tok_mask, other=0).to(tl.int32)
-        rank_k = tl.load(RankK + b * stride_rkb + offs_n * stride_rkn, mask=tok_mask, other=0).to(tl.int32)
-        rank_v = tl.load(RankV + b * stride_rvb + offs_n * stride_rvn, mask=tok_mask, other=0).to(tl.int32)
+        tok_pos, rank_k, rank_v = tok_pos_nx, rank_k_nx, rank_v_nx
+        if ONE_CHUNK:  # the whole rank in one chunk: the tile's U_k is loaded once for every kv head
+            u = _load_rank_tile(UK_b, offs_n, tok_mask, rank_k, offs_rk, rank_k_max, stride_ukn, stride_ukr)
+        offs_nx = offs_n + BLOCK_N
+        tok_pos_nx = _load_per_token(CPos_b, offs_nx, offs_nx < c_hi, stride_cpn)
+        rank_k_nx = _load_per_token(RankK_b, offs_nx, offs_nx < c_hi, stride_rkn)
+        rank_v_nx = _load_per_token(RankV_b, offs_nx, offs_nx < c_hi, stride_rvn)
         tile_rank = tl.max(rank_k, 0)
         if ROPE:
             sin, cos = _rope_sincos(tok_pos, inv_freq, MUFU, tl.float32 if QK_DT == tl.float32 else tl.float16)
+        if ONE_CHUNK:
+            u = _keep_rank_prefix(u, offs_rk, rank_k, UW_DT)
         s_t = tl.zeros([BLOCK_N, BLOCK_ROWS], dtype=tl.float32)
-        if ONE_CHUNK:  # the whole rank in one chunk: the tile's U_k is loaded once for every kv head
-            u = _load_rank_rows(UK_b, offs_n, tok_mask, rank_k, tl.arange(0, BLOCK_R), rank_k_max, stride_ukn,
-                                stride_ukr, UW_DT)
         for g in range(KV_HEADS):
             # This kv head's keys of the tile, in RoPE's two halves.
             if ONE_CHUNK:
@@ -414,14 +441,32 @@ def _rank_query_kernel(
 @triton.jit
 def _load_rank_rows(U_b, offs_n, tok_mask, rank, offs_r, rank_max, stride_un, stride_ur, UW_DT: tl.constexpr):
     """A tile's U rows [BLOCK_N, BLOCK_R], token t keeping its columns <
-    rank[t]. The load is masked by token and by the tile's largest rank
-    rounded up to 16 columns only, so it vectorises to 16-byte accesses (and
-    low-rank tiles still read only their columns); each token's own rank
-    prefix is applied in registers."""
+    rank[t]."""
+    u = _load_rank_tile(U_b, offs_n, tok_mask, rank, offs_r, rank_max, stride_un, stride_ur)
+    return _keep_rank_prefix(u, offs_r, rank, UW_DT)
+
+
+@triton.jit
+def _load_rank_tile(U_b, offs_n, tok_mask, rank, offs_r, rank_max, stride_un, stride_ur):
+    """A tile's U rows [BLOCK_N, BLOCK_R] as stored. The load is masked by
+    token and by the tile's largest rank rounded up to 16 columns only, so
+    it vectorises to 16-byte accesses (and low-rank tiles still read only
+    their columns); each token's own rank prefix is applied in registers
+    (_keep_rank_prefix), where the loaded values are first used."""
     tile_rank = tl.multiple_of((tl.max(rank, 0) + 15) // 16 * 16, 16)
-    u = tl.load(U_b + offs_n[:, None] * stride_un + offs_r[None, :] * stride_ur,
-                mask=tok_mask[:, None] & (offs_r[None, :] < tile_rank) & (offs_r[None, :] < rank_max), other=0.0)
+    return tl.load(U_b + offs_n[:, None] * stride_un + offs_r[None, :] * stride_ur,
+                   mask=tok_mask[:, None] & (offs_r[None, :] < tile_rank) & (offs_r[None, :] < rank_max), other=0.0)
+
+
+@triton.jit
+def _keep_rank_prefix(u, offs_r, rank, UW_DT: tl.constexpr):
     return tl.where(offs_r[None, :] < rank[:, None], u, 0.0).to(UW_DT)
+
+
+@triton.jit
+def _load_per_token(X_b, offs_n, tok_mask, stride_xn):
+    """A tile's per-token integers (positions, ranks) as int32; 0 past the segment."""
+    return tl.load(X_b + offs_n * stride_xn, mask=tok_mask, other=0).to(tl.int32)
 
 
 @triton.jit
@@ -701,11 +746,13 @@ def _mass_rank_kernel(
         tl.store(MassC + b * stride_cb + cols * stride_cn, tl.where(valid, mass, 0.0), mask=cols < hi)
 
 
-# The pinned config (block_n given, or the interpreter) and the autotuner's
-# first, by kernel: tests assert it compiles to tensor-core MMAs without
-# spills. The fused kernel's tokens are its MMA rows: 32 of them fill 4
-# warps (on 8, the scores are computed twice over and ptxas spills on sm_90).
-DEFAULT_WARPS = {"_stage1_kernel": 4, "_stage1_absorbed_kernel": 4}
+# The autotuner's first config, by kernel (a pinned launch, block_n given
+# or the interpreter's, takes its warps and stages): tests assert it
+# compiles to tensor-core MMAs without spills. The fused kernel's tokens are its MMA rows: 64 of them make one
+# wgmma on sm_90 (32 lower to mma.sync at twice the instructions a token,
+# and sit at the 255-register limit on 4 warps or 8).
+DEFAULT_BLOCK_N = {"_stage1_kernel": 64, "_stage1_absorbed_kernel": INTERPRET_BLOCK_N}
+DEFAULT_WARPS = {"_stage1_kernel": 8, "_stage1_absorbed_kernel": 4}
 DEFAULT_STAGES = 2
 
 
@@ -713,7 +760,7 @@ def _stage1_configs(kernel: str):
     # The fused kernel's 128-token tiles on 4 warps spill (the key rebuild
     # holds two [128, head_dim / 2] float32 halves), so they are not tried;
     # the absorbed kernel's fit (254 registers at 32 rows, rank 64 on sm_90).
-    first = (INTERPRET_BLOCK_N, DEFAULT_WARPS[kernel], DEFAULT_STAGES)
+    first = (DEFAULT_BLOCK_N[kernel], DEFAULT_WARPS[kernel], DEFAULT_STAGES)
     rest = [(n, w, s) for n in (32, 64, 128) for w in (4, 8) for s in (2, 3)
             if not (n == 128 and w == 4 and kernel == "_stage1_kernel") and (n, w, s) != first]
     return [triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=s) for n, w, s in [first, *rest]]
@@ -724,8 +771,9 @@ def _stage1_configs(kernel: str):
 # timings are cached on disk (in Triton's cache dir), so a shape is tuned once
 # per machine and code version, not once per process.
 _STAGE1_KEY = ["tune_programs", "tune_span", "KV_HEADS", "GROUP", "N_QUERIES", "HEAD_DIM", "BLOCK_ROWS", "BLOCK_D"]
-# Configs that spill at the shape being tuned are pruned before timing (at
-# 32 query rows on sm_90: 32-token tiles on 8 warps and 64-token tiles on 4).
+# Configs that spill at the shape being tuned are pruned before timing (the
+# fused kernel's 32- and 64-token tiles on 4 warps sit at the register limit
+# and spill at some shapes).
 _stage1_tuned = triton.autotune(configs=_stage1_configs("_stage1_kernel"), cache_results=True,
                                 key=_STAGE1_KEY + ["BLOCK_R", "BLOCK_RV", "ROPE", "ONE_CHUNK"],
                                 prune_configs_by={"early_config_prune": common.prune_spilling(_stage1_kernel)})(
