@@ -173,9 +173,9 @@ def test_rope_is_applied(device):
 
 
 @triton.jit
-def _rope_sincos_probe(Pos, InvFreq, Sin, Cos, N: tl.constexpr, HALF: tl.constexpr, MUFU: tl.constexpr):
+def _rope_sincos_probe(Pos, InvFreq, Sin, Cos, N: tl.constexpr, HALF: tl.constexpr, ON_GPU: tl.constexpr):
     offs_h, offs_n = tl.arange(0, HALF), tl.arange(0, N)
-    sin, cos = kernel._rope_sincos(tl.load(Pos + offs_n), tl.load(InvFreq + offs_h), MUFU, tl.float32)
+    sin, cos = kernel._rope_sincos(tl.load(Pos + offs_n), tl.load(InvFreq + offs_h), ON_GPU, tl.float32)
     sin, cos = tl.trans(sin), tl.trans(cos)
     tl.store(Sin + offs_h[:, None] * N + offs_n[None, :], sin)
     tl.store(Cos + offs_h[:, None] * N + offs_n[None, :], cos)
@@ -194,10 +194,10 @@ def test_rope_angles_stay_exact_at_large_positions(device):
     pos = pos.to(torch.int32)
     sin = torch.empty(half, n, device=device)
     cos = torch.empty(half, n, device=device)
-    mufu = not kernel.interpreter_mode()
-    _rope_sincos_probe[(1,)](pos.to(device), inv_freq.to(device), sin, cos, N=n, HALF=half, MUFU=mufu)
+    on_gpu = not kernel.interpreter_mode()
+    _rope_sincos_probe[(1,)](pos.to(device), inv_freq.to(device), sin, cos, N=n, HALF=half, ON_GPU=on_gpu)
     angle = (inv_freq[:, None] * pos[None, :].float()).double()  # the float32 angle, exactly
-    tol = 2e-6 if mufu else 1e-6
+    tol = 2e-6 if on_gpu else 1e-6
     torch.testing.assert_close(sin.cpu().double(), torch.sin(angle), atol=tol, rtol=0)
     torch.testing.assert_close(cos.cpu().double(), torch.cos(angle), atol=tol, rtol=0)
 

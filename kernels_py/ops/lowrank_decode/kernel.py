@@ -160,15 +160,15 @@ def _sin_half_pi(x):
 
 
 @triton.jit
-def _sincos(angle, MUFU: tl.constexpr):
-    """sin and cos of angles already reduced to [-pi, pi]. MUFU: the GPU's
+def _sincos(angle, ON_GPU: tl.constexpr):
+    """sin and cos of angles already reduced to [-pi, pi]. On a GPU, the
     special-function unit (sin.approx / cos.approx, absolute error below
     1e-6 on [-pi, pi], two instructions each); else polynomials, which is
     what the interpreter runs (it has no libdevice). tl.sin / tl.cos lower
     to libdevice's accurate sinf / cosf instead: about 20 instructions each,
     and a reduction for large inputs (a table on the stack) that never runs
     here but is compiled in all the same."""
-    if MUFU:
+    if ON_GPU:
         return libdevice.fast_sinf(angle), libdevice.fast_cosf(angle)
     else:
         half_pi = 1.5707963267948966
@@ -190,7 +190,7 @@ TWO_PI_3 = tl.constexpr(1.2556658930407139e-06)
 
 
 @triton.jit
-def _rope_sincos(tok_pos, inv_freq, MUFU: tl.constexpr, HOLD_DT: tl.constexpr):
+def _rope_sincos(tok_pos, inv_freq, ON_GPU: tl.constexpr, HOLD_DT: tl.constexpr):
     """sin and cos of the RoPE angles of a tile [BLOCK_N, BLOCK_HALF]: pair
     (i, i + D/2) of token t turns by pos_t * inv_freq[i] (the float32 angle
     is what transformers computes), reduced to [-pi, pi]. The same for every
@@ -198,12 +198,12 @@ def _rope_sincos(tok_pos, inv_freq, MUFU: tl.constexpr, HOLD_DT: tl.constexpr):
     angle = tok_pos[:, None].to(tl.float32) * inv_freq[None, :]
     turns = tl.floor(angle * 0.15915494309189535 + 0.5)
     angle = ((angle - turns * TWO_PI_1) - turns * TWO_PI_2) - turns * TWO_PI_3
-    sn, cs = _sincos(angle, MUFU)
+    sn, cs = _sincos(angle, ON_GPU)
     return sn.to(HOLD_DT), cs.to(HOLD_DT)
 
 
 @triton.jit
-def _rotate(k_lo, k_hi, sin, cos, QK_DT: tl.constexpr, MUFU: tl.constexpr):
+def _rotate(k_lo, k_hi, sin, cos, QK_DT: tl.constexpr, ON_GPU: tl.constexpr):
     """RoPE on a tile's rebuilt keys (float32, in their two halves), returned
     in the dot dtype QK_DT. The sines and cosines are held across the head
     loop as fp16 for 16-bit dots (their error, below 2.5e-4, is under the
@@ -213,22 +213,22 @@ def _rotate(k_lo, k_hi, sin, cos, QK_DT: tl.constexpr, MUFU: tl.constexpr):
     than rotating in float32, within the same tolerance); bf16 and float32
     keys rotate in float32."""
     if QK_DT == tl.float16:
-        k_lo = _to_f16(k_lo, MUFU)
-        k_hi = _to_f16(k_hi, MUFU)
+        k_lo = _to_f16(k_lo, ON_GPU)
+        k_hi = _to_f16(k_hi, ON_GPU)
         return k_lo * cos - k_hi * sin, k_hi * cos + k_lo * sin
     else:
-        c32 = _widen(cos, MUFU)
-        s32 = _widen(sin, MUFU)
+        c32 = _widen(cos, ON_GPU)
+        s32 = _widen(sin, ON_GPU)
         return (k_lo * c32 - k_hi * s32).to(QK_DT), (k_hi * c32 + k_lo * s32).to(QK_DT)
 
 
 @triton.jit
-def _to_f16(x, MUFU: tl.constexpr):
+def _to_f16(x, ON_GPU: tl.constexpr):
     """float32 to fp16, two elements an instruction on a GPU (PTX's
     cvt.rn.f16x2.f32). Triton converts one element at a time and then packs
     the pairs for the fp16x2 arithmetic: three instructions a pair where
     one does."""
-    if MUFU:
+    if ON_GPU:
         return tl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [x], dtype=tl.float16,
                                          is_pure=True, pack=2)
     else:
@@ -236,7 +236,7 @@ def _to_f16(x, MUFU: tl.constexpr):
 
 
 @triton.jit
-def _widen(x, MUFU: tl.constexpr):
+def _widen(x, ON_GPU: tl.constexpr):
     """Held sines or cosines as float32, converted where each kv head uses
     them: a plain conversion is the same for every head, so the compiler
     hoists it out of the head loop and holds float32 copies after all (and
@@ -244,7 +244,7 @@ def _widen(x, MUFU: tl.constexpr):
     cvt it cannot hoist; the interpreter converts plainly."""
     if x.dtype == tl.float32:
         return x
-    elif MUFU:
+    elif ON_GPU:
         return tl.inline_asm_elementwise("cvt.f32.f16 $0, $1;", "=r,h", [x], dtype=tl.float32, is_pure=False,
                                          pack=1)
     else:
@@ -281,7 +281,7 @@ def _stage1_kernel(
     QK_DT: tl.constexpr,
     UW_DT: tl.constexpr,
     ONE_CHUNK: tl.constexpr,
-    MUFU: tl.constexpr,
+    ON_GPU: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     """Exact attention over keys rebuilt per tile, computed transposed
@@ -332,16 +332,19 @@ def _stage1_kernel(
     UV_b = UV + b * stride_uvb
     WK_b = WK + b * stride_wkb
     # Triton pipelines innermost loops only, and the head loop is inside this
-    # one: the next tile's positions and ranks are loaded a tile ahead by
-    # hand, so a tile's U_k load (masked by its largest rank) is issued at
-    # once and waited on only after the RoPE angles. (Holding the next U_k
-    # tile too would spill at 128 tokens on 8 warps.)
+    # one, so the tile loop prefetches by hand: the next tile's positions
+    # are loaded a tile ahead, its ranks two (they mask the prefetch), and
+    # its U_k and U_v rows are requested into L2 without waiting. Holding
+    # the next tile's U in registers instead would spill at 128 tokens on 8
+    # warps.
     offs_rk = tl.arange(0, BLOCK_R)
     CPos_b, RankK_b, RankV_b = CPos + b * stride_cpb, RankK + b * stride_rkb, RankV + b * stride_rvb
     offs_n = c_lo + tl.arange(0, BLOCK_N)
     tok_pos_nx = _load_per_token(CPos_b, offs_n, offs_n < c_hi, stride_cpn)
     rank_k_nx = _load_per_token(RankK_b, offs_n, offs_n < c_hi, stride_rkn)
     rank_v_nx = _load_per_token(RankV_b, offs_n, offs_n < c_hi, stride_rvn)
+    rank_k_nx2 = _load_per_token(RankK_b, offs_n + BLOCK_N, offs_n + BLOCK_N < c_hi, stride_rkn)
+    rank_v_nx2 = _load_per_token(RankV_b, offs_n + BLOCK_N, offs_n + BLOCK_N < c_hi, stride_rvn)
     for start in range(c_lo, c_hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         tok_mask = offs_n < c_hi
@@ -349,12 +352,15 @@ def _stage1_kernel(
         if ONE_CHUNK:  # the whole rank in one chunk: the tile's U_k is loaded once for every kv head
             u = _load_rank_tile(UK_b, offs_n, tok_mask, rank_k, offs_rk, rank_k_max, stride_ukn, stride_ukr)
         offs_nx = offs_n + BLOCK_N
+        rank_k_nx, rank_v_nx = rank_k_nx2, rank_v_nx2
+        _prefetch_rank_rows(UK_b, offs_nx, offs_nx < c_hi, rank_k_nx, stride_ukn, stride_ukr, BLOCK_R, ON_GPU)
+        _prefetch_rank_rows(UV_b, offs_nx, offs_nx < c_hi, rank_v_nx, stride_uvn, stride_uvr, BLOCK_RV, ON_GPU)
         tok_pos_nx = _load_per_token(CPos_b, offs_nx, offs_nx < c_hi, stride_cpn)
-        rank_k_nx = _load_per_token(RankK_b, offs_nx, offs_nx < c_hi, stride_rkn)
-        rank_v_nx = _load_per_token(RankV_b, offs_nx, offs_nx < c_hi, stride_rvn)
+        rank_k_nx2 = _load_per_token(RankK_b, offs_nx + BLOCK_N, offs_nx + BLOCK_N < c_hi, stride_rkn)
+        rank_v_nx2 = _load_per_token(RankV_b, offs_nx + BLOCK_N, offs_nx + BLOCK_N < c_hi, stride_rvn)
         tile_rank = tl.max(rank_k, 0)
         if ROPE:
-            sin, cos = _rope_sincos(tok_pos, inv_freq, MUFU, tl.float32 if QK_DT == tl.float32 else tl.float16)
+            sin, cos = _rope_sincos(tok_pos, inv_freq, ON_GPU, tl.float32 if QK_DT == tl.float32 else tl.float16)
         if ONE_CHUNK:
             u = _keep_rank_prefix(u, offs_rk, rank_k, UW_DT)
         s_t = tl.zeros([BLOCK_N, BLOCK_ROWS], dtype=tl.float32)
@@ -375,7 +381,7 @@ def _stage1_kernel(
                     k_lo += tl.dot(u_r, w_lo, input_precision="ieee")
                     k_hi += tl.dot(u_r, w_hi, input_precision="ieee")
             if ROPE:
-                k_lo, k_hi = _rotate(k_lo, k_hi, sin, cos, QK_DT, MUFU)
+                k_lo, k_hi = _rotate(k_lo, k_hi, sin, cos, QK_DT, ON_GPU)
             else:
                 k_lo, k_hi = k_lo.to(QK_DT), k_hi.to(QK_DT)
             s_g = tl.dot(k_lo, qt_lo, input_precision="ieee")
@@ -461,6 +467,22 @@ def _load_rank_tile(U_b, offs_n, tok_mask, rank, offs_r, rank_max, stride_un, st
 @triton.jit
 def _keep_rank_prefix(u, offs_r, rank, UW_DT: tl.constexpr):
     return tl.where(offs_r[None, :] < rank[:, None], u, 0.0).to(UW_DT)
+
+
+@triton.jit
+def _prefetch_rank_rows(U_b, offs_n, tok_mask, rank, stride_un, stride_ur, BLOCK_R: tl.constexpr,
+                        ON_GPU: tl.constexpr):
+    """Ask L2 for the lines of a tile's U rows up to each token's rank
+    (prefetch.global.L2: nothing waits for it), so the tile's loads a tile
+    later find them there. A no-op under the interpreter."""
+    if ON_GPU:
+        LINE: tl.constexpr = 128 // (U_b.dtype.element_ty.primitive_bitwidth // 8)  # elements of a 128-byte line
+        LINES: tl.constexpr = (BLOCK_R + LINE - 1) // LINE
+        offs_l = tl.arange(0, LINES) * LINE
+        ptrs = U_b + offs_n[:, None] * stride_un + offs_l[None, :] * stride_ur
+        wanted = (tok_mask[:, None] & (offs_l[None, :] < rank[:, None])).to(tl.int32)
+        tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.b32 $0, 0; }",
+                                  "=r,l,r", [ptrs, wanted], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -971,7 +993,7 @@ def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, wor
                 comp.uk.shape[2], comp.uv.shape[2], scale * common.LOG2E, rope_step, *tune]
         meta = dict(shared, HALF=head_dim // 2, ROPE=rope_base is not None, BLOCK_HALF=common.block(head_dim // 2),
                     BLOCK_R=block_r, BLOCK_RV=common.block(comp.uv.shape[2]), ONE_CHUNK=block_r >= comp.uk.shape[2],
-                    MUFU=not interpreter_mode())
+                    ON_GPU=not interpreter_mode())
         if block_n is not None or interpreter_mode():
             _stage1_kernel[grid](*args, **meta, BLOCK_N=block_n or INTERPRET_BLOCK_N,
                                  num_warps=DEFAULT_WARPS["_stage1_kernel"], num_stages=DEFAULT_STAGES)

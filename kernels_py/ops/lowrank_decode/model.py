@@ -275,6 +275,14 @@ def _work(s: Step, kernel_name: str, meta: dict, gpu, *, absorbed: bool, per_kv_
             dense_bytes, index_bytes = 0, b * t * 12
             part_bytes = b * hq * splits * (s.rank_v + 1) * 4
             logits = 0 if absorbed else b * hq * t * 4
+        if kernel_name == "_stage1_kernel" and not per_kv_head:
+            # The fused kernel asks L2 for the next tile's U rows a tile ahead
+            # (prefetch.global.L2, nothing waits for it): only a program's
+            # first tile reads U from HBM with its loads.
+            tiles = sum(p.count * -(-p.values["c_hi"] // block_n) for p in programs)
+            first = sum(p.count for p in programs if p.values["c_hi"] > 0) / max(1, tiles)
+            for name in ("UK", "UV"):
+                levels[name] = {"hbm": first, "l2": 1 - first}
         if per_kv_head:
             # The kv heads' programs of a (sequence, split) are neighbours in
             # the grid and read the same U tiles at about the same time: at
