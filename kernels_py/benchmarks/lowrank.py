@@ -104,8 +104,7 @@ class Lowrank(AttentionBenchmark):
         Column("rank_k", "", "key rank, and the value rank of the full-rank group (the ranks knob)", "rank"),
         Column("rank_v", "", "value rank of the full-rank group", show=False),
         Column("rank_v_low", "", "the lower rank of the other tokens", show=False),
-        Column("num_splits", "", "split-K splits per sequence (the fused kernel)", show=False),
-        Column("absorbed_splits", "", "split-K splits per sequence (the absorbed kernel)", show=False),
+        Column("num_splits", "", "split-K splits per sequence (both kernels)", show=False),
         Column("sdpa_backend", "", "SDPA backend of the baselines (flash where PyTorch has it)", show=False),
         Column("fused_ms", "ms", "the fused kernel (keys rebuilt and rotated, values in rank space), median", "fused"),
         Column("fused_gbps", "GB/s", "modeled bytes of the step (factors, dense, mass logits) / fused time", "GB/s"),
@@ -172,12 +171,11 @@ class Lowrank(AttentionBenchmark):
         chunk = min(64, max(16, 1 << (max(1, rank // 4) - 1).bit_length())) if self.partial != "values" else None
         op.check_inputs(q, q_pos, comp, dense, ROPE_BASE)  # once: the timed calls skip the value checks
         splits = op.default_num_splits(comp, dense)
-        absorbed_splits = op.default_num_splits(comp, dense, absorbed=True)  # longer splits
         full_k = torch.randn(b, self.kv_heads, n + self.dense_len, self.head_dim, generator=g, device=device).to(dt)
         full_v = torch.randn_like(full_k)
         # Caller-owned workspaces: the timed calls allocate nothing and never wait for the host.
         fused_ws = op.make_workspace(q, comp, dense, splits)
-        absorbed_ws = op.make_workspace(q, comp, dense, absorbed_splits, absorbed=True)
+        absorbed_ws = op.make_workspace(q, comp, dense, splits, absorbed=True)
         fused = lambda: op.lowrank_decode(q, q_pos, comp, dense, rope_base=ROPE_BASE,  # noqa: E731
                                           workspace=fused_ws, check_values=False, rank_chunk=chunk)
         absorbed = lambda: op.lowrank_decode_absorbed(q, q_pos, comp, dense, workspace=absorbed_ws,  # noqa: E731
@@ -186,7 +184,7 @@ class Lowrank(AttentionBenchmark):
         full = lambda: sdpa(q, full_k, full_v)  # noqa: E731
         read = nbytes(comp.uk, comp.uv, comp.wk, comp.wv, dense.k, dense.v)
         row = {"dense_len": self.dense_len, **self.shape(), "rank_v": rank,
-               "rank_v_low": max(1, rank // 4), "num_splits": splits, "absorbed_splits": absorbed_splits,
+               "rank_v_low": max(1, rank // 4), "num_splits": splits,
                "sdpa_backend": full()[1],
                "fused_ms": time_median(fused, self.repeat, cuda) * 1e3,
                "absorbed_ms": time_median(absorbed, self.repeat, cuda) * 1e3,

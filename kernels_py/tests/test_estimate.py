@@ -105,12 +105,12 @@ def test_split_helpers_match_the_stage1_kernels():
     assert sum(1 for lo, hi in ranges if lo == hi) == 7
     from kernels_py.ops.lowrank_decode import kernel as lowrank
 
-    assert lowrank.split_count(32832, 64, 132) == 64  # cdiv(32832, 256) = 129, capped
+    # About 1,024 compressed tokens a split, while the grid fills two waves.
+    assert lowrank.split_count(32832, 64, 132) == 33  # cdiv(32832, 1024)
+    assert lowrank.split_count(200_000, 64, 132) == 64  # capped
+    assert lowrank.split_count(32768, 8, 132) == 33  # cdiv(2 * 132, 8)
     assert lowrank.split_count(1088, 1, 132) == 17  # more splits while the grid is small: 64 tokens each
-    assert lowrank.split_count(1088, 1, None) == 5  # the interpreter: cdiv(1088, 256)
-    # The absorbed kernel: about 1,024 compressed tokens a split, still filling two waves.
-    assert lowrank.split_count(32768, 64, 132, absorbed=True) == 32
-    assert lowrank.split_count(32768, 8, 132, absorbed=True) == 33  # cdiv(2 * 132, 8)
+    assert lowrank.split_count(1088, 1, None) == 2  # the interpreter: cdiv(1088, 1024)
 
 
 def _kernel(body, loads=None) -> estimate.Kernel:

@@ -369,14 +369,13 @@ def test_default_num_splits():
 
     cpu = torch.device("cpu")
     # The splits cover the compressed tokens (the dense segment has programs of its own).
-    assert kernel._num_splits(None, *lengths([100, 700], [20, 64]), 8, cpu) == 3  # ceil(700 / 256)
+    # About 1,024 tokens each.
+    assert kernel._num_splits(None, *lengths([100, 2100], [20, 64]), 8, cpu) == 3  # ceil(2100 / 1024)
     assert kernel._num_splits(None, *lengths([0], [0]), 8, cpu) == 1
+    assert kernel._num_splits(None, *lengths([0], [70]), 8, cpu) == 1
     assert kernel._num_splits(None, *lengths([200_000], [64]), 8, cpu) == kernel.DEFAULT_MAX_SPLITS
     assert kernel._num_splits(5, *lengths([10], [0]), 8, cpu) == 5
-    assert kernel.default_num_splits(*lengths([300, 10], [250, 0])) == 2  # ceil(300 / 256)
-    # The absorbed kernel's splits are longer: about 1,024 tokens each.
-    assert kernel.default_num_splits(*lengths([3000, 10], [5000, 0]), absorbed=True) == 3
-    assert kernel._num_splits(None, *lengths([0], [70]), 8, cpu, absorbed=True) == 1
+    assert kernel.default_num_splits(*lengths([3000, 10], [5000, 0])) == 3  # ceil(3000 / 1024)
 
 
 def test_workspace_holds_rank_space_partials(device):

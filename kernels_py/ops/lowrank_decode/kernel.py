@@ -66,10 +66,10 @@ from kernels_py.ops.lowrank_decode.contract import CompressedKV, DecodeOutput, D
 MAX_HEAD_DIM = 256
 MAX_ROWS = 128  # query heads x query tokens, one program's rows
 MAX_SPLITS = 256
-TOKENS_PER_SPLIT = 256  # default split size (num_splits=None)
-# The absorbed kernel's per-split cost is a q~ load and a rank-space partial,
-# so its splits are longer: fewer partials to write and merge.
-ABSORBED_TOKENS_PER_SPLIT = 1024
+# Default split size (num_splits=None). A split's fixed cost (its first
+# tile's loads waited at HBM latency, its rank-space partial) is paid once
+# per split, so splits are long while the grid still fills the GPU.
+TOKENS_PER_SPLIT = 1024
 DEFAULT_MAX_SPLITS = 64
 MAX_BLOCK_R = 64  # default rank chunk of the key rebuild; larger ranks loop over chunks
 # Values stay in rank space, so a program holds a whole U_v row (and in the
@@ -903,7 +903,7 @@ def make_workspace(q: torch.Tensor, comp: CompressedKV, dense: DenseKV, num_spli
     """A workspace for calls of lowrank_decode (or, with absorbed=True,
     lowrank_decode_absorbed) with these shapes and num_splits splits (see
     default_num_splits), on q's device."""
-    num_splits = _num_splits(num_splits, comp, dense, 1, q.device, absorbed)
+    num_splits = _num_splits(num_splits, comp, dense, 1, q.device)
     return Workspace(*(torch.empty(shape, dtype=torch.float32, device=q.device)
                        for shape in _workspace_shapes(q, comp, dense, num_splits, absorbed)))
 
@@ -961,7 +961,7 @@ def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, wor
     if workspace is not None:
         splits = _check_workspace(workspace, q, comp, dense, num_splits, absorbed)
     else:
-        splits = _num_splits(num_splits, comp, dense, batch, dev, absorbed)
+        splits = _num_splits(num_splits, comp, dense, batch, dev)
         workspace = Workspace(*(torch.empty(shape, dtype=torch.float32, device=dev)
                                 for shape in _workspace_shapes(q, comp, dense, splits, absorbed)))
     # Scaled logits (log2 units) of every (row, token) for the masses; columns
@@ -1112,16 +1112,14 @@ def mass_rank_tile(block_rows: int, block_rk: int, uw_dt) -> tuple[int, int]:
     return block_t, warps
 
 
-def default_num_splits(comp: CompressedKV, dense: DenseKV, *, absorbed: bool = False) -> int:
+def default_num_splits(comp: CompressedKV, dense: DenseKV) -> int:
     """The num_splits a call with num_splits=None uses (one host sync); pass it
     explicitly to keep repeated calls free of synchronisation. Both kernels
-    run one program per (sequence, split); absorbed=True: the absorbed
-    kernel's count (longer splits)."""
-    return _num_splits(None, comp, dense, comp.length.shape[0], comp.length.device, absorbed)
+    run one program per (sequence, split), with the same default."""
+    return _num_splits(None, comp, dense, comp.length.shape[0], comp.length.device)
 
 
-def _num_splits(num_splits, comp: CompressedKV, dense: DenseKV, programs_per_split: int, device,
-                absorbed: bool = False) -> int:
+def _num_splits(num_splits, comp: CompressedKV, dense: DenseKV, programs_per_split: int, device) -> int:
     """Splits per sequence: num_splits checked, else split_count's default for
     the longest sequence."""
     if num_splits is not None:
@@ -1130,16 +1128,14 @@ def _num_splits(num_splits, comp: CompressedKV, dense: DenseKV, programs_per_spl
         return num_splits
     lengths = comp.length  # the splits cover the compressed segment (the dense one has its own programs)
     longest = int(lengths.max()) if lengths.numel() else 0  # one host sync
-    return split_count(longest, programs_per_split, splitk.sm_count(device), absorbed=absorbed)
+    return split_count(longest, programs_per_split, splitk.sm_count(device))
 
 
-def split_count(longest: int, programs_per_split: int, sms: int | None, *, absorbed: bool = False) -> int:
+def split_count(longest: int, programs_per_split: int, sms: int | None) -> int:
     """The default split count for the longest sequence's compressed tokens, with
     `programs_per_split` programs per split (the batch) on `sms` SMs (None:
-    the interpreter): about TOKENS_PER_SPLIT tokens each (the absorbed
-    kernel: ABSORBED_TOKENS_PER_SPLIT), at most DEFAULT_MAX_SPLITS; on a
-    GPU, more (down to 64 tokens each) while the grid would not fill two
-    waves of SMs."""
-    per_split = ABSORBED_TOKENS_PER_SPLIT if absorbed else TOKENS_PER_SPLIT
-    return splitk.split_count(longest, programs_per_split, per_split=per_split, min_split=64,
+    the interpreter): about TOKENS_PER_SPLIT tokens each, at most
+    DEFAULT_MAX_SPLITS; on a GPU, more (down to 64 tokens each) while the
+    grid would not fill two waves of SMs."""
+    return splitk.split_count(longest, programs_per_split, per_split=TOKENS_PER_SPLIT, min_split=64,
                               max_splits=DEFAULT_MAX_SPLITS, sms=sms)

@@ -149,6 +149,7 @@ def report(shapes=SHAPES) -> dict:
 
 # Arguments every program of a sequence re-reads (L2 after the first): the
 # queries, W (one SVD per sequence, read by each of its splits), the lengths.
+FBD0532_TOKENS_PER_SPLIT = 256  # the calibration kernels' default split size
 _SHARED = {"Q": "l2", "QPos": "l2", "WK": "l2", "WV": "l2", "CLen": "l2", "DLen": "l2"}
 ESTIMATE_SHAPES = (Step(batch=8, visual=32768, low_share=0.75), Step(batch=64, visual=32768, low_share=0.75))
 
@@ -222,11 +223,14 @@ def _work(s: Step, kernel_name: str, meta: dict, gpu, *, absorbed: bool, per_kv_
     programs_per_split = b * hk if per_kv_head else b
     # Today's kernels split the compressed tokens only (the dense segment
     # has a kernel of its own), keep their partials in rank space and apply
-    # W_v in the merge; the absorbed one makes q~ once per sequence and has
-    # longer splits. The fbd0532 kernels split [compressed | dense].
+    # W_v in the merge; the absorbed one makes q~ once per sequence. The
+    # fbd0532 kernels split [compressed | dense].
     rank_space_parts = not per_kv_head
-    splits = kernel.split_count(t if rank_space_parts else t + n, programs_per_split, gpu.sms,
-                                absorbed=absorbed and rank_space_parts)
+    if rank_space_parts:
+        splits = kernel.split_count(t, programs_per_split, gpu.sms)
+    else:  # fbd0532's rule: about 256 of [compressed | dense] tokens a split
+        splits = splitk.split_count(t + n, programs_per_split, per_split=FBD0532_TOKENS_PER_SPLIT, min_split=64,
+                                    max_splits=kernel.DEFAULT_MAX_SPLITS, sms=gpu.sms)
     tokens = b * (t + n)
     w_bytes = b * (s.rank_k + s.rank_v) * hk * d * e
     # W in stage 1: both at fbd0532, W_k in today's fused kernel (W_v is the merge's).
