@@ -48,15 +48,16 @@ def _attend_tile(q, k, v, pos, tok_mask, q_pos, row_mask, m_i, l_i, acc, qk_scal
 
 
 @triton.jit
-def _online_softmax(s, m_i, l_i):
+def _online_softmax(s, m_i, l_i, AXIS: tl.constexpr = 1):
     """One tile of the base-2 online softmax: the tile's unnormalised
     probabilities, the factor rescaling what was accumulated, new max and sum.
-    m_i starts at a finite floor, so a row that sees nothing yet gets p = 0
-    and alpha = 1 instead of inf - inf."""
-    m_new = tl.maximum(m_i, tl.max(s, 1))
+    The tile's tokens lie along AXIS of s (1: rows x tokens; 0: a transposed
+    tile). m_i starts at a finite floor, so a row that sees nothing yet gets
+    p = 0 and alpha = 1 instead of inf - inf."""
+    m_new = tl.maximum(m_i, tl.max(s, AXIS))
     alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l_new = l_i * alpha + tl.sum(p, 1)
+    p = tl.exp2(s - tl.expand_dims(m_new, AXIS))
+    l_new = l_i * alpha + tl.sum(p, AXIS)
     return p, alpha, m_new, l_new
 
 

@@ -194,7 +194,7 @@ def _rope_sincos(tok_pos, inv_freq, ON_GPU: tl.constexpr, HOLD_DT: tl.constexpr)
     """sin and cos of the RoPE angles of a tile [BLOCK_N, BLOCK_HALF]: pair
     (i, i + D/2) of token t turns by pos_t * inv_freq[i] (the float32 angle
     is what transformers computes), reduced to [-pi, pi]. The same for every
-    kv head, so they are held across the head loop, in HOLD_DT (see _widen)."""
+    kv head, so they are held across the head loop, in HOLD_DT (see _rotate)."""
     angle = tok_pos[:, None].to(tl.float32) * inv_freq[None, :]
     turns = tl.floor(angle * 0.15915494309189535 + 0.5)
     angle = ((angle - turns * TWO_PI_1) - turns * TWO_PI_2) - turns * TWO_PI_3
@@ -391,12 +391,7 @@ def _stage1_kernel(
         s_t = tl.where(visible, s_t * qk_scale, float("-inf"))
         tl.store(Logits_b + (row_off[None, :] + offs_n[:, None] * stride_ln), s_t,
                  mask=tok_mask[:, None] & row_mask[None, :])
-        # The online softmax (splitk._online_softmax), over the tile's tokens: axis 0 here.
-        m_new = tl.maximum(m_i, tl.max(s_t, 0))
-        alpha = tl.exp2(m_i - m_new)
-        p_t = tl.exp2(s_t - m_new[None, :])
-        l_i = l_i * alpha + tl.sum(p_t, 0)
-        m_i = m_new
+        p_t, alpha, m_i, l_i = _online_softmax(s_t, m_i, l_i, 0)
         uv_t = tl.trans(_load_rank_rows(UV_b, offs_n, tok_mask, rank_v, offs_rv, rank_v_max, stride_uvn, stride_uvr,
                                         UW_DT))
         acc_t = acc_t * alpha[None, :] + tl.dot(uv_t, p_t.to(UW_DT), input_precision="ieee")
@@ -466,6 +461,7 @@ def _load_rank_tile(U_b, offs_n, tok_mask, rank, offs_r, rank_max, stride_un, st
 
 @triton.jit
 def _keep_rank_prefix(u, offs_r, rank, UW_DT: tl.constexpr):
+    """_load_rank_tile's rows with each token's columns at or past its rank zeroed, in UW_DT."""
     return tl.where(offs_r[None, :] < rank[:, None], u, 0.0).to(UW_DT)
 
 
@@ -770,9 +766,10 @@ def _mass_rank_kernel(
 
 # The autotuner's first config, by kernel (a pinned launch, block_n given
 # or the interpreter's, takes its warps and stages): tests assert it
-# compiles to tensor-core MMAs without spills. The fused kernel's tokens are its MMA rows: 64 of them make one
-# wgmma on sm_90 (32 lower to mma.sync at twice the instructions a token,
-# and sit at the 255-register limit on 4 warps or 8).
+# compiles to tensor-core MMAs without spills. The fused kernel's tokens
+# are its MMA rows: 64 of them make one wgmma on sm_90 (32 lower to
+# mma.sync at twice the instructions a token, and sit at the 255-register
+# limit on 4 warps or 8).
 DEFAULT_BLOCK_N = {"_stage1_kernel": 64, "_stage1_absorbed_kernel": INTERPRET_BLOCK_N}
 DEFAULT_WARPS = {"_stage1_kernel": 8, "_stage1_absorbed_kernel": 4}
 DEFAULT_STAGES = 2

@@ -147,9 +147,9 @@ def report(shapes=SHAPES) -> dict:
 # (kernels_py.ops.estimate; `workbench kernels report --estimate`)
 # ----------------------------------------------------------------------------
 
+FBD0532_TOKENS_PER_SPLIT = 256  # the calibration kernels' default split size
 # Arguments every program of a sequence re-reads (L2 after the first): the
 # queries, W (one SVD per sequence, read by each of its splits), the lengths.
-FBD0532_TOKENS_PER_SPLIT = 256  # the calibration kernels' default split size
 _SHARED = {"Q": "l2", "QPos": "l2", "WK": "l2", "WV": "l2", "CLen": "l2", "DLen": "l2"}
 ESTIMATE_SHAPES = (Step(batch=8, visual=32768, low_share=0.75), Step(batch=64, visual=32768, low_share=0.75))
 
