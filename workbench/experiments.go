@@ -117,6 +117,7 @@ script are reported as file:line:col. No Python is started.`,
 					WorkloadName   string         `json:"workload_name"`
 					Workload       map[string]any `json:"workload"`
 					TimeoutSeconds float64        `json:"timeout_seconds"`
+					Protocol       string         `json:"protocol,omitempty"`
 				}
 				out := struct {
 					File string    `json:"file"`
@@ -125,7 +126,7 @@ script are reported as file:line:col. No Python is started.`,
 				}{File: plan.File, Hash: plan.Hash, Jobs: []jobJSON{}}
 				for _, e := range exps {
 					for _, j := range e.Jobs {
-						out.Jobs = append(out.Jobs, jobJSON{j.ID, j.Experiment, j.Method, j.Params, j.WorkloadName, j.Workload, j.Timeout.Seconds()})
+						out.Jobs = append(out.Jobs, jobJSON{j.ID, j.Experiment, j.Method, j.Params, j.WorkloadName, j.Workload, j.Timeout.Seconds(), e.Protocol})
 					}
 				}
 				enc := json.NewEncoder(a.stdout)
@@ -134,7 +135,11 @@ script are reported as file:line:col. No Python is started.`,
 			}
 			for _, e := range exps {
 				workloads, shared := describeWorkloads(plan.Schema, e.Jobs)
-				fmt.Fprintf(a.stdout, "experiment %s: %d jobs (timeout %v each)%s\n", e.Name, len(e.Jobs), e.Timeout, shared)
+				protocol := ""
+				if e.Protocol != "" {
+					protocol = ", protocol " + e.Protocol
+				}
+				fmt.Fprintf(a.stdout, "experiment %s: %d jobs (timeout %v each%s)%s\n", e.Name, len(e.Jobs), e.Timeout, protocol, shared)
 				tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
 				for _, j := range e.Jobs {
 					fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", j.ID, j.Method, formatParams(j.Params), workloads[j.ID])
@@ -318,7 +323,7 @@ func (a *app) runExperiments(ctx context.Context, file string, o runOptions) ([]
 	var failed int
 	for _, e := range exps {
 		sum, err := runner.Run(ctx, runner.Options{
-			Out: o.out, Experiment: e.Name, File: plan.File, FileHash: plan.Hash, Jobs: runnerJobs(e),
+			Out: o.out, Experiment: e.Name, Protocol: e.Protocol, File: plan.File, FileHash: plan.Hash, Jobs: runnerJobs(e),
 			KernelsDir: kernels.Dir, Device: device, Version: version,
 			Resume: o.resume, RetryFailed: o.retryFailed, AllowCodeChange: o.allowCodeChange,
 			Executor: executor, Progress: a.stderr, Log: a.log,

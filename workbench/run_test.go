@@ -1,11 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -241,6 +244,107 @@ func TestUnknownNameHintsAtStaleSchema(t *testing.T) {
 		code, _, stderr := runCLI(t, "--kernels", root, "plan", script)
 		if code != 1 || !strings.Contains(stderr, `method "mine" is unknown`) || strings.Contains(stderr, "run `workbench schema`") != tc.hint {
 			t.Errorf("schema written %v from now: exit %d, hint wanted %v:\n%s", tc.age, code, tc.hint, stderr)
+		}
+	}
+}
+
+// The same script run twice computes the same numbers, bit for bit: every
+// metric, per-layer list and tensor; and each run's manifest names the
+// protocol its jobs were set up by and the dtype every ratio is counted
+// against.
+func TestRunIsReproducible(t *testing.T) {
+	py := testpy.Python(t)
+	dir := t.TempDir()
+	bin := workbenchBinary(t)
+	script := filepath.Join(dir, "twice.star")
+	os.WriteFile(script, []byte(`experiment(
+    name = "twice",
+    protocol = "vlcache",
+    methods = ["h2o", "snapkv", "vlcache"],
+    grid = {"budget": [0.2]},
+    workloads = [workload(layers = 2, heads = 4, tokens_per_image = 64, text_tokens = 16, decode_steps = 4)],
+    extra = [
+        {"method": "zipvl", "probe_random": 8},
+        {"method": "kivi", "bits": 2},
+        {"method": "attentionpack", "rank_k": 16, "rank_v": 16},
+    ],
+)
+`), 0o644)
+	type run struct {
+		rows     map[string]results.Record
+		tensors  map[string][]byte
+		manifest results.Manifest
+	}
+	runOnce := func(out string) run {
+		t.Helper()
+		cmd := exec.Command(bin, "--python", py, "--kernels", "..", "--device", "cpu", "run", "--out", out, script)
+		if output, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("run: %v\n%s", err, output)
+		}
+		d, err := results.Latest(out, "twice")
+		if err != nil || d == "" {
+			t.Fatalf("no run directory under %s: %v", out, err)
+		}
+		recs, err := results.ReadJournal(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := run{rows: map[string]results.Record{}, tensors: map[string][]byte{}}
+		for _, rec := range recs {
+			if rec.Status != results.StatusOK {
+				t.Fatalf("job %s (%s): %s", rec.JobID, rec.Method, rec.Error)
+			}
+			r.rows[rec.JobID] = rec
+		}
+		npys, _ := filepath.Glob(filepath.Join(d, results.TensorsDir, "*", "*.npy"))
+		for _, f := range npys {
+			data, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rel, _ := filepath.Rel(d, f)
+			r.tensors[rel] = data
+		}
+		m, err := os.ReadFile(filepath.Join(d, results.ManifestFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(m, &r.manifest); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	a, b := runOnce(filepath.Join(dir, "a")), runOnce(filepath.Join(dir, "b"))
+	if len(a.rows) != 6 || len(b.rows) != 6 {
+		t.Fatalf("%d and %d jobs ran; want 6 each", len(a.rows), len(b.rows))
+	}
+	for id, ra := range a.rows {
+		rb, ok := b.rows[id]
+		if !ok {
+			t.Errorf("job %s (%s) is missing from the second run", id, ra.Method)
+			continue
+		}
+		if len(ra.Metrics) == 0 {
+			t.Errorf("job %s (%s) reported no metrics", id, ra.Method)
+		}
+		if !reflect.DeepEqual(ra.Metrics, rb.Metrics) {
+			t.Errorf("job %s (%s): metrics differ between runs:\n%v\n%v", id, ra.Method, ra.Metrics, rb.Metrics)
+		}
+		if !reflect.DeepEqual(ra.Extra, rb.Extra) {
+			t.Errorf("job %s (%s): per-layer results differ between runs", id, ra.Method)
+		}
+	}
+	if len(a.tensors) != 6 {
+		t.Errorf("%d tensors saved; want a rel_err per job", len(a.tensors))
+	}
+	for name, data := range a.tensors {
+		if !bytes.Equal(data, b.tensors[name]) {
+			t.Errorf("tensor %s differs between runs", name)
+		}
+	}
+	for _, m := range []results.Manifest{a.manifest, b.manifest} {
+		if m.Protocol != "vlcache" || !slices.Equal(m.Dtypes, []string{"float16"}) {
+			t.Errorf("manifest names protocol %q and dtypes %v; want vlcache and [float16]", m.Protocol, m.Dtypes)
 		}
 	}
 }

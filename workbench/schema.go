@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -158,8 +160,9 @@ func newMethodsCmd(a *app) *cobra.Command {
 		Short: "List the compression methods and workloads with their knobs, defaults, bounds and docs",
 		Long: `methods lists every registered compression method (or the ones named) with
 its knobs: type, bounds, default, what it does and where the paper defines
-it; then the workloads experiments run on, with theirs. It reads
-kernels_py/schema.json and starts no Python.`,
+it, and the knobs each comparison protocol sets on it; then the protocols
+(experiment(protocol=...)) and the workloads experiments run on, with
+their knobs. It reads kernels_py/schema.json and starts no Python.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			s, _, err := a.schema()
 			if err != nil {
@@ -189,12 +192,19 @@ kernels_py/schema.json and starts no Python.`,
 				}
 				printParams(a.stdout, m.Params)
 				printRules(a.stdout, m.Rules)
+				printProtocols(a.stdout, m, s.ProtocolNames())
 				for _, note := range m.Notes {
 					fmt.Fprintf(a.stdout, "  %s\n", note)
 				}
 				fmt.Fprintln(a.stdout)
 			}
 			if len(args) == 0 {
+				for _, n := range s.ProtocolNames() {
+					fmt.Fprintf(a.stdout, "protocol %q: %s\n", n, s.Protocols[n])
+				}
+				if len(s.Protocols) > 0 {
+					fmt.Fprintln(a.stdout)
+				}
 				for _, n := range s.WorkloadNames() {
 					w := s.Workloads[n]
 					def := ""
@@ -223,6 +233,23 @@ func printParams(w io.Writer, ps expt.Params) {
 		fmt.Fprintf(tw, "  %s\t%s\n", name, ps[name].Describe())
 	}
 	tw.Flush()
+}
+
+// printProtocols lists what each protocol sets on m ("sets nothing" for
+// the ones that leave it at its defaults).
+func printProtocols(w io.Writer, m *expt.Method, protocols []string) {
+	for _, p := range protocols {
+		set := m.Protocols[p]
+		if len(set) == 0 {
+			fmt.Fprintf(w, "  protocol %s: sets nothing\n", p)
+			continue
+		}
+		parts := make([]string, 0, len(set))
+		for _, k := range slices.Sorted(maps.Keys(set)) {
+			parts = append(parts, fmt.Sprintf("%s=%v", k, set[k]))
+		}
+		fmt.Fprintf(w, "  protocol %s: sets %s\n", p, strings.Join(parts, ", "))
+	}
 }
 
 // printRules lists the constraints between knobs that plan checks.
@@ -265,17 +292,21 @@ func writeSchemaJSON(w io.Writer, s *expt.Schema, methods []string, withWorkload
 		Params []paramJSON `json:"params"`
 		Rules  expt.Rules  `json:"rules,omitempty"`
 		Notes  []string    `json:"notes,omitempty"`
+		// Protocols: per protocol, the knobs it sets on the method.
+		Protocols map[string]map[string]any `json:"protocols,omitempty"`
 	}
 	out := struct {
-		Methods         []entry `json:"methods"`
-		Workloads       []entry `json:"workloads,omitempty"`
-		DefaultWorkload string  `json:"default_workload,omitempty"`
+		Methods         []entry           `json:"methods"`
+		Protocols       map[string]string `json:"protocols,omitempty"`
+		Workloads       []entry           `json:"workloads,omitempty"`
+		DefaultWorkload string            `json:"default_workload,omitempty"`
 	}{Methods: []entry{}}
 	for _, n := range methods {
 		m := s.Methods[n]
-		out.Methods = append(out.Methods, entry{m.Name, m.Doc, m.Paper, paramsJSON(m.Params), m.Rules, m.Notes})
+		out.Methods = append(out.Methods, entry{m.Name, m.Doc, m.Paper, paramsJSON(m.Params), m.Rules, m.Notes, m.Protocols})
 	}
 	if withWorkloads {
+		out.Protocols = s.Protocols
 		for _, n := range s.WorkloadNames() {
 			out.Workloads = append(out.Workloads, entry{Name: n, Doc: s.Workloads[n].Doc, Params: paramsJSON(s.Workloads[n].Params), Rules: s.Workloads[n].Rules})
 		}

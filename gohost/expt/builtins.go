@@ -2,6 +2,7 @@ package expt
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"regexp"
 	"slices"
@@ -18,7 +19,7 @@ var nameRE = regexp.MustCompile(`^[a-z0-9_-]+$`)
 // maxTimeoutSeconds keeps timeout*time.Second inside a time.Duration.
 const maxTimeoutSeconds = math.MaxInt64 / int64(time.Second)
 
-var experimentArgs = []string{"doc", "extra", "grid", "methods", "name", "timeout", "workloads"}
+var experimentArgs = []string{"doc", "extra", "grid", "methods", "name", "protocol", "timeout", "workloads"}
 
 // keywords collects a built-in's keyword arguments, refusing unknown and
 // repeated names (a built-in, unlike a def, gets no such check for free).
@@ -305,6 +306,10 @@ func (l *loader) experiment(thread *starlark.Thread, _ *starlark.Builtin, args s
 	if err != nil {
 		return nil, err
 	}
+	protocol, err := l.protocol(kw, fail)
+	if err != nil {
+		return nil, err
+	}
 	workloads, err := l.workloads(kw, fail)
 	if err != nil {
 		return nil, err
@@ -316,12 +321,12 @@ func (l *loader) experiment(thread *starlark.Thread, _ *starlark.Builtin, args s
 	warn := func(at path, format string, args ...any) {
 		l.warn(thread, at, "experiment %q: "+format, append([]any{name}, args...)...)
 	}
-	extras, err := l.extras(kw, workloads[0], fail, warn)
+	extras, err := l.extras(kw, workloads[0], protocol, fail, warn)
 	if err != nil {
 		return nil, err
 	}
 
-	e := Experiment{Name: name, Pos: here, Timeout: DefaultTimeout}
+	e := Experiment{Name: name, Pos: here, Timeout: DefaultTimeout, Protocol: protocol}
 	if v, ok := kw["timeout"]; ok {
 		i, ok := v.(starlark.Int)
 		if !ok {
@@ -373,6 +378,7 @@ func (l *loader) experiment(thread *starlark.Thread, _ *starlark.Builtin, args s
 			}
 			for combo := range combos(sizes) {
 				params := m.Params.defaults()
+				maps.Copy(params, m.ProtocolParams(protocol))
 				for i, j := range combo {
 					params[ax[i].name] = ax[i].values[j]
 				}
@@ -549,7 +555,7 @@ func (l *loader) gridAxes(kw map[string]starlark.Value, methods []*Method, fail 
 // extras checks the extra argument: explicit points, each a dict with a
 // "method", an optional "workload" (default: the experiment's first) and
 // that method's params; the rest take defaults.
-func (l *loader) extras(kw map[string]starlark.Value, first *workloadValue, fail failFunc, warn warnFunc) ([]point, error) {
+func (l *loader) extras(kw map[string]starlark.Value, first *workloadValue, protocol string, fail failFunc, warn warnFunc) ([]point, error) {
 	v, ok := kw["extra"]
 	if !ok {
 		return nil, nil
@@ -585,6 +591,7 @@ func (l *loader) extras(kw map[string]starlark.Value, first *workloadValue, fail
 			return nil, fail(path{"extra", i, key}, "extra[%d]: method %s", i, UnknownName(string(ms), l.schema.MethodNames()))
 		}
 		p := point{method: m, params: m.Params.defaults(), workload: first}
+		maps.Copy(p.params, m.ProtocolParams(protocol))
 		for _, kv := range d.Items() {
 			ks, ok := kv[0].(starlark.String)
 			if !ok {
@@ -616,6 +623,26 @@ func (l *loader) extras(kw map[string]starlark.Value, first *workloadValue, fail
 		out = append(out, p)
 	}
 	return out, nil
+}
+
+// protocol reads experiment(protocol=...): one of the schema's protocols,
+// DefaultProtocol when not given ("" for a schema without protocols).
+func (l *loader) protocol(kw map[string]starlark.Value, fail failFunc) (string, error) {
+	v, ok := kw["protocol"]
+	if !ok {
+		if _, ok := l.schema.Protocols[DefaultProtocol]; ok {
+			return DefaultProtocol, nil
+		}
+		return "", nil
+	}
+	s, ok := v.(starlark.String)
+	if !ok {
+		return "", fail(path{"protocol"}, "protocol: want str, got %s %s", v.Type(), shortRepr(v))
+	}
+	if _, ok := l.schema.Protocols[string(s)]; !ok {
+		return "", fail(path{"protocol"}, "protocol %s", UnknownName(string(s), l.schema.ProtocolNames()))
+	}
+	return string(s), nil
 }
 
 // ruleError is what a broken rule says, or the error that kept it from

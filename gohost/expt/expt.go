@@ -50,7 +50,14 @@ type Experiment struct {
 	Pos     string // file:line:col of the experiment() call
 	Jobs    []Job
 	Timeout time.Duration
+	// Protocol is the comparison protocol whose params every job starts
+	// from (before the grid's and extra's own); "" for none.
+	Protocol string
 }
+
+// DefaultProtocol is the protocol of an experiment that names none: every
+// method at its own defaults.
+const DefaultProtocol = "paper"
 
 // Plan is everything one script declares.
 type Plan struct {

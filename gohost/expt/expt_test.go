@@ -322,7 +322,7 @@ func TestErrors(t *testing.T) {
 		{"duplicate name", "experiment(name = \"a\", methods = [\"full\"])\nexperiment(name = \"a\", methods = [\"h2o\"])",
 			`x.star:2:12: experiment "a": name already used by the experiment at x.star:1:1`},
 		{"unknown argument", `experiment(name = "a", methods = ["full"], grids = {})`,
-			`x.star:1:44: experiment: unknown argument "grids" (known: doc, extra, grid, methods, name, timeout, workloads)`},
+			`x.star:1:44: experiment: unknown argument "grids" (known: doc, extra, grid, methods, name, protocol, timeout, workloads)`},
 		{"positional argument", `experiment("a", ["full"])`, `x.star:1:1: experiment: takes keyword arguments only, e.g. experiment(name="q", methods=["full"])`},
 		{"repeated argument", `experiment(name = "a", methods = ["full"], **{"name": "b"})`, `x.star:1:12: experiment: argument "name" given twice`},
 		{"timeout zero", `experiment(name = "a", methods = ["full"], timeout = 0)`, `x.star:1:44: experiment "a": timeout: 0 seconds is out of range (want 1 to 9223372036)`},
@@ -586,5 +586,45 @@ func TestRulesFailThePlan(t *testing.T) {
 	// The paper's groups pass.
 	if _, err := LoadSource("x.star", []byte(`experiment(name = "a", methods = ["attentionpack"], grid = {"groups": ["0.25:1,0.75:0.25", ".5:1,.5:.25"]})`), s); err != nil {
 		t.Error(err)
+	}
+}
+
+// A protocol sets its params on every job of the experiment, under what
+// the grid and extra give; without one, jobs are at the methods' defaults.
+func TestProtocolSetsParams(t *testing.T) {
+	s, err := LoadSchema("../../kernels_py/schema.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := `experiment(name = "p", protocol = "vlcache", methods = ["h2o"], grid = {"budget": [0.1]},
+    extra = [{"method": "h2o", "recent_fraction": 0.3}, {"method": "snapkv"}])
+experiment(name = "q", methods = ["h2o"])
+`
+	plan, err := LoadSource("x.star", []byte(src), s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, q := plan.Experiments[0], plan.Experiments[1]
+	if p.Protocol != "vlcache" || q.Protocol != DefaultProtocol {
+		t.Fatalf("protocols %q and %q", p.Protocol, q.Protocol)
+	}
+	want := []map[string]any{
+		{"budget": 0.1, "recent_fraction": 0.1, "evict_while_decoding": true},
+		{"budget": 0.2, "recent_fraction": 0.3, "evict_while_decoding": true}, // extra's own value wins
+		{"window": int64(0), "evict_while_decoding": true},
+	}
+	for i, w := range want {
+		for k, v := range w {
+			if got := p.Jobs[i].Params[k]; got != v {
+				t.Errorf("job %d (%s): %s = %v, want %v", i, p.Jobs[i].Method, k, got, v)
+			}
+		}
+	}
+	if got := q.Jobs[0].Params; got["recent_fraction"] != 0.5 || got["evict_while_decoding"] != true {
+		t.Errorf("without a protocol: %v", got)
+	}
+	_, err = LoadSource("x.star", []byte(`experiment(name = "a", methods = ["h2o"], protocol = "vlcahe")`), s)
+	if err == nil || !strings.Contains(err.Error(), `protocol "vlcahe" is unknown (did you mean "vlcache"?) (known: paper, vlcache)`) {
+		t.Errorf("misspelt protocol: %v", err)
 	}
 }

@@ -37,8 +37,11 @@ type Schema struct {
 	Methods         map[string]*Method
 	Workloads       map[string]*Workload
 	DefaultWorkload string // what workload() and an experiment without workloads use
-	Benchmarks      map[string]*Benchmark
-	Ops             map[string]*Op
+	// Protocols are the comparison protocols an experiment may name, each
+	// with what it means; each method says which of its params one sets.
+	Protocols  map[string]string
+	Benchmarks map[string]*Benchmark
+	Ops        map[string]*Op
 }
 
 // Op is one registered kernel op (kernels_py/ops/<name>/).
@@ -56,6 +59,19 @@ type Method struct {
 	Params Params
 	Rules  Rules    // constraints between params, checked per job
 	Notes  []string // more to know, one line each (kvpress: its presses and their parameters)
+	// Protocols holds, per protocol, the param values it sets on this
+	// method's jobs (checked against Params); absent: it sets none.
+	Protocols map[string]map[string]any
+}
+
+// ProtocolParams returns a copy of the params `protocol` sets on m (empty
+// when it sets none, and for "").
+func (m *Method) ProtocolParams(protocol string) map[string]any {
+	out := map[string]any{}
+	for k, v := range m.Protocols[protocol] {
+		out[k] = v
+	}
+	return out
 }
 
 // Workload is one registered workload and its knobs.
@@ -127,17 +143,19 @@ type (
 		Default    string                   `json:"default_workload"`
 		Benchmarks map[string]benchmarkJSON `json:"benchmarks"`
 		Ops        map[string]opJSON        `json:"ops"`
+		Protocols  map[string]string        `json:"protocols"`
 	}
 	opJSON struct {
 		Doc       string `json:"doc"`
 		Benchmark string `json:"benchmark"`
 	}
 	methodJSON struct {
-		Doc    string               `json:"doc"`
-		Paper  string               `json:"paper"`
-		Params map[string]paramJSON `json:"params"`
-		Rules  []*Rule              `json:"rules"`
-		Notes  []string             `json:"notes"`
+		Doc       string                    `json:"doc"`
+		Paper     string                    `json:"paper"`
+		Params    map[string]paramJSON      `json:"params"`
+		Rules     []*Rule                   `json:"rules"`
+		Notes     []string                  `json:"notes"`
+		Protocols map[string]map[string]any `json:"protocols"`
 	}
 	paramSetJSON struct {
 		Doc    string               `json:"doc"`
@@ -203,7 +221,12 @@ func parseSchema(data []byte) (*Schema, error) {
 		return nil, errors.New(`"methods" is missing or empty`)
 	}
 	s := &Schema{Methods: make(map[string]*Method, len(w.Methods)), Workloads: map[string]*Workload{},
-		Benchmarks: map[string]*Benchmark{}, Ops: map[string]*Op{}}
+		Benchmarks: map[string]*Benchmark{}, Ops: map[string]*Op{}, Protocols: w.Protocols}
+	for _, name := range sortedKeys(w.Protocols) {
+		if !methodRE.MatchString(name) {
+			return nil, fmt.Errorf("protocol name %q is not valid (want %s)", name, methodRE)
+		}
+	}
 	for _, name := range sortedKeys(w.Methods) { // sorted: the same schema always reports the same error
 		mj := w.Methods[name]
 		if !methodRE.MatchString(name) {
@@ -222,7 +245,12 @@ func parseSchema(data []byte) (*Schema, error) {
 		if err != nil {
 			return nil, fmt.Errorf("method %q: %w", name, err)
 		}
-		s.Methods[name] = &Method{Name: name, Doc: mj.Doc, Paper: mj.Paper, Params: ps, Rules: rules, Notes: mj.Notes}
+		protocols, err := parseProtocols(mj.Protocols, w.Protocols, ps)
+		if err != nil {
+			return nil, fmt.Errorf("method %q: %w", name, err)
+		}
+		s.Methods[name] = &Method{Name: name, Doc: mj.Doc, Paper: mj.Paper, Params: ps, Rules: rules, Notes: mj.Notes,
+			Protocols: protocols}
 	}
 	for _, name := range sortedKeys(w.Workloads) {
 		if !methodRE.MatchString(name) {
@@ -273,6 +301,36 @@ func parseSchema(data []byte) (*Schema, error) {
 		s.Ops[name] = &Op{Name: name, Doc: oj.Doc, Benchmark: oj.Benchmark}
 	}
 	return s, nil
+}
+
+// parseProtocols checks what each protocol sets on a method: a known
+// protocol, known params, values each param accepts.
+func parseProtocols(in map[string]map[string]any, names map[string]string, ps Params) (map[string]map[string]any, error) {
+	out := make(map[string]map[string]any, len(in))
+	for _, protocol := range sortedKeys(in) {
+		if _, ok := names[protocol]; !ok {
+			return nil, fmt.Errorf("protocol %q is not one of the schema's protocols (%s)", protocol, known(sortedKeys(names)))
+		}
+		set := make(map[string]any, len(in[protocol]))
+		for _, name := range sortedKeys(in[protocol]) {
+			p, ok := ps[name]
+			if !ok {
+				return nil, fmt.Errorf("protocol %q sets param %q, which the method does not have", protocol, name)
+			}
+			v, err := p.check(fromJSON(in[protocol][name]))
+			if err != nil {
+				return nil, fmt.Errorf("protocol %q: param %q: %w", protocol, name, err)
+			}
+			set[name] = v
+		}
+		out[protocol] = set
+	}
+	return out, nil
+}
+
+// ProtocolNames returns the protocol names, sorted.
+func (s *Schema) ProtocolNames() []string {
+	return sortedKeys(s.Protocols)
 }
 
 func parseParams(in map[string]paramJSON, lists bool) (Params, error) {

@@ -133,6 +133,9 @@ func TestParseSchemaErrors(t *testing.T) {
 		{"pattern on int", method(`"x": {"type": "int", "default": 1, "pattern": "[0-9]+"}`), `expt: schema: method "m": param "x": "pattern" is only for str params`},
 		{"bad pattern", method(`"x": {"type": "str", "default": "a", "pattern": "(a"}`), "expt: schema: method \"m\": param \"x\": pattern: error parsing regexp: missing closing ): `^(?:(a)$`"},
 		{"default breaks pattern", method(`"x": {"type": "str", "default": "b", "pattern": "a+"}`), `expt: schema: method "m": param "x": default: "b" is not well-formed`},
+		{"unknown protocol", `{"methods": {"m": {"params": {"x": {"type": "int", "default": 1}}, "protocols": {"q": {"x": 2}}}}, "protocols": {"p": "d"}, ` + oneWorkload + `}`, `expt: schema: method "m": protocol "q" is not one of the schema's protocols (p)`},
+		{"protocol sets an unknown param", `{"methods": {"m": {"protocols": {"p": {"x": 2}}}}, "protocols": {"p": "d"}, ` + oneWorkload + `}`, `expt: schema: method "m": protocol "p" sets param "x", which the method does not have`},
+		{"protocol value", `{"methods": {"m": {"params": {"x": {"type": "int", "default": 1, "max": 4}}, "protocols": {"p": {"x": 5}}}}, "protocols": {"p": "d"}, ` + oneWorkload + `}`, `expt: schema: method "m": protocol "p": param "x": 5 is above the maximum 4`},
 		{"benchmark list default", `{"methods": {"m": {}}, ` + oneWorkload + `, "benchmarks": {"b": {"params": {"n": {"type": "ints", "default": [1, "x"]}}}}}`, `expt: schema: benchmark "b": param "n": default: want ints, got []interface {} [1 x]`},
 	}
 	for _, tt := range tests {

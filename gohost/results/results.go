@@ -48,10 +48,15 @@ type Manifest struct {
 	CodeChanges []CodeChange      `json:"code_changes,omitempty"`
 	Versions    map[string]string `json:"versions"`
 	Device      string            `json:"device"`
-	Jobs        int               `json:"jobs"`
-	Started     time.Time         `json:"started"`
-	Ended       *time.Time        `json:"ended,omitempty"`
-	Resumed     []time.Time       `json:"resumed,omitempty"`
+	// Protocol is the comparison protocol the experiment's jobs were set
+	// up by ("paper": each method's defaults); Dtypes the dtypes their
+	// workloads ran in, which every ratio is counted against.
+	Protocol string      `json:"protocol,omitempty"`
+	Dtypes   []string    `json:"dtypes,omitempty"`
+	Jobs     int         `json:"jobs"`
+	Started  time.Time   `json:"started"`
+	Ended    *time.Time  `json:"ended,omitempty"`
+	Resumed  []time.Time `json:"resumed,omitempty"`
 	// Rebuilt is set when manifest.json was lost and rebuilt from the
 	// journal: the script, git state and source hashes are then unknown,
 	// and Started is the first row's finish time.

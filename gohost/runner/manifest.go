@@ -4,10 +4,12 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"io/fs"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -21,9 +23,21 @@ func newManifest(o Options, now time.Time, kernels map[string]string, digest str
 	return results.Manifest{
 		Experiment: o.Experiment, RunID: results.NewRunID(now), File: o.File, FileHash: o.FileHash,
 		Git: gitState(o.KernelsDir), KernelsHash: kernels, KernelsDigest: digest, Device: o.Device,
-		Jobs: len(o.Jobs), Started: now,
+		Jobs: len(o.Jobs), Started: now, Protocol: o.Protocol, Dtypes: workloadDtypes(o.Jobs),
 		Versions: map[string]string{"workbench": o.Version, "go": runtime.Version()},
 	}
+}
+
+// workloadDtypes are the dtypes the jobs' workloads run in, sorted, from
+// their "dtype" knob: what every byte count and ratio is measured against.
+func workloadDtypes(jobs []Job) []string {
+	seen := map[string]bool{}
+	for _, j := range jobs {
+		if d, ok := j.Workload["dtype"].(string); ok {
+			seen[d] = true
+		}
+	}
+	return slices.Sorted(maps.Keys(seen))
 }
 
 // recordVersions adds what a worker runs on to the manifest. A manifest

@@ -98,6 +98,7 @@ type Executor interface {
 type Options struct {
 	Out        string // results root: a run is Out/<Experiment>/<run id>/
 	Experiment string
+	Protocol   string // the experiment's comparison protocol, for the manifest
 	File       string // the experiment script, for the manifest
 	FileHash   string // its sha256: a resumed run warns when it changed
 	Jobs       []Job  // every job of the experiment, done or not

@@ -1,8 +1,9 @@
 """Allocators: how many tokens each layer keeps. An allocator sees the whole
 prompt (every layer, through methods.prompt's statistics) and gives each
-layer a token count for prefill, with the per-layer facts it decided on
-(reported as layer metrics); `capacity` says how many tokens a layer may hold
-while decoding (None: the cache is not trimmed while decoding).
+layer its share of the tokens and the count that share keeps of the prompt,
+with the per-layer facts it decided on (reported as layer metrics). A method
+that evicts while decoding holds the same share of the tokens seen after
+every step (methods.base.TokenSelection).
 
   Uniform          ceil(budget * tokens) in every layer (H2O, SnapKV, StreamingLLM)
   SparsityGuided   VL-Cache Algorithm 1: layer budgets from post-vision sparsity
@@ -28,36 +29,32 @@ BUDGET_CLIP = (0.01, 1.0)  # VL-Cache Algorithm 1, line 12
 
 @dataclass
 class Allocation:
-    """What one layer keeps after prefill, and why."""
+    """What one layer keeps after prefill, and why: `count` tokens of the
+    prompt, its `share` of the tokens (count = kept_count(share, T))."""
 
     count: int
+    share: float
     notes: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, share: float, tokens: int, notes: dict[str, float] | None = None) -> "Allocation":
+        return cls(kept_count(share, tokens), share, notes or {})
 
 
 class Allocator:
     def prefill(self, prompt: Prompt) -> list[Allocation]:
         raise NotImplementedError
 
-    def capacity(self, layer: int, seen: int) -> int | None:
-        """Tokens the layer may hold after a decode step that brought it to
-        `seen` tokens; None: no trimming while decoding."""
-        return None
-
 
 @dataclass(frozen=True)
 class Uniform(Allocator):
-    """A fraction `budget` of the tokens seen, in every layer: ceil(budget * T)
-    after prefill, and with `while_decoding` ceil(budget * seen) after each
-    step, so the ratio stays constant and budget = 1 never evicts."""
+    """A fraction `budget` of the tokens in every layer: ceil(budget * T);
+    budget = 1 never evicts."""
 
     budget: float
-    while_decoding: bool = False
 
     def prefill(self, prompt):
-        return [Allocation(kept_count(self.budget, prompt.tokens)) for _ in range(prompt.layers)]
-
-    def capacity(self, layer, seen):
-        return kept_count(self.budget, seen) if self.while_decoding else None
+        return [Allocation.of(self.budget, prompt.tokens) for _ in range(prompt.layers)]
 
 
 @dataclass(frozen=True)
@@ -79,7 +76,7 @@ class SparsityGuided(Allocator):
                     for layer in range(prompt.layers)]
         budgets = allocate_budgets(sparsity, self.budget, self.redistribute) if self.weigh \
             else [self.budget] * prompt.layers
-        return [Allocation(kept_count(beta, prompt.tokens), {"layer_budget": beta, "allocation_sparsity": gamma})
+        return [Allocation.of(beta, prompt.tokens, {"layer_budget": beta, "allocation_sparsity": gamma})
                 for gamma, beta in zip(sparsity, budgets)]
 
 
@@ -122,7 +119,7 @@ class Pyramid(Allocator):
     beta: float = 20.0
 
     def prefill(self, prompt):
-        return [Allocation(kept_count(share, prompt.tokens), {"layer_budget": share})
+        return [Allocation.of(share, prompt.tokens, {"layer_budget": share})
                 for share in pyramid_shares(self.budget, self.beta, prompt.layers)]
 
 
@@ -160,8 +157,8 @@ class AdaptiveTau(Allocator):
         for layer in range(prompt.layers):
             s = prompt.stats(layer, self.rows, backend=self.backend)
             count = important_count(s.attn_sum.sum(dim=0), self.tau)
-            out.append(Allocation(count, {"important_ratio": count / prompt.tokens,
-                                          "probe_rows": float(prompt.rows(self.rows).numel())}))
+            out.append(Allocation(count, count / prompt.tokens, {"important_ratio": count / prompt.tokens,
+                                                                 "probe_rows": float(prompt.rows(self.rows).numel())}))
         return out
 
 

@@ -32,7 +32,7 @@ from typing import ClassVar
 import torch
 
 from kernels_py.methods.allocators import Allocator
-from kernels_py.methods.caches import KeptTokens
+from kernels_py.methods.caches import KeptTokens, kept_count
 from kernels_py.methods.prompt import Prompt
 from kernels_py.methods.scorers import Scorer
 from kernels_py.model import Spans
@@ -40,11 +40,51 @@ from kernels_py.ops.common import BACKENDS
 from kernels_py.params import Knobs, knob
 
 
+# Comparison protocols: the knobs an experiment that names one
+# (experiment(protocol=...)) sets on each of its jobs before the job's own
+# values. A method lists what each protocol sets on it in `protocols`.
+PROTOCOLS = {
+    "paper": "every method at its own defaults, those of its paper (no knob is set)",
+    "vlcache": "VL-Cache's protocol for its baselines (section 5): every token-keeping method keeps a recent "
+               "window of 10% of its budget, and evicts while decoding, so budgets count prompt and generated "
+               "tokens and matched budgets stay matched",
+}
+
+
+def budget_knob(default: float = 0.2, doc: str = "fraction of the tokens seen that the cache keeps", ref: str = ""):
+    """The share-of-tokens knob every budgeted method has."""
+    return knob("float", default, doc, min=0.001, max=1.0, ref=ref)
+
+
+def eviction_knob(default: bool, ref: str = ""):
+    """Whether a token-keeping method trims its cache back to its share of
+    the tokens seen after every decode step (what a protocol may set)."""
+    return knob("bool", default, "trim the cache back to its budget's share of the tokens seen (prompt and "
+                "generated) after every decode step; False: compress the prompt once and keep every generated "
+                "token", ref=ref)
+
+
+def backend_knob(what: str = "statistics"):
+    """Which implementation runs the method's hot path (ops.common.BACKENDS)."""
+    return knob("str", "auto", f"{what}: Triton kernel (on CUDA when auto) or PyTorch reference", choices=BACKENDS)
+
+
 class Method(Knobs, ABC):
     """A KV-cache compression method; subclasses are frozen dataclasses of knobs."""
 
     name: ClassVar[str]
     paper: ClassVar[str] = ""  # where the method comes from, for the schema and `workbench methods`
+    protocols: ClassVar[dict[str, dict]] = {}  # protocol -> the knob values it sets (a subclass adds to its bases')
+
+    @classmethod
+    def protocol_knobs(cls, protocol: str) -> dict:
+        """The knob values `protocol` (a PROTOCOLS name) sets on this method."""
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"unknown protocol {protocol!r} (known: {', '.join(PROTOCOLS)})")
+        out = {}
+        for klass in reversed(cls.__mro__):
+            out.update(vars(klass).get("protocols", {}).get(protocol, {}))
+        return out
 
     @classmethod
     def owner_name(cls) -> str:
@@ -83,13 +123,17 @@ class Method(Knobs, ABC):
 class TokenSelection(Method):
     """A method that keeps a subset of tokens: after prefill each layer holds
     the allocator's count of tokens, the `recent` latest plus the ones its
-    scorer ranks highest; while decoding, an allocator with a capacity trims
-    the cache after every step the same way."""
+    scorer ranks highest. Evicting while decoding, a layer holds the same
+    share of the tokens seen (prompt and generated) after every step, trimmed
+    the same way; otherwise every generated token is kept."""
 
     attention: str = knob(
         "str", "float32", "decode attention over the kept tokens: float32 (PyTorch, the precision comparisons use) "
         "or sdpa (the cache's dtype, FlashAttention on a GPU: for end-to-end speed); scores that read every "
-        "step's attention (H2O's) keep float32", choices=("float32", "sdpa"))
+        "step's attention (H2O's, evicting while decoding) keep float32", choices=("float32", "sdpa"))
+    evict_while_decoding: bool = eviction_knob(False)
+
+    protocols = {"vlcache": {"evict_while_decoding": True}}
 
     @abstractmethod
     def scorer(self) -> Scorer:
@@ -120,31 +164,24 @@ class TokenSelection(Method):
             cache = KeptTokens.from_prompt(k[layer], v[layer], scorer.prefill(prompt, layer))
             cache.keep_top(scorer.held(cache), allocation.count, self.prefill_recent(allocation.count, prompt.tokens))
             cache.notes.update(allocation.notes)
-            if allocator.capacity(layer, cache.seen) is None:
+            if self.evict_while_decoding:
+                cache.share = allocation.share
+            else:
                 cache.scores = None  # nothing to maintain while decoding
             caches.append(cache)
         return caches
 
     def decode(self, layer, cache: KeptTokens, q_t, k_t, v_t) -> torch.Tensor:
-        scorer, allocator = self._parts
+        scorer, _ = self._parts
         cache.append(k_t, v_t)
-        output, weights = cache.attend(q_t, weights=scorer.needs_weights or self.attention == "float32")
-        scorer.decode(cache, weights)
-        capacity = allocator.capacity(layer, cache.seen)
-        if capacity is not None:
-            cache.keep_top(scorer.held(cache), capacity, self.recent(capacity))
+        evicting = cache.share is not None
+        output, weights = cache.attend(q_t, weights=(evicting and scorer.needs_weights) or self.attention == "float32")
+        if evicting:
+            scorer.decode(cache, weights)
+            capacity = kept_count(cache.share, cache.seen)
+            # The token just generated is always held: dropping it at once would undo the step.
+            cache.keep_top(scorer.held(cache), capacity, max(1, self.recent(capacity)))
         return output
 
     def check_prompt(self, prompt: Prompt) -> None:
         """Reject a prompt the method cannot work on, with a reason; default: any."""
-
-
-def budget_knob(default: float = 0.2, doc: str = "fraction of the tokens seen that the cache keeps", ref: str = ""):
-    """The share-of-tokens knob every budgeted method has."""
-    return knob("float", default, doc, min=0.001, max=1.0, ref=ref)
-
-
-def backend_knob(what: str = "statistics"):
-    """Which implementation runs the method's hot path (ops.common.BACKENDS)."""
-    return knob("str", "auto", f"{what}: Triton kernel (on CUDA when auto) or PyTorch reference", choices=BACKENDS)
-

@@ -28,6 +28,7 @@ class KeptTokens:
     scores: torch.Tensor | None  # [kv_heads, n] float32 per-token statistics, if the method keeps any
     seen: int  # tokens this layer has processed: prompt plus generated
     notes: dict[str, float] = field(default_factory=dict)  # per-layer facts a method reports (layer_metrics)
+    share: float | None = None  # of the tokens seen, what decoding trims back to; None: nothing is evicted
 
     @classmethod
     def from_prompt(cls, k: torch.Tensor, v: torch.Tensor, scores: torch.Tensor | None = None) -> "KeptTokens":

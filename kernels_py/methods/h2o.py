@@ -11,7 +11,7 @@ head, summed over its query heads.
 from dataclasses import dataclass
 
 from kernels_py.methods.allocators import Uniform
-from kernels_py.methods.base import TokenSelection, backend_knob, budget_knob
+from kernels_py.methods.base import TokenSelection, backend_knob, budget_knob, eviction_knob
 from kernels_py.methods.caches import recent_count
 from kernels_py.methods.prompt import AllRows
 from kernels_py.methods.scorers import AttentionMass
@@ -30,13 +30,16 @@ class H2O(TokenSelection):
         "float", 0.5, "share of the budget reserved for the most recent tokens (H2O: half)", min=0.0, max=1.0,
         ref="H2O",
     )
+    evict_while_decoding: bool = eviction_knob(True, ref="H2O")
     backend: str = backend_knob("prefill statistics")
+
+    protocols = {"vlcache": {"recent_fraction": 0.1}}
 
     def scorer(self):
         return AttentionMass(AllRows(), accumulate=True, backend=self.backend)
 
     def allocator(self):
-        return Uniform(self.budget, while_decoding=True)
+        return Uniform(self.budget)
 
     def recent(self, capacity):
         return recent_count(self.recent_fraction, capacity)

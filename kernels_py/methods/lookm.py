@@ -5,7 +5,13 @@ the highest text-prior scores (Eq. 4-8: accumulated prompt attention, text
 tokens raised by the maximum so image tokens are evicted first), and merges
 every evicted token's key and value into its most similar kept token
 (methods/merging.py: averaged, pivotal or weighted, Eq. 9-12). Decoding
-appends and evicts nothing.
+appends and evicts nothing, as in the paper, unless evict_while_decoding
+(what VL-Cache's protocol sets, so budgets count generated tokens too):
+then after each step a layer is held at its prefill share of the tokens
+seen, the same recent share kept, generated tokens ranked as text (above
+every image token), and each token evicted merged in as at prefill. A kept
+token merged into again takes the new one as if it were the first (the
+counts of earlier merges are not kept).
 
 Where the paper is open: scores and merges are per kv head (each kv head
 keeps its own tokens, as the other eviction methods here do); when the text
@@ -17,8 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels_py.methods.base import Method, backend_knob
-from kernels_py.methods.caches import KeptTokens, kept_count, top_and_recent
+from kernels_py.methods.base import Method, backend_knob, eviction_knob
+from kernels_py.methods.caches import KeptTokens, kept_count, recent_count, top_and_recent
 from kernels_py.methods.merging import MERGES, merge
 from kernels_py.methods.prompt import Prompt
 from kernels_py.methods.scorers import TextPrior
@@ -40,7 +46,10 @@ class LookM(Method):
     merge: str = knob("str", "pivotal", "how evicted tokens join their nearest kept token: none, averaged (Eq. 10), "
                       "pivotal (Eq. 11, the paper's best) or weighted (Eq. 12)", choices=("none",) + MERGES,
                       ref="LOOK-M section 3.3")
+    evict_while_decoding: bool = eviction_knob(False)
     backend: str = backend_knob()
+
+    protocols = {"vlcache": {"evict_while_decoding": True}}
 
     RULES = (
         Rule("recent_ratio + important_ratio <= 1", "recent_ratio + important_ratio ({recent_ratio} + "
@@ -57,23 +66,42 @@ class LookM(Method):
         capacity = min(tokens, recent + (kept_count(self.important_ratio, tokens) if self.important_ratio else 0))
         caches = []
         for layer in range(prompt.layers):
-            scores = scorer.prefill(prompt, layer)
-            cache = KeptTokens.from_prompt(k[layer], v[layer])
-            kept = top_and_recent(scores, capacity, recent).sort(dim=-1).values  # [kv_heads, capacity]
-            evicted = _complement(kept, tokens)
-            cache.keep(kept)
-            if self.merge != "none" and evicted.shape[1]:
-                rows = evicted[..., None].expand(-1, -1, k[layer].shape[-1])
-                cache.keys, cache.values = merge(cache.keys, cache.values, k[layer].gather(1, rows),
-                                                 v[layer].gather(1, rows), self.merge)
+            cache = KeptTokens.from_prompt(k[layer], v[layer], scorer.prefill(prompt, layer))
+            evicted = self._evict(cache, capacity, recent)
             cache.notes.update(evicted_tokens=float(evicted.shape[1]),
                                evicted_text=float(_text_count(evicted[0], spans, tokens)))
+            if self.evict_while_decoding:
+                cache.share = capacity / tokens
+            else:
+                cache.scores = None
             caches.append(cache)
         return caches
 
     def decode(self, layer, cache: KeptTokens, q_t, k_t, v_t) -> torch.Tensor:
         cache.append(k_t, v_t)
-        return cache.attend(q_t)[0]
+        output = cache.attend(q_t)[0]
+        if cache.share is not None:
+            cache.scores[:, -1] = float("inf")  # generated text ranks above every image token
+            capacity = kept_count(cache.share, cache.seen)
+            recent_share = self.recent_ratio / (self.recent_ratio + self.important_ratio)
+            self._evict(cache, capacity, max(1, recent_count(recent_share, capacity)))
+        return output
+
+    def _evict(self, cache: KeptTokens, capacity: int, recent: int) -> torch.Tensor:
+        """Hold `capacity` tokens of the cache: the `recent` latest and the
+        highest-scoring others; the rest are merged into their nearest kept
+        token. Returns the evicted ones' indices into what was held."""
+        held = cache.tokens
+        if held <= capacity:
+            return torch.empty(cache.keys.shape[0], 0, dtype=torch.long, device=cache.keys.device)
+        kept = top_and_recent(cache.scores, capacity, recent).sort(dim=-1).values  # [kv_heads, capacity]
+        evicted = _complement(kept, held)
+        rows = evicted[..., None].expand(-1, -1, cache.keys.shape[-1])
+        evicted_k, evicted_v = cache.keys.gather(1, rows), cache.values.gather(1, rows)
+        cache.keep(kept)
+        if self.merge != "none":
+            cache.keys, cache.values = merge(cache.keys, cache.values, evicted_k, evicted_v, self.merge)
+        return evicted
 
     def layer_metrics(self, layer, cache):
         """evicted_tokens (merged in unless merge=none) and evicted_text: text

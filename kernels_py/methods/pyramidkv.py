@@ -5,12 +5,14 @@ the first layer to the last (allocators.Pyramid, beta = 20 as in its code),
 averaging `budget` so the total bytes match a uniform method's; inside a
 layer tokens are chosen as SnapKV does (observation-window votes, pooled),
 the window by default 10% of the budget as for every baseline here.
-Prefill only."""
+Prefill only, unless evict_while_decoding: then each layer is held at its
+share of the tokens seen, the window's length of latest tokens kept."""
 
 from dataclasses import dataclass
 
 from kernels_py.methods.allocators import Pyramid
 from kernels_py.methods.base import TokenSelection, backend_knob, budget_knob
+from kernels_py.methods.caches import RECENT_SHARE, recent_count
 from kernels_py.methods.scorers import POOLING, WindowVotes
 from kernels_py.params import knob
 
@@ -32,11 +34,17 @@ class PyramidKV(TokenSelection):
     pooling: str = knob("str", "avg", "pooling of the token scores", choices=tuple(POOLING))
     backend: str = backend_knob("window statistics")
 
+    protocols = {"vlcache": {"window": 0}}
+
     def scorer(self):
         return WindowVotes(self.window, self.kernel_size, self.pooling, self.backend, self.budget)
 
     def allocator(self):
         return Pyramid(self.budget, self.beta)
+
+    def recent(self, capacity):
+        # Evicting while decoding: the window's length of latest tokens, as SnapKV.
+        return min(capacity, self.window or max(1, recent_count(RECENT_SHARE, capacity)))
 
     def prefill_recent(self, capacity, tokens):
         # The observation window votes +inf for itself: keep exactly it (its latest tokens where a top

@@ -7,9 +7,10 @@ tokens: their causal attention is summed over the window rows, smoothed with a
 averaged over the query heads of each kv head. The top-scoring earlier tokens
 are kept together with the window itself. Compression happens once, at
 prefill; generated tokens are all kept, as in the paper and its code
-(kernel 5 and average pooling from FasterDecoding/SnapKV). The window is by
-default 10% of the budget, the recent window VL-Cache's experiments give
-every baseline (SnapKV's own code fixes it at 32; window=32 does that).
+(window 32, kernel 5 and average pooling from FasterDecoding/SnapKV), unless
+evict_while_decoding. VL-Cache's protocol (protocol="vlcache") sets the
+window to 10% of the budget, the recent window its experiments give every
+baseline (window=0), and evicts while decoding.
 """
 
 from dataclasses import dataclass
@@ -29,9 +30,9 @@ class SnapKV(TokenSelection):
     paper = "Li et al., 2024, SnapKV: LLM Knows What You are Looking for Before Generation"
 
     budget: float = budget_knob()
-    window: int = knob("int", 0, "observation window: the last prompt tokens whose queries vote; 0 = 10% of the "
-                       "budget (VL-Cache's protocol for its baselines; SnapKV's code: 32)", min=0, max=65536,
-                       ref="VL-Cache section 5")
+    window: int = knob("int", 32, "observation window: the last prompt tokens whose queries vote (SnapKV's code: "
+                       "32); 0 = 10% of the budget (VL-Cache's protocol for its baselines)", min=0, max=65536,
+                       ref="SnapKV code (FasterDecoding/SnapKV); VL-Cache section 5")
     kernel_size: int = knob(
         "int", 5, "width of the pooling over token scores (odd, so scores stay aligned)",
         min=1, max=31, choices=range(1, 32, 2), ref="SnapKV code (FasterDecoding/SnapKV)",
@@ -39,6 +40,8 @@ class SnapKV(TokenSelection):
     pooling: str = knob("str", "avg", "pooling of the token scores", choices=tuple(POOLING),
                         ref="SnapKV code (FasterDecoding/SnapKV)")
     backend: str = backend_knob("window statistics")
+
+    protocols = {"vlcache": {"window": 0}}
 
     def scorer(self):
         return WindowVotes(self.window, self.kernel_size, self.pooling, self.backend, self.budget)

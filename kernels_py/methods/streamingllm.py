@@ -10,7 +10,7 @@ a decode step takes the cache over budget.
 from dataclasses import dataclass
 
 from kernels_py.methods.allocators import Uniform
-from kernels_py.methods.base import TokenSelection, budget_knob
+from kernels_py.methods.base import TokenSelection, budget_knob, eviction_knob
 from kernels_py.methods.scorers import Earliest
 from kernels_py.params import knob
 
@@ -25,12 +25,13 @@ class StreamingLLM(TokenSelection):
     sink_tokens: int = knob("int", 4, "initial tokens always kept (the paper uses 4)", min=0, max=1024,
                             ref="StreamingLLM")
     budget: float = budget_knob()
+    evict_while_decoding: bool = eviction_knob(True, ref="StreamingLLM")
 
     def scorer(self):
         return Earliest()
 
     def allocator(self):
-        return Uniform(self.budget, while_decoding=True)
+        return Uniform(self.budget)
 
     def recent(self, capacity):
         return capacity - min(self.sink_tokens, capacity)

@@ -9,7 +9,8 @@ then splits the overall budget alpha across the L layers by their non-sparse
 share: beta_l = clip((1 - gamma_l) / sum_l'(1 - gamma_l') * alpha * L, 0.01, 1).
 Each layer keeps its most recent tokens (10% of its budget, as in the paper's
 experiments) and the top-scoring rest. Only the prompt is compressed; generated
-tokens are all kept (the paper compresses prefill only).
+tokens are all kept (the paper compresses prefill only), unless
+evict_while_decoding, which holds each layer at its share of the tokens seen.
 
 Both halves can be swapped for the ablations of section 3.2: `scoring` picks
 the token scores (accumulated / normalized / sliding window instead of

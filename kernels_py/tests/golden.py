@@ -14,7 +14,9 @@ from pathlib import Path
 PATH = Path(__file__).with_name("golden_ablation.json")
 SMALL = {"layers": 2, "heads": 4, "kv_heads": 2, "tokens_per_image": 64, "text_tokens": 16,
          "decode_steps": 5, "salient_tokens": 8, "system_tokens": 8}
-WORKLOADS = (SMALL, dict(SMALL, seed=3, dtype="float16", images=2, tokens_per_image=32))
+# The default dtype (float16), the same workload in float32 (exact arithmetic),
+# and another seed and layout.
+WORKLOADS = (SMALL, dict(SMALL, dtype="float32"), dict(SMALL, seed=3, dtype="float16", images=2, tokens_per_image=32))
 CASES = [
     ("full", {}),
     ("h2o", {"budget": 0.3}),

@@ -15,7 +15,7 @@ from kernels_py.methods.scorers import ema_update
 from kernels_py.workloads import SyntheticConfig, generate
 
 SMALL = SyntheticConfig(layers=2, heads=4, kv_heads=2, head_dim=32, tokens_per_image=64, system_tokens=8,
-                        text_tokens=16, decode_steps=6, salient_tokens=8)
+                        text_tokens=16, decode_steps=6, salient_tokens=8, dtype="float32")  # exact arithmetic
 VISUAL, TEXT, WIDTH = 64, 24, 2 * 32  # visual tokens, system + text tokens, kv_heads * head_dim
 PAPER_GROUPS = "0.25:1,0.75:0.25"
 

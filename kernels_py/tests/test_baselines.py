@@ -7,7 +7,7 @@ import math
 import pytest
 
 from kernels_py import ablation
-from kernels_py.methods import make_method
+from kernels_py.methods import METHODS, make_method
 from kernels_py.methods.allocators import allocate_budgets
 from kernels_py.methods.caches import recent_count
 from kernels_py.workloads import SyntheticConfig, generate
@@ -44,10 +44,11 @@ def test_fastv_drops_image_tokens_after_layer_k(workload):
 
 
 def test_snapkv_window_is_ten_percent_of_the_budget_and_rounding_is_shared(workload):
-    method = make_method("snapkv", {"budget": 0.25})
+    method = make_method("snapkv", {"budget": 0.25, "window": 0})  # VL-Cache's protocol
+    assert METHODS["snapkv"].protocol_knobs("vlcache")["window"] == 0
     capacity = math.ceil(0.25 * PROMPT)  # 22
     assert method.scorer().size(PROMPT) == recent_count(0.1, capacity) == 2  # 2.2 -> 2
-    assert make_method("snapkv", {"budget": 0.25, "window": 32}).scorer().size(PROMPT) == 32
+    assert make_method("snapkv", {"budget": 0.25}).scorer().size(PROMPT) == 32  # SnapKV's own
     cache = method.prefill(0, workload.q[0], workload.k[0], workload.v[0], workload.spans)
     assert set(range(PROMPT - 2, PROMPT)) <= set(cache.positions[0].tolist())
     # One rounding, half up, in every method: 2.5 -> 3 for vlcache as for h2o.

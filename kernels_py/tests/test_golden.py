@@ -9,6 +9,9 @@ import pytest
 
 from kernels_py import ablation
 from kernels_py.tests import golden
+from kernels_py.workloads import SyntheticConfig
+
+DEFAULT_DTYPE = SyntheticConfig().dtype
 
 RECORDED = json.loads(golden.PATH.read_text())
 
@@ -19,7 +22,7 @@ def test_the_recorded_cases_are_the_listed_ones():
 
 
 def _id(case: dict) -> str:
-    return f"{case['method']}-{len(case['params'])}-{case['workload'].get('dtype', 'float32')}"
+    return f"{case['method']}-{len(case['params'])}-{case['workload'].get('dtype', DEFAULT_DTYPE)}"
 
 
 # float16 workloads run through the CPU's vectorized half-precision kernels,
@@ -33,7 +36,7 @@ REL_TOL = {"float16": 2e-5}
 @pytest.mark.parametrize("case", RECORDED, ids=_id)
 def test_results_equal_the_recorded_ones(case):
     result = ablation.run(case["method"], case["params"], case["workload"])
-    rel_tol = REL_TOL.get(case["workload"].get("dtype"), 1e-6)
+    rel_tol = REL_TOL.get(case["workload"].get("dtype", DEFAULT_DTYPE), 1e-6)
     for kind in ("metrics", "per_layer"):
         assert set(result[kind]) == set(case[kind]), kind
         for name, want in case[kind].items():

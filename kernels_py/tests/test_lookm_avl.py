@@ -13,7 +13,7 @@ from kernels_py.methods.merging import merge, nearest
 from kernels_py.workloads import SyntheticConfig, generate
 
 CFG = dict(layers=4, heads=4, kv_heads=2, head_dim=32, tokens_per_image=64, system_tokens=8, text_tokens=16,
-           decode_steps=7, salient_tokens=8)
+           decode_steps=7, salient_tokens=8, dtype="float32")  # exact arithmetic
 PROMPT = 8 + 64 + 16
 
 
@@ -85,6 +85,31 @@ def test_lookm_keeps_the_recent_window_and_text_first(workload):
     merged = make_method("lookm", {"recent_ratio": 0.1, "important_ratio": 0.3, "merge": "pivotal"})
     m_cache = merged.prefill(0, workload.q[0], workload.k[0], workload.v[0], workload.spans)
     assert torch.equal(m_cache.positions, cache.positions) and not torch.equal(m_cache.keys, cache.keys)
+
+
+@pytest.mark.parametrize("merge_mode", ["none", "pivotal"])
+def test_lookm_evicting_while_decoding_holds_its_share_and_keeps_generated_text(workload, merge_mode):
+    params = {"recent_ratio": 0.05, "important_ratio": 0.15, "merge": merge_mode}
+    keeping = make_method("lookm", params)
+    evicting = make_method("lookm", {**params, "evict_while_decoding": True})
+    caches = [m.prefill(0, workload.q[0], workload.k[0], workload.v[0], workload.spans) for m in (keeping, evicting)]
+    assert torch.equal(caches[0].keys, caches[1].keys)  # prefill is the same
+    before_keys, before_pos = caches[1].keys[0].clone(), caches[1].positions[0].tolist()
+    share = caches[1].tokens / PROMPT
+    for step in range(CFG["decode_steps"]):
+        for method, cache in zip((keeping, evicting), caches):
+            method.decode(0, cache, workload.decode_q[0][step], workload.decode_k[0][step], workload.decode_v[0][step])
+    seen = PROMPT + CFG["decode_steps"]
+    assert caches[0].tokens == math.ceil(0.05 * PROMPT) + math.ceil(0.15 * PROMPT) + CFG["decode_steps"]
+    assert caches[1].tokens == math.ceil(share * seen) < caches[0].tokens
+    for h in range(2):
+        assert set(range(PROMPT, seen)) <= set(caches[1].positions[h].tolist())  # generated text ranks first
+    # The prompt tokens evicted while decoding were merged into the kept ones (dropped with merge=none).
+    after_pos = caches[1].positions[0].tolist()
+    still = [(after_pos.index(p), before_pos.index(p)) for p in after_pos if p < PROMPT]
+    assert len(still) < len(before_pos)
+    same = torch.equal(caches[1].keys[0, [a for a, _ in still]], before_keys[[b for _, b in still]])
+    assert same == (merge_mode == "none")
 
 
 def test_lookm_merges_change_the_error_and_errors_name_alpha():

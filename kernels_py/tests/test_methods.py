@@ -13,11 +13,13 @@ import torch
 from kernels_py import metrics, schema
 from kernels_py.benchmarks import BENCHMARKS
 from kernels_py.methods import METHODS, make_method
+from kernels_py.methods.base import PROTOCOLS
 from kernels_py.methods.caches import KeptTokens, kept_count
+from kernels_py.methods.prompt import Prompt
 from kernels_py.workloads import WORKLOADS, SyntheticConfig, generate
 
 SMALL = SyntheticConfig(layers=3, heads=4, kv_heads=2, head_dim=32, tokens_per_image=144, system_tokens=8,
-                        text_tokens=24, decode_steps=6, salient_tokens=12, dense_layers=1)
+                        text_tokens=24, decode_steps=6, salient_tokens=12, dense_layers=1, dtype="float32")
 PROMPT = 8 + 144 + 24
 COMPRESSING = ["h2o", "streamingllm", "snapkv"]
 SCHEMA_FILE = Path(__file__).resolve().parents[1] / "schema.json"
@@ -129,6 +131,43 @@ def test_budget_holds_while_decoding(name, workload):
         assert cache.positions[:, -1].tolist() == [seen - 1] * 2  # the newest token is always held
 
 
+@pytest.mark.parametrize("name", ["h2o", "streamingllm", "snapkv", "pyramidkv", "vlcache", "zipvl_evict"])
+@pytest.mark.parametrize("evict", [False, True])
+def test_eviction_while_decoding_is_a_knob(name, evict, workload):
+    """Evicting, every layer holds its prefill share of the tokens seen after
+    each step; not evicting, the prompt's kept tokens plus every generated one."""
+    method = make_method(name, {"evict_while_decoding": evict})
+    first = [prefill(method, workload, layer).tokens for layer in range(SMALL.layers)]
+    _, caches = run(method, workload)
+    seen = PROMPT + SMALL.decode_steps
+    for layer, (kept, cache) in enumerate(zip(first, caches)):
+        alone = Prompt([workload.q[layer]], [workload.k[layer]], [workload.v[layer]], workload.spans)  # as run() does
+        share = method.allocator().prefill(alone)[0].share
+        assert cache.seen == seen and cache.positions[:, -1].tolist() == [seen - 1] * 2
+        assert cache.tokens == (kept_count(share, seen) if evict else kept + SMALL.decode_steps)
+
+
+def test_vlcache_protocol_keeps_matched_budgets_matched(workload):
+    """Under VL-Cache's protocol the token-keeping baselines (and LOOK-M with
+    alpha_1 + alpha_2 = the budget) at one nominal budget hold the same bytes
+    after the last step (within 10%; PyramidKV and VL-Cache spread it over
+    layers), where their own defaults drift apart as the prefill-only ones
+    keep every generated token."""
+    def held(name, protocol, budget=None):
+        knobs = METHODS[name].protocol_knobs(protocol)
+        _, caches = run(make_method(name, {**(budget or {"budget": 0.1}), **knobs}), workload)
+        return sum(cache.nbytes for cache in caches)
+
+    names = ["h2o", "snapkv", "streamingllm", "pyramidkv", "vlcache"]
+    matched = [held(name, "vlcache") for name in names]
+    matched.append(held("lookm", "vlcache", {"recent_ratio": 0.05, "important_ratio": 0.05}))  # as methods_compare
+    assert max(matched) <= 1.1 * min(matched)
+    assert METHODS["h2o"].protocol_knobs("vlcache") == {"evict_while_decoding": True, "recent_fraction": 0.1}
+    assert METHODS["snapkv"].protocol_knobs("paper") == {}
+    own = {name: held(name, "paper") for name in ("h2o", "snapkv")}
+    assert own["snapkv"] > own["h2o"]  # snapkv keeps the 6 generated tokens on top of its 10%
+
+
 def test_half_precision_cache_costs_half(workload):
     half = generate(dataclasses.replace(SMALL, dtype="float16"))
     method = make_method("h2o", {"budget": 0.5})
@@ -216,7 +255,8 @@ def test_layer_cache_append_and_keep():
         ("h2o2", {}, ValueError, "unknown method 'h2o2' \\(did you mean 'h2o'\\?\\)"),
         (None, {}, TypeError, "method name must be a str"),
         ("full", {"budget": 0.5}, ValueError, "unknown parameter.*'budget'"),
-        ("h2o", {"window": 4}, ValueError, "unknown parameter.*known: \\['attention', 'backend', 'budget', 'recent_fraction'\\]"),
+        ("h2o", {"window": 4}, ValueError,
+         "unknown parameter.*known: \\['attention', 'backend', 'budget', 'evict_while_decoding', 'recent_fraction'\\]"),
         ("h2o", {"budgett": 0.5}, ValueError, "did you mean 'budget'"),
         ("h2o", {"budget": "0.5"}, TypeError, "budget must be float"),
         ("h2o", {"budget": 0.0}, ValueError, "below its minimum"),
@@ -274,12 +314,18 @@ def check_params(schema_params: dict, dataclass_type) -> None:
 
 def test_schema_matches_the_registries():
     document = json.loads(SCHEMA_FILE.read_text())
-    assert set(document) == {"methods", "workloads", "default_workload", "benchmarks", "ops"}
+    assert set(document) == {"methods", "workloads", "default_workload", "benchmarks", "ops", "protocols"}
+    assert list(document["protocols"]) == list(PROTOCOLS)
     assert list(document["methods"]) == list(METHODS)
     for name, cls in METHODS.items():
         assert document["methods"][name]["doc"]
         check_params(document["methods"][name]["params"], cls)
-        make_method(name, {p: e["default"] for p, e in document["methods"][name]["params"].items()})
+        defaults = {p: e["default"] for p, e in document["methods"][name]["params"].items()}
+        make_method(name, defaults)
+        # What a protocol sets is a valid job: known knobs, values the method accepts.
+        for protocol, knobs in document["methods"][name].get("protocols", {}).items():
+            assert protocol in PROTOCOLS and knobs == cls.protocol_knobs(protocol)
+            make_method(name, {**defaults, **knobs})
     assert list(document["workloads"]) == list(WORKLOADS)
     for name, cls in WORKLOADS.items():
         check_params(document["workloads"][name]["params"], cls)

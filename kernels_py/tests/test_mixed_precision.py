@@ -16,7 +16,7 @@ from kernels_py.ops.attention_stats import probe_rows
 from kernels_py.workloads import SyntheticConfig, generate
 
 CFG = SyntheticConfig(layers=2, heads=4, kv_heads=2, head_dim=64, tokens_per_image=64, system_tokens=8,
-                      text_tokens=16, decode_steps=7, salient_tokens=8)
+                      text_tokens=16, decode_steps=7, salient_tokens=8, dtype="float32")  # exact arithmetic
 PROMPT = 8 + 64 + 16
 
 

@@ -76,7 +76,7 @@ class SyntheticConfig(WorkloadConfig):
     heads: int = knob("int", 8, "query heads", min=1, max=256)
     kv_heads: int = knob("int", 2, "key/value heads (GQA); must divide heads", min=1, max=256)
     head_dim: int = knob("int", 64, "channels per head; even (RoPE pairs)", min=16, max=512)
-    dtype: str = knob("str", "float32", "dtype of the tensors", choices=tuple(DTYPES))
+    dtype: str = knob("str", "float16", "dtype of the model's tensors and of the uncompressed cache every compression ratio is counted against (float32 for exact arithmetic)", choices=tuple(DTYPES))
     rope_base: float = knob("float", 10000.0, "RoPE base (theta)", min=2.0, max=1e9)
     # Sequence layout
     images: int = knob("int", 1, "images (or video frames) in the prompt", min=1, max=256)
