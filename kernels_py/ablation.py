@@ -16,7 +16,7 @@ import torch
 from kernels_py import metrics
 from kernels_py.methods import Method, make_method
 from kernels_py.methods.prompt import PostVisionRows
-from kernels_py.model import expand_kv
+from kernels_py.attention import expand_kv
 from kernels_py.runtime import arena
 from kernels_py.workloads import DEFAULT_WORKLOAD, Workload, WorkloadConfig, make_workload
 
@@ -87,13 +87,13 @@ def run(method: str, params: Mapping[str, Any], workload: Mapping[str, Any],
         if not hasattr(config, "image_list"):
             raise ValueError(f"method {method!r} runs inside a model: give it workload(\"vlm\", model=..., images=..., "
                              f"prompt=...), not {workload_name!r}")
-        metrics, per_step = _in_model(config, chosen)
-        return {"metrics": metrics, "per_layer": {}, "per_step": per_step}
+        metrics, per_step, pair = _in_model(config, chosen)
+        return {"metrics": metrics, "per_layer": pair.pop("per_layer", {}), "per_step": per_step, "extra": pair}
     reference = _reference(config)
     trace = _trace(chosen, reference.workload)
     report = _report(trace, reference)
     if hasattr(config, "image_list"):  # a live model: the method also runs inside it
-        metrics, report["per_step"] = _in_model(config, chosen)
+        metrics, report["per_step"], _ = _in_model(config, chosen)
         report["metrics"].update(metrics)
     return report
 
@@ -118,18 +118,24 @@ def _in_model(config, method) -> tuple[dict[str, float], dict[str, list]]:
     peak, Linux; nan on a GPU), decode_peak_bytes (the same over the decode
     steps alone: the caches and one step's work, which falls when a method
     evicts; the prefill peak holds every layer's Q/K/V for any method). Per
-    step: the method's greedy tokens, the full cache's, and the KL."""
+    step: the method's greedy tokens, the full cache's, and the KL. A press
+    that one of our methods matches by construction (presses.matched) runs
+    beside it: pair_jaccard_mean / _min (the kept prompt positions' overlap
+    over layers and kv heads; per layer and head in per_layer), and
+    pair_token_agreement (share of steps both pick the same token); the third
+    value names the pair ({"pair_method", "pair_params"}, empty otherwise)."""
     from kernels_py import models
 
     vlm, inputs, full = _full_generation(config)
-    generate = getattr(method, "generate", None)  # a press generates with transformers' own cache
-    extra = {}
-    if generate is not None:
+    extra, pair = {}, {}
+    if getattr(method, "in_model_only", False):  # a press: transformers' own cache, compressed by the press
         from kernels_py.models import presses
 
-        got = generate(vlm, inputs, config.decode_steps + 1, force_tokens=full.tokens)
+        press = method.make_press()
+        got = presses.generate(vlm, press, inputs, config.decode_steps + 1, force_tokens=full.tokens)
+        extra, pair = _paired(vlm, inputs, press, got, full.tokens, config.decode_steps + 1)
         # What the press left in the cache against what the full cache holds: a press that masks frees nothing.
-        extra = {"full_cache_bytes": float(full.cache_bytes), "compression_ratio": full.cache_bytes / got.cache_bytes,
+        extra |= {"full_cache_bytes": float(full.cache_bytes), "compression_ratio": full.cache_bytes / got.cache_bytes,
                  "kvpress_version": presses.version(),
                  # a press without a compression_ratio (ThinK, DuoAttention, ...) ignores the knob: say so
                  "kvpress_ratio_applied": float(presses.takes_ratio(method.press, method.inner_press))}
@@ -143,7 +149,28 @@ def _in_model(config, method) -> tuple[dict[str, float], dict[str, list]]:
             "peak_gpu_bytes": got.peak_bytes if got.memory_kind == "cuda" else nan,
             "peak_cpu_bytes": got.peak_bytes if got.memory_kind == "cpu-rss" else nan,
             "decode_peak_bytes": got.decode_peak_bytes}, \
-        {"tokens": got.tokens, "reference_tokens": full.tokens, "kl": scores["kl_per_step"]}
+        {"tokens": got.tokens, "reference_tokens": full.tokens, "kl": scores["kl_per_step"]}, pair
+
+
+def _paired(vlm, inputs, press, got, force_tokens, steps) -> tuple[dict, dict]:
+    """The press's matched method (presses.matched) run the same way, and how
+    alike the two are: metrics, and the pair's name, params and per-layer
+    Jaccard. Nothing for a press no method matches."""
+    from kernels_py import models
+    from kernels_py.models import presses
+
+    match = presses.matched(press)
+    if match is None:
+        return {}, {}
+    name, params = match
+    ours = models.generate(vlm, make_method(name, params), inputs, steps, force_tokens=force_tokens)
+    if got.kept is None or ours.kept is None:
+        raise RuntimeError(f"{type(press).__name__} and {name} should both report the prompt tokens they keep")
+    overlap = models.jaccard(got.kept, ours.kept)
+    flat = [x for layer in overlap for x in layer]
+    same = sum(a == b for a, b in zip(got.tokens, ours.tokens)) / len(got.tokens)
+    return ({"pair_jaccard_mean": sum(flat) / len(flat), "pair_jaccard_min": min(flat), "pair_token_agreement": same},
+            {"pair_method": name, "pair_params": params, "per_layer": {"pair_jaccard": overlap}})
 
 
 @functools.lru_cache(maxsize=CACHED_WORKLOADS)

@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from kernels_py.model import expand_kv
+from kernels_py.attention import expand_kv
 
 
 def tensor_bytes(*tensors: torch.Tensor) -> int:

@@ -16,7 +16,7 @@ PATH = Path(__file__).with_name("schema.json")
 
 def document() -> dict:
     from kernels_py.benchmarks import BENCHMARKS
-    from kernels_py.methods import METHODS
+    from kernels_py.methods import METHODS, RENAMED
     from kernels_py.methods.base import PROTOCOLS
     from kernels_py.ops import OPS
     from kernels_py.workloads import DEFAULT_WORKLOAD, WORKLOADS
@@ -27,6 +27,7 @@ def document() -> dict:
                            **_protocols(cls, PROTOCOLS)}
                     for name, cls in METHODS.items()},
         "protocols": PROTOCOLS,
+        "renamed_methods": {old: {"now": new, "why": why} for old, (new, why) in RENAMED.items()},
         "workloads": {name: {"doc": cls.summary(), "params": cls.schema(), "rules": cls.rules_schema()}
                       for name, cls in WORKLOADS.items()},
         "default_workload": DEFAULT_WORKLOAD,

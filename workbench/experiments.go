@@ -136,7 +136,7 @@ script are reported as file:line:col. No Python is started.`,
 			for _, e := range exps {
 				workloads, shared := describeWorkloads(plan.Schema, e.Jobs)
 				protocol := ""
-				if e.Protocol != "" {
+				if e.Protocol != "" && e.Protocol != expt.DefaultProtocol {
 					protocol = ", protocol " + e.Protocol
 				}
 				fmt.Fprintf(a.stdout, "experiment %s: %d jobs (timeout %v each%s)%s\n", e.Name, len(e.Jobs), e.Timeout, protocol, shared)

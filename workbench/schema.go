@@ -177,7 +177,7 @@ their knobs. It reads kernels_py/schema.json and starts no Python.`,
 					if _, ok := s.Workloads[n]; ok {
 						return &usageError{fmt.Errorf("%q is a workload, not a method: `workbench methods` lists the workloads after the methods", n)}
 					}
-					return &usageError{fmt.Errorf("method %s", expt.UnknownName(n, names))}
+					return &usageError{fmt.Errorf("method %s", s.UnknownMethod(n))}
 				}
 				names = args
 			}

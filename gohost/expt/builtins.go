@@ -453,7 +453,7 @@ func (l *loader) methods(kw map[string]starlark.Value, fail failFunc) ([]*Method
 		}
 		m, ok := l.schema.Methods[string(s)]
 		if !ok {
-			return nil, fail(path{"methods", i}, "method %s", UnknownName(string(s), l.schema.MethodNames()))
+			return nil, fail(path{"methods", i}, "method %s", l.schema.UnknownMethod(string(s)))
 		}
 		if !slices.Contains(out, m) {
 			out = append(out, m)
@@ -588,7 +588,7 @@ func (l *loader) extras(kw map[string]starlark.Value, first *workloadValue, prot
 		}
 		m, ok := l.schema.Methods[string(ms)]
 		if !ok {
-			return nil, fail(path{"extra", i, key}, "extra[%d]: method %s", i, UnknownName(string(ms), l.schema.MethodNames()))
+			return nil, fail(path{"extra", i, key}, "extra[%d]: method %s", i, l.schema.UnknownMethod(string(ms)))
 		}
 		p := point{method: m, params: m.Params.defaults(), workload: first}
 		maps.Copy(p.params, m.ProtocolParams(protocol))

@@ -628,3 +628,18 @@ experiment(name = "q", methods = ["h2o"])
 		t.Errorf("misspelt protocol: %v", err)
 	}
 }
+
+// A renamed method is refused with what it is now.
+func TestRenamedMethodSaysWhatItIsNow(t *testing.T) {
+	s, err := LoadSchema("../../kernels_py/schema.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, src := range []string{`experiment(name = "a", methods = ["zipcache"])`,
+		`experiment(name = "a", methods = ["full"], extra = [{"method": "zipcache"}])`} {
+		_, err := LoadSource("x.star", []byte(src), s)
+		if err == nil || !strings.Contains(err.Error(), `method "zipcache" is now "zipvl_fixed": it is ZipVL's fixed-ratio baseline`) {
+			t.Errorf("%s: %v", src, err)
+		}
+	}
+}

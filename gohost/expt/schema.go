@@ -39,9 +39,26 @@ type Schema struct {
 	DefaultWorkload string // what workload() and an experiment without workloads use
 	// Protocols are the comparison protocols an experiment may name, each
 	// with what it means; each method says which of its params one sets.
-	Protocols  map[string]string
+	Protocols map[string]string
+	// Renamed are old method names: what each is now, and why.
+	Renamed    map[string]Renamed
 	Benchmarks map[string]*Benchmark
 	Ops        map[string]*Op
+}
+
+// Renamed is an old method name's successor.
+type Renamed struct {
+	Now string `json:"now"`
+	Why string `json:"why"`
+}
+
+// UnknownMethod says that name is not a method: what it is now if it was
+// renamed, else the closest name.
+func (s *Schema) UnknownMethod(name string) string {
+	if r, ok := s.Renamed[name]; ok {
+		return fmt.Sprintf("%q is now %q: %s", name, r.Now, r.Why)
+	}
+	return UnknownName(name, s.MethodNames())
 }
 
 // Op is one registered kernel op (kernels_py/ops/<name>/).
@@ -144,6 +161,7 @@ type (
 		Benchmarks map[string]benchmarkJSON `json:"benchmarks"`
 		Ops        map[string]opJSON        `json:"ops"`
 		Protocols  map[string]string        `json:"protocols"`
+		Renamed    map[string]Renamed       `json:"renamed_methods"`
 	}
 	opJSON struct {
 		Doc       string `json:"doc"`
@@ -221,7 +239,7 @@ func parseSchema(data []byte) (*Schema, error) {
 		return nil, errors.New(`"methods" is missing or empty`)
 	}
 	s := &Schema{Methods: make(map[string]*Method, len(w.Methods)), Workloads: map[string]*Workload{},
-		Benchmarks: map[string]*Benchmark{}, Ops: map[string]*Op{}, Protocols: w.Protocols}
+		Benchmarks: map[string]*Benchmark{}, Ops: map[string]*Op{}, Protocols: w.Protocols, Renamed: w.Renamed}
 	for _, name := range sortedKeys(w.Protocols) {
 		if !methodRE.MatchString(name) {
 			return nil, fmt.Errorf("protocol name %q is not valid (want %s)", name, methodRE)

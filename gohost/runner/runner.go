@@ -534,6 +534,7 @@ func NewRecord(experiment string, j Job, out Outcome) results.Record {
 		Metrics  map[string]any `json:"metrics"`
 		PerLayer map[string]any `json:"per_layer"`
 		PerStep  map[string]any `json:"per_step"` // a job that generates: its tokens, KL per step
+		Extra    map[string]any `json:"extra"`    // anything else a job reports (e.g. the method it was paired with)
 	}
 	if err := json.Unmarshal(out.Result, &res); err != nil || res.Metrics == nil {
 		rec.Status = results.StatusFailed
@@ -541,7 +542,7 @@ func NewRecord(experiment string, j Job, out Outcome) results.Record {
 		return rec
 	}
 	rec.Metrics = res.Metrics
-	for prefix, lists := range map[string]map[string]any{"per_layer_": res.PerLayer, "per_step_": res.PerStep} {
+	for prefix, lists := range map[string]map[string]any{"per_layer_": res.PerLayer, "per_step_": res.PerStep, "": res.Extra} {
 		for k, v := range lists {
 			if rec.Extra == nil {
 				rec.Extra = map[string]any{}

@@ -35,7 +35,7 @@ from kernels_py.benchmarks.base import (
     ESTIMATE_ERROR, AttentionBenchmark, estimate_beside, estimate_columns, hbm_peak_gbps, nbytes, peak_bytes,
     percent_of, sdpa, time_median,
 )
-from kernels_py.model import apply_rope
+from kernels_py.attention import apply_rope
 from kernels_py.ops import lowrank_decode as op
 from kernels_py.ops.lowrank_decode import model
 from kernels_py.params import Rule, knob

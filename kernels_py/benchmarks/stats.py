@@ -18,7 +18,7 @@ from kernels_py.benchmarks.base import (
     ESTIMATE_ERROR, AttentionBenchmark, estimate_beside, estimate_columns, hbm_peak_gbps, nbytes, peak_bytes,
     percent_of, sdpa, time_median,
 )
-from kernels_py.model import expand_kv
+from kernels_py.attention import expand_kv
 from kernels_py.ops.attention_stats import attention_stats, model, recent_rows
 from kernels_py.params import Rule, knob
 from kernels_py.tables import Column

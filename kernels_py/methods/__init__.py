@@ -24,7 +24,7 @@ METHODS: dict[str, type[Method]] = registry.load(__name__, (
     "vlcache",
     "zipvl",
     "zipvl_evict",
-    "zipcache",
+    "zipvl_fixed",
     "kivi",
     "attentionpack",
     "avl",
@@ -35,12 +35,21 @@ METHODS: dict[str, type[Method]] = registry.load(__name__, (
 ), Method)
 
 
+# Old method names, each with what it is now and why it changed (the schema carries them, so plan says so too).
+RENAMED: dict[str, tuple[str, str]] = {
+    "zipcache": ("zipvl_fixed", "it is ZipVL's fixed-ratio baseline (Table 3), not ZipCache's own saliency and "
+                                "channel-separable quantization"),
+}
+
+
 def make_method(name: str, params: Mapping[str, Any] | None = None) -> Method:
     """The method `name` with `params` (unset ones take their defaults);
     unknown names or parameters, wrong types and out-of-range values raise
     ValueError / TypeError naming the culprit."""
     if not isinstance(name, str):
         raise TypeError(f"method name must be a str, got {type(name).__name__} {name!r}")
+    if name in RENAMED:
+        raise ValueError(f"method {name!r} is now {RENAMED[name][0]!r}: {RENAMED[name][1]}")
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}{closest(name, METHODS)}; known: {sorted(METHODS)}")
     return METHODS[name].from_dict({} if params is None else params)

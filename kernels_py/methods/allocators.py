@@ -5,7 +5,7 @@ with the per-layer facts it decided on (reported as layer metrics). A method
 that evicts while decoding holds the same share of the tokens seen after
 every step (methods.base.TokenSelection).
 
-  Uniform          ceil(budget * tokens) in every layer (H2O, SnapKV, StreamingLLM)
+  Uniform          int(budget * tokens) in every layer (H2O, SnapKV, StreamingLLM)
   SparsityGuided   VL-Cache Algorithm 1: layer budgets from post-vision sparsity
   AdaptiveTau      ZipVL Eq. 6: the fewest tokens holding tau of the probe attention
 
@@ -48,7 +48,7 @@ class Allocator:
 
 @dataclass(frozen=True)
 class Uniform(Allocator):
-    """A fraction `budget` of the tokens in every layer: ceil(budget * T);
+    """A fraction `budget` of the tokens in every layer: int(budget * T);
     budget = 1 never evicts."""
 
     budget: float
@@ -216,7 +216,7 @@ def group_sizes(tokens: int, fractions: list[float]) -> list[int]:
 
 def group_rank(rank_share: float, rank: int) -> int:
     """R^(f) = ceil(share * R), at least 1 (the paper's R/4: 64 -> 16)."""
-    return kept_count(rank_share, rank)
+    return max(1, math.ceil(round(rank_share * rank, 9)))
 
 
 def importance_groups(importance: torch.Tensor, sizes: list[int],

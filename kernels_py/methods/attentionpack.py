@@ -42,8 +42,12 @@ Where the paper is open, this implementation decides:
   admitted to a segment, by importance, after prefill and after every step:
   a budget, so the cache does not shrink geometrically step after step.
 - 4-bit (or 2-bit) quantization (section 4.5) applies to U, per token row in
-  runs of `quant_group` rank channels; W stays fp16 (it is shared by all
-  tokens and small next to U for long contexts).
+  runs of `quant_group` rank channels; W stays fp16 as in the paper (shared
+  by all tokens, small next to U for long contexts) unless `quant_w_bits`,
+  per rank row in runs of `quant_group` channels with its own scales. At an
+  image's length W dominates (LLaVA-1.5: 88% of the factors). Quantized
+  factors are dequantized once per decode step for the decode op, and that
+  copy is dropped after the step: the cache holds the packed codes.
 """
 
 import math
@@ -60,7 +64,7 @@ from kernels_py.methods.caches import kept_count
 from kernels_py.methods.lowrank import LowRankCache, Segment, factorize
 from kernels_py.methods.prompt import Prompt
 from kernels_py.methods.scorers import LastRowImportance
-from kernels_py.model import apply_rope
+from kernels_py.attention import apply_rope
 from kernels_py.ops.common import DTYPES
 from kernels_py.params import Rule, knob
 
@@ -128,8 +132,9 @@ class AttentionPack(Method):
         choices=("before", "after"), ref="AttentionPack reference code",
     )
     rope_base: float = knob(
-        "float", 10000.0, "RoPE base used to undo and redo the rotation under rope=before; must match the model "
-        "(the workload's rope_base)", min=2.0, max=1e9,
+        "float", 0.0, "RoPE base used to undo and redo the rotation under rope=before; 0 = the workload's (the "
+        "synthetic rope_base, a trace's header, the model's config); another value must equal it", min=0.0,
+        max=1e9,
     )
     absorbed: bool = knob(
         "bool", False, "attend in rank space (q W^T against U, the lowrank_decode_absorbed kernel); needs "
@@ -165,14 +170,19 @@ class AttentionPack(Method):
         choices=("decompress", "evict"), ref="AttentionPack section 4.5, Table 4",
     )
     quant_bits: int = knob(
-        "int", 0, "bits of U's quantization (section 4.5 uses 4); 0 = none. U only: W stays fp16, and at "
-        "LLaVA-1.5 shapes (576 visual tokens, width 4096, rank 64) W is 88% of the factors, so 4-bit U shrinks the "
-        "cache only about 1.1x there (the compression_ratio metric is measured, not assumed)",
+        "int", 0, "bits of U's quantization (section 4.5 uses 4); 0 = none. At LLaVA-1.5 shapes (576 visual "
+        "tokens, width 4096, rank 64) W is 88% of the factors: 4-bit U alone shrinks the factors about 1.1x, with "
+        "quant_w_bits about 3.4x (the compression_ratio metric is measured, not assumed)",
         choices=(0, 2, 4), min=0, max=4,
         ref="AttentionPack section 4.5",
     )
+    quant_w_bits: int = knob(
+        "int", 0, "bits of W's quantization, per rank row in runs of quant_group channels with scales and zeros "
+        "of its own; 0 = none (fp16 W, the paper's)", choices=(0, 2, 4), min=0, max=4,
+    )
     quant_group: int = knob(
-        "int", 32, "rank channels per quantization run of a token's U row (one fp16 scale and zero each)",
+        "int", 32, "elements per quantization run: rank channels of a token's U row, output channels of a W row "
+        "(one fp16 scale and zero each)",
         min=4, max=65536,
     )
     factor_dtype: str = knob(
@@ -183,10 +193,15 @@ class AttentionPack(Method):
     backend: str = backend_knob("decode attention and prefill statistics")
 
     RULES = GROUPS_RULES + (
+        Rule("rope_base == 0 or rope_base >= 2", "rope_base={rope_base} is not a RoPE base: 0 (the workload's) or "
+             "at least 2"),
         Rule('not absorbed or rope == "after"', "absorbed=True attends in rank space, which needs keys decomposed "
              "after RoPE: set rope='after' (rope={rope!r})"),
         Rule("quant_bits == 0 or quant_group % (8 // quant_bits) == 0",
              "quant_group={quant_group} must be a multiple of 8 // quant_bits for {quant_bits}-bit codes "
+             "(whole bytes per run)"),
+        Rule("quant_w_bits == 0 or quant_group % (8 // quant_w_bits) == 0",
+             "quant_group={quant_group} must be a multiple of 8 // quant_w_bits for {quant_w_bits}-bit codes "
              "(whole bytes per run)"),
         Rule('rank_scheme != "linear" or (rank_min_k <= rank_k and rank_min_v <= rank_v)',
              "the linear scheme rises from rank_min to rank: got rank_min_k={rank_min_k}, rank_k={rank_k}, "
@@ -230,7 +245,8 @@ class AttentionPack(Method):
         is_visual[visual] = True
         text = (~is_visual).nonzero()[:, 0]
         importance = self._importance.prefill(prompt, index)
-        frame = self._decomposition_frame(k, torch.arange(tokens, device=k.device))
+        theta = self._theta(spans, layer)
+        frame = self._decomposition_frame(k, torch.arange(tokens, device=k.device), theta)
 
         rank_k, rank_v = self.layer_ranks(layer, num_layers)
         variance = self.variance_target if self.rank_scheme == "variance" else None
@@ -242,7 +258,7 @@ class AttentionPack(Method):
             text = text[:0]
         cache = LowRankCache(
             segments, k[:, text], v[:, text], text, importance[text], tokens, tokens,
-            self.head_mode == "per_head", self.rope_base if self.rope == "before" else None,
+            self.head_mode == "per_head", theta,
             DTYPES[self.factor_dtype], len(segments) - 1,
         )
         cache.notes.update(explained_variance_k=segments[0].k.explained, explained_variance_v=segments[0].v.explained)
@@ -270,10 +286,26 @@ class AttentionPack(Method):
         if self.rope == "before" and k.shape[2] % 2:
             raise ValueError(f"{where}: rope='before' needs an even head_dim, got {k.shape[2]}")
 
-    def _decomposition_frame(self, k: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Keys [kv_heads, n, d] float32 as they are decomposed: RoPE undone under rope=before."""
+    def _theta(self, spans, layer) -> float | None:
+        """The RoPE base keys are unrotated and rotated with under rope=before
+        (None under rope=after): the workload's, which rope_base may only
+        confirm. A model whose rotation does not follow from token positions
+        (M-RoPE) is refused."""
+        if self.rope != "before":
+            return None
+        where = f"{self.owner_name()}: layer {layer}"
+        if not spans.rope.invertible_from_index:
+            raise ValueError(f"{where}: the workload's keys are rotated with {spans.rope.kind} (3-D positions): "
+                             f"rope='before' cannot undo that from token positions; use rope='after'")
+        if self.rope_base and self.rope_base != spans.rope.theta:
+            raise ValueError(f"{where}: rope_base={self.rope_base:g} but the workload's keys were rotated with "
+                             f"theta {spans.rope.theta:g}: leave rope_base at 0 to use it")
+        return spans.rope.theta
+
+    def _decomposition_frame(self, k: torch.Tensor, positions: torch.Tensor, theta: float | None) -> torch.Tensor:
+        """Keys [kv_heads, n, d] float32 as they are decomposed: RoPE undone (base theta) under rope=before."""
         k = k.float()
-        return apply_rope(k, -positions, self.rope_base) if self.rope == "before" else k
+        return apply_rope(k, -positions, theta) if theta is not None else k
 
     def _segment(self, layer, name, index, k_frame, v, positions, importance, rank_k, rank_v, variance) -> Segment:
         kv_heads, tokens, head_dim = v.shape
@@ -295,6 +327,7 @@ class AttentionPack(Method):
     def _factorize(self, x, rank, seed, variance_target=None, explained=False):
         return factorize(x, rank, per_head=self.head_mode == "per_head", dtype=DTYPES[self.factor_dtype], seed=seed,
                          variance_target=variance_target, quant_bits=self.quant_bits, quant_group=self.quant_group,
+                         w_bits=self.quant_w_bits,
                          explained=explained)
 
     # --- decode ------------------------------------------------------------------------------------
@@ -385,7 +418,7 @@ class AttentionPack(Method):
         which is factorized again from its tokens rebuilt at full rank plus the new ones."""
         seg = cache.segments[cache.fold_target]
         waiting = cache.dense_positions >= cache.prompt_tokens
-        new_k = self._decomposition_frame(cache.dense_k[:, waiting], cache.dense_positions[waiting])
+        new_k = self._decomposition_frame(cache.dense_k[:, waiting], cache.dense_positions[waiting], cache.rope_base)
         k_frame = torch.cat([self._rebuild(cache, seg.k), new_k], dim=1)
         values = torch.cat([self._rebuild(cache, seg.v), cache.dense_v[:, waiting].float()], dim=1)
         positions = torch.cat([seg.positions, cache.dense_positions[waiting]])
@@ -412,7 +445,7 @@ class AttentionPack(Method):
 
     def _rebuild(self, cache: LowRankCache, f) -> torch.Tensor:
         """[kv_heads, T, d] float32 at full rank, in the decomposition frame."""
-        product = f.dense_u(cache.factor_dtype).float() @ f.w.float()
+        product = f.dense_u(cache.factor_dtype).float() @ f.dense_w(cache.factor_dtype).float()
         if cache.per_head:
             return product
         return product.view(product.shape[0], cache.kv_heads, cache.head_dim).transpose(0, 1)

@@ -35,7 +35,7 @@ from kernels_py.methods.allocators import Allocator
 from kernels_py.methods.caches import KeptTokens, kept_count
 from kernels_py.methods.prompt import Prompt
 from kernels_py.methods.scorers import Scorer
-from kernels_py.model import Spans
+from kernels_py.attention import Spans
 from kernels_py.ops.common import BACKENDS
 from kernels_py.params import Knobs, knob
 

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels_py.metrics import tensor_bytes
-from kernels_py.model import expand_kv
+from kernels_py.attention import expand_kv
 
 
 @dataclass
@@ -102,9 +102,12 @@ def top_and_recent(scores: torch.Tensor, capacity: int, recent: int) -> torch.Te
 
 
 def kept_count(fraction: float, tokens: int) -> int:
-    """ceil(fraction * tokens), at least 1. The product is rounded first so that
-    e.g. 0.3 * 10 = 3.0000000000000004 keeps 3, not 4."""
-    return max(1, math.ceil(round(fraction * tokens, 9)))
+    """How many of `tokens` a share `fraction` keeps: int(tokens * fraction),
+    at least 1. This is kvpress's rule (compute_n_kept, with fraction = 1 -
+    compression_ratio), the same float expression, so a method and its press
+    keep the same count on every length; floating point decides exact ties as
+    it does there (0.3 * 10 keeps 3, 0.29 * 100 keeps 28)."""
+    return max(1, int(tokens * fraction))
 
 
 def half_up(x: float) -> int:

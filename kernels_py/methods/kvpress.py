@@ -16,7 +16,8 @@ class KVPress(Method):
 
     name = "kvpress"
     paper = "NVIDIA kvpress (github.com/NVIDIA/kvpress), kvpress==0.5.5"
-    # Runs only inside a model: ablation.run gives it a "vlm" workload's generation and no replay.
+    # Runs only inside a model: ablation.run gives it a "vlm" workload's generation (presses.generate with
+    # make_press()) and no replay.
     in_model_only: ClassVar[bool] = True
 
     press: str = knob("str", "SnapKVPress", "the kvpress press class, e.g. SnapKVPress, TOVAPress, KnormPress "
@@ -43,12 +44,6 @@ class KVPress(Method):
         from kernels_py.models import presses
 
         return presses.make(self.press, self.compression_ratio, presses.parse_args(self.press_args), self.inner_press)
-
-    def generate(self, vlm, inputs, max_new_tokens, force_tokens=None):
-        """The press's generation inside the model (kernels_py.models.presses.generate)."""
-        from kernels_py.models import presses
-
-        return presses.generate(vlm, self.make_press(), inputs, max_new_tokens, force_tokens)
 
     def prefill_all(self, q, k, v, spans):
         raise ValueError("method 'kvpress' runs inside a model: give it workload(\"vlm\", model=..., images=..., "

@@ -62,8 +62,9 @@ class LookM(Method):
         prompt = Prompt(q, k, v, spans)
         scorer = TextPrior(self.backend)
         tokens = prompt.tokens
-        recent = kept_count(self.recent_ratio, tokens) if self.recent_ratio else 0
-        capacity = min(tokens, recent + (kept_count(self.important_ratio, tokens) if self.important_ratio else 0))
+        # alpha_1 + alpha_2 of the prompt, rounded once (as every budget), alpha_1 of it the recent window
+        capacity = min(tokens, kept_count(self.recent_ratio + self.important_ratio, tokens))
+        recent = min(capacity, kept_count(self.recent_ratio, tokens)) if self.recent_ratio else 0
         caches = []
         for layer in range(prompt.layers):
             cache = KeptTokens.from_prompt(k[layer], v[layer], scorer.prefill(prompt, layer))

@@ -45,25 +45,37 @@ def _seeded(seed: int, device: torch.device):
 class Factor:
     """One factorized matrix X ~= U @ W (keys or values of a segment).
     combined: u [T, R], w [R, H*D]; per head: u [H, T, R], w [H, R, D].
-    u may be held quantized (per token row)."""
+    u may be held quantized (per token row, runs along the rank), and so may
+    w (per rank row, runs along the channels, with scales of its own)."""
 
     u: torch.Tensor | Quantized
-    w: torch.Tensor
+    w: torch.Tensor | Quantized
     rank: int
     explained: float | None  # share of ||X||_F^2 the rank captured when factorized, if it was asked for
 
     def dense_u(self, dtype: torch.dtype) -> torch.Tensor:
         return dequantize(self.u).to(dtype) if isinstance(self.u, Quantized) else self.u
 
+    def dense_w(self, dtype: torch.dtype) -> torch.Tensor:
+        return dequantize(self.w).to(dtype) if isinstance(self.w, Quantized) else self.w
+
+    @property
+    def quantized(self) -> bool:
+        return isinstance(self.u, Quantized) or isinstance(self.w, Quantized)
+
+    @property
+    def token_axis(self) -> int:
+        """Where U's token rows lie: 0 combined, 1 per head."""
+        return len(self.w.shape) - 2
+
     @property
     def nbytes(self) -> int:
-        u_bytes = self.u.nbytes if isinstance(self.u, Quantized) else tensor_bytes(self.u)
-        return u_bytes + tensor_bytes(self.w)
+        return sum(t.nbytes if isinstance(t, Quantized) else tensor_bytes(t) for t in (self.u, self.w))
 
     def move_rows(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         """In place: token row src[i] of U goes to row dst[i] (a permutation of
         the rows in dst; W is shared). Copies the moved rows only."""
-        _move(self.u_tensors(), self.w.dim() - 2, dst, src)
+        _move(self.u_tensors(), self.token_axis, dst, src)
 
     def u_tensors(self) -> list[torch.Tensor]:
         """The tensors holding U, token rows along the same axis."""
@@ -72,7 +84,7 @@ class Factor:
 
     def select(self, index: torch.Tensor) -> "Factor":
         """Keep the tokens at `index` (rows of U; W is shared)."""
-        axis = self.w.dim() - 2  # token axis of u: 0 combined, 1 per head
+        axis = self.token_axis
         if not isinstance(self.u, Quantized):
             return replace(self, u=self.u.index_select(axis, index))
         q = self.u  # runs lie along the rank axis, so rows can be picked without requantizing
@@ -90,11 +102,13 @@ def _move(tensors, axis: int, dst: torch.Tensor, src: torch.Tensor) -> None:
 
 def factorize(x: torch.Tensor, rank: int, *, per_head: bool, dtype: torch.dtype, seed: int,
               variance_target: float | None = None, quant_bits: int = 0, quant_group: int = 32,
-              explained: bool = False) -> Factor:
+              w_bits: int = 0, explained: bool = False) -> Factor:
     """x [kv_heads, T, d] -> Factor at `rank`, by a seeded randomized SVD. With
     variance_target: the smallest rank whose explained variance reaches it, at
     most `rank`. `explained` records the explained variance (a reconstruction
-    metric) in the Factor; the variance scheme computes it anyway."""
+    metric) in the Factor; the variance scheme computes it anyway. quant_bits
+    quantizes U per token row, w_bits W per rank row, both in runs of
+    quant_group."""
     rows = x.float() if per_head else x.float().transpose(0, 1).reshape(x.shape[1], -1)
     with _seeded(seed, x.device):
         u, s, vecs = torch.svd_lowrank(rows, q=rank, niter=SVD_NITER)
@@ -111,6 +125,8 @@ def factorize(x: torch.Tensor, rank: int, *, per_head: bool, dtype: torch.dtype,
     w = vecs[..., :rank].transpose(-1, -2).contiguous().to(dtype)
     if quant_bits:
         u = quantize(u, quant_bits, quant_group, dim=-1)
+    if w_bits:
+        w = quantize(w, w_bits, quant_group, dim=-1)
     return Factor(u, w, rank, float(captured[rank - 1]) if explained else None)
 
 
@@ -173,7 +189,9 @@ class LowRankCache:
     regrouped: int = 0  # tokens moved between groups' slots since prefill (regroup)
     flops_ratios: list[float] = field(default_factory=list)  # per decode step, section 3.2
     notes: dict[str, float] = field(default_factory=dict)
-    _layout: _Layout | None = field(default=None, repr=False)  # until the segments change
+    # The op's layout, until the segments change; with quantized factors it holds their dequantized copies for
+    # one decode step only, so the cache holds the packed codes (nbytes) between steps.
+    _layout: _Layout | None = field(default=None, repr=False)
     _view: tuple | None = field(default=None, repr=False)  # the reconstructed K/V until anything changes
 
     @property
@@ -254,14 +272,14 @@ class LowRankCache:
         the H bases become one block-diagonal W whose columns interleave heads
         (column r*H + h = rank r of head h), so a rank prefix r*H rebuilds
         every head at rank r."""
-        u = f.dense_u(self.factor_dtype)
+        u, w = f.dense_u(self.factor_dtype), f.dense_w(self.factor_dtype)
         if not self.per_head:
-            return u, f.w
+            return u, w
         heads, tokens, rank = u.shape
-        head_dim = f.w.shape[-1]
-        blocks = f.w.new_zeros(rank, heads, heads, head_dim)
-        diagonal = torch.arange(heads, device=f.w.device)
-        blocks[:, diagonal, diagonal] = f.w.transpose(0, 1)
+        head_dim = w.shape[-1]
+        blocks = w.new_zeros(rank, heads, heads, head_dim)
+        diagonal = torch.arange(heads, device=w.device)
+        blocks[:, diagonal, diagonal] = w.transpose(0, 1)
         return u.permute(1, 2, 0).reshape(tokens, rank * heads), blocks.reshape(rank * heads, heads * head_dim)
 
     def _build_layout(self) -> _Layout:
@@ -298,9 +316,17 @@ class LowRankCache:
                rank_chunk: int | None = None) -> DecodeOutput:
         """The decode op over this cache for one query token q_t [heads, 1, d] (B = 1)."""
         q_pos = torch.tensor([[self.seen - 1]], device=q_t.device)
-        return lowrank_decode.compute(q_t[None], q_pos, self.compressed_kv(), self.dense_kv(),
-                                      rope_base=self.rope_base, absorbed=absorbed, backend=backend,
-                                      rank_chunk=rank_chunk)
+        out = lowrank_decode.compute(q_t[None], q_pos, self.compressed_kv(), self.dense_kv(),
+                                     rope_base=self.rope_base, absorbed=absorbed, backend=backend,
+                                     rank_chunk=rank_chunk)
+        if self.quantized:
+            self._layout = None  # the dequantized factors live for one step: what is held is the packed codes
+        return out
+
+    @property
+    def quantized(self) -> bool:
+        """Whether any factor is held quantized (U or W)."""
+        return any(f.quantized for s in self.segments for f in (s.k, s.v))
 
     # --- reconstruction, for metrics ---------------------------------------------------------------
 

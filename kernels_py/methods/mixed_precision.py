@@ -30,7 +30,7 @@ from kernels_py.methods.prompt import ProbeRows, Prompt
 from kernels_py.methods.scorers import AttentionMass
 from kernels_py.methods.sparse_prefill import flops_saved, prefill_error
 from kernels_py.metrics import tensor_bytes
-from kernels_py.model import group_sum
+from kernels_py.attention import group_sum
 from kernels_py.ops import kv_quant, quant_decode
 from kernels_py.ops.kv_quant import PAD_POS, QuantKV
 from kernels_py.params import Rule, knob

@@ -19,7 +19,7 @@ from typing import Sequence
 
 import torch
 
-from kernels_py.model import Spans
+from kernels_py.attention import Spans
 from kernels_py.ops import attention_stats
 from kernels_py.ops.attention_stats import AttentionStats
 

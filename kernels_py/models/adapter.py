@@ -28,7 +28,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from kernels_py.model import Spans
+from kernels_py.methods.caches import KeptTokens
+from kernels_py.attention import Rope, Spans
 
 ATTENTION = "vlkv"
 # model_type in config.json -> the family the adapter knows how to drive.
@@ -64,6 +65,11 @@ class VLM:
     @property
     def mrope(self) -> bool:
         return self.family in MROPE_FAMILIES
+
+    @property
+    def rope(self) -> Rope:
+        """The language model's RoPE, from its config: what a method undoing it must use."""
+        return Rope("mrope" if self.mrope else "default", rope_theta(self.model.config.text_config))
 
     @property
     def image_token(self) -> str:
@@ -121,10 +127,11 @@ def prompt_inputs(vlm: VLM, images: list, prompt: str) -> dict:
     return {k: v.to(vlm.model.device) for k, v in inputs.items()}
 
 
-def spans_from_ids(ids: torch.Tensor, image_token_id: int) -> Spans:
+def spans_from_ids(ids: torch.Tensor, image_token_id: int, rope: Rope | None = None) -> Spans:
     """Modality spans of a prompt from its token ids: every run of image
     tokens is an image, what precedes the first is the system prompt, what
-    follows the last is the post-vision text."""
+    follows the last is the post-vision text; `rope` is the model's
+    (VLM.rope; the default RoPE when not given)."""
     positions = (ids == image_token_id).nonzero()[:, 0].tolist()
     if not positions:
         raise ModelError("the prompt's tokens hold no image token: the processor did not expand an image "
@@ -134,7 +141,14 @@ def spans_from_ids(ids: torch.Tensor, image_token_id: int) -> Spans:
         if after != here + 1:
             runs.append((start, here + 1))
             start = after
-    return Spans(system=(0, runs[0][0]), images=tuple(runs), text=(runs[-1][1], int(ids.shape[0])))
+    return Spans(system=(0, runs[0][0]), images=tuple(runs), text=(runs[-1][1], int(ids.shape[0])),
+                 rope=rope or Rope())
+
+
+def rope_theta(text_config) -> float:
+    """The RoPE base of a text config (transformers 5.x keeps it in rope_parameters)."""
+    params = getattr(text_config, "rope_parameters", None) or {}
+    return float(params.get("rope_theta", getattr(text_config, "rope_theta", 10000.0)))
 
 
 # --- the method inside the model ----------------------------------------------------------------
@@ -244,6 +258,9 @@ class Generation:
     peak_bytes: float = float("nan")
     decode_peak_bytes: float = float("nan")
     memory_kind: str = ""
+    # Per layer, the prompt positions held right after prefill ([kv_heads, n], ascending): what a token-keeping
+    # method or a scoring press kept. None where the cache is not a subset of the prompt's tokens.
+    kept: list[torch.Tensor] | None = None
 
 
 class _Memory:
@@ -362,9 +379,6 @@ def generate_batch(vlm: VLM, method, inputs: dict, max_new_tokens: int,
     the positions it would alone."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-    if vlm.mrope and getattr(method, "rope", None) == "before":
-        raise ModelError(f"{vlm.family} rotates keys with M-RoPE (3-D positions): a method that undoes RoPE itself "
-                         f"cannot run on it; use rope='after'")
     ids = inputs["input_ids"]
     batch = ids.shape[0]
     if force_tokens is not None and (len(force_tokens) != batch
@@ -375,7 +389,7 @@ def generate_batch(vlm: VLM, method, inputs: dict, max_new_tokens: int,
     pads = [0] * batch if mask is None else [int((row == 0).sum()) for row in mask]
     if mask is not None and any(int(row[pad:].min()) == 0 for row, pad in zip(mask, pads)):
         raise ModelError("only left padding is supported (batch_inputs pads on the left)")
-    spans = [spans_from_ids(ids[b, pads[b]:], vlm.image_token_id) for b in range(batch)]
+    spans = [spans_from_ids(ids[b, pads[b]:], vlm.image_token_id, vlm.rope) for b in range(batch)]
     _register()
     model = vlm.model
     language = model.model.language_model
@@ -398,6 +412,7 @@ def generate_batch(vlm: VLM, method, inputs: dict, max_new_tokens: int,
             start = _clock(model.device)
             out = model(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=1, **extra)
             prefill = _clock(model.device) - start
+            kept = [_kept_positions(caches) for caches in session.caches]
             logits = [out.logits[:, -1].float()]
             tokens = [logits[-1].argmax(-1)]
             del out  # its logits over the whole prompt are not the decode steps' memory
@@ -422,8 +437,27 @@ def generate_batch(vlm: VLM, method, inputs: dict, max_new_tokens: int,
         _ACTIVE.reset(token)
     stacked, chosen = torch.stack(logits, dim=1), torch.stack(tokens, dim=1)
     return [Generation(chosen[b].tolist(), stacked[b], sum(method.cache_bytes(c) for c in session.caches[b]),
-                       prefill, decode, spans[b], max(peak, decode_peak), decode_peak, memory.kind)
+                       prefill, decode, spans[b], max(peak, decode_peak), decode_peak, memory.kind, kept[b])
             for b in range(batch)]
+
+
+def _kept_positions(caches: list) -> list[torch.Tensor] | None:
+    """Each layer's held prompt positions, if every layer holds a subset of tokens (KeptTokens)."""
+    if not all(isinstance(c, KeptTokens) for c in caches):
+        return None
+    return [c.positions.sort(dim=-1).values.cpu() for c in caches]
+
+
+def jaccard(a: list[torch.Tensor], b: list[torch.Tensor]) -> list[list[float]]:
+    """Per layer and kv head, |A & B| / |A | B| of two generations' kept prompt positions."""
+    out = []
+    for x, y in zip(a, b, strict=True):
+        row = []
+        for hx, hy in zip(x.tolist(), y.tolist(), strict=True):
+            sx, sy = set(hx), set(hy)
+            row.append(len(sx & sy) / len(sx | sy))
+        out.append(row)
+    return out
 
 
 def generate_sdpa(vlm: VLM, inputs: dict, max_new_tokens: int) -> list[Generation]:
@@ -443,7 +477,7 @@ def generate_sdpa(vlm: VLM, inputs: dict, max_new_tokens: int) -> list[Generatio
         raise ModelError("generate_sdpa takes prompts of one length: no padding")
     ids = inputs["input_ids"]
     batch = ids.shape[0]
-    spans = [spans_from_ids(ids[b], vlm.image_token_id) for b in range(batch)]
+    spans = [spans_from_ids(ids[b], vlm.image_token_id, vlm.rope) for b in range(batch)]
     model = vlm.model
     language = model.model.language_model
     before = language.config._attn_implementation

@@ -188,6 +188,55 @@ def applied(press, model):
             h.remove()
 
 
+# Our method equal by construction to a press, and its knobs from the press's settings: the same scores,
+# window, pooling kernel and sinks, kept_count's rounding (kvpress's), and like every press it compresses the
+# prompt once and keeps every generated token.
+MATCHED = {
+    "SnapKVPress": lambda budget, p: ("snapkv", {"budget": budget, "window": p["window_size"],
+                                                 "kernel_size": p["kernel_size"], "pooling": "avg",
+                                                 "evict_while_decoding": False}),
+    "StreamingLLMPress": lambda budget, p: ("streamingllm", {"budget": budget, "sink_tokens": p["n_sink"],
+                                                             "evict_while_decoding": False}),
+}
+
+
+def matched(press) -> tuple[str, dict] | None:
+    """(method, params) of our method that keeps what `press` keeps, or None."""
+    make = MATCHED.get(type(press).__name__)
+    if make is None:
+        return None
+    settings = {f.name: getattr(press, f.name) for f in dataclasses.fields(press)}
+    return make(1 - press.compression_ratio, settings)
+
+
+@contextmanager
+def recording_kept(press, kept: dict):
+    """Fill kept[layer] with the prompt positions a scoring press keeps
+    ([kv_heads, n], ascending): the top n_kept of its scores, as
+    ScorerPress.compress picks them. Presses that pick otherwise (their own
+    compress, e.g. PyramidKV's layer budgets, or wrappers) record nothing."""
+    from kvpress.presses.scorer_press import ScorerPress
+    from kvpress.utils import compute_n_kept
+
+    if not isinstance(press, ScorerPress) or type(press).compress is not ScorerPress.compress:
+        yield
+        return
+    score = press.score
+
+    def recorded(module, hidden_states, keys, *args, **kwargs):
+        scores = score(module, hidden_states, keys, *args, **kwargs)
+        if press.compression_ratio > 0:
+            n_kept = compute_n_kept(keys.shape[2], press.compression_ratio)
+            kept[module.layer_idx] = scores[0].topk(n_kept, dim=-1).indices.sort(dim=-1).values.cpu()
+        return scores
+
+    press.score = recorded
+    try:
+        yield
+    finally:
+        del press.score  # the class's method again
+
+
 def cache_bytes(cache) -> int:
     """Bytes the DynamicCache's tensors hold, every layer."""
     total = 0
@@ -212,7 +261,8 @@ def generate(vlm, press, inputs: dict, max_new_tokens: int, force_tokens: list[i
     language = model.model.language_model
     if language.config._attn_implementation == ATTENTION:  # left by an interrupted vlkv generation
         language.set_attn_implementation("sdpa")
-    spans = spans_from_ids(inputs["input_ids"][0], vlm.image_token_id)
+    spans = spans_from_ids(inputs["input_ids"][0], vlm.image_token_id, vlm.rope)
+    kept = {}
     with torch.inference_mode():
         memory = _Memory(model.device)
         memory.reset()
@@ -222,7 +272,7 @@ def generate(vlm, press, inputs: dict, max_new_tokens: int, force_tokens: list[i
             if press is None:
                 out = model(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=1)
             else:
-                with applied(press, model):
+                with applied(press, model), recording_kept(press, kept):
                     out = model(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=1)
         except Exception as err:  # a press written for other models: whatever it raises, say which and go on
             reason = " ".join(str(err).split())[:300]
@@ -250,8 +300,10 @@ def generate(vlm, press, inputs: dict, max_new_tokens: int, force_tokens: list[i
             tokens.append(logits[-1].argmax(-1))
         decode = _clock(model.device) - start
         decode_peak = memory.peak()
+    layers = len(cache.layers)
     return Generation(torch.stack(tokens, dim=1)[0].tolist(), torch.stack(logits, dim=1)[0], cache_bytes(cache),
-                      prefill, decode, spans, max(peak, decode_peak), decode_peak, memory.kind)
+                      prefill, decode, spans, max(peak, decode_peak), decode_peak, memory.kind,
+                      [kept[i] for i in range(layers)] if len(kept) == layers else None)
 
 
 def press_dict(press) -> dict:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from kernels_py.model import Spans
+from kernels_py.attention import Rope, Spans
 
 FORMAT = "vlkv-trace/1"
 
@@ -84,8 +84,8 @@ def capture(vlm, images: list, prompt: str, decode_steps: int) -> tuple[dict, di
         "format": FORMAT,
         "model": {"directory": str(vlm.path), "model_type": vlm.family, "layers": vlm.layers,
                   "heads": int(text.num_attention_heads), "kv_heads": int(text.num_key_value_heads),
-                  "head_dim": int(q[0].shape[-1]), "rope_theta": float(_rope_theta(text)),
-                  "rope": "mrope" if vlm.mrope else "default",
+                  "head_dim": int(q[0].shape[-1]), "rope_theta": vlm.rope.theta,
+                  "rope": vlm.rope.kind,
                   "dtype": str(q[0].dtype).removeprefix("torch.")},
         "spans": {"system": list(spans.system), "images": [list(s) for s in spans.images], "text": list(spans.text)},
         "prompt_tokens": spans.prompt_tokens,
@@ -131,11 +131,6 @@ class _PreRope:
         self.positions.append((ids[:, 0] if ids.dim() == 3 else ids[0]).detach().clone())
 
 
-def _rope_theta(text_config) -> float:
-    params = getattr(text_config, "rope_parameters", None) or {}
-    return params.get("rope_theta", getattr(text_config, "rope_theta", 10000.0))
-
-
 def save(path: str | Path, tensors: dict, meta: dict) -> None:
     from safetensors.torch import save_file
 
@@ -164,8 +159,10 @@ def read(path: str | Path) -> tuple[dict, dict]:
 
 
 def spans_of(meta: dict) -> Spans:
-    s = meta["spans"]
-    return Spans(tuple(s["system"]), tuple(tuple(i) for i in s["images"]), tuple(s["text"]))
+    """The trace's spans, with the RoPE (kind and theta) its header names."""
+    s, model = meta["spans"], meta["model"]
+    return Spans(tuple(s["system"]), tuple(tuple(i) for i in s["images"]), tuple(s["text"]),
+                 Rope(model["rope"], float(model["rope_theta"])))
 
 
 def main(argv=None) -> int:

@@ -33,7 +33,7 @@ CASES = [
     ("zipvl_evict", {"tau": 0.5}),
     ("zipvl", {"tau": 0.9, "probe_recent": 8, "probe_random": 8, "period": 3}),
     ("zipvl", {"tau": 0.5, "high_bits": 2, "group": 32}),
-    ("zipcache", {"ratio": 0.3, "period": 4}),
+    ("zipvl_fixed", {"ratio": 0.3, "period": 4}),
     ("kivi", {"bits": 2, "residual": 8}),
     ("kivi", {"bits": 4, "residual": 0, "group": 32}),
     ("avl", {}),

@@ -47,9 +47,10 @@ def test_compressing_methods_are_scored_sanely(method):
     result = ablation.run(method, {"budget": 0.25}, WORKLOAD)
     m, per_layer = result["metrics"], result["per_layer"]
     prompt = 8 + 144 + 24
-    kept = math.ceil(0.25 * prompt)
+    kept = int(prompt * 0.25)
     assert m["prefill_compression_ratio"] == pytest.approx(prompt / kept)
-    assert 1.0 < m["compression_ratio"] <= m["prefill_compression_ratio"] + 1e-9
+    # Evicting, the share of the tokens seen is held (up to one token's rounding); else generated tokens add up.
+    assert 1.0 < m["compression_ratio"] <= m["prefill_compression_ratio"] * (1 + 1 / kept)
     assert m["cache_bytes"] == sum(per_layer["cache_bytes"]) < m["full_cache_bytes"]
     assert 0.0 < m["rel_err_mean"] <= m["rel_err_max"]
     assert m["rel_err_mean"] == pytest.approx(sum(per_layer["rel_err"]) / len(per_layer["rel_err"]))

@@ -97,7 +97,44 @@ def test_presses_run_end_to_end_with_our_metrics(tiny, press):
     assert m["kvpress_version"] == presses.version() and m["kvpress_ratio_applied"] == 1.0
     assert m["model_cache_bytes"] < m["full_cache_bytes"] and m["compression_ratio"] > 1.5
     assert 0 <= m["token_agreement"] <= 1 and m["kl_mean"] >= 0 and m["prefill_seconds"] > 0
-    assert len(report["per_step"]["tokens"]) == 5 and report["per_layer"] == {}
+    assert len(report["per_step"]["tokens"]) == 5
+    # SnapKV and StreamingLLM have our method beside them, matched by construction: the same kept tokens.
+    if press in presses.MATCHED:
+        assert m["pair_jaccard_mean"] == m["pair_jaccard_min"] == 1.0 and m["pair_token_agreement"] == 1.0
+        assert report["extra"]["pair_method"] == {"SnapKVPress": "snapkv"}.get(press, "streamingllm")
+        assert len(report["per_layer"]["pair_jaccard"]) == 2  # layers of the tiny model, each per kv head
+    else:
+        assert report["per_layer"] == {} and "pair_jaccard_mean" not in m and report["extra"] == {}
+
+
+@pytest.mark.parametrize("family", ["llava", "qwen2_vl"])
+# Windows below the press's kept count: with fewer kept than its window, SnapKVPress picks among the window's
+# tied scores in torch.topk's order, where snapkv keeps the latest.
+@pytest.mark.parametrize("press, args, ratio", [("SnapKVPress", {"window_size": 32}, 0.5),
+                                                ("SnapKVPress", {"window_size": 16}, 0.75),
+                                                ("StreamingLLMPress", {}, 0.5), ("StreamingLLMPress", {"n_sink": 2}, 0.7)])
+def test_our_methods_keep_what_their_presses_keep(tiny, family, press, args, ratio):
+    """At matched settings (presses.matched: window, pooling kernel, sinks,
+    kvpress's rounding, no eviction while decoding) our snapkv and
+    streamingllm keep the very tokens SnapKVPress and StreamingLLMPress keep,
+    on every layer and kv head, and generate the same tokens."""
+    path, image, prompt = tiny[family]
+    vlm = models.load(path)
+    inputs = models.prompt_inputs(vlm, [image], prompt)
+    made = presses.make(press, ratio, args)
+    name, params = presses.matched(made)
+    assert params["evict_while_decoding"] is False and params["budget"] == 1 - ratio
+    theirs = presses.generate(vlm, made, inputs, 6)
+    ours = models.generate(vlm, make_method(name, params), inputs, 6)
+    prompt_tokens = inputs["input_ids"].shape[1]
+    assert theirs.kept[0].shape[1] == int(prompt_tokens * (1 - ratio)) < prompt_tokens
+    assert models.jaccard(theirs.kept, ours.kept) == [[1.0] * len(layer) for layer in ours.kept]
+    assert theirs.tokens == ours.tokens and theirs.cache_bytes == ours.cache_bytes
+    # Left at its own defaults (window 32, not the press's 16), snapkv keeps other tokens.
+    if press == "SnapKVPress" and args["window_size"] == 16:
+        own = models.generate(vlm, make_method("snapkv", {"budget": 1 - ratio, "evict_while_decoding": False}),
+                              inputs, 6)
+        assert min(x for layer in models.jaccard(theirs.kept, own.kept) for x in layer) < 1.0
 
 
 def test_press_parameters_pass_through_and_are_checked(tiny):

@@ -73,8 +73,8 @@ def test_weighted_merge_is_eq_12_with_the_keys_similarity_on_values():
 def test_lookm_keeps_the_recent_window_and_text_first(workload):
     method = make_method("lookm", {"recent_ratio": 0.1, "important_ratio": 0.3, "merge": "none"})
     cache = method.prefill(0, workload.q[0], workload.k[0], workload.v[0], workload.spans)
-    recent, important = math.ceil(0.1 * PROMPT), math.ceil(0.3 * PROMPT)
-    assert cache.tokens == recent + important
+    recent, capacity = int(PROMPT * 0.1), int(PROMPT * (0.1 + 0.3))  # alpha_1 + alpha_2 rounded once
+    assert cache.tokens == capacity
     text = set(range(8)) | set(range(72, PROMPT))
     for h in range(2):
         held = set(cache.positions[h].tolist())
@@ -100,8 +100,8 @@ def test_lookm_evicting_while_decoding_holds_its_share_and_keeps_generated_text(
         for method, cache in zip((keeping, evicting), caches):
             method.decode(0, cache, workload.decode_q[0][step], workload.decode_k[0][step], workload.decode_v[0][step])
     seen = PROMPT + CFG["decode_steps"]
-    assert caches[0].tokens == math.ceil(0.05 * PROMPT) + math.ceil(0.15 * PROMPT) + CFG["decode_steps"]
-    assert caches[1].tokens == math.ceil(share * seen) < caches[0].tokens
+    assert caches[0].tokens == int(PROMPT * (0.05 + 0.15)) + CFG["decode_steps"]
+    assert caches[1].tokens == int(seen * share) < caches[0].tokens
     for h in range(2):
         assert set(range(PROMPT, seen)) <= set(caches[1].positions[h].tolist())  # generated text ranks first
     # The prompt tokens evicted while decoding were merged into the kept ones (dropped with merge=none).
@@ -136,8 +136,8 @@ def test_avl_prefill_sets_core_secondary_and_minor(workload):
     ranked = visual[last[visual].argsort(descending=True)]
     stored = set(cache.positions[0][cache.visual].tolist())
     core = set(cache.positions[0][cache.core].tolist())
-    assert len(stored) == math.ceil(0.4 * 64) and len(core) == math.ceil(0.2 * 64) and core < stored
-    assert len(stored ^ set(ranked[:26].tolist())) <= 2 and len(core ^ set(ranked[:13].tolist())) <= 2  # float ties
+    assert len(stored) == int(64 * 0.4) and len(core) == int(64 * 0.2) and core < stored
+    assert len(stored ^ set(ranked[:25].tolist())) <= 2 and len(core ^ set(ranked[:12].tolist())) <= 2  # float ties
     assert int((~cache.visual).sum()) == 24  # every text token (T = 100%)
 
 
@@ -150,11 +150,11 @@ def test_avl_update_steps_use_all_secondary_tokens_and_report_used_cache(workloa
         method.decode(2, cache, q_t, k_t, v_t)
         used.append(round(cache.used[-1] * cache.seen))
     text = 24 + 1  # prompt text plus this step's token
-    assert used == [13 + text, 13 + text + 1, 26 + text + 2, 13 + text + 3, 13 + text + 4, 26 + text + 5,
-                    13 + text + 6]
+    assert used == [12 + text, 12 + text + 1, 25 + text + 2, 12 + text + 3, 12 + text + 4, 25 + text + 5,
+                    12 + text + 6]
     m = method.layer_metrics(2, cache)
-    assert m["core_tokens"] == 13 and m["secondary_tokens"] == 26
-    assert m["stored_fraction"] == pytest.approx((26 + 24 + 7) / (PROMPT + 7))
+    assert m["core_tokens"] == 12 and m["secondary_tokens"] == 25
+    assert m["stored_fraction"] == pytest.approx((25 + 24 + 7) / (PROMPT + 7))
     assert m["used_fraction"] < m["stored_fraction"]
 
 
@@ -163,7 +163,7 @@ def test_avl_text_window_and_prefill_filter(workload):
     caches = method.prefill_all(workload.q, workload.k, workload.v, workload.spans)
     assert int((~caches[0].visual).sum()) == 12  # 50% of 24 text tokens
     # After the second layer only 50% of the image tokens (layer 2's choice) are candidates: 60% becomes 32.
-    assert [int(c.visual.sum()) for c in caches] == [math.ceil(0.6 * 64)] * 2 + [32] * 2
+    assert [int(c.visual.sum()) for c in caches] == [int(64 * 0.6)] * 2 + [32] * 2
     stored = [set(c.positions[0][c.visual].tolist()) for c in caches[2:]]
     assert stored[0] == stored[1]
     result = ablation.run("avl", {}, CFG)
@@ -190,3 +190,40 @@ def test_avl_kernel_path_matches_the_reference(workload):
                                                                         workload.decode_v))) for s in range(4)]
     for a, b in zip(outs["triton"], outs["torch"]):
         torch.testing.assert_close(a.float(), b.float(), atol=1e-4, rtol=1e-4)
+
+
+def test_lookm_merging_helps_flat_attention_and_hurts_sharp_attention_at_large_budgets(tmp_path):
+    """Why merging can raise LOOK-M's error at larger budgets (the synthetic
+    workload at 40%: no merge 0.09, averaged 0.32): a merged token keeps the
+    attention weight of the kept token it joins, so the evicted tokens'
+    values enter at the kept token's weight, not their own. Where attention
+    is flat, the evicted tokens carry mass and merging brings some back;
+    where it is sharp, the kept tokens carry it and merging dilutes their
+    values. A trace of a tiny LLaVA shows both: as built (flat, max weight
+    about 0.01) merging lowers the error at 40%, with q and k scaled up
+    (sharp, about 0.74) it raises it, as on the synthetic workload. The
+    merges are Eq. 10-12 (checked by hand above): the workload's attention
+    sets the direction, not the code."""
+    from kernels_py.models import load, trace
+    from kernels_py.tests.tiny_vlm import save_image, save_tiny_llava
+
+    vlm = load(save_tiny_llava(tmp_path / "llava"))
+    image = save_image(tmp_path / "image.png")
+    prompt = "USER : <image> describe the picture" + " what is in the picture a red cat or a blue dog ?" * 2 + \
+        " ASSISTANT :"
+    errors = {}
+    for sharpness in (1.0, 12.0):
+        with torch.no_grad():
+            for layer in vlm.model.model.language_model.layers:
+                layer.self_attn.q_proj.weight.mul_(sharpness)
+                layer.self_attn.k_proj.weight.mul_(sharpness)
+        path = tmp_path / f"trace-{sharpness}.safetensors"
+        trace.save(path, *trace.capture(vlm, [image], prompt, decode_steps=8))
+        errors[sharpness] = {m: ablation.run("lookm", {"recent_ratio": 0.2, "important_ratio": 0.2, "merge": m},
+                                             {"path": str(path)}, "trace")["metrics"]["rel_err_mean"]
+                             for m in ("none", "averaged")}
+    assert errors[1.0]["averaged"] < 0.8 * errors[1.0]["none"]
+    assert errors[12.0]["averaged"] > 1.03 * errors[12.0]["none"]
+    synthetic = {m: ablation.run("lookm", {"recent_ratio": 0.2, "important_ratio": 0.2, "merge": m},
+                                 dict(CFG, dtype="float16"))["metrics"]["rel_err_mean"] for m in ("none", "averaged")}
+    assert synthetic["averaged"] > 2 * synthetic["none"]

@@ -58,7 +58,7 @@ def full_outputs(workload):
 
 
 def test_registry_names_match_classes():
-    assert set(METHODS) == {"full", "h2o", "streamingllm", "snapkv", "vlcache", "zipvl", "zipvl_evict", "zipcache",
+    assert set(METHODS) == {"full", "h2o", "streamingllm", "snapkv", "vlcache", "zipvl", "zipvl_evict", "zipvl_fixed",
                             "kivi", "attentionpack", "avl", "lookm", "pyramidkv", "fastv", "kvpress"}
     for name, cls in METHODS.items():
         assert cls.name == name and make_method(name).name == name
@@ -253,6 +253,7 @@ def test_layer_cache_append_and_keep():
     "name,params,error,match",
     [
         ("h2o2", {}, ValueError, "unknown method 'h2o2' \\(did you mean 'h2o'\\?\\)"),
+        ("zipcache", {}, ValueError, "method 'zipcache' is now 'zipvl_fixed': it is ZipVL's fixed-ratio baseline"),
         (None, {}, TypeError, "method name must be a str"),
         ("full", {"budget": 0.5}, ValueError, "unknown parameter.*'budget'"),
         ("h2o", {"window": 4}, ValueError,
@@ -314,7 +315,9 @@ def check_params(schema_params: dict, dataclass_type) -> None:
 
 def test_schema_matches_the_registries():
     document = json.loads(SCHEMA_FILE.read_text())
-    assert set(document) == {"methods", "workloads", "default_workload", "benchmarks", "ops", "protocols"}
+    assert set(document) == {"methods", "workloads", "default_workload", "benchmarks", "ops", "protocols",
+                             "renamed_methods"}
+    assert all(entry["now"] in METHODS and old not in METHODS for old, entry in document["renamed_methods"].items())
     assert list(document["protocols"]) == list(PROTOCOLS)
     assert list(document["methods"]) == list(METHODS)
     for name, cls in METHODS.items():

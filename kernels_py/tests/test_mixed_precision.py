@@ -105,7 +105,7 @@ def test_decode_blocks_are_reassessed_every_period(workload):
 
 
 def test_fixed_ratio_baseline_and_kivi_window(workload):
-    method = make_method("zipcache", {"ratio": 0.25})
+    method = make_method("zipvl_fixed", {"ratio": 0.25})
     cache = method.prefill(0, workload.q[0], workload.k[0], workload.v[0], workload.spans)
     assert cache.quantized_tokens == {2: PROMPT - 22, 4: 22}  # ceil(0.25 * 88), per kv head
     kivi = make_method("kivi", {"residual": 20, "group": 32})

@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from kernels_py.attention import Rope
 from kernels_py import models
 from kernels_py.methods import make_method
 from kernels_py.tests.tiny_vlm import QWEN_PROMPT, save_image, save_tiny_llava, save_tiny_qwen2_vl
@@ -115,7 +116,7 @@ def test_a_trace_replays_as_a_workload(tiny, tmp_path):
     assert workload.decode_q[0].shape == (4, 4, 1, 32)
     assert torch.equal(workload.k[1].cpu(), tensors["layer.1.k"])
     # Keys before RoPE and the positions: rotating the one by the other gives the cached keys back.
-    from kernels_py.model import apply_rope
+    from kernels_py.attention import apply_rope
 
     assert torch.equal(tensors["positions"], torch.arange(71)) and tensors["decode_positions"].tolist() == [71, 72, 73, 74]
     theta = meta["model"]["rope_theta"]
@@ -139,6 +140,45 @@ def test_a_trace_replays_as_a_workload(tiny, tmp_path):
         make_workload("trace", {"path": str(not_a_trace)}).build()
     with pytest.raises(ValueError, match="does not exist"):
         make_workload("trace", {"path": str(tmp_path / "none.safetensors")}).build()
+
+
+def test_a_trace_replays_with_its_own_rope(tmp_path):
+    """The trace header's RoPE (kind, theta) and positions reach the methods:
+    a Llama-style model with theta 1e6 has its keys unrotated with 1e6 (the
+    captured pre-RoPE keys come back), AttentionPack takes that theta and
+    refuses another; a Qwen2-VL trace replays its 3-D M-RoPE positions and
+    AttentionPack's rope='before' is refused on it."""
+    from kernels_py import ablation
+    from kernels_py.models import trace
+    from kernels_py.workloads import make_workload
+
+    def replay(vlm, image, prompt, name):
+        tensors, meta = trace.capture(vlm, [image], prompt, decode_steps=2)
+        path = tmp_path / f"{name}.safetensors"
+        trace.save(path, tensors, meta)
+        return tensors, str(path), make_workload("trace", {"path": str(path)}).build()
+
+    image = save_image(tmp_path / "image.png")
+    llama = models.load(save_tiny_llava(tmp_path / "llama", rope_theta=1e6))
+    tensors, path, workload = replay(llama, image, PROMPT, "llama")
+    assert workload.spans.rope == Rope("default", 1e6) and torch.equal(workload.positions.cpu(), torch.arange(71))
+    for layer in range(2):
+        unrotated = workload.spans.rope.rotate(workload.k[layer].float(), -workload.positions)
+        torch.testing.assert_close(unrotated.cpu(), tensors[f"layer.{layer}.k_pre"].float(), atol=1e-5, rtol=1e-5)
+        assert not torch.allclose(Rope("default", 10000.0).rotate(workload.k[layer].float(), -workload.positions).cpu(),
+                                  tensors[f"layer.{layer}.k_pre"].float(), atol=1e-3)
+    pack = {"rank_k": 16, "rank_v": 16}
+    assert ablation.run("attentionpack", pack, {"path": path}, "trace")["metrics"]["rel_err_mean"] < 1
+    with pytest.raises(ValueError, match="rope_base=10000 but the workload's keys were rotated with theta 1e"):
+        ablation.run("attentionpack", {**pack, "rope_base": 10000.0}, {"path": path}, "trace")
+
+    qwen = models.load(save_tiny_qwen2_vl(tmp_path / "qwen"))
+    _, path, workload = replay(qwen, save_image(tmp_path / "small.png", size=112), QWEN_PROMPT, "qwen")
+    assert workload.spans.rope.kind == "mrope" and workload.positions.shape == (3, 25)
+    with pytest.raises(ValueError, match="rotated with mrope .* use rope='after'"):
+        ablation.run("attentionpack", pack, {"path": path}, "trace")
+    after = ablation.run("attentionpack", {**pack, "rope": "after"}, {"path": path}, "trace")["metrics"]
+    assert 0 < after["rel_err_mean"] < 1
 
 
 def test_a_live_model_workload_scores_methods_inside_the_model(tiny):
@@ -193,7 +233,9 @@ def test_qwen_vl_with_m_rope(tmp_path, version, family):
     assert positions[0, 3:19].unique().tolist() == [3] and positions[1, 3:19].tolist() == [3, 3, 3, 3, 4, 4, 4, 4,
                                                                                             5, 5, 5, 5, 6, 6, 6, 6]
     assert tensors["decode_positions"].tolist() == [[13, 14]] * 3  # text after the image continues from max + 1
-    with pytest.raises(models.ModelError, match="M-RoPE .* use rope='after'"):
+    # The spans carry the model's RoPE, and a method that undoes RoPE itself refuses M-RoPE from them.
+    assert models.spans_from_ids(inputs["input_ids"][0], vlm.image_token_id, vlm.rope).rope == Rope("mrope", 1e6)
+    with pytest.raises(ValueError, match="rotated with mrope .* use rope='after'"):
         models.generate(vlm, make_method("attentionpack", {"rank_k": 8, "rank_v": 8}), inputs, 2)
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from kernels_py import metrics
-from kernels_py.model import apply_rope
+from kernels_py.attention import apply_rope
 from kernels_py.workloads import SyntheticConfig, generate
 
 SMALL = dict(layers=2, heads=4, kv_heads=2, head_dim=32, tokens_per_image=64, system_tokens=8,

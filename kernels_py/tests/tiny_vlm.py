@@ -12,11 +12,13 @@ IMAGE_SIZE, PATCH = 56, 7  # 64 image tokens per image
 
 
 def save_tiny_llava(directory: Path, *, seed: int = 0, layers: int = 2, heads: int = 4, kv_heads: int = 2,
-                    next: bool = False, head_dim: int | None = None, image_size: int = IMAGE_SIZE) -> Path:
+                    next: bool = False, head_dim: int | None = None, image_size: int = IMAGE_SIZE,
+                    rope_theta: float = 10000.0) -> Path:
     """LLaVA-1.5, or with next=True LLaVA-NeXT: anyres tiling on a grid of
     56-pixel tiles (1x1, 1x2, 2x1, 2x2), so an image is a base view plus its
     tiles, unpadded, with a newline token per row. The image is (image_size /
-    7)^2 tokens; head_dim widens the attention without widening the model."""
+    7)^2 tokens; head_dim widens the attention without widening the model;
+    rope_theta is the language model's RoPE base."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import (
         CLIPImageProcessor, CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration,
@@ -37,7 +39,8 @@ def save_tiny_llava(directory: Path, *, seed: int = 0, layers: int = 2, heads: i
     images = LlavaNextImageProcessor(image_grid_pinpoints=grid, **sizes) if next else CLIPImageProcessor(**sizes)
     text = LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=layers,
                        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
-                       max_position_embeddings=4096)
+                       max_position_embeddings=4096,
+                       rope_parameters={"rope_type": "default", "rope_theta": rope_theta})
     vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                               image_size=image_size, patch_size=PATCH, projection_dim=32)
     common = dict(text_config=text, vision_config=vision, image_token_index=3,

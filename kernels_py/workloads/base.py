@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import torch
 
-from kernels_py.model import Spans
+from kernels_py.attention import Spans
 from kernels_py.params import Knobs
 
 
@@ -24,8 +24,8 @@ class Workload:
 
     config: "WorkloadConfig"
     spans: Spans
-    positions: torch.Tensor  # [T] int64
-    decode_positions: torch.Tensor  # [steps] int64
+    positions: torch.Tensor  # [T] int64 RoPE positions ([3, T] under M-RoPE: spans.rope.kind)
+    decode_positions: torch.Tensor  # [steps] int64 ([3, steps] under M-RoPE)
     sinks: tuple[int, ...]  # positions built to be heavy hitters
     q: tuple[torch.Tensor, ...]
     k: tuple[torch.Tensor, ...]

@@ -49,7 +49,7 @@ import numpy as np
 import torch
 
 from kernels_py import runtime
-from kernels_py.model import Spans, apply_rope
+from kernels_py.attention import Rope, Spans, apply_rope
 from kernels_py.ops.common import DTYPES
 from kernels_py.params import Rule, knob
 from kernels_py.workloads.base import Workload, WorkloadConfig
@@ -157,7 +157,8 @@ class SyntheticConfig(WorkloadConfig):
             for i in range(self.images)
         )
         text_start = images_start + self.images * self.tokens_per_image
-        return Spans((0, self.system_tokens), images, (text_start, text_start + self.text_tokens))
+        return Spans((0, self.system_tokens), images, (text_start, text_start + self.text_tokens),
+                     Rope("default", self.rope_base))
 
 
 @dataclass(frozen=True)

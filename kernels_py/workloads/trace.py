@@ -36,7 +36,7 @@ def from_tensors(config: WorkloadConfig, tensors: dict, meta: dict, spans) -> Wo
     def per_layer(name):
         return tuple(tensors[f"layer.{layer}.{name}"].to(dev) for layer in range(layers))
 
-    prompt, steps = meta["prompt_tokens"], meta["decode_steps"]
-    return Workload(config, spans, torch.arange(prompt, device=dev), torch.arange(prompt, prompt + steps, device=dev),
+    # The positions the model rotated with: [T] and [steps], or [3, T] and [3, steps] under M-RoPE (spans.rope).
+    return Workload(config, spans, tensors["positions"].to(dev), tensors["decode_positions"].to(dev),
                     (), per_layer("q"), per_layer("k"), per_layer("v"),
                     per_layer("decode_q"), per_layer("decode_k"), per_layer("decode_v"))

@@ -145,7 +145,7 @@ def post_vision_rows(spans, n: int, device=None) -> torch.Tensor:
     """VL-Cache's post-vision rows: the prompt positions after the last visual
     token, last_visual_end .. n-1. `spans` is that end (an int, exclusive), a
     sequence of half-open (start, end) visual spans, or an object with an
-    `images` attribute holding them (kernels_py.model.Spans)."""
+    `images` attribute holding them (kernels_py.attention.Spans)."""
     n = _check_n(n)
     if isinstance(spans, int) and not isinstance(spans, bool):
         end = spans

@@ -11,7 +11,7 @@ The cache of each sequence has two segments:
   yet folded in, stored as the model caches them (keys already rotated).
 
 Keys decomposed *before* RoPE (AttentionPack's reference code) are rotated
-after rebuilding, at `comp.pos` ("rotate half", kernels_py.model.apply_rope);
+after rebuilding, at `comp.pos` ("rotate half", kernels_py.attention.apply_rope);
 pass rope_base=None when keys were decomposed after RoPE.
 
 Every implementation returns the output, the LSE and each token's attention

@@ -5,7 +5,7 @@ segment and attend."""
 
 import torch
 
-from kernels_py.model import apply_rope
+from kernels_py.attention import apply_rope
 from kernels_py.ops.common import softmax_scale
 from kernels_py.ops.lowrank_decode.contract import CompressedKV, DecodeOutput, DenseKV, check_inputs
 
