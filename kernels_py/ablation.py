@@ -14,9 +14,9 @@ from typing import Any, Mapping
 import torch
 
 from kernels_py import metrics
+from kernels_py.attention import expand_kv
 from kernels_py.methods import Method, make_method
 from kernels_py.methods.prompt import PostVisionRows
-from kernels_py.attention import expand_kv
 from kernels_py.runtime import arena
 from kernels_py.workloads import DEFAULT_WORKLOAD, Workload, WorkloadConfig, make_workload
 

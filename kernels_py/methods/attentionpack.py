@@ -59,12 +59,12 @@ import torch
 from kernels_py.methods.allocators import (
     GROUPS_PATTERN, GROUPS_RULES, group_rank, group_sizes, importance_groups, parse_groups,
 )
+from kernels_py.attention import apply_rope
 from kernels_py.methods.base import Method, backend_knob
 from kernels_py.methods.caches import kept_count
 from kernels_py.methods.lowrank import LowRankCache, Segment, factorize
 from kernels_py.methods.prompt import Prompt
 from kernels_py.methods.scorers import LastRowImportance
-from kernels_py.attention import apply_rope
 from kernels_py.ops.common import DTYPES
 from kernels_py.params import Rule, knob
 

@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kernels_py.attention import expand_kv
 from kernels_py.methods.base import Method, backend_knob
 from kernels_py.methods.caches import kept_count
 from kernels_py.methods.prompt import AllRows, LastRow, Prompt
 from kernels_py.metrics import tensor_bytes
-from kernels_py.attention import expand_kv
 from kernels_py.ops import gather_decode
 from kernels_py.params import Rule, knob
 

@@ -31,11 +31,11 @@ from typing import ClassVar
 
 import torch
 
+from kernels_py.attention import Spans
 from kernels_py.methods.allocators import Allocator
 from kernels_py.methods.caches import KeptTokens, kept_count
 from kernels_py.methods.prompt import Prompt
 from kernels_py.methods.scorers import Scorer
-from kernels_py.attention import Spans
 from kernels_py.ops.common import BACKENDS
 from kernels_py.params import Knobs, knob
 
@@ -107,6 +107,14 @@ class Method(Knobs, ABC):
     @abstractmethod
     def decode(self, layer: int, cache, q_t: torch.Tensor, k_t: torch.Tensor, v_t: torch.Tensor) -> torch.Tensor:
         """One decode step; updates `cache` in place and returns the attention output [heads, 1, d]."""
+
+    def prefill_attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          spans: Spans) -> torch.Tensor | None:
+        """Inside a live model, the prefill attention output [heads, T, d] of
+        one layer, which the next layer reads (a method that changes the
+        prefill itself, e.g. ZipVL's sparse prefill); None: ordinary causal
+        attention. Replayed workloads have no next layer to feed."""
+        return None
 
     def cache_bytes(self, cache) -> int:
         """Bytes the cache holds, as its representation counts them."""

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from kernels_py.metrics import tensor_bytes
 from kernels_py.attention import expand_kv
+from kernels_py.metrics import tensor_bytes
 
 
 @dataclass

@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kernels_py.attention import group_sum
 from kernels_py.methods.base import Method, backend_knob
 from kernels_py.methods.prompt import ProbeRows, Prompt
 from kernels_py.methods.scorers import AttentionMass
-from kernels_py.methods.sparse_prefill import flops_saved, prefill_error
+from kernels_py.methods.sparse_prefill import flops_saved, prefill_error, sparse_prefill
 from kernels_py.metrics import tensor_bytes
-from kernels_py.attention import group_sum
 from kernels_py.ops import kv_quant, quant_decode
 from kernels_py.ops.kv_quant import PAD_POS, QuantKV
 from kernels_py.params import Rule, knob
@@ -227,9 +227,10 @@ class ImportanceQuantized(Method):
     period: int = knob("int", 100, "generated tokens that wait in the cache dtype before they are scored and "
                        "quantized", min=1, max=1 << 20, ref="ZipVL section 4.2, Algorithm 1")
     sparse_prefill: bool = knob(
-        "bool", True, "measure the token-level sparse prefill (attention among the important tokens only, the "
-        "others padded with zeros): its attention FLOPs saved and output error per layer. The workload is "
-        "teacher-forced, so the cache is built from the full prefill's K/V either way", ref="ZipVL section 4.2")
+        "bool", True, "token-level sparse prefill (attention among each layer's important tokens only, the others' "
+        "outputs zeros): inside a live model (the vlm workload) the prefill runs so, and later layers' K/V and "
+        "the cache come from it; on a replayed workload (synthetic, trace) the Q/K/V are given, so it is measured "
+        "only. Either way its attention FLOPs saved and output error per layer", ref="ZipVL section 4.2")
     backend: str = backend_knob("quantization and decode attention")
 
     RULES = (Rule("probe_recent + probe_random >= 1", "probe_recent + probe_random must be at least 1"),
@@ -246,21 +247,38 @@ class ImportanceQuantized(Method):
 
     def prefill_all(self, q, k, v, spans) -> list[MixedPrecisionCache]:
         prompt = Prompt(q, k, v, spans)
-        scorer = AttentionMass(self._rows, normalize=True, backend=self.backend)
         caches = []
         for layer in range(prompt.layers):
-            stats = prompt.stats(layer, self._rows, backend=self.backend)
-            count = self.important_count(stats.attn_sum.sum(dim=0))
+            count, scores = self._importance(prompt, layer)
             cache = MixedPrecisionCache.empty(k[layer], v[layer], self.group, self.backend)
             positions = torch.arange(prompt.tokens, device=k[layer].device).expand(cache.kv_heads, -1)
-            top = self._quantize_split(cache, k[layer], v[layer], positions, scorer.prefill(prompt, layer), count)
+            top = self._quantize_split(cache, k[layer], v[layer], positions, scores, count)
             cache.notes.update(important_ratio=count / prompt.tokens,
                                probe_rows=float(prompt.rows(self._rows).numel()))
             if self.sparse_prefill:
+                every, important = prefill_error(q[layer], k[layer], v[layer], top)
                 cache.notes.update(sparse_prefill_flops_saved=flops_saved(prompt.tokens, count),
-                                   sparse_prefill_error=prefill_error(q[layer], k[layer], v[layer], top))
+                                   sparse_prefill_error=every, sparse_prefill_error_important=important)
             caches.append(cache)
         return caches
+
+    def prefill_attention(self, layer, q, k, v, spans):
+        """With sparse_prefill, inside a model: the layer's important tokens
+        (chosen from its own probe rows, as prefill_all chooses them) attend
+        among themselves and the others' outputs are zeros (ZipVL section 4.2)."""
+        if not self.sparse_prefill:
+            return None
+        prompt = Prompt([q], [k], [v], spans)
+        count, scores = self._importance(prompt, 0)
+        top, _ = split_by_importance(scores, count)
+        return sparse_prefill(q, k, v, top)
+
+    def _importance(self, prompt: Prompt, layer: int) -> tuple[int, torch.Tensor]:
+        """How many tokens of the layer are important (Eq. 6) and every token's
+        score per kv head (Eq. 7: normalized probe attention)."""
+        stats = prompt.stats(layer, self._rows, backend=self.backend)
+        scorer = AttentionMass(self._rows, normalize=True, backend=self.backend)
+        return self.important_count(stats.attn_sum.sum(dim=0)), scorer.prefill(prompt, layer)
 
     def decode(self, layer, cache: MixedPrecisionCache, q_t, k_t, v_t) -> torch.Tensor:
         if not isinstance(cache, MixedPrecisionCache):
@@ -295,9 +313,11 @@ class ImportanceQuantized(Method):
         block_important_ratio: the same for the decode blocks reassessed (mean;
         0 if none was); high_bit_tokens / low_bit_tokens / dense_tokens a kv
         head holds; padding_slots: slots that pad its segments to whole
-        groups; with sparse_prefill, sparse_prefill_flops_saved and
-        sparse_prefill_error (relative, at the important tokens, against full
-        prefill attention)."""
+        groups; with sparse_prefill, sparse_prefill_flops_saved,
+        sparse_prefill_error (relative, over every row of the layer's output,
+        the zeroed ones included, against full prefill attention on the same
+        Q/K/V) and sparse_prefill_error_important (at the important rows
+        only)."""
         held = cache.quantized_tokens
         slots = sum(seg.slots for seg in cache.segments.values())
         blocks = cache.notes.get("blocks", 0.0)
@@ -310,8 +330,8 @@ class ImportanceQuantized(Method):
             "low_bit_tokens": float(held.get(self.low_bits, 0) if self.high_bits != self.low_bits else 0),
             "dense_tokens": float(cache.dense_positions.shape[0]),
             "padding_slots": float(slots - sum(held.values())),
-            **{name: cache.notes[name] for name in ("sparse_prefill_flops_saved", "sparse_prefill_error")
-               if name in cache.notes},
+            **{name: cache.notes[name] for name in ("sparse_prefill_flops_saved", "sparse_prefill_error",
+                                                    "sparse_prefill_error_important") if name in cache.notes},
         }
 
 

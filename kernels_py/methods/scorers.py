@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kernels_py.attention import group_sum
 from kernels_py.methods.caches import RECENT_SHARE, kept_count, recent_count
 from kernels_py.methods.prompt import THRESHOLD, AllRows, LastRow, PostVisionRows, Prompt, RecentRows, Rows
-from kernels_py.attention import group_sum
 
 SCORINGS = ("accumulated", "normalized", "sliding_window", "post_vision")
 POOLING = {"avg": F.avg_pool1d, "max": F.max_pool1d}

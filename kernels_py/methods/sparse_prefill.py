@@ -54,14 +54,14 @@ def flops_saved(tokens: int, important: int) -> float:
     return 1.0 - important * (important + 1) / (tokens * (tokens + 1)) if tokens else 0.0
 
 
-def prefill_error(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, important: torch.Tensor) -> float:
-    """Relative error of the sparse prefill's outputs at the important tokens
-    against full causal attention there (the padded rows are zero by design);
-    0 when no token is important (nothing is computed to be wrong)."""
+def prefill_error(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, important: torch.Tensor) -> tuple[float, float]:
+    """Relative error of the sparse prefill's outputs against full causal
+    attention: over every row (the zeroed ones count: what the next layer
+    reads), and at the important rows only (0 when none is important)."""
     heads = q.shape[0]
-    if important.shape[1] == 0:
-        return 0.0
     full = _sdpa(q.float(), k.float(), v.float())
     sparse = sparse_prefill(q.float(), k.float(), v.float(), important)
+    if important.shape[1] == 0:
+        return relative_error(sparse, full), 0.0
     rows = important.repeat_interleave(heads // important.shape[0], 0)[..., None].expand(-1, -1, q.shape[-1])
-    return relative_error(sparse.gather(1, rows), full.gather(1, rows))
+    return relative_error(sparse, full), relative_error(sparse.gather(1, rows), full.gather(1, rows))

@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from kernels_py.methods.caches import KeptTokens
 from kernels_py.attention import Rope, Spans
+from kernels_py.methods.caches import KeptTokens
 
 ATTENTION = "vlkv"
 # model_type in config.json -> the family the adapter knows how to drive.
@@ -214,6 +214,10 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
         else:  # left padding: transformers builds no mask for a registered function, so build it here
             out = F.scaled_dot_product_attention(query, key, value, attn_mask=_padded_causal(session.pads, query),
                                                  scale=scaling, enable_gqa=gqa)
+        for b, (pad, spans) in enumerate(zip(session.pads, session.spans)):  # a method's own prefill attention
+            own = session.method.prefill_attention(layer, query[b, :, pad:], key[b, :, pad:], value[b, :, pad:], spans)
+            if own is not None:
+                out[b, :, pad:] = own.to(out.dtype)
         session.prompt[layer] = (query, key, value)
         if len(session.prompt) == session.layers:
             session.caches = []

@@ -45,6 +45,9 @@ class _Recorder:
         self.prompt = [[t.detach().clone() for t in ts] for ts in (q, k, v)]
         return self.full.prefill_all(q, k, v, spans)
 
+    def prefill_attention(self, layer, q, k, v, spans):
+        return None  # the model's own prefill
+
     def decode(self, layer, cache, q_t, k_t, v_t):
         self.steps.setdefault(layer, []).append((q_t.detach().clone(), k_t.detach().clone(), v_t.detach().clone()))
         return self.full.decode(layer, cache, q_t, k_t, v_t)

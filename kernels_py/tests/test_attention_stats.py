@@ -21,9 +21,9 @@ import math
 import pytest
 import torch
 
-from kernels_py.ops.attention_stats import reference as ref
-from kernels_py.ops import attention_stats as kernel
 from kernels_py.attention import Spans
+from kernels_py.ops import attention_stats as kernel
+from kernels_py.ops.attention_stats import reference as ref
 
 SPREAD = 2.5
 # Tolerance on float results (row statistics and attention sums).

@@ -85,4 +85,5 @@ def test_review_edge_cases():
     assert [pyramid.prefill_recent(c, PROMPT) for c in (40, window, 1)] == [window, window, 1]
     q, k, v = w.q[0], w.k[0], w.v[0]
     import torch
-    assert prefill_error(q, k, v, torch.zeros(2, 0, dtype=torch.int64)) == 0.0
+    # Nothing important: every output row is zero (error 1 over all rows), none is wrong among the important.
+    assert prefill_error(q, k, v, torch.zeros(2, 0, dtype=torch.int64)) == (pytest.approx(1.0), 0.0)

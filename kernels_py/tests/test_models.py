@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from kernels_py.attention import Rope
 from kernels_py import models
+from kernels_py.attention import Rope
 from kernels_py.methods import make_method
 from kernels_py.tests.tiny_vlm import QWEN_PROMPT, save_image, save_tiny_llava, save_tiny_qwen2_vl
 
@@ -61,6 +61,42 @@ def test_every_kind_of_method_runs_inside_the_model(tiny, name, params):
     scores = models.compare(full, got)
     assert 0 <= scores["token_agreement"] <= 1 and len(scores["kl_per_step"]) == 6
     assert scores["kl_mean"] >= 0 and all(kl >= -1e-6 for kl in scores["kl_per_step"])
+
+
+def test_zipvl_sparse_prefill_runs_inside_the_model(tiny):
+    """With sparse_prefill, ZipVL's prefill inside the model is sparse: each
+    layer's important tokens attend among themselves and the others' outputs
+    are zeros, so layer 0's keys are the model's (no attention comes before
+    them) and every later layer's differ from a dense prefill's; the cache is
+    built from them. The error is reported over every row of the layers'
+    outputs, above what the important rows alone show."""
+    vlm, image, _ = tiny
+    inputs = models.prompt_inputs(vlm, [image], PROMPT)
+
+    class Recording:
+        def __init__(self, method):
+            self.method, self.keys = method, None
+
+        def __getattr__(self, name):
+            return getattr(self.method, name)
+
+        def prefill_all(self, q, k, v, spans):
+            self.keys = [x.clone() for x in k]
+            return self.method.prefill_all(q, k, v, spans)
+
+    runs = {}
+    for sparse in (False, True):
+        runs[sparse] = Recording(make_method("zipvl", {"group": 32, "tau": 0.5, "sparse_prefill": sparse}))
+        models.generate(vlm, runs[sparse], inputs, 3)
+    assert torch.equal(runs[False].keys[0], runs[True].keys[0])
+    assert not torch.allclose(runs[False].keys[1], runs[True].keys[1], atol=1e-3)
+    from kernels_py import ablation
+
+    report = ablation.run("zipvl", {"group": 32, "tau": 0.5}, {"model": str(vlm.path), "images": str(image),
+                                                                "prompt": PROMPT, "decode_steps": 2}, "vlm")
+    m = report["metrics"]
+    assert 0 < m["sparse_prefill_error_important"] < m["sparse_prefill_error"] <= 1
+    assert 0 < m["sparse_prefill_flops_saved"] < 1
 
 
 def test_teacher_forcing_and_the_comparison(tiny):
@@ -167,6 +203,10 @@ def test_a_trace_replays_with_its_own_rope(tmp_path):
         torch.testing.assert_close(unrotated.cpu(), tensors[f"layer.{layer}.k_pre"].float(), atol=1e-5, rtol=1e-5)
         assert not torch.allclose(Rope("default", 10000.0).rotate(workload.k[layer].float(), -workload.positions).cpu(),
                                   tensors[f"layer.{layer}.k_pre"].float(), atol=1e-3)
+    shifted = tmp_path / "shifted.safetensors"  # positions other than the methods' 0..T-1 are refused
+    trace.save(shifted, {**tensors, "positions": tensors["positions"] + 1}, trace.read(path)[1])
+    with pytest.raises(ValueError, match="trace positions are not 0..70 then 71..72"):
+        make_workload("trace", {"path": str(shifted)}).build()
     pack = {"rank_k": 16, "rank_v": 16}
     assert ablation.run("attentionpack", pack, {"path": path}, "trace")["metrics"]["rel_err_mean"] < 1
     with pytest.raises(ValueError, match="rope_base=10000 but the workload's keys were rotated with theta 1e"):

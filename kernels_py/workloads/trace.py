@@ -37,6 +37,14 @@ def from_tensors(config: WorkloadConfig, tensors: dict, meta: dict, spans) -> Wo
         return tuple(tensors[f"layer.{layer}.{name}"].to(dev) for layer in range(layers))
 
     # The positions the model rotated with: [T] and [steps], or [3, T] and [3, steps] under M-RoPE (spans.rope).
-    return Workload(config, spans, tensors["positions"].to(dev), tensors["decode_positions"].to(dev),
+    positions, decode_positions = tensors["positions"], tensors["decode_positions"]
+    prompt, steps = meta["prompt_tokens"], meta["decode_steps"]
+    if spans.rope.invertible_from_index and not (torch.equal(positions, torch.arange(prompt)) and torch.equal(
+            decode_positions, torch.arange(prompt, prompt + steps))):
+        # Methods place prompt token i at position i and step s at T + s (methods.base); a trace that does
+        # not (a padded or offset capture) would be unrotated at the wrong angles.
+        raise ValueError(f"trace positions are not 0..{prompt - 1} then {prompt}..{prompt + steps - 1}: this "
+                         f"version replays only traces of one unpadded prompt")
+    return Workload(config, spans, positions.to(dev), decode_positions.to(dev),
                     (), per_layer("q"), per_layer("k"), per_layer("v"),
                     per_layer("decode_q"), per_layer("decode_k"), per_layer("decode_v"))
