@@ -123,7 +123,9 @@ def _in_model(config, method) -> tuple[dict[str, float], dict[str, list]]:
     beside it: pair_jaccard_mean / _min (the kept prompt positions' overlap
     over layers and kv heads; per layer and head in per_layer), and
     pair_token_agreement (share of steps both pick the same token); the third
-    value names the pair ({"pair_method", "pair_params"}, empty otherwise)."""
+    value names the pair ({"pair_method", "pair_params"}; "pair_unavailable"
+    says why when the press's settings are outside our method's; empty
+    when no method matches or the press compresses nothing)."""
     from kernels_py import models
 
     vlm, inputs, full = _full_generation(config)
@@ -160,10 +162,14 @@ def _paired(vlm, inputs, press, got, force_tokens, steps) -> tuple[dict, dict]:
     from kernels_py.models import presses
 
     match = presses.matched(press)
-    if match is None:
+    if match is None or press.compression_ratio == 0:  # no pair, or nothing compressed to compare
         return {}, {}
     name, params = match
-    ours = models.generate(vlm, make_method(name, params), inputs, steps, force_tokens=force_tokens)
+    try:
+        method = make_method(name, params)
+    except (ValueError, TypeError) as err:  # the press's settings are outside our method's (an even kernel_size)
+        return {}, {"pair_method": name, "pair_unavailable": str(err)}
+    ours = models.generate(vlm, method, inputs, steps, force_tokens=force_tokens)
     if got.kept is None or ours.kept is None:
         raise RuntimeError(f"{type(press).__name__} and {name} should both report the prompt tokens they keep")
     overlap = models.jaccard(got.kept, ours.kept)

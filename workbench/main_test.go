@@ -236,7 +236,7 @@ func TestBenchFlagsAreChecked(t *testing.T) {
 func TestMethodsListsKnobs(t *testing.T) {
 	code, stdout, stderr := runCLI(t, "methods")
 	if code != 0 || !strings.Contains(stdout, "attentionpack: AttentionPack") ||
-		!strings.Contains(stdout, "budget                float in [0.001, 1], default 0.2: fraction of the tokens seen that the cache keeps") ||
+		!strings.Contains(stdout, "budget                float in [0.001, 1], default 0.2: share of the tokens the cache keeps: of the prompt, and with evict_while_decoding of every token seen") ||
 		!strings.Contains(stdout, "protocol vlcache: sets evict_while_decoding=true, recent_fraction=0.1") ||
 		!strings.Contains(stdout, `workload "synthetic" (the default)`) {
 		t.Fatalf("methods: exit %d\n%s%s", code, stdout, stderr)

@@ -184,8 +184,7 @@ func TestWatchAnExperiment(t *testing.T) {
 	}
 	os.WriteFile(caches, []byte(edited), 0o644)
 	waitOutput(t, out, at, 120*time.Second, "iteration 2 · ", "kernels_py/methods/caches.py", "0 new, 5 rerun",
-		"5 rows joined, 2 changed", "budget=0.25 evict_while_decoding=true method=h2o [code]",
-		"budget=0.5 evict_while_decoding=true method=h2o [code]", "watching")
+		"5 rows joined, 2 changed", "budget=0.25 method=h2o [code]", "budget=0.5 method=h2o [code]", "watching")
 	cmd.Process.Signal(syscall.SIGINT)
 	if err := cmd.Wait(); err != nil {
 		t.Errorf("watch after Ctrl-C: %v\n%s", err, out.String())

@@ -45,13 +45,15 @@ from kernels_py.params import Knobs, knob
 # values. A method lists what each protocol sets on it in `protocols`.
 PROTOCOLS = {
     "paper": "every method at its own defaults, those of its paper (no knob is set)",
-    "vlcache": "VL-Cache's protocol for its baselines (section 5): every token-keeping method keeps a recent "
-               "window of 10% of its budget, and evicts while decoding, so budgets count prompt and generated "
-               "tokens and matched budgets stay matched",
+    "vlcache": "VL-Cache's protocol for its baselines (section 5): a recent window of 10% of the budget where a "
+               "method keeps one (H2O's recent_fraction, SnapKV's and PyramidKV's observation window; VL-Cache's "
+               "own default), and every budgeted method and LOOK-M evicts while decoding, so budgets count prompt "
+               "and generated tokens and matched budgets stay matched",
 }
 
 
-def budget_knob(default: float = 0.2, doc: str = "fraction of the tokens seen that the cache keeps", ref: str = ""):
+def budget_knob(default: float = 0.2, doc: str = "share of the tokens the cache keeps: of the prompt, and with "
+                "evict_while_decoding of every token seen", ref: str = ""):
     """The share-of-tokens knob every budgeted method has."""
     return knob("float", default, doc, min=0.001, max=1.0, ref=ref)
 
@@ -131,17 +133,19 @@ class Method(Knobs, ABC):
 class TokenSelection(Method):
     """A method that keeps a subset of tokens: after prefill each layer holds
     the allocator's count of tokens, the `recent` latest plus the ones its
-    scorer ranks highest. Evicting while decoding, a layer holds the same
-    share of the tokens seen (prompt and generated) after every step, trimmed
-    the same way; otherwise every generated token is kept."""
+    scorer ranks highest. A method that evicts while decoding (a
+    BudgetedSelection with evict_while_decoding) holds the same share of the
+    tokens seen (prompt and generated) after every step, trimmed the same
+    way; otherwise every generated token is kept."""
 
     attention: str = knob(
         "str", "float32", "decode attention over the kept tokens: float32 (PyTorch, the precision comparisons use) "
         "or sdpa (the cache's dtype, FlashAttention on a GPU: for end-to-end speed); scores that read every "
         "step's attention (H2O's, evicting while decoding) keep float32", choices=("float32", "sdpa"))
-    evict_while_decoding: bool = eviction_knob(False)
 
-    protocols = {"vlcache": {"evict_while_decoding": True}}
+    @property
+    def evicts_while_decoding(self) -> bool:
+        return False
 
     @abstractmethod
     def scorer(self) -> Scorer:
@@ -172,7 +176,7 @@ class TokenSelection(Method):
             cache = KeptTokens.from_prompt(k[layer], v[layer], scorer.prefill(prompt, layer))
             cache.keep_top(scorer.held(cache), allocation.count, self.prefill_recent(allocation.count, prompt.tokens))
             cache.notes.update(allocation.notes)
-            if self.evict_while_decoding:
+            if self.evicts_while_decoding:
                 cache.share = allocation.share
             else:
                 cache.scores = None  # nothing to maintain while decoding
@@ -193,3 +197,18 @@ class TokenSelection(Method):
 
     def check_prompt(self, prompt: Prompt) -> None:
         """Reject a prompt the method cannot work on, with a reason; default: any."""
+
+
+@dataclass(frozen=True)
+class BudgetedSelection(TokenSelection):
+    """A TokenSelection with a budget: it may evict while decoding
+    (evict_while_decoding, each method's default its paper's), which
+    VL-Cache's protocol turns on so that budgets count generated tokens."""
+
+    evict_while_decoding: bool = eviction_knob(False)
+
+    protocols = {"vlcache": {"evict_while_decoding": True}}
+
+    @property
+    def evicts_while_decoding(self) -> bool:
+        return self.evict_while_decoding

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels_py.methods.base import Method, backend_knob
-from kernels_py.methods.caches import KeptTokens, kept_count
+from kernels_py.methods.caches import KeptTokens
 from kernels_py.methods.prompt import LastRow, Prompt
 from kernels_py.params import knob
 
@@ -37,7 +37,10 @@ class FastV(Method):
         visual = spans.visual_positions().to(k[0].device)
         ranking_layer = max(self.layer - 1, 0)  # the attention at layer K decides (0-based: layer K - 1 computed it)
         last = prompt.stats(ranking_layer, LastRow(), backend=self.backend).attn_sum.mean(dim=0)
-        dropped = visual[last[visual].argsort()[:min(visual.numel(), kept_count(self.drop / 100, visual.numel()))]]
+        # The image keeps int(n * (1 - drop)), every budget's rule (kept_count) without its floor of one token:
+        # drop = 100 drops them all.
+        kept = int(visual.numel() * (1 - self.drop / 100))
+        dropped = visual[last[visual].argsort()[:visual.numel() - kept]]
         keep = torch.ones(prompt.tokens, dtype=torch.bool, device=k[0].device)
         keep[dropped] = False
         index = keep.nonzero()[:, 0]

@@ -11,7 +11,7 @@ head, summed over its query heads.
 from dataclasses import dataclass
 
 from kernels_py.methods.allocators import Uniform
-from kernels_py.methods.base import TokenSelection, backend_knob, budget_knob, eviction_knob
+from kernels_py.methods.base import BudgetedSelection, backend_knob, budget_knob, eviction_knob
 from kernels_py.methods.caches import recent_count
 from kernels_py.methods.prompt import AllRows
 from kernels_py.methods.scorers import AttentionMass
@@ -19,7 +19,7 @@ from kernels_py.params import knob
 
 
 @dataclass(frozen=True)
-class H2O(TokenSelection):
+class H2O(BudgetedSelection):
     """H2O: heavy hitters by accumulated attention plus a recent window, evicting while decoding."""
 
     name = "h2o"

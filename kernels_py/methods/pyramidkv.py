@@ -4,21 +4,21 @@ keep more, higher layers keep less. Per-layer budgets decrease linearly from
 the first layer to the last (allocators.Pyramid, beta = 20 as in its code),
 averaging `budget` so the total bytes match a uniform method's; inside a
 layer tokens are chosen as SnapKV does (observation-window votes, pooled),
-the window by default 10% of the budget as for every baseline here.
+the window 64 as in its code (10% of the budget under VL-Cache's protocol).
 Prefill only, unless evict_while_decoding: then each layer is held at its
 share of the tokens seen, the window's length of latest tokens kept."""
 
 from dataclasses import dataclass
 
 from kernels_py.methods.allocators import Pyramid
-from kernels_py.methods.base import TokenSelection, backend_knob, budget_knob
+from kernels_py.methods.base import BudgetedSelection, backend_knob, budget_knob
 from kernels_py.methods.caches import RECENT_SHARE, recent_count
 from kernels_py.methods.scorers import POOLING, WindowVotes
 from kernels_py.params import knob
 
 
 @dataclass(frozen=True)
-class PyramidKV(TokenSelection):
+class PyramidKV(BudgetedSelection):
     """PyramidKV: budgets falling linearly over layers (same total), SnapKV's votes within a layer."""
 
     name = "pyramidkv"
@@ -27,8 +27,8 @@ class PyramidKV(TokenSelection):
     budget: float = budget_knob(0.2, "mean share of the prompt kept over the layers")
     beta: float = knob("float", 20.0, "the last layer keeps budget / beta (PyramidKV: 20)", min=1.0, max=1e6,
                        ref="PyramidKV section 3")
-    window: int = knob("int", 0, "observation window; 0 = 10% of the mean budget (VL-Cache's protocol)", min=0,
-                       max=65536)
+    window: int = knob("int", 64, "observation window (PyramidKV's code: 64); 0 = 10% of the mean budget (VL-Cache's "
+                       "protocol)", min=0, max=65536, ref="PyramidKV code (pyramidkv_utils.py)")
     kernel_size: int = knob("int", 5, "width of the pooling over token scores (odd)", min=1, max=31,
                             choices=range(1, 32, 2))
     pooling: str = knob("str", "avg", "pooling of the token scores", choices=tuple(POOLING))

@@ -16,14 +16,14 @@ baseline (window=0), and evicts while decoding.
 from dataclasses import dataclass
 
 from kernels_py.methods.allocators import Uniform
-from kernels_py.methods.base import TokenSelection, backend_knob, budget_knob
+from kernels_py.methods.base import BudgetedSelection, backend_knob, budget_knob
 from kernels_py.methods.caches import RECENT_SHARE, recent_count
 from kernels_py.methods.scorers import POOLING, WindowVotes
 from kernels_py.params import knob
 
 
 @dataclass(frozen=True)
-class SnapKV(TokenSelection):
+class SnapKV(BudgetedSelection):
     """SnapKV: prompt tokens voted for by an observation window of the last prompt queries, pooled; prefill only."""
 
     name = "snapkv"

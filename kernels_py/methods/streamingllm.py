@@ -10,13 +10,13 @@ a decode step takes the cache over budget.
 from dataclasses import dataclass
 
 from kernels_py.methods.allocators import Uniform
-from kernels_py.methods.base import TokenSelection, budget_knob, eviction_knob
+from kernels_py.methods.base import BudgetedSelection, budget_knob, eviction_knob
 from kernels_py.methods.scorers import Earliest
 from kernels_py.params import knob
 
 
 @dataclass(frozen=True)
-class StreamingLLM(TokenSelection):
+class StreamingLLM(BudgetedSelection):
     """StreamingLLM: the first tokens (attention sinks) plus a window of the most recent ones."""
 
     name = "streamingllm"

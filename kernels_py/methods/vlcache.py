@@ -22,14 +22,14 @@ realised budget of each layer is reported as `layer_budget`.
 from dataclasses import dataclass
 
 from kernels_py.methods.allocators import SparsityGuided
-from kernels_py.methods.base import TokenSelection, backend_knob, budget_knob
+from kernels_py.methods.base import BudgetedSelection, backend_knob, budget_knob
 from kernels_py.methods.caches import recent_count
 from kernels_py.methods.scorers import SCORINGS, vlcache_scorer
 from kernels_py.params import knob
 
 
 @dataclass(frozen=True)
-class VLCache(TokenSelection):
+class VLCache(BudgetedSelection):
     """VL-Cache: sparsity-aware layer budgets and post-vision attention scores, prefill only."""
 
     name = "vlcache"

@@ -23,14 +23,14 @@ width: method `zipvl`). Generated tokens are all kept.
 from dataclasses import dataclass
 
 from kernels_py.methods.allocators import AdaptiveTau
-from kernels_py.methods.base import TokenSelection, backend_knob
+from kernels_py.methods.base import BudgetedSelection, backend_knob
 from kernels_py.methods.prompt import ProbeRows
 from kernels_py.methods.scorers import AttentionMass
 from kernels_py.params import Rule, knob
 
 
 @dataclass(frozen=True)
-class ZipVLEvict(TokenSelection):
+class ZipVLEvict(BudgetedSelection):
     """ZipVL's selection (Eq. 6-7: an adaptive count per layer, by normalized probe attention), the rest evicted."""
 
     name = "zipvl_evict"
