@@ -137,6 +137,19 @@ def test_our_methods_keep_what_their_presses_keep(tiny, family, press, args, rat
         assert min(x for layer in models.jaccard(theirs.kept, own.kept) for x in layer) < 1.0
 
 
+def test_a_pair_outside_our_methods_settings_is_reported_not_failed(tiny):
+    """A press whose settings our method does not take (a pooling kernel
+    above snapkv's 31) still runs, its row saying why it has no pair; a press that
+    compresses nothing has no pair to compare."""
+    path, image, prompt = tiny["llava"]
+    workload = {"model": str(path), "images": str(image), "prompt": prompt, "decode_steps": 2}
+    report = ablation.run("kvpress", {"press": "SnapKVPress", "press_args": "kernel_size=33"}, workload, "vlm")
+    assert report["extra"]["pair_method"] == "snapkv" and "kernel_size" in report["extra"]["pair_unavailable"]
+    assert "pair_jaccard_mean" not in report["metrics"] and report["metrics"]["compression_ratio"] > 1.5
+    nothing = ablation.run("kvpress", {"press": "SnapKVPress", "compression_ratio": 0.0}, workload, "vlm")
+    assert nothing["extra"] == {} and nothing["metrics"]["compression_ratio"] == 1.0
+
+
 def test_press_parameters_pass_through_and_are_checked(tiny):
     method = make_method("kvpress", {"press": "SnapKVPress", "compression_ratio": 0.25,
                                      "press_args": "window_size=16,kernel_size=3"})
