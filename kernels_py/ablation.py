@@ -172,7 +172,7 @@ def _paired(vlm, inputs, press, got, force_tokens, steps) -> tuple[dict, dict]:
     ours = models.generate(vlm, method, inputs, steps, force_tokens=force_tokens)
     if got.kept is None or ours.kept is None:
         raise RuntimeError(f"{type(press).__name__} and {name} should both report the prompt tokens they keep")
-    overlap = models.jaccard(got.kept, ours.kept)
+    overlap = metrics.kept_jaccard(got.kept, ours.kept)
     flat = [x for layer in overlap for x in layer]
     same = sum(a == b for a, b in zip(got.tokens, ours.tokens)) / len(got.tokens)
     return ({"pair_jaccard_mean": sum(flat) / len(flat), "pair_jaccard_min": min(flat), "pair_token_agreement": same},

@@ -112,3 +112,16 @@ def _membership(indices: torch.Tensor, n: int) -> torch.Tensor:
     """[..., k] indices -> [..., n] bool, True at the listed indices."""
     member = torch.zeros(*indices.shape[:-1], n, dtype=torch.bool, device=indices.device)
     return member.scatter(-1, indices, True)
+
+
+def kept_jaccard(a: list[torch.Tensor], b: list[torch.Tensor]) -> list[list[float]]:
+    """Per layer and kv head, |A & B| / |A | B| of two methods' kept token
+    positions (per layer [kv_heads, n] each)."""
+    out = []
+    for x, y in zip(a, b, strict=True):
+        row = []
+        for hx, hy in zip(x.tolist(), y.tolist(), strict=True):
+            sx, sy = set(hx), set(hy)
+            row.append(len(sx & sy) / len(sx | sy))
+        out.append(row)
+    return out

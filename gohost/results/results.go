@@ -49,8 +49,9 @@ type Manifest struct {
 	Versions    map[string]string `json:"versions"`
 	Device      string            `json:"device"`
 	// Protocol is the comparison protocol the experiment's jobs were set
-	// up by ("paper": each method's defaults); Dtypes the dtypes their
-	// workloads ran in, which every ratio is counted against.
+	// up by ("paper": each method's defaults); Dtypes the dtype knob of
+	// its synthetic workloads, which every ratio there is counted against
+	// (a trace or a live model runs in its own dtype).
 	Protocol string      `json:"protocol,omitempty"`
 	Dtypes   []string    `json:"dtypes,omitempty"`
 	Jobs     int         `json:"jobs"`

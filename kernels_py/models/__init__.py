@@ -13,8 +13,8 @@ trace.py     attention traces: capture (per-layer Q/K/V of a full-cache run),
 
 from kernels_py.models.adapter import (
     FAMILIES, TESTED_TRANSFORMERS, Generation, ModelError, VLM, batch_inputs, compare, generate, generate_batch,
-    generate_sdpa, jaccard, load, prompt_inputs, spans_from_ids,
+    generate_sdpa, load, prompt_inputs, spans_from_ids,
 )
 
 __all__ = ["FAMILIES", "TESTED_TRANSFORMERS", "Generation", "ModelError", "VLM", "batch_inputs", "compare", "generate",
-           "generate_batch", "generate_sdpa", "jaccard", "load", "prompt_inputs", "spans_from_ids"]
+           "generate_batch", "generate_sdpa", "load", "prompt_inputs", "spans_from_ids"]

@@ -208,16 +208,21 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
         raise RuntimeError("the vlkv attention runs only inside kernels_py.models.generate")
     layer = module.layer_idx
     gqa = query.shape[1] != key.shape[1]
-    if session.caches is None:  # prefill: ordinary causal attention; the method sees every layer's Q/K/V
-        if not any(session.pads):
+    if session.caches is None:  # prefill: the method sees every layer's Q/K/V
+        # A method's own prefill attention (ZipVL's sparse one) where it gives one, else ordinary causal attention,
+        # computed only if some sequence needs it (so a sparse prefill's time is its own).
+        own = [session.method.prefill_attention(layer, query[b, :, pad:], key[b, :, pad:], value[b, :, pad:], spans)
+               for b, (pad, spans) in enumerate(zip(session.pads, session.spans))]
+        if all(o is not None for o in own):
+            out = query.new_zeros(query.shape)  # a padding row's output is never read
+        elif not any(session.pads):
             out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling, enable_gqa=gqa)
         else:  # left padding: transformers builds no mask for a registered function, so build it here
             out = F.scaled_dot_product_attention(query, key, value, attn_mask=_padded_causal(session.pads, query),
                                                  scale=scaling, enable_gqa=gqa)
-        for b, (pad, spans) in enumerate(zip(session.pads, session.spans)):  # a method's own prefill attention
-            own = session.method.prefill_attention(layer, query[b, :, pad:], key[b, :, pad:], value[b, :, pad:], spans)
-            if own is not None:
-                out[b, :, pad:] = own.to(out.dtype)
+        for b, (pad, o) in enumerate(zip(session.pads, own)):
+            if o is not None:
+                out[b, :, pad:] = o.to(out.dtype)
         session.prompt[layer] = (query, key, value)
         if len(session.prompt) == session.layers:
             session.caches = []
@@ -450,18 +455,6 @@ def _kept_positions(caches: list) -> list[torch.Tensor] | None:
     if not all(isinstance(c, KeptTokens) for c in caches):
         return None
     return [c.positions.sort(dim=-1).values.cpu() for c in caches]
-
-
-def jaccard(a: list[torch.Tensor], b: list[torch.Tensor]) -> list[list[float]]:
-    """Per layer and kv head, |A & B| / |A | B| of two generations' kept prompt positions."""
-    out = []
-    for x, y in zip(a, b, strict=True):
-        row = []
-        for hx, hy in zip(x.tolist(), y.tolist(), strict=True):
-            sx, sy = set(hx), set(hy)
-            row.append(len(sx & sy) / len(sx | sy))
-        out.append(row)
-    return out
 
 
 def generate_sdpa(vlm: VLM, inputs: dict, max_new_tokens: int) -> list[Generation]:

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("kvpress")
 
-from kernels_py import ablation, models  # noqa: E402
+from kernels_py import ablation, metrics, models  # noqa: E402
 from kernels_py.methods import make_method  # noqa: E402
 from kernels_py.models import presses  # noqa: E402
 from kernels_py.tests.tiny_vlm import QWEN_PROMPT, save_image, save_tiny_llava, save_tiny_qwen2_vl  # noqa: E402
@@ -128,13 +128,13 @@ def test_our_methods_keep_what_their_presses_keep(tiny, family, press, args, rat
     ours = models.generate(vlm, make_method(name, params), inputs, 6)
     prompt_tokens = inputs["input_ids"].shape[1]
     assert theirs.kept[0].shape[1] == int(prompt_tokens * (1 - ratio)) < prompt_tokens
-    assert models.jaccard(theirs.kept, ours.kept) == [[1.0] * len(layer) for layer in ours.kept]
+    assert metrics.kept_jaccard(theirs.kept, ours.kept) == [[1.0] * len(layer) for layer in ours.kept]
     assert theirs.tokens == ours.tokens and theirs.cache_bytes == ours.cache_bytes
     # Left at its own defaults (window 32, not the press's 16), snapkv keeps other tokens.
     if press == "SnapKVPress" and args["window_size"] == 16:
         own = models.generate(vlm, make_method("snapkv", {"budget": 1 - ratio, "evict_while_decoding": False}),
                               inputs, 6)
-        assert min(x for layer in models.jaccard(theirs.kept, own.kept) for x in layer) < 1.0
+        assert min(x for layer in metrics.kept_jaccard(theirs.kept, own.kept) for x in layer) < 1.0
 
 
 def test_a_pair_outside_our_methods_settings_is_reported_not_failed(tiny):
