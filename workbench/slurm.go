@@ -39,10 +39,10 @@ func (f *slurmFlags) add(cmd *cobra.Command) {
 	fl.Var(&f.executor, "executor", "where jobs run: local (workers on this machine) or slurm (one job array on a Slurm cluster)")
 	fl.StringVar(&f.opts.Partition, "partition", "", "slurm: partition (sbatch --partition)")
 	fl.StringVar(&f.opts.Account, "account", "", "slurm: account (sbatch --account)")
-	fl.StringVar(&f.opts.Time, "time", "", "slurm: time limit per task, e.g. 2:00:00 (sbatch --time)")
+	fl.StringVar(&f.opts.Time, "time", "", "slurm: time limit per task: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS, e.g. 2:00:00 (sbatch --time)")
 	fl.StringVar(&f.opts.GRES, "gres", "", "slurm: generic resources per task, e.g. gpu:1 (sbatch --gres)")
-	fl.IntVar(&f.opts.CPUsPerTask, "cpus-per-task", 0, "slurm: CPUs per task (sbatch --cpus-per-task); 0: the cluster's default")
-	fl.StringVar(&f.opts.Mem, "mem", "", "slurm: memory per task, e.g. 32G (sbatch --mem)")
+	fl.IntVar(&f.opts.CPUsPerTask, "cpus-per-task", 0, "slurm: CPUs per task (sbatch --cpus-per-task); default: the cluster's")
+	fl.StringVar(&f.opts.Mem, "mem", "", "slurm: memory per task, a size with an optional K/M/G/T suffix (megabytes without), e.g. 32G (sbatch --mem)")
 	fl.IntVar(&f.opts.MaxRunning, "max-running", 0, "slurm: array tasks running at once (--array=...%K); 0: no limit")
 	fl.IntVar(&f.opts.Shards, "shards", 0, fmt.Sprintf("slurm: array tasks the jobs are split into; 0: one per job, at most %d", slurm.DefaultShards))
 	fl.StringArrayVar(&f.opts.Extra, "sbatch-line", nil, "slurm: one more #SBATCH line, e.g. --qos=high (repeat for several)")
@@ -52,10 +52,21 @@ func (f *slurmFlags) add(cmd *cobra.Command) {
 		"(built once, under a file lock); default: each node's own cache")
 }
 
-// check rejects slurm options given without --executor slurm.
+// check rejects slurm options given without --executor slurm, and values
+// or combinations sbatch would refuse or that cannot mean anything.
 func (f *slurmFlags) check(cmd *cobra.Command) error {
 	if f.executor.value == "slurm" {
-		return f.opts.Check()
+		switch {
+		case cmd.Flags().Changed("cpus-per-task") && f.opts.CPUsPerTask < 1: // 0 is the unset default
+			return &usageError{fmt.Errorf("--cpus-per-task must be at least 1 (leave it out for the cluster's "+
+				"default), got %d", f.opts.CPUsPerTask)}
+		case f.dryRun && f.detach:
+			return &usageError{errors.New("--dry-run submits nothing, so there is nothing to --detach from: give one of them")}
+		}
+		if err := f.opts.Check(); err != nil {
+			return &usageError{err}
+		}
+		return nil
 	}
 	for _, name := range []string{"partition", "account", "time", "gres", "cpus-per-task", "mem", "max-running", "shards",
 		"sbatch-line", "dry-run", "detach", "runtime-cache"} {

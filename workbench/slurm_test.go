@@ -299,6 +299,32 @@ func TestSlurmErrors(t *testing.T) {
 	os.RemoveAll(hidden)
 }
 
+// Slurm flag values sbatch would refuse, or that mean nothing, are usage
+// errors (exit 2, with the usage) before any script is written.
+func TestSlurmBadFlagsAreUsageErrors(t *testing.T) {
+	s := newSlurmSetup(t, 0)
+	out := filepath.Join(s.dir, "out")
+	tests := []struct {
+		flags []string
+		want  string
+	}{
+		{[]string{"--shards", "-1"}, "--shards must be positive"},
+		{[]string{"--max-running", "-1"}, "--max-running must be positive"},
+		{[]string{"--time", "bogus"}, `--time "bogus": want minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS`},
+		{[]string{"--mem", "-5G"}, `--mem "-5G": want a positive size`},
+		{[]string{"--cpus-per-task", "0"}, "--cpus-per-task must be at least 1"},
+		{[]string{"--cpus-per-task", "-2"}, "--cpus-per-task must be at least 1"},
+		{[]string{"--detach"}, "give one of them"},
+	}
+	for _, tc := range tests {
+		args := append([]string{"run", s.script, "--executor", "slurm", "--out", out, "--dry-run"}, tc.flags...)
+		code, text := runProc(t, s.cmd(nil, args...))
+		if code != 2 || !strings.Contains(text, tc.want) || !strings.Contains(text, "Usage:") || strings.Contains(text, "#!/bin/bash") {
+			t.Errorf("%v: exit %d, want 2 with %q and the usage, and no script:\n%s", tc.flags, code, tc.want, text)
+		}
+	}
+}
+
 // The dry run prints the batch script with every option, and submits nothing.
 func TestSlurmDryRun(t *testing.T) {
 	s := newSlurmSetup(t, 0)

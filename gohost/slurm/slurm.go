@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -44,12 +45,27 @@ type Options struct {
 // DefaultShards caps the array when Options.Shards is zero.
 const DefaultShards = 64
 
+// timeFormat is sbatch --time's: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM
+// or D-HH:MM:SS, or no limit.
+var timeFormat = regexp.MustCompile(`^(\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|(?i:unlimited|infinite))$`)
+
+// memFormat is sbatch --mem's: a positive size, in megabytes unless it
+// carries a K, M, G or T suffix.
+var memFormat = regexp.MustCompile(`^[1-9]\d*[KMGTkmgt]?$`)
+
 // Check rejects values sbatch would refuse later, or that cannot mean
-// what the user wants.
+// what the user wants: before a batch script is written, not when the
+// array is already queued.
 func (o Options) Check() error {
 	switch {
+	case o.Time != "" && !timeFormat.MatchString(o.Time):
+		return fmt.Errorf("--time %q: want minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (sbatch's formats), "+
+			"e.g. 2:00:00", o.Time)
+	case o.Mem != "" && !memFormat.MatchString(o.Mem):
+		return fmt.Errorf("--mem %q: want a positive size with an optional K, M, G or T suffix (megabytes without), "+
+			"e.g. 32G", o.Mem)
 	case o.CPUsPerTask < 0:
-		return fmt.Errorf("--cpus-per-task must be positive, got %d", o.CPUsPerTask)
+		return fmt.Errorf("--cpus-per-task must be at least 1, got %d", o.CPUsPerTask)
 	case o.MaxRunning < 0:
 		return fmt.Errorf("--max-running must be positive (0: no limit), got %d", o.MaxRunning)
 	case o.Shards < 0:

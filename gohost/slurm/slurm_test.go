@@ -87,3 +87,46 @@ func TestTerminalStates(t *testing.T) {
 		}
 	}
 }
+
+func TestOptionsCheck(t *testing.T) {
+	tests := []struct {
+		name string
+		opts Options
+		err  string // "" when the options pass
+	}{
+		{"none", Options{}, ""},
+		{"minutes", Options{Time: "90"}, ""},
+		{"MM:SS", Options{Time: "5:00"}, ""},
+		{"HH:MM:SS", Options{Time: "2:00:00"}, ""},
+		{"D-HH", Options{Time: "1-12"}, ""},
+		{"D-HH:MM", Options{Time: "1-12:30"}, ""},
+		{"D-HH:MM:SS", Options{Time: "1-12:30:00"}, ""},
+		{"unlimited", Options{Time: "UNLIMITED"}, ""},
+		{"time word", Options{Time: "bogus"}, `--time "bogus": want minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS`},
+		{"time with four parts", Options{Time: "1:2:3:4"}, `--time "1:2:3:4"`},
+		{"time with a unit", Options{Time: "2h"}, `--time "2h"`},
+		{"negative time", Options{Time: "-5"}, `--time "-5"`},
+		{"days only", Options{Time: "1-"}, `--time "1-"`},
+		{"megabytes", Options{Mem: "4000"}, ""},
+		{"gigabytes", Options{Mem: "32G"}, ""},
+		{"lower-case suffix", Options{Mem: "512m"}, ""},
+		{"terabytes", Options{Mem: "1T"}, ""},
+		{"negative mem", Options{Mem: "-5G"}, `--mem "-5G": want a positive size`},
+		{"zero mem", Options{Mem: "0"}, `--mem "0"`},
+		{"mem unit word", Options{Mem: "32GB"}, `--mem "32GB"`},
+		{"mem fraction", Options{Mem: "1.5G"}, `--mem "1.5G"`},
+		{"cpus", Options{CPUsPerTask: 4}, ""},
+		{"negative cpus", Options{CPUsPerTask: -1}, "--cpus-per-task must be at least 1, got -1"},
+		{"negative max running", Options{MaxRunning: -1}, "--max-running must be positive"},
+		{"negative shards", Options{Shards: -1}, "--shards must be positive"},
+	}
+	for _, tc := range tests {
+		err := tc.opts.Check()
+		switch {
+		case tc.err == "" && err != nil:
+			t.Errorf("%s: %+v refused: %v", tc.name, tc.opts, err)
+		case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
+			t.Errorf("%s: %+v: error %v, want %q", tc.name, tc.opts, err, tc.err)
+		}
+	}
+}
