@@ -214,11 +214,7 @@ func (a *app) status(ctx context.Context, dir string, follow bool) error {
 		return err
 	}
 	defer run.Close()
-	merger, err := run.NewMerger()
-	if err != nil {
-		return err
-	}
-	if _, err := merger.Merge(); err != nil {
+	if err := mergeSegments(run); err != nil {
 		return err
 	}
 	subs, err := slurm.Submissions(dir)
@@ -227,7 +223,7 @@ func (a *app) status(ctx context.Context, dir string, follow bool) error {
 	}
 	if follow && len(subs) > 0 {
 		err := a.followArray(ctx, run, subs[len(subs)-1])
-		if _, merr := merger.Merge(); err == nil { // what the tasks recorded while they stopped
+		if merr := mergeSegments(run); err == nil { // what the tasks recorded while they stopped
 			err = merr
 		}
 		var missing *slurm.NotInstalledError
@@ -252,6 +248,18 @@ func (a *app) status(ctx context.Context, dir string, follow bool) error {
 		}
 	}
 	return a.report(ctx, dir, run)
+}
+
+// mergeSegments journals what the tasks recorded in their segments and the
+// journal lacks. Each call reads the journal afresh: a follow in between
+// journals records itself, and must not see them merged twice.
+func mergeSegments(run *results.Run) error {
+	merger, err := run.NewMerger()
+	if err != nil {
+		return err
+	}
+	_, err = merger.Merge()
+	return err
 }
 
 // followArray follows a run's array while it runs, journaling its jobs.

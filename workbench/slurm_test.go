@@ -254,6 +254,9 @@ func TestSlurmCancelDetachAndStatus(t *testing.T) {
 	if rows := parquetRows(t, filepath.Join(runDir, results.ParquetFile)); len(rows) != 7 {
 		t.Errorf("%d rows after status followed the array", len(rows))
 	}
+	if recs, _ := results.ReadJournal(runDir); len(recs) != 7 {
+		t.Errorf("journal has %d lines after status followed the array, want 7 (each job once)", len(recs))
+	}
 }
 
 // What a user gets wrong gets a clear error: no Slurm on PATH, a partition
