@@ -52,12 +52,16 @@ type app struct {
 	stdout io.Writer
 	stderr io.Writer
 	log    zerolog.Logger
+	// cancelArray is asked, on Ctrl-C while a Slurm array is followed,
+	// whether to cancel it (true) or leave it running.
+	cancelArray func(arrayJob string) bool
 }
 
 // newRootCmd builds the command tree for the command line args (the
 // benchmarks `bench` offers depend on the kernels root they name).
 func newRootCmd(stdout, stderr io.Writer, args []string) *cobra.Command {
 	a := &app{stdout: stdout, stderr: stderr}
+	a.cancelArray = a.askCancel
 	a.flags.device = deviceFlag{value: worker.Auto}
 	a.flags.logFormat = enumFlag{value: "auto", allowed: []string{"auto", "console", "json"}}
 

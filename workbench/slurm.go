@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -115,7 +114,7 @@ func (a *app) slurmExecutor(f slurmFlags, kernels pyrt.KernelsRoot, file, fileHa
 		return nil, err
 	}
 	return &slurm.Executor{Options: f.opts, Workbench: self, TaskArgs: args, Env: env, File: abs, FileHash: fileHash,
-		KernelsDir: kernels.Dir, DryRun: f.dryRun, Detach: f.detach, Out: a.stdout, Interrupt: a.askCancel}, nil
+		KernelsDir: kernels.Dir, DryRun: f.dryRun, Detach: f.detach, Out: a.stdout, Interrupt: a.cancelArray}, nil
 }
 
 // askCancel asks, on a terminal, whether Ctrl-C should cancel the array;
@@ -226,11 +225,17 @@ func (a *app) status(ctx context.Context, dir string, follow bool) error {
 		if merr := mergeSegments(run); err == nil { // what the tasks recorded while they stopped
 			err = merr
 		}
-		var missing *slurm.NotInstalledError
-		if errors.As(err, &missing) {
-			fmt.Fprintf(a.stdout, "%s is not on PATH here: the array's tasks cannot be followed; reporting what the run "+
-				"directory holds\n", missing.Command)
-			err = nil
+		var (
+			missing      *slurm.NotInstalledError
+			unconfigured *slurm.NotConfiguredError
+			detached     *slurm.DetachedError
+		)
+		switch {
+		case errors.As(err, &missing), errors.As(err, &unconfigured):
+			err = nil // Slurm cannot be asked from here: the report says why, after what the run directory holds
+		case errors.As(err, &detached): // the user chose to leave the array running: not a failure
+			fmt.Fprintln(a.stdout, detached.Error())
+			ctx, err = context.WithoutCancel(ctx), nil // the report still asks squeue after Ctrl-C
 		}
 		if err != nil {
 			results.BuildParquet(dir)
@@ -295,10 +300,10 @@ func (a *app) followArray(ctx context.Context, run *results.Run, sub slurm.Submi
 	m := run.Manifest()
 	progress := sched.NewProgress(a.stderr, isatty.IsTerminal(os.Stderr.Fd()), m.Jobs, len(done))
 	defer progress.Close()
-	f := &slurm.Follow{RunDir: run.Dir, Submission: sub, Plan: plan, Pending: pending, Log: a.log, Interrupt: a.askCancel,
+	f := &slurm.Follow{RunDir: run.Dir, Submission: sub, Plan: plan, Pending: pending, Log: a.log, Interrupt: a.cancelArray,
 		Deliver: func(rec results.Record) error {
 			out := sched.Outcome{Job: sched.Job{ID: rec.JobID, Label: rec.Method + " " + formatParams(rec.Params)},
-				Attempts: rec.Attempts}
+				Attempts: rec.Attempts, Duration: time.Duration(rec.Seconds * float64(time.Second))}
 			if rec.Status != results.StatusOK {
 				out.Err = errors.New(rec.Error)
 			}
@@ -356,28 +361,16 @@ func (a *app) report(ctx context.Context, dir string, run *results.Run) error {
 		return err
 	}
 	sub := subs[len(subs)-1]
-	tasks, err := slurm.Tasks(ctx, sub.ArrayJob)
-	if err != nil {
-		fmt.Fprintf(a.stdout, "slurm array %s: its tasks cannot be read (%v)\n", sub.ArrayJob, err)
-		return nil
-	}
-	states := map[string][]string{}
-	for _, t := range tasks {
-		states[t.State] = append(states[t.State], fmt.Sprint(t.Task))
-	}
-	names := make([]string, 0, len(states))
-	for s := range states {
-		names = append(names, s)
-	}
-	sort.Strings(names)
-	fmt.Fprintf(a.stdout, "slurm array %s (submitted %s, %d tasks, %d jobs):", sub.ArrayJob,
+	fmt.Fprintf(a.stdout, "slurm array %s (submitted %s, %d tasks, %d jobs): ", sub.ArrayJob,
 		sub.Submitted.Local().Format("2006-01-02 15:04:05"), sub.Tasks, sub.Jobs)
-	if len(names) == 0 {
-		fmt.Fprint(a.stdout, " no longer in the queue")
+	tasks, err := slurm.Tasks(ctx, sub.ArrayJob)
+	switch {
+	case err != nil:
+		fmt.Fprintf(a.stdout, "its tasks cannot be read: %v\n", err)
+	case len(tasks) == 0:
+		fmt.Fprintln(a.stdout, "no longer in the queue")
+	default:
+		fmt.Fprintln(a.stdout, slurm.Describe(tasks))
 	}
-	for _, s := range names {
-		fmt.Fprintf(a.stdout, " %s %s;", strings.ToLower(s), strings.Join(states[s], ","))
-	}
-	fmt.Fprintln(a.stdout)
 	return nil
 }

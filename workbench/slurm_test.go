@@ -2,17 +2,22 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/rs/zerolog"
 
 	"github.com/vlkv/vlkv/gohost/results"
 	"github.com/vlkv/vlkv/gohost/runner"
@@ -177,6 +182,13 @@ func TestSlurmTaskKilledMidRunThenResume(t *testing.T) {
 	if err == nil || !strings.Contains(text, "not run: task 1 ended CANCELLED") || !strings.Contains(text, "--resume") {
 		t.Fatalf("host after the kill: %v\n%s", err, text)
 	}
+	// scancel's SIGTERM lets the task write its .done, which says why it
+	// stopped; the host passes that on.
+	subs, _ := slurm.Submissions(runDir)
+	done, _ := os.ReadFile(filepath.Join(runDir, slurm.Dir, subs[0].ID, "task-1.done"))
+	if !strings.Contains(string(done), "stopped by a signal") || !strings.Contains(text, "stopped by a signal (scancel") {
+		t.Errorf("task 1's .done %q; the host said:\n%s", done, text)
+	}
 	journal, _ := results.Finished(runDir)
 	if len(journal) >= 7 || len(journal) < len(before) {
 		t.Fatalf("journal has %d jobs after the kill", len(journal))
@@ -185,7 +197,7 @@ func TestSlurmTaskKilledMidRunThenResume(t *testing.T) {
 	if code != 0 || !strings.Contains(text, "sweep: 7 jobs, 0 failed") {
 		t.Fatalf("resume: exit %d\n%s", code, text)
 	}
-	subs, _ := slurm.Submissions(runDir)
+	subs, _ = slurm.Submissions(runDir)
 	if len(subs) != 2 || subs[1].Jobs != 7-len(journal) {
 		t.Fatalf("the resume submitted %+v; %d jobs were done", subs, len(journal))
 	}
@@ -247,6 +259,19 @@ func TestSlurmCancelDetachAndStatus(t *testing.T) {
 	if code != 0 || !strings.Contains(text, "detached from Slurm array") {
 		t.Fatalf("detach: exit %d\n%s", code, text)
 	}
+	// Ctrl-C while status follows, answered "leave it running": status
+	// reports what it has and succeeds, and the array goes on.
+	var first bytes.Buffer
+	asked := ""
+	a := &app{stdout: &first, stderr: &first, log: zerolog.Nop(),
+		cancelArray: func(arrayJob string) bool { asked = arrayJob; return false }}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	err = a.status(ctx, runDir, true)
+	cancel()
+	if err != nil || asked == "" || !strings.Contains(first.String(), "detached from Slurm array "+asked) ||
+		!strings.Contains(first.String(), "jobs done") {
+		t.Fatalf("status left running on Ctrl-C (asked about %q): %v\n%s", asked, err, first.String())
+	}
 	code, text = runProc(t, s.cmd(c, "status", runDir))
 	if code != 0 || !strings.Contains(text, "7 of 7 jobs done, 0 failed") {
 		t.Fatalf("status: exit %d\n%s", code, text)
@@ -256,6 +281,31 @@ func TestSlurmCancelDetachAndStatus(t *testing.T) {
 	}
 	if recs, _ := results.ReadJournal(runDir); len(recs) != 7 {
 		t.Errorf("journal has %d lines after status followed the array, want 7 (each job once)", len(recs))
+	}
+	// Each followed job shows its own time (the jobs sleep 1 s), and the
+	// tasks are counted by state and named: the array was left running, so
+	// none was cancelled.
+	followed := first.String() + text
+	if jobs := regexp.MustCompile(`\[\d+/7\] \S+ .* \(1\.\d+s\) ok`).FindAllString(followed, -1); len(jobs) == 0 ||
+		strings.Contains(followed, "(0s)") {
+		t.Errorf("status's progress does not show the jobs' times:\n%s", followed)
+	}
+	if !regexp.MustCompile(`slurm array \d+ \(submitted [^)]*, \d+ tasks, \d+ jobs\): \d+ completed \(tasks? [0-9,-]+\)\n`).
+		MatchString(text) || strings.Contains(text, "cancelled") {
+		t.Errorf("status's tasks line:\n%s", text)
+	}
+	// Without SLURM_CONF (and no slurm.conf of the machine's own), status
+	// says in one line what to set, and still reports the run.
+	if _, err := os.Stat("/etc/slurm/slurm.conf"); err == nil {
+		t.Skip("this machine has its own slurm.conf")
+	}
+	noConf := s.cmd(nil, "status", runDir)
+	noConf.Env = slices.DeleteFunc(noConf.Env, func(kv string) bool { return strings.HasPrefix(kv, "SLURM_CONF=") })
+	code, text = runProc(t, noConf)
+	if code != 0 || !strings.Contains(text, "7 of 7 jobs done, 0 failed") ||
+		!strings.Contains(text, "its tasks cannot be read: squeue finds no Slurm configuration here") ||
+		!strings.Contains(text, "set SLURM_CONF") || strings.Contains(text, "DNS SRV") {
+		t.Errorf("status without SLURM_CONF: exit %d\n%s", code, text)
 	}
 }
 

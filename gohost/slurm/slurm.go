@@ -19,6 +19,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
 	"regexp"
 	"sort"
@@ -127,6 +128,28 @@ func (e *NotInstalledError) Error() string {
 		e.Command)
 }
 
+// NotConfiguredError is a Slurm command that found no cluster
+// configuration: SLURM_CONF unset on a machine without a slurm.conf of
+// its own, or naming a file that cannot be read.
+type NotConfiguredError struct {
+	Command string
+	Conf    string // $SLURM_CONF, "" when unset
+}
+
+func (e *NotConfiguredError) Error() string {
+	if e.Conf == "" {
+		return fmt.Sprintf("%s finds no Slurm configuration here (SLURM_CONF is unset and this machine has no "+
+			"slurm.conf): set SLURM_CONF to the cluster's slurm.conf, or run on a machine of the cluster (a login node)",
+			e.Command)
+	}
+	return fmt.Sprintf("%s cannot read the Slurm configuration SLURM_CONF=%s: point SLURM_CONF at the cluster's "+
+		"slurm.conf, or unset it on a machine of the cluster", e.Command, e.Conf)
+}
+
+// notConfigured are what Slurm's commands print, fatally, without a
+// configuration; their other lines only say how the search failed.
+var notConfigured = []string{"Could not establish a configuration source", "Unable to process configuration file"}
+
 // command runs a Slurm command and returns its stdout; its stderr is the
 // error's text.
 func command(ctx context.Context, name string, args ...string) (string, error) {
@@ -139,6 +162,11 @@ func command(ctx context.Context, name string, args ...string) (string, error) {
 	c.Stdout, c.Stderr = &stdout, &stderr
 	if err := c.Run(); err != nil {
 		msg := strings.TrimSpace(stderr.String())
+		for _, m := range notConfigured {
+			if strings.Contains(msg, m) {
+				return stdout.String(), &NotConfiguredError{Command: name, Conf: os.Getenv("SLURM_CONF")}
+			}
+		}
 		if msg == "" {
 			msg = err.Error()
 		}
@@ -278,4 +306,47 @@ func summarize(tasks []TaskState) string {
 		parts[i] = fmt.Sprintf("%d %s", counts[s], strings.ToLower(s))
 	}
 	return strings.Join(parts, ", ")
+}
+
+// Describe counts tasks by state and names them, e.g. "2 completed (tasks
+// 0,2), 1 cancelled (task 1)"; a run of tasks is a range, e.g. "tasks 0-5".
+func Describe(tasks []TaskState) string {
+	ids := map[string][]int{}
+	var states []string
+	for _, t := range tasks {
+		if ids[t.State] == nil {
+			states = append(states, t.State)
+		}
+		ids[t.State] = append(ids[t.State], t.Task)
+	}
+	sort.Strings(states)
+	parts := make([]string, len(states))
+	for i, s := range states {
+		noun := "tasks"
+		if len(ids[s]) == 1 {
+			noun = "task"
+		}
+		parts[i] = fmt.Sprintf("%d %s (%s %s)", len(ids[s]), strings.ToLower(s), noun, ranges(ids[s]))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// ranges writes task indices as ranges: 0,1,2,5 as "0-2,5".
+func ranges(ids []int) string {
+	ids = append([]int(nil), ids...)
+	sort.Ints(ids)
+	var parts []string
+	for i := 0; i < len(ids); {
+		j := i
+		for j+1 < len(ids) && ids[j+1] == ids[j]+1 {
+			j++
+		}
+		if j == i {
+			parts = append(parts, strconv.Itoa(ids[i]))
+		} else {
+			parts = append(parts, fmt.Sprintf("%d-%d", ids[i], ids[j]))
+		}
+		i = j + 1
+	}
+	return strings.Join(parts, ",")
 }

@@ -1,7 +1,11 @@
 package slurm
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -127,6 +131,54 @@ func TestOptionsCheck(t *testing.T) {
 			t.Errorf("%s: %+v refused: %v", tc.name, tc.opts, err)
 		case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
 			t.Errorf("%s: %+v: error %v, want %q", tc.name, tc.opts, err, tc.err)
+		}
+	}
+}
+
+func TestDescribe(t *testing.T) {
+	tests := []struct {
+		tasks []TaskState
+		want  string
+	}{
+		{nil, ""},
+		{[]TaskState{{Task: 0, State: "COMPLETED"}}, "1 completed (task 0)"},
+		{[]TaskState{{Task: 1, State: "CANCELLED"}, {Task: 0, State: "COMPLETED"}, {Task: 2, State: "COMPLETED"}},
+			"1 cancelled (task 1), 2 completed (tasks 0,2)"},
+		{[]TaskState{{Task: 3, State: "RUNNING"}, {Task: 0, State: "RUNNING"}, {Task: 1, State: "RUNNING"},
+			{Task: 2, State: "RUNNING"}, {Task: 7, State: "RUNNING"}, {Task: 8, State: "RUNNING"}, {Task: 5, State: "PENDING"}},
+			"1 pending (task 5), 6 running (tasks 0-3,7-8)"},
+	}
+	for _, tc := range tests {
+		if got := Describe(tc.tasks); got != tc.want {
+			t.Errorf("Describe(%v) = %q, want %q", tc.tasks, got, tc.want)
+		}
+	}
+}
+
+// A Slurm command without a configuration fails with what to do, in one
+// line, not with the search it made.
+func TestCommandWithoutConfiguration(t *testing.T) {
+	bin := t.TempDir()
+	fake := "#!/bin/sh\necho 'squeue: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host' >&2\n" +
+		"echo 'squeue: error: fetch_config: DNS SRV lookup failed' >&2\n" +
+		"echo 'squeue: fatal: Could not establish a configuration source' >&2\nexit 1\n"
+	if err := os.WriteFile(filepath.Join(bin, "squeue"), []byte(fake), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", bin)
+	for _, conf := range []string{"", "/etc/elsewhere/slurm.conf"} {
+		t.Setenv("SLURM_CONF", conf)
+		_, err := Tasks(context.Background(), "7")
+		var nc *NotConfiguredError
+		if !errors.As(err, &nc) {
+			t.Fatalf("SLURM_CONF=%q: error %v, want a NotConfiguredError", conf, err)
+		}
+		msg := err.Error()
+		if strings.Contains(msg, "\n") || strings.Contains(msg, "DNS SRV") || !strings.Contains(msg, "SLURM_CONF") {
+			t.Errorf("SLURM_CONF=%q: error %q: want one line that says to set SLURM_CONF", conf, msg)
+		}
+		if conf != "" && !strings.Contains(msg, conf) {
+			t.Errorf("SLURM_CONF=%q: error %q does not name it", conf, msg)
 		}
 	}
 }
