@@ -337,6 +337,14 @@ func TestSlurmErrors(t *testing.T) {
 	}
 
 	c := testCluster(t)
+	if _, err := os.Stat("/etc/slurm/slurm.conf"); err != nil { // no configuration but SLURM_CONF's
+		noConf := s.cmd(nil, "run", s.script, "--executor", "slurm", "--out", out)
+		noConf.Env = slices.DeleteFunc(noConf.Env, func(kv string) bool { return strings.HasPrefix(kv, "SLURM_CONF=") })
+		if code, text := runProc(t, noConf); code != 1 || !strings.Contains(text, "sbatch finds no Slurm configuration here") ||
+			!strings.Contains(text, "set SLURM_CONF") || strings.Contains(text, "DNS SRV") {
+			t.Errorf("no SLURM_CONF: exit %d\n%s", code, text)
+		}
+	}
 	if code, text := runProc(t, s.cmd(c, "run", s.script, "--executor", "slurm", "--out", out, "--partition", "gpu")); code != 1 ||
 		!strings.Contains(text, `partition "gpu" does not exist on this cluster; its partitions: debug`) {
 		t.Errorf("unknown partition: exit %d\n%s", code, text)

@@ -221,6 +221,9 @@ func (e *Executor) probe(ctx context.Context, dir, submission string, log zerolo
 	case errors.As(err, &exit) && exit.ExitCode() == 4:
 		return notShared(dir)
 	case err != nil:
+		if nc := notConfigured("sbatch", string(out)); nc != nil {
+			return nc
+		}
 		return fmt.Errorf("the probe job failed: %s", strings.TrimSpace(string(out)))
 	}
 	defer os.Remove(mark)

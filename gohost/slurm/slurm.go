@@ -146,9 +146,17 @@ func (e *NotConfiguredError) Error() string {
 		"slurm.conf, or unset it on a machine of the cluster", e.Command, e.Conf)
 }
 
-// notConfigured are what Slurm's commands print, fatally, without a
-// configuration; their other lines only say how the search failed.
-var notConfigured = []string{"Could not establish a configuration source", "Unable to process configuration file"}
+// notConfigured returns a *NotConfiguredError when a failed command's
+// output is Slurm's fatal error for a missing configuration (its other
+// lines only say how the search failed), else nil.
+func notConfigured(name, output string) error {
+	for _, m := range []string{"Could not establish a configuration source", "Unable to process configuration file"} {
+		if strings.Contains(output, m) {
+			return &NotConfiguredError{Command: name, Conf: os.Getenv("SLURM_CONF")}
+		}
+	}
+	return nil
+}
 
 // command runs a Slurm command and returns its stdout; its stderr is the
 // error's text.
@@ -162,10 +170,8 @@ func command(ctx context.Context, name string, args ...string) (string, error) {
 	c.Stdout, c.Stderr = &stdout, &stderr
 	if err := c.Run(); err != nil {
 		msg := strings.TrimSpace(stderr.String())
-		for _, m := range notConfigured {
-			if strings.Contains(msg, m) {
-				return stdout.String(), &NotConfiguredError{Command: name, Conf: os.Getenv("SLURM_CONF")}
-			}
+		if err := notConfigured(name, msg); err != nil {
+			return stdout.String(), err
 		}
 		if msg == "" {
 			msg = err.Error()
