@@ -643,3 +643,61 @@ func TestRenamedMethodSaysWhatItIsNow(t *testing.T) {
 		}
 	}
 }
+
+func TestRunawayMemoryIsBounded(t *testing.T) {
+	s := testSchema(t)
+	// A value doubled 22 to 26 times is 64 MiB: far over this budget, yet
+	// small enough that the test stays cheap where nothing stops it. The
+	// loop after it holds the value while the heap is read, however late
+	// the watch gets a core (GOMAXPROCS=1 preempts only every 10ms); the
+	// doubling line is where a script that never stops growing is caught.
+	t.Setenv(MaxMemoryEnv, "8")
+	const hold = "for i in range(3000000):\n    pass\n"
+	tests := []struct {
+		name string
+		src  string
+		pos  []string
+	}{
+		{"string", "s = \"a\"\nfor i in range(26):\n    s = s + s\n" + hold, []string{"x.star:3:", "x.star:4:", "x.star:5:"}},
+		{"list", "experiment(name = \"a\", methods = [\"full\"])\nl = [0]\nfor i in range(22):\n    l = l + l\n" + hold, []string{"x.star:4:", "x.star:5:", "x.star:6:"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := LoadSource("x.star", []byte(tt.src), s)
+			var se *ScriptError
+			if !errors.As(err, &se) {
+				t.Fatalf("err = %v, want a *ScriptError", err)
+			}
+			want := "script used more than 8 MiB of memory (a value that grows without bound?); VLKV_SCRIPT_MEMORY=MiB sets the limit"
+			if !slices.ContainsFunc(tt.pos, func(p string) bool { return strings.HasPrefix(se.Pos, p) }) || se.Msg != want {
+				t.Errorf("err = %v, want at %v: %s", err, tt.pos, want)
+			}
+		})
+	}
+}
+
+func TestMaxMemoryEnv(t *testing.T) {
+	tests := []struct {
+		env     string
+		want    uint64
+		wantErr bool
+	}{
+		{"", DefaultMaxMemory, false},
+		{"64", 64 << 20, false},
+		{"0", 0, true},
+		{"1GiB", 0, true},
+		{"-1", 0, true},
+	}
+	for _, tt := range tests {
+		t.Setenv(MaxMemoryEnv, tt.env)
+		got, err := maxMemory()
+		if (err != nil) != tt.wantErr || got != tt.want {
+			t.Errorf("%s=%q: got %d, %v; want %d (error %v)", MaxMemoryEnv, tt.env, got, err, tt.want, tt.wantErr)
+		}
+	}
+	// A bad value fails the plan rather than running without a limit.
+	t.Setenv(MaxMemoryEnv, "lots")
+	if _, err := LoadSource("x.star", []byte(`experiment(name = "a", methods = ["full"])`), testSchema(t)); err == nil || !strings.Contains(err.Error(), MaxMemoryEnv) {
+		t.Errorf("err = %v, want one naming %s", err, MaxMemoryEnv)
+	}
+}
