@@ -98,6 +98,10 @@ func lastLine(b []byte) []byte {
 	return lines[len(lines)-1]
 }
 
+// traceFormat is the format kernels_py.models.trace writes and reads
+// (its FORMAT).
+const traceFormat = "vlkv-trace/1"
+
 // traceMeta is the part of a trace's "vlkv" metadata inspect prints.
 type traceMeta struct {
 	Format string `json:"format"`
@@ -123,6 +127,21 @@ type traceMeta struct {
 	Tokens       []int  `json:"tokens"`
 }
 
+// check refuses metadata a trace capture did not write: with no format or
+// shape there is nothing to replay, and a summary of zeros would hide it.
+func (m *traceMeta) check() error {
+	switch {
+	case m.Format == "":
+		return fmt.Errorf("its trace metadata has no format (not written by `workbench trace capture`; capture the trace again)")
+	case m.Format != traceFormat:
+		return fmt.Errorf("trace format %q; this version reads %q (capture the trace again)", m.Format, traceFormat)
+	case m.Model.Layers < 1 || m.Model.Heads < 1 || m.Model.KVHeads < 1 || m.Model.HeadDim < 1:
+		return fmt.Errorf("its trace metadata gives no model shape (layers %d, heads %d, kv_heads %d, head_dim %d; capture the trace again)",
+			m.Model.Layers, m.Model.Heads, m.Model.KVHeads, m.Model.HeadDim)
+	}
+	return nil
+}
+
 func newTraceInspectCmd(a *app) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
@@ -142,6 +161,9 @@ func newTraceInspectCmd(a *app) *cobra.Command {
 			var meta traceMeta
 			if err := json.Unmarshal([]byte(raw), &meta); err != nil {
 				return fmt.Errorf("%s: its trace metadata does not parse: %w", args[0], err)
+			}
+			if err := meta.check(); err != nil {
+				return fmt.Errorf("%s: %w", args[0], err)
 			}
 			total := int64(0)
 			for _, e := range h.Entries {

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/vlkv/vlkv/gohost/tensor"
 )
 
 // A tiny random LLaVA saved to a temporary directory: capture writes a
@@ -74,5 +76,45 @@ save_tiny_llava(Path(sys.argv[1]) / "llava"); save_image(Path(sys.argv[1]) / "ca
 	code, _, stderr = runCLI(t, "trace", "capture", "--model", dir)
 	if code != 2 || !strings.Contains(stderr, "needs --model, at least one --image, --prompt and --out") {
 		t.Errorf("capture without its flags: exit %d, %s", code, stderr)
+	}
+}
+
+// A safetensors file whose trace metadata lacks what capture writes is
+// refused in one line rather than summarised as zeros.
+func TestTraceInspectRefusesIncompleteMetadata(t *testing.T) {
+	ar, err := tensor.NewArena(1, "trace", 1<<12)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ar.Close()
+	q, _ := ar.NewTensor(tensor.Float32, 1)
+	model := `"model": {"layers": 2, "heads": 4, "kv_heads": 2, "head_dim": 32}`
+	tests := []struct {
+		name string
+		meta string
+		want string // "" for a trace inspect accepts
+	}{
+		{"empty", `{}`, "its trace metadata has no format"},
+		{"other format", `{"format": "vlkv-trace/9", ` + model + `}`, `trace format "vlkv-trace/9"; this version reads "vlkv-trace/1"`},
+		{"no shape", `{"format": "vlkv-trace/1"}`, "its trace metadata gives no model shape (layers 0, heads 0, kv_heads 0, head_dim 0"},
+		{"complete", `{"format": "vlkv-trace/1", ` + model + `}`, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			file := filepath.Join(t.TempDir(), "t.safetensors")
+			if err := tensor.WriteSafetensors(file, map[string]*tensor.Tensor{"layer.0.q": q}, map[string]string{"vlkv": tt.meta}); err != nil {
+				t.Fatal(err)
+			}
+			code, stdout, stderr := runCLI(t, "trace", "inspect", file)
+			if tt.want == "" {
+				if code != 0 || !strings.Contains(stdout, "2 layers, 4 query heads, 2 kv heads, head_dim 32") {
+					t.Errorf("exit %d\n%s%s", code, stdout, stderr)
+				}
+				return
+			}
+			if code != 1 || !strings.Contains(stderr, file+": "+tt.want) || strings.Count(strings.TrimSpace(stderr), "\n") != 0 || stdout != "" {
+				t.Errorf("exit %d, stdout %q, stderr %q; want one line with %q", code, stdout, stderr, tt.want)
+			}
+		})
 	}
 }
