@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 
@@ -47,6 +49,11 @@ workload: workload("trace", path = "FILE.safetensors").`,
 			if steps < 1 {
 				return &usageError{fmt.Errorf("--decode-steps must be at least 1, got %d", steps)}
 			}
+			// Checked before Python starts: the model loads for many
+			// seconds before the file is written.
+			if err := checkOutDir(out); err != nil {
+				return err
+			}
 			ctx := cmd.Context()
 			kernels, rt, err := a.resolveRuntime(ctx)
 			if err != nil {
@@ -67,7 +74,14 @@ workload: workload("trace", path = "FILE.safetensors").`,
 				if ee, ok := err.(*exec.ExitError); ok && ee.ExitCode() == 2 {
 					return errors.New(msg) // the capture's own message says what is wrong
 				}
-				return fmt.Errorf("trace capture: %w\n%s", err, msg)
+				// Not an input the capture knows to refuse: its last line
+				// (a traceback's exception) says what failed, and --verbose
+				// shows the rest.
+				a.log.Debug().Msg(msg)
+				if msg == "" {
+					return fmt.Errorf("trace capture: %w", err)
+				}
+				return fmt.Errorf("trace capture: %s (%w; --verbose shows the traceback)", lastLine([]byte(msg)), err)
 			}
 			var res struct {
 				Out          string `json:"out"`
@@ -91,6 +105,26 @@ workload: workload("trace", path = "FILE.safetensors").`,
 	cmd.Flags().StringVar(&out, "out", "", "trace file to write (.safetensors)")
 	cmd.Flags().IntVar(&steps, "decode-steps", 16, "decode steps to record")
 	return cmd
+}
+
+// checkOutDir says, in one line, why a file cannot be written at out:
+// its directory is missing or not a directory, or out is a directory.
+func checkOutDir(out string) error {
+	if st, err := os.Stat(out); err == nil && st.IsDir() {
+		return fmt.Errorf("--out %s is a directory: name the file to write, e.g. %s", out,
+			filepath.Join(out, "trace.safetensors"))
+	}
+	dir := filepath.Dir(out)
+	st, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("--out %s: directory %s does not exist: create it first", out, dir)
+	case err != nil:
+		return fmt.Errorf("--out %s: %w", out, err)
+	case !st.IsDir():
+		return fmt.Errorf("--out %s: %s is not a directory", out, dir)
+	}
+	return nil
 }
 
 func lastLine(b []byte) []byte {

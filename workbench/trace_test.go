@@ -69,6 +69,27 @@ save_tiny_llava(Path(sys.argv[1]) / "llava"); save_image(Path(sys.argv[1]) / "ca
 	if code == 0 || !strings.Contains(stderr, "0 image placeholder(s)") {
 		t.Errorf("capture without a placeholder: exit %d, %s", code, stderr)
 	}
+	// Weights cut short: one line naming the model and the cause, not a traceback.
+	truncated := filepath.Join(dir, "truncated")
+	os.Mkdir(truncated, 0o755)
+	for _, name := range []string{"config.json", "generation_config.json", "processor_config.json", "tokenizer.json",
+		"tokenizer_config.json", "model.safetensors"} {
+		data, err := os.ReadFile(filepath.Join(dir, "llava", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if name == "model.safetensors" {
+			data = data[:len(data)/2]
+		}
+		os.WriteFile(filepath.Join(truncated, name), data, 0o644)
+	}
+	code, _, stderr = runCLI(t, "--python", py, "--kernels", root, "trace", "capture", "--model", truncated,
+		"--image", filepath.Join(dir, "cat.png"), "--prompt", prompt, "--out", trace)
+	// Two lines: the log line that the capture started, and the error.
+	if line := lastLine([]byte(stderr)); code != 1 || strings.Count(stderr, "\n") != 2 ||
+		!strings.Contains(string(line), truncated+": the model does not load (SafetensorError: ") {
+		t.Errorf("capture from truncated weights: exit %d, %s", code, stderr)
+	}
 	code, _, stderr = runCLI(t, "trace", "inspect", filepath.Join(dir, "llava", "model.safetensors"))
 	if code == 0 || !strings.Contains(stderr, "not a trace") {
 		t.Errorf("inspect a model file: exit %d, %s", code, stderr)
@@ -114,6 +135,35 @@ func TestTraceInspectRefusesIncompleteMetadata(t *testing.T) {
 			}
 			if code != 1 || !strings.Contains(stderr, file+": "+tt.want) || strings.Count(strings.TrimSpace(stderr), "\n") != 0 || stdout != "" {
 				t.Errorf("exit %d, stdout %q, stderr %q; want one line with %q", code, stdout, stderr, tt.want)
+			}
+		})
+	}
+}
+
+// --out is checked before Python starts: a missing directory once failed
+// only after the model ran, with a traceback.
+func TestTraceCaptureChecksOut(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		out  string
+		want string
+	}{
+		{"missing directory", filepath.Join(dir, "none", "t.safetensors"), "directory " + filepath.Join(dir, "none") + " does not exist: create it first"},
+		{"a directory", dir, "--out " + dir + " is a directory: name the file to write"},
+		{"under a file", filepath.Join(file, "t.safetensors"), file + " is not a directory"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			// --python names nothing: the check comes before any Python is looked for.
+			code, stdout, stderr := runCLI(t, "--python", filepath.Join(dir, "no-python"), "trace", "capture",
+				"--model", dir, "--image", file, "--prompt", "<image>", "--out", tt.out)
+			if code != 1 || stdout != "" || !strings.Contains(stderr, tt.want) || strings.Count(stderr, "\n") != 1 {
+				t.Errorf("exit %d, stderr %q; want one line with %q", code, stderr, tt.want)
 			}
 		})
 	}
