@@ -49,9 +49,9 @@ workload: workload("trace", path = "FILE.safetensors").`,
 			if steps < 1 {
 				return &usageError{fmt.Errorf("--decode-steps must be at least 1, got %d", steps)}
 			}
-			// Checked before Python starts: the model loads for many
-			// seconds before the file is written.
-			if err := checkOutDir(out); err != nil {
+			// Checked before Python starts, which takes seconds, and the
+			// model more before the file is written.
+			if err := checkCaptureFiles(model, images, out); err != nil {
 				return err
 			}
 			ctx := cmd.Context()
@@ -107,9 +107,20 @@ workload: workload("trace", path = "FILE.safetensors").`,
 	return cmd
 }
 
-// checkOutDir says, in one line, why a file cannot be written at out:
-// its directory is missing or not a directory, or out is a directory.
-func checkOutDir(out string) error {
+// checkCaptureFiles says, in one line, what of capture's files is missing
+// (the model directory, an image) or why out cannot be written: its
+// directory is missing or not a directory, or out is a directory. What is
+// in the files is for the capture to check.
+func checkCaptureFiles(model string, images []string, out string) error {
+	if st, err := os.Stat(model); err != nil || !st.IsDir() {
+		return fmt.Errorf("--model %s is not a directory: give a local directory holding config.json, the weights "+
+			"and the processor files (save_pretrained writes them)", model)
+	}
+	for _, img := range images {
+		if st, err := os.Stat(img); err != nil || st.IsDir() {
+			return fmt.Errorf("--image %s is not a file", img)
+		}
+	}
 	if st, err := os.Stat(out); err == nil && st.IsDir() {
 		return fmt.Errorf("--out %s is a directory: name the file to write, e.g. %s", out,
 			filepath.Join(out, "trace.safetensors"))

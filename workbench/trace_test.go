@@ -140,28 +140,34 @@ func TestTraceInspectRefusesIncompleteMetadata(t *testing.T) {
 	}
 }
 
-// --out is checked before Python starts: a missing directory once failed
-// only after the model ran, with a traceback.
-func TestTraceCaptureChecksOut(t *testing.T) {
+// The files capture reads and --out's directory are checked before Python
+// starts: a missing directory for --out once failed only after the model
+// ran, with a traceback.
+func TestTraceCaptureChecksFiles(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "file")
 	if err := os.WriteFile(file, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	out := filepath.Join(dir, "t.safetensors")
 	tests := []struct {
-		name string
-		out  string
-		want string
+		name         string
+		model, image string
+		out          string
+		want         string
 	}{
-		{"missing directory", filepath.Join(dir, "none", "t.safetensors"), "directory " + filepath.Join(dir, "none") + " does not exist: create it first"},
-		{"a directory", dir, "--out " + dir + " is a directory: name the file to write"},
-		{"under a file", filepath.Join(file, "t.safetensors"), file + " is not a directory"},
+		{"missing out directory", dir, file, filepath.Join(dir, "none", "t.safetensors"), "directory " + filepath.Join(dir, "none") + " does not exist: create it first"},
+		{"out a directory", dir, file, dir, "--out " + dir + " is a directory: name the file to write"},
+		{"out under a file", dir, file, filepath.Join(file, "t.safetensors"), file + " is not a directory"},
+		{"missing model", filepath.Join(dir, "none"), file, out, "--model " + filepath.Join(dir, "none") + " is not a directory: give a local directory holding config.json"},
+		{"model a file", file, file, out, "--model " + file + " is not a directory"},
+		{"missing image", dir, filepath.Join(dir, "cat.png"), out, "--image " + filepath.Join(dir, "cat.png") + " is not a file"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			// --python names nothing: the check comes before any Python is looked for.
 			code, stdout, stderr := runCLI(t, "--python", filepath.Join(dir, "no-python"), "trace", "capture",
-				"--model", dir, "--image", file, "--prompt", "<image>", "--out", tt.out)
+				"--model", tt.model, "--image", tt.image, "--prompt", "<image>", "--out", tt.out)
 			if code != 1 || stdout != "" || !strings.Contains(stderr, tt.want) || strings.Count(stderr, "\n") != 1 {
 				t.Errorf("exit %d, stderr %q; want one line with %q", code, stderr, tt.want)
 			}
