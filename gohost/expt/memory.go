@@ -14,11 +14,12 @@ import (
 
 // DefaultMaxMemory is how much heap one script evaluation may grow by
 // before it is stopped; MaxMemoryEnv, a number of MiB, overrides it. A
-// plan of MaxJobs jobs needs a few hundred MiB; a value doubled in a loop
-// reaches this within a second and would otherwise run the machine out of
+// plan of MaxJobs jobs takes under 300 MiB; a value doubled in a loop
+// reaches the limit within a second (and the step that crosses it may
+// take as much again) where it would otherwise run the machine out of
 // memory, which ends the CLI with no message.
 const (
-	DefaultMaxMemory = 2 << 30
+	DefaultMaxMemory = 1 << 30
 	MaxMemoryEnv     = "VLKV_SCRIPT_MEMORY"
 )
 
