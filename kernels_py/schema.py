@@ -1,9 +1,10 @@
 """The schema the Go host reads: every method's, workload's and benchmark's
 knobs with type, default, bounds, doc and paper reference, the comparison
 protocols and the knobs each sets on each method, and the registered ops,
-so that `workbench plan` checks scripts (knob rules included) and applies
-protocols, `workbench bench` builds its flags and `workbench selftest`
-checks its --op without starting Python.
+so that `workbench plan` checks scripts (knob rules and kvpress's press
+names and constructor parameters included) and applies protocols,
+`workbench bench` builds its flags and `workbench selftest` checks its --op
+without starting Python.
 kernels_py/schema.json holds it (`workbench schema` writes it); a test checks
 it is in step with the code.
 """
@@ -24,6 +25,7 @@ def document() -> dict:
     return {
         "methods": {name: {"doc": cls.summary(), "paper": cls.paper, "params": cls.schema(),
                            "rules": cls.rules_schema(), **({"notes": cls.notes()} if cls.notes() else {}),
+                           **({"presses": cls.presses()} if cls.presses() else {}),
                            **_protocols(cls, PROTOCOLS)}
                     for name, cls in METHODS.items()},
         "protocols": PROTOCOLS,

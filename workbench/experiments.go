@@ -326,7 +326,7 @@ func (a *app) runExperiments(ctx context.Context, file string, o runOptions) ([]
 			Out: o.out, Experiment: e.Name, Protocol: e.Protocol, File: plan.File, FileHash: plan.Hash, Jobs: runnerJobs(e),
 			KernelsDir: kernels.Dir, Device: device, Version: version,
 			Resume: o.resume, RetryFailed: o.retryFailed, AllowCodeChange: o.allowCodeChange,
-			Executor: executor, Progress: a.stderr, Log: a.log,
+			Executor: executor, Progress: a.console, Log: a.log,
 		})
 		if sum.Dir != "" {
 			dirs = append(dirs, sum.Dir)

@@ -3,17 +3,16 @@ package main
 import (
 	"fmt"
 	"io"
-	"os"
 	"runtime"
 	"runtime/debug"
 	"slices"
 	"strings"
 	"time"
 
-	"github.com/mattn/go-isatty"
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
 
+	"github.com/vlkv/vlkv/gohost/sched"
 	"github.com/vlkv/vlkv/gohost/worker"
 )
 
@@ -51,7 +50,10 @@ type app struct {
 	flags  globalFlags
 	stdout io.Writer
 	stderr io.Writer
-	log    zerolog.Logger
+	// console is stderr for log lines and progress bars: on a terminal a
+	// *sched.Terminal, so a log line never lands on a bar's line.
+	console io.Writer
+	log     zerolog.Logger
 	// cancelArray is asked, on Ctrl-C while a Slurm array is followed,
 	// whether to cancel it (true) or leave it running.
 	cancelArray func(arrayJob string) bool
@@ -60,7 +62,10 @@ type app struct {
 // newRootCmd builds the command tree for the command line args (the
 // benchmarks `bench` offers depend on the kernels root they name).
 func newRootCmd(stdout, stderr io.Writer, args []string) *cobra.Command {
-	a := &app{stdout: stdout, stderr: stderr}
+	a := &app{stdout: stdout, stderr: stderr, console: stderr}
+	if sched.IsTerminal(stderr) {
+		a.console = sched.NewTerminal(stderr)
+	}
 	a.cancelArray = a.askCancel
 	a.flags.device = deviceFlag{value: worker.Auto}
 	a.flags.logFormat = enumFlag{value: "auto", allowed: []string{"auto", "console", "json"}}
@@ -80,7 +85,7 @@ checkout the command runs in, else from the copy embedded in this binary.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
-			a.log = newLogger(a.stderr, a.flags.logFormat.value, a.flags.verbose)
+			a.log = newLogger(a.console, a.flags.logFormat.value, a.flags.verbose)
 			if c, ok := a.stdout.(*closedPipeWriter); ok && (cmd.Name() == "run" || cmd.Name() == "demo") {
 				c.announce.Store(true) // `plan | head` is normal; a run cut from its reader goes on, and says so
 			}
@@ -116,11 +121,7 @@ func newLogger(w io.Writer, format string, verbose bool) zerolog.Logger {
 	}
 	var out io.Writer = w
 	if format != "json" {
-		tty := false
-		if f, ok := w.(*os.File); ok {
-			tty = isatty.IsTerminal(f.Fd())
-		}
-		out = zerolog.ConsoleWriter{Out: w, NoColor: !tty, TimeFormat: time.TimeOnly}
+		out = zerolog.ConsoleWriter{Out: w, NoColor: !sched.IsTerminal(w), TimeFormat: time.TimeOnly}
 	}
 	return zerolog.New(out).Level(level).With().Timestamp().Logger()
 }

@@ -298,7 +298,7 @@ func (a *app) followArray(ctx context.Context, run *results.Run, sub slurm.Submi
 		}
 	}
 	m := run.Manifest()
-	progress := sched.NewProgress(a.stderr, isatty.IsTerminal(os.Stderr.Fd()), m.Jobs, len(done))
+	progress := sched.NewProgress(a.console, sched.IsTerminal(a.console), m.Jobs, len(done))
 	defer progress.Close()
 	f := &slurm.Follow{RunDir: run.Dir, Submission: sub, Plan: plan, Pending: pending, Log: a.log, Interrupt: a.cancelArray,
 		Deliver: func(rec results.Record) error {

@@ -149,3 +149,28 @@ func TestTensorsBadFiles(t *testing.T) {
 		}
 	}
 }
+
+// A tensor name of 240 characters fits a file name with its ".npy", and so
+// must the temporary file the atomic write goes through.
+func TestTensorsToNPYLongName(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "long.safetensors")
+	ar, err := tensor.NewArena(1, "long", 1<<12)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ar.Close()
+	x, _ := ar.NewTensor(tensor.Float32, 2)
+	name := strings.Repeat("w", 240)
+	if err := tensor.WriteSafetensors(file, map[string]*tensor.Tensor{name: x}, nil); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "npy")
+	code, stdout, stderr := runCLI(t, "tensors", "to-npy", file, out)
+	if code != 0 || !strings.Contains(stdout, "wrote 1 tensors") {
+		t.Fatalf("to-npy: exit %d: %s%s", code, stdout, stderr)
+	}
+	if _, err := os.Stat(filepath.Join(out, name+".npy")); err != nil {
+		t.Error(err)
+	}
+}

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 
@@ -47,6 +49,11 @@ workload: workload("trace", path = "FILE.safetensors").`,
 			if steps < 1 {
 				return &usageError{fmt.Errorf("--decode-steps must be at least 1, got %d", steps)}
 			}
+			// Checked before Python starts, which takes seconds, and the
+			// model more before the file is written.
+			if err := checkCaptureFiles(model, images, out); err != nil {
+				return err
+			}
 			ctx := cmd.Context()
 			kernels, rt, err := a.resolveRuntime(ctx)
 			if err != nil {
@@ -67,7 +74,14 @@ workload: workload("trace", path = "FILE.safetensors").`,
 				if ee, ok := err.(*exec.ExitError); ok && ee.ExitCode() == 2 {
 					return errors.New(msg) // the capture's own message says what is wrong
 				}
-				return fmt.Errorf("trace capture: %w\n%s", err, msg)
+				// Not an input the capture knows to refuse: its last line
+				// (a traceback's exception) says what failed, and --verbose
+				// shows the rest.
+				a.log.Debug().Msg(msg)
+				if msg == "" {
+					return fmt.Errorf("trace capture: %w", err)
+				}
+				return fmt.Errorf("trace capture: %s (%w; --verbose shows the traceback)", lastLine([]byte(msg)), err)
 			}
 			var res struct {
 				Out          string `json:"out"`
@@ -93,10 +107,45 @@ workload: workload("trace", path = "FILE.safetensors").`,
 	return cmd
 }
 
+// checkCaptureFiles says, in one line, what of capture's files is missing
+// (the model directory, an image) or why out cannot be written: its
+// directory is missing or not a directory, or out is a directory. What is
+// in the files is for the capture to check.
+func checkCaptureFiles(model string, images []string, out string) error {
+	if st, err := os.Stat(model); err != nil || !st.IsDir() {
+		return fmt.Errorf("--model %s is not a directory: give a local directory holding config.json, the weights "+
+			"and the processor files (save_pretrained writes them)", model)
+	}
+	for _, img := range images {
+		if st, err := os.Stat(img); err != nil || st.IsDir() {
+			return fmt.Errorf("--image %s is not a file", img)
+		}
+	}
+	if st, err := os.Stat(out); err == nil && st.IsDir() {
+		return fmt.Errorf("--out %s is a directory: name the file to write, e.g. %s", out,
+			filepath.Join(out, "trace.safetensors"))
+	}
+	dir := filepath.Dir(out)
+	st, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("--out %s: directory %s does not exist: create it first", out, dir)
+	case err != nil:
+		return fmt.Errorf("--out %s: %w", out, err)
+	case !st.IsDir():
+		return fmt.Errorf("--out %s: %s is not a directory", out, dir)
+	}
+	return nil
+}
+
 func lastLine(b []byte) []byte {
 	lines := bytes.Split(bytes.TrimSpace(b), []byte("\n"))
 	return lines[len(lines)-1]
 }
+
+// traceFormat is the format kernels_py.models.trace writes and reads
+// (its FORMAT).
+const traceFormat = "vlkv-trace/1"
 
 // traceMeta is the part of a trace's "vlkv" metadata inspect prints.
 type traceMeta struct {
@@ -123,6 +172,21 @@ type traceMeta struct {
 	Tokens       []int  `json:"tokens"`
 }
 
+// check refuses metadata a trace capture did not write: with no format or
+// shape there is nothing to replay, and a summary of zeros would hide it.
+func (m *traceMeta) check() error {
+	switch {
+	case m.Format == "":
+		return fmt.Errorf("its trace metadata has no format (not written by `workbench trace capture`; capture the trace again)")
+	case m.Format != traceFormat:
+		return fmt.Errorf("trace format %q; this version reads %q (capture the trace again)", m.Format, traceFormat)
+	case m.Model.Layers < 1 || m.Model.Heads < 1 || m.Model.KVHeads < 1 || m.Model.HeadDim < 1:
+		return fmt.Errorf("its trace metadata gives no model shape (layers %d, heads %d, kv_heads %d, head_dim %d; capture the trace again)",
+			m.Model.Layers, m.Model.Heads, m.Model.KVHeads, m.Model.HeadDim)
+	}
+	return nil
+}
+
 func newTraceInspectCmd(a *app) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
@@ -142,6 +206,9 @@ func newTraceInspectCmd(a *app) *cobra.Command {
 			var meta traceMeta
 			if err := json.Unmarshal([]byte(raw), &meta); err != nil {
 				return fmt.Errorf("%s: its trace metadata does not parse: %w", args[0], err)
+			}
+			if err := meta.check(); err != nil {
+				return fmt.Errorf("%s: %w", args[0], err)
 			}
 			total := int64(0)
 			for _, e := range h.Entries {

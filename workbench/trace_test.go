@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/vlkv/vlkv/gohost/tensor"
 )
 
 // A tiny random LLaVA saved to a temporary directory: capture writes a
@@ -67,6 +69,27 @@ save_tiny_llava(Path(sys.argv[1]) / "llava"); save_image(Path(sys.argv[1]) / "ca
 	if code == 0 || !strings.Contains(stderr, "0 image placeholder(s)") {
 		t.Errorf("capture without a placeholder: exit %d, %s", code, stderr)
 	}
+	// Weights cut short: one line naming the model and the cause, not a traceback.
+	truncated := filepath.Join(dir, "truncated")
+	os.Mkdir(truncated, 0o755)
+	for _, name := range []string{"config.json", "generation_config.json", "processor_config.json", "tokenizer.json",
+		"tokenizer_config.json", "model.safetensors"} {
+		data, err := os.ReadFile(filepath.Join(dir, "llava", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if name == "model.safetensors" {
+			data = data[:len(data)/2]
+		}
+		os.WriteFile(filepath.Join(truncated, name), data, 0o644)
+	}
+	code, _, stderr = runCLI(t, "--python", py, "--kernels", root, "trace", "capture", "--model", truncated,
+		"--image", filepath.Join(dir, "cat.png"), "--prompt", prompt, "--out", trace)
+	// Two lines: the log line that the capture started, and the error.
+	if line := lastLine([]byte(stderr)); code != 1 || strings.Count(stderr, "\n") != 2 ||
+		!strings.Contains(string(line), truncated+": the model does not load (SafetensorError: ") {
+		t.Errorf("capture from truncated weights: exit %d, %s", code, stderr)
+	}
 	code, _, stderr = runCLI(t, "trace", "inspect", filepath.Join(dir, "llava", "model.safetensors"))
 	if code == 0 || !strings.Contains(stderr, "not a trace") {
 		t.Errorf("inspect a model file: exit %d, %s", code, stderr)
@@ -74,5 +97,80 @@ save_tiny_llava(Path(sys.argv[1]) / "llava"); save_image(Path(sys.argv[1]) / "ca
 	code, _, stderr = runCLI(t, "trace", "capture", "--model", dir)
 	if code != 2 || !strings.Contains(stderr, "needs --model, at least one --image, --prompt and --out") {
 		t.Errorf("capture without its flags: exit %d, %s", code, stderr)
+	}
+}
+
+// A safetensors file whose trace metadata lacks what capture writes is
+// refused in one line rather than summarised as zeros.
+func TestTraceInspectRefusesIncompleteMetadata(t *testing.T) {
+	ar, err := tensor.NewArena(1, "trace", 1<<12)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ar.Close()
+	q, _ := ar.NewTensor(tensor.Float32, 1)
+	model := `"model": {"layers": 2, "heads": 4, "kv_heads": 2, "head_dim": 32}`
+	tests := []struct {
+		name string
+		meta string
+		want string // "" for a trace inspect accepts
+	}{
+		{"empty", `{}`, "its trace metadata has no format"},
+		{"other format", `{"format": "vlkv-trace/9", ` + model + `}`, `trace format "vlkv-trace/9"; this version reads "vlkv-trace/1"`},
+		{"no shape", `{"format": "vlkv-trace/1"}`, "its trace metadata gives no model shape (layers 0, heads 0, kv_heads 0, head_dim 0"},
+		{"complete", `{"format": "vlkv-trace/1", ` + model + `}`, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			file := filepath.Join(t.TempDir(), "t.safetensors")
+			if err := tensor.WriteSafetensors(file, map[string]*tensor.Tensor{"layer.0.q": q}, map[string]string{"vlkv": tt.meta}); err != nil {
+				t.Fatal(err)
+			}
+			code, stdout, stderr := runCLI(t, "trace", "inspect", file)
+			if tt.want == "" {
+				if code != 0 || !strings.Contains(stdout, "2 layers, 4 query heads, 2 kv heads, head_dim 32") {
+					t.Errorf("exit %d\n%s%s", code, stdout, stderr)
+				}
+				return
+			}
+			if code != 1 || !strings.Contains(stderr, file+": "+tt.want) || strings.Count(strings.TrimSpace(stderr), "\n") != 0 || stdout != "" {
+				t.Errorf("exit %d, stdout %q, stderr %q; want one line with %q", code, stdout, stderr, tt.want)
+			}
+		})
+	}
+}
+
+// The files capture reads and --out's directory are checked before Python
+// starts: a missing directory for --out once failed only after the model
+// ran, with a traceback.
+func TestTraceCaptureChecksFiles(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "t.safetensors")
+	tests := []struct {
+		name         string
+		model, image string
+		out          string
+		want         string
+	}{
+		{"missing out directory", dir, file, filepath.Join(dir, "none", "t.safetensors"), "directory " + filepath.Join(dir, "none") + " does not exist: create it first"},
+		{"out a directory", dir, file, dir, "--out " + dir + " is a directory: name the file to write"},
+		{"out under a file", dir, file, filepath.Join(file, "t.safetensors"), file + " is not a directory"},
+		{"missing model", filepath.Join(dir, "none"), file, out, "--model " + filepath.Join(dir, "none") + " is not a directory: give a local directory holding config.json"},
+		{"model a file", file, file, out, "--model " + file + " is not a directory"},
+		{"missing image", dir, filepath.Join(dir, "cat.png"), out, "--image " + filepath.Join(dir, "cat.png") + " is not a file"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			// --python names nothing: the check comes before any Python is looked for.
+			code, stdout, stderr := runCLI(t, "--python", filepath.Join(dir, "no-python"), "trace", "capture",
+				"--model", tt.model, "--image", tt.image, "--prompt", "<image>", "--out", tt.out)
+			if code != 1 || stdout != "" || !strings.Contains(stderr, tt.want) || strings.Count(stderr, "\n") != 1 {
+				t.Errorf("exit %d, stderr %q; want one line with %q", code, stderr, tt.want)
+			}
+		})
 	}
 }

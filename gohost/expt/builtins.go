@@ -382,7 +382,7 @@ func (l *loader) experiment(thread *starlark.Thread, _ *starlark.Builtin, args s
 				for i, j := range combo {
 					params[ax[i].name] = ax[i].values[j]
 				}
-				if msg, err := m.Rules.Violated(params); err != nil || msg != "" {
+				if msg, err := m.Violated(params); err != nil || msg != "" {
 					return nil, fail(path{"grid"}, "method %q%s: %s", m.Name, gridPoint(m.Params, params, msg), ruleError(msg, err))
 				}
 				add(m, params, w)
@@ -617,7 +617,7 @@ func (l *loader) extras(kw map[string]starlark.Value, first *workloadValue, prot
 				p.params[k] = val
 			}
 		}
-		if msg, err := m.Rules.Violated(p.params); err != nil || msg != "" {
+		if msg, err := m.Violated(p.params); err != nil || msg != "" {
 			return nil, fail(path{"extra", i}, "extra[%d]: method %q: %s", i, m.Name, ruleError(msg, err))
 		}
 		out = append(out, p)

@@ -23,8 +23,9 @@ import (
 )
 
 // Limits on what a script may cost. A script is trusted not to be hostile
-// but may well have a bug: these turn a runaway loop or an accidental
-// ten-way product into an error rather than a hung or swapping CLI.
+// but may well have a bug: these, and DefaultMaxMemory, turn a runaway
+// loop or an accidental ten-way product into an error rather than a hung
+// or swapping CLI.
 const (
 	DefaultTimeout = 600 * time.Second // per job, when experiment() gives none
 	MaxSteps       = 10_000_000        // Starlark execution steps per script
@@ -145,12 +146,20 @@ func load(ctx context.Context, filename string, src []byte, schema *Schema) (*Pl
 	thread.SetMaxExecutionSteps(MaxSteps)
 	stop := context.AfterFunc(ctx, func() { thread.Cancel(ctx.Err().Error()) })
 	defer stop()
-
-	if _, err := prog.Init(thread, predeclared); err != nil {
+	limit, err := maxMemory()
+	if err != nil {
+		return nil, err
+	}
+	mem := watchMemory(thread, limit)
+	_, err = prog.Init(thread, predeclared)
+	mem.Stop()
+	if err != nil {
 		se := asScriptError(err, filename, l.pos)
 		switch {
 		case overSteps:
 			se.Msg = fmt.Sprintf("script ran for more than %d steps (an endless loop?)", MaxSteps)
+		case mem.Exceeded():
+			se.Msg = mem.message()
 		case ctx.Err() != nil:
 			se.Msg = "evaluation cancelled: " + ctx.Err().Error()
 			se.err = ctx.Err()

@@ -643,3 +643,118 @@ func TestRenamedMethodSaysWhatItIsNow(t *testing.T) {
 		}
 	}
 }
+
+func TestRunawayMemoryIsBounded(t *testing.T) {
+	s := testSchema(t)
+	// A value doubled 22 to 26 times is 64 MiB: far over this budget, yet
+	// small enough that the test stays cheap where nothing stops it. The
+	// loop after it holds the value while the heap is read, however late
+	// the watch gets a core (GOMAXPROCS=1 preempts only every 10ms); the
+	// doubling line is where a script that never stops growing is caught.
+	t.Setenv(MaxMemoryEnv, "8")
+	const hold = "for i in range(3000000):\n    pass\n"
+	tests := []struct {
+		name string
+		src  string
+		pos  []string
+	}{
+		{"string", "s = \"a\"\nfor i in range(26):\n    s = s + s\n" + hold, []string{"x.star:3:", "x.star:4:", "x.star:5:"}},
+		{"list", "experiment(name = \"a\", methods = [\"full\"])\nl = [0]\nfor i in range(22):\n    l = l + l\n" + hold, []string{"x.star:4:", "x.star:5:", "x.star:6:"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := LoadSource("x.star", []byte(tt.src), s)
+			var se *ScriptError
+			if !errors.As(err, &se) {
+				t.Fatalf("err = %v, want a *ScriptError", err)
+			}
+			want := "script used more than 8 MiB of memory (a value that grows without bound?); VLKV_SCRIPT_MEMORY=MiB sets the limit"
+			if !slices.ContainsFunc(tt.pos, func(p string) bool { return strings.HasPrefix(se.Pos, p) }) || se.Msg != want {
+				t.Errorf("err = %v, want at %v: %s", err, tt.pos, want)
+			}
+		})
+	}
+}
+
+func TestMaxMemoryEnv(t *testing.T) {
+	tests := []struct {
+		env     string
+		want    uint64
+		wantErr bool
+	}{
+		{"", DefaultMaxMemory, false},
+		{"64", 64 << 20, false},
+		{"0", 0, true},
+		{"1GiB", 0, true},
+		{"-1", 0, true},
+	}
+	for _, tt := range tests {
+		t.Setenv(MaxMemoryEnv, tt.env)
+		got, err := maxMemory()
+		if (err != nil) != tt.wantErr || got != tt.want {
+			t.Errorf("%s=%q: got %d, %v; want %d (error %v)", MaxMemoryEnv, tt.env, got, err, tt.want, tt.wantErr)
+		}
+	}
+	// A bad value fails the plan rather than running without a limit.
+	t.Setenv(MaxMemoryEnv, "lots")
+	if _, err := LoadSource("x.star", []byte(`experiment(name = "a", methods = ["full"])`), testSchema(t)); err == nil || !strings.Contains(err.Error(), MaxMemoryEnv) {
+		t.Errorf("err = %v, want one naming %s", err, MaxMemoryEnv)
+	}
+}
+
+// kvpress's press, press_args and inner_press are checked against the
+// presses' constructors in the schema: what presses.make refuses in the job
+// fails the plan, at the grid or extra that made it.
+func TestPressesFailThePlan(t *testing.T) {
+	s, err := LoadSchema("../../kernels_py/schema.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Methods["kvpress"].Presses) == 0 {
+		t.Fatal("the schema lists no kvpress presses: regenerate it where kvpress imports (`workbench schema`)")
+	}
+	extra := func(fields string) string {
+		return `experiment(name = "a", methods = ["full"], extra = [{"method": "kvpress", ` + fields + `}])`
+	}
+	tests := []struct{ name, src, want string }{
+		{"unknown press", `experiment(name = "a", methods = ["kvpress"], grid = {"press": ["SnapKVPress", "SnapKVPres"]})`,
+			`x.star:1:47: experiment "a": method "kvpress" with press="SnapKVPres": press "SnapKVPres" is unknown (did you mean "SnapKVPress"?) (known: AdaKVPress, `},
+		{"unknown parameter", extra(`"press": "SnapKVPress", "press_args": "window=32"`),
+			`x.star:1:53: experiment "a": extra[0]: method "kvpress": press_args: SnapKVPress takes no parameter "window"; it takes: compression_ratio, window_size, kernel_size`},
+		{"misspelt parameter", extra(`"press": "SnapKVPress", "press_args": "windowsize=32"`),
+			`press_args: SnapKVPress takes no parameter "windowsize" (did you mean "window_size"?); it takes: compression_ratio, window_size, kernel_size`},
+		{"not pairs", extra(`"press": "SnapKVPress", "press_args": "window_size"`),
+			`method "kvpress": press_args "window_size": want name=value pairs separated by commas`},
+		{"wrapper without inner", extra(`"press": "AdaKVPress"`),
+			`AdaKVPress wraps another press: name it with inner_press (e.g. inner_press = "SnapKVPress")`},
+		{"unknown inner", extra(`"press": "AdaKVPress", "inner_press": "SnapKVPress, TOVAPres"`),
+			`inner_press: press "TOVAPres" is unknown (did you mean "TOVAPress"?)`},
+		{"inner on a press that wraps none", extra(`"press": "TOVAPress", "inner_press": "SnapKVPress"`),
+			`TOVAPress wraps no press: inner_press = "SnapKVPress" does not apply`},
+		{"required parameter", extra(`"press": "PerLayerCompressionPress", "inner_press": "SnapKVPress"`),
+			`PerLayerCompressionPress needs compression_ratios: set them in press_args`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := LoadSource("x.star", []byte(tt.src), s)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("err = %v\nwant  %s", err, tt.want)
+			}
+		})
+	}
+	// What presses.make builds passes: the defaults, parameters it takes, a
+	// wrapper with its inner presses, and no press whatever press_args say
+	// (a grid may set them for the presses beside it).
+	for _, src := range []string{
+		`experiment(name = "a", methods = ["kvpress"])`,
+		extra(`"press": "SnapKVPress", "press_args": "window_size=32, kernel_size=5"`),
+		extra(`"press": "AdaKVPress", "inner_press": "SnapKVPress", "press_args": "alpha_safeguard=0.1"`),
+		extra(`"press": "ComposedPress", "inner_press": "SnapKVPress, KnormPress"`),
+		extra(`"press": "PerLayerCompressionPress", "inner_press": "SnapKVPress", "press_args": "compression_ratios=0.5;0.25"`),
+		`experiment(name = "a", methods = ["kvpress"], grid = {"press": ["none", "SnapKVPress"], "press_args": ["window_size=8"]})`,
+	} {
+		if _, err := LoadSource("x.star", []byte(src), s); err != nil {
+			t.Errorf("%s: %v", src, err)
+		}
+	}
+}

@@ -79,6 +79,9 @@ type Method struct {
 	// Protocols holds, per protocol, the param values it sets on this
 	// method's jobs (checked against Params); absent: it sets none.
 	Protocols map[string]map[string]any
+	// Presses are the kvpress presses the method's press param may name
+	// (the kvpress method's); nil: none are checked.
+	Presses Presses
 }
 
 // ProtocolParams returns a copy of the params `protocol` sets on m (empty
@@ -174,6 +177,7 @@ type (
 		Rules     []*Rule                   `json:"rules"`
 		Notes     []string                  `json:"notes"`
 		Protocols map[string]map[string]any `json:"protocols"`
+		Presses   Presses                   `json:"presses"`
 	}
 	paramSetJSON struct {
 		Doc    string               `json:"doc"`
@@ -267,8 +271,11 @@ func parseSchema(data []byte) (*Schema, error) {
 		if err != nil {
 			return nil, fmt.Errorf("method %q: %w", name, err)
 		}
+		if err := mj.Presses.parse(ps); err != nil {
+			return nil, fmt.Errorf("method %q: presses: %w", name, err)
+		}
 		s.Methods[name] = &Method{Name: name, Doc: mj.Doc, Paper: mj.Paper, Params: ps, Rules: rules, Notes: mj.Notes,
-			Protocols: protocols}
+			Protocols: protocols, Presses: mj.Presses}
 	}
 	for _, name := range sortedKeys(w.Workloads) {
 		if !methodRE.MatchString(name) {

@@ -55,6 +55,9 @@ func TestParseSchema(t *testing.T) {
 	}
 }
 
+// pressParamsJSON are the params a method that runs presses names them through.
+const pressParamsJSON = `"press": {"type": "str", "default": "P"}, "press_args": {"type": "str", "default": ""}, "inner_press": {"type": "str", "default": ""}`
+
 // oneWorkload completes a schema that tests something else.
 const oneWorkload = `"workloads": {"w": {"params": {}}}, "default_workload": "w"`
 
@@ -136,6 +139,10 @@ func TestParseSchemaErrors(t *testing.T) {
 		{"unknown protocol", `{"methods": {"m": {"params": {"x": {"type": "int", "default": 1}}, "protocols": {"q": {"x": 2}}}}, "protocols": {"p": "d"}, ` + oneWorkload + `}`, `expt: schema: method "m": protocol "q" is not one of the schema's protocols (p)`},
 		{"protocol sets an unknown param", `{"methods": {"m": {"protocols": {"p": {"x": 2}}}}, "protocols": {"p": "d"}, ` + oneWorkload + `}`, `expt: schema: method "m": protocol "p" sets param "x", which the method does not have`},
 		{"protocol value", `{"methods": {"m": {"params": {"x": {"type": "int", "default": 1, "max": 4}}, "protocols": {"p": {"x": 5}}}}, "protocols": {"p": "d"}, ` + oneWorkload + `}`, `expt: schema: method "m": protocol "p": param "x": 5 is above the maximum 4`},
+		{"presses without a press param", `{"methods": {"m": {"presses": {"P": {"params": []}}}}, ` + oneWorkload + `}`, `expt: schema: method "m": presses: the method has no str param "press" to name a press through`},
+		{"press requires what it does not take", `{"methods": {"m": {"params": {` + pressParamsJSON + `}, "presses": {"P": {"params": ["a"], "required": ["b"]}}}}, ` + oneWorkload + `}`, `expt: schema: method "m": presses: P: required "b" is not one of its params`},
+		{"press wraps through what it does not take", `{"methods": {"m": {"params": {` + pressParamsJSON + `}, "presses": {"P": {"params": ["a"], "wraps": "press"}}}}, ` + oneWorkload + `}`, `expt: schema: method "m": presses: P: wraps through "press", not one of its params`},
+		{"default press unknown", `{"methods": {"m": {"params": {` + pressParamsJSON + `}, "presses": {"Q": {"params": []}}}}, ` + oneWorkload + `}`, `expt: schema: method "m": presses: the defaults break it: press "P" is unknown (known: Q, none)`},
 		{"benchmark list default", `{"methods": {"m": {}}, ` + oneWorkload + `, "benchmarks": {"b": {"params": {"n": {"type": "ints", "default": [1, "x"]}}}}}`, `expt: schema: benchmark "b": param "n": default: want ints, got []interface {} [1 x]`},
 	}
 	for _, tt := range tests {

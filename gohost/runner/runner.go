@@ -21,7 +21,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/mattn/go-isatty"
 	"github.com/rs/zerolog"
 
 	"github.com/vlkv/vlkv/gohost/results"
@@ -191,7 +190,7 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 	if out == nil {
 		out = io.Discard
 	}
-	progress := sched.NewProgress(out, isTerminal(out), len(o.Jobs), len(o.Jobs)-len(todo))
+	progress := sched.NewProgress(out, sched.IsTerminal(out), len(o.Jobs), len(o.Jobs)-len(todo))
 	current, _ := run.current()
 	err = o.Executor.Run(ctx, Batch{
 		Dir:           run.dir,
@@ -564,11 +563,6 @@ func NewRecord(experiment string, j Job, out Outcome) results.Record {
 		rec.Status, rec.Error = results.StatusFailed, err.Error()
 	}
 	return rec
-}
-
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	return ok && isatty.IsTerminal(f.Fd())
 }
 
 func firstLine(s string) string {

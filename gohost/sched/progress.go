@@ -3,13 +3,77 @@ package sched
 import (
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/mattn/go-isatty"
 )
 
+// Terminal is a terminal that log lines and a progress bar share. The bar
+// is redrawn in place with "\r" and has no newline: a log line written
+// straight after it would continue the bar's line. Lines written through
+// Terminal clear the bar first and redraw it after.
+type Terminal struct {
+	mu  sync.Mutex
+	out io.Writer
+	bar string // as last drawn; "" while none is shown
+}
+
+// NewTerminal shares out, a terminal, between log lines and a bar.
+func NewTerminal(out io.Writer) *Terminal { return &Terminal{out: out} }
+
+// clearLine returns the cursor to the line's start and erases the line.
+const clearLine = "\r\x1b[K"
+
+// Write writes log output: whole lines, as a logger writes an event.
+func (t *Terminal) Write(b []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.bar == "" {
+		return t.out.Write(b)
+	}
+	io.WriteString(t.out, clearLine)
+	n, err := t.out.Write(b)
+	if len(b) > 0 && b[len(b)-1] == '\n' {
+		io.WriteString(t.out, t.bar)
+	}
+	return n, err
+}
+
+// drawBar replaces the bar shown, if any, with bar.
+func (t *Terminal) drawBar(bar string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.bar = bar
+	io.WriteString(t.out, clearLine+bar)
+}
+
+// endBar leaves the bar as last drawn on its own line.
+func (t *Terminal) endBar() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.bar != "" {
+		io.WriteString(t.out, "\n")
+		t.bar = ""
+	}
+}
+
+// IsTerminal says whether w is a terminal: a *Terminal, or a file that is one.
+func IsTerminal(w io.Writer) bool {
+	switch w := w.(type) {
+	case *Terminal:
+		return true
+	case *os.File:
+		return isatty.IsTerminal(w.Fd())
+	}
+	return false
+}
+
 // Progress reports finished jobs: a redrawn bar on a terminal, one plain
-// line per job otherwise (logs, CI).
+// line per job otherwise (logs, CI). On a *Terminal, log lines written
+// through it while the bar is shown appear above the bar.
 type Progress struct {
 	mu      sync.Mutex
 	out     io.Writer
@@ -57,7 +121,9 @@ func (p *Progress) Finished(o Outcome) {
 func (p *Progress) Close() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.tty {
+	if t, ok := p.out.(*Terminal); ok && p.tty {
+		t.endBar()
+	} else if p.tty {
 		fmt.Fprintln(p.out)
 	}
 }
@@ -68,8 +134,13 @@ func (p *Progress) draw() {
 	if p.total > 0 {
 		filled = width * p.done / p.total
 	}
-	fmt.Fprintf(p.out, "\r[%s%s] %d/%d done, %d failed, ETA %s ", strings.Repeat("=", filled), strings.Repeat(" ", width-filled),
+	bar := fmt.Sprintf("[%s%s] %d/%d done, %d failed, ETA %s ", strings.Repeat("=", filled), strings.Repeat(" ", width-filled),
 		p.done, p.total, p.failed, p.eta())
+	if t, ok := p.out.(*Terminal); ok {
+		t.drawBar(bar)
+		return
+	}
+	fmt.Fprint(p.out, "\r"+bar)
 }
 
 // eta extrapolates the time left from the jobs finished since the start

@@ -295,3 +295,64 @@ func TestProgressTerminalBar(t *testing.T) {
 		t.Errorf("bar %q", last)
 	}
 }
+
+// screen plays what was written to a terminal and returns the lines it
+// shows: "\r" returns to the line's start, ESC[K erases to its end.
+func screen(out string) []string {
+	lines := []string{""}
+	col := 0
+	for i := 0; i < len(out); i++ {
+		cur := &lines[len(lines)-1]
+		switch {
+		case out[i] == '\n':
+			lines, col = append(lines, ""), 0
+		case out[i] == '\r':
+			col = 0
+		case strings.HasPrefix(out[i:], "\x1b[K"):
+			*cur = (*cur)[:col]
+			i += len("\x1b[K") - 1
+		default:
+			if col < len(*cur) {
+				*cur = (*cur)[:col] + string(out[i]) + (*cur)[col+1:]
+			} else {
+				*cur += string(out[i])
+			}
+			col++
+		}
+	}
+	return lines
+}
+
+// Log lines and the bar share a terminal: each log line appears on a line
+// of its own above the bar, which is redrawn below it.
+func TestProgressBarAndLogLines(t *testing.T) {
+	var out bytes.Buffer
+	term := NewTerminal(&out)
+	if !IsTerminal(term) || IsTerminal(&out) {
+		t.Fatal("IsTerminal: a *Terminal is one, a buffer is not")
+	}
+	log := zerolog.New(zerolog.ConsoleWriter{Out: term, NoColor: true, PartsExclude: []string{zerolog.TimestampFieldName}})
+	p := NewProgress(term, true, 3, 0)
+	log.Info().Msg("worker started")
+	p.Finished(Outcome{Job: Job{ID: "x"}})
+	log.Warn().Str("job", "y").Msg("job failed")
+	p.Finished(Outcome{Job: Job{ID: "y"}, Err: errors.New("boom")})
+	p.Close()
+	log.Info().Msg("after the run")
+	got := screen(out.String())
+	want := []string{
+		"INF worker started",
+		"WRN job failed job=y",
+		"[====================          ] 2/3 done, 1 failed, ETA ",
+		"INF after the run",
+		"",
+	}
+	if len(got) != len(want) {
+		t.Fatalf("screen:\n%s\nwant %d lines", strings.Join(got, "\n"), len(want))
+	}
+	for i := range want {
+		if !strings.HasPrefix(got[i], want[i]) || (want[i] != "" && strings.Count(got[i], "INF")+strings.Count(got[i], "WRN")+strings.Count(got[i], "done") != 1) {
+			t.Errorf("line %d: %q, want %q...", i, got[i], want[i])
+		}
+	}
+}

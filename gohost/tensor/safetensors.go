@@ -497,11 +497,23 @@ func safetensorsEntryFor(name string, t *Tensor, offset int64) (safetensorsJSONE
 	return safetensorsJSONEntry{DType: st, Shape: append([]int64{}, d.Shape...), DataOffsets: [2]int64{offset, offset + n}}, nil
 }
 
+// tempPattern is the os.CreateTemp pattern of a temporary file for base:
+// base, ".tmp-" and the up to 10 digits CreateTemp puts for "*", with base
+// cut so that the whole fits the 255 bytes most file systems allow a name
+// (a base that fits alone, as NPYName's do, may not with the suffix).
+func tempPattern(base string) string {
+	const suffix, digits = ".tmp-", 10
+	if room := 255 - len(suffix) - digits; len(base) > room {
+		base = base[:room]
+	}
+	return base + suffix + "*"
+}
+
 // writeFileAtomic writes path through a temporary file in the same directory,
 // synced and then renamed into place, so a crash leaves either the old file or
 // the whole new one, never part of it.
 func writeFileAtomic(path string, write func(w io.Writer) error) (err error) {
-	f, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".tmp-*")
+	f, err := os.CreateTemp(filepath.Dir(path), tempPattern(filepath.Base(path)))
 	if err != nil {
 		return err
 	}

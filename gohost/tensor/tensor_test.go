@@ -3,6 +3,8 @@ package tensor
 import (
 	"encoding/json"
 	"math"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -316,5 +318,42 @@ func TestNPYNameIsDistinctAndReversible(t *testing.T) {
 	}
 	if _, err := NameFromNPY(f1); err == nil {
 		t.Error("a cut name claimed to be reversible")
+	}
+}
+
+// A tensor whose file name is near the 255-byte limit is written: the
+// temporary file beside it once added ".tmp-" and digits and went over.
+func TestWriteNPYLongNames(t *testing.T) {
+	a, err := NewArena(1, "npy", 1<<12)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	x, _ := a.NewTensor(Float32, 2)
+	tests := []struct {
+		name string
+		tn   string
+	}{
+		{"240 letters", strings.Repeat("a", 240)},
+		{"longest kept whole", strings.Repeat("b", maxNameBytes)},
+		{"cut with a hash", strings.Repeat("c", 300)},
+		{"escaped and cut", strings.Repeat("/", 90)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			file := NPYName(tt.tn)
+			if err := WriteNPY(filepath.Join(dir, file), x); err != nil {
+				t.Fatal(err)
+			}
+			entries, _ := os.ReadDir(dir)
+			if len(entries) != 1 || entries[0].Name() != file {
+				t.Errorf("directory holds %v, want only %s", entries, file)
+			}
+		})
+	}
+	// What fits no file system is still refused, with the path in the error.
+	if err := WriteNPY(filepath.Join(t.TempDir(), strings.Repeat("d", 256)+".npy"), x); err == nil {
+		t.Error("wrote a file whose name is over 255 bytes")
 	}
 }

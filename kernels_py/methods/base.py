@@ -97,6 +97,12 @@ class Method(Knobs, ABC):
         """More to know than the knobs, one line each (`workbench methods NAME` prints them)."""
         return []
 
+    @classmethod
+    def presses(cls) -> dict:
+        """The kvpress presses the method's press knob may name, with their
+        constructors (models.presses.schema); empty for other methods."""
+        return {}
+
     @abstractmethod
     def prefill_all(self, q: list[torch.Tensor], k: list[torch.Tensor], v: list[torch.Tensor], spans: Spans) -> list:
         """Build every layer's cache once the whole prompt has been seen (lists

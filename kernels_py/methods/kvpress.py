@@ -40,6 +40,15 @@ class KVPress(Method):
         except Exception as err:  # noqa: BLE001 - no kvpress in this Python: say so, list nothing
             return [f"kvpress is not importable here ({err})"]
 
+    @classmethod
+    def presses(cls) -> dict:
+        try:
+            from kernels_py.models import presses
+
+            return presses.schema()
+        except Exception:  # noqa: BLE001 - no kvpress in this Python: nothing to check names against
+            return {}
+
     def make_press(self):
         from kernels_py.models import presses
 

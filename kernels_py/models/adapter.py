@@ -89,7 +89,11 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.d
                          f"weights and the processor files (save_pretrained writes them)")
     if not config_file.is_file():
         raise ModelError(f"{path} has no config.json: it is not a saved transformers model")
-    model_type = json.loads(config_file.read_text()).get("model_type", "?")
+    try:
+        model_type = json.loads(config_file.read_text()).get("model_type", "?")
+    except (ValueError, AttributeError) as err:
+        raise ModelError(f"{config_file} is not a JSON object ({err}): save the model again "
+                         f"(save_pretrained)") from None
     if model_type not in FAMILIES:
         supported = "; ".join(f"{name}: {what}" for name, what in FAMILIES.items())
         kind = "a text-only model (no vision tower)" if "vision_config" not in config_file.read_text() else \
@@ -97,9 +101,18 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.d
         raise ModelError(f"{path}: model_type {model_type!r} is {kind}; supported: {supported}")
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    processor = AutoProcessor.from_pretrained(path, local_files_only=True)
-    model = AutoModelForImageTextToText.from_pretrained(path, local_files_only=True, dtype=dtype).to(device).eval()
-    return VLM(model, processor, model_type, path)
+    # transformers and safetensors raise their own types (OSError for a
+    # missing file, SafetensorError for a truncated one, ...), with
+    # tracebacks dozens of lines deep: the first line of the message is
+    # what says which file is at fault.
+    try:
+        processor = AutoProcessor.from_pretrained(path, local_files_only=True)
+        model = AutoModelForImageTextToText.from_pretrained(path, local_files_only=True, dtype=dtype)
+    except Exception as err:  # noqa: BLE001 - any failure to read the saved files
+        reason = (str(err).strip().splitlines() or [""])[0]
+        raise ModelError(f"{path}: the model does not load ({type(err).__name__}: {reason}): are its weights or "
+                         f"processor files missing, truncated or garbled? save it again (save_pretrained)") from None
+    return VLM(model.to(device).eval(), processor, model_type, path)
 
 
 def prompt_inputs(vlm: VLM, images: list, prompt: str) -> dict:

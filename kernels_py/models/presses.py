@@ -82,6 +82,20 @@ def describe() -> str:
     return "; ".join(lines)
 
 
+def schema() -> dict:
+    """Every press's constructor for the schema the Go host reads, so that
+    `workbench plan` refuses a press, press_args or inner_press that make()
+    would: {name: {"params": accepted names, "required": those without a
+    default, "wraps": the parameter it wraps other presses through, or ""}}."""
+    out = {}
+    for name, cls in press_classes().items():
+        accepted = parameters(cls)
+        out[name] = {"params": list(accepted),
+                     "required": [k for k, v in accepted.items() if v is inspect.Parameter.empty],
+                     "wraps": _wrapping(cls) or ""}
+    return out
+
+
 def _value(raw: str) -> object:
     raw = raw.strip()
     if raw.lower() in ("true", "false"):

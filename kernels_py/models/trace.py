@@ -188,7 +188,11 @@ def main(argv=None) -> int:
     except (ModelError, ValueError) as err:
         print(f"trace capture: {err}", file=sys.stderr)
         return 2
-    save(opts.out, tensors, meta)
+    try:
+        save(opts.out, tensors, meta)
+    except Exception as err:  # noqa: BLE001 - OSError, or safetensors' own error for an I/O failure
+        print(f"trace capture: cannot write {opts.out}: {err}", file=sys.stderr)
+        return 2
     print(json.dumps({"out": opts.out, "layers": meta["model"]["layers"], "prompt_tokens": meta["prompt_tokens"],
                       "decode_steps": meta["decode_steps"],
                       "bytes": sum(t.numel() * t.element_size() for t in tensors.values())}))

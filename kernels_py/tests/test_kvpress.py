@@ -174,6 +174,32 @@ def test_press_parameters_pass_through_and_are_checked(tiny):
         make_method("kvpress", {"inner_press": "KnormPress"}).make_press()
 
 
+def test_the_schema_says_what_make_refuses():
+    """schema.json's presses are what `workbench plan` checks press,
+    press_args and inner_press against: for every press, a job that sets
+    nothing fails in make() exactly when the schema says something is
+    missing (the press it wraps, or a parameter without a default)."""
+    from kernels_py import schema
+
+    published = schema.document()["methods"]["kvpress"]["presses"]
+    assert published == presses.schema() and set(published) == set(presses.press_classes())
+    assert published["SnapKVPress"] == {"params": ["compression_ratio", "window_size", "kernel_size"],
+                                        "required": [], "wraps": ""}
+    for name, entry in published.items():
+        missing = [r for r in entry["required"] if r != "compression_ratio"]
+        try:
+            presses.make(name, 0.5, {})
+            refused = ""
+        except presses.PressError as err:
+            refused = str(err)
+        if entry["wraps"] in missing:
+            assert "wraps another press" in refused, name
+        elif missing:
+            assert f"needs {', '.join(missing)}" in refused, name
+        else:
+            assert "wraps another press" not in refused and " needs " not in refused, (name, refused)
+
+
 def test_an_incompatible_press_and_a_workload_without_a_model(tiny):
     path, image, prompt = tiny["llava"]
     workload = {"model": str(path), "images": str(image), "prompt": prompt, "decode_steps": 2}

@@ -135,6 +135,44 @@ def test_unsupported_inputs_get_clear_errors(tiny, tmp_path):
         models.prompt_inputs(vlm, [image], "USER : describe the picture ASSISTANT :")
 
 
+@pytest.mark.parametrize("damage", ["truncated", "garbled", "missing", "config"])
+def test_a_damaged_saved_model_is_one_clear_error(tiny, tmp_path, damage):
+    """Weights cut short, overwritten or gone, or a config.json that is not
+    JSON: a ModelError naming the directory and the cause in one line, not
+    the loader's traceback."""
+    import shutil
+
+    _, _, root = tiny
+    path = tmp_path / "llava"
+    shutil.copytree(root / "llava", path)
+    weights = path / "model.safetensors"
+    if damage == "truncated":
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    elif damage == "garbled":
+        weights.write_bytes(bytes(range(256)) * 64)
+    elif damage == "missing":
+        weights.unlink()
+    else:
+        (path / "config.json").write_text("{not json")
+    with pytest.raises(models.ModelError) as err:
+        models.load(path)
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
+    want = {"truncated": "SafetensorError", "garbled": "SafetensorError", "missing": "no file named model.safetensors",
+            "config": "config.json is not a JSON object"}[damage]
+    assert want in str(err.value)
+
+
+def test_trace_capture_says_why_it_cannot_write(tiny, tmp_path, capsys):
+    from kernels_py.models import trace
+
+    _, image, root = tiny
+    out = tmp_path / "missing" / "t.safetensors"
+    assert trace.main(["--model", str(root / "llava"), "--image", str(image), "--prompt", PROMPT, "--out", str(out),
+                       "--decode-steps", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"trace capture: cannot write {out}: ") and "\n" not in err
+
+
 def test_a_trace_replays_as_a_workload(tiny, tmp_path):
     """capture -> file -> the 'trace' workload gives the tensors back; the
     ablation runs on it; what is not a trace is refused."""
