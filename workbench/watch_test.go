@@ -190,3 +190,51 @@ func TestWatchAnExperiment(t *testing.T) {
 		t.Errorf("watch after Ctrl-C: %v\n%s", err, out.String())
 	}
 }
+
+// watch --experiment through a save that breaks an import: the error is
+// shown once at its line and no job is rerun, so the run keeps its rows; the
+// save that mends it compares with those rows, not with failures.
+func TestWatchAnExperimentThroughABrokenImport(t *testing.T) {
+	py := testpy.Python(t)
+	bin := workbenchBinary(t)
+	dir := t.TempDir()
+	root := copyKernels(t, dir)
+	script := filepath.Join(dir, "small.star")
+	os.WriteFile(script, []byte(`experiment(name = "small", methods = ["full", "h2o"],
+    grid = {"budget": [0.25, 0.5]},
+    workloads = [workload(tokens_per_image = 48, system_tokens = 8, text_tokens = 8, decode_steps = 2, layers = 2)])
+`), 0o644)
+	out := filepath.Join(dir, "out")
+	cmd := exec.Command(bin, "--python", py, "--kernels", root, "watch", "--experiment", script, "--out", out,
+		"--debounce", "100ms")
+	log := startProc(t, cmd)
+	defer cmd.Process.Kill()
+	at := waitOutput(t, log, 0, 120*time.Second, "small: 3 rows (0 failed)", "watching")
+	journals, _ := filepath.Glob(filepath.Join(out, "small", "*", "journal.jsonl"))
+	if len(journals) != 1 {
+		t.Fatalf("journals %v, want one", journals)
+	}
+	good, _ := os.ReadFile(journals[0])
+
+	h2o := filepath.Join(root, "kernels_py", "methods", "h2o.py")
+	text, _ := os.ReadFile(h2o)
+	os.WriteFile(h2o, append([]byte("def broken(:\n"), text...), 0o644)
+	at = waitOutput(t, log, at, 120*time.Second, "iteration 2 · ", "ERROR kernels_py/methods/h2o.py:1\n    def broken(:",
+		"no job rerun", "watching")
+	if n := strings.Count(log.String(), "ERROR"); n != 1 {
+		t.Errorf("the error is shown %d times, want once:\n%s", n, log.String())
+	}
+	if now, _ := os.ReadFile(journals[0]); !bytes.Equal(now, good) {
+		t.Errorf("the broken save wrote to the journal:\n%s", now)
+	}
+
+	// Mended, with a comment more: every row is rerun on the new sources and
+	// compared with its good row, not a failure.
+	os.WriteFile(h2o, append([]byte("# mended\n"), text...), 0o644)
+	waitOutput(t, log, at, 120*time.Second, "iteration 3 · ", "small: 3 rows (0 failed)", "0 new, 3 rerun",
+		"no metric changed", "watching")
+	cmd.Process.Signal(syscall.SIGINT)
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("watch after Ctrl-C: %v\n%s", err, log.String())
+	}
+}
