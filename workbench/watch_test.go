@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -236,5 +237,31 @@ func TestWatchAnExperimentThroughABrokenImport(t *testing.T) {
 	cmd.Process.Signal(syscall.SIGINT)
 	if err := cmd.Wait(); err != nil {
 		t.Errorf("watch after Ctrl-C: %v\n%s", err, log.String())
+	}
+}
+
+func TestWatchFiguresCountFailedShapes(t *testing.T) {
+	tests := []struct {
+		name       string
+		selftest   string
+		wantFailed float64
+		counted    bool
+	}{
+		{"a row out of tolerance", `{"ok": false, "rows": [{"out_err": 0.5, "ok": false}, {"out_err": 0, "ok": true}]}`, 1, true},
+		{"every row within", `{"ok": true, "rows": [{"out_err": 0, "ok": true}]}`, 0, true},
+		// A table whose rows say nothing of tolerance cannot count failures.
+		{"rows without ok", `{"ok": false, "rows": [{"max_abs_err": 0.5}, {"max_abs_err": 0}]}`, 0, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var r watchResult
+			if err := json.Unmarshal([]byte(`{"selftest": `+tc.selftest+`}`), &r); err != nil {
+				t.Fatal(err)
+			}
+			got, ok := r.figures()["failed shapes"]
+			if ok != tc.counted || got != tc.wantFailed {
+				t.Errorf("failed shapes = %v (shown %v), want %v (shown %v)", got, ok, tc.wantFailed, tc.counted)
+			}
+		})
 	}
 }
