@@ -1,8 +1,11 @@
 package main
 
 import (
+	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -63,7 +66,7 @@ func TestCompareRuns(t *testing.T) {
 	if code, _, stderr = runCLI(t, "compare", a, filepath.Join(dir, "nowhere")); code != 1 || !strings.Contains(stderr, "does not exist") {
 		t.Errorf("missing run: exit %d %s", code, stderr)
 	}
-	if code, _, stderr = runCLI(t, "compare", a, again, "--metrics", "rel_err_meen"); code != 1 ||
+	if code, _, stderr = runCLI(t, "compare", a, again, "--metrics", "rel_err_meen"); code != 2 ||
 		!strings.Contains(stderr, `unknown metric "rel_err_meen": the runs share`) {
 		t.Errorf("unknown metric: exit %d %s", code, stderr)
 	}
@@ -72,5 +75,88 @@ func TestCompareRuns(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(a, results.ParquetFile)); err != nil {
 		t.Error(err)
+	}
+}
+
+// writeRun writes a run directory holding recs, as a run's journal does.
+func writeRun(t *testing.T, dir string, recs ...results.Record) string {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	manifest, _ := json.Marshal(results.Manifest{Experiment: "sweep"})
+	var journal []byte
+	for _, rec := range recs {
+		rec.Experiment, rec.Status = "sweep", results.StatusOK
+		line, _ := json.Marshal(rec)
+		journal = append(append(journal, line...), '\n')
+	}
+	if err := os.WriteFile(filepath.Join(dir, results.ManifestFile), manifest, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, results.JournalFile), journal, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func TestCompareFlags(t *testing.T) {
+	dir := t.TempDir()
+	job := func(budget float64, metrics map[string]any) results.Record {
+		return results.Record{JobID: fmt.Sprint(budget), Method: "h2o", Params: map[string]any{"budget": budget},
+			Workload: map[string]any{"seed": 0.0}, Metrics: metrics}
+	}
+	a := writeRun(t, filepath.Join(dir, "a"),
+		job(0.25, map[string]any{"err": 1.0, "bytes": 10.0, "ratio": 2.0, "prefill_seconds": 1.0}),
+		job(0.5, map[string]any{"err": 1.0, "bytes": 10.0, "ratio": 2.0, "prefill_seconds": 1.0}))
+	b := writeRun(t, filepath.Join(dir, "b"),
+		job(0.25, map[string]any{"err": 2.0, "bytes": 20.0, "ratio": 3.0, "prefill_seconds": 2.0}),
+		job(0.5, map[string]any{"err": 1.0, "bytes": 10.0, "ratio": 2.0, "prefill_seconds": 1.0}))
+
+	for _, tc := range []struct {
+		name string
+		args []string
+		msg  string
+	}{
+		{"unknown metric", []string{"--metrics", "nosuch"}, `unknown metric "nosuch": the runs share`},
+		{"unknown key", []string{"--by", "nosuch"}, "--by nosuch: not a parameter of both runs"},
+		{"unknown guarded metric", []string{"--fail-if", "nosuch>1"}, `metric "nosuch" is not compared`},
+		{"NaN threshold", []string{"--fail-if", "err>nan"}, "the threshold must be a finite number"},
+		{"infinite threshold", []string{"--fail-if", "err<-Inf%"}, "the threshold must be a finite number"},
+		{"negative max metrics", []string{"--max-metrics", "-1"}, "--max-metrics must be 0 (all) or more"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, stderr := runCLI(t, append([]string{"compare", a, b}, tc.args...)...)
+			if code != 2 || !strings.Contains(stderr, tc.msg) {
+				t.Errorf("exit %d, want 2 with %q; stderr:\n%s", code, tc.msg, stderr)
+			}
+		})
+	}
+
+	// Metrics past --max-metrics are counted, and the flag that shows them named.
+	code, stdout, stderr := runCLI(t, "compare", a, b, "--max-metrics", "1")
+	if code != 0 || !strings.Contains(stdout, "  ... 3 more (--max-metrics 0 shows all)\n") {
+		t.Errorf("--max-metrics 1: exit %d\n%s%s", code, stdout, stderr)
+	}
+
+	// JSON rows carry their parameters as an object; every key is snake_case.
+	code, stdout, stderr = runCLI(t, "compare", a, b, "--json")
+	var report struct {
+		Rows []struct {
+			Key    string         `json:"key"`
+			Params map[string]any `json:"params"`
+			Deltas []map[string]any
+		} `json:"rows"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &report); code != 0 || err != nil || len(report.Rows) != 2 {
+		t.Fatalf("--json: exit %d, %v\n%s%s", code, err, stdout, stderr)
+	}
+	if got := report.Rows[0].Params; len(got) != 2 || got["method"] != "h2o" || got["budget"] != 0.25 {
+		t.Errorf("row %q params %v, want method h2o, budget 0.25", report.Rows[0].Key, got)
+	}
+	for _, key := range regexp.MustCompile(`"([A-Za-z_.]+)":`).FindAllStringSubmatch(stdout, -1) {
+		if strings.ToLower(key[1]) != key[1] {
+			t.Errorf("JSON key %q is not snake_case", key[1])
+		}
 	}
 }
