@@ -56,7 +56,11 @@ def execute(notebook: str | os.PathLike, env: dict[str, str] | None = None, time
     kernel_env["PYTHONPATH"] = os.pathsep.join(p for p in (root, kernel_env.get("PYTHONPATH")) if p)
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent.resolve())}})
-    client.execute(env=kernel_env)
+    try:
+        client.execute(env=kernel_env)
+    except Exception as err:  # the cells run so far, with the failing one's error, are worth writing
+        err.notebook = nb
+        raise
     return nb
 
 
@@ -127,3 +131,32 @@ def to_html(nb, title: str) -> str:
             parts.extend(_output(out) for out in cell.get("outputs", []))
     parts.append("</body></html>\n")
     return "\n".join(parts)
+
+
+def main(argv: list[str]) -> int:
+    """python -m kernels_py.notebooks NOTEBOOK OUT.ipynb RUN_DIR...: what
+    `workbench notebook` runs. Writes OUT.ipynb and OUT.html, also when a
+    cell fails (then up to that cell, and exits 1)."""
+    import sys
+
+    from nbclient.exceptions import CellExecutionError
+
+    notebook, out, runs = Path(argv[0]), Path(argv[1]), argv[2:]
+    failed = None
+    try:
+        nb = execute(notebook, env=run_env(runs))
+    except CellExecutionError as err:
+        nb, failed = err.notebook, err
+    page = write(nb, out, f"{notebook.stem}: {', '.join(Path(r).name for r in runs)}")
+    if failed is not None:
+        print(f"{notebook.stem}: a cell failed: {failed.ename}: {failed.evalue}\n"
+              f"the notebook up to that cell, with the error: {page}", file=sys.stderr)
+        return 1
+    print(f"wrote {out}\nwrote {page}")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))
