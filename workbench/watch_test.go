@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vlkv/vlkv/gohost/compare"
+	"github.com/vlkv/vlkv/gohost/results"
 	"github.com/vlkv/vlkv/gohost/testpy"
 )
 
@@ -261,6 +263,40 @@ func TestWatchFiguresCountFailedShapes(t *testing.T) {
 			got, ok := r.figures()["failed shapes"]
 			if ok != tc.counted || got != tc.wantFailed {
 				t.Errorf("failed shapes = %v (shown %v), want %v (shown %v)", got, ok, tc.wantFailed, tc.counted)
+			}
+		})
+	}
+}
+
+// A rerun that mends a failed job is compared with the job's last good row,
+// not with the failure it replaces.
+func TestPrintRerunComparesWithTheLastGoodRow(t *testing.T) {
+	at := func(minute int) time.Time { return time.Date(2026, 1, 1, 0, minute, 0, 0, time.UTC) }
+	row := func(status string, err float64, minute int) results.Record {
+		rec := results.Record{JobID: "j", Method: "h2o", Params: map[string]any{"budget": 0.5}, Status: status,
+			Finished: at(minute)}
+		if status == results.StatusOK {
+			rec.Metrics = map[string]any{"rel_err_mean": err}
+		}
+		return rec
+	}
+	good, failed := row(results.StatusOK, 0.25, 1), row(results.StatusFailed, 0, 2)
+	for _, tc := range []struct {
+		name   string
+		good   map[string]results.Record
+		want   string
+		absent string
+	}{
+		{"mended, same result", map[string]results.Record{"j": good}, "no metric changed", "[status"},
+		{"no good row to compare with", map[string]results.Record{}, "[status failed -> ok]", "no metric changed"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out bytes.Buffer
+			a := &app{stdout: &out}
+			a.printRerun("e", &compare.Run{Rows: []results.Record{failed}},
+				&compare.Run{Dir: "run", Rows: []results.Record{row(results.StatusOK, 0.25, 3)}}, tc.good)
+			if !strings.Contains(out.String(), tc.want) || strings.Contains(out.String(), tc.absent) {
+				t.Errorf("want %q and no %q:\n%s", tc.want, tc.absent, out.String())
 			}
 		})
 	}
