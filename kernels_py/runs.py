@@ -1,10 +1,12 @@
 """Run directories as pandas DataFrames, for notebooks: one run, the newest
-run of an experiment, or several runs in one frame with a `run` column (the
-notebook side of `workbench compare`).
+run of an experiment, or several runs in one frame with a `run` column; and
+the join of `workbench compare`, so a notebook pairs exactly the rows the
+CLI pairs.
 
-    from kernels_py.runs import find_run, read_run, read_runs
+    from kernels_py.runs import compare_frame, compare_runs, read_runs
     df = read_runs([run_a, run_b])          # one row per job and run
-    df.pivot_table(index=["method", "param_budget"], columns="run", values="metric_rel_err_mean")
+    cmp = compare_runs(run_a, run_b)        # what `workbench compare A B --json` holds
+    compare_frame(cmp)                      # B - A per joined row and metric
 """
 
 import json
