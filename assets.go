@@ -6,8 +6,8 @@ package vlkv
 import "embed"
 
 // Assets is rooted at the repository root: kernels_py/..., experiments/*.star,
-// pyproject.toml, uv.lock.
+// pyproject.toml, uv.lock, notebooks/*.ipynb.
 // "all:" keeps __init__.py files, which plain directory embeds would skip.
 //
-//go:embed all:kernels_py pyproject.toml uv.lock experiments/*.star
+//go:embed all:kernels_py pyproject.toml uv.lock experiments/*.star notebooks/*.ipynb
 var Assets embed.FS

@@ -1,13 +1,16 @@
 """Run directories as pandas DataFrames, for notebooks: one run, the newest
-run of an experiment, or several runs in one frame with a `run` column (the
-notebook side of `workbench compare`).
+run of an experiment, or several runs in one frame with a `run` column; and
+the join of `workbench compare`, so a notebook pairs exactly the rows the
+CLI pairs.
 
-    from kernels_py.runs import find_run, read_run, read_runs
+    from kernels_py.runs import compare_frame, compare_runs, read_runs
     df = read_runs([run_a, run_b])          # one row per job and run
-    df.pivot_table(index=["method", "param_budget"], columns="run", values="metric_rel_err_mean")
+    cmp = compare_runs(run_a, run_b)        # what `workbench compare A B --json` holds
+    compare_frame(cmp)                      # B - A per joined row and metric
 """
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -62,3 +65,231 @@ def read_runs(runs, names: list[str] | None = None):
         df.insert(0, "run", name)
         frames.append(df)
     return pd.concat(frames, ignore_index=True, sort=False)
+
+
+# The join of `workbench compare` (gohost/compare), for notebooks: the same
+# keys, the same rows joined, the same deltas, so a notebook never pairs
+# rows the CLI would not. compare_test.go's TestCompareJoinsAsThePythonSide
+# holds the two to the same answer.
+
+TIMING_SUFFIXES = ("_seconds", "_ms", "_us", "_time")
+
+
+def journal_rows(run: str | os.PathLike) -> list[dict]:
+    """The run's rows as compare reads them: the last journal record of each job."""
+    path = Path(run) / "journal.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"{run} has no journal.jsonl: not a run directory")
+    records = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:  # a torn last line: the job did not finish
+                break
+    last = {r["job_id"]: i for i, r in enumerate(records)}
+    return [r for i, r in enumerate(records) if last[r["job_id"]] == i]
+
+
+def _go_float(x: float) -> str:
+    """x as Go's strconv.FormatFloat(x, 'g', -1, 64) writes it: the join keys are text."""
+    if x != x:
+        return "NaN"
+    if x in (float("inf"), float("-inf")):
+        return "+Inf" if x > 0 else "-Inf"
+    if x == 0:
+        return "-0" if str(x).startswith("-") else "0"
+    from decimal import Decimal
+
+    sign, digits, exponent = Decimal(repr(abs(x))).normalize().as_tuple()
+    digits = "".join(map(str, digits))
+    point = len(digits) + exponent  # digits before the decimal point
+    neg = "-" if x < 0 else ""
+    exp = point - 1
+    if exp < -4 or exp >= 6:  # Go's shortest %g switches to %e here
+        mantissa = digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
+        return f"{neg}{mantissa}e{'+' if exp >= 0 else '-'}{abs(exp):02d}"
+    if point <= 0:
+        return f"{neg}0.{'0' * -point}{digits}"
+    if point >= len(digits):
+        return neg + digits + "0" * (point - len(digits))
+    return f"{neg}{digits[:point]}.{digits[point:]}"
+
+
+def _go_value(v) -> str:
+    """A parameter's value as a join key's text (gohost/compare format)."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return _go_float(float(v))
+    if isinstance(v, str):
+        return v
+    return json.dumps(_integral(v), separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+
+
+def _integral(v):
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if isinstance(v, list):
+        return [_integral(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _integral(x) for k, x in v.items()}
+    return v
+
+
+def _fields(row: dict) -> tuple[dict, dict]:
+    """({key: text}, {key: value}) of a row: method, workload, its knobs, its workload's knobs."""
+    values = {"method": row.get("method"), "workload": row.get("workload_name") or "synthetic"}
+    values.update(row.get("params") or {})
+    values.update({f"workload.{k}": v for k, v in (row.get("workload") or {}).items()})
+    return {k: _go_value(v) for k, v in values.items()}, values
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def compare_runs(run_a, run_b, by: list[str] | None = None, metrics: list[str] | None = None,
+                 tolerance: float = 1e-9) -> dict:
+    """Join two runs exactly as `workbench compare RUN_A RUN_B` does and
+    return what its --json holds: {"keys", "varied", "metrics", "rows":
+    [{"key", "params", "status_a", "status_b", "changed", "kernels_differ",
+    "deltas": [{"metric", "a", "b", "abs", "rel", "changed", "is_timing"}]}],
+    "only_a", "only_b", "changed"}. Rows are joined on every parameter
+    except a knob that holds one value in each run and differs between them
+    (named in "varied"); `by` joins on the keys given instead (rows sharing
+    a key are averaged). `compare_frame` turns it into a DataFrame."""
+    a, b = journal_rows(run_a), journal_rows(run_b)
+    fa, fb = [_fields(r) for r in a], [_fields(r) for r in b]
+    in_a = {k for f, _ in fa for k in f}
+    common = {k for f, _ in fb for k in f if k in in_a}
+    varied = []
+    if by:
+        keys = []
+        for k in by:
+            if k not in common:
+                raise ValueError(f"--by {k}: not a parameter of both runs; they share: {', '.join(sorted(common))}")
+            if k not in keys:
+                keys.append(k)
+    else:
+        keys = []
+        for k in sorted(common):
+            change = None if k == "method" else _varied(k, fa, fb)
+            if change:
+                varied.append(change)
+            else:
+                keys.append(k)
+        every = fa + fb
+        keys = [k for k in keys if k == "method" or len({f[k] for f, _ in every if k in f}) > 1]
+    metrics_a = {m for r in a for m in (r.get("metrics") or {})}
+    shared = sorted({m for r in b for m in (r.get("metrics") or {}) if m in metrics_a})
+    if metrics:
+        for m in metrics:
+            if m not in shared:
+                raise ValueError(f"unknown metric {m!r}: the runs share {', '.join(shared)}")
+    chosen = list(metrics) if metrics else shared
+    asked = set(metrics or [])
+
+    def group(rows, fs):
+        out = {}
+        for row, (f, values) in zip(rows, fs):
+            parts = [f"{k}={f[k]}" if k in f else f"{k}=-" for k in keys if k in f or by]
+            out.setdefault(" ".join(parts), []).append((row, values))
+        return out
+
+    ga, gb = group(a, fa), group(b, fb)
+    out = {"keys": keys, "varied": varied, "metrics": chosen, "rows": [], "only_a": [], "only_b": [], "changed": 0}
+    for key in sorted(set(ga) | set(gb), key=lambda k: k.encode()):
+        ra, rb = ga.get(key, []), gb.get(key, [])
+        if not ra or not rb:
+            out["only_b" if not ra else "only_a"].append(key)
+            continue
+        row = {"key": key, "params": {k: ra[0][1].get(k) for k in keys}, "status_a": _status(ra),
+               "status_b": _status(rb), "kernels_differ": _digests(ra) != _digests(rb), "deltas": []}
+        changed = row["status_a"] != row["status_b"]
+        for m in chosen:
+            va, vb = _mean(ra, m), _mean(rb, m)
+            if va is None or vb is None:
+                continue
+            timing = m.endswith(TIMING_SUFFIXES) and m not in asked
+            differs = not _equal(va, vb, tolerance)
+            changed = changed or (differs and not timing)
+            rel = _relative(va, vb)
+            row["deltas"].append({"metric": m, "a": va, "b": vb, "abs": vb - va,
+                                  "rel": rel if math.isfinite(rel) else None,
+                                  "changed": differs, "is_timing": timing})
+        row["changed"] = changed
+        out["changed"] += changed
+        out["rows"].append(row)
+    return out
+
+
+def _varied(k, fa, fb) -> str | None:
+    """"k: a -> b (methods)" when every method holds one value of k per run and some differ."""
+    def by_method(fs):
+        out = {}
+        for f, _ in fs:
+            if k in f:
+                out.setdefault(f["method"], set()).add(f[k])
+        return out
+
+    va, vb = by_method(fa), by_method(fb)
+    changes = {}
+    for method in sorted(va):
+        if method not in vb:
+            continue
+        if len(va[method]) != 1 or len(vb[method]) != 1:
+            return None
+        x, y = next(iter(va[method])), next(iter(vb[method]))
+        if x != y:
+            changes.setdefault(f"{x} -> {y}", []).append(method)
+    if not changes:
+        return None
+    return "; ".join(f"{k}: {change} ({', '.join(methods)})" for change, methods in sorted(changes.items()))
+
+
+def _mean(rows, metric):
+    values = [r["metrics"][metric] for r, _ in rows if _number((r.get("metrics") or {}).get(metric))]
+    if not values:
+        return None
+    total = 0.0
+    for v in values:  # in order, as compare does (sum() compensates, so it can differ in the last bit)
+        total += v
+    return total / len(values)
+
+
+def _status(rows) -> str:
+    return next((r["status"] for r, _ in rows if r.get("status") != "ok"), "ok")
+
+
+def _digests(rows) -> list[str]:
+    return sorted(r.get("kernels_digest", "") for r, _ in rows)
+
+
+def _relative(a: float, b: float) -> float:
+    if a == b:
+        return 0.0
+    if a == 0:
+        return float("inf") if b > 0 else float("-inf")
+    return (b - a) / abs(a)
+
+
+def _equal(a: float, b: float, tol: float) -> bool:
+    if a == b or (a != a and b != b):
+        return True
+    return abs(b - a) <= tol * max(abs(a), abs(b))
+
+
+def compare_frame(comparison: dict, value: str = "abs"):
+    """compare_runs' joined rows as a DataFrame: one row per joined key
+    (indexed by its text key, its parameters as columns), one column per
+    metric holding `value` ("abs": B - A, "rel", "a" or "b"), a `changed`
+    column."""
+    import pandas as pd
+
+    records = []
+    for row in comparison["rows"]:
+        rec = {"key": row["key"], **{f"param_{k}": v for k, v in row["params"].items()}, "changed": row["changed"]}
+        rec.update({d["metric"]: d[value] for d in row["deltas"]})
+        records.append(rec)
+    return pd.DataFrame.from_records(records, index="key") if records else pd.DataFrame()

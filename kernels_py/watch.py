@@ -62,6 +62,30 @@ def check(op: str, dtype: str = "float32", seed: int = 0, compile_target: int | 
     return out
 
 
+def import_sources() -> dict | None:
+    """The first error of the sources a job runs on, as check's "error", or
+    None: every kernels_py file compiles (its tests aside) and the job's
+    entry point imports (which imports every method and workload). Called in
+    a fresh worker before `workbench watch --experiment` reruns jobs, so a
+    save that breaks an import is shown once, at its line, instead of
+    failing every job and replacing its good row."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent
+    for path in sorted(root.rglob("*.py")):
+        if "tests" in path.relative_to(root).parts:
+            continue
+        try:
+            compile(path.read_bytes(), str(path), "exec")
+        except SyntaxError as err:
+            return _error(err)
+    try:
+        import kernels_py.ablation  # noqa: F401
+    except Exception as err:
+        return _error(err)
+    return None
+
+
 def _error(err: BaseException) -> dict:
     where = locate(err) or {}
     return {"message": where.get("message") or f"{type(err).__name__}: {err}", "file": where.get("file"),

@@ -4,14 +4,16 @@ CI proves the result files it reads are readable. Usage:
     workbench python -- scripts/execute_notebook.py NOTEBOOK [OUTPUT]
 
 The notebook runs with its own directory as the working directory; the
-executed copy (with outputs) is written to OUTPUT if given.
+executed copy (with outputs) is written to OUTPUT if given, with an HTML
+copy beside it. `workbench notebook NAME RUN_DIR...` does the same for a
+researcher, writing both beside the run.
 """
 
 import pathlib
 import sys
 
-import nbformat
-from nbclient import NotebookClient
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from kernels_py import notebooks  # noqa: E402
 
 
 def main(argv):
@@ -19,11 +21,9 @@ def main(argv):
         print(__doc__, file=sys.stderr)
         return 2
     path = pathlib.Path(argv[1])
-    nb = nbformat.read(path, as_version=4)
-    NotebookClient(nb, timeout=600, kernel_name="python3",
-                   resources={"metadata": {"path": str(path.parent.resolve())}}).execute()
+    nb = notebooks.execute(path)
     if len(argv) == 3:
-        nbformat.write(nb, argv[2])
+        notebooks.write(nb, argv[2], path.stem)
     print(f"executed {path}: {len(nb.cells)} cells")
     return 0
 

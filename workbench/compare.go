@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -42,6 +43,9 @@ or is missing in B, so a comparison can guard a change in CI:
   workbench compare results/quickstart/OLD results/quickstart/NEW --fail-if 'rel_err_mean>0.001'`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if maxShown < 0 {
+				return &usageError{fmt.Errorf("--max-metrics must be 0 (all) or more, got %d", maxShown)}
+			}
 			if o.Tolerance < 0 {
 				return &usageError{fmt.Errorf("--tolerance must be 0 or more, got %g", o.Tolerance)}
 			}
@@ -62,6 +66,10 @@ or is missing in B, so a comparison can guard a change in CI:
 				return err
 			}
 			r, err := compare.Compare(runA, runB, o)
+			var bad *compare.OptionError
+			if errors.As(err, &bad) {
+				return &usageError{err}
+			}
 			if err != nil {
 				return err
 			}
@@ -135,13 +143,13 @@ func printComparison(w io.Writer, r *compare.Report, all bool, maxShown int) {
 		fmt.Fprintf(w, "\n%s%s\n", row.Key, mark)
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "  metric\tA\tB\tB-A\trel")
-		shown := 0
+		shown, more := 0, 0
 		for _, d := range byChange(row.Deltas) {
 			if !d.Changed && !all {
 				continue
 			}
 			if maxShown > 0 && shown == maxShown {
-				fmt.Fprintf(tw, "  ...\t\t\t\t\n")
+				more = countShown(row.Deltas, all) - shown
 				break
 			}
 			note := ""
@@ -152,6 +160,9 @@ func printComparison(w io.Writer, r *compare.Report, all bool, maxShown int) {
 			shown++
 		}
 		tw.Flush()
+		if more > 0 {
+			fmt.Fprintf(w, "  ... %d more (--max-metrics 0 shows all)\n", more)
+		}
 	}
 	for _, k := range r.OnlyA {
 		fmt.Fprintf(w, "only in A: %s\n", k)
@@ -159,6 +170,17 @@ func printComparison(w io.Writer, r *compare.Report, all bool, maxShown int) {
 	for _, k := range r.OnlyB {
 		fmt.Fprintf(w, "only in B: %s\n", k)
 	}
+}
+
+// countShown counts the deltas a row shows without a limit.
+func countShown(ds []compare.Delta, all bool) int {
+	n := 0
+	for _, d := range ds {
+		if d.Changed || all {
+			n++
+		}
+	}
+	return n
 }
 
 // byChange orders deltas: changed metrics first, largest relative change first, times last.

@@ -1,8 +1,12 @@
 package main
 
 import (
+	"encoding/json"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -63,7 +67,7 @@ func TestCompareRuns(t *testing.T) {
 	if code, _, stderr = runCLI(t, "compare", a, filepath.Join(dir, "nowhere")); code != 1 || !strings.Contains(stderr, "does not exist") {
 		t.Errorf("missing run: exit %d %s", code, stderr)
 	}
-	if code, _, stderr = runCLI(t, "compare", a, again, "--metrics", "rel_err_meen"); code != 1 ||
+	if code, _, stderr = runCLI(t, "compare", a, again, "--metrics", "rel_err_meen"); code != 2 ||
 		!strings.Contains(stderr, `unknown metric "rel_err_meen": the runs share`) {
 		t.Errorf("unknown metric: exit %d %s", code, stderr)
 	}
@@ -72,5 +76,199 @@ func TestCompareRuns(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(a, results.ParquetFile)); err != nil {
 		t.Error(err)
+	}
+}
+
+// writeRun writes a run directory holding recs, as a run's journal does.
+func writeRun(t *testing.T, dir string, recs ...results.Record) string {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	manifest, _ := json.Marshal(results.Manifest{Experiment: "sweep"})
+	var journal []byte
+	for _, rec := range recs {
+		rec.Experiment = "sweep"
+		if rec.Status == "" {
+			rec.Status = results.StatusOK
+		}
+		line, _ := json.Marshal(rec)
+		journal = append(append(journal, line...), '\n')
+	}
+	if err := os.WriteFile(filepath.Join(dir, results.ManifestFile), manifest, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, results.JournalFile), journal, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func TestCompareFlags(t *testing.T) {
+	dir := t.TempDir()
+	job := func(budget float64, metrics map[string]any) results.Record {
+		return results.Record{JobID: fmt.Sprint(budget), Method: "h2o", Params: map[string]any{"budget": budget},
+			Workload: map[string]any{"seed": 0.0}, Metrics: metrics}
+	}
+	a := writeRun(t, filepath.Join(dir, "a"),
+		job(0.25, map[string]any{"err": 1.0, "bytes": 10.0, "ratio": 2.0, "prefill_seconds": 1.0}),
+		job(0.5, map[string]any{"err": 1.0, "bytes": 10.0, "ratio": 2.0, "prefill_seconds": 1.0}))
+	b := writeRun(t, filepath.Join(dir, "b"),
+		job(0.25, map[string]any{"err": 2.0, "bytes": 20.0, "ratio": 3.0, "prefill_seconds": 2.0}),
+		job(0.5, map[string]any{"err": 1.0, "bytes": 10.0, "ratio": 2.0, "prefill_seconds": 1.0}))
+
+	for _, tc := range []struct {
+		name string
+		args []string
+		msg  string
+	}{
+		{"unknown metric", []string{"--metrics", "nosuch"}, `unknown metric "nosuch": the runs share`},
+		{"unknown key", []string{"--by", "nosuch"}, "--by nosuch: not a parameter of both runs"},
+		{"unknown guarded metric", []string{"--fail-if", "nosuch>1"}, `metric "nosuch" is not compared`},
+		{"NaN threshold", []string{"--fail-if", "err>nan"}, "the threshold must be a finite number"},
+		{"infinite threshold", []string{"--fail-if", "err<-Inf%"}, "the threshold must be a finite number"},
+		{"negative max metrics", []string{"--max-metrics", "-1"}, "--max-metrics must be 0 (all) or more"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, stderr := runCLI(t, append([]string{"compare", a, b}, tc.args...)...)
+			if code != 2 || !strings.Contains(stderr, tc.msg) {
+				t.Errorf("exit %d, want 2 with %q; stderr:\n%s", code, tc.msg, stderr)
+			}
+		})
+	}
+
+	// Metrics past --max-metrics are counted, and the flag that shows them named.
+	code, stdout, stderr := runCLI(t, "compare", a, b, "--max-metrics", "1")
+	if code != 0 || !strings.Contains(stdout, "  ... 3 more (--max-metrics 0 shows all)\n") {
+		t.Errorf("--max-metrics 1: exit %d\n%s%s", code, stdout, stderr)
+	}
+
+	// JSON rows carry their parameters as an object; every key is snake_case.
+	code, stdout, stderr = runCLI(t, "compare", a, b, "--json")
+	var report struct {
+		Rows []struct {
+			Key    string         `json:"key"`
+			Params map[string]any `json:"params"`
+			Deltas []map[string]any
+		} `json:"rows"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &report); code != 0 || err != nil || len(report.Rows) != 2 {
+		t.Fatalf("--json: exit %d, %v\n%s%s", code, err, stdout, stderr)
+	}
+	if got := report.Rows[0].Params; len(got) != 2 || got["method"] != "h2o" || got["budget"] != 0.25 {
+		t.Errorf("row %q params %v, want method h2o, budget 0.25", report.Rows[0].Key, got)
+	}
+	for _, key := range regexp.MustCompile(`"([A-Za-z_.]+)":`).FindAllStringSubmatch(stdout, -1) {
+		if strings.ToLower(key[1]) != key[1] {
+			t.Errorf("JSON key %q is not snake_case", key[1])
+		}
+	}
+}
+
+// The notebooks join runs with kernels_py.runs.compare_runs: on the same
+// pair of runs it must join the rows compare joins, with the same deltas,
+// where the grids only partly overlap, where a knob changed, and --by.
+func TestCompareJoinsAsThePythonSide(t *testing.T) {
+	py := testpy.Python(t)
+	dir := t.TempDir()
+	var a, b []results.Record
+	add := func(to *[]results.Record, method string, params map[string]any, err float64) {
+		*to = append(*to, results.Record{JobID: fmt.Sprint(len(*to)), Method: method, Params: params,
+			Workload:      map[string]any{"seed": 0.0, "layers": 2.0, "spans": []any{1.0, 2.5}, "causal": true},
+			KernelsDigest: "k1", Metrics: map[string]any{"rel_err_mean": err, "compression_ratio": 4.0,
+				"prefill_seconds": err / 10, "cache_bytes": 1e6}})
+	}
+	for i, budget := range []float64{0.1, 0.2, 0.3, 0.4, 0.5} { // A's grid
+		add(&a, "h2o", map[string]any{"budget": budget, "recent_fraction": 0.5}, 0.1*float64(i))
+		add(&a, "snapkv", map[string]any{"budget": budget, "window": 8.0}, 0.2*float64(i))
+	}
+	for i, budget := range []float64{0.3, 0.4, 0.5, 1e-5, 1234567} { // B's overlaps it in three budgets
+		add(&b, "h2o", map[string]any{"budget": budget, "recent_fraction": 0.25}, 0.1*float64(i+2)+0.01)
+		add(&b, "snapkv", map[string]any{"budget": budget, "window": 8.0}, 0.2*float64(i+2))
+	}
+	add(&a, "full", nil, 0)
+	add(&b, "full", nil, 0)
+	b[len(b)-1].Status, b[len(b)-1].KernelsDigest = results.StatusFailed, "k2"
+	runA, runB := writeRun(t, filepath.Join(dir, "a"), a...), writeRun(t, filepath.Join(dir, "b"), b...)
+
+	type delta struct {
+		Metric            string
+		A, B, Abs         float64
+		Rel               any
+		Changed, IsTiming bool
+	}
+	type report struct {
+		Keys, Varied, OnlyA, OnlyB []string
+		Changed                    int
+		Rows                       []struct {
+			Key                    string
+			Params                 map[string]any
+			StatusA, StatusB       string
+			Changed, KernelsDiffer bool
+			Deltas                 []delta
+		}
+	}
+	// Field names differ from the JSON's only by underscores.
+	decode := func(data []byte) report {
+		var raw any
+		if err := json.Unmarshal(data, &raw); err != nil {
+			t.Fatalf("%v\n%s", err, data)
+		}
+		var strip func(any) any
+		strip = func(v any) any {
+			switch x := v.(type) {
+			case map[string]any:
+				out := map[string]any{}
+				for k, v := range x {
+					if k != "params" {
+						k = strings.ReplaceAll(k, "_", "")
+					}
+					out[k] = strip(v)
+				}
+				if p, ok := x["params"]; ok {
+					out["params"] = p
+				}
+				return out
+			case []any:
+				for i := range x {
+					x[i] = strip(x[i])
+				}
+			}
+			return v
+		}
+		data, _ = json.Marshal(strip(raw))
+		var r report
+		if err := json.Unmarshal(data, &r); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	for _, by := range [][]string{nil, {"method", "budget"}, {"workload.spans", "method"}} {
+		t.Run(fmt.Sprint(by), func(t *testing.T) {
+			args := []string{"compare", runA, runB, "--json"}
+			if by != nil {
+				args = append(args, "--by", strings.Join(by, ","))
+			}
+			code, stdout, stderr := runCLI(t, args...)
+			if code != 0 {
+				t.Fatalf("compare: exit %d\n%s", code, stderr)
+			}
+			byJSON, _ := json.Marshal(by)
+			cmd := exec.Command(py, "-c", `import json, sys
+from kernels_py.runs import compare_runs
+print(json.dumps(compare_runs(sys.argv[1], sys.argv[2], by=json.loads(sys.argv[3]))))`, runA, runB, string(byJSON))
+			cmd.Dir = ".."
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("compare_runs: %v\n%s", err, out)
+			}
+			goSide, pySide := decode([]byte(stdout)), decode(out)
+			if len(goSide.Rows) == 0 || (by == nil && (len(goSide.OnlyA) == 0 || len(goSide.Varied) == 0)) {
+				t.Fatalf("the runs should join some rows, leave some out and vary a knob:\n%s", stdout)
+			}
+			if g, p := fmt.Sprintf("%+v", goSide), fmt.Sprintf("%+v", pySide); g != p {
+				t.Errorf("compare and compare_runs differ:\ngo %s\npy %s", g, p)
+			}
+		})
 	}
 }

@@ -41,6 +41,7 @@ func TestUsageErrors(t *testing.T) {
 		{"empty out", []string{"run", "--out", "", "../experiments/quickstart.star"}, 2, "--out must name a directory"},
 		{"empty out of demo", []string{"demo", "--out", " "}, 2, "--out must name a directory"},
 		{"retry without resume", []string{"run", "--retry-failed", "../experiments/quickstart.star"}, 2, "--retry-failed only applies to a resumed run: add --resume"},
+		{"missing script of watch", []string{"watch", "--experiment", "/nonexistent.star"}, 1, "--experiment /nonexistent.star: no such file or directory"},
 		{"code change without resume", []string{"run", "--allow-code-change", "../experiments/quickstart.star"}, 2, "--allow-code-change only applies to a resumed run"},
 	}
 	for _, tc := range tests {

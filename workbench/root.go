@@ -110,7 +110,7 @@ checkout the command runs in, else from the copy embedded in this binary.`,
 	}
 	root.AddCommand(newEnvCmd(a), newDemoCmd(a), newSelftestCmd(a), newPingCmd(a), newPythonCmd(a), newBenchCmd(a, benchmarks),
 		newTensorsCmd(a), newPlanCmd(a), newRunCmd(a), newMethodsCmd(a), newSchemaCmd(a), newKernelsCmd(a),
-		newTraceCmd(a), newShardCmd(a), newStatusCmd(a), newCompareCmd(a), newWatchCmd(a))
+		newTraceCmd(a), newShardCmd(a), newStatusCmd(a), newCompareCmd(a), newWatchCmd(a), newNotebookCmd(a), newLabCmd(a))
 	return root
 }
 

@@ -150,18 +150,27 @@ func (e *sourceError) print(w io.Writer) {
 func (r watchResult) figures() map[string]float64 {
 	f := map[string]float64{}
 	if st := r.Selftest; st != nil {
-		maxErr, failed := 0.0, 0.0
+		maxErr, failed, judged := 0.0, 0.0, false
 		for _, row := range st.Rows {
 			for k, v := range row {
 				if x, ok := v.(float64); ok && strings.HasSuffix(k, "err") {
 					maxErr = math.Max(maxErr, x)
 				}
 			}
-			if ok, isBool := row["ok"].(bool); isBool && !ok {
-				failed++
+			if ok, isBool := row["ok"].(bool); isBool {
+				judged = true
+				if !ok {
+					failed++
+				}
 			}
 		}
-		f["max error"], f["failed shapes"], f["kernel s"] = maxErr, failed, st.KernelSeconds
+		f["max error"], f["kernel s"] = maxErr, st.KernelSeconds
+		// Every op's rows say whether each is within tolerance (test_selftest);
+		// a table that does not cannot count its failures, and 0 next to a
+		// mismatch would be a lie.
+		if judged {
+			f["failed shapes"] = failed
+		}
 	}
 	if c := r.Compile; c != nil && c.Error == nil {
 		seconds, regs, spill := 0.0, 0, 0
@@ -557,6 +566,12 @@ func watchSources(ctx context.Context, root string, extra []string, debounce tim
 // watchExperiment runs an experiment, then reruns its stale jobs after each
 // save and prints what changed.
 func (a *app) watchExperiment(ctx context.Context, f watchFlags) error {
+	if !strings.HasPrefix(f.experiment, "embedded:") {
+		// A script that is not there is a typo, not a save still to come.
+		if _, err := os.Stat(f.experiment); err != nil {
+			return fmt.Errorf("--experiment %s: %w", f.experiment, errors.Unwrap(err))
+		}
+	}
 	s, err := a.newSession(ctx)
 	if err != nil {
 		return err
@@ -566,6 +581,7 @@ func (a *app) watchExperiment(ctx context.Context, f watchFlags) error {
 		return err
 	}
 	defer stop()
+	good := map[string]map[string]results.Record{} // experiment -> job -> its last successful row
 	var changed []string
 	for iteration := 1; ; iteration++ {
 		what := "start"
@@ -573,11 +589,17 @@ func (a *app) watchExperiment(ctx context.Context, f watchFlags) error {
 			what = strings.Join(changed, ", ")
 		}
 		fmt.Fprintf(a.stdout, "── watch %s · iteration %d · %s · %s\n", f.experiment, iteration, time.Now().Format("15:04:05"), what)
-		if err := a.rerunExperiment(ctx, s, f); err != nil {
+		if err := a.rerunExperiment(ctx, s, f, good); err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
-			fmt.Fprintf(a.stdout, "ERROR %v\n", err)
+			var se *sourceError
+			if errors.As(err, &se) {
+				se.print(a.stdout)
+				fmt.Fprintln(a.stdout, "no job rerun: the run's rows are kept until the sources import")
+			} else {
+				fmt.Fprintf(a.stdout, "ERROR %v\n", err)
+			}
 		}
 		fmt.Fprintf(a.stdout, "watching kernels_py/ and %s (Ctrl-C stops)\n", f.experiment)
 		select {
@@ -588,9 +610,42 @@ func (a *app) watchExperiment(ctx context.Context, f watchFlags) error {
 	}
 }
 
+func (e *sourceError) Error() string {
+	if e.File != "" {
+		return fmt.Sprintf("%s:%d: %s", e.File, e.Line, e.Message)
+	}
+	return e.Message
+}
+
+// checkSources imports the kernels_py sources in a fresh worker: a
+// *sourceError when they do not compile or import, so no job is run on them.
+func (a *app) checkSources(ctx context.Context, s *session) error {
+	w, err := a.startWorker(ctx, s)
+	if err != nil {
+		return &sourceError{Message: "the worker did not start: " + firstLine(err.Error())}
+	}
+	defer w.Close()
+	raw, err := w.Run(ctx, worker.Job{Fn: "kernels_py.watch:import_sources"})
+	if err != nil {
+		return &sourceError{Message: firstLine(err.Error())}
+	}
+	var se *sourceError
+	if err := json.Unmarshal(raw, &se); err != nil {
+		return fmt.Errorf("check the sources: unexpected result %.200s", raw)
+	}
+	if se != nil {
+		return se
+	}
+	return nil
+}
+
 // rerunExperiment resumes each experiment of the script, rerunning the jobs
-// computed on other sources, and prints the rows whose metrics changed.
-func (a *app) rerunExperiment(ctx context.Context, s *session, f watchFlags) error {
+// computed on other sources, and prints the rows whose metrics changed
+// against each job's last successful row (good, updated here).
+func (a *app) rerunExperiment(ctx context.Context, s *session, f watchFlags, good map[string]map[string]results.Record) error {
+	if err := a.checkSources(ctx, s); err != nil {
+		return err
+	}
 	plan, _, err := a.loadPlan(ctx, f.experiment)
 	if err != nil {
 		return err
@@ -600,6 +655,12 @@ func (a *app) rerunExperiment(ctx context.Context, s *session, f watchFlags) err
 		var before *compare.Run
 		if dir, _ := results.Latest(f.out, e.Name); dir != "" {
 			before, _ = compare.Load(dir)
+		}
+		if good[e.Name] == nil {
+			good[e.Name] = map[string]results.Record{}
+			if before != nil {
+				keepGood(good[e.Name], before.Rows)
+			}
 		}
 		sum, err := runner.Run(ctx, runner.Options{
 			Out: f.out, Experiment: e.Name, File: plan.File, FileHash: plan.Hash, Jobs: runnerJobs(e),
@@ -614,13 +675,24 @@ func (a *app) rerunExperiment(ctx context.Context, s *session, f watchFlags) err
 		if err != nil {
 			return err
 		}
-		a.printRerun(e.Name, before, after)
+		a.printRerun(e.Name, before, after, good[e.Name])
+		keepGood(good[e.Name], after.Rows)
 	}
 	return nil
 }
 
-// printRerun compares the rows a rerun replaced with their new versions.
-func (a *app) printRerun(experiment string, before, after *compare.Run) {
+func keepGood(good map[string]results.Record, rows []results.Record) {
+	for _, rec := range rows {
+		if rec.Status == results.StatusOK {
+			good[rec.JobID] = rec
+		}
+	}
+}
+
+// printRerun compares the rows a rerun replaced with their new versions:
+// each with the job's last successful row where it has one, so a save that
+// mends a failure is compared with what worked before it.
+func (a *app) printRerun(experiment string, before, after *compare.Run, good map[string]results.Record) {
 	old := map[string]results.Record{}
 	if before != nil {
 		for _, rec := range before.Rows {
@@ -635,6 +707,9 @@ func (a *app) printRerun(experiment string, before, after *compare.Run) {
 		case !ok:
 			fresh++
 		case !prev.Finished.Equal(rec.Finished):
+			if g, ok := good[rec.JobID]; ok {
+				prev = g
+			}
 			was.Rows, now.Rows = append(was.Rows, prev), append(now.Rows, rec)
 		}
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -12,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vlkv/vlkv/gohost/compare"
+	"github.com/vlkv/vlkv/gohost/results"
 	"github.com/vlkv/vlkv/gohost/testpy"
 )
 
@@ -188,5 +191,113 @@ func TestWatchAnExperiment(t *testing.T) {
 	cmd.Process.Signal(syscall.SIGINT)
 	if err := cmd.Wait(); err != nil {
 		t.Errorf("watch after Ctrl-C: %v\n%s", err, out.String())
+	}
+}
+
+// watch --experiment through a save that breaks an import: the error is
+// shown once at its line and no job is rerun, so the run keeps its rows; the
+// save that mends it compares with those rows, not with failures.
+func TestWatchAnExperimentThroughABrokenImport(t *testing.T) {
+	py := testpy.Python(t)
+	bin := workbenchBinary(t)
+	dir := t.TempDir()
+	root := copyKernels(t, dir)
+	script := filepath.Join(dir, "small.star")
+	os.WriteFile(script, []byte(`experiment(name = "small", methods = ["full", "h2o"],
+    grid = {"budget": [0.25, 0.5]},
+    workloads = [workload(tokens_per_image = 48, system_tokens = 8, text_tokens = 8, decode_steps = 2, layers = 2)])
+`), 0o644)
+	out := filepath.Join(dir, "out")
+	cmd := exec.Command(bin, "--python", py, "--kernels", root, "watch", "--experiment", script, "--out", out,
+		"--debounce", "100ms")
+	log := startProc(t, cmd)
+	defer cmd.Process.Kill()
+	at := waitOutput(t, log, 0, 120*time.Second, "small: 3 rows (0 failed)", "watching")
+	journals, _ := filepath.Glob(filepath.Join(out, "small", "*", "journal.jsonl"))
+	if len(journals) != 1 {
+		t.Fatalf("journals %v, want one", journals)
+	}
+	good, _ := os.ReadFile(journals[0])
+
+	h2o := filepath.Join(root, "kernels_py", "methods", "h2o.py")
+	text, _ := os.ReadFile(h2o)
+	os.WriteFile(h2o, append([]byte("def broken(:\n"), text...), 0o644)
+	at = waitOutput(t, log, at, 120*time.Second, "iteration 2 · ", "ERROR kernels_py/methods/h2o.py:1\n    def broken(:",
+		"no job rerun", "watching")
+	if n := strings.Count(log.String(), "ERROR"); n != 1 {
+		t.Errorf("the error is shown %d times, want once:\n%s", n, log.String())
+	}
+	if now, _ := os.ReadFile(journals[0]); !bytes.Equal(now, good) {
+		t.Errorf("the broken save wrote to the journal:\n%s", now)
+	}
+
+	// Mended, with a comment more: every row is rerun on the new sources and
+	// compared with its good row, not a failure.
+	os.WriteFile(h2o, append([]byte("# mended\n"), text...), 0o644)
+	waitOutput(t, log, at, 120*time.Second, "iteration 3 · ", "small: 3 rows (0 failed)", "0 new, 3 rerun",
+		"no metric changed", "watching")
+	cmd.Process.Signal(syscall.SIGINT)
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("watch after Ctrl-C: %v\n%s", err, log.String())
+	}
+}
+
+func TestWatchFiguresCountFailedShapes(t *testing.T) {
+	tests := []struct {
+		name       string
+		selftest   string
+		wantFailed float64
+		counted    bool
+	}{
+		{"a row out of tolerance", `{"ok": false, "rows": [{"out_err": 0.5, "ok": false}, {"out_err": 0, "ok": true}]}`, 1, true},
+		{"every row within", `{"ok": true, "rows": [{"out_err": 0, "ok": true}]}`, 0, true},
+		// A table whose rows say nothing of tolerance cannot count failures.
+		{"rows without ok", `{"ok": false, "rows": [{"max_abs_err": 0.5}, {"max_abs_err": 0}]}`, 0, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var r watchResult
+			if err := json.Unmarshal([]byte(`{"selftest": `+tc.selftest+`}`), &r); err != nil {
+				t.Fatal(err)
+			}
+			got, ok := r.figures()["failed shapes"]
+			if ok != tc.counted || got != tc.wantFailed {
+				t.Errorf("failed shapes = %v (shown %v), want %v (shown %v)", got, ok, tc.wantFailed, tc.counted)
+			}
+		})
+	}
+}
+
+// A rerun that mends a failed job is compared with the job's last good row,
+// not with the failure it replaces.
+func TestPrintRerunComparesWithTheLastGoodRow(t *testing.T) {
+	at := func(minute int) time.Time { return time.Date(2026, 1, 1, 0, minute, 0, 0, time.UTC) }
+	row := func(status string, err float64, minute int) results.Record {
+		rec := results.Record{JobID: "j", Method: "h2o", Params: map[string]any{"budget": 0.5}, Status: status,
+			Finished: at(minute)}
+		if status == results.StatusOK {
+			rec.Metrics = map[string]any{"rel_err_mean": err}
+		}
+		return rec
+	}
+	good, failed := row(results.StatusOK, 0.25, 1), row(results.StatusFailed, 0, 2)
+	for _, tc := range []struct {
+		name   string
+		good   map[string]results.Record
+		want   string
+		absent string
+	}{
+		{"mended, same result", map[string]results.Record{"j": good}, "no metric changed", "[status"},
+		{"no good row to compare with", map[string]results.Record{}, "[status failed -> ok]", "no metric changed"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out bytes.Buffer
+			a := &app{stdout: &out}
+			a.printRerun("e", &compare.Run{Rows: []results.Record{failed}},
+				&compare.Run{Dir: "run", Rows: []results.Record{row(results.StatusOK, 0.25, 3)}}, tc.good)
+			if !strings.Contains(out.String(), tc.want) || strings.Contains(out.String(), tc.absent) {
+				t.Errorf("want %q and no %q:\n%s", tc.want, tc.absent, out.String())
+			}
+		})
 	}
 }

@@ -81,11 +81,18 @@ type Delta struct {
 	Metric   string  `json:"metric"`
 	A        float64 `json:"a"`
 	B        float64 `json:"b"`
-	Abs      float64 `json:"abs"`      // B - A
-	Rel      float64 `json:"-"`        // (B - A) / |A|; ±Inf when A is 0 (JSON: null)
-	Changed  bool    `json:"changed"`  // beyond the tolerance
-	IsTiming bool    `json:"isTiming"` // a time: shown, not counted as a change unless asked for
+	Abs      float64 `json:"abs"`       // B - A
+	Rel      float64 `json:"-"`         // (B - A) / |A|; ±Inf when A is 0 (JSON: null)
+	Changed  bool    `json:"changed"`   // beyond the tolerance
+	IsTiming bool    `json:"is_timing"` // a time: shown, not counted as a change unless asked for
 }
+
+// An OptionError is an option the runs cannot honour (a key or metric they
+// do not have, a threshold that can never be passed): the caller's usage error.
+type OptionError struct{ Err error }
+
+func (e *OptionError) Error() string { return e.Err.Error() }
+func (e *OptionError) Unwrap() error { return e.Err }
 
 // MarshalJSON writes rel as null where it is not finite (A was 0).
 func (d Delta) MarshalJSON() ([]byte, error) {
@@ -102,13 +109,16 @@ func (d Delta) MarshalJSON() ([]byte, error) {
 
 // Row is one join key's rows in both runs.
 type Row struct {
-	Key           string  `json:"key"`
-	A, B          int     `json:"-"` // rows of each run under this key (several are averaged)
-	Deltas        []Delta `json:"deltas"`
-	Changed       bool    `json:"changed"`
-	KernelsDiffer bool    `json:"kernels_differ"`
-	StatusA       string  `json:"status_a"`
-	StatusB       string  `json:"status_b"`
+	Key string `json:"key"`
+	// Params are the key's values as the jobs hold them ("budget": 0.5); a
+	// key a row lacks (--by) is null.
+	Params        map[string]any `json:"params"`
+	A, B          int            `json:"-"` // rows of each run under this key (several are averaged)
+	Deltas        []Delta        `json:"deltas"`
+	Changed       bool           `json:"changed"`
+	KernelsDiffer bool           `json:"kernels_differ"`
+	StatusA       string         `json:"status_a"`
+	StatusB       string         `json:"status_b"`
 }
 
 // Report is the comparison of two runs.
@@ -121,10 +131,13 @@ type Report struct {
 	Warnings      []string `json:"warnings"` // different experiments, different scripts
 	ScriptsDiffer bool     `json:"scripts_differ"`
 	Metrics       []string `json:"metrics"`
-	Rows          []Row    `json:"rows"`    // joined keys, in key order
-	OnlyA         []string `json:"only_a"`  // keys with rows in A only
-	OnlyB         []string `json:"only_b"`  // keys with rows in B only
-	Changed       int      `json:"changed"` // joined rows with a changed metric
+	Rows          []Row    `json:"rows"`   // joined keys, in key order
+	OnlyA         []string `json:"only_a"` // keys with rows in A only
+	OnlyB         []string `json:"only_b"` // keys with rows in B only
+	// OnlyAParams and OnlyBParams are those keys' values, as Row.Params.
+	OnlyAParams []map[string]any `json:"only_a_params"`
+	OnlyBParams []map[string]any `json:"only_b_params"`
+	Changed     int              `json:"changed"` // joined rows with a changed metric
 }
 
 // timing says whether a metric is a time, which differs run to run.
@@ -153,6 +166,30 @@ func fields(rec results.Record) map[string]string {
 		f["workload."+k] = format(v)
 	}
 	return f
+}
+
+// values are fields' values as the record holds them.
+func values(rec results.Record) map[string]any {
+	v := map[string]any{}
+	for k, x := range rec.Params {
+		v[k] = x
+	}
+	for k, x := range rec.Workload {
+		v["workload."+k] = x
+	}
+	f := fields(rec)
+	v["method"], v["workload"] = f["method"], f["workload"]
+	return v
+}
+
+// params are a key's values in rec (nil where rec lacks one).
+func params(rec results.Record, keys []string) map[string]any {
+	v := values(rec)
+	out := make(map[string]any, len(keys))
+	for _, k := range keys {
+		out[k] = v[k]
+	}
+	return out
 }
 
 func format(v any) string {
@@ -223,12 +260,14 @@ func Compare(a, b *Run, o Options) (*Report, error) {
 		switch {
 		case len(ra) == 0:
 			r.OnlyB = append(r.OnlyB, k)
+			r.OnlyBParams = append(r.OnlyBParams, params(rb[0], keys))
 			continue
 		case len(rb) == 0:
 			r.OnlyA = append(r.OnlyA, k)
+			r.OnlyAParams = append(r.OnlyAParams, params(ra[0], keys))
 			continue
 		}
-		row := Row{Key: k, A: len(ra), B: len(rb), StatusA: status(ra), StatusB: status(rb)}
+		row := Row{Key: k, Params: params(ra[0], keys), A: len(ra), B: len(rb), StatusA: status(ra), StatusB: status(rb)}
 		row.KernelsDiffer = digests(ra) != digests(rb)
 		for _, m := range metrics {
 			va, oka := mean(ra, m)
@@ -277,8 +316,8 @@ func joinKeys(a, b *Run, fa, fb []map[string]string, by []string) ([]string, []s
 		seen := map[string]bool{}
 		for _, k := range by {
 			if !common[k] {
-				return nil, nil, fmt.Errorf("--by %s: not a parameter of both runs; they share: %s", k,
-					strings.Join(sorted(common), ", "))
+				return nil, nil, &OptionError{fmt.Errorf("--by %s: not a parameter of both runs; they share: %s", k,
+					strings.Join(sorted(common), ", "))}
 			}
 			if !seen[k] {
 				seen[k] = true
@@ -362,7 +401,7 @@ func chooseMetrics(a, b *Run, asked []string) ([]string, error) {
 	}
 	for _, m := range asked {
 		if !both[m] {
-			return nil, fmt.Errorf("unknown metric %q: the runs share %s", m, strings.Join(sorted(both), ", "))
+			return nil, &OptionError{fmt.Errorf("unknown metric %q: the runs share %s", m, strings.Join(sorted(both), ", "))}
 		}
 	}
 	return asked, nil
@@ -493,6 +532,9 @@ func ParseGuard(s string) (Guard, error) {
 	if err != nil {
 		return g, fmt.Errorf("--fail-if %q: %q is not a number", s, value)
 	}
+	if math.IsNaN(x) || math.IsInf(x, 0) { // no change passes them: the guard could never fire
+		return g, fmt.Errorf("--fail-if %q: the threshold must be a finite number", s)
+	}
 	g.Threshold = x
 	if g.Relative {
 		g.Threshold /= 100
@@ -507,8 +549,8 @@ func (r *Report) Violations(g Guard) ([]string, error) {
 		known = known || m == g.Metric
 	}
 	if !known {
-		return nil, fmt.Errorf("--fail-if %s: metric %q is not compared: the comparison holds %s (add it to --metrics, "+
-			"or check its name)", g.Text, g.Metric, strings.Join(r.Metrics, ", "))
+		return nil, &OptionError{fmt.Errorf("--fail-if %s: metric %q is not compared: the comparison holds %s (add it to --metrics, "+
+			"or check its name)", g.Text, g.Metric, strings.Join(r.Metrics, ", "))}
 	}
 	// A guard guards nothing if B may fail a job or drop it: both count against it.
 	var out []string

@@ -111,7 +111,8 @@ func TestParseGuard(t *testing.T) {
 		ok  bool
 		rel bool
 		x   float64
-	}{{"err>0.01", true, false, 0.01}, {"ratio<-5%", true, true, -0.05}, {"err", false, false, 0}, {">1", false, false, 0}, {"err>x", false, false, 0}} {
+	}{{"err>0.01", true, false, 0.01}, {"ratio<-5%", true, true, -0.05}, {"err", false, false, 0}, {">1", false, false, 0}, {"err>x", false, false, 0},
+		{"err>nan", false, false, 0}, {"err<-inf", false, false, 0}, {"err>Inf%", false, false, 0}} {
 		g, err := ParseGuard(tc.in)
 		if (err == nil) != tc.ok || (tc.ok && (g.Relative != tc.rel || g.Threshold != tc.x)) {
 			t.Errorf("ParseGuard(%q) = %+v, %v", tc.in, g, err)

@@ -215,3 +215,53 @@ func resolveURL(base, ref string) (string, error) {
 	}
 	return b.ResolveReference(r).String(), nil
 }
+
+// EnsureGroup installs a dependency group of the project's lock (one the
+// runtime leaves out, as jupyter) into the managed venv, once: later calls
+// find its marker. It adds packages and removes none, under the venv's
+// bootstrap lock, so workers already running on the venv are unaffected.
+func EnsureGroup(ctx context.Context, cfg ManagedConfig, rt *Runtime, group string) error {
+	if rt.Kind != Managed {
+		return fmt.Errorf("the %s group is installed only into the managed runtime, not %s", group, rt.Python)
+	}
+	if cfg.Progress == nil {
+		cfg.Progress = io.Discard
+	}
+	marker := filepath.Join(rt.Venv, ".vlkv-group-"+group)
+	if isFile(marker) {
+		return nil
+	}
+	lock := flock.New(rt.Venv + ".lock")
+	if err := lockContext(ctx, lock); err != nil {
+		return fmt.Errorf("wait for another install into %s: %w", rt.Venv, err)
+	}
+	defer lock.Unlock()
+	if isFile(marker) {
+		return nil
+	}
+	uv, err := ensureUV(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	project, err := os.MkdirTemp(filepath.Dir(rt.Venv), filepath.Base(rt.Venv)+".group-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(project)
+	if err := os.WriteFile(filepath.Join(project, "pyproject.toml"), cfg.Project.Pyproject, 0o644); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(project, "uv.lock"), cfg.Project.Lock, 0o644); err != nil {
+		return err
+	}
+	cfg.Log.Info().Str("group", group).Str("venv", rt.Venv).Msg("installing the locked " + group +
+		" dependency group into the managed runtime (first use only)")
+	cmd := exec.CommandContext(ctx, uv, "sync", "--frozen", "--no-config", "--inexact", "--group", group,
+		"--project", project, "--python", rt.Python)
+	cmd.Env = append(os.Environ(), "UV_PYTHON_DOWNLOADS=never", "UV_PROJECT_ENVIRONMENT="+rt.Venv, "VIRTUAL_ENV=")
+	cmd.Stdout, cmd.Stderr = cfg.Progress, cfg.Progress
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("install the %s group into the managed runtime: uv sync: %w", group, err)
+	}
+	return os.WriteFile(marker, []byte(group+"\n"), 0o644)
+}

@@ -37,3 +37,11 @@ def test_every_op_names_a_registered_benchmark():
         assert op.benchmark in BENCHMARKS, f"op {name} names benchmark {op.benchmark!r}, which is not registered"
         assert op.summary, f"op {name} has no docstring"
         assert op.reference.__doc__, f"op {name} has no reference module with a docstring"
+
+
+def test_every_op_says_per_row_whether_it_is_within_tolerance():
+    # `workbench watch OP` counts the failed rows of the op's table.
+    for name, op in OPS.items():
+        assert "ok" in [c.name for c in op.cases.COLUMNS], f"op {name}'s selftest table has no ok column"
+    result = OPS["attention_stats"].cases.selftest(heads=4, kv_heads=2, visual_tokens=64, text_tokens=16)
+    assert [r["ok"] for r in result["rows"]] == [True, True, True]

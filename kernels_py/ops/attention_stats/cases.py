@@ -37,6 +37,7 @@ COLUMNS = (
            "kernel share"),
     Column("reference_share", "", "the same from the PyTorch reference", "reference share"),
     Column("max_abs_err", "", "largest |kernel - reference| of a key's attention sum", "max abs err"),
+    Column("ok", "", "within the tolerance"),
 )
 
 
@@ -92,6 +93,7 @@ def selftest(seed: int = 0, dtype: str = "float32", heads: int = 8, kv_heads: in
             "reference_share": want[:, lo:hi].sum().item() / rows,
             "max_abs_err": (got[:, lo:hi] - want[:, lo:hi]).abs().max().item(),
         })
+        segments[-1]["ok"] = segments[-1]["max_abs_err"] <= tol
     top = got.sum(0).topk(len(hot)).indices.sort().values
     return {
         "title": f"attention mass of {text_tokens} post-vision text queries over {q_start + text_tokens} keys "

@@ -1,0 +1,49 @@
+"""Notebooks executed on small run directories written here, as
+`workbench notebook NAME RUN_DIR` executes them (kernels_py.notebooks)."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from kernels_py import notebooks
+
+pytest.importorskip("nbclient")
+
+
+def own_model_run(root):
+    """A run of an own_model experiment that mixes this project's methods with a kvpress press, whose row
+    has no per-layer error."""
+    run = root / "own_model" / "20260101-000000-aaaaaa"
+    run.mkdir(parents=True)
+    (run / "manifest.json").write_text(json.dumps({"experiment": "own_model", "jobs": 3}))
+    pd.DataFrame({
+        "job_id": ["a", "b", "c"], "method": ["full", "h2o", "kvpress"], "status": ["ok"] * 3,
+        "param_budget": [None, 0.2, None], "param_press": [None, None, "SnapKVPress"],
+        "param_compression_ratio": [None, None, 0.5],
+        "metric_token_agreement": [1.0, 0.75, 0.5], "metric_kl_mean": [0.0, 0.1, 0.2],
+        "metric_kl_max": [0.0, 0.3, 0.4], "metric_model_cache_bytes": [1000.0, 200.0, 1000.0],
+        "metric_prefill_seconds": [0.1, 0.1, 0.1], "metric_decode_seconds": [0.2, 0.2, 0.2],
+        "extra_per_layer_rel_err": ["[0, 0]", "[0.1, 0.2]", None],
+    }).to_parquet(run / "results.parquet")
+    return run
+
+
+def outputs(nb) -> str:
+    return "\n".join("".join(o.get("text", "")) for c in nb.cells for o in c.get("outputs", []))
+
+
+def test_own_model_draws_a_run_with_kvpress_rows(tmp_path):
+    run = own_model_run(tmp_path)
+    nb = notebooks.execute(notebooks.find("own_model"), env=notebooks.run_env([run]))
+    assert "no per-layer error (not drawn): kvpress SnapKVPress 0.5" in outputs(nb)
+    page = notebooks.write(nb, run / "own_model.ipynb", "own_model")
+    text = page.read_text()
+    assert (run / "own_model.ipynb").exists() and text.count('<img src="data:image/png;base64,') == 2
+    assert "<h1>Methods inside your own model</h1>" in text and "kvpress SnapKVPress 0.5" in text
+
+
+def test_find_names_the_notebooks():
+    assert notebooks.find("compare").name == "compare.ipynb"
+    with pytest.raises(FileNotFoundError, match="notebooks/ has .*own_model"):
+        notebooks.find("nosuch")

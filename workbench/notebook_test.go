@@ -1,0 +1,94 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/vlkv/vlkv/gohost/results"
+	"github.com/vlkv/vlkv/gohost/testpy"
+)
+
+func TestNotebookArguments(t *testing.T) {
+	dir := t.TempDir()
+	run := writeRun(t, filepath.Join(dir, "run"), results.Record{JobID: "a", Method: "full"})
+	if _, err := results.BuildParquet(run); err != nil {
+		t.Fatal(err)
+	}
+	unfinished := writeRun(t, filepath.Join(dir, "unfinished"), results.Record{JobID: "a", Method: "full"})
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		msg  string
+	}{
+		{"no notebook", nil, 2, "give a notebook (attentionpack, compare,"},
+		{"unknown notebook", []string{"nosuch", run}, 2, `no notebook "nosuch": notebooks/ has attentionpack, compare,`},
+		{"no run", []string{"quickstart"}, 2, "notebook quickstart reads 1 run directory, got 0"},
+		{"one run for compare", []string{"compare", run}, 2, "notebook compare reads 2 run directories, got 1"},
+		{"missing run", []string{"quickstart", filepath.Join(dir, "nowhere")}, 1, "nowhere does not exist"},
+		{"unfinished run", []string{"quickstart", unfinished}, 1, "has no results.parquet: not a finished run"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, stderr := runCLI(t, append([]string{"notebook"}, tc.args...)...)
+			if code != tc.code || !strings.Contains(stderr, tc.msg) {
+				t.Errorf("exit %d, want %d with %q; stderr:\n%s", code, tc.code, tc.msg, stderr)
+			}
+		})
+	}
+}
+
+// workbench notebook executes a notebook on runs and writes it, and its
+// HTML copy with the plots, beside the last run.
+func TestNotebookWritesBesideTheRun(t *testing.T) {
+	py := testpy.Python(t)
+	dir := t.TempDir()
+	var a, b []results.Record
+	for i, budget := range []float64{0.25, 0.5} {
+		for _, to := range []*[]results.Record{&a, &b} {
+			err := 0.1 * float64(i+1)
+			if to == &b {
+				err *= 2
+			}
+			*to = append(*to, results.Record{JobID: string(rune('a' + i)), Method: "h2o",
+				Params:  map[string]any{"budget": budget},
+				Metrics: map[string]any{"rel_err_mean": err, "compression_ratio": 1 / budget}})
+		}
+	}
+	runA, runB := writeRun(t, filepath.Join(dir, "a"), a...), writeRun(t, filepath.Join(dir, "b"), b...)
+	for _, run := range []string{runA, runB} {
+		if _, err := results.BuildParquet(run); err != nil {
+			t.Fatal(err)
+		}
+	}
+	code, stdout, stderr := runCLI(t, "--python", py, "--device", "cpu", "notebook", "compare", runA, runB)
+	if code != 0 {
+		t.Fatalf("exit %d\n%s%s", code, stdout, stderr)
+	}
+	if _, err := os.Stat(filepath.Join(runB, "compare.ipynb")); err != nil {
+		t.Error(err)
+	}
+	page, err := os.ReadFile(filepath.Join(runB, "compare.html"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(page), `<img src="data:image/png;base64,`); n != 2 ||
+		!strings.Contains(string(page), "2 rows joined, 2 changed") {
+		t.Errorf("compare.html has %d plots, want 2, and the join's summary:\n%.2000s", n, page)
+	}
+}
+
+// lab on an interpreter of the user's own that lacks JupyterLab says how to
+// get it, rather than installing into it.
+func TestLabWithoutJupyterLab(t *testing.T) {
+	py := testpy.Python(t)
+	if exec.Command(py, "-c", "import jupyterlab").Run() == nil {
+		t.Skip("this interpreter has jupyterlab")
+	}
+	code, _, stderr := runCLI(t, "--python", py, "--device", "cpu", "lab")
+	if code != 1 || !strings.Contains(stderr, "jupyterlab is not installed in "+py+" (from --python)") {
+		t.Errorf("exit %d, want 1 with how to install it; stderr:\n%s", code, stderr)
+	}
+}
