@@ -65,12 +65,16 @@ type Manifest struct {
 	Rebuilt *time.Time `json:"rebuilt,omitempty"`
 }
 
-// CodeChange is a resume on kernels_py sources other than the run's.
+// CodeChange is a resume (or a worker) on kernels_py sources other than
+// those of the run's earlier rows.
 type CodeChange struct {
 	At            time.Time         `json:"at"`
 	KernelsDigest string            `json:"kernels_digest"`
 	Changed       []string          `json:"changed,omitempty"` // files added, removed or edited since the previous sources (absent: unknown)
 	KernelsHash   map[string]string `json:"kernels_sha256"`
+	// Git is the checkout's state then (Manifest.Git is its state when the
+	// run started); nil outside one.
+	Git *Git `json:"git,omitempty"`
 }
 
 // CurrentKernels is the digest and per-file hashes of the sources the run's
