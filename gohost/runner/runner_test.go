@@ -167,6 +167,15 @@ func TestFreshRunJournalsEveryJob(t *testing.T) {
 	if !strings.Contains(progress.String(), "[3/3] c h2o budget=0.c (1ms) ok\n") {
 		t.Errorf("progress:\n%s", progress)
 	}
+
+	// A resume's worker names the same device: the manifest says it once.
+	o.Jobs, o.Resume = testJobs("a", "b", "c", "d"), true
+	if _, err := Run(context.Background(), o); err != nil {
+		t.Fatal(err)
+	}
+	if m := manifest(t, sum.Dir); m.Device != "cpu (Fake GPU)" {
+		t.Errorf("manifest device after a resume %q", m.Device)
+	}
 }
 
 // Resuming reruns what the journal lacks, and with RetryFailed what it
