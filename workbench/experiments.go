@@ -249,10 +249,9 @@ workers and writes, per experiment, OUT/<experiment>/<run-id>/ with:
   run.lock         held by the one workbench writing the run
 The run directory appears once the first worker is ready. A worker that
 crashes is replaced and its job retried once. A worker that fails to start is
-started again with backoff; after 3 failures in a row its slot gives up: the
-job it held fails if a worker of this run has started, else it goes back to
-the other slots. With no slot left (always so with one worker) the run stops,
-and --resume continues it. A job over its timeout fails; the run goes on.
+started again with backoff; after 3 failures in a row its slot gives up and
+the job it held goes back to the other slots. With no slot left (always so
+with one worker) the run stops, and --resume runs every job it did not finish. A job over its timeout fails; the run goes on.
 Ctrl-C stops at once: finished jobs stay in the journal, and --resume
 continues the newest run of each experiment without redoing them. A resume is
 refused while another workbench writes the run, and when kernels_py changed

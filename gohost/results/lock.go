@@ -1,6 +1,7 @@
 package results
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -56,4 +57,35 @@ func lockDir(dir string) (*flock.Flock, error) {
 		return nil, fmt.Errorf("lock run directory %s: %w", dir, err)
 	}
 	return l, nil
+}
+
+// NewRunLockFile, under an experiment's directory, serialises resumes that
+// find no run of it to continue.
+const NewRunLockFile = ".new-run.lock"
+
+// LockNewRun takes the lock under which a resume that found no run of
+// experiment starts one; the caller holds it until that run exists (or it
+// gives up), so a second resume started alongside finds the run instead of
+// starting another. It waits for the lock, calling waiting first if it has
+// to, until ctx ends.
+func LockNewRun(ctx context.Context, root, experiment string, waiting func()) (unlock func(), err error) {
+	if !safeName.MatchString(experiment) {
+		return nil, fmt.Errorf("experiment %q: want letters, digits, '.', '_' or '-'", experiment)
+	}
+	dir := filepath.Join(root, experiment)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("lock new run of %s: %w", experiment, err)
+	}
+	l := flock.New(filepath.Join(dir, NewRunLockFile))
+	ok, err := l.TryLock()
+	if err == nil && !ok {
+		if waiting != nil {
+			waiting()
+		}
+		ok, err = l.TryLockContext(ctx, 50*time.Millisecond)
+	}
+	if err != nil || !ok {
+		return nil, fmt.Errorf("lock new run of %s: %w", experiment, err)
+	}
+	return func() { l.Unlock() }, nil
 }

@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -64,12 +65,16 @@ type Manifest struct {
 	Rebuilt *time.Time `json:"rebuilt,omitempty"`
 }
 
-// CodeChange is a resume on kernels_py sources other than the run's.
+// CodeChange is a resume (or a worker) on kernels_py sources other than
+// those of the run's earlier rows.
 type CodeChange struct {
 	At            time.Time         `json:"at"`
 	KernelsDigest string            `json:"kernels_digest"`
 	Changed       []string          `json:"changed,omitempty"` // files added, removed or edited since the previous sources (absent: unknown)
 	KernelsHash   map[string]string `json:"kernels_sha256"`
+	// Git is the checkout's state then (Manifest.Git is its state when the
+	// run started); nil outside one.
+	Git *Git `json:"git,omitempty"`
 }
 
 // CurrentKernels is the digest and per-file hashes of the sources the run's
@@ -193,6 +198,10 @@ func Create(root string, m Manifest) (*Run, error) {
 		return nil, err
 	}
 	r := &Run{Dir: dir, manifest: m, lock: lock}
+	if err := removeTemps(dir); err != nil {
+		lock.Unlock()
+		return nil, err
+	}
 	if err := r.writeManifest(); err != nil {
 		lock.Unlock()
 		return nil, err
@@ -230,7 +239,8 @@ func Latest(root, experiment string) (string, error) {
 
 // Open locks an existing run to resume it (a *LockedError when another
 // process writes it). A line torn by a crash at the end of the journal is
-// cut off, so new lines start clean. A lost manifest is rebuilt from the
+// cut off, so new lines start clean, and the temporary files of a rewrite
+// that a crash interrupted are removed. A lost manifest is rebuilt from the
 // journal (Manifest.Rebuilt says so).
 func Open(dir string) (*Run, error) {
 	lock, err := lockDir(dir)
@@ -246,6 +256,9 @@ func Open(dir string) (*Run, error) {
 }
 
 func (r *Run) open() error {
+	if err := removeTemps(r.Dir); err != nil {
+		return err
+	}
 	if err := truncateTornLine(filepath.Join(r.Dir, JournalFile)); err != nil {
 		return err
 	}
@@ -414,8 +427,36 @@ func truncateTornLine(path string) error {
 	return f.Truncate(int64(bytes.LastIndexByte(data, '\n') + 1))
 }
 
+// tempPattern names the temporary file that writeAtomic renames onto
+// base: hidden, so that a reader of the directory (a dataset reader skips
+// names starting with a dot) never takes it for the file itself.
+func tempPattern(base string) string { return "." + base + ".tmp-*" }
+
+// removeTemps removes what rewrites of the manifest or the table left
+// behind when their process was killed before the rename; only the writer
+// holding the run's lock may call it, as no other rewrite can be under way.
+// Earlier versions named them without the leading dot.
+func removeTemps(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("open run %s: %w", dir, err)
+	}
+	for _, e := range entries {
+		for _, base := range []string{ManifestFile, ParquetFile} {
+			name := e.Name()
+			if !strings.HasPrefix(name, "."+base+".tmp-") && !strings.HasPrefix(name, base+".tmp-") {
+				continue
+			}
+			if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return fmt.Errorf("remove %s, left by an interrupted write: %w", filepath.Join(dir, name), err)
+			}
+		}
+	}
+	return nil
+}
+
 func writeAtomic(path string, data []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".tmp-*")
+	tmp, err := os.CreateTemp(filepath.Dir(path), tempPattern(filepath.Base(path)))
 	if err != nil {
 		return err
 	}

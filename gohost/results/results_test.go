@@ -299,3 +299,36 @@ func TestSegmentsMergeOnce(t *testing.T) {
 		t.Fatalf("journal has %d records", len(recs))
 	}
 }
+
+// A writer killed between creating a temporary file and renaming it leaves
+// the file behind; opening the run for writing removes what such rewrites
+// left (of this and earlier versions' naming), and nothing else.
+func TestOpenRemovesInterruptedWrites(t *testing.T) {
+	r := newRun(t)
+	if _, err := BuildParquet(r.Dir); err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+	stale := []string{".manifest.json.tmp-123", ".results.parquet.tmp-456", "manifest.json.tmp-789", "results.parquet.tmp-1"}
+	kept := []string{"notes.tmp-1", "results.parquet.bak"}
+	for _, name := range append(stale, kept...) {
+		if err := os.WriteFile(filepath.Join(r.Dir, name), []byte("partial"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r2, err := Open(r.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r2.Close()
+	for _, name := range stale {
+		if _, err := os.Stat(filepath.Join(r.Dir, name)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s: %v; want it removed", name, err)
+		}
+	}
+	for _, name := range append(kept, ManifestFile, ParquetFile, JournalFile) {
+		if _, err := os.Stat(filepath.Join(r.Dir, name)); err != nil {
+			t.Errorf("%s: %v; want it kept", name, err)
+		}
+	}
+}

@@ -47,13 +47,9 @@ func (l *Local) Run(ctx context.Context, b Batch) error {
 	scratch := newScratchArenas()
 	defer scratch.Close()
 	var once sync.Once
-	var mu sync.Mutex
-	digests := map[*worker.Worker]string{} // the kernels_py sources each worker loaded
 	start := func(ctx context.Context) (*worker.Worker, error) {
-		var digest string
 		if b.CodeDigest != nil {
-			var err error
-			if digest, err = b.CodeDigest(); err != nil {
+			if _, err := b.CodeDigest(); err != nil {
 				return nil, sched.Permanent(err)
 			}
 		}
@@ -62,6 +58,12 @@ func (l *Local) Run(ctx context.Context, b Batch) error {
 		if err != nil {
 			return nil, err
 		}
+		if b.CheckCode != nil {
+			if err := b.CheckCode(l.kernels(w)); err != nil {
+				w.Close()
+				return nil, sched.Permanent(err)
+			}
+		}
 		if b.Started != nil {
 			once.Do(func() { b.Started(w.Hello()) })
 		}
@@ -69,22 +71,31 @@ func (l *Local) Run(ctx context.Context, b Batch) error {
 			w.Close()
 			return nil, err
 		}
-		mu.Lock()
-		digests[w] = digest
-		mu.Unlock()
 		return w, nil
 	}
 	return sched.Run(ctx, b.Jobs, sched.Config{Workers: workers, Start: start, Log: b.Log, Prepare: scratch.Prepare,
 		Done: func(out sched.Outcome) error {
 			// Called before the worker takes its next job, so its scratch
 			// arena still holds what this one returned.
-			mu.Lock()
-			digest := digests[out.Worker]
-			mu.Unlock()
-			return b.Done(Outcome{Outcome: out, KernelsDigest: digest, SaveTensors: func() (map[string]string, error) {
+			var kernels *worker.Kernels
+			if out.Worker != nil {
+				k := l.kernels(out.Worker)
+				kernels = &k
+			}
+			return b.Done(Outcome{Outcome: out, Kernels: kernels, SaveTensors: func() (map[string]string, error) {
 				return saveTensors(b.Dir, out.Job.ID, out.Result, scratch)
 			}})
 		}})
+}
+
+// kernels is the sources w has run, as it reports them; for a worker that
+// does not, those under the kernels root now.
+func (l *Local) kernels(w *worker.Worker) worker.Kernels {
+	if k := w.Kernels(); k != nil {
+		return *k
+	}
+	digest, files := KernelsDigestOf(l.KernelsRoot)
+	return worker.Kernels{Digest: digest, Files: files}
 }
 
 // workerEnv is the environment of the slot-th worker started: workers take

@@ -178,8 +178,20 @@ def ramp(n):
 	if f := recs[2]; f.Status != results.StatusFailed || !strings.Contains(f.Error, "bad params") || f.Extra["traceback"] == nil {
 		t.Errorf("failing job: %+v", f)
 	}
-	if m := manifest(t, sum.Dir); !strings.HasPrefix(m.Versions["python"], "3.") || m.Versions["torch"] == "" {
+	m := manifest(t, sum.Dir)
+	if !strings.HasPrefix(m.Versions["python"], "3.") || m.Versions["torch"] == "" {
 		t.Errorf("versions %v", m.Versions)
+	}
+	// The worker hashes what it imports by the host's rules: the same
+	// sources give the same digest on both sides.
+	digest, files := KernelsDigestOf(root)
+	for _, r := range recs {
+		if r.KernelsDigest != digest {
+			t.Errorf("job %s ran on kernels %.12s; the host hashes %.12s", r.JobID, r.KernelsDigest, digest)
+		}
+	}
+	if m.KernelsDigest != digest || !reflect.DeepEqual(m.KernelsHash, files) || len(m.CodeChanges) != 0 {
+		t.Errorf("manifest kernels %.12s, %d files, changes %v; want %.12s, %d files", m.KernelsDigest, len(m.KernelsHash), m.CodeChanges, digest, len(files))
 	}
 }
 

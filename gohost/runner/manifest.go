@@ -53,8 +53,9 @@ func recordVersions(run *results.Run, h worker.Hello) {
 		set("torch", h.Torch.Version)
 		set("triton", h.Triton.Version)
 		set("numpy", h.Numpy.Version)
-		if len(h.Device.Names) > 0 {
-			m.Device += " (" + strings.Join(h.Device.Names, ", ") + ")"
+		// A resume's worker names the devices again: once is enough.
+		if names := " (" + strings.Join(h.Device.Names, ", ") + ")"; len(h.Device.Names) > 0 && !strings.HasSuffix(m.Device, names) {
+			m.Device += names
 		}
 	})
 }

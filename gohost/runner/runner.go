@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -49,9 +50,9 @@ type Outcome struct {
 	// succeeded, and only before done returns: a local worker's tensors live
 	// in its scratch arena, which its next job overwrites.
 	SaveTensors func() (map[string]string, error)
-	// KernelsDigest names the kernels_py sources of the worker that ran the
-	// job (what Batch.CodeDigest gave when it started); "" if unknown.
-	KernelsDigest string
+	// Kernels is the kernels_py sources the job ran on, as the worker that
+	// ran it reported them; nil if unknown.
+	Kernels *worker.Kernels
 	// Record, if set, is the journal record made where the job ran (a
 	// cluster task, with NewRecord); it is journaled as it is.
 	Record *results.Record
@@ -79,6 +80,11 @@ type Batch struct {
 	// an error when the run may not use them (they changed, and mixing is
 	// not allowed); the executor then starts no worker (sched.Permanent).
 	CodeDigest func() (string, error)
+	// CheckCode, if set, is called with the sources each worker reports it
+	// loaded, once it has started: an error refuses them, and the executor
+	// closes that worker as if it had not started (sched.Permanent). The
+	// sources a job ran on come with its Outcome.
+	CheckCode func(worker.Kernels) error
 	// Done is called once per finished job, never concurrently. An error
 	// from it (say, the journal cannot be written) stops the batch, and Run
 	// returns that error.
@@ -141,9 +147,10 @@ type Summary struct {
 //
 // A new run's directory is created only once a worker is ready (or a job
 // has finished): a run that cannot start leaves nothing behind for
-// notebooks or --resume to mistake for a run. Every worker's kernels_py
-// sources are checked before it starts: the run's rows come from one
-// version of the code unless AllowCodeChange.
+// notebooks or --resume to mistake for a run. The kernels_py sources every
+// worker reports it loaded (at its start, and by each job's end) are
+// checked: the run's rows come from one version of the code unless
+// AllowCodeChange, and each row names the sources its worker ran.
 func Run(ctx context.Context, o Options) (Summary, error) {
 	if o.Executor == nil {
 		return Summary{}, fmt.Errorf("run %s: no executor", o.Experiment)
@@ -153,7 +160,7 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 	}
 	kernels := kernelsHashes(o.KernelsDir)
 	digest := results.KernelsDigest(kernels)
-	run, done, err := openRun(o, kernels, digest)
+	run, done, err := openRun(ctx, o, kernels, digest)
 	if err != nil {
 		return Summary{}, err
 	}
@@ -179,7 +186,7 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 				return Summary{}, err
 			}
 		}
-		if err := run.resumed(len(o.Jobs)); err != nil {
+		if err := run.markResumed(len(o.Jobs)); err != nil {
 			return Summary{}, err
 		}
 	}
@@ -208,25 +215,32 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 				recordVersions(r, h)
 			}
 		},
-		CodeDigest: func() (string, error) {
-			kernels := kernelsHashes(o.KernelsDir)
-			digest := results.KernelsDigest(kernels)
-			return digest, run.checkCode(o, log, kernels, digest)
+		CheckCode: func(k worker.Kernels) error {
+			return run.checkCode(o, log, k.Files, k.Digest)
 		},
 		Done: func(out Outcome) error {
-			r, err := run.get(log)
+			// A job may import a module edited after its worker said hello:
+			// its row names what it ran, which the run must allow.
+			var kernels *worker.Kernels
+			if out.Record == nil {
+				kernels = out.Kernels
+			}
+			rec, err := run.journal(o, log, kernels, func() results.Record {
+				if out.Record != nil {
+					return *out.Record
+				}
+				rec := NewRecord(o.Experiment, jobs[out.Job.ID], out)
+				if out.Kernels != nil {
+					rec.KernelsDigest = out.Kernels.Digest
+				}
+				return rec
+			})
+			var changed *CodeChangedError
+			if errors.As(err, &changed) {
+				return fmt.Errorf("job %s not journaled: %w", out.Job.ID, err)
+			}
 			if err != nil {
 				return err
-			}
-			var rec results.Record
-			if out.Record != nil {
-				rec = *out.Record
-			} else {
-				rec = NewRecord(o.Experiment, jobs[out.Job.ID], out)
-				rec.KernelsDigest = out.KernelsDigest
-			}
-			if rec.KernelsDigest == "" {
-				rec.KernelsDigest, _ = run.current()
 			}
 			finished := out.Outcome
 			if out.Record != nil {
@@ -240,7 +254,7 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 				}
 			}
 			progress.Finished(finished)
-			return r.Append(rec)
+			return nil
 		},
 	})
 	progress.Close()
@@ -343,15 +357,20 @@ func short(digest string) string {
 // lazyRun is the run directory of one Run call: an existing run (resumed)
 // or a new one, created on first use.
 type lazyRun struct {
-	dir    string
-	create func() (*results.Run, error)
-	// The sources a new run starts on, until its manifest says so.
-	digest  string
-	kernels map[string]string
+	dir  string
+	root string
+	// pending is a new run's manifest until the run is created: the
+	// sources it names may still change (see checkCode).
+	pending results.Manifest
+	// unlockNew lets go of the experiment's new-run lock (see
+	// results.LockNewRun) once the run exists; nil when not held.
+	unlockNew func()
 
-	mu  sync.Mutex
-	run *results.Run
-	err error
+	mu      sync.Mutex
+	run     *results.Run
+	err     error
+	resumed bool // the run existed before this call
+	rows    int  // rows this call journaled
 }
 
 func (l *lazyRun) get(log zerolog.Logger) (*results.Run, error) {
@@ -362,11 +381,19 @@ func (l *lazyRun) get(log zerolog.Logger) (*results.Run, error) {
 
 func (l *lazyRun) getLocked(log zerolog.Logger) (*results.Run, error) {
 	if l.run == nil && l.err == nil {
-		if l.run, l.err = l.create(); l.err == nil {
+		if l.run, l.err = results.Create(l.root, l.pending); l.err == nil {
 			log.Info().Str("run", l.dir).Msg("run directory created")
+			l.releaseNew()
 		}
 	}
 	return l.run, l.err
+}
+
+func (l *lazyRun) releaseNew() {
+	if l.unlockNew != nil {
+		l.unlockNew()
+		l.unlockNew = nil
+	}
 }
 
 func (l *lazyRun) exists() bool {
@@ -381,6 +408,7 @@ func (l *lazyRun) close() {
 	if l.run != nil {
 		l.run.Close()
 	}
+	l.releaseNew()
 }
 
 // current is the digest and per-file hashes of the sources the run's
@@ -393,13 +421,13 @@ func (l *lazyRun) current() (string, map[string]string) {
 
 func (l *lazyRun) currentLocked() (string, map[string]string) {
 	if l.run == nil {
-		return l.digest, l.kernels
+		return l.pending.CurrentKernels()
 	}
 	return l.run.Manifest().CurrentKernels()
 }
 
-// resumed records in the manifest that a resume goes on with jobs jobs.
-func (l *lazyRun) resumed(jobs int) error {
+// markResumed records in the manifest that a resume goes on with jobs jobs.
+func (l *lazyRun) markResumed(jobs int) error {
 	return l.run.UpdateManifest(func(m *results.Manifest) {
 		m.Resumed = append(m.Resumed, time.Now())
 		m.Ended = nil
@@ -412,23 +440,40 @@ func (l *lazyRun) resumed(jobs int) error {
 func (l *lazyRun) checkCode(o Options, log zerolog.Logger, kernels map[string]string, digest string) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	return l.checkCodeLocked(o, log, kernels, digest)
+}
+
+func (l *lazyRun) checkCodeLocked(o Options, log zerolog.Logger, kernels map[string]string, digest string) error {
 	recorded, files := l.currentLocked()
-	if recorded == "" {
-		log.Warn().Str("run", l.dir).Msg("this run recorded no kernels digest: rows from before this resume cannot be told apart by code version")
-		if l.run != nil {
-			return l.run.UpdateManifest(func(m *results.Manifest) {
-				m.CodeChanges = append(m.CodeChanges, results.CodeChange{At: time.Now(), KernelsDigest: digest, KernelsHash: kernels})
-			})
-		}
-		return nil
-	}
 	if recorded == digest {
 		return nil
 	}
-	e := &CodeChangedError{Dir: l.dir, Recorded: recorded, Now: digest, RecordedFilesSet: len(files) > 0}
-	if e.RecordedFilesSet {
-		e.Changed = results.ChangedFiles(files, kernels)
+	var changed []string
+	if len(files) > 0 {
+		changed = results.ChangedFiles(files, kernels)
 	}
+	if !l.resumed && l.rows == 0 {
+		// No row yet: the run is on the sources its workers loaded, which
+		// were edited after this process hashed them.
+		log.Info().Str("was", short(recorded)).Str("now", short(digest)).Strs("changed", changed).
+			Msg("kernels_py changed while the run was starting; the run records the sources its workers loaded")
+		use := func(m *results.Manifest) {
+			m.KernelsDigest, m.KernelsHash, m.Git = digest, kernels, gitState(o.KernelsDir)
+		}
+		if l.run == nil {
+			use(&l.pending)
+			return nil
+		}
+		return l.run.UpdateManifest(use)
+	}
+	if recorded == "" {
+		log.Warn().Str("run", l.dir).Msg("this run recorded no kernels digest: rows from before this resume cannot be told apart by code version")
+		return l.run.UpdateManifest(func(m *results.Manifest) {
+			m.CodeChanges = append(m.CodeChanges, results.CodeChange{At: time.Now(), KernelsDigest: digest,
+				KernelsHash: kernels, Git: gitState(o.KernelsDir)})
+		})
+	}
+	e := &CodeChangedError{Dir: l.dir, Recorded: recorded, Now: digest, RecordedFilesSet: len(files) > 0, Changed: changed}
 	if !o.AllowCodeChange {
 		return e
 	}
@@ -439,51 +484,116 @@ func (l *lazyRun) checkCode(o Options, log zerolog.Logger, kernels map[string]st
 		return err
 	}
 	return run.UpdateManifest(func(m *results.Manifest) {
-		m.CodeChanges = append(m.CodeChanges, results.CodeChange{At: time.Now(), KernelsDigest: digest, Changed: e.Changed, KernelsHash: kernels})
+		m.CodeChanges = append(m.CodeChanges, results.CodeChange{At: time.Now(), KernelsDigest: digest,
+			Changed: e.Changed, KernelsHash: kernels, Git: gitState(o.KernelsDir)})
 	})
+}
+
+// journal journals the record rec makes of a finished job that ran on
+// kernels (nil: unknown, or checked where it ran), once checkCode allows
+// them. One step under the run's lock: no worker starting meanwhile can
+// change the sources the run records between the check and the row.
+func (l *lazyRun) journal(o Options, log zerolog.Logger, kernels *worker.Kernels, rec func() results.Record) (results.Record, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if kernels != nil {
+		if err := l.checkCodeLocked(o, log, kernels.Files, kernels.Digest); err != nil {
+			return results.Record{}, err
+		}
+	}
+	run, err := l.getLocked(log)
+	if err != nil {
+		return results.Record{}, err
+	}
+	r := rec()
+	if r.KernelsDigest == "" {
+		r.KernelsDigest, _ = l.currentLocked()
+	}
+	if err := run.Append(r); err != nil {
+		return r, err
+	}
+	l.rows++
+	return r, nil
 }
 
 // openRun, with Resume, opens and locks the newest run and returns what its
 // journal has done; otherwise (or with no run to resume) it names a new run
 // directory, created when first used.
-func openRun(o Options, kernels map[string]string, digest string) (*lazyRun, map[string]results.Record, error) {
+func openRun(ctx context.Context, o Options, kernels map[string]string, digest string) (*lazyRun, map[string]results.Record, error) {
+	var unlockNew func()
 	if o.Resume {
+		// Resumes started together that find no run must not each start
+		// one: the first holds this lock until its run exists, and the
+		// others then find that run (locked while it is written).
+		var err error
+		unlockNew, err = results.LockNewRun(ctx, o.Out, o.Experiment, func() {
+			o.Log.Info().Str("experiment", o.Experiment).Msg("another resume of this experiment is starting its run: waiting for it")
+		})
+		if err != nil {
+			return nil, nil, err
+		}
 		dir, err := results.Latest(o.Out, o.Experiment)
+		if err != nil || dir != "" {
+			unlockNew()
+		}
 		if err != nil {
 			return nil, nil, err
 		}
 		if dir != "" {
-			run, err := results.Open(dir)
-			if err != nil {
-				return nil, nil, err
-			}
-			if err := mergeSegments(run, o.Log); err != nil {
-				run.Close()
-				return nil, nil, err
-			}
-			m := run.Manifest()
-			if m.Rebuilt != nil {
-				o.Log.Warn().Str("run", dir).Msg("manifest.json was missing: rebuilt from the journal (the script, git state and source hashes of the earlier jobs are unknown)")
-			}
-			done, err := results.Finished(dir)
-			if err != nil {
-				run.Close()
-				return nil, nil, err
-			}
-			if m.FileHash != "" && m.FileHash != o.FileHash {
-				o.Log.Warn().Str("run", dir).Msg("the script changed since this run started; jobs whose ids changed run again")
-			}
-			return &lazyRun{dir: dir, run: run}, done, nil
+			return openExisting(o, dir)
 		}
 		o.Log.Info().Str("experiment", o.Experiment).Msg("nothing to resume: starting a new run")
 	}
 	m := newManifest(o, time.Now(), kernels, digest)
 	dir, err := results.RunDir(o.Out, m)
 	if err != nil {
+		if unlockNew != nil {
+			unlockNew()
+		}
 		return nil, nil, err
 	}
-	return &lazyRun{dir: dir, digest: digest, kernels: kernels,
-		create: func() (*results.Run, error) { return results.Create(o.Out, m) }}, nil, nil
+	return &lazyRun{dir: dir, root: o.Out, pending: m, unlockNew: unlockNew}, nil, nil
+}
+
+// openExisting opens the run in dir to resume it.
+func openExisting(o Options, dir string) (*lazyRun, map[string]results.Record, error) {
+	run, err := results.Open(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	fail := func(err error) (*lazyRun, map[string]results.Record, error) {
+		run.Close()
+		return nil, nil, err
+	}
+	if err := mergeSegments(run, o.Log); err != nil {
+		return fail(err)
+	}
+	m := run.Manifest()
+	if m.Rebuilt != nil {
+		o.Log.Warn().Str("run", dir).Msg("manifest.json was missing: rebuilt from the journal (the git state and source hashes of the earlier jobs are unknown)")
+		if m.File == "" {
+			// What this resume runs is known; the rebuilt manifest says so.
+			now := newManifest(o, m.Started, nil, "")
+			err := run.UpdateManifest(func(m *results.Manifest) {
+				m.File, m.FileHash, m.Device, m.Protocol, m.Dtypes = now.File, now.FileHash, now.Device, now.Protocol, now.Dtypes
+				if m.Versions == nil {
+					m.Versions = map[string]string{}
+				}
+				maps.Copy(m.Versions, now.Versions)
+			})
+			if err != nil {
+				return fail(err)
+			}
+		}
+	}
+	done, err := results.Finished(dir)
+	if err != nil {
+		return fail(err)
+	}
+	if m.FileHash != "" && m.FileHash != o.FileHash {
+		o.Log.Warn().Str("run", dir).Msg("the script changed since this run started; jobs whose ids changed run again")
+	}
+	return &lazyRun{dir: dir, root: o.Out, run: run, resumed: true}, done, nil
 }
 
 // mergeSegments journals what tasks of the run recorded in their segments

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -165,6 +166,15 @@ func TestFreshRunJournalsEveryJob(t *testing.T) {
 	}
 	if !strings.Contains(progress.String(), "[3/3] c h2o budget=0.c (1ms) ok\n") {
 		t.Errorf("progress:\n%s", progress)
+	}
+
+	// A resume's worker names the same device: the manifest says it once.
+	o.Jobs, o.Resume = testJobs("a", "b", "c", "d"), true
+	if _, err := Run(context.Background(), o); err != nil {
+		t.Fatal(err)
+	}
+	if m := manifest(t, sum.Dir); m.Device != "cpu (Fake GPU)" {
+		t.Errorf("manifest device after a resume %q", m.Device)
 	}
 }
 
@@ -570,34 +580,44 @@ func TestResumeWithoutManifestRebuildsIt(t *testing.T) {
 		t.Fatalf("resumed in %s (first run %s), ran %v; want only c in the same run", sum.Dir, sum1.Dir, ex.ran)
 	}
 	m := manifest(t, sum.Dir)
-	if m.Rebuilt == nil || m.Experiment != "exp" || m.FileHash != "" || m.Git != nil || m.Ended == nil || len(m.Resumed) != 1 {
+	if m.Rebuilt == nil || m.Experiment != "exp" || m.Git != nil || m.Ended == nil || len(m.Resumed) != 1 {
 		t.Errorf("rebuilt manifest %+v", m)
+	}
+	// What the resume ran is known: the script, the device, the versions.
+	if m.File != "exp.star" || m.FileHash != "hash1" || m.Device != "cpu" || m.Versions["workbench"] != "1.2.3" {
+		t.Errorf("rebuilt manifest: file %q (%q), device %q, versions %v", m.File, m.FileHash, m.Device, m.Versions)
 	}
 	if !strings.Contains(log.String(), "manifest.json was missing: rebuilt from the journal") || strings.Contains(log.String(), "the script changed") {
 		t.Errorf("log:\n%s", log.String())
 	}
 }
 
-// perWorkerExecutor starts a "worker" (asks for the code digest) before
-// every job, as a pool that loses its workers would; edit runs before the
-// job with the given index.
-func perWorkerExecutor(edit map[int]func()) executorFunc {
+// perWorkerExecutor starts a "worker" before every job, as a pool that
+// loses its workers would: it reports the sources under root as the
+// worker's. edit runs before the job with the given index.
+func perWorkerExecutor(root string, edit map[int]func()) executorFunc {
 	return func(ctx context.Context, b Batch) error {
 		for i, j := range b.Jobs {
 			if f := edit[i]; f != nil {
 				f()
 			}
-			digest, err := b.CodeDigest()
-			if err != nil {
+			k := loaded(root)
+			if err := b.CheckCode(k); err != nil {
 				return &sched.NoWorkerError{Tries: 1, NotRun: len(b.Jobs) - i, Err: sched.Permanent(err)}
 			}
-			out := Outcome{Outcome: sched.Outcome{Job: j, Attempts: 1, Result: json.RawMessage(`{"metrics": {"x": 1}}`)}, KernelsDigest: digest}
+			out := Outcome{Outcome: sched.Outcome{Job: j, Attempts: 1, Result: json.RawMessage(`{"metrics": {"x": 1}}`)}, Kernels: &k}
 			if err := b.Done(out); err != nil {
 				return err
 			}
 		}
 		return nil
 	}
+}
+
+// loaded is what a worker starting now under root would report.
+func loaded(root string) worker.Kernels {
+	digest, files := KernelsDigestOf(root)
+	return worker.Kernels{Digest: digest, Files: files}
 }
 
 // An edit under kernels_py/ during a run is caught when the next worker
@@ -609,7 +629,7 @@ func TestKernelEditMidRun(t *testing.T) {
 			o := testOptions(t, nil, testJobs("a", "b", "c"))
 			o.AllowCodeChange = allow
 			edit := func() { os.WriteFile(filepath.Join(o.KernelsDir, "kernels_py", "method.py"), []byte("x = 3\n"), 0o644) }
-			o.Executor = perWorkerExecutor(map[int]func(){1: edit})
+			o.Executor = perWorkerExecutor(o.KernelsDir, map[int]func(){1: edit})
 			sum, err := Run(context.Background(), o)
 			recs := journal(t, sum.Dir)
 			var ce *CodeChangedError
@@ -640,4 +660,172 @@ func TestBadOutFailsBeforeWorkers(t *testing.T) {
 	if _, err := Run(context.Background(), o); err == nil || !strings.Contains(err.Error(), "results directory") || len(ex.dirs) != 0 {
 		t.Fatalf("got %v; executor ran %d batches", err, len(ex.dirs))
 	}
+}
+
+// A kernel edited while the run starts: the rows name the sources the
+// workers ran, as they report them, not those this process hashed first.
+// Before the first row the run simply takes the workers' sources; after it,
+// a change is refused (or recorded, with AllowCodeChange).
+func TestKernelEditWhileStarting(t *testing.T) {
+	tests := []struct {
+		name string
+		// editAt: before the worker's hello ("hello"), before the first
+		// job's end ("job a"), or before the second's ("job b").
+		editAt  string
+		allow   bool
+		wantErr bool
+	}{
+		{"edited before the hello", "hello", false, false},
+		{"edited before a job imported it", "job a", false, false},
+		{"edited after the first row", "job b", false, true},
+		{"edited after the first row, allowed", "job b", true, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			o := testOptions(t, nil, testJobs("a", "b"))
+			o.AllowCodeChange = tc.allow
+			before := loaded(o.KernelsDir)
+			edit := func(at string) {
+				if at == tc.editAt {
+					os.WriteFile(filepath.Join(o.KernelsDir, "kernels_py", "method.py"), []byte("raise RuntimeError('edited')\n"), 0o644)
+				}
+			}
+			o.Executor = executorFunc(func(ctx context.Context, b Batch) error {
+				edit("hello")
+				if err := b.CheckCode(loaded(o.KernelsDir)); err != nil {
+					return err
+				}
+				for _, j := range b.Jobs {
+					edit("job " + j.ID)
+					k := loaded(o.KernelsDir)
+					out := Outcome{Outcome: sched.Outcome{Job: j, Attempts: 1, Result: json.RawMessage(`{"metrics": {"x": 1}}`)}, Kernels: &k}
+					if err := b.Done(out); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			sum, err := Run(context.Background(), o)
+			after := loaded(o.KernelsDir)
+			recs := journal(t, sum.Dir)
+			m := manifest(t, sum.Dir)
+			var ce *CodeChangedError
+			if tc.wantErr {
+				if !errors.As(err, &ce) || !strings.Contains(err.Error(), "job b not journaled") || len(recs) != 1 || recs[0].KernelsDigest != before.Digest {
+					t.Fatalf("got %v, rows %v", err, recs)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(recs) != 2 {
+				t.Fatalf("%d rows", len(recs))
+			}
+			switch {
+			case tc.allow:
+				if recs[0].KernelsDigest != before.Digest || recs[1].KernelsDigest != after.Digest || m.KernelsDigest != before.Digest ||
+					len(m.CodeChanges) != 1 || m.CodeChanges[0].KernelsDigest != after.Digest {
+					t.Errorf("rows %s, %s; manifest %s, changes %+v", recs[0].KernelsDigest, recs[1].KernelsDigest, m.KernelsDigest, m.CodeChanges)
+				}
+			default:
+				if recs[0].KernelsDigest != after.Digest || recs[1].KernelsDigest != after.Digest || m.KernelsDigest != after.Digest ||
+					!reflect.DeepEqual(m.KernelsHash, after.Files) || len(m.CodeChanges) != 0 {
+					t.Errorf("rows %s, %s; manifest %s, changes %+v; want every one %s", recs[0].KernelsDigest, recs[1].KernelsDigest,
+						m.KernelsDigest, m.CodeChanges, after.Digest)
+				}
+			}
+		})
+	}
+}
+
+// A resume on changed sources records the checkout's state then: the
+// manifest's own git state is the first run's.
+func TestCodeChangeRecordsGitState(t *testing.T) {
+	if _, err := exec.LookPath("git"); err != nil {
+		t.Skip("no git")
+	}
+	o := testOptions(t, &fakeExecutor{}, testJobs("a"))
+	for _, args := range [][]string{{"init", "-q"}, {"add", "."}, {"commit", "-q", "-m", "a"}} {
+		cmd := exec.Command("git", append([]string{"-C", o.KernelsDir, "-c", "user.name=t", "-c", "user.email=t@t"}, args...)...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v\n%s", args, err, out)
+		}
+	}
+	sum, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(o.KernelsDir, "kernels_py", "method.py"), []byte("x = 2\n"), 0o644)
+	o.Jobs, o.Resume, o.AllowCodeChange = testJobs("a", "b"), true, true
+	if _, err := Run(context.Background(), o); err != nil {
+		t.Fatal(err)
+	}
+	m := manifest(t, sum.Dir)
+	if m.Git == nil || m.Git.Dirty || len(m.CodeChanges) != 1 {
+		t.Fatalf("manifest git %+v, changes %+v", m.Git, m.CodeChanges)
+	}
+	if g := m.CodeChanges[0].Git; g == nil || !g.Dirty || g.Commit != m.Git.Commit {
+		t.Errorf("code change git %+v; want the first run's commit, dirty", g)
+	}
+}
+
+// Two resumes started together with no run to resume start one run: the
+// second waits while the first starts it, then finds it.
+func TestConcurrentResumesStartOneRun(t *testing.T) {
+	o := testOptions(t, nil, testJobs("a"))
+	o.Resume = true
+	var secondLog syncBuffer
+	var second error
+	secondDone := make(chan struct{})
+	o.Executor = executorFunc(func(ctx context.Context, b Batch) error {
+		other := o
+		other.Executor, other.Log = &fakeExecutor{}, zerolog.New(&secondLog)
+		go func() {
+			defer close(secondDone)
+			_, second = Run(ctx, other)
+		}()
+		// The second resume is under way before this one's run exists.
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline) &&
+			!strings.Contains(secondLog.String(), "another resume of this experiment is starting its run"); {
+			time.Sleep(5 * time.Millisecond)
+		}
+		return b.Done(Outcome{Outcome: sched.Outcome{Job: b.Jobs[0], Attempts: 1, Result: json.RawMessage(`{"metrics": {"x": 1}}`)}})
+	})
+	sum, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-secondDone
+	var le *results.LockedError
+	if second != nil && !errors.As(second, &le) {
+		t.Errorf("second resume: %v", second)
+	}
+	runs, _ := os.ReadDir(filepath.Join(o.Out, "exp"))
+	var dirs []string
+	for _, e := range runs {
+		if e.IsDir() {
+			dirs = append(dirs, e.Name())
+		}
+	}
+	if len(dirs) != 1 || dirs[0] != filepath.Base(sum.Dir) {
+		t.Errorf("run directories %v; want only %s", dirs, filepath.Base(sum.Dir))
+	}
+}
+
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

@@ -36,8 +36,8 @@ type Outcome struct {
 	// Wall is the time from taking the job to its outcome: start-ups,
 	// failed attempts and backoff included.
 	Wall time.Duration
-	// Worker ran the last attempt; nil when no worker could start for it.
-	// It is still alive when Done is called only if it will take more jobs.
+	// Worker ran the last attempt. It is still alive when Done is called
+	// only if it will take more jobs.
 	Worker *worker.Worker
 }
 
@@ -117,11 +117,11 @@ func (c Config) startBackoff() time.Duration {
 // through Done before stays done. It returns ctx's error when cancelled.
 //
 // A worker that fails to start is started again after a backoff. After
-// StartTries failures in a row (or one permanent failure) its slot retires.
-// The job it held is reported failed when some worker of this run has
-// started (the environment works; the failure is the job's bad luck), and
-// otherwise goes back to the queue for the other slots. When every slot has
-// retired, Run returns a *NoWorkerError.
+// StartTries failures in a row (or one permanent failure) its slot retires,
+// and the job it held goes back to the queue for the other slots: a start
+// failure is never the job's doing, so it is not reported, and a resume runs
+// it. When every slot has retired, Run returns a *NoWorkerError counting the
+// jobs not reported.
 func Run(ctx context.Context, jobs []Job, cfg Config) error {
 	if cfg.Workers < 1 {
 		return fmt.Errorf("need at least one worker, got %d", cfg.Workers)
@@ -168,7 +168,6 @@ type pool struct {
 	mu         sync.Mutex
 	firstErr   error         // from Done: stops the run
 	pending    int           // jobs not reported yet
-	started    bool          // some worker of this run has started
 	startErr   error         // the last failed start
 	startTries int           // and how many tries in a row it ended
 	allDone    chan struct{} // closed when every job is reported
@@ -208,32 +207,26 @@ func (p *pool) report(o Outcome) {
 
 // start starts a worker, retrying with backoff. It returns nil when ctx
 // ended, after StartTries failures in a row, or at once on a permanent
-// failure; then the second result says whether some worker of this run has
-// ever started.
-func (p *pool) start(ctx context.Context, job Job) (*worker.Worker, bool) {
+// failure.
+func (p *pool) start(ctx context.Context, job Job) *worker.Worker {
 	wait := p.cfg.startBackoff()
 	for try := 1; ; try++ {
 		w, err := p.cfg.Start(ctx)
-		p.mu.Lock()
-		if err == nil {
-			p.started = true
-		} else if ctx.Err() == nil {
-			p.startErr, p.startTries = err, try
-		}
-		everStarted := p.started
-		p.mu.Unlock()
 		if err == nil || ctx.Err() != nil {
-			return w, everStarted
+			return w
 		}
+		p.mu.Lock()
+		p.startErr, p.startTries = err, try
+		p.mu.Unlock()
 		if try >= p.cfg.startTries() || isPermanent(err) {
 			p.cfg.Log.Error().Err(err).Str("job", job.ID).Int("tries", try).Msg("worker did not start; this pool slot gives up")
-			return nil, everStarted
+			return nil
 		}
 		p.cfg.Log.Warn().Err(err).Str("job", job.ID).Dur("retry_in", wait).Msg("worker did not start; trying again")
 		select {
 		case <-time.After(wait):
 		case <-ctx.Done():
-			return nil, everStarted
+			return nil
 		}
 		wait *= 2
 	}
@@ -255,15 +248,8 @@ func (p *pool) serve(ctx context.Context) {
 		begin := time.Now()
 		for attempt := 1; ; attempt++ {
 			if w == nil {
-				var everStarted bool
-				if w, everStarted = p.start(ctx, job); w == nil {
-					if ctx.Err() != nil {
-						return
-					}
-					if everStarted {
-						p.report(Outcome{Job: job, Attempts: attempt, Wall: time.Since(begin),
-							Err: fmt.Errorf("no worker could start for this job: %w", p.lastStartErr())})
-					} else {
+				if w = p.start(ctx, job); w == nil {
+					if ctx.Err() == nil {
 						p.queue <- job // for a slot whose worker does start; never blocks (room for every job)
 					}
 					return // this slot retires
@@ -292,12 +278,6 @@ func (p *pool) serve(ctx context.Context) {
 			break
 		}
 	}
-}
-
-func (p *pool) lastStartErr() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.startErr
 }
 
 func runOne(ctx context.Context, w *worker.Worker, job Job) (json.RawMessage, error) {

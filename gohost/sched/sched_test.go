@@ -195,8 +195,10 @@ func TestReplacementThatDiesWhileStartingIsRetried(t *testing.T) {
 	}
 }
 
-// Once workers have started, a slot that cannot start another fails only
-// the job it held; the jobs no worker took are left for a resume.
+// Once workers have started, a slot that cannot start another reports
+// nothing more: the job it held (whose worker died, to be retried on a
+// fresh one) never ran to its end for a reason outside it, so it is left
+// for a resume with the jobs no worker took.
 func TestSlotGivesUpAfterRepeatedStartFailures(t *testing.T) {
 	start, _ := flakyStarter(t, func(n int) bool { return n > 1 })
 	jobs := []Job{
@@ -207,17 +209,11 @@ func TestSlotGivesUpAfterRepeatedStartFailures(t *testing.T) {
 	var c collected
 	err := Run(context.Background(), jobs, Config{Workers: 1, Start: start, Done: c.done, StartBackoff: time.Millisecond, Log: zerolog.Nop()})
 	var nw *NoWorkerError
-	if !errors.As(err, &nw) || nw.NotRun != 1 {
-		t.Fatalf("got %v; want a NoWorkerError with 1 job not run", err)
+	if !errors.As(err, &nw) || nw.NotRun != 2 || !strings.Contains(err.Error(), "2 jobs not run") {
+		t.Fatalf("got %v; want a NoWorkerError with 2 jobs not run", err)
 	}
-	if c.out["ok"].Err != nil {
-		t.Errorf("ok: %v", c.out["ok"].Err)
-	}
-	if o := c.out["kills"]; o.Err == nil || !strings.Contains(o.Err.Error(), "no worker could start for this job") {
-		t.Errorf("kills: %+v", o)
-	}
-	if _, ran := c.out["never"]; ran {
-		t.Error("a job ran with no worker")
+	if len(c.out) != 1 || c.out["ok"].Err != nil {
+		t.Errorf("outcomes %+v; want only ok, done", c.out)
 	}
 }
 

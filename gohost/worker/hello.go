@@ -25,7 +25,19 @@ type Hello struct {
 		TorchCUDA     *string  `json:"torch_cuda"`
 		Names         []string `json:"names"`
 	} `json:"device"`
-	Error string `json:"error,omitempty"`
+	// Kernels is the kernels_py sources the worker runs; nil from a worker
+	// that does not say.
+	Kernels *Kernels `json:"kernels,omitempty"`
+	Error   string   `json:"error,omitempty"`
+}
+
+// Kernels names kernels_py sources: per-file sha256 by path relative to
+// kernels_py/, and one digest of them (results.KernelsDigest). A worker
+// hashes each module from the bytes it compiles, so these are the sources
+// it ran, not those on disk when the host looked.
+type Kernels struct {
+	Digest string            `json:"digest"`
+	Files  map[string]string `json:"sha256"`
 }
 
 // Package is an imported Python package's version, or why it failed to import.

@@ -48,6 +48,10 @@ type message struct {
 	Arena  *arenaInfo      `json:"arena,omitempty"`
 	Result json.RawMessage `json:"result,omitempty"`
 	Error  *JobError       `json:"error,omitempty"`
+	// A reply to "run": the digest of the sources the worker ran by the
+	// job's end, and their files when the digest changed since it last said.
+	KernelsDigest string            `json:"kernels_digest,omitempty"`
+	KernelsFiles  map[string]string `json:"kernels_sha256,omitempty"`
 }
 
 // Config says how to start a worker.
@@ -73,8 +77,9 @@ type Worker struct {
 	log   zerolog.Logger
 	out   *tail
 
-	mu     sync.Mutex // serialises requests
-	nextID uint64
+	mu      sync.Mutex // serialises requests
+	nextID  uint64
+	kernels *Kernels // as of the last reply that said; guarded by mu
 
 	frames   chan frame // frames read from the worker
 	readErr  error      // why the reader stopped; read after readDone closes
@@ -170,6 +175,7 @@ func Start(ctx context.Context, cfg Config) (*Worker, error) {
 		w.kill()
 		return nil, &RefusedError{Reason: w.hello.Error}
 	}
+	w.kernels = w.hello.Kernels
 	w.log.Debug().Str("python", w.hello.Python.Version).Str("device", w.hello.Device.Kind).Msg("worker ready")
 	return w, nil
 }
@@ -284,6 +290,15 @@ func (w *Worker) deathError() error {
 // Hello is what the worker reported when it started.
 func (w *Worker) Hello() Hello { return w.hello }
 
+// Kernels is the kernels_py sources the worker has run, as of its last
+// reply (a job may import a module edited since its hello); nil if it never
+// said.
+func (w *Worker) Kernels() *Kernels {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.kernels
+}
+
 // Pid is the worker's process id.
 func (w *Worker) Pid() int { return w.cmd.Process.Pid }
 
@@ -348,6 +363,13 @@ func (w *Worker) callBlob(ctx context.Context, msg message, afterWrite func() er
 	if reply.ID != id {
 		w.kill()
 		return nil, nil, fmt.Errorf("worker answered request %d while %d was pending; worker killed", reply.ID, id)
+	}
+	if reply.KernelsDigest != "" && (w.kernels == nil || reply.KernelsDigest != w.kernels.Digest) {
+		files := reply.KernelsFiles
+		if files == nil && w.kernels != nil {
+			files = w.kernels.Files // a worker sends files only with a new digest; keep the last ones
+		}
+		w.kernels = &Kernels{Digest: reply.KernelsDigest, Files: files}
 	}
 	switch reply.Type {
 	case "result":

@@ -14,7 +14,10 @@ Messages from the host:   {"type": "run", "id": N, "job": {"fn": "kernels_py.mod
                           {"type": "shutdown", "id": N}
 Replies:                  {"type": "result", "id": N, "result": ...}
                           {"type": "error", "id": N, "error": {"type", "message", "traceback"}}
-The worker speaks first with {"type": "hello", ...} once it is ready.
+The worker speaks first with {"type": "hello", ...} once it is ready; the hello's "kernels" holds the
+digest and per-file hashes of the kernels_py sources it runs (kernels_py.runtime.sources). Replies to
+"run" carry "kernels_digest", the digest as of that job's end, and "kernels_sha256" when it differs
+from the digest last sent: a module the job imported may have been edited since the hello.
 """
 
 import hashlib
@@ -28,7 +31,7 @@ import sys
 import sysconfig
 import traceback
 
-from kernels_py.runtime import protocol
+from kernels_py.runtime import protocol, sources
 
 PACKAGE = "kernels_py"
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -78,7 +81,7 @@ def python_headers() -> dict:
     return {"include": include, "present": os.path.isfile(os.path.join(include, "Python.h"))}
 
 
-def hello() -> dict:
+def hello(tracker=None) -> dict:
     from kernels_py import runtime
 
     info = {
@@ -111,6 +114,9 @@ def hello() -> dict:
             "check the driver and CUDA_VISIBLE_DEVICES, or run with --device cpu"
         )
     info["device"] = device
+    if tracker is not None:
+        tracker.rescan()  # as late as can be: what no import has read yet is hashed as it is now
+        info["kernels"] = {"digest": tracker.digest(), "sha256": tracker.hashes()}
     return info
 
 
@@ -252,11 +258,13 @@ def error_payload(exc: BaseException) -> dict:
 
 
 def serve(rx, tx, sock=None) -> int:
+    tracker = sources.track()
     reloader = Reloader()
-    info = hello()
+    info = hello(tracker)
     protocol.write_frame(tx, info)
     if "error" in info:
         return 3
+    sent = info["kernels"]["digest"]
     while True:
         try:
             msg = protocol.read_frame(rx)
@@ -266,9 +274,17 @@ def serve(rx, tx, sock=None) -> int:
         if msg is None:  # host went away
             return 0
         kind, msg_id = msg.get("type"), msg.get("id")
+        code = {}  # a run's reply says what code ran it, whatever the job's end
         try:
             if kind == "run":
-                reply = {"type": "result", "id": msg_id, "result": run_job(msg.get("job"))}
+                try:
+                    result = run_job(msg.get("job"))
+                finally:
+                    code = {"kernels_digest": tracker.digest()}
+                    if code["kernels_digest"] != sent:
+                        code["kernels_sha256"] = tracker.hashes()
+                        sent = code["kernels_digest"]
+                reply = {"type": "result", "id": msg_id, "result": result, **code}
             elif kind == "pipe_double":
                 result, blob = pipe_double(rx, msg.get("blob", 0))
                 encoded = protocol.encode_frame({"type": "result", "id": msg_id, "result": result, "blob": len(blob)})
@@ -292,7 +308,7 @@ def serve(rx, tx, sock=None) -> int:
             print(f"vlkv worker: {e}; exiting", file=sys.stderr, flush=True)
             return 2
         except Exception as e:  # every failure of a job becomes a structured error
-            encoded = protocol.encode_frame({"type": "error", "id": msg_id, "error": error_payload(e)})
+            encoded = protocol.encode_frame({"type": "error", "id": msg_id, "error": error_payload(e), **code})
         tx.write(encoded)
         tx.flush()
 

@@ -182,3 +182,72 @@ def test_jsonable_tensor_and_rejects_objects():
     assert jsonable(torch.tensor([1.0, float("inf")])) == [1.0, None]
     with pytest.raises(TypeError, match="no JSON form"):
         jsonable(object())
+
+
+def test_kernels_digest_names_the_sources_a_job_imported(tmp_path):
+    """A module edited after the hello but before a job imports it: the reply
+    names the edited sources; an edit after the import changes nothing the
+    worker runs, nor the digest."""
+    import hashlib
+
+    from kernels_py.runtime import sources
+
+    root = tmp_path / "root"
+    shutil.copytree(os.path.join(KERNELS_ROOT, "kernels_py"), root / "kernels_py",
+                    ignore=shutil.ignore_patterns("__pycache__", "tests"))
+    package = str(root / "kernels_py")
+    mod = root / "kernels_py" / "scratch.py"
+    mod.write_text("def value():\n    return 1\n")
+    w = Worker(str(root))
+    try:
+        hello = w.hello["kernels"]
+        assert hello["digest"] == sources.digest(sources.scan(package))
+        assert hello["sha256"]["scratch.py"] == hashlib.sha256(mod.read_bytes()).hexdigest()
+
+        mod.write_text("def value():\n    raise RuntimeError('edited')\n")
+        reply = w.call("run", job={"fn": "kernels_py.scratch:value"})
+        assert reply["type"] == "error" and "edited" in reply["error"]["message"]
+        assert reply["kernels_digest"] == sources.digest(sources.scan(package)) != hello["digest"]
+        assert reply["kernels_sha256"]["scratch.py"] == hashlib.sha256(mod.read_bytes()).hexdigest()
+
+        imported = reply["kernels_digest"]
+        mod.write_text("def value():\n    return 3\n")
+        reply = w.call("run", job={"fn": "kernels_py.scratch:value"})
+        assert reply["type"] == "error"  # the module it imported
+        assert reply["kernels_digest"] == imported and "kernels_sha256" not in reply
+    finally:
+        w.close()
+
+
+def test_tracked_imports_cache_bytecode_by_content(tmp_path):
+    """The worker's bytecode cache is keyed by the source's bytes: an edit
+    that keeps the file's size and mtime (which the usual cache checks) is
+    still the code that runs, and the hash names it."""
+    root = tmp_path / "root"
+    shutil.copytree(os.path.join(KERNELS_ROOT, "kernels_py"), root / "kernels_py",
+                    ignore=shutil.ignore_patterns("__pycache__", "tests"))
+    mod = root / "kernels_py" / "scratch.py"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPATH"] = str(root)
+    script = textwrap.dedent("""\
+        from kernels_py.runtime import sources
+        tracker = sources.track()
+        import kernels_py.scratch
+        print(kernels_py.scratch.VALUE, tracker.imported["scratch.py"])
+    """)
+
+    def run():
+        out = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True, check=True)
+        return out.stdout.split()
+
+    import hashlib
+
+    mod.write_text("VALUE = 1\n")
+    stat = mod.stat()
+    assert run() == ["1", hashlib.sha256(b"VALUE = 1\n").hexdigest()]
+    cached = list((root / "kernels_py" / "__pycache__").glob("scratch.*.pyc"))
+    assert cached, "no bytecode cached"
+    assert run()[0] == "1"  # from the cache
+    mod.write_text("VALUE = 2\n")
+    os.utime(mod, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert run() == ["2", hashlib.sha256(b"VALUE = 2\n").hexdigest()]
