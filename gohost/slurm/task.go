@@ -16,6 +16,7 @@ import (
 	"github.com/vlkv/vlkv/gohost/results"
 	"github.com/vlkv/vlkv/gohost/runner"
 	"github.com/vlkv/vlkv/gohost/sched"
+	"github.com/vlkv/vlkv/gohost/worker"
 )
 
 // ParseShard reads a shard spec, "I" or "I/N" (N must then be the plan's
@@ -66,13 +67,22 @@ func (t Task) CheckSources() error {
 			p.File, got, p.FileHash)
 	}
 	digest, hashes := runner.KernelsDigestOf(t.KernelsDir)
-	if digest != p.KernelsDigest {
-		changed := results.ChangedFiles(p.KernelsHash, hashes)
-		return fmt.Errorf("kernels_py under %s on this node differs from the submitted sources (digest %.12s here, "+
-			"%.12s submitted; %d file(s) differ: %s): results of two versions would mix; make every node see the "+
-			"same kernels root", t.KernelsDir, digest, p.KernelsDigest, len(changed), strings.Join(changed, ", "))
+	return t.checkKernels(worker.Kernels{Digest: digest, Files: hashes}, "on this node")
+}
+
+// checkKernels refuses kernels_py sources other than the submitted ones:
+// those under the kernels root, or those a worker reports it imported (a
+// file edited after the check above).
+func (t Task) checkKernels(k worker.Kernels, where string) error {
+	p := t.Plan
+	if k.Digest == p.KernelsDigest {
+		return nil
 	}
-	return nil
+	changed := results.ChangedFiles(p.KernelsHash, k.Files)
+	return fmt.Errorf("kernels_py under %s %s differs from the submitted sources (digest %.12s, %.12s "+
+		"submitted; %d file(s) differ: %s): results of two versions would mix; make every node see the "+
+		"same kernels root, unchanged while the run lasts", t.KernelsDir, where, k.Digest, p.KernelsDigest,
+		len(changed), strings.Join(changed, ", "))
 }
 
 // Run runs the task's shard: its jobs not already in its segment (a task
@@ -134,7 +144,13 @@ func (t Task) run(ctx context.Context, jobs []runner.Job, done *taskDone) error 
 		CodeDigest: func() (string, error) { // a worker starting mid-task must still see the submitted sources
 			return p.KernelsDigest, t.CheckSources()
 		},
+		CheckCode: func(k worker.Kernels) error { return t.checkKernels(k, "as a worker imported it") },
 		Done: func(out runner.Outcome) error {
+			if out.Kernels != nil { // a job whose sources changed under it is not recorded: --resume reruns it
+				if err := t.checkKernels(*out.Kernels, "as its worker ran job "+out.Job.ID); err != nil {
+					return err
+				}
+			}
 			rec := runner.NewRecord(p.Experiment, details[out.Job.ID], out)
 			rec.KernelsDigest = p.KernelsDigest
 			if rec.Status != results.StatusOK {
