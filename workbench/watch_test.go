@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -18,28 +17,10 @@ import (
 	"github.com/vlkv/vlkv/gohost/testpy"
 )
 
-// syncBuffer collects a process's output while the test reads it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // startProc starts cmd with its stdout and stderr collected.
-func startProc(t *testing.T, cmd *exec.Cmd) *syncBuffer {
+func startProc(t *testing.T, cmd *exec.Cmd) *testpy.SyncBuffer {
 	t.Helper()
-	out := &syncBuffer{}
+	out := &testpy.SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -49,7 +30,7 @@ func startProc(t *testing.T, cmd *exec.Cmd) *syncBuffer {
 
 // waitOutput waits until the output after offset holds every want, and
 // returns the offset past what it read.
-func waitOutput(t *testing.T, out *syncBuffer, from int, limit time.Duration, want ...string) int {
+func waitOutput(t *testing.T, out *testpy.SyncBuffer, from int, limit time.Duration, want ...string) int {
 	t.Helper()
 	deadline := time.Now().Add(limit)
 	for time.Now().Before(deadline) {
@@ -95,13 +76,13 @@ func TestWatchAnOpWhileItsKernelIsEdited(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	start := func(args ...string) (*exec.Cmd, *syncBuffer) {
+	start := func(args ...string) (*exec.Cmd, *testpy.SyncBuffer) {
 		cmd := exec.Command(bin, append([]string{"--python", py, "--kernels", root, "watch", "gather_decode", "--debounce", "100ms"}, args...)...)
 		cmd.Env = append(os.Environ(), "VLKV_CACHE_DIR="+filepath.Join(dir, "cache"))
 		cmd.Dir = dir
 		return cmd, startProc(t, cmd)
 	}
-	stop := func(cmd *exec.Cmd, out *syncBuffer) {
+	stop := func(cmd *exec.Cmd, out *testpy.SyncBuffer) {
 		t.Helper()
 		cmd.Process.Signal(syscall.SIGINT)
 		done := make(chan error, 1)

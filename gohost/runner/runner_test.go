@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,6 +19,7 @@ import (
 
 	"github.com/vlkv/vlkv/gohost/results"
 	"github.com/vlkv/vlkv/gohost/sched"
+	"github.com/vlkv/vlkv/gohost/testpy"
 	"github.com/vlkv/vlkv/gohost/worker"
 )
 
@@ -775,7 +775,7 @@ func TestCodeChangeRecordsGitState(t *testing.T) {
 func TestConcurrentResumesStartOneRun(t *testing.T) {
 	o := testOptions(t, nil, testJobs("a"))
 	o.Resume = true
-	var secondLog syncBuffer
+	var secondLog testpy.SyncBuffer
 	var second error
 	secondDone := make(chan struct{})
 	o.Executor = executorFunc(func(ctx context.Context, b Batch) error {
@@ -811,21 +811,4 @@ func TestConcurrentResumesStartOneRun(t *testing.T) {
 	if len(dirs) != 1 || dirs[0] != filepath.Base(sum.Dir) {
 		t.Errorf("run directories %v; want only %s", dirs, filepath.Base(sum.Dir))
 	}
-}
-
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -3,7 +3,9 @@
 package testpy
 
 import (
+	"bytes"
 	"os"
+	"sync"
 	"testing"
 )
 
@@ -19,4 +21,23 @@ func Python(t testing.TB) string {
 		t.Skip("VLKV_TEST_PYTHON is not set; run the tests through scripts/test")
 	}
 	return py
+}
+
+// SyncBuffer collects a process's or a logger's output while the test
+// reads it from another goroutine.
+type SyncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *SyncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *SyncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
