@@ -57,6 +57,17 @@ def decode(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.
     return (codes.to(SCALE_DTYPE) * scale[..., None]).to(dtype)
 
 
+def values_layout(codes: torch.Tensor) -> torch.Tensor:
+    """The value codes [..., tokens, d] stored token-contiguous (each channel's
+    tokens side by side, as a transposed view): the layout the decode kernel
+    reads fastest. The PV dot takes two consecutive tokens of a channel per
+    16-bit operand register, which byte codes stored channel-contiguous can
+    only reach one byte load at a time (no 8-bit transposing ldmatrix before
+    sm_100); keys are the QK dot's channel-consecutive operand and stay as
+    they are."""
+    return codes.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+
 def quantize(x: torch.Tensor, granularity: str = "tensor", fmt: str = "e4m3") -> tuple[torch.Tensor, torch.Tensor]:
     """(codes, scales) of x [..., kv_heads, tokens, d]."""
     code = code_dtype(fmt)

@@ -70,10 +70,10 @@ def _stage1_kernel(
     stride_rb, stride_rn,
     stride_ob, stride_oh, stride_om, stride_os, stride_od,
     stride_sb, stride_sh, stride_sm, stride_ss,
-    qk_scale, v_unit, head_dim, slots,
-    GROUP: tl.constexpr, N_QUERIES: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+    qk_scale, v_unit, slots,
+    HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, N_QUERIES: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
     QK_DT: tl.constexpr, BLOCK_N: tl.constexpr, PER_TOKEN: tl.constexpr, IS_E4M3: tl.constexpr,
-    NATIVE: tl.constexpr,
+    NATIVE: tl.constexpr, EVEN_N: tl.constexpr,
 ):
     kv_head = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
@@ -81,7 +81,7 @@ def _stage1_kernel(
     n_splits = tl.num_programs(2)
 
     head, query, row_mask, q_pos, offs_d, d_mask, q = _group_queries(
-        Q, QPos, kv_head, b, stride_qb, stride_qh, stride_qm, stride_qd, stride_pb, stride_pm, head_dim,
+        Q, QPos, kv_head, b, stride_qb, stride_qh, stride_qm, stride_qd, stride_pb, stride_pm, HEAD_DIM,
         GROUP, N_QUERIES, BLOCK_ROWS, BLOCK_D, QK_DT)
 
     per_split = tl.cdiv(tl.cdiv(slots, n_splits), BLOCK_N) * BLOCK_N
@@ -103,10 +103,17 @@ def _stage1_kernel(
     for start in range(lo, hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         tok_mask = offs_n < hi
-        pos = tl.load(Pos_b + offs_n * stride_rn, mask=tok_mask, other=0).to(tl.int32)
-        kv_mask = tok_mask[:, None] & d_mask[None, :]
-        k = tl.load(K_h + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=kv_mask, other=0)
-        v = tl.load(V_h + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=kv_mask, other=0)
+        k_ptrs = K_h + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
+        v_ptrs = V_h + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
+        if EVEN_N and HEAD_DIM == BLOCK_D:  # whole tiles: no masks to compute for the copies
+            pos = tl.load(Pos_b + offs_n * stride_rn).to(tl.int32)
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+        else:
+            pos = tl.load(Pos_b + offs_n * stride_rn, mask=tok_mask, other=0).to(tl.int32)
+            kv_mask = tok_mask[:, None] & d_mask[None, :]
+            k = tl.load(k_ptrs, mask=kv_mask, other=0)
+            v = tl.load(v_ptrs, mask=kv_mask, other=0)
         k = _fp8_to_f16(k, IS_E4M3, NATIVE).to(QK_DT)
         v = _fp8_to_f16(v, IS_E4M3, NATIVE).to(QK_DT)
         s = tl.dot(q, tl.trans(k), input_precision="ieee")
@@ -142,8 +149,9 @@ STAGE1_CONFIGS = [triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=st)
                   for n in (64, 128) for w in (4, 8) for st in (2, 3)]
 _stage1_tuned = triton.autotune(
     configs=STAGE1_CONFIGS, cache_results=True,
-    key=["GROUP", "N_QUERIES", "BLOCK_ROWS", "BLOCK_D", "QK_DT", "PER_TOKEN", "IS_E4M3", "NATIVE"],
+    key=["HEAD_DIM", "GROUP", "N_QUERIES", "BLOCK_ROWS", "BLOCK_D", "QK_DT", "PER_TOKEN", "IS_E4M3", "NATIVE", "EVEN_N"],
     prune_configs_by={"early_config_prune": common.prune_spilling(_stage1_kernel)})(_stage1_kernel)
+LARGEST_TILE = max(c.kwargs["BLOCK_N"] for c in STAGE1_CONFIGS)  # a length it divides is whole tiles in every config
 
 
 def split_count(longest: int, programs_per_split: int, sms: int | None) -> int:
@@ -216,15 +224,16 @@ def fp8_decode(q, q_pos, k, v, k_scale, v_scale, pos, *, sm_scale: float | None 
             workspace.part_o, workspace.part_lse,
             *q.stride(), *q_pos.stride(), *k.stride(), *v.stride(), *ks_strides, *vs_strides, *pos.stride(),
             *workspace.part_o.stride(), *workspace.part_lse.stride(),
-            scale * common.LOG2E * unit, unit, head_dim, slots]
-    meta = dict(GROUP=group, N_QUERIES=queries, BLOCK_ROWS=common.block(group * queries),
+            scale * common.LOG2E * unit, unit, slots]
+    meta = dict(HEAD_DIM=head_dim, GROUP=group, N_QUERIES=queries, BLOCK_ROWS=common.block(group * queries),
                 BLOCK_D=common.block(head_dim), QK_DT=common.dot_dtype(q.dtype),
                 PER_TOKEN=tokenwise, IS_E4M3=is_e4m3, NATIVE=conversion == "native")
     grid = (kv_heads, batch, workspace.splits)
     if block_n is not None or common.interpreter_mode():
-        _stage1_kernel[grid](*args, **meta, BLOCK_N=block_n or DEFAULT_BLOCK_N, num_warps=DEFAULT_WARPS,
+        block_n = block_n or DEFAULT_BLOCK_N
+        _stage1_kernel[grid](*args, **meta, BLOCK_N=block_n, EVEN_N=slots % block_n == 0, num_warps=DEFAULT_WARPS,
                              num_stages=DEFAULT_STAGES)
     else:
-        _stage1_tuned[grid](*args, **meta)
+        _stage1_tuned[grid](*args, **meta, EVEN_N=slots % LARGEST_TILE == 0)
     splitk.merge(workspace.part_o, workspace.part_lse, out, lse)
     return Fp8DecodeOutput(out, lse)

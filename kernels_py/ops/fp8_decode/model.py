@@ -111,12 +111,13 @@ def _call(s: Step):
 
     from kernels_py.ops.fp8_decode import codec
 
-    batch, slots = 2, 64
+    batch, slots = 2, 128 if s.context % 128 == 0 else 64  # whole tiles where the step's length has them
     k = torch.zeros(batch, s.kv_heads, slots, s.head_dim, dtype=codec.code_dtype(s.fmt))
+    v = codec.values_layout(torch.zeros_like(k))
     shape = (batch, s.kv_heads, slots) if s.granularity == "token" else (batch, s.kv_heads)
     scale = torch.ones(shape, dtype=torch.float32)
     kernel.fp8_decode(torch.zeros(batch, s.heads, 1, s.head_dim, dtype=torch.float16),
-                      torch.full((batch, 1), slots, dtype=torch.int32), k, torch.zeros_like(k), scale, scale,
+                      torch.full((batch, 1), slots, dtype=torch.int32), k, v, scale, scale,
                       torch.arange(slots, dtype=torch.int32).repeat(batch, 1))
 
 
