@@ -172,10 +172,13 @@ def default_num_splits(k: torch.Tensor) -> int:
 
 def default_conversion(code_dtype: torch.dtype, device) -> str:
     """How the kernel turns codes into fp16 on `device`: "native" (Triton's
-    fp8 cast) where the target converts e4m3 (sm_89+), e5m2 on any target,
-    and under the interpreter; "bits" for e4m3 on sm_80 (common.capability)."""
+    fp8 cast) where the target converts e4m3 (sm_89+) and for e5m2 on any
+    GPU; "bits" for e4m3 on sm_80 (common.capability), and for e5m2 under
+    the interpreter, whose cast flushes e5m2 subnormals to zero."""
     cc = common.capability(device)
     if code_dtype == torch.float8_e4m3fn and cc is not None and cc < NATIVE_E4M3:
+        return "bits"
+    if code_dtype == torch.float8_e5m2 and cc is None:  # the interpreter's e5m2 cast flushes subnormals
         return "bits"
     return "native"
 
