@@ -59,7 +59,7 @@ def full_outputs(workload):
 
 def test_registry_names_match_classes():
     assert set(METHODS) == {"full", "h2o", "streamingllm", "snapkv", "vlcache", "zipvl", "zipvl_evict", "zipvl_fixed",
-                            "kivi", "attentionpack", "avl", "lookm", "pyramidkv", "fastv", "kvpress"}
+                            "kivi", "attentionpack", "avl", "lookm", "pyramidkv", "fastv", "kvpress", "fp8"}
     for name, cls in METHODS.items():
         assert cls.name == name and make_method(name).name == name
 
