@@ -217,3 +217,14 @@ def test_scores_put_fp8_at_half_the_bytes_with_a_small_error():
     assert rows["e4m3"]["compression_ratio"] == pytest.approx(2.0, rel=1e-3)
     assert 0 < rows["e4m3"]["rel_err_mean"] < rows["e5m2"]["rel_err_mean"] < 0.1  # 3 mantissa bits beat 2
     assert rows["e5m2"]["rel_err_mean"] < rows["kivi"]["rel_err_mean"]  # 8 bits beat 2
+
+
+@pytest.mark.parametrize("magnitude", [1e-3, 1.0, 300.0])
+def test_per_token_values_keep_their_precision_at_any_magnitude(magnitude, device):
+    """The per-token value scales enter the PV dot as probability x the
+    token's largest value, so tiny or large values lose no 16-bit precision."""
+    q, q_pos, k, v, ks, vs, pos = [t.to(device) for t in make_case(batch=1, granularity="token", **SHAPES["gqa4"])]
+    vs = vs * magnitude
+    want = op.reference.fp8_decode(q, q_pos, k, v, ks, vs, pos).out.float()
+    got = op.fp8_decode(q, q_pos, k, v, ks, vs, pos).out.float()
+    assert ((got - want).abs().max() / want.abs().max()).item() < 2e-3

@@ -15,9 +15,9 @@ value / 256, folded into the scales) and e5m2 is the top byte of an fp16.
 The scales never touch a K or V element: a per-head (or per-tensor) key
 scale folds into the softmax scale and the value scale into the split's
 output; per-token scales multiply the score columns (keys) and the
-probability columns before the PV dot (values, relative to the tile's
-largest scale so the 16-bit probabilities keep their precision; the dot's
-result takes that largest scale back). Stage 2 merges the splits
+probability columns before the PV dot (values: times the format's largest
+code, so a probability meets its token's largest value rather than a tiny
+scale and keeps its 16-bit precision; the output divides it back out). Stage 2 merges the splits
 (ops.splitk).
 
 Reference: reference.py beside this file.
@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from kernels_py.ops import common, splitk
+from kernels_py.ops.fp8_decode import codec
 from kernels_py.ops.fp8_decode.contract import Fp8DecodeOutput, check_inputs, per_token
 from kernels_py.ops.splitk import _group_queries, _online_softmax, _store_split
 
@@ -70,7 +71,7 @@ def _stage1_kernel(
     stride_rb, stride_rn,
     stride_ob, stride_oh, stride_om, stride_os, stride_od,
     stride_sb, stride_sh, stride_sm, stride_ss,
-    qk_scale, v_unit, slots,
+    qk_scale, v_prescale, v_unit, slots,
     HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, N_QUERIES: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
     QK_DT: tl.constexpr, BLOCK_N: tl.constexpr, PER_TOKEN: tl.constexpr, IS_E4M3: tl.constexpr,
     NATIVE: tl.constexpr, EVEN_N: tl.constexpr,
@@ -118,17 +119,17 @@ def _stage1_kernel(
         v = _fp8_to_f16(v, IS_E4M3, NATIVE).to(QK_DT)
         s = tl.dot(q, tl.trans(k), input_precision="ieee")
         if PER_TOKEN:
-            k_scale = tl.load(KS_h + offs_n * stride_ksn, mask=tok_mask, other=0.0)
+            k_scale = tl.load(KS_h + offs_n * stride_ksn, mask=tok_mask, other=0.0)  # masked: 0 keeps scores finite
             s = s * (k_scale * qk_scale)[None, :]  # a score column per token: D times fewer products than keys
         else:
             s = s * score_scale
         visible = (pos[None, :] <= q_pos[:, None]) & tok_mask[None, :] & row_mask[:, None]
         p, alpha, m_i, l_i = _online_softmax(tl.where(visible, s, float("-inf")), m_i, l_i)
         if PER_TOKEN:
-            v_scale = tl.load(VS_h + offs_n * stride_vsn, mask=tok_mask, other=0.0)
-            tile_max = tl.maximum(tl.max(v_scale, 0), 1.0e-30)
-            pv = tl.dot((p * (v_scale / tile_max)[None, :]).to(QK_DT), v, input_precision="ieee")
-            acc = acc * alpha[:, None] + pv * tile_max
+            # p times the token's largest value (scale x the format's largest code): in [0, amax], where a
+            # 16-bit probability keeps its precision; v_unit takes the format's largest code back out.
+            v_scale = tl.load(VS_h + offs_n * stride_vsn, mask=tok_mask, other=0.0) * v_prescale
+            acc = acc * alpha[:, None] + tl.dot((p * v_scale[None, :]).to(QK_DT), v, input_precision="ieee")
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(QK_DT), v, input_precision="ieee")
     if not PER_TOKEN:
@@ -213,6 +214,7 @@ def fp8_decode(q, q_pos, k, v, k_scale, v_scale, pos, *, sm_scale: float | None 
     scale = common.softmax_scale(sm_scale, head_dim, "sm_scale")
     is_e4m3 = k.dtype == torch.float8_e4m3fn
     unit = E4M3_BITS_UNIT if is_e4m3 and conversion == "bits" else 1.0
+    prescale = codec.format_max(k.dtype) if per_token(k_scale) else 1.0
     dev = q.device
     out = torch.empty((batch, heads, queries, head_dim), dtype=q.dtype, device=dev)
     lse = torch.empty((batch, heads, queries), dtype=torch.float32, device=dev)
@@ -227,7 +229,7 @@ def fp8_decode(q, q_pos, k, v, k_scale, v_scale, pos, *, sm_scale: float | None 
             workspace.part_o, workspace.part_lse,
             *q.stride(), *q_pos.stride(), *k.stride(), *v.stride(), *ks_strides, *vs_strides, *pos.stride(),
             *workspace.part_o.stride(), *workspace.part_lse.stride(),
-            scale * common.LOG2E * unit, unit, slots]
+            scale * common.LOG2E * unit, prescale, unit / prescale, slots]
     meta = dict(HEAD_DIM=head_dim, GROUP=group, N_QUERIES=queries, BLOCK_ROWS=common.block(group * queries),
                 BLOCK_D=common.block(head_dim), QK_DT=common.dot_dtype(q.dtype),
                 PER_TOKEN=tokenwise, IS_E4M3=is_e4m3, NATIVE=conversion == "native")
