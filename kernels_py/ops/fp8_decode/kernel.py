@@ -72,9 +72,9 @@ def _stage1_kernel(
     stride_ob, stride_oh, stride_om, stride_os, stride_od,
     stride_sb, stride_sh, stride_sm, stride_ss,
     qk_scale, v_prescale, v_unit, slots,
-    HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, N_QUERIES: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
-    QK_DT: tl.constexpr, BLOCK_N: tl.constexpr, PER_TOKEN: tl.constexpr, IS_E4M3: tl.constexpr,
-    NATIVE: tl.constexpr, EVEN_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, N_QUERIES: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr, QK_DT: tl.constexpr, BLOCK_N: tl.constexpr, PER_TOKEN: tl.constexpr,
+    IS_E4M3: tl.constexpr, NATIVE: tl.constexpr, EVEN_N: tl.constexpr,
 ):
     kv_head = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
@@ -150,7 +150,8 @@ STAGE1_CONFIGS = [triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=st)
                   for n in (64, 128) for w in (4, 8) for st in (2, 3)]
 _stage1_tuned = triton.autotune(
     configs=STAGE1_CONFIGS, cache_results=True,
-    key=["HEAD_DIM", "GROUP", "N_QUERIES", "BLOCK_ROWS", "BLOCK_D", "QK_DT", "PER_TOKEN", "IS_E4M3", "NATIVE", "EVEN_N"],
+    key=["HEAD_DIM", "GROUP", "N_QUERIES", "BLOCK_ROWS", "BLOCK_D", "QK_DT", "PER_TOKEN", "IS_E4M3", "NATIVE",
+         "EVEN_N"],
     prune_configs_by={"early_config_prune": common.prune_spilling(_stage1_kernel)})(_stage1_kernel)
 LARGEST_TILE = max(c.kwargs["BLOCK_N"] for c in STAGE1_CONFIGS)  # a length it divides is whole tiles in every config
 
