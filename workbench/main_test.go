@@ -211,7 +211,7 @@ func TestBenchFlagsAreChecked(t *testing.T) {
 		{[]string{"bench", "lowrank", "--ranks", "16,0"}, "--ranks: 0 is below the minimum 1 (ints in [1, 65536], default [64]: compression ranks of keys and values"},
 		{[]string{"bench", "stats", "--dtype", "int8"}, `--dtype: "int8" is not one of "float16", "bfloat16", "float32"`},
 		{[]string{"bench", "stats", "--lengths", "0,8"}, "--lengths: 0 is below the minimum 1"},
-		{[]string{"bench", "lowrnak"}, `benchmark "lowrnak" is unknown (did you mean "lowrank"?) (known: gather, generate, lowrank, quant, sparse-prefill, stats, exchange)`},
+		{[]string{"bench", "lowrnak"}, `benchmark "lowrnak" is unknown (did you mean "lowrank"?) (known: fp8, gather, generate, lowrank, quant, sparse-prefill, stats, exchange)`},
 		{[]string{"--python", "/nonexistent", "bench", "stats", "--bogus"}, "unknown flag: --bogus"},
 		{[]string{"selftest", "--op", "atention_stats"}, `--op: "atention_stats" is unknown (did you mean "attention_stats"?)`},
 	}

@@ -32,6 +32,7 @@ METHODS: dict[str, type[Method]] = registry.load(__name__, (
     "pyramidkv",
     "fastv",
     "kvpress",
+    "fp8",
 ), Method)
 
 

@@ -14,7 +14,8 @@ of NVIDIA kvpress presses:
 Most methods keep a subset of tokens and are three parts (TokenSelection): a
 scorer (which tokens matter, methods/scorers.py), an allocator (how many each
 layer keeps, methods/allocators.py) and the kept-tokens cache
-(methods/caches.py). A method that stores something else (low-rank factors,
+(methods/caches.py), held as it is or as fp8 codes (methods/float8.py:
+the kv_dtype and fp8_scale knobs every such method has). A method that stores something else (low-rank factors,
 quantized codes) implements prefill_all and decode itself, from the same parts
 where they fit.
 
@@ -34,6 +35,7 @@ import torch
 from kernels_py.attention import Spans
 from kernels_py.methods.allocators import Allocator
 from kernels_py.methods.caches import KeptTokens, kept_count
+from kernels_py.methods.float8 import KV_DTYPES, Float8Tokens, fp8_scale_knob, kv_dtype_knob
 from kernels_py.methods.prompt import Prompt
 from kernels_py.methods.scorers import Scorer
 from kernels_py.ops.common import BACKENDS
@@ -146,8 +148,11 @@ class TokenSelection(Method):
 
     attention: str = knob(
         "str", "float32", "decode attention over the kept tokens: float32 (PyTorch, the precision comparisons use) "
-        "or sdpa (the cache's dtype, FlashAttention on a GPU: for end-to-end speed); scores that read every "
-        "step's attention (H2O's, evicting while decoding) keep float32", choices=("float32", "sdpa"))
+        "or sdpa (the cache's dtype, FlashAttention on a GPU: for end-to-end speed; over an fp8 cache the fused "
+        "fp8 decode op, its kernel on a GPU); scores that read every step's attention (H2O's, evicting while "
+        "decoding) keep float32", choices=("float32", "sdpa"))
+    kv_dtype: str = kv_dtype_knob()
+    fp8_scale: str = fp8_scale_knob()
 
     @property
     def evicts_while_decoding(self) -> bool:
@@ -186,8 +191,14 @@ class TokenSelection(Method):
                 cache.share = allocation.share
             else:
                 cache.scores = None  # nothing to maintain while decoding
-            caches.append(cache)
+            caches.append(self.store(cache))
         return caches
+
+    def store(self, cache: KeptTokens) -> KeptTokens:
+        """The kept tokens as the cache holds them: as they are, or fp8 codes
+        and scales (kv_dtype, fp8_scale)."""
+        fmt = KV_DTYPES[self.kv_dtype]
+        return cache if fmt is None else Float8Tokens(cache, fmt, self.fp8_scale)
 
     def decode(self, layer, cache: KeptTokens, q_t, k_t, v_t) -> torch.Tensor:
         scorer, _ = self._parts

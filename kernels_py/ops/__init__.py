@@ -84,6 +84,7 @@ OPS: dict[str, Op] = {op.name: op for op in (
     Op("kv_quant", benchmark="quant"),
     Op("quant_decode", benchmark="quant"),
     Op("gather_decode", benchmark="gather"),
+    Op("fp8_decode", benchmark="fp8"),
 )}
 
 

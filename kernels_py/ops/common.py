@@ -27,6 +27,22 @@ _TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.floa
 BACKENDS = ("auto", "triton", "torch")
 
 
+# The compute capability (e.g. 80) the launches being recorded are compiled
+# for: ops.compile sets it while a case's launcher runs on CPU tensors, so a
+# launcher choosing code by architecture chooses what that target gets.
+_compile_target: int | None = None
+
+
+def capability(device) -> int | None:
+    """The compute capability a launch on `device` compiles for: the CUDA
+    device's (e.g. 90), the target ops.compile is compiling for, or None
+    (the interpreter)."""
+    if torch.device(device).type == "cuda" and not interpreter_mode():
+        major, minor = torch.cuda.get_device_capability(device)
+        return 10 * major + minor
+    return _compile_target
+
+
 def dtype(name: str) -> torch.dtype:
     """The torch dtype a name in DTYPES stands for."""
     if name not in DTYPES:

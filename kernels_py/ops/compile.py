@@ -45,6 +45,7 @@ from triton.compiler import ASTSource, make_backend
 from triton.runtime.autotuner import Autotuner
 from triton.runtime.jit import JITFunction, create_function_from_signature
 
+from kernels_py.ops import common
 from kernels_py.runtime.errors import locate
 
 TARGETS = (80, 90)
@@ -153,7 +154,11 @@ def compile_launches(call, cc: int, tune: slice = slice(None), select=None):
     knobs.nvidia.dump_ptxas_log = True
     target = GPUTarget("cuda", cc, 32)
     with recording() as launches:
-        call()
+        common._compile_target = cc  # launchers that choose code by architecture (common.capability)
+        try:
+            call()
+        finally:
+            common._compile_target = None
     configs_of, out = {}, []
     for launch in launches:
         if launch.configs is not None:  # every config the autotuner could pick, whichever is compiled here

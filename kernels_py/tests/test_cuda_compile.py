@@ -158,7 +158,8 @@ def test_decode_kernels_use_tensor_cores_without_spills(case, kernel, target, co
 
 @pytest.mark.parametrize("target", cc.TARGETS, ids=lambda t: f"sm{t}")
 @pytest.mark.parametrize("case", ["quantdecode-fp16-d128-4+2bit-gqa4", "quantdecode-bf16-d128-2bit-g128",
-                                  "gather-fp16-d128-gqa4"])
+                                  "gather-fp16-d128-gqa4", "fp8-e4m3-tensor-fp16-d128-gqa4",
+                                  "fp8-e4m3-token-fp16-d128-gqa4"])
 def test_quant_and_gather_decode_use_tensor_cores_without_spills(case, target, compiled):
     """The quantized decode kernel dequantizes in registers and still feeds
     tensor cores, at ZipVL's and KIVI's shapes, and the selected-row kernel
@@ -190,6 +191,17 @@ def _constexprs(compiled, case, kernel):
     entries = [e for e in compiled[case, cc.TARGETS[0]]["compiled"] if e["kernel"] == kernel and "constexprs" in e]
     assert entries, f"{case} compiled no {kernel}"
     return entries[0]["constexprs"]
+
+
+@pytest.mark.parametrize("target,native", [(80, "False"), (90, "True")])
+def test_fp8_conversion_follows_the_target(target, native, compiled):
+    """e4m3 codes are converted by Triton's fp8 cast on sm_90 and by moving
+    their bits into an fp16 on sm_80, which has no e4m3 conversion: the
+    launcher asks which target it compiles for (common.capability)."""
+    entries = [e for e in compiled["fp8-e4m3-tensor-fp16-d128-gqa4", target]["compiled"]
+               if e["kernel"] == "_stage1_kernel"]
+    assert entries and all(e["constexprs"]["NATIVE"] == native and e["constexprs"]["EVEN_N"] == "True"
+                           for e in entries), [e.get("constexprs") for e in entries]
 
 
 def test_specializations_are_the_gpu_ones(compiled):

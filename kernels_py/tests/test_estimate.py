@@ -331,7 +331,7 @@ def test_every_op_with_a_model_is_estimated(report):
                     assert sum(c["by_class_per_token"].values()) == pytest.approx(c["instructions_per_token"])
     assert seen == {"lowrank_decode": {"fused (exact)", "absorbed (latent)"},
                     "quant_decode": {"quantized (4/2-bit)"}, "gather_decode": {"selected rows"},
-                    "attention_stats": {"statistics (two passes)"}}
+                    "attention_stats": {"statistics (two passes)"}, "fp8_decode": {"fp8 (fused)"}}
     assert {(r["op"], r["shape"]["batch"]) for r in report["estimates"]} >= {("lowrank_decode", 8),
                                                                               ("lowrank_decode", 64)}
     assert report["tables"] and all("title" in t for t in report["tables"])
@@ -355,8 +355,8 @@ def test_no_config_that_spills_at_the_benchmark_shape_can_be_chosen(report):
                 for c in k["configs"]:
                     assert bool(c["pruned"]) == bool(c["spill_bytes"]), c
                     assert not (c["picked"] and c["spill_bytes"]), c
-    # Both low-rank stage-1 kernels and the quantized one, at batch 8 and 64.
-    assert tuned == {"lowrank_decode": 4, "quant_decode": 2}
+    # Both low-rank stage-1 kernels, the quantized one and the fp8 one (two scale granularities), at batch 8 and 64.
+    assert tuned == {"lowrank_decode": 4, "quant_decode": 2, "fp8_decode": 4}
 
 
 def test_the_fused_kernel_is_seen_as_its_code_stands(report):

@@ -59,7 +59,7 @@ def full_outputs(workload):
 
 def test_registry_names_match_classes():
     assert set(METHODS) == {"full", "h2o", "streamingllm", "snapkv", "vlcache", "zipvl", "zipvl_evict", "zipvl_fixed",
-                            "kivi", "attentionpack", "avl", "lookm", "pyramidkv", "fastv", "kvpress"}
+                            "kivi", "attentionpack", "avl", "lookm", "pyramidkv", "fastv", "kvpress", "fp8"}
     for name, cls in METHODS.items():
         assert cls.name == name and make_method(name).name == name
 
@@ -257,7 +257,8 @@ def test_layer_cache_append_and_keep():
         (None, {}, TypeError, "method name must be a str"),
         ("full", {"budget": 0.5}, ValueError, "unknown parameter.*'budget'"),
         ("h2o", {"window": 4}, ValueError,
-         "unknown parameter.*known: \\['attention', 'backend', 'budget', 'evict_while_decoding', 'recent_fraction'\\]"),
+         "unknown parameter.*known: \\['attention', 'backend', 'budget', 'evict_while_decoding', 'fp8_scale', "
+         "'kv_dtype', 'recent_fraction'\\]"),
         ("h2o", {"budgett": 0.5}, ValueError, "did you mean 'budget'"),
         ("h2o", {"budget": "0.5"}, TypeError, "budget must be float"),
         ("h2o", {"budget": 0.0}, ValueError, "below its minimum"),
