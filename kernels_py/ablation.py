@@ -83,6 +83,8 @@ def run(method: str, params: Mapping[str, Any], workload: Mapping[str, Any],
     """
     chosen = make_method(method, params)
     config = make_workload(workload_name, workload)
+    if hasattr(config, "evaluate"):  # a benchmark (workload "lmms"): the task's own metrics, in the model
+        return config.evaluate(chosen)
     if getattr(chosen, "in_model_only", False):  # a kvpress press: only inside the model
         if not hasattr(config, "image_list"):
             raise ValueError(f"method {method!r} runs inside a model: give it workload(\"vlm\", model=..., images=..., "
