@@ -127,6 +127,8 @@ def test_bad_input_is_one_line_error(root, tmp_path):
         (knobs(root, data=str(tmp_path)), f"hf download {HUB_ID} --repo-type dataset --local-dir "
                                           f"{tmp_path / HUB_ID}"),
         (knobs(root, tasks="tiny_shapes_choice"), "scored by multiple_choice, which reads no KV cache"),
+        (knobs(root, tasks="tiny_group"), "is a group of lmms-eval tasks: name its tasks in tasks= (one job each), "
+                                          "e.g. tiny_shapes"),
         (knobs(root, model=str(tmp_path / "nowhere")), "model directory"),
         (knobs(root, include_path=str(tmp_path / "nowhere")), "include_path"),
     ]

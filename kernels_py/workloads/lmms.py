@@ -109,9 +109,17 @@ def load_task(name: str, include_path: str = "", data: str = ""):
     if name not in manager.all_tasks:
         raise TaskError(f"unknown lmms-eval task {name!r}{closest(name, manager.all_tasks)}; "
                         f"`python -m lmms_eval --tasks list` lists them")
-    config = manager._get_config(name)
+    config = dict(manager._get_config(name))
+    if "include" in config:  # a task built on a template YAML (docvqa_val on _default_template_docvqa_yaml)
+        from lmms_eval import utils
+
+        template = utils.load_yaml_config(yaml_path=None, yaml_config={"include": config.pop("include")}, mode="full")
+        config = {**template, **config}
     if manager._name_is_group(name) or "dataset_path" not in config:
-        raise TaskError(f"{name!r} is a group of lmms-eval tasks: name its tasks in tasks= (one job each)")
+        members = config.get("task") if isinstance(config.get("task"), list) else []
+        listed = ", ".join(m if isinstance(m, str) else str(m.get("task", m)) for m in members[:8])
+        raise TaskError(f"{name!r} is a group of lmms-eval tasks: name its tasks in tasks= (one job each)"
+                        + (f", e.g. {listed}" if listed else ""))
     hub_id = config["dataset_path"]
     update = {"task": name}
     if data:
@@ -286,3 +294,31 @@ def _list_or_dict(value):
     if value is None:
         return []
     return json.loads(value) if isinstance(value, str) else value
+
+
+def task_scores(frame):
+    """A run's results (pandas, one row per job) with each task's shards
+    merged (merge_shards): one row per method, knobs and task, its
+    metric_* columns over all the task's documents scored, and
+    extra_doc_id / extra_doc_reply / extra_doc_<metric> holding every
+    document in order. Rows of other workloads and failed rows are left out."""
+    import pandas as pd
+
+    rows = frame[(frame.get("workload") == "lmms") & (frame.status == "ok")] if "workload" in frame else frame
+    keys = [c for c in rows.columns if c == "method" or c.startswith("param_") or
+            (c.startswith("workload_") and c != "workload_shard")]
+    merged = []
+    for _, group in rows.groupby(keys, dropna=False, sort=False):
+        records = group.to_dict("records")
+        first = {k: v for k, v in records[0].items() if k in keys}
+        docs = {}
+        for r in records:
+            columns = [c for c in r if c.startswith("extra_doc_")]
+            lists = {c: _list_or_dict(r[c]) for c in columns}
+            for i, doc_id in enumerate(lists["extra_doc_id"]):
+                docs[doc_id] = {c: values[i] for c, values in lists.items()}
+        order = sorted(docs)
+        by_doc = {c: [docs[d][c] for d in order] for c in docs[order[0]]} if order else {}
+        scores = {f"metric_{k}": v for k, v in merge_shards(records).items()}
+        merged.append({**first, "shards_merged": len(records), **scores, **by_doc})
+    return pd.DataFrame(merged)
