@@ -251,7 +251,9 @@ def _score(task, config: LmmsConfig, requests, answers) -> dict:
                 "doc_prefill_seconds": [a.prefill_seconds for a in answers],
                 "doc_decode_seconds": [a.decode_seconds for a in answers]}
     how = {m: getattr(aggregations[m], "__name__", "?") for m in samples if m in aggregations}
+    # metric_names keeps the task's order (the first is its headline metric); the dict's keys come back sorted.
     return {"metrics": metrics | ours, "extra": per_doc | {"task": config.tasks, "filter": key, "aggregation": how,
+                                                          "metric_names": list(how),
                                                           "higher_is_better": task.higher_is_better()}}
 
 
