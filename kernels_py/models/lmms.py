@@ -2,11 +2,9 @@
 is held by a compression method of the registry (or a kvpress press), so
 lmms-eval's tasks score the method with their own metrics.
 
-Registered with lmms-eval as "vlkv", so its CLI can use it too:
-
-    lmms-eval --model vlkv --model_args pretrained=DIR,method=h2o,params='{"budget":0.1}' --tasks docvqa_val
-
-It answers `generate_until`, one document at a time: greedy, for the
+Importing this module registers it in lmms-eval's model registry as "vlkv"
+(VLKV(pretrained=DIR, method="h2o", params={"budget": 0.1})); the lmms
+workload (kernels_py.workloads.lmms) drives it for each job. It answers `generate_until`, one document at a time: greedy, for the
 task's max_new_tokens, ending at the end-of-sequence token or the first of
 the task's stop strings. Tasks scored by log-likelihood (multiple choice by
 option probability) are refused: the methods compress the cache a generation

@@ -101,6 +101,15 @@ def test_a_tenth_of_the_cache_changes_answers_and_holds_fewer_bytes(root):
     assert all(b < f for b, f in zip(h2o["extra"]["doc_cache_bytes"], h2o["extra"]["doc_full_cache_bytes"]))
 
 
+def test_a_kvpress_press_is_scored_in_the_model(root):
+    """A press compresses transformers' own cache inside the same model: scored, and the bytes it left."""
+    report = ablation.run("kvpress", {"press": "SnapKVPress", "compression_ratio": 0.5,
+                                      "press_args": "window_size=8"}, knobs(root), "lmms")
+    metrics = report["metrics"]
+    assert metrics["documents"] == LIMIT and "exact_match" in metrics and "reply_words" in metrics
+    assert 0.4 < metrics["kv_fraction"] < 0.7 and metrics["kv_bytes_peak"] < metrics["full_kv_bytes_peak"]
+
+
 def test_two_shards_score_as_one(root):
     one = ablation.run("h2o", {"budget": 0.1}, knobs(root), "lmms")
     rows = []

@@ -5,10 +5,10 @@ method holds (kernels_py.models.lmms).
 A job is one method with its knobs on one task, over the first `limit`
 documents or one shard of them: the plan spreads workload("lmms",
 tasks="docvqa_val,chartqa", shards=2) over a job per task and shard, and
-`merge_shards` (or the notebook) puts a task's shards back together into one
+`task_scores` (used by the notebook) merges a task's shards back into one
 score. Everything is offline: datasets come from `data` (a directory holding
-each hub dataset at DATA/<hub id>, as `hf download ... --local-dir` writes
-it) or from the local Hugging Face cache. lmms-eval comes from the lock's
+each hub dataset at DATA/<hub id>, where `hf download ... --local-dir`
+puts it) or from the local Hugging Face cache. lmms-eval comes from the lock's
 `lmms` group, which the workbench installs on the first run that uses this
 workload.
 """
@@ -49,12 +49,12 @@ class LmmsConfig(WorkloadConfig):
     limit: int = knob("int", 200, "score the first `limit` documents of each task's evaluation split", min=1,
                       max=10_000_000)
     shards: int = knob("int", 1, "split each task's documents over this many jobs (document i goes to shard "
-                       "i mod shards, as lmms-eval splits ranks); merge_shards puts them back together", min=1,
+                       "i mod shards, as lmms-eval splits ranks); task_scores merges them into one score", min=1,
                        max=4096)
     shard: int = knob("int", 0, "this job's shard, 0..shards-1: set by the plan from shards", min=0, max=4095)
     include_path: str = knob("str", "", "a directory of extra task YAML files (lmms-eval's --include_path)")
     data: str = knob("str", "", "directory of downloaded datasets, each at DATA/<hub id> (e.g. "
-                     "DATA/lmms-lab/DocVQA); empty: the local Hugging Face cache")
+                     "DATA/lmms-lab-encoder/DocVQA); empty: the local Hugging Face cache")
 
     def build(self) -> Workload:
         raise TaskError("workload 'lmms' scores a task inside the model: it has no attention trace to replay")
