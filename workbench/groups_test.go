@@ -1,0 +1,42 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// An lmms workload spreads over a job per task and shard, and a run on an
+// interpreter without lmms-eval stops before starting anything, saying how
+// to get it.
+func TestLmmsWorkloadPlansAndNeedsItsGroup(t *testing.T) {
+	dir := t.TempDir()
+	script := filepath.Join(dir, "acc.star")
+	os.WriteFile(script, []byte(`experiment(name = "acc", methods = ["full", "h2o"], grid = {"budget": [0.1]},
+    workloads = [workload("lmms", model = "m", tasks = "docvqa_val, chartqa", shards = 2)])
+`), 0o644)
+	code, stdout, stderr := runCLI(t, "plan", script)
+	if code != 0 {
+		t.Fatalf("plan: exit %d: %s", code, stderr)
+	}
+	if !strings.Contains(stdout, "experiment acc: 8 jobs") || strings.Count(stdout, "shard=1 ") != 4 ||
+		strings.Count(stdout, "tasks=chartqa)") != 4 {
+		t.Errorf("want 2 methods x 2 tasks x 2 shards:\n%s", stdout)
+	}
+
+	out := filepath.Join(dir, "results")
+	code, _, stderr = runCLI(t, "--python", "/bin/false", "--device", "cpu", "run", "--out", out, script)
+	if code != 1 || !strings.Contains(stderr, `workload "lmms" needs lmms_eval, which is not installed in /bin/false`) ||
+		!strings.Contains(stderr, "its lmms group") {
+		t.Fatalf("exit %d\n%s", code, stderr)
+	}
+	if entries, _ := os.ReadDir(out); len(entries) != 0 {
+		t.Errorf("%s holds %d entries after a run refused before starting", out, len(entries))
+	}
+
+	code, _, stderr = runCLI(t, "python", "--workload", "vlm", "--", "-c", "1")
+	if code != 2 || !strings.Contains(stderr, `--workload "vlm": only lmms install dependencies beyond the runtime`) {
+		t.Errorf("exit %d\n%s", code, stderr)
+	}
+}
