@@ -1,6 +1,6 @@
 """The dataset of the tiny lmms-eval task (fixtures/lmms_tasks/tiny_shapes.yaml):
-pictures of a red or blue square at a few places, with a question and its
-answer, written as parquet where a downloaded hub dataset would be
+pictures of a red or blue square at a few places, with a question (three
+of different lengths) and its answer, written as parquet where a downloaded hub dataset would be
 (DATA/<hub id>/data/test-*.parquet)."""
 
 import io
@@ -9,6 +9,8 @@ from pathlib import Path
 TASKS = Path(__file__).parent / "fixtures" / "lmms_tasks"
 HUB_ID = "vlkv-tests/tiny-shapes"
 COLORS = {"red": (220, 30, 30), "blue": (30, 30, 220)}
+# Of different lengths, so that a batch of prompts is padded.
+QUESTIONS = ("what is in the picture ?", "describe the picture ?", "what is in the picture : a red or a blue ?")
 
 
 def picture(color: str, corner: int, size: int = 40) -> bytes:
@@ -32,7 +34,7 @@ def save_tiny_shapes(data: Path, documents: int = 12) -> Path:
         color = sorted(COLORS)[i % 2]
         rows["question_id"].append(i)
         rows["image"].append({"bytes": picture(color, i % 4), "path": None})
-        rows["question"].append("what is in the picture ?")
+        rows["question"].append(QUESTIONS[i % len(QUESTIONS)])
         rows["answer"].append(color)
     table = Dataset.from_dict(rows).cast_column("image", Image())
     out = data / HUB_ID / "data"

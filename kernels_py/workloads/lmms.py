@@ -52,6 +52,8 @@ class LmmsConfig(WorkloadConfig):
                        "i mod shards, as lmms-eval splits ranks); task_scores merges them into one score", min=1,
                        max=4096)
     shard: int = knob("int", 0, "this job's shard, 0..shards-1: set by the plan from shards", min=0, max=4095)
+    batch: int = knob("int", 1, "documents generated together (each keeps its own method caches; the batch "
+                      "decodes until its longest answer ends); kvpress presses run one at a time", min=1, max=256)
     include_path: str = knob("str", "", "a directory of extra task YAML files (lmms-eval's --include_path)")
     data: str = knob("str", "", "directory of downloaded datasets, each at DATA/<hub id> (e.g. "
                      "DATA/lmms-lab-encoder/DocVQA); empty: the local Hugging Face cache")
@@ -187,7 +189,7 @@ def evaluate(config: LmmsConfig, method) -> dict:
     from kernels_py.models.lmms import VLKV
 
     vlm = _vlm(config.model)
-    model = VLKV(vlm=vlm, method=method)
+    model = VLKV(vlm=vlm, method=method, batch=config.batch)
     model.task_dict = {config.tasks: task.dataset}
     task.build_all_requests(limit=config.limit, rank=config.shard, world_size=config.shards)
     requests = list(task.instances)
