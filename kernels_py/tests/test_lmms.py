@@ -5,6 +5,7 @@ real weights). Needs lmms-eval (the lock's lmms group):
 installs it into the managed runtime first. Without it these tests skip,
 unless VLKV_REQUIRE_LMMS=1 (scripts/test sets it) makes that a failure."""
 
+import json
 import math
 import os
 
@@ -182,3 +183,24 @@ def test_stop_tokens_end_generation_early(root):
     stopped = models.generate(vlm, make_method("full"), inputs, 6, stop_tokens=stop)
     assert stopped.tokens == free.tokens[:free.tokens.index(free.tokens[1]) + 1]
     assert stopped.cache_bytes < free.cache_bytes and torch.equal(stopped.logits, free.logits[:len(stopped.tokens)])
+
+
+def test_shards_of_a_metric_not_aggregated_by_a_mean_are_aggregated_by_the_task():
+    """A task's own aggregation (here a median over per-document records) runs again over all shards'
+    documents; one shard is its own score."""
+    class Task:
+        @staticmethod
+        def aggregation():
+            return {"score": lambda items: float(sorted(i["v"] for i in items)[len(items) // 2])}
+
+    def row(shard, values):
+        return {"workload_shard": shard, "metric_documents": float(len(values)), "metric_score": -1.0,
+                "extra_aggregation": '{"score": "<lambda>"}',
+                "extra_doc_score": json.dumps([json.dumps({"v": v}) for v in values]),
+                **{f"metric_{k}": 1.0 for k in ("prefill_seconds", "decode_seconds", "kv_bytes_peak",
+                                                "full_kv_bytes_peak", "kv_bytes_mean", "full_kv_bytes_mean",
+                                                "generated_tokens_mean", "prompt_tokens_mean")}}
+
+    merged = merge_shards([row(0, [1, 9, 8]), row(1, [2, 7])], task=Task())
+    assert merged["score"] == 7.0 and merged["documents"] == 5
+    assert merge_shards([row(0, [1, 9, 8])])["score"] == -1.0  # the job's own value

@@ -229,7 +229,7 @@ def _score(task, config: LmmsConfig, requests, answers) -> dict:
     for metric, items in samples.items():
         if metric not in aggregations:
             continue
-        value = aggregations[metric](items)
+        value = _aggregate(task, metric, items)
         if isinstance(value, (int, float)):
             metrics[metric] = float(value)
             stderr = stderr_for_metric(aggregations[metric], BOOTSTRAP_ITERS)
@@ -259,15 +259,26 @@ def _score(task, config: LmmsConfig, requests, answers) -> dict:
                                                           "higher_is_better": task.higher_is_better()}}
 
 
+def _aggregate(task, metric: str, items: list):
+    """The task's aggregation of a metric, as lmms-eval calls it (some take the task's args)."""
+    import inspect
+
+    aggregate = task.aggregation()[metric]
+    if "args" in inspect.signature(aggregate).parameters:
+        return aggregate(items, args=getattr(task, "args", None))
+    return aggregate(items)
+
+
 def merge_shards(rows, task=None) -> dict[str, float]:
     """One score from a task's shards (the result rows, as dicts, of one
     method, knobs and task with shard 0..shards-1): each task metric
     aggregated over the documents of all shards from their per-document
     scores, as lmms-eval would over one shard holding them all; the cost
     columns summed (seconds), maxed (peaks) or document-weighted (means).
-    Metrics the task aggregates other than by a mean need `task`
-    (load_task(name, include_path, data)) to be re-aggregated; without it
-    they are left out."""
+    Metrics the task aggregates other than by a mean are re-aggregated by
+    the task itself: `task`, else load_task of the rows' task (which needs
+    lmms-eval and the dataset the run read); where neither can be had they
+    are left out. One shard is its own score."""
     rows = sorted(rows, key=lambda r: r.get("workload_shard", 0))
     counts = [float(r["metric_documents"]) for r in rows]
     out: dict[str, float] = {"documents": sum(counts)}
@@ -281,9 +292,14 @@ def merge_shards(rows, task=None) -> dict[str, float]:
             # lmms-eval's mean_stderr: the sample standard deviation over sqrt(n)
             out[f"{metric}_stderr"] = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n) if n > 1 \
                 else math.nan
-        elif task is not None:
-            decoded = [json.loads(v) if isinstance(v, str) else v for v in values]
-            out[metric] = float(task.aggregation()[metric](decoded))
+        elif len(rows) == 1 and f"metric_{metric}" in rows[0]:
+            out[metric] = float(rows[0][f"metric_{metric}"])
+            out[f"{metric}_stderr"] = float(rows[0].get(f"metric_{metric}_stderr", math.nan))
+        else:
+            task = task if task is not None else _task_of(rows[0])
+            if task is not None:
+                decoded = [json.loads(v) if isinstance(v, str) else v for v in values]
+                out[metric] = float(_aggregate(task, metric, decoded))
     for name in ("prefill_seconds", "decode_seconds"):
         out[name] = sum(float(r[f"metric_{name}"]) for r in rows)
     for name in ("kv_bytes_peak", "full_kv_bytes_peak"):
@@ -292,6 +308,14 @@ def merge_shards(rows, task=None) -> dict[str, float]:
         out[name] = sum(c * float(r[f"metric_{name}"]) for c, r in zip(counts, rows)) / out["documents"]
     out["kv_fraction"] = out["kv_bytes_mean"] / out["full_kv_bytes_mean"]
     return out
+
+
+def _task_of(row):
+    """The task a result row scored, loaded again (None where it cannot be)."""
+    try:
+        return load_task(row["workload_tasks"], row.get("workload_include_path") or "", row.get("workload_data") or "")
+    except (TaskError, ImportError, KeyError):
+        return None
 
 
 def _list_or_dict(value):
