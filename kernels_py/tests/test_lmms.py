@@ -85,6 +85,9 @@ def test_full_cache_answers_as_transformers_generate_and_scores_as_by_hand(root,
     for name, value in hand.items():
         assert metrics[name] == pytest.approx(value), name
     assert extra["doc_reply_words"] == [float(len(r.split())) for r in extra["doc_reply"]]
+    # An aggregation taking lmms-eval's args gets them; a submission file is not written, nor scored.
+    assert metrics["longest_reply"] == max(float(len(r.split())) for r in extra["doc_reply"])
+    assert "submission" not in metrics and "submission" not in extra["metric_names"]
     # The full cache holds what it would: every token's K and V.
     assert metrics["kv_fraction"] == 1.0 and metrics["kv_bytes_mean"] == metrics["full_kv_bytes_mean"] > 0
     assert metrics["prefill_seconds"] > 0 and extra["aggregation"]["reply_words"] == "mean"

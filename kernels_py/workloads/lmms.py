@@ -25,6 +25,8 @@ from typing import ClassVar
 from kernels_py.params import Rule, closest, knob
 from kernels_py.workloads.base import Workload, WorkloadConfig
 
+# Metrics that write a file for a test server instead of scoring (TextVQA's, OK-VQA's): not aggregated.
+SUBMISSIONS = frozenset({"submission"})
 BOOTSTRAP_ITERS = 100000  # lmms-eval's default, for the aggregations it bootstraps (mean has a closed form)
 
 
@@ -227,7 +229,7 @@ def _score(task, config: LmmsConfig, requests, answers) -> dict:
     metrics: dict[str, float] = {}
     aggregations = task.aggregation()
     for metric, items in samples.items():
-        if metric not in aggregations:
+        if metric not in aggregations or metric in SUBMISSIONS:
             continue
         value = _aggregate(task, metric, items)
         if isinstance(value, (int, float)):
@@ -252,7 +254,7 @@ def _score(task, config: LmmsConfig, requests, answers) -> dict:
     per_doc |= {"doc_cache_bytes": held, "doc_full_cache_bytes": full,
                 "doc_prefill_seconds": [a.prefill_seconds for a in answers],
                 "doc_decode_seconds": [a.decode_seconds for a in answers]}
-    how = {m: getattr(aggregations[m], "__name__", "?") for m in samples if m in aggregations}
+    how = {m: getattr(aggregations[m], "__name__", "?") for m in samples if m in aggregations and m not in SUBMISSIONS}
     # metric_names keeps the task's order (the first is its headline metric); the dict's keys come back sorted.
     return {"metrics": metrics | ours, "extra": per_doc | {"task": config.tasks, "filter": key, "aggregation": how,
                                                           "metric_names": list(how),
@@ -260,12 +262,17 @@ def _score(task, config: LmmsConfig, requests, answers) -> dict:
 
 
 def _aggregate(task, metric: str, items: list):
-    """The task's aggregation of a metric, as lmms-eval calls it (some take the task's args)."""
+    """The task's aggregation of a metric, as lmms-eval calls it; one that
+    takes lmms-eval's command-line args gets an output_path in a temporary
+    directory (never the kernels root, the workers' working directory)."""
+    import argparse
     import inspect
+    import tempfile
 
     aggregate = task.aggregation()[metric]
     if "args" in inspect.signature(aggregate).parameters:
-        return aggregate(items, args=getattr(task, "args", None))
+        with tempfile.TemporaryDirectory(prefix="vlkv-lmms-") as out:
+            return aggregate(items, args=argparse.Namespace(output_path=out))
     return aggregate(items)
 
 
