@@ -40,6 +40,10 @@ class Answer:
     full_cache_bytes: int  # what the full cache holds for the same tokens
     prefill_seconds: float
     decode_seconds: float
+    # Memory above the weights on the model's device (the CUDA allocator's peak, or the resident set's on a CPU):
+    # over the generation, and over its decode steps alone (the caches and one step's work).
+    peak_bytes: float = float("nan")
+    decode_peak_bytes: float = float("nan")
 
 
 @register_model("vlkv")
@@ -101,7 +105,7 @@ class VLKV(lmms):
         prompt = int(inputs["input_ids"].shape[1])
         return Answer(doc_id, self._text(got.tokens, until), got.tokens, prompt, got.cache_bytes,
                       full_cache_bytes(self.vlm, prompt + len(got.tokens) - 1), got.prefill_seconds,
-                      got.decode_seconds)
+                      got.decode_seconds, got.peak_bytes, got.decode_peak_bytes)
 
     def _answer_batch(self, chunk: list[tuple]) -> list[Answer]:
         """Several documents generated together (models.generate_batch): each
@@ -119,7 +123,7 @@ class VLKV(lmms):
             prompt = int(mask.sum())
             answers.append(Answer(doc_id, self._text(got.tokens, until), got.tokens, prompt, got.cache_bytes,
                                   full_cache_bytes(self.vlm, prompt + steps - 1), got.prefill_seconds / len(chunk),
-                                  got.decode_seconds / len(chunk)))
+                                  got.decode_seconds / len(chunk), got.peak_bytes, got.decode_peak_bytes))
         return answers
 
     def _text(self, tokens: list[int], until: list[str]) -> str:

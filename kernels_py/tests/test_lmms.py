@@ -91,6 +91,7 @@ def test_full_cache_answers_as_transformers_generate_and_scores_as_by_hand(root,
     # The full cache holds what it would: every token's K and V.
     assert metrics["kv_fraction"] == 1.0 and metrics["kv_bytes_mean"] == metrics["full_kv_bytes_mean"] > 0
     assert metrics["prefill_seconds"] > 0 and extra["aggregation"]["reply_words"] == "mean"
+    assert metrics["peak_memory_bytes"] > 0 and metrics["peak_memory_bytes"] >= metrics["decode_peak_memory_bytes"] >= 0
 
 
 def test_a_tenth_of_the_cache_changes_answers_and_holds_fewer_bytes(root):
@@ -202,7 +203,8 @@ def test_shards_of_a_metric_not_aggregated_by_a_mean_are_aggregated_by_the_task(
                 "extra_doc_score": json.dumps([json.dumps({"v": v}) for v in values]),
                 **{f"metric_{k}": 1.0 for k in ("prefill_seconds", "decode_seconds", "kv_bytes_peak",
                                                 "full_kv_bytes_peak", "kv_bytes_mean", "full_kv_bytes_mean",
-                                                "generated_tokens_mean", "prompt_tokens_mean")}}
+                                                "generated_tokens_mean", "prompt_tokens_mean",
+                                                "peak_memory_bytes", "decode_peak_memory_bytes")}}
 
     merged = merge_shards([row(0, [1, 9, 8]), row(1, [2, 7])], task=Task())
     assert merged["score"] == 7.0 and merged["documents"] == 5

@@ -247,6 +247,9 @@ def _score(task, config: LmmsConfig, requests, answers) -> dict:
         "decode_seconds": sum(a.decode_seconds for a in answers),
         "generated_tokens_mean": sum(len(a.tokens) for a in answers) / len(answers),
         "prompt_tokens_mean": sum(a.prompt_tokens for a in answers) / len(answers),
+        # the batch's memory, above the weights, on the model's device (nan where not measurable)
+        "peak_memory_bytes": max(a.peak_bytes for a in answers),
+        "decode_peak_memory_bytes": max(a.decode_peak_bytes for a in answers),
     }
     clash = sorted(set(ours) & set(metrics))
     if clash:
@@ -309,7 +312,7 @@ def merge_shards(rows, task=None) -> dict[str, float]:
                 out[metric] = float(_aggregate(task, metric, decoded))
     for name in ("prefill_seconds", "decode_seconds"):
         out[name] = sum(float(r[f"metric_{name}"]) for r in rows)
-    for name in ("kv_bytes_peak", "full_kv_bytes_peak"):
+    for name in ("kv_bytes_peak", "full_kv_bytes_peak", "peak_memory_bytes", "decode_peak_memory_bytes"):
         out[name] = max(float(r[f"metric_{name}"]) for r in rows)
     for name in ("kv_bytes_mean", "full_kv_bytes_mean", "generated_tokens_mean", "prompt_tokens_mean"):
         out[name] = sum(c * float(r[f"metric_{name}"]) for c, r in zip(counts, rows)) / out["documents"]
