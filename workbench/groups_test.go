@@ -35,8 +35,19 @@ func TestLmmsWorkloadPlansAndNeedsItsGroup(t *testing.T) {
 		t.Errorf("%s holds %d entries after a run refused before starting", out, len(entries))
 	}
 
+	// The papers' protocol plans: (1 full + 5 methods x 5 budgets + 5 taus) x 3 tasks.
+	code, stdout, stderr = runCLI(t, "plan", "../experiments/accuracy.star")
+	if code != 0 || !strings.Contains(stdout, "experiment accuracy: 93 jobs") {
+		t.Errorf("plan accuracy.star: exit %d\n%s%s", code, stderr, firstLines(stdout, 2))
+	}
+
 	code, _, stderr = runCLI(t, "python", "--workload", "vlm", "--", "-c", "1")
 	if code != 2 || !strings.Contains(stderr, `--workload "vlm": only lmms install dependencies beyond the runtime`) {
 		t.Errorf("exit %d\n%s", code, stderr)
 	}
+}
+
+func firstLines(s string, n int) string {
+	lines := strings.SplitN(s, "\n", n+1)
+	return strings.Join(lines[:min(n, len(lines))], "\n")
 }
