@@ -65,8 +65,8 @@ class VLKV(lmms):
         self.answers: list[Answer] = []
 
     def loglikelihood(self, requests):
-        raise LmmsError("this task scores answers by log-likelihood, which reads no KV cache, so no compression "
-                        "method changes it: the lmms workload runs generate_until tasks (their output_type)")
+        raise LmmsError("this task scores answers by log-likelihood, one forward pass over prompt and answer in "
+                        "which no compressed cache is read: the lmms workload runs generate_until tasks")
 
     def generate_until_multi_round(self, requests):
         raise LmmsError("multi-round generation is not supported: the lmms workload runs single-turn "

@@ -154,7 +154,7 @@ def test_bad_input_is_one_line_error(root, tmp_path):
         (knobs(root, data=""), f"task tiny_shapes: dataset {HUB_ID} is not in the local Hugging Face cache"),
         (knobs(root, data=str(tmp_path)), f"hf download {HUB_ID} --repo-type dataset --local-dir "
                                           f"{tmp_path / HUB_ID}"),
-        (knobs(root, tasks="tiny_shapes_choice"), "scored by multiple_choice, which reads no KV cache"),
+        (knobs(root, tasks="tiny_shapes_choice"), "scored by multiple_choice (one forward pass"),
         (knobs(root, tasks="tiny_group"), "is a group of lmms-eval tasks: name its tasks in tasks= (one job each), "
                                           "e.g. tiny_shapes"),
         (knobs(root, model=str(tmp_path / "nowhere")), "model directory"),
@@ -168,7 +168,7 @@ def test_bad_input_is_one_line_error(root, tmp_path):
         make_workload("lmms", knobs(root, limit=0))
     with pytest.raises(TaskError, match="needs tasks="):
         ablation.run("full", {}, knobs(root, tasks=""), "lmms")
-    with pytest.raises(ValueError, match="reads no KV cache"):
+    with pytest.raises(ValueError, match="no compressed cache is read"):
         VLKV(vlm=object()).loglikelihood([])
 
 

@@ -143,8 +143,8 @@ def load_task(name: str, include_path: str = "", data: str = ""):
                         f"({_first_line(err)}); on a connected machine: "
                         f"{fetch_command(hub_id, Path(data or 'DATA') / hub_id)}, then give data=DIR") from None
     if task.OUTPUT_TYPE != "generate_until":
-        raise TaskError(f"task {name} is scored by {task.OUTPUT_TYPE}, which reads no KV cache: the lmms workload "
-                        f"runs generate_until tasks")
+        raise TaskError(f"task {name} is scored by {task.OUTPUT_TYPE} (one forward pass over prompt and answer, "
+                        f"in which no compressed cache is read): the lmms workload runs generate_until tasks")
     return task
 
 
