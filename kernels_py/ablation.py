@@ -79,10 +79,15 @@ def run(method: str, params: Mapping[str, Any], workload: Mapping[str, Any],
     last visual token), cache_hit_rate, ppci_90, cache_bytes, prefill_kept_fraction, and the method's metrics.
     per_step (a "vlm" workload only): tokens (the method's greedy token each step, fed the full cache's),
     reference_tokens (the full cache's), kl.
+    On an "lmms" workload (a benchmark) the method is scored on an lmms-eval task instead: the
+    task's own metrics, bytes held and times, and per-document answers and scores under "extra"
+    (kernels_py.workloads.lmms.evaluate).
     Raises ValueError / TypeError on unknown or invalid methods, workloads and parameters.
     """
     chosen = make_method(method, params)
     config = make_workload(workload_name, workload)
+    if hasattr(config, "evaluate"):  # a benchmark (workload "lmms"): the task's own metrics, in the model
+        return config.evaluate(chosen)
     if getattr(chosen, "in_model_only", False):  # a kvpress press: only inside the model
         if not hasattr(config, "image_list"):
             raise ValueError(f"method {method!r} runs inside a model: give it workload(\"vlm\", model=..., images=..., "

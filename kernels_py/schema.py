@@ -30,7 +30,8 @@ def document() -> dict:
                     for name, cls in METHODS.items()},
         "protocols": PROTOCOLS,
         "renamed_methods": {old: {"now": new, "why": why} for old, (new, why) in RENAMED.items()},
-        "workloads": {name: {"doc": cls.summary(), "params": cls.schema(), "rules": cls.rules_schema()}
+        "workloads": {name: {"doc": cls.summary(), "params": cls.schema(), "rules": cls.rules_schema(),
+                             **({"expand": cls.expand} if cls.expand else {})}
                       for name, cls in WORKLOADS.items()},
         "default_workload": DEFAULT_WORKLOAD,
         "benchmarks": {name: bench.describe() for name, bench in BENCHMARKS.items()},

@@ -316,6 +316,9 @@ func (a *app) runExperiments(ctx context.Context, file string, o runOptions) ([]
 			return nil, err
 		}
 		kernels, device = s.kernels, string(s.device)
+		if err := a.ensureWorkloadGroups(ctx, s, planWorkloads(exps)); err != nil {
+			return nil, err
+		}
 		executor = &runner.Local{Python: s.runtime.Python, KernelsRoot: s.kernels.Dir, Device: s.device, Workers: o.workers, Log: a.log}
 	}
 	var dirs []string
@@ -350,6 +353,17 @@ func (a *app) runExperiments(ctx context.Context, file string, o runOptions) ([]
 		return dirs, fmt.Errorf("%d jobs failed (see the error column of results.parquet; rerun with --resume --retry-failed)", failed)
 	}
 	return dirs, nil
+}
+
+// planWorkloads names the workloads the experiments' jobs use.
+func planWorkloads(exps []expt.Experiment) []string {
+	var names []string
+	for _, e := range exps {
+		for _, j := range e.Jobs {
+			names = append(names, j.WorkloadName)
+		}
+	}
+	return names
 }
 
 // runnerJobs turns an experiment's jobs into calls of the ablation entry point.

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -54,7 +55,8 @@ func newPingCmd(a *app) *cobra.Command {
 }
 
 func newPythonCmd(a *app) *cobra.Command {
-	return &cobra.Command{
+	var workloads []string
+	cmd := &cobra.Command{
 		Use:   "python [-- ARGS...]",
 		Short: "Run the resolved Python with the workers' environment (e.g. workbench python -- -m pytest)",
 		Long: `python runs the interpreter workers use, with kernels_py on PYTHONPATH and the
@@ -62,11 +64,25 @@ device settings workers get (VLKV_DEVICE, and TRITON_INTERPRET=1 on CPU).
 Put its arguments after --, e.g.:
 
   workbench python -- -m pytest -q
-  workbench python -- -c 'import torch; print(torch.__version__)'`,
+  workbench python -- -c 'import torch; print(torch.__version__)'
+
+--workload lmms first installs what that workload needs beyond the runtime
+(lmms-eval, the lock's lmms group; once), as the first run using it would:
+
+  workbench python --workload lmms -- -m pytest -q kernels_py/tests/test_lmms.py`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
+			for _, name := range workloads {
+				if _, ok := workloadGroups[name]; !ok {
+					return &usageError{fmt.Errorf("--workload %q: only %s install dependencies beyond the runtime",
+						name, strings.Join(sortedGroupWorkloads(), ", "))}
+				}
+			}
 			s, err := a.newSession(ctx)
 			if err != nil {
+				return err
+			}
+			if err := a.ensureWorkloadGroups(ctx, s, workloads); err != nil {
 				return err
 			}
 			c := exec.CommandContext(ctx, s.runtime.Python, args...)
@@ -81,6 +97,8 @@ Put its arguments after --, e.g.:
 			return nil
 		},
 	}
+	cmd.Flags().StringSliceVar(&workloads, "workload", nil, "install what these workloads need first (lmms)")
+	return cmd
 }
 
 // exitCodeError passes a child's exit code through as the workbench's own.

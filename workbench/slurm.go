@@ -165,6 +165,13 @@ the experiment script and the kernels_py sources that were submitted.
 			if err != nil {
 				return err
 			}
+			var workloads []string
+			for _, j := range plan.Shards[index] {
+				workloads = append(workloads, j.WorkloadName)
+			}
+			if err := a.ensureWorkloadGroups(cmd.Context(), s, workloads); err != nil {
+				return err
+			}
 			task := slurm.Task{Plan: plan, Shard: index, KernelsDir: s.kernels.Dir, Log: a.log,
 				Executor: &runner.Local{Python: s.runtime.Python, KernelsRoot: s.kernels.Dir, Device: s.device,
 					Workers: workers, Log: a.log}}

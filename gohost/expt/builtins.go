@@ -314,6 +314,10 @@ func (l *loader) experiment(thread *starlark.Thread, _ *starlark.Builtin, args s
 	if err != nil {
 		return nil, err
 	}
+	var jobWorkloads []*workloadValue // one per job a workload spreads over (tasks, shards)
+	for _, w := range workloads {
+		jobWorkloads = append(jobWorkloads, l.schema.expand(w)...)
+	}
 	axes, err := l.gridAxes(kw, methods, fail)
 	if err != nil {
 		return nil, err
@@ -347,13 +351,16 @@ func (l *loader) experiment(thread *starlark.Thread, _ *starlark.Builtin, args s
 	}
 
 	// Count before building anything, so a runaway grid fails fast.
-	n := len(extras)
+	n := 0
+	for _, p := range extras {
+		n += len(l.schema.expand(p.workload))
+	}
 	for _, m := range methods {
 		sizes := make([]int, len(axes[m.Name]))
 		for i, a := range axes[m.Name] {
 			sizes[i] = len(a.values)
 		}
-		n += productSize(sizes) * len(workloads)
+		n += productSize(sizes) * len(jobWorkloads)
 		if l.jobs+n > MaxJobs {
 			return nil, fail(nil, "expands to more than %d jobs in this plan (the limit)", MaxJobs)
 		}
@@ -369,7 +376,7 @@ func (l *loader) experiment(thread *starlark.Thread, _ *starlark.Builtin, args s
 		seen[j.ID] = true
 		e.Jobs = append(e.Jobs, j)
 	}
-	for _, w := range workloads {
+	for _, w := range jobWorkloads {
 		for _, m := range methods {
 			ax := axes[m.Name]
 			sizes := make([]int, len(ax))
@@ -390,7 +397,9 @@ func (l *loader) experiment(thread *starlark.Thread, _ *starlark.Builtin, args s
 		}
 	}
 	for _, p := range extras {
-		add(p.method, p.params, p.workload)
+		for _, w := range l.schema.expand(p.workload) {
+			add(p.method, p.params, w)
+		}
 	}
 
 	l.names[name] = here

@@ -100,6 +100,10 @@ type Workload struct {
 	Doc    string
 	Params Params
 	Rules  Rules
+	// Expand names the knobs one workload value spreads over several jobs:
+	// "each" (a comma-separated str: one job per item, holding that item) or
+	// "index:KNOB" (an int N: N jobs, KNOB = 0..N-1 in each).
+	Expand map[string]string
 }
 
 // Benchmark is one kernel benchmark: its parameters (command-line flags) and
@@ -183,6 +187,7 @@ type (
 		Doc    string               `json:"doc"`
 		Params map[string]paramJSON `json:"params"`
 		Rules  []*Rule              `json:"rules"`
+		Expand map[string]string    `json:"expand"`
 	}
 	benchmarkJSON struct {
 		Doc     string               `json:"doc"`
@@ -289,7 +294,11 @@ func parseSchema(data []byte) (*Schema, error) {
 		if err != nil {
 			return nil, fmt.Errorf("workload %q: %w", name, err)
 		}
-		s.Workloads[name] = &Workload{Name: name, Doc: w.Workloads[name].Doc, Params: ps, Rules: rules}
+		if err := checkExpand(w.Workloads[name].Expand, ps); err != nil {
+			return nil, fmt.Errorf("workload %q: %w", name, err)
+		}
+		s.Workloads[name] = &Workload{Name: name, Doc: w.Workloads[name].Doc, Params: ps, Rules: rules,
+			Expand: w.Workloads[name].Expand}
 	}
 	if len(s.Workloads) == 0 {
 		return nil, errors.New(`"workloads" is missing or empty`)

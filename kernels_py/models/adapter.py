@@ -355,16 +355,18 @@ def _proc_status(field: str) -> float:
 
 
 def generate(vlm: VLM, method, inputs: dict, max_new_tokens: int,
-             force_tokens: list[int] | None = None) -> Generation:
+             force_tokens: list[int] | None = None, stop_tokens: frozenset[int] = frozenset()) -> Generation:
     """Greedy decoding of `max_new_tokens` tokens with `method` holding every
     language-model layer's KV cache, for one prompt (prompt_inputs).
     force_tokens: feed these tokens back instead of the greedy ones (teacher
     forcing, so two methods' distributions are compared on the same
-    history); `tokens` still holds what this method would have chosen."""
+    history); `tokens` still holds what this method would have chosen.
+    stop_tokens: end early once the chosen token is one of these (an
+    end-of-sequence token), which is kept as the last of `tokens`."""
     if inputs["input_ids"].shape[0] != 1:
         raise ModelError(f"generate takes one prompt; for {inputs['input_ids'].shape[0]} use generate_batch")
     return generate_batch(vlm, method, inputs, max_new_tokens,
-                          None if force_tokens is None else [force_tokens])[0]
+                          None if force_tokens is None else [force_tokens], stop_tokens)[0]
 
 
 def batch_inputs(vlm: VLM, prompts: list[tuple[list, str]]) -> dict:
@@ -393,12 +395,14 @@ def _open_images(images):
 
 
 def generate_batch(vlm: VLM, method, inputs: dict, max_new_tokens: int,
-                   force_tokens: list[list[int]] | None = None) -> list[Generation]:
+                   force_tokens: list[list[int]] | None = None,
+                   stop_tokens: frozenset[int] = frozenset()) -> list[Generation]:
     """generate for a batch (batch_inputs): every sequence keeps its own
     method caches (ragged: each holds what its own prompt and method give),
     the model runs the batch together. Positions follow the attention mask,
     as transformers' generate computes them, so a left-padded sequence sees
-    the positions it would alone."""
+    the positions it would alone. With stop_tokens, decoding ends once every
+    sequence has chosen one; each sequence's tokens end at its first."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     ids = inputs["input_ids"]
@@ -441,7 +445,10 @@ def generate_batch(vlm: VLM, method, inputs: dict, max_new_tokens: int,
             peak = memory.peak()
             memory.reset()
             start = _clock(model.device)
+            stopped = _stopped(tokens[-1], stop_tokens)
             for i in range(max_new_tokens - 1):
+                if bool(stopped.all()):
+                    break
                 fed = tokens[-1] if force_tokens is None else torch.tensor([f[i] for f in force_tokens],
                                                                            device=model.device)
                 step = {"input_ids": fed[:, None].to(model.device)}
@@ -452,15 +459,32 @@ def generate_batch(vlm: VLM, method, inputs: dict, max_new_tokens: int,
                 out = model(**step, past_key_values=cache, use_cache=True)
                 logits.append(out.logits[:, -1].float())
                 tokens.append(logits[-1].argmax(-1))
+                stopped |= _stopped(tokens[-1], stop_tokens)
             decode = _clock(model.device) - start
             decode_peak = memory.peak()
     finally:
         language.set_attn_implementation(before)
         _ACTIVE.reset(token)
     stacked, chosen = torch.stack(logits, dim=1), torch.stack(tokens, dim=1)
-    return [Generation(chosen[b].tolist(), stacked[b], sum(method.cache_bytes(c) for c in session.caches[b]),
+    ends = [_until_stop(chosen[b].tolist(), stop_tokens) for b in range(batch)]
+    return [Generation(chosen[b, :ends[b]].tolist(), stacked[b, :ends[b]],
+                       sum(method.cache_bytes(c) for c in session.caches[b]),
                        prefill, decode, spans[b], max(peak, decode_peak), decode_peak, memory.kind, kept[b])
             for b in range(batch)]
+
+
+def _stopped(chosen: torch.Tensor, stop_tokens: frozenset[int]) -> torch.Tensor:
+    """[batch] bool: which sequences chose a stop token this step."""
+    stops = torch.tensor(sorted(stop_tokens), dtype=chosen.dtype, device=chosen.device)
+    return torch.isin(chosen, stops)
+
+
+def _until_stop(tokens: list[int], stop_tokens: frozenset[int]) -> int:
+    """How many of `tokens` a sequence generated: up to and with its first stop token."""
+    for i, t in enumerate(tokens):
+        if t in stop_tokens:
+            return i + 1
+    return len(tokens)
 
 
 def _kept_positions(caches: list) -> list[torch.Tensor] | None:

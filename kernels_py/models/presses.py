@@ -261,10 +261,12 @@ def cache_bytes(cache) -> int:
     return total
 
 
-def generate(vlm, press, inputs: dict, max_new_tokens: int, force_tokens: list[int] | None = None):
+def generate(vlm, press, inputs: dict, max_new_tokens: int, force_tokens: list[int] | None = None,
+             stop_tokens: frozenset[int] = frozenset()):
     """Greedy decoding of one prompt with transformers' DynamicCache and the
     model's own attention, the press (None: none) compressing the cache after
-    prefill: kernels_py.models.Generation, with the cache's bytes measured."""
+    prefill: kernels_py.models.Generation, with the cache's bytes measured.
+    stop_tokens: end once one is chosen (kept as the last token)."""
     from transformers import DynamicCache
 
     from kernels_py.models.adapter import ATTENTION, Generation, ModelError, _Memory, _clock, spans_from_ids
@@ -304,6 +306,8 @@ def generate(vlm, press, inputs: dict, max_new_tokens: int, force_tokens: list[i
         deltas = getattr(model.model, "rope_deltas", None) if vlm.mrope else None
         start = _clock(model.device)
         for i in range(max_new_tokens - 1):
+            if int(tokens[-1][0]) in stop_tokens:
+                break
             fed = tokens[-1] if force_tokens is None else torch.tensor([force_tokens[i]], device=model.device)
             position = torch.tensor([[prompt + i]], device=model.device)
             if deltas is not None:

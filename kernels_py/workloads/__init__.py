@@ -19,6 +19,7 @@ WORKLOADS: dict[str, type[WorkloadConfig]] = registry.load(__name__, (
     "synthetic",
     "trace",
     "vlm",
+    "lmms",
 ), WorkloadConfig)
 DEFAULT_WORKLOAD = next(iter(WORKLOADS))
 

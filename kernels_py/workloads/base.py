@@ -49,6 +49,9 @@ class WorkloadConfig(Knobs):
     workload(...)."""
 
     name: ClassVar[str]
+    # Knobs one workload value spreads over several jobs (the plan expands them): "each" splits a
+    # comma-separated str into one job per item; "index:KNOB" makes an int N into N jobs, KNOB = 0..N-1.
+    expand: ClassVar[dict[str, str]] = {}
 
     @classmethod
     def owner_name(cls) -> str:

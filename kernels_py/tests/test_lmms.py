@@ -1,0 +1,215 @@
+"""The lmms workload: lmms-eval's task machinery scoring methods inside a
+tiny random VLM, on the tiny local task of fixtures/lmms_tasks (no hub, no
+real weights). Needs lmms-eval (the lock's lmms group):
+`workbench python --workload lmms -- -m pytest kernels_py/tests/test_lmms.py`
+installs it into the managed runtime first. Without it these tests skip,
+unless VLKV_REQUIRE_LMMS=1 (scripts/test sets it) makes that a failure."""
+
+import json
+import math
+import os
+
+import pytest
+import torch
+
+try:
+    import lmms_eval  # noqa: F401
+except ImportError:
+    if os.environ.get("VLKV_REQUIRE_LMMS") == "1":
+        raise
+    pytest.skip("lmms-eval is not installed: run through `workbench python --workload lmms`",
+                allow_module_level=True)
+
+from kernels_py import ablation
+from kernels_py.models.lmms import VLKV, prompt_for, stop_tokens
+from kernels_py.tests.tiny_task import HUB_ID, TASKS, save_tiny_shapes
+from kernels_py.tests.tiny_vlm import save_tiny_llava, save_tiny_qwen2_vl
+from kernels_py.workloads import make_workload
+from kernels_py.workloads.lmms import TaskError, load_task, merge_shards
+
+LIMIT = 8
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lmms")
+    save_tiny_llava(root / "llava")
+    save_tiny_shapes(root / "data")
+    return root
+
+
+def knobs(root, **more):
+    return {"model": str(root / "llava"), "tasks": "tiny_shapes", "limit": LIMIT, "include_path": str(TASKS),
+            "data": str(root / "data"), **more}
+
+
+def by_hand(replies: list[str], answers: list[str]) -> dict[str, float]:
+    """The tiny task's metrics, written out again from its definition."""
+    exact = [float(r.strip().lower() == a) for r, a in zip(replies, answers)]
+    words = [float(len(r.split())) for r in replies]
+    mean = sum(words) / len(words)
+    stderr = math.sqrt(sum((w - mean) ** 2 for w in words) / (len(words) - 1) / len(words))
+    return {"exact_match": sum(exact) / len(exact), "reply_words": mean, "reply_words_stderr": stderr}
+
+
+def transformers_replies(path, task, docs) -> list[str]:
+    """transformers' own greedy generate on each document's prompt, cut as the task says."""
+    from kernels_py import models
+
+    vlm = models.load(path)
+    gen = task.config.generation_kwargs
+    replies = []
+    for doc_id in docs:
+        doc = task.test_docs()[doc_id]
+        images = task.doc_to_visual(doc)
+        inputs = models.prompt_inputs(vlm, images, prompt_for(vlm, task.doc_to_text(doc), len(images)))
+        out = vlm.model.generate(**inputs, max_new_tokens=gen["max_new_tokens"], do_sample=False,
+                                 eos_token_id=sorted(stop_tokens(vlm)))
+        text = vlm.processor.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+        replies.append(text.split(gen["until"][0])[0])
+    return replies
+
+
+@pytest.mark.parametrize("family", ["llava", "llava_next", "qwen2_vl"])
+def test_full_cache_answers_as_transformers_generate_and_scores_as_by_hand(root, family):
+    path = root / family
+    # Seeds whose replies differ between documents (a random tiny model often ends at once).
+    if family == "qwen2_vl" and not path.exists():
+        save_tiny_qwen2_vl(path, seed=2)
+    if family == "llava_next" and not path.exists():
+        save_tiny_llava(path, next=True, seed=2)
+    report = ablation.run("full", {}, knobs(root, model=str(path)), "lmms")
+    extra, metrics = report["extra"], report["metrics"]
+    assert extra["doc_id"] == list(range(LIMIT)) and metrics["documents"] == LIMIT
+    task = load_task("tiny_shapes", str(TASKS), str(root / "data"))
+    assert extra["doc_reply"] == transformers_replies(path, task, extra["doc_id"])
+    assert len(set(extra["doc_reply"])) > 1
+    answers = [task.test_docs()[i]["answer"] for i in extra["doc_id"]]
+    hand = by_hand(extra["doc_reply"], answers)
+    for name, value in hand.items():
+        assert metrics[name] == pytest.approx(value), name
+    assert extra["doc_reply_words"] == [float(len(r.split())) for r in extra["doc_reply"]]
+    # An aggregation taking lmms-eval's args gets them; a submission file is not written, nor scored.
+    assert metrics["longest_reply"] == max(float(len(r.split())) for r in extra["doc_reply"])
+    assert "submission" not in metrics and "submission" not in extra["metric_names"]
+    # The full cache holds what it would: every token's K and V.
+    assert metrics["kv_fraction"] == 1.0 and metrics["kv_bytes_mean"] == metrics["full_kv_bytes_mean"] > 0
+    assert metrics["prefill_seconds"] > 0 and extra["aggregation"]["reply_words"] == "mean"
+    assert metrics["peak_memory_bytes"] > 0 and metrics["peak_memory_bytes"] >= metrics["decode_peak_memory_bytes"] >= 0
+
+
+def test_a_tenth_of_the_cache_changes_answers_and_holds_fewer_bytes(root):
+    full = ablation.run("full", {}, knobs(root), "lmms")
+    h2o = ablation.run("h2o", {"budget": 0.1}, knobs(root), "lmms")
+    assert h2o["extra"]["doc_reply"] != full["extra"]["doc_reply"]
+    task = load_task("tiny_shapes", str(TASKS), str(root / "data"))
+    answers = [task.test_docs()[i]["answer"] for i in h2o["extra"]["doc_id"]]
+    assert h2o["metrics"]["reply_words"] == pytest.approx(by_hand(h2o["extra"]["doc_reply"], answers)["reply_words"])
+    assert h2o["metrics"]["kv_bytes_peak"] < 0.2 * h2o["metrics"]["full_kv_bytes_peak"]
+    assert h2o["metrics"]["kv_fraction"] < 0.2
+    assert all(b < f for b, f in zip(h2o["extra"]["doc_cache_bytes"], h2o["extra"]["doc_full_cache_bytes"]))
+
+
+@pytest.mark.parametrize("method, params", [("full", {}), ("h2o", {"budget": 0.1})])
+def test_a_batch_of_documents_answers_as_one_at_a_time(root, method, params):
+    """Documents generated together (left-padded, each with its own method
+    caches) give the answers and scores they give alone."""
+    alone = ablation.run(method, params, knobs(root), "lmms")
+    batched = ablation.run(method, params, knobs(root, batch=3), "lmms")
+    assert batched["extra"]["doc_reply"] == alone["extra"]["doc_reply"]
+    for name in ("exact_match", "reply_words", "documents"):
+        assert batched["metrics"][name] == alone["metrics"][name]
+    # A batch decodes until its longest answer ends: a document that stopped earlier holds more tokens.
+    assert all(b >= a for b, a in zip(batched["extra"]["doc_full_cache_bytes"], alone["extra"]["doc_full_cache_bytes"]))
+    assert batched["metrics"]["kv_fraction"] == pytest.approx(alone["metrics"]["kv_fraction"], rel=0.2)
+
+
+def test_a_kvpress_press_is_scored_in_the_model(root):
+    """A press compresses transformers' own cache inside the same model: scored, and the bytes it left."""
+    report = ablation.run("kvpress", {"press": "SnapKVPress", "compression_ratio": 0.5,
+                                      "press_args": "window_size=8"}, knobs(root), "lmms")
+    metrics = report["metrics"]
+    assert metrics["documents"] == LIMIT and "exact_match" in metrics and "reply_words" in metrics
+    assert 0.4 < metrics["kv_fraction"] < 0.7 and metrics["kv_bytes_peak"] < metrics["full_kv_bytes_peak"]
+
+
+def test_two_shards_score_as_one(root):
+    one = ablation.run("h2o", {"budget": 0.1}, knobs(root), "lmms")
+    rows = []
+    for shard in range(2):
+        part = ablation.run("h2o", {"budget": 0.1}, knobs(root, shards=2, shard=shard), "lmms")
+        assert part["metrics"]["documents"] == LIMIT / 2
+        rows.append({"workload_shard": shard, **{f"metric_{k}": v for k, v in part["metrics"].items()},
+                     **{f"extra_{k}": v for k, v in part["extra"].items()}})
+    docs = sorted(d for r in rows for d in r["extra_doc_id"])
+    assert docs == one["extra"]["doc_id"]
+    replies = dict(zip(one["extra"]["doc_id"], one["extra"]["doc_reply"]))
+    assert all(replies[d] == r for row in rows for d, r in zip(row["extra_doc_id"], row["extra_doc_reply"]))
+    merged = merge_shards(rows)
+    for name in ("exact_match", "answer_mentioned", "reply_words", "reply_words_stderr", "documents",
+                 "kv_bytes_mean", "kv_bytes_peak", "full_kv_bytes_mean", "kv_fraction"):
+        assert merged[name] == pytest.approx(one["metrics"][name]), name
+
+
+def test_bad_input_is_one_line_error(root, tmp_path):
+    cases = [
+        (knobs(root, tasks="tiny_shape"), "unknown lmms-eval task 'tiny_shape' (did you mean 'tiny_shapes'?)"),
+        # Offline, with no local copy: the task, its hub id and how to fetch it.
+        (knobs(root, data=""), f"task tiny_shapes: dataset {HUB_ID} is not in the local Hugging Face cache"),
+        (knobs(root, data=str(tmp_path)), f"hf download {HUB_ID} --repo-type dataset --local-dir "
+                                          f"{tmp_path / HUB_ID}"),
+        (knobs(root, tasks="tiny_shapes_choice"), "scored by multiple_choice (one forward pass"),
+        (knobs(root, tasks="tiny_group"), "is a group of lmms-eval tasks: name its tasks in tasks= (one job each), "
+                                          "e.g. tiny_shapes"),
+        (knobs(root, model=str(tmp_path / "nowhere")), "model directory"),
+        (knobs(root, include_path=str(tmp_path / "nowhere")), "include_path"),
+    ]
+    for workload, message in cases:
+        with pytest.raises(TaskError) as err:
+            ablation.run("full", {}, workload, "lmms")
+        assert message in str(err.value) and "\n" not in str(err.value), str(err.value)
+    with pytest.raises(ValueError, match="limit"):
+        make_workload("lmms", knobs(root, limit=0))
+    with pytest.raises(TaskError, match="needs tasks="):
+        ablation.run("full", {}, knobs(root, tasks=""), "lmms")
+    with pytest.raises(ValueError, match="no compressed cache is read"):
+        VLKV(vlm=object()).loglikelihood([])
+
+
+def test_stop_tokens_end_generation_early(root):
+    """An end-of-sequence token ends decoding: the tokens stop at it and a
+    stopped generation decodes no further (its cache stops growing)."""
+    from kernels_py import models
+    from kernels_py.methods import make_method
+
+    vlm = models.load(root / "llava")
+    task = load_task("tiny_shapes", str(TASKS), str(root / "data"))
+    doc = task.test_docs()[0]
+    inputs = models.prompt_inputs(vlm, task.doc_to_visual(doc), prompt_for(vlm, doc["question"], 1))
+    free = models.generate(vlm, make_method("full"), inputs, 6)
+    stop = frozenset({free.tokens[1]})
+    stopped = models.generate(vlm, make_method("full"), inputs, 6, stop_tokens=stop)
+    assert stopped.tokens == free.tokens[:free.tokens.index(free.tokens[1]) + 1]
+    assert stopped.cache_bytes < free.cache_bytes and torch.equal(stopped.logits, free.logits[:len(stopped.tokens)])
+
+
+def test_shards_of_a_metric_not_aggregated_by_a_mean_are_aggregated_by_the_task():
+    """A task's own aggregation (here a median over per-document records) runs again over all shards'
+    documents; one shard is its own score."""
+    class Task:
+        @staticmethod
+        def aggregation():
+            return {"score": lambda items: float(sorted(i["v"] for i in items)[len(items) // 2])}
+
+    def row(shard, values):
+        return {"workload_shard": shard, "metric_documents": float(len(values)), "metric_score": -1.0,
+                "extra_aggregation": '{"score": "<lambda>"}',
+                "extra_doc_score": json.dumps([json.dumps({"v": v}) for v in values]),
+                **{f"metric_{k}": 1.0 for k in ("prefill_seconds", "decode_seconds", "kv_bytes_peak",
+                                                "full_kv_bytes_peak", "kv_bytes_mean", "full_kv_bytes_mean",
+                                                "generated_tokens_mean", "prompt_tokens_mean",
+                                                "peak_memory_bytes", "decode_peak_memory_bytes")}}
+
+    merged = merge_shards([row(0, [1, 9, 8]), row(1, [2, 7])], task=Task())
+    assert merged["score"] == 7.0 and merged["documents"] == 5
+    assert merge_shards([row(0, [1, 9, 8])])["score"] == -1.0  # the job's own value

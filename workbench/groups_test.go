@@ -1,0 +1,53 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// An lmms workload spreads over a job per task and shard, and a run on an
+// interpreter without lmms-eval stops before starting anything, saying how
+// to get it.
+func TestLmmsWorkloadPlansAndNeedsItsGroup(t *testing.T) {
+	dir := t.TempDir()
+	script := filepath.Join(dir, "acc.star")
+	os.WriteFile(script, []byte(`experiment(name = "acc", methods = ["full", "h2o"], grid = {"budget": [0.1]},
+    workloads = [workload("lmms", model = "m", tasks = "docvqa_val, chartqa", shards = 2)])
+`), 0o644)
+	code, stdout, stderr := runCLI(t, "plan", script)
+	if code != 0 {
+		t.Fatalf("plan: exit %d: %s", code, stderr)
+	}
+	if !strings.Contains(stdout, "experiment acc: 8 jobs") || strings.Count(stdout, "shard=1 ") != 4 ||
+		strings.Count(stdout, "tasks=chartqa)") != 4 {
+		t.Errorf("want 2 methods x 2 tasks x 2 shards:\n%s", stdout)
+	}
+
+	out := filepath.Join(dir, "results")
+	code, _, stderr = runCLI(t, "--python", "/bin/false", "--device", "cpu", "run", "--out", out, script)
+	if code != 1 || !strings.Contains(stderr, `workload "lmms" needs lmms_eval, which is not installed in /bin/false`) ||
+		!strings.Contains(stderr, "its lmms group") {
+		t.Fatalf("exit %d\n%s", code, stderr)
+	}
+	if entries, _ := os.ReadDir(out); len(entries) != 0 {
+		t.Errorf("%s holds %d entries after a run refused before starting", out, len(entries))
+	}
+
+	// The papers' protocol plans: (1 full + 5 methods x 5 budgets + 5 taus) x 3 tasks.
+	code, stdout, stderr = runCLI(t, "plan", "../experiments/accuracy.star")
+	if code != 0 || !strings.Contains(stdout, "experiment accuracy: 93 jobs") {
+		t.Errorf("plan accuracy.star: exit %d\n%s%s", code, stderr, firstLines(stdout, 2))
+	}
+
+	code, _, stderr = runCLI(t, "python", "--workload", "vlm", "--", "-c", "1")
+	if code != 2 || !strings.Contains(stderr, `--workload "vlm": only lmms install dependencies beyond the runtime`) {
+		t.Errorf("exit %d\n%s", code, stderr)
+	}
+}
+
+func firstLines(s string, n int) string {
+	lines := strings.SplitN(s, "\n", n+1)
+	return strings.Join(lines[:min(n, len(lines))], "\n")
+}
