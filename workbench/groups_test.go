@@ -35,9 +35,10 @@ func TestLmmsWorkloadPlansAndNeedsItsGroup(t *testing.T) {
 		t.Errorf("%s holds %d entries after a run refused before starting", out, len(entries))
 	}
 
-	// The papers' protocol plans: (1 full + 5 methods x 5 budgets + 5 taus) x 3 tasks.
+	// The papers' protocol plans: ((1 full + 5 methods x 5 budgets) x 2 KV dtypes (the model's, FP8) + 5 taus)
+	// x 3 tasks.
 	code, stdout, stderr = runCLI(t, "plan", "../experiments/accuracy.star")
-	if code != 0 || !strings.Contains(stdout, "experiment accuracy: 93 jobs") {
+	if code != 0 || !strings.Contains(stdout, "experiment accuracy: 171 jobs") {
 		t.Errorf("plan accuracy.star: exit %d\n%s%s", code, stderr, firstLines(stdout, 2))
 	}
 

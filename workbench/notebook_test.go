@@ -24,8 +24,8 @@ func TestNotebookArguments(t *testing.T) {
 		code int
 		msg  string
 	}{
-		{"no notebook", nil, 2, "give a notebook (attentionpack, compare,"},
-		{"unknown notebook", []string{"nosuch", run}, 2, `no notebook "nosuch": notebooks/ has attentionpack, compare,`},
+		{"no notebook", nil, 2, "give a notebook (accuracy, attentionpack, compare,"},
+		{"unknown notebook", []string{"nosuch", run}, 2, `no notebook "nosuch": notebooks/ has accuracy, attentionpack, compare,`},
 		{"no run", []string{"quickstart"}, 2, "notebook quickstart reads 1 run directory, got 0"},
 		{"one run for compare", []string{"compare", run}, 2, "notebook compare reads 2 run directories, got 1"},
 		{"missing run", []string{"quickstart", filepath.Join(dir, "nowhere")}, 1, "nowhere does not exist"},
