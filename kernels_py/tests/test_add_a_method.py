@@ -63,7 +63,8 @@ print(json.dumps({"registered": list(METHODS), "schema": schema.document()["meth
     report = json.loads(out.stdout.splitlines()[-1])
     assert report["registered"][-1] == "h2o_sparsity"
     knobs = report["schema"]["params"]
-    assert set(knobs) == {"attention", "budget", "evict_while_decoding", "recent_fraction", "backend"} \
+    assert set(knobs) == {"attention", "budget", "evict_while_decoding", "recent_fraction", "backend", "kv_dtype",
+                          "fp8_scale"} \
         and knobs["budget"]["ref"] == "VL-Cache Algorithm 1"
     # Sparsity-guided budgets differ per layer (the first two layers are dense) and average to the budget.
     budgets = report["per_layer"]["layer_budget"]
