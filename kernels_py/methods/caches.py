@@ -49,12 +49,17 @@ class KeptTokens:
         """Keep only the tokens at `indices` ([kv_heads, n'] into the held tokens),
         as new, smaller tensors."""
         indices = indices.sort(dim=-1).values
-        channels = indices[..., None].expand(-1, -1, self.keys.shape[-1])
-        self.keys = self.keys.gather(1, channels)
-        self.values = self.values.gather(1, channels)
+        self._keep_kv(indices)
         self.positions = self.positions.gather(1, indices)
         if self.scores is not None:
             self.scores = self.scores.gather(1, indices)
+
+    def _keep_kv(self, indices: torch.Tensor) -> None:
+        """keep's K and V part (indices sorted): what a representation of
+        the tokens' K and V other than plain tensors overrides."""
+        channels = indices[..., None].expand(-1, -1, self.keys.shape[-1])
+        self.keys = self.keys.gather(1, channels)
+        self.values = self.values.gather(1, channels)
 
     def keep_top(self, scores: torch.Tensor, capacity: int, recent: int) -> None:
         """Hold at most `capacity` tokens: the `recent` latest plus the
@@ -64,14 +69,18 @@ class KeptTokens:
 
     def append(self, k_t: torch.Tensor, v_t: torch.Tensor) -> None:
         """Add the token being generated ([kv_heads, 1, d]) at the next position."""
-        kv_heads = self.keys.shape[0]
-        self.keys = torch.cat([self.keys, k_t.to(self.keys.dtype)], dim=1)
-        self.values = torch.cat([self.values, v_t.to(self.values.dtype)], dim=1)
+        kv_heads = k_t.shape[0]
+        self._append_kv(k_t, v_t)
         position = torch.full((kv_heads, 1), self.seen, dtype=self.positions.dtype, device=self.positions.device)
         self.positions = torch.cat([self.positions, position], dim=1)
         if self.scores is not None:
             self.scores = torch.cat([self.scores, self.scores.new_zeros(kv_heads, 1)], dim=1)
         self.seen += 1
+
+    def _append_kv(self, k_t: torch.Tensor, v_t: torch.Tensor) -> None:
+        """append's K and V part, as _keep_kv."""
+        self.keys = torch.cat([self.keys, k_t.to(self.keys.dtype)], dim=1)
+        self.values = torch.cat([self.values, v_t.to(self.values.dtype)], dim=1)
 
     def attend(self, q_t: torch.Tensor, weights: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One query token q_t [heads, 1, d] over the held K/V. Returns the output

@@ -83,8 +83,7 @@ class Float8Tokens(KeptTokens):
         """Codes and scales, exactly (positions are bookkeeping, as for KeptTokens)."""
         return tensor_bytes(self.k_codes, self.v_codes_t, self.k_scale, self.v_scale)
 
-    def keep(self, indices: torch.Tensor) -> None:
-        indices = indices.sort(dim=-1).values
+    def _keep_kv(self, indices: torch.Tensor) -> None:
         d = self.k_codes.shape[-1]
         # torch has no gather for float8 on the CPU: gather the bytes.
         self.k_codes = self.k_codes.view(torch.uint8).gather(1, indices[..., None].expand(-1, -1, d)).view(self.code)
@@ -92,13 +91,10 @@ class Float8Tokens(KeptTokens):
             .view(self.code)
         if self.granularity == "token":
             self.k_scale, self.v_scale = self.k_scale.gather(1, indices), self.v_scale.gather(1, indices)
-        self.positions = self.positions.gather(1, indices)
-        if self.scores is not None:
-            self.scores = self.scores.gather(1, indices)
 
-    def append(self, k_t: torch.Tensor, v_t: torch.Tensor) -> None:
-        """Add the token being generated: its own scales (per token), or the
-        layer's fixed ones, saturating beyond them."""
+    def _append_kv(self, k_t: torch.Tensor, v_t: torch.Tensor) -> None:
+        """The generated token's codes: with its own scales (per token), or
+        the layer's fixed ones, saturating beyond them."""
         if self.granularity == "token":
             k_scale, v_scale = codec.scales(k_t, "token", self.code), codec.scales(v_t, "token", self.code)
             self.k_scale = torch.cat([self.k_scale, k_scale], dim=1)
@@ -107,12 +103,6 @@ class Float8Tokens(KeptTokens):
             k_scale, v_scale = self.k_scale, self.v_scale
         self.k_codes = torch.cat([self.k_codes, codec.encode(k_t, k_scale, self.code)], dim=1)
         self.v_codes_t = torch.cat([self.v_codes_t, codec.encode(v_t, v_scale, self.code).transpose(1, 2)], dim=2)
-        kv_heads = self.k_codes.shape[0]
-        position = torch.full((kv_heads, 1), self.seen, dtype=self.positions.dtype, device=self.positions.device)
-        self.positions = torch.cat([self.positions, position], dim=1)
-        if self.scores is not None:
-            self.scores = torch.cat([self.scores, self.scores.new_zeros(kv_heads, 1)], dim=1)
-        self.seen += 1
 
     def attend(self, q_t: torch.Tensor, weights: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """As KeptTokens.attend. weights=True: over the dequantized cache in
