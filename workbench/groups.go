@@ -35,20 +35,26 @@ func (a *app) ensureWorkloadGroups(ctx context.Context, s *session, workloads []
 			}
 			continue
 		}
-		cacheDir, err := pyrt.CacheDir()
-		if err != nil {
-			return err
-		}
-		project, err := pyrt.ProjectFor(s.kernels, vlkv.Assets)
-		if err != nil {
-			return err
-		}
-		cfg := pyrt.ManagedConfig{CacheDir: cacheDir, Project: project, Log: a.log, Progress: a.stderr}
-		if err := pyrt.EnsureGroup(ctx, cfg, s.runtime, need.group); err != nil {
+		if err := a.installGroup(ctx, s, need.group); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// installGroup installs a dependency group of the lock into the session's
+// managed runtime, once (pyrt.EnsureGroup).
+func (a *app) installGroup(ctx context.Context, s *session, group string) error {
+	cacheDir, err := pyrt.CacheDir()
+	if err != nil {
+		return err
+	}
+	project, err := pyrt.ProjectFor(s.kernels, vlkv.Assets)
+	if err != nil {
+		return err
+	}
+	cfg := pyrt.ManagedConfig{CacheDir: cacheDir, Project: project, Log: a.log, Progress: a.stderr}
+	return pyrt.EnsureGroup(ctx, cfg, s.runtime, group)
 }
 
 // sortedGroupWorkloads names the workloads that need a dependency group.

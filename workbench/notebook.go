@@ -182,16 +182,7 @@ yourself. Arguments after -- go to JupyterLab, e.g.:
 				return err
 			}
 			if s.runtime.Kind == pyrt.Managed {
-				cacheDir, err := pyrt.CacheDir()
-				if err != nil {
-					return err
-				}
-				project, err := pyrt.ProjectFor(s.kernels, vlkv.Assets)
-				if err != nil {
-					return err
-				}
-				cfg := pyrt.ManagedConfig{CacheDir: cacheDir, Project: project, Log: a.log, Progress: a.stderr}
-				if err := pyrt.EnsureGroup(ctx, cfg, s.runtime, "jupyter"); err != nil {
+				if err := a.installGroup(ctx, s, "jupyter"); err != nil {
 					return err
 				}
 			} else if err := exec.CommandContext(ctx, s.runtime.Python, "-c", "import jupyterlab").Run(); err != nil {
