@@ -101,6 +101,15 @@ H200 = GPU("H200 SXM", 90, 132, 1.83e9, 4.8e12, 4096.0, 2.0 / 3.0, latency=H100.
 GPUS = {90: H100, 80: A100}
 
 
+def roofline(hbm_bytes: float, flops: float, gpu: GPU = H100) -> tuple[float, str]:
+    """The ideal of an op's model: microseconds its bytes take at the HBM
+    peak or its FLOPs at the tensor-core peak, whichever is longer, and which
+    ("memory" or "tensor cores"). A bound, never a prediction."""
+    times = {"memory": hbm_bytes / gpu.hbm_bytes_per_s, "tensor cores": flops / gpu.peak_flops}
+    bound = max(times, key=times.get)
+    return times[bound] * 1e6, bound
+
+
 def gpu_for(name: str, capability: int) -> GPU:
     """The constants of a device by its name (torch.cuda.get_device_name),
     else those of its compute capability's reference GPU."""

@@ -58,11 +58,7 @@ def costs(s: Step) -> dict[str, dict]:
 
 
 def roofline_us(cost: dict) -> tuple[float, str]:
-    """The longer of the step's bytes at the HBM peak and its tensor-core
-    FLOPs at the MMA peak, and which it is."""
-    times = {"memory": cost["bytes"] / H100.hbm_bytes_per_s, "tensor cores": cost["flops"] / H100.peak_flops}
-    bound = max(times, key=times.get)
-    return times[bound] * 1e6, bound
+    return estimate.roofline(cost["bytes"], cost["flops"])
 
 
 COLUMNS = (

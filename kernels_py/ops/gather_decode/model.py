@@ -40,7 +40,7 @@ def costs(s: Step) -> dict[str, dict]:
 
 
 def roofline_us(cost: dict) -> float:
-    return max(cost["bytes"] / H100.hbm_bytes_per_s, cost["flops"] / H100.peak_flops) * 1e6
+    return estimate.roofline(cost["bytes"], cost["flops"])[0]
 
 
 COLUMNS = (
