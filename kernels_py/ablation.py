@@ -109,7 +109,7 @@ def _full_generation(config):
     from kernels_py import models
 
     vlm = config.load()
-    inputs = models.prompt_inputs(vlm, config.image_list(), config.prompt)
+    inputs = models.prompt_inputs(vlm, config.image_list(), config.prompt, config.video_list())
     return vlm, inputs, models.generate(vlm, make_method(REFERENCE_METHOD, {}), inputs, config.decode_steps + 1)
 
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -28,30 +29,42 @@ func newTraceCmd(a *app) *cobra.Command {
 
 func newTraceCaptureCmd(a *app) *cobra.Command {
 	var model, prompt, out string
-	var images []string
-	var steps int
+	var images, videos []string
+	var steps, frames int
+	var fps float64
 	cmd := &cobra.Command{
-		Use:   "capture --model DIR --image FILE... --prompt TEXT --out FILE.safetensors",
+		Use:   "capture --model DIR (--image FILE | --video FILE)... --prompt TEXT --out FILE.safetensors",
 		Short: "Run a local VLM with the full cache and record every layer's Q/K/V",
-		Long: `capture loads a Hugging Face VLM from a local directory (LLaVA-1.5, LLaVA-NeXT, Qwen2-VL or
-Qwen2.5-VL; nothing is downloaded), runs the prompt with its images and a
+		Long: `capture loads a Hugging Face VLM from a local directory (see README "Use your own
+model" for the families and which take images, several images or video;
+nothing is downloaded), runs the prompt with its images and videos and a
 greedy generation of --decode-steps + 1 tokens with the full cache, and
 writes every language-model layer's Q/K/V (keys both before and after
 RoPE) for the prompt and each decode step, with the RoPE positions (3-D on
-M-RoPE models), modality spans and the model's shape, to one safetensors
-file. Experiments replay it as a
-workload: workload("trace", path = "FILE.safetensors").`,
+M-RoPE models), modality spans (one per image and per video frame) and the
+model's shape, to one safetensors file. A --video is a video file (decoded
+with PyAV) or a directory of frame images; --frames of it are sampled,
+spread evenly over the video, or with --fps one every 1/fps seconds up to
+--frames. Sliding-window layers (Gemma 3) are not recorded: the methods
+hold only the global layers. Experiments replay the trace as a workload:
+workload("trace", path = "FILE.safetensors").`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if model == "" || prompt == "" || out == "" || len(images) == 0 {
-				return &usageError{errors.New("trace capture needs --model, at least one --image, --prompt and --out")}
+			if model == "" || prompt == "" || out == "" || len(images)+len(videos) == 0 {
+				return &usageError{errors.New("trace capture needs --model, at least one --image or --video, --prompt and --out")}
 			}
 			if steps < 1 {
 				return &usageError{fmt.Errorf("--decode-steps must be at least 1, got %d", steps)}
 			}
+			if frames < 1 {
+				return &usageError{fmt.Errorf("--frames must be at least 1, got %d", frames)}
+			}
+			if fps < 0 || math.IsNaN(fps) || math.IsInf(fps, 0) {
+				return &usageError{fmt.Errorf("--fps must be a positive rate (frames a second), got %g", fps)}
+			}
 			// Checked before Python starts, which takes seconds, and the
 			// model more before the file is written.
-			if err := checkCaptureFiles(model, images, out); err != nil {
+			if err := checkCaptureFiles(model, images, videos, out); err != nil {
 				return err
 			}
 			ctx := cmd.Context()
@@ -63,6 +76,15 @@ workload: workload("trace", path = "FILE.safetensors").`,
 				"--decode-steps", fmt.Sprint(steps)}
 			for _, img := range images {
 				args = append(args, "--image", img)
+			}
+			for _, v := range videos {
+				args = append(args, "--video", v)
+			}
+			if len(videos) > 0 {
+				args = append(args, "--frames", fmt.Sprint(frames))
+				if fps > 0 {
+					args = append(args, "--fps", fmt.Sprint(fps))
+				}
 			}
 			c := exec.CommandContext(ctx, rt.Python, args...)
 			c.Env = worker.Environment(os.Environ(), kernels.Dir, a.flags.device.value)
@@ -101,17 +123,20 @@ workload: workload("trace", path = "FILE.safetensors").`,
 	}
 	cmd.Flags().StringVar(&model, "model", "", "local model directory (config.json, weights, processor files)")
 	cmd.Flags().StringArrayVar(&images, "image", nil, "image file, one per image placeholder in the prompt (repeatable)")
-	cmd.Flags().StringVar(&prompt, "prompt", "", "prompt text with one image placeholder (LLaVA: <image>) per image")
+	cmd.Flags().StringArrayVar(&videos, "video", nil, "video file or directory of frame images, one per video placeholder in the prompt (repeatable)")
+	cmd.Flags().IntVar(&frames, "frames", 8, "frames sampled from each video (with --fps: at most this many)")
+	cmd.Flags().Float64Var(&fps, "fps", 0, "sample each video at this rate, frames a second (default: --frames spread over the whole video)")
+	cmd.Flags().StringVar(&prompt, "prompt", "", "prompt text with one placeholder per image and per video, in order (LLaVA: <image>, Qwen2-VL: <|vision_start|><|image_pad|><|vision_end|>; README lists each family's)")
 	cmd.Flags().StringVar(&out, "out", "", "trace file to write (.safetensors)")
 	cmd.Flags().IntVar(&steps, "decode-steps", 16, "decode steps to record")
 	return cmd
 }
 
 // checkCaptureFiles says, in one line, what of capture's files is missing
-// (the model directory, an image) or why out cannot be written: its
+// (the model directory, an image, a video) or why out cannot be written: its
 // directory is missing or not a directory, or out is a directory. What is
 // in the files is for the capture to check.
-func checkCaptureFiles(model string, images []string, out string) error {
+func checkCaptureFiles(model string, images, videos []string, out string) error {
 	if st, err := os.Stat(model); err != nil || !st.IsDir() {
 		return fmt.Errorf("--model %s is not a directory: give a local directory holding config.json, the weights "+
 			"and the processor files (save_pretrained writes them)", model)
@@ -119,6 +144,11 @@ func checkCaptureFiles(model string, images []string, out string) error {
 	for _, img := range images {
 		if st, err := os.Stat(img); err != nil || st.IsDir() {
 			return fmt.Errorf("--image %s is not a file", img)
+		}
+	}
+	for _, v := range videos {
+		if _, err := os.Stat(v); err != nil {
+			return fmt.Errorf("--video %s does not exist: give a video file or a directory of frame images", v)
 		}
 	}
 	if st, err := os.Stat(out); err == nil && st.IsDir() {
@@ -165,7 +195,12 @@ type traceMeta struct {
 		System [2]int   `json:"system"`
 		Images [][2]int `json:"images"`
 		Text   [2]int   `json:"text"`
+		Videos [][2]int `json:"videos,omitempty"` // per video, its frames' indices in Images
 	} `json:"spans"`
+	Videos []struct {
+		Source     string    `json:"source"`
+		Timestamps []float64 `json:"timestamps"`
+	} `json:"videos,omitempty"`
 	PromptTokens int    `json:"prompt_tokens"`
 	DecodeSteps  int    `json:"decode_steps"`
 	Prompt       string `json:"prompt"`
@@ -237,6 +272,16 @@ func newTraceInspectCmd(a *app) *cobra.Command {
 			}
 			fmt.Fprintf(tw, "spans\tsystem [%d, %d), images %s, text [%d, %d)\n", meta.Spans.System[0],
 				meta.Spans.System[1], strings.Join(images, " "), meta.Spans.Text[0], meta.Spans.Text[1])
+			for i, v := range meta.Spans.Videos {
+				source, seconds := "", ""
+				if i < len(meta.Videos) {
+					source = meta.Videos[i].Source
+					if ts := meta.Videos[i].Timestamps; len(ts) > 0 {
+						seconds = fmt.Sprintf(", %d sampled from %.2fs to %.2fs", len(ts), ts[0], ts[len(ts)-1])
+					}
+				}
+				fmt.Fprintf(tw, "video %d\t%s: frames are images %d-%d%s\n", i, source, v[0], v[1]-1, seconds)
+			}
 			fmt.Fprintf(tw, "tokens\t%d prompt, %d decode steps\n", meta.PromptTokens, meta.DecodeSteps)
 			fmt.Fprintf(tw, "data\t%d tensors, %s\n", len(h.Entries), humanBytes(total))
 			return tw.Flush()

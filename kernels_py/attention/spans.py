@@ -15,12 +15,16 @@ class Spans:
     post-vision text after the last image; and the RoPE the model rotated
     the prompt's keys with (its kind and theta: what a method that undoes
     the rotation must use). Every workload sets `rope` from its source (the
-    synthetic knobs, a trace's header, the model's config)."""
+    synthetic knobs, a trace's header, the model's config). `videos` says
+    which of `images` are a video's frames: per video, the half-open range of
+    their indices in `images` (methods may ignore it and treat every frame as
+    an image)."""
 
     system: tuple[int, int]
     images: tuple[tuple[int, int], ...]
     text: tuple[int, int]
     rope: Rope = field(default_factory=Rope)
+    videos: tuple[tuple[int, int], ...] = ()
 
     @property
     def prompt_tokens(self) -> int:

@@ -30,18 +30,9 @@ import torch.nn.functional as F
 
 from kernels_py.attention import Rope, Spans
 from kernels_py.methods.caches import KeptTokens
+from kernels_py.models.families import FAMILIES, MROPE_FAMILIES, VIDEO, Family, supported
 
 ATTENTION = "vlkv"
-# model_type in config.json -> the family the adapter knows how to drive.
-FAMILIES = {
-    "llava": "LLaVA-1.5 style (CLIP vision tower, Llama-family language model, <image> placeholder)",
-    "llava_next": "LLaVA-NeXT / LLaVA-1.6 (as LLaVA-1.5, with anyres tiling: a base view, the tiles and a newline "
-                  "token per row)",
-    "qwen2_vl": "Qwen2-VL (its vision tower, GQA language model with M-RoPE, "
-                "<|vision_start|><|image_pad|><|vision_end|> placeholder)",
-    "qwen2_5_vl": "Qwen2.5-VL (as Qwen2-VL, with a windowed vision tower)",
-}
-MROPE_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
 TESTED_TRANSFORMERS = "5.23.0"
 
 
@@ -59,8 +50,19 @@ class VLM:
     path: Path
 
     @property
+    def spec(self) -> Family:
+        return FAMILIES[self.family]
+
+    @property
     def image_token_id(self) -> int:
         return int(self.model.config.image_token_id)
+
+    @property
+    def video_token_id(self) -> int | None:
+        """The token a video's frames expand into (None: the family has none,
+        or its frames use the image token)."""
+        token = getattr(self.model.config, "video_token_id", None)
+        return None if token is None else int(token)
 
     @property
     def mrope(self) -> bool:
@@ -76,8 +78,38 @@ class VLM:
         return self.processor.image_token
 
     @property
+    def image_placeholder(self) -> str:
+        """What a prompt holds where an image goes."""
+        if self.spec.image_placeholder is None:
+            raise ModelError(f"{self.family} takes no image")
+        return self.spec.image_placeholder
+
+    @property
+    def video_placeholder(self) -> str:
+        """What a prompt holds where a video goes."""
+        if self.spec.video_placeholder is None:
+            takes = [f.model_type for f in FAMILIES.values() if VIDEO in f.inputs]
+            raise ModelError(f"{self.family} takes no video (it was not trained on any, and its processor has no "
+                             f"video processor); the families that do: {', '.join(takes)}")
+        return self.spec.video_placeholder
+
+    @property
     def layers(self) -> int:
         return int(self.model.config.text_config.num_hidden_layers)
+
+    @property
+    def sliding_layers(self) -> tuple[int, ...]:
+        """The language model's sliding-window layers (Gemma 3 interleaves them
+        with global ones): their cache is bounded by the window, as the model
+        keeps it, and the methods compress only the other layers."""
+        types = getattr(self.model.config.text_config, "layer_types", None) or []
+        return tuple(i for i, kind in enumerate(types) if kind == "sliding_attention")
+
+    @property
+    def method_layers(self) -> tuple[int, ...]:
+        """The layers whose cache a method holds, in order: a method's layer i is the model's method_layers[i]."""
+        sliding = set(self.sliding_layers)
+        return tuple(i for i in range(self.layers) if i not in sliding)
 
 
 def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> VLM:
@@ -95,10 +127,9 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.d
         raise ModelError(f"{config_file} is not a JSON object ({err}): save the model again "
                          f"(save_pretrained)") from None
     if model_type not in FAMILIES:
-        supported = "; ".join(f"{name}: {what}" for name, what in FAMILIES.items())
         kind = "a text-only model (no vision tower)" if "vision_config" not in config_file.read_text() else \
             "a model type the adapter does not know"
-        raise ModelError(f"{path}: model_type {model_type!r} is {kind}; supported: {supported}")
+        raise ModelError(f"{path}: model_type {model_type!r} is {kind}; supported: {supported()}")
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     # transformers and safetensors raise their own types (OSError for a
@@ -115,17 +146,63 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.d
     return VLM(model.to(device).eval(), processor, model_type, path)
 
 
-def prompt_inputs(vlm: VLM, images: list, prompt: str) -> dict:
+def prompt_inputs(vlm: VLM, images: list, prompt: str, videos: list = ()) -> dict:
     """The processor's tensors for `prompt` with `images` (file paths or PIL
-    images), one image placeholder per image in the prompt."""
+    images) and `videos` (kernels_py.models.video.Video, frames already
+    sampled), one placeholder per image and per video in the prompt, in order."""
+    return _processed(vlm, [(list(images), prompt, list(videos))])
+
+
+def batch_inputs(vlm: VLM, prompts: list[tuple]) -> dict:
+    """The processor's tensors for several (images, prompt) or (images,
+    prompt, videos) entries of different lengths in one batch, left-padded."""
+    tokenizer = vlm.processor.tokenizer
+    if tokenizer.pad_token is None:
+        raise ModelError(f"{vlm.path}'s tokenizer has no padding token, which a batch of prompts of different "
+                         f"lengths needs: run them one at a time, or save the tokenizer with a pad_token")
+    side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    try:
+        return _processed(vlm, [(list(p[0]), p[1], list(p[2]) if len(p) > 2 else []) for p in prompts])
+    finally:
+        tokenizer.padding_side = side
+
+
+def _processed(vlm: VLM, entries: list[tuple[list, str, list]]) -> dict:
+    """Check every entry's placeholders against its images and videos, then run the processor on all of them."""
+    for images, prompt, videos in entries:
+        _check_placeholders(vlm, prompt, len(images), len(videos))
+    images = [image for entry in entries for image in _open_images(entry[0])]
+    videos = [video for entry in entries for video in entry[2]]
+    texts = [prompt for _, prompt, _ in entries]
+    kwargs = {}
+    if images:
+        kwargs["images"] = images
+    if videos:
+        kwargs.update(videos=[v.frames for v in videos], video_metadata=[_metadata(v) for v in videos],
+                      do_sample_frames=False)
+    inputs = vlm.processor(text=texts if len(texts) > 1 else texts[0], padding=len(texts) > 1, return_tensors="pt",
+                           **kwargs)
+    return {k: v.to(vlm.model.device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+
+
+def _check_placeholders(vlm: VLM, prompt: str, images: int, videos: int) -> None:
+    if not images and not videos:
+        raise ModelError("give at least one image or video: the methods compress the KV cache of a "
+                         "vision-language prompt")
+    for kind, count in (("image", images), ("video", videos)):
+        if not count and getattr(vlm.spec, f"{kind}_placeholder") is None:
+            continue
+        placeholder = getattr(vlm, f"{kind}_placeholder")
+        found = prompt.count(placeholder)
+        if found != count:
+            raise ModelError(f"the prompt holds {found} {kind} placeholder(s) {placeholder!r} for {count} {kind}(s): "
+                             f"put one {placeholder!r} where each {kind} goes")
+
+
+def _open_images(images):
     from PIL import Image, UnidentifiedImageError
 
-    if not images:
-        raise ModelError("give at least one image: the methods compress the KV cache of a vision-language prompt")
-    count = prompt.count(vlm.image_token)
-    if count != len(images):
-        raise ModelError(f"the prompt holds {count} image placeholder(s) {vlm.image_token!r} for {len(images)} "
-                         f"image(s): put one {vlm.image_token!r} where each image goes")
     loaded = []
     for image in images:
         if isinstance(image, (str, Path)):
@@ -136,31 +213,105 @@ def prompt_inputs(vlm: VLM, images: list, prompt: str) -> dict:
                 raise ModelError(f"image {image} cannot be decoded ({err}); give a PNG, JPEG or another format "
                                  f"Pillow reads") from None
         loaded.append(image)
-    inputs = vlm.processor(images=loaded, text=prompt, return_tensors="pt")
-    return {k: v.to(vlm.model.device) for k, v in inputs.items()}
+    return loaded
 
 
-def spans_from_ids(ids: torch.Tensor, image_token_id: int, rope: Rope | None = None) -> Spans:
+def _metadata(video) -> dict:
+    """transformers' video metadata for frames sampled already: the source's
+    rate and the sampled frames' indices in it (what Qwen's processors turn
+    into temporal positions and timestamps)."""
+    fps = float(video.source_fps)
+    indices = [int(round(t * fps)) for t in video.timestamps]
+    total = max(int(round(float(video.sampling.get("duration", 0.0)) * fps)), indices[-1] + 1)
+    return {"total_num_frames": total, "fps": fps, "frames_indices": indices,
+            "duration": total / fps, "width": int(video.frames.shape[2]), "height": int(video.frames.shape[1])}
+
+
+def _frames_per_video(inputs: dict) -> list[int]:
+    """How many frames the processor made of each video of a batch, in order
+    (Qwen merges two sampled frames into one temporal step): what cuts a
+    video's tokens into per-frame spans. Empty where the inputs do not say
+    (each video run is then one span)."""
+    grid = inputs.get("video_grid_thw")
+    if grid is not None:  # Qwen: temporal steps of the vision tower's grid
+        return [int(t) for t in grid[:, 0].tolist()]
+    pixels = inputs.get("pixel_values_videos")
+    if pixels is not None and pixels.dim() == 5:  # [videos, frames, channels, height, width]
+        return [int(pixels.shape[1])] * int(pixels.shape[0])
+    return []
+
+
+def spans_from_ids(ids: torch.Tensor, image_token_id: int, rope: Rope | None = None, *,
+                   video_token_id: int | None = None, video_frames: list[int] = (),
+                   video_runs: str = "one") -> Spans:
     """Modality spans of a prompt from its token ids: every run of image
-    tokens is an image, what precedes the first is the system prompt, what
-    follows the last is the post-vision text; `rope` is the model's
-    (VLM.rope; the default RoPE when not given)."""
-    positions = (ids == image_token_id).nonzero()[:, 0].tolist()
+    tokens is an image and every video frame a span of its own (so methods
+    treat frames as images); what precedes the first is the system prompt,
+    what follows the last is the post-vision text; `rope` is the model's
+    (VLM.rope; the default RoPE when not given). video_frames: each video's
+    frame count, in prompt order; video_runs: how the processor lays a video
+    out (families.Family.video_runs)."""
+    visual = ids == image_token_id
+    if video_token_id is not None:
+        visual |= ids == video_token_id
+    positions = visual.nonzero()[:, 0].tolist()
     if not positions:
-        raise ModelError("the prompt's tokens hold no image token: the processor did not expand an image "
+        raise ModelError("the prompt's tokens hold no image or video token: the processor did not expand a "
                          "placeholder")
     runs, start = [], positions[0]
     for here, after in zip(positions, positions[1:] + [None]):
-        if after != here + 1:
+        if after != here + 1 or int(ids[after]) != int(ids[here]):
             runs.append((start, here + 1))
             start = after
-    return Spans(system=(0, runs[0][0]), images=tuple(runs), text=(runs[-1][1], int(ids.shape[0])),
-                 rope=rope or Rope())
+    spans, videos, frames = [], [], list(video_frames)
+    for start, end in runs:
+        if video_token_id is None or int(ids[start]) != video_token_id or video_token_id == image_token_id:
+            spans.append((start, end))
+            continue
+        if video_runs == "per_frame":
+            if not videos or videos[-1][2] == 0:
+                videos.append([len(spans), len(spans), frames.pop(0) if frames else 1])
+            spans.append((start, end))
+            videos[-1][1], videos[-1][2] = len(spans), videos[-1][2] - 1
+            continue
+        count = frames.pop(0) if frames else 1
+        size = (end - start) // count
+        if size < 1:
+            raise ModelError(f"a video of {count} frames expanded into {end - start} tokens: fewer than one a frame")
+        first = len(spans)
+        spans.extend((start + i * size, start + (i + 1) * size if i < count - 1 else end) for i in range(count))
+        videos.append([first, len(spans), 0])
+    return Spans(system=(0, spans[0][0]), images=tuple(spans), text=(spans[-1][1], int(ids.shape[0])),
+                 rope=rope or Rope(), videos=tuple((a, b) for a, b, _ in videos))
+
+
+def batch_spans(vlm: VLM, inputs: dict, pads: list[int] | None = None) -> list[Spans]:
+    """The spans of every prompt of processed inputs (prompt_inputs or
+    batch_inputs), each without its left padding (`pads`)."""
+    ids = inputs["input_ids"]
+    pads = pads or [0] * ids.shape[0]
+    frames, token, spec = _frames_per_video(inputs), vlm.video_token_id, vlm.spec
+    spans = []
+    for row, pad in zip(ids, pads):
+        row = row[pad:]
+        mine = []
+        if token is not None and token != vlm.image_token_id and frames:
+            runs = int(((row == token) & ~torch.roll(row == token, 1)).sum())
+            while runs > 0 and frames:  # "one": a run per video; "per_frame": a run per frame
+                mine.append(frames.pop(0))
+                runs -= 1 if spec.video_runs == "one" else mine[-1]
+        spans.append(spans_from_ids(row, vlm.image_token_id, vlm.rope, video_token_id=token, video_frames=mine,
+                                    video_runs=spec.video_runs))
+    return spans
 
 
 def rope_theta(text_config) -> float:
-    """The RoPE base of a text config (transformers 5.x keeps it in rope_parameters)."""
+    """The RoPE base of a text config (transformers 5.x keeps it in
+    rope_parameters; per layer type where layers differ, as Gemma 3's sliding
+    layers do: the global layers' then, which are the ones methods hold)."""
     params = getattr(text_config, "rope_parameters", None) or {}
+    if "full_attention" in params:
+        params = params["full_attention"]
     return float(params.get("rope_theta", getattr(text_config, "rope_theta", 10000.0)))
 
 
@@ -200,14 +351,23 @@ def method_cache():
 @dataclass
 class _Session:
     """One generation: per sequence of the batch its spans, its left padding
-    and (after prefill) its method caches, one per layer."""
+    and (after prefill) its method caches, one per method layer; sliding-window
+    layers (Gemma 3) keep their window as the model does, outside the method."""
 
     method: object
     spans: list[Spans]
     pads: list[int]
-    layers: int
-    prompt: dict = field(default_factory=dict)  # layer -> (q, k, v) [B, heads, T, d] until prefill ends
+    method_layers: tuple[int, ...]  # the model layer of each method layer
+    prompt: dict = field(default_factory=dict)  # method layer -> (q, k, v) [B, heads, T, d] until prefill ends
     caches: list[list] | None = None
+    windows: dict = field(default_factory=dict)  # sliding model layer -> per sequence [k, v] [kv_heads, <W, d]
+
+    def __post_init__(self):
+        self.index = {layer: i for i, layer in enumerate(self.method_layers)}
+
+    def window_bytes(self, b: int) -> int:
+        """Bytes sequence b's sliding-window layers hold."""
+        return sum(t.numel() * t.element_size() for windows in self.windows.values() for t in windows[b])
 
 
 _ACTIVE: contextvars.ContextVar[_Session] = contextvars.ContextVar("vlkv_session")
@@ -215,32 +375,42 @@ _ACTIVE: contextvars.ContextVar[_Session] = contextvars.ContextVar("vlkv_session
 
 def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """The registered attention function of the language model's layers
-    (query [B, H, T, d], key/value [B, H_kv, T, d], as the layer computed them)."""
+    (query [B, H, T, d], key/value [B, H_kv, T, d], as the layer computed them;
+    attention_mask as SDPA gets it, from the mask function registered with
+    it: causal, padding, sliding windows, Gemma 3's bidirectional images)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
     session = _ACTIVE.get(None)
     if session is None:
         raise RuntimeError("the vlkv attention runs only inside kernels_py.models.generate")
-    layer = module.layer_idx
-    gqa = query.shape[1] != key.shape[1]
-    if session.caches is None:  # prefill: the method sees every layer's Q/K/V
-        # A method's own prefill attention (ZipVL's sparse one) where it gives one, else ordinary causal attention,
-        # computed only if some sequence needs it (so a sparse prefill's time is its own).
+    window = kwargs.pop("sliding_window", None)
+    if window is not None:
+        return _sliding(session, module, int(window), query, key, value, attention_mask, scaling, kwargs)
+    # The methods score and attend with 1/sqrt(d); a model scaling otherwise (Gemma 3's query_pre_attn_scalar) has
+    # its factor folded into the queries they see.
+    head_dim = query.shape[-1]
+    if scaling is not None and abs(scaling * head_dim ** 0.5 - 1) > 1e-6:
+        query = query * (scaling * head_dim ** 0.5)
+    layer = session.index[module.layer_idx]
+    if session.caches is None:  # prefill: the method sees every method layer's Q/K/V
+        # A method's own prefill attention (ZipVL's sparse one) where it gives one, else the model's own (SDPA under
+        # the model's mask), computed only if some sequence needs it (so a sparse prefill's time is its own).
         own = [session.method.prefill_attention(layer, query[b, :, pad:], key[b, :, pad:], value[b, :, pad:], spans)
                for b, (pad, spans) in enumerate(zip(session.pads, session.spans))]
         if all(o is not None for o in own):
             out = query.new_zeros(query.shape)  # a padding row's output is never read
-        elif not any(session.pads):
-            out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling, enable_gqa=gqa)
-        else:  # left padding: transformers builds no mask for a registered function, so build it here
-            out = F.scaled_dot_product_attention(query, key, value, attn_mask=_padded_causal(session.pads, query),
-                                                 scale=scaling, enable_gqa=gqa)
+        else:
+            out = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                         scaling=head_dim ** -0.5, **kwargs)[0].transpose(1, 2)
         for b, (pad, o) in enumerate(zip(session.pads, own)):
             if o is not None:
                 out[b, :, pad:] = o.to(out.dtype)
         session.prompt[layer] = (query, key, value)
-        if len(session.prompt) == session.layers:
+        if len(session.prompt) == len(session.method_layers):
             session.caches = []
+            layers = range(len(session.method_layers))
             for b, (pad, spans) in enumerate(zip(session.pads, session.spans)):
-                q, k, v = ([session.prompt[i][j][b, :, pad:] for i in range(session.layers)] for j in range(3))
+                q, k, v = ([session.prompt[i][j][b, :, pad:] for i in layers] for j in range(3))
                 session.caches.append(session.method.prefill_all(q, k, v, spans))
             session.prompt = {}
         return out.transpose(1, 2), None
@@ -249,20 +419,33 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     return out.to(query.dtype).transpose(1, 2), None
 
 
-def _padded_causal(pads: list[int], query: torch.Tensor) -> torch.Tensor:
-    """[B, 1, T, T] bool: token i of sequence b sees tokens pad_b..i; a padding
-    row sees only itself (its output is never used, and no row is empty)."""
-    tokens = query.shape[2]
-    i = torch.arange(tokens, device=query.device)[:, None]
-    j = torch.arange(tokens, device=query.device)[None, :]
-    pad = torch.tensor(pads, device=query.device)[:, None, None]
-    return (((j <= i) & (j >= pad)) | ((i < pad) & (j == i)))[:, None]
+def _sliding(session: _Session, module, window: int, query, key, value, attention_mask, scaling, kwargs):
+    """A sliding-window layer, held as the model holds it: the prompt through
+    SDPA under the model's mask, then each sequence's last window - 1 tokens,
+    over which every decode step attends with its own token."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    layer, keep = module.layer_idx, window - 1
+    if layer not in session.windows:  # prefill
+        session.windows[layer] = [[key[b, :, pad:][:, -keep:].clone(), value[b, :, pad:][:, -keep:].clone()]
+                                  for b, pad in enumerate(session.pads)]
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    outs = []
+    for b, held in enumerate(session.windows[layer]):
+        k, v = torch.cat([held[0], key[b]], dim=1), torch.cat([held[1], value[b]], dim=1)
+        outs.append(F.scaled_dot_product_attention(query[b:b + 1], k[None], v[None], scale=scaling,
+                                                   enable_gqa=query.shape[1] != k.shape[0])[0])
+        held[0], held[1] = k[:, -keep:], v[:, -keep:]
+    return torch.stack(outs).transpose(1, 2), None
 
 
 def _register():
     from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     AttentionInterface.register(ATTENTION, _attention)
+    # The masks SDPA would get (padding, sliding windows, Gemma 3's bidirectional image blocks), not none.
+    AttentionMaskInterface.register(ATTENTION, sdpa_mask)
 
 
 @dataclass
@@ -369,31 +552,6 @@ def generate(vlm: VLM, method, inputs: dict, max_new_tokens: int,
                           None if force_tokens is None else [force_tokens], stop_tokens)[0]
 
 
-def batch_inputs(vlm: VLM, prompts: list[tuple[list, str]]) -> dict:
-    """The processor's tensors for several (images, prompt) pairs of
-    different lengths in one batch, left-padded."""
-    tokenizer = vlm.processor.tokenizer
-    if tokenizer.pad_token is None:
-        raise ModelError(f"{vlm.path}'s tokenizer has no padding token, which a batch of prompts of different "
-                         f"lengths needs: run them one at a time, or save the tokenizer with a pad_token")
-    side = tokenizer.padding_side
-    tokenizer.padding_side = "left"
-    try:
-        single = [prompt_inputs(vlm, images, prompt) for images, prompt in prompts]  # checks each pair
-        del single
-        images = [image for imgs, _ in prompts for image in _open_images(imgs)]
-        inputs = vlm.processor(images=images, text=[p for _, p in prompts], padding=True, return_tensors="pt")
-    finally:
-        tokenizer.padding_side = side
-    return {k: v.to(vlm.model.device) for k, v in inputs.items()}
-
-
-def _open_images(images):
-    from PIL import Image
-
-    return [Image.open(i).convert("RGB") if isinstance(i, (str, Path)) else i for i in images]
-
-
 def generate_batch(vlm: VLM, method, inputs: dict, max_new_tokens: int,
                    force_tokens: list[list[int]] | None = None,
                    stop_tokens: frozenset[int] = frozenset()) -> list[Generation]:
@@ -415,11 +573,11 @@ def generate_batch(vlm: VLM, method, inputs: dict, max_new_tokens: int,
     pads = [0] * batch if mask is None else [int((row == 0).sum()) for row in mask]
     if mask is not None and any(int(row[pad:].min()) == 0 for row, pad in zip(mask, pads)):
         raise ModelError("only left padding is supported (batch_inputs pads on the left)")
-    spans = [spans_from_ids(ids[b, pads[b]:], vlm.image_token_id, vlm.rope) for b in range(batch)]
+    spans = batch_spans(vlm, inputs, pads)
     _register()
     model = vlm.model
     language = model.model.language_model
-    session = _Session(method, spans, pads, vlm.layers)
+    session = _Session(method, spans, pads, vlm.method_layers)
     token = _ACTIVE.set(session)
     before = language.config._attn_implementation
     language.set_attn_implementation(ATTENTION)
@@ -468,7 +626,7 @@ def generate_batch(vlm: VLM, method, inputs: dict, max_new_tokens: int,
     stacked, chosen = torch.stack(logits, dim=1), torch.stack(tokens, dim=1)
     ends = [_until_stop(chosen[b].tolist(), stop_tokens) for b in range(batch)]
     return [Generation(chosen[b, :ends[b]].tolist(), stacked[b, :ends[b]],
-                       sum(method.cache_bytes(c) for c in session.caches[b]),
+                       sum(method.cache_bytes(c) for c in session.caches[b]) + session.window_bytes(b),
                        prefill, decode, spans[b], max(peak, decode_peak), decode_peak, memory.kind, kept[b])
             for b in range(batch)]
 
@@ -511,7 +669,7 @@ def generate_sdpa(vlm: VLM, inputs: dict, max_new_tokens: int) -> list[Generatio
         raise ModelError("generate_sdpa takes prompts of one length: no padding")
     ids = inputs["input_ids"]
     batch = ids.shape[0]
-    spans = [spans_from_ids(ids[b], vlm.image_token_id, vlm.rope) for b in range(batch)]
+    spans = batch_spans(vlm, inputs)
     model = vlm.model
     language = model.model.language_model
     before = language.config._attn_implementation

@@ -269,7 +269,7 @@ def generate(vlm, press, inputs: dict, max_new_tokens: int, force_tokens: list[i
     stop_tokens: end once one is chosen (kept as the last token)."""
     from transformers import DynamicCache
 
-    from kernels_py.models.adapter import ATTENTION, Generation, ModelError, _Memory, _clock, spans_from_ids
+    from kernels_py.models.adapter import ATTENTION, Generation, ModelError, _Memory, _clock, batch_spans
 
     if inputs["input_ids"].shape[0] != 1:
         raise ModelError("the kvpress path generates one prompt at a time")
@@ -277,7 +277,7 @@ def generate(vlm, press, inputs: dict, max_new_tokens: int, force_tokens: list[i
     language = model.model.language_model
     if language.config._attn_implementation == ATTENTION:  # left by an interrupted vlkv generation
         language.set_attn_implementation("sdpa")
-    spans = spans_from_ids(inputs["input_ids"][0], vlm.image_token_id, vlm.rope)
+    spans = batch_spans(vlm, inputs)[0]
     kept = {}
     with torch.inference_mode():
         memory = _Memory(model.device)

@@ -5,8 +5,8 @@ saved as one safetensors file whose metadata holds the rest as JSON. A trace
 is a workload (workloads/trace.py), so every experiment runs on real
 attention.
 
-    python -m kernels_py.models.trace --model DIR --image FILE [--image ...] --prompt TEXT --out FILE
-        [--decode-steps N]   (`workbench trace capture` runs this)
+    python -m kernels_py.models.trace --model DIR (--image FILE | --video FILE)... --prompt TEXT --out FILE
+        [--decode-steps N] [--frames N] [--fps F]   (`workbench trace capture` runs this)
 
 Tensors: layer.{l}.q [heads, T, d], layer.{l}.k / .v [kv_heads, T, d],
 layer.{l}.k_pre [kv_heads, T, d] (the keys before RoPE, as k_proj gave
@@ -15,8 +15,13 @@ them), layer.{l}.decode_q [steps, heads, 1, d], layer.{l}.decode_k /
 decode_positions [steps] (RoPE positions; [3, T] and [3, steps] on M-RoPE
 models, whose image tokens are rotated by temporal, height and width).
 Metadata key "vlkv": JSON with format, model (directory, model_type, layers,
-heads, kv_heads, head_dim, rope_theta, rope "default" or "mrope", dtype),
-spans, prompt_tokens, decode_steps, prompt, tokens (generated ids).
+heads, kv_heads, head_dim, rope_theta, rope "default" or "mrope", dtype, and
+where the model has sliding-window layers, which the trace leaves out,
+model_layers and sliding_layers), spans (videos: each video's frames as a
+range of indices into images), videos (source, timestamps and sampling of
+each), prompt_tokens, decode_steps, prompt, tokens (generated ids). Layer l
+of a trace is the model's method layer l (VLM.method_layers): every layer
+but the sliding-window ones.
 """
 
 import argparse
@@ -56,26 +61,26 @@ class _Recorder:
         return self.full.cache_bytes(cache)
 
 
-def capture(vlm, images: list, prompt: str, decode_steps: int) -> tuple[dict, dict]:
+def capture(vlm, images: list, prompt: str, decode_steps: int, videos: list = ()) -> tuple[dict, dict]:
     """Run the model with the full cache for decode_steps + 1 new tokens and
-    return (tensors, metadata) of the trace."""
+    return (tensors, metadata) of the trace (videos: models.video.Video)."""
     from kernels_py.models.adapter import generate, prompt_inputs
 
     if decode_steps < 1:
         raise ValueError(f"decode_steps must be at least 1, got {decode_steps}")
-    inputs = prompt_inputs(vlm, images, prompt)
+    inputs = prompt_inputs(vlm, images, prompt, videos)
     recorder = _Recorder()
     with _PreRope(vlm) as pre:
         result = generate(vlm, recorder, inputs, decode_steps + 1)
     tensors = {}
     q, k, v = recorder.prompt
-    for layer in range(vlm.layers):
+    for layer, model_layer in enumerate(vlm.method_layers):
         for name, per_layer in (("q", q), ("k", k), ("v", v)):
             tensors[f"layer.{layer}.{name}"] = per_layer[layer]
         steps = recorder.steps[layer]
         for i, name in enumerate(("decode_q", "decode_k", "decode_v")):
             tensors[f"layer.{layer}.{name}"] = torch.stack([s[i] for s in steps])
-        keys = pre.keys[layer]  # the prompt's, then one per step; the last step's token is never fed back
+        keys = pre.keys[model_layer]  # the prompt's, then one per step; the last step's token is never fed back
         tensors[f"layer.{layer}.k_pre"] = keys[0]
         tensors[f"layer.{layer}.decode_k_pre"] = torch.stack(keys[1:decode_steps + 1])
     positions = pre.positions
@@ -85,17 +90,22 @@ def capture(vlm, images: list, prompt: str, decode_steps: int) -> tuple[dict, di
     spans = result.spans
     meta = {
         "format": FORMAT,
-        "model": {"directory": str(vlm.path), "model_type": vlm.family, "layers": vlm.layers,
+        "model": {"directory": str(vlm.path), "model_type": vlm.family, "layers": len(vlm.method_layers),
                   "heads": int(text.num_attention_heads), "kv_heads": int(text.num_key_value_heads),
                   "head_dim": int(q[0].shape[-1]), "rope_theta": vlm.rope.theta,
                   "rope": vlm.rope.kind,
                   "dtype": str(q[0].dtype).removeprefix("torch.")},
-        "spans": {"system": list(spans.system), "images": [list(s) for s in spans.images], "text": list(spans.text)},
+        "spans": {"system": list(spans.system), "images": [list(s) for s in spans.images], "text": list(spans.text),
+                  "videos": [list(v) for v in spans.videos]},
+        "videos": [{"source": v.source, "timestamps": list(v.timestamps), "sampling": dict(v.sampling)}
+                   for v in videos],
         "prompt_tokens": spans.prompt_tokens,
         "decode_steps": decode_steps,
         "prompt": prompt,
         "tokens": result.tokens,
     }
+    if vlm.sliding_layers:
+        meta["model"].update(model_layers=vlm.layers, sliding_layers=list(vlm.sliding_layers))
     return {name: t.contiguous().cpu() for name, t in tensors.items()}, meta
 
 
@@ -114,7 +124,10 @@ class _PreRope:
 
     def __enter__(self):
         for layer, block in enumerate(self.language.layers):
-            self.handles.append(block.self_attn.k_proj.register_forward_hook(self._keep_keys(layer)))
+            # RoPE turns what k_norm gives where the layer has one (Qwen3, Gemma 3), else k_proj's output.
+            norm = getattr(block.self_attn, "k_norm", None)
+            source = norm if isinstance(norm, torch.nn.Module) else block.self_attn.k_proj
+            self.handles.append(source.register_forward_hook(self._keep_keys(layer)))
         self.handles.append(self.language.rotary_emb.register_forward_hook(self._keep_positions, with_kwargs=True))
         return self
 
@@ -124,12 +137,15 @@ class _PreRope:
 
     def _keep_keys(self, layer):
         def hook(module, args, out):
-            batch, tokens, _ = out.shape
-            keys = out.detach().view(batch, tokens, self.kv_heads, -1).transpose(1, 2)
+            batch, tokens = out.shape[:2]  # [B, T, kv_heads * d] from k_proj, [B, T, kv_heads, d] from k_norm
+            keys = out.detach().reshape(batch, tokens, self.kv_heads, -1).transpose(1, 2)
             self.keys.setdefault(layer, []).append(keys[0].clone())
         return hook
 
     def _keep_positions(self, module, args, kwargs, out):
+        kind = kwargs.get("layer_type", args[2] if len(args) > 2 else None)
+        if kind not in (None, "full_attention"):  # Gemma 3 calls it once per layer type: keep the global layers'
+            return
         ids = kwargs["position_ids"] if "position_ids" in kwargs else args[1]  # [B, T], or [3, B, T] for M-RoPE
         self.positions.append((ids[:, 0] if ids.dim() == 3 else ids[0]).detach().clone())
 
@@ -165,7 +181,7 @@ def spans_of(meta: dict) -> Spans:
     """The trace's spans, with the RoPE (kind and theta) its header names."""
     s, model = meta["spans"], meta["model"]
     return Spans(tuple(s["system"]), tuple(tuple(i) for i in s["images"]), tuple(s["text"]),
-                 Rope(model["rope"], float(model["rope_theta"])))
+                 Rope(model["rope"], float(model["rope_theta"])), tuple(tuple(v) for v in s.get("videos", [])))
 
 
 def main(argv=None) -> int:
@@ -173,8 +189,13 @@ def main(argv=None) -> int:
 
     parser = argparse.ArgumentParser(description="Capture an attention trace of a local VLM")
     parser.add_argument("--model", required=True, help="local model directory")
-    parser.add_argument("--image", action="append", required=True, help="image file (repeat for several)")
-    parser.add_argument("--prompt", required=True, help="prompt with one image placeholder per image")
+    parser.add_argument("--image", action="append", default=[], help="image file (repeat for several)")
+    parser.add_argument("--video", action="append", default=[],
+                        help="video file or directory of frame images (repeat for several)")
+    parser.add_argument("--frames", type=int, default=8, help="frames sampled from each video (default 8)")
+    parser.add_argument("--fps", type=float, default=None,
+                        help="sample videos at this rate, at most --frames (default: --frames spread evenly)")
+    parser.add_argument("--prompt", required=True, help="prompt with one placeholder per image and per video")
     parser.add_argument("--out", required=True, help="trace file to write (.safetensors)")
     parser.add_argument("--decode-steps", type=int, default=16, help="generated tokens recorded (default 16)")
     opts = parser.parse_args(argv)
@@ -183,8 +204,13 @@ def main(argv=None) -> int:
     hf_logging.set_verbosity_error()  # no progress bars or backend notes between the user and the answer
     hf_logging.disable_progress_bar()
     try:
+        from kernels_py.models.video import load_video
+
+        if not opts.image and not opts.video:
+            raise ModelError("give at least one --image or --video")
+        videos = [load_video(v, opts.frames, opts.fps) for v in opts.video]
         vlm = load(opts.model)
-        tensors, meta = capture(vlm, opts.image, opts.prompt, opts.decode_steps)
+        tensors, meta = capture(vlm, opts.image, opts.prompt, opts.decode_steps, videos)
     except (ModelError, ValueError) as err:
         print(f"trace capture: {err}", file=sys.stderr)
         return 2

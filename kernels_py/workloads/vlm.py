@@ -15,31 +15,42 @@ from kernels_py.workloads.base import Workload, WorkloadConfig
 
 @dataclass(frozen=True)
 class VLMConfig(WorkloadConfig):
-    """A local VLM (LLaVA-1.5, LLaVA-NeXT, Qwen2-VL or Qwen2.5-VL) run on a prompt and images; methods run inside it."""
+    """A local VLM (any family of README "Use your own model") run on a prompt with images and videos; methods run
+    inside it."""
 
     name = "vlm"
 
     model: str = knob("str", "", "local model directory (config.json, weights, processor files; nothing is "
                       "downloaded)")
     images: str = knob("str", "", "image files, comma-separated, one per image placeholder in the prompt")
-    prompt: str = knob("str", "", "the prompt, with one image placeholder (LLaVA: <image>) per image")
+    videos: str = knob("str", "", "video files or directories of frame images, comma-separated, one per video "
+                       "placeholder in the prompt")
+    frames: int = knob("int", 8, "frames sampled from each video (with fps: at most this many)", min=1, max=4096)
+    fps: float = knob("float", 0.0, "sample each video at this rate, frames a second (0: frames spread evenly over "
+                      "the whole video)", min=0.0, max=1000.0)
+    prompt: str = knob("str", "", "the prompt, with one placeholder per image and per video, in order (LLaVA: "
+                       "<image>; README lists each family's)")
     decode_steps: int = knob("int", 16, "generated tokens scored (the full cache's greedy tokens are fed to every "
                              "method, so all are compared on the same history)", min=1, max=4096)
 
     def load(self):
-        if not self.model or not self.images or not self.prompt:
-            raise ValueError("workload 'vlm' needs model=, images= and prompt=")
+        if not self.model or not (self.images or self.videos) or not self.prompt:
+            raise ValueError("workload 'vlm' needs model=, prompt= and images= or videos=")
         return _load(self.model)
 
     def image_list(self) -> list[str]:
         return [p.strip() for p in self.images.split(",") if p.strip()]
+
+    def video_list(self) -> list:
+        """The videos, their frames sampled as the knobs say."""
+        return [_video(p.strip(), self.frames, self.fps or None) for p in self.videos.split(",") if p.strip()]
 
     def build(self) -> Workload:
         from kernels_py.models.trace import capture, spans_of
         from kernels_py.workloads.trace import from_tensors
 
         vlm = self.load()
-        tensors, meta = capture(vlm, self.image_list(), self.prompt, self.decode_steps)
+        tensors, meta = capture(vlm, self.image_list(), self.prompt, self.decode_steps, self.video_list())
         return from_tensors(self, tensors, meta, spans_of(meta))
 
 
@@ -49,3 +60,11 @@ def _load(path: str):
     from kernels_py.models import load
 
     return load(path)
+
+
+@functools.lru_cache(maxsize=8)
+def _video(path: str, frames: int, fps: float | None):
+    """A video is decoded once for the capture and the in-model run of all the jobs on it."""
+    from kernels_py.models.video import load_video
+
+    return load_video(path, frames, fps)

@@ -1,0 +1,51 @@
+"""The VLM families the adapter drives, and what it needs to know of each:
+what a prompt writes where an image or a video goes, which inputs it
+takes, how its processor lays a video out in the prompt's tokens, and its
+RoPE. Everything else (token ids, layer shapes, sliding windows, attention
+scale) is read from the model's own config and processor.
+
+How a video is laid out decides its per-frame spans: `video_runs` "one"
+means the processor expands a video into one run of video tokens, which
+the adapter cuts into `frames` equal spans (a remainder, such as
+LLaVA-OneVision's closing newline token, joins the last); "per_frame" means
+every frame is a run of its own, separated by text (timestamps, frame
+labels), so each run is a frame. A "frame" is what the processor makes one:
+Qwen's vision towers merge two sampled frames into one temporal step.
+"""
+
+from dataclasses import dataclass
+
+IMAGE, MULTI_IMAGE, VIDEO = "image", "multi-image", "video"
+
+
+@dataclass(frozen=True)
+class Family:
+    model_type: str
+    description: str
+    inputs: tuple[str, ...]
+    image_placeholder: str | None  # what a prompt holds where an image goes; None: the family takes no image
+    video_placeholder: str | None  # likewise for a video
+    mrope: bool = False  # RoPE by 3-D (temporal, height, width) positions: not invertible from a token's index
+    video_runs: str = "one"  # "one" or "per_frame" (module doc)
+
+
+_QWEN_IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
+_QWEN_VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"
+
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (
+    Family("llava", "LLaVA-1.5 style (CLIP vision tower, Llama-family language model, <image> placeholder)",
+           (IMAGE, MULTI_IMAGE), "<image>", None),
+    Family("llava_next", "LLaVA-NeXT / LLaVA-1.6 (as LLaVA-1.5, with anyres tiling: a base view, the tiles and a "
+           "newline token per row)", (IMAGE, MULTI_IMAGE), "<image>", None),
+    Family("qwen2_vl", "Qwen2-VL (its vision tower, GQA language model with M-RoPE, "
+           "<|vision_start|><|image_pad|><|vision_end|> placeholder)", (IMAGE, MULTI_IMAGE, VIDEO),
+           _QWEN_IMAGE, _QWEN_VIDEO, mrope=True),
+    Family("qwen2_5_vl", "Qwen2.5-VL (as Qwen2-VL, with a windowed vision tower and absolute-time M-RoPE for video)",
+           (IMAGE, MULTI_IMAGE, VIDEO), _QWEN_IMAGE, _QWEN_VIDEO, mrope=True),
+)}
+MROPE_FAMILIES = tuple(name for name, f in FAMILIES.items() if f.mrope)
+
+
+def supported() -> str:
+    """The families and what each takes, for error messages."""
+    return "; ".join(f"{name} ({', '.join(f.inputs)})" for name, f in FAMILIES.items())
