@@ -174,3 +174,69 @@ func TestTraceCaptureChecksFiles(t *testing.T) {
 		})
 	}
 }
+
+func TestTraceCaptureVideoFlags(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "t.safetensors")
+	tests := []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"neither image nor video", nil, 2, "at least one --image or --video"},
+		{"no frames", []string{"--video", dir, "--frames", "0"}, 2, "--frames must be at least 1, got 0"},
+		{"negative fps", []string{"--video", dir, "--fps", "-2"}, 2, "--fps must be a positive rate"},
+		{"missing video", []string{"--video", filepath.Join(dir, "clip.mp4")}, 1,
+			"--video " + filepath.Join(dir, "clip.mp4") + " does not exist: give a video file or a directory of frame images"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			args := append([]string{"--python", filepath.Join(dir, "no-python"), "trace", "capture", "--model", dir,
+				"--prompt", "<video>", "--out", out}, tt.args...)
+			code, _, stderr := runCLI(t, args...)
+			if code != tt.code || !strings.Contains(stderr, tt.want) {
+				t.Errorf("exit %d, stderr %q; want exit %d with %q", code, stderr, tt.code, tt.want)
+			}
+		})
+	}
+}
+
+// A video end to end on a tiny Qwen2-VL: capture samples its frames and
+// records a span per frame, inspect shows them, and a vlm workload with
+// videos runs methods inside the model.
+func TestTraceCaptureAVideo(t *testing.T) {
+	py := os.Getenv("VLKV_TEST_PYTHON")
+	if py == "" {
+		t.Skip("needs VLKV_TEST_PYTHON")
+	}
+	dir := t.TempDir()
+	root, _ := filepath.Abs("..")
+	build := exec.Command(py, "-m", "kernels_py.tests.tiny_vlm", "--family", "qwen2_vl", filepath.Join(dir, "qwen"))
+	build.Dir = root
+	build.Env = append(os.Environ(), "PYTHONPATH="+root)
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build the tiny model: %v\n%s", err, out)
+	}
+	model, clip := filepath.Join(dir, "qwen"), filepath.Join(dir, "qwen", "clip.mp4")
+	trace := filepath.Join(dir, "trace.safetensors")
+	prompt := "USER : <|vision_start|><|video_pad|><|vision_end|> describe the picture ASSISTANT :"
+	code, stdout, stderr := runCLI(t, "--python", py, "--kernels", root, "trace", "capture", "--model", model,
+		"--video", clip, "--frames", "4", "--prompt", prompt, "--out", trace, "--decode-steps", "2")
+	if code != 0 || !strings.Contains(stdout, "2 decode steps") {
+		t.Fatalf("capture: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	code, stdout, stderr = runCLI(t, "trace", "inspect", trace)
+	// Four sampled frames are two temporal steps of Qwen2-VL's vision tower: two spans.
+	if code != 0 || !strings.Contains(stdout, "video 0") || !strings.Contains(stdout, "frames are images 0-1, 4 sampled") {
+		t.Errorf("inspect: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	script := filepath.Join(dir, "v.star")
+	os.WriteFile(script, []byte(`experiment(name = "video", methods = ["full", "h2o"], grid = {"budget": [0.3]},
+    workloads = [workload("vlm", model = "`+model+`", videos = "`+clip+`", frames = 4,
+                          prompt = "`+prompt+`", decode_steps = 2)])`), 0o644)
+	code, stdout, stderr = runCLI(t, "--python", py, "--kernels", root, "run", script, "--out", filepath.Join(dir, "runs"))
+	if code != 0 || !strings.Contains(stdout, "2 jobs, 0 failed") {
+		t.Fatalf("run on the model with a video: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+}

@@ -361,6 +361,7 @@ class _Session:
     prompt: dict = field(default_factory=dict)  # method layer -> (q, k, v) [B, heads, T, d] until prefill ends
     caches: list[list] | None = None
     windows: dict = field(default_factory=dict)  # sliding model layer -> per sequence [k, v] [kv_heads, <W, d]
+    bidirectional_images: bool = False
 
     def __post_init__(self):
         self.index = {layer: i for i, layer in enumerate(self.method_layers)}
@@ -397,6 +398,10 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
         # the model's mask), computed only if some sequence needs it (so a sparse prefill's time is its own).
         own = [session.method.prefill_attention(layer, query[b, :, pad:], key[b, :, pad:], value[b, :, pad:], spans)
                for b, (pad, spans) in enumerate(zip(session.pads, session.spans))]
+        if session.bidirectional_images and any(o is not None for o in own):
+            raise ModelError("this method computes its own causal prefill attention (ZipVL's sparse_prefill), but "
+                             "the model's image tokens attend to each other both ways in prefill (Gemma 3): run it "
+                             "with sparse_prefill = False")
         if all(o is not None for o in own):
             out = query.new_zeros(query.shape)  # a padding row's output is never read
         else:
@@ -577,7 +582,7 @@ def generate_batch(vlm: VLM, method, inputs: dict, max_new_tokens: int,
     _register()
     model = vlm.model
     language = model.model.language_model
-    session = _Session(method, spans, pads, vlm.method_layers)
+    session = _Session(method, spans, pads, vlm.method_layers, bidirectional_images=vlm.spec.bidirectional_images)
     token = _ACTIVE.set(session)
     before = language.config._attn_implementation
     language.set_attn_implementation(ATTENTION)

@@ -27,6 +27,9 @@ class Family:
     video_placeholder: str | None  # likewise for a video
     mrope: bool = False  # RoPE by 3-D (temporal, height, width) positions: not invertible from a token's index
     video_runs: str = "one"  # "one" or "per_frame" (module doc)
+    # An image's tokens attend to each other both ways in prefill (Gemma 3): a method's own causal prefill attention
+    # (ZipVL's sparse prefill) would compute another model's.
+    bidirectional_images: bool = False
 
 
 _QWEN_IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"

@@ -1,0 +1,134 @@
+"""Every family the adapter drives, on a tiny random model of it and a short
+generated video: spans per image and per frame, the full cache reproducing
+the model's own generate (batched where the family batches), methods inside
+the model holding fewer bytes than the full cache, trace capture -> replay
+giving the same tensors, and the refusals (a family without video, RoPE that
+cannot be undone from a token's index)."""
+
+import numpy as np
+import pytest
+import torch
+
+from kernels_py import models
+from kernels_py.methods import make_method
+from kernels_py.models.video import load_video
+from kernels_py.tests import tiny_vlm
+
+# family -> (builder keyword arguments, image size, what it takes)
+FAMILIES = {
+    "qwen2_vl": (lambda d: tiny_vlm.save_tiny_qwen2_vl(d), 112, ("image", "video")),
+}
+METHODS = [("h2o", {"budget": 0.5}), ("vlcache", {"budget": 0.5}), ("kivi", {"residual": 4}),
+           ("lookm", {}), ("avl", {})]
+
+
+@pytest.fixture(scope="module")
+def media(tmp_path_factory):
+    root = tmp_path_factory.mktemp("media")
+    clip = tiny_vlm.save_video(root / "clip.mp4", frames=8, size=112, fps=4)
+    return root, clip
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request, tmp_path_factory, media):
+    build, size, takes = FAMILIES[request.param]
+    root = tmp_path_factory.mktemp(request.param)
+    vlm = models.load(build(root / "model"))
+    image = tiny_vlm.save_image(root / "image.png", size=size)
+    return request.param, vlm, image, takes
+
+
+def _prompt(vlm, images=0, videos=0, words="describe the picture"):
+    return "USER : " + " ".join([vlm.image_placeholder] * images + [vlm.video_placeholder] * videos) + \
+        f" {words} ASSISTANT :"
+
+
+def _own_generate(vlm, inputs, steps):
+    out = vlm.model.generate(**inputs, max_new_tokens=steps, do_sample=False)
+    return out[:, inputs["input_ids"].shape[1]:].tolist()
+
+
+def test_a_video_is_a_span_per_frame_and_the_full_cache_is_the_models_own(family, media):
+    name, vlm, _, takes = family
+    if "video" not in takes:
+        pytest.skip(f"{name} takes no video")
+    _, clip = media
+    video = load_video(clip, frames=8)
+    inputs = models.prompt_inputs(vlm, [], _prompt(vlm, videos=1), [video])
+    spans = models.batch_spans(vlm, inputs)[0]
+    frames = models.adapter._frames_per_video(inputs)
+    assert len(spans.images) == sum(frames) > 1 and spans.videos == ((0, len(spans.images)),)
+    ids = inputs["input_ids"][0]
+    video_tokens = int((ids == vlm.video_token_id).sum())
+    assert sum(e - s for s, e in spans.images) == video_tokens
+    assert all(e == s2 for (_, e), (s2, _) in zip(spans.images, spans.images[1:])) or name == "qwen3_vl"
+    full = models.generate(vlm, make_method("full"), inputs, 6)
+    assert full.tokens == _own_generate(vlm, inputs, 6)[0]
+    for method, params in METHODS:
+        got = models.generate(vlm, make_method(method, params), inputs, 6, force_tokens=full.tokens)
+        assert got.cache_bytes < full.cache_bytes, method
+        assert torch.isfinite(got.logits).all()
+
+
+def test_images_and_videos_batch_as_they_run_alone(family, media):
+    name, vlm, image, takes = family
+    _, clip = media
+    entries = [([image], _prompt(vlm, images=1), []), ([image, image], _prompt(vlm, images=2, words="what"), [])]
+    if "video" in takes:
+        entries.append(([], _prompt(vlm, videos=1, words="what is in"), [load_video(clip, frames=4)]))
+    inputs = models.batch_inputs(vlm, entries)
+    batched = models.generate_batch(vlm, make_method("full"), inputs, 4)
+    for entry, got in zip(entries, batched):
+        alone = models.generate(vlm, make_method("full"), models.prompt_inputs(vlm, *entry), 4)
+        assert got.tokens == alone.tokens and got.spans == alone.spans
+
+
+def test_a_video_trace_replays_the_same_tensors(family, media, tmp_path):
+    from kernels_py.models import trace
+    from kernels_py.workloads import make_workload
+
+    name, vlm, image, takes = family
+    _, clip = media
+    videos = [load_video(clip, frames=4)] if "video" in takes else []
+    prompt = _prompt(vlm, images=1, videos=len(videos))
+    tensors, meta = trace.capture(vlm, [image], prompt, decode_steps=3, videos=videos)
+    path = tmp_path / "trace.safetensors"
+    trace.save(path, tensors, meta)
+    workload = make_workload("trace", {"path": str(path)}).build()
+    assert workload.layers == len(vlm.method_layers) == meta["model"]["layers"]
+    for layer in range(workload.layers):
+        assert torch.equal(workload.k[layer].cpu(), tensors[f"layer.{layer}.k"])
+        assert torch.equal(workload.decode_q[layer].cpu(), tensors[f"layer.{layer}.decode_q"])
+    assert workload.spans == trace.spans_of(meta)
+    if videos:
+        assert meta["videos"][0]["sampling"]["sampled"] == 4 and len(meta["spans"]["videos"]) == 1
+
+
+def test_a_family_without_video_refuses_one(tmp_path, media):
+    _, clip = media
+    vlm = models.load(tiny_vlm.save_tiny_llava(tmp_path / "llava"))
+    with pytest.raises(models.ModelError, match="llava takes no video .*qwen2_vl"):
+        models.prompt_inputs(vlm, [], "USER : <image> what ASSISTANT :", [load_video(clip, frames=2)])
+
+
+def test_placeholders_must_match_the_videos(tmp_path, media):
+    _, clip = media
+    vlm = models.load(tiny_vlm.save_tiny_qwen2_vl(tmp_path / "qwen"))
+    video = load_video(clip, frames=2)
+    with pytest.raises(models.ModelError, match=r"holds 1 video placeholder\(s\) .* for 2 video\(s\)"):
+        models.prompt_inputs(vlm, [], _prompt(vlm, videos=1), [video, video])
+    with pytest.raises(models.ModelError, match="at least one image or video"):
+        models.prompt_inputs(vlm, [], "USER : what ASSISTANT :")
+
+
+def test_spans_cut_a_video_run_into_frames():
+    ids = torch.tensor([5, 9, 9, 9, 9, 9, 9, 9, 6, 3, 3, 7])  # 9: video tokens, 3: image tokens
+    one = models.spans_from_ids(ids, 3, video_token_id=9, video_frames=[3])
+    # Seven video tokens in three frames: two each, the remainder (a closing newline token) joins the last.
+    assert one.images == ((1, 3), (3, 5), (5, 8), (9, 11)) and one.videos == ((0, 3),)
+    assert one.system == (0, 1) and one.text == (11, 12)
+    per_frame = torch.tensor([5, 9, 9, 6, 9, 9, 6, 3, 7])
+    two = models.spans_from_ids(per_frame, 3, video_token_id=9, video_frames=[2], video_runs="per_frame")
+    assert two.images == ((1, 3), (4, 6), (7, 8)) and two.videos == ((0, 2),)
+    with pytest.raises(models.ModelError, match="fewer than one a frame"):
+        models.spans_from_ids(torch.tensor([5, 9, 9, 7]), 3, video_token_id=9, video_frames=[3])
