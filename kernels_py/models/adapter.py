@@ -172,12 +172,12 @@ def _processed(vlm: VLM, entries: list[tuple[list, str, list]]) -> dict:
     """Check every entry's placeholders against its images and videos, then run the processor on all of them."""
     for images, prompt, videos in entries:
         _check_placeholders(vlm, prompt, len(images), len(videos))
-    images = [image for entry in entries for image in _open_images(entry[0])]
+    per_prompt = [_open_images(entry[0]) for entry in entries]
     videos = [video for entry in entries for video in entry[2]]
     texts = [prompt for _, prompt, _ in entries]
     kwargs = {}
-    if images:
-        kwargs["images"] = images
+    if any(per_prompt):  # a batch's images, per prompt (what every family's processor takes)
+        kwargs["images"] = per_prompt if len(entries) > 1 else per_prompt[0]
     if videos:
         kwargs.update(videos=[v.frames for v in videos], video_metadata=[_metadata(v) for v in videos],
                       do_sample_frames=False)

@@ -45,6 +45,9 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
            _QWEN_IMAGE, _QWEN_VIDEO, mrope=True),
     Family("qwen2_5_vl", "Qwen2.5-VL (as Qwen2-VL, with a windowed vision tower and absolute-time M-RoPE for video)",
            (IMAGE, MULTI_IMAGE, VIDEO), _QWEN_IMAGE, _QWEN_VIDEO, mrope=True),
+    Family("gemma3", "Gemma 3 (SigLIP tower, a fixed 256 tokens an image; sliding-window layers interleaved with "
+           "global ones: methods hold the global layers, a sliding layer keeps its window as the model does)",
+           (IMAGE, MULTI_IMAGE), "<start_of_image>", None, bidirectional_images=True),
 )}
 MROPE_FAMILIES = tuple(name for name, f in FAMILIES.items() if f.mrope)
 

@@ -124,10 +124,7 @@ class _PreRope:
 
     def __enter__(self):
         for layer, block in enumerate(self.language.layers):
-            # RoPE turns what k_norm gives where the layer has one (Qwen3, Gemma 3), else k_proj's output.
-            norm = getattr(block.self_attn, "k_norm", None)
-            source = norm if isinstance(norm, torch.nn.Module) else block.self_attn.k_proj
-            self.handles.append(source.register_forward_hook(self._keep_keys(layer)))
+            self.handles.append(block.self_attn.k_proj.register_forward_hook(self._keep_keys(layer, block.self_attn)))
         self.handles.append(self.language.rotary_emb.register_forward_hook(self._keep_positions, with_kwargs=True))
         return self
 
@@ -135,10 +132,17 @@ class _PreRope:
         for handle in self.handles:
             handle.remove()
 
-    def _keep_keys(self, layer):
+    def _keep_keys(self, layer, attention):
+        # RoPE turns what the layer's k_norm gives where it has one (Qwen3, Gemma 3): a norm over each head's
+        # channels, which gives the same whatever order the layer lays heads and tokens out in.
+        norm = getattr(attention, "k_norm", None)
+
         def hook(module, args, out):
-            batch, tokens = out.shape[:2]  # [B, T, kv_heads * d] from k_proj, [B, T, kv_heads, d] from k_norm
-            keys = out.detach().reshape(batch, tokens, self.kv_heads, -1).transpose(1, 2)
+            batch, tokens, _ = out.shape
+            keys = out.detach().view(batch, tokens, self.kv_heads, -1)
+            if isinstance(norm, torch.nn.Module):
+                keys = norm(keys)
+            keys = keys.transpose(1, 2)
             self.keys.setdefault(layer, []).append(keys[0].clone())
         return hook
 
