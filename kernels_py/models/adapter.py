@@ -168,7 +168,17 @@ def batch_inputs(vlm: VLM, prompts: list[tuple]) -> dict:
         tokenizer.padding_side = side
 
 
-def _processed(vlm: VLM, entries: list[tuple[list, str, list]]) -> dict:
+class Inputs(dict):
+    """The processor's tensors (what the model takes, as keyword arguments),
+    and per prompt what its placeholders became, in prompt order: ("image", 1)
+    or ("video", frames as the processor made them; Qwen merges two sampled
+    frames into one temporal step). The layout cuts a prompt's visual tokens
+    into spans."""
+
+    layout: list[list[tuple[str, int]]] = []
+
+
+def _processed(vlm: VLM, entries: list[tuple[list, str, list]]) -> Inputs:
     """Check every entry's placeholders against its images and videos, then run the processor on all of them."""
     for images, prompt, videos in entries:
         _check_placeholders(vlm, prompt, len(images), len(videos))
@@ -176,14 +186,30 @@ def _processed(vlm: VLM, entries: list[tuple[list, str, list]]) -> dict:
     videos = [video for entry in entries for video in entry[2]]
     texts = [prompt for _, prompt, _ in entries]
     kwargs = {}
-    if any(per_prompt):  # a batch's images, per prompt (what every family's processor takes)
-        kwargs["images"] = per_prompt if len(entries) > 1 else per_prompt[0]
+    if any(per_prompt):  # images per prompt: LLaVA-OneVision tiles an image only when it is its prompt's one
+        kwargs["images"] = per_prompt
     if videos:
         kwargs.update(videos=[v.frames for v in videos], video_metadata=[_metadata(v) for v in videos],
                       do_sample_frames=False)
-    inputs = vlm.processor(text=texts if len(texts) > 1 else texts[0], padding=len(texts) > 1, return_tensors="pt",
-                           **kwargs)
-    return {k: v.to(vlm.model.device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    processed = vlm.processor(text=texts if len(texts) > 1 else texts[0], padding=len(texts) > 1,
+                              return_tensors="pt", **kwargs)
+    inputs = Inputs({k: v.to(vlm.model.device) if isinstance(v, torch.Tensor) else v for k, v in processed.items()})
+    frames = _frames_per_video(inputs) or [int(v.frames.shape[0]) for v in videos]
+    inputs.layout = []
+    for _, prompt, _ in entries:
+        order = sorted([(i, "image") for i in _occurrences(prompt, vlm.spec.image_placeholder)]
+                       + [(i, "video") for i in _occurrences(prompt, vlm.spec.video_placeholder)])
+        inputs.layout.append([(kind, 1 if kind == "image" else frames.pop(0)) for _, kind in order])
+    return inputs
+
+
+def _occurrences(text: str, placeholder: str | None) -> list[int]:
+    """Where placeholder occurs in text."""
+    found, at = [], text.find(placeholder) if placeholder else -1
+    while at >= 0:
+        found.append(at)
+        at = text.find(placeholder, at + len(placeholder))
+    return found
 
 
 def _check_placeholders(vlm: VLM, prompt: str, images: int, videos: int) -> None:
@@ -242,15 +268,16 @@ def _frames_per_video(inputs: dict) -> list[int]:
 
 
 def spans_from_ids(ids: torch.Tensor, image_token_id: int, rope: Rope | None = None, *,
-                   video_token_id: int | None = None, video_frames: list[int] = (),
+                   video_token_id: int | None = None, layout: list[tuple[str, int]] | None = None,
                    video_runs: str = "one") -> Spans:
     """Modality spans of a prompt from its token ids: every run of image
     tokens is an image and every video frame a span of its own (so methods
     treat frames as images); what precedes the first is the system prompt,
     what follows the last is the post-vision text; `rope` is the model's
-    (VLM.rope; the default RoPE when not given). video_frames: each video's
-    frame count, in prompt order; video_runs: how the processor lays a video
-    out (families.Family.video_runs)."""
+    (VLM.rope; the default RoPE when not given). layout: what the prompt's
+    placeholders became, in order (Inputs.layout); without it every run of
+    visual tokens is a span. video_runs: how the processor lays a video out
+    (families.Family.video_runs)."""
     visual = ids == image_token_id
     if video_token_id is not None:
         visual |= ids == video_token_id
@@ -260,29 +287,34 @@ def spans_from_ids(ids: torch.Tensor, image_token_id: int, rope: Rope | None = N
                          "placeholder")
     runs, start = [], positions[0]
     for here, after in zip(positions, positions[1:] + [None]):
-        if after != here + 1 or int(ids[after]) != int(ids[here]):
+        if after is None or after != here + 1 or int(ids[after]) != int(ids[here]):
             runs.append((start, here + 1))
             start = after
-    spans, videos, frames = [], [], list(video_frames)
-    for start, end in runs:
-        if video_token_id is None or int(ids[start]) != video_token_id or video_token_id == image_token_id:
-            spans.append((start, end))
+    if layout is None:
+        layout = [("image", 1)] * len(runs)
+    taken = sum(count if kind == "video" and video_runs == "per_frame" else 1 for kind, count in layout)
+    if taken != len(runs):
+        raise ModelError(f"the prompt's tokens hold {len(runs)} runs of image or video tokens where its placeholders "
+                         f"({', '.join(kind for kind, _ in layout)}) make {taken}: are two placeholders side by side, "
+                         f"so that their tokens merged? put text (a word, a newline) between them")
+    spans, videos, runs = [], [], iter(runs)
+    for kind, count in layout:
+        if kind == "image":
+            spans.append(next(runs))
             continue
-        if video_runs == "per_frame":
-            if not videos or videos[-1][2] == 0:
-                videos.append([len(spans), len(spans), frames.pop(0) if frames else 1])
-            spans.append((start, end))
-            videos[-1][1], videos[-1][2] = len(spans), videos[-1][2] - 1
-            continue
-        count = frames.pop(0) if frames else 1
-        size = (end - start) // count
-        if size < 1:
-            raise ModelError(f"a video of {count} frames expanded into {end - start} tokens: fewer than one a frame")
         first = len(spans)
-        spans.extend((start + i * size, start + (i + 1) * size if i < count - 1 else end) for i in range(count))
-        videos.append([first, len(spans), 0])
+        if video_runs == "per_frame":
+            spans.extend(next(runs) for _ in range(count))
+        else:
+            start, end = next(runs)
+            size = (end - start) // count
+            if size < 1:
+                raise ModelError(f"a video of {count} frames expanded into {end - start} tokens: fewer than one "
+                                 f"a frame")
+            spans.extend((start + i * size, start + (i + 1) * size if i < count - 1 else end) for i in range(count))
+        videos.append((first, len(spans)))
     return Spans(system=(0, spans[0][0]), images=tuple(spans), text=(spans[-1][1], int(ids.shape[0])),
-                 rope=rope or Rope(), videos=tuple((a, b) for a, b, _ in videos))
+                 rope=rope or Rope(), videos=tuple(videos))
 
 
 def batch_spans(vlm: VLM, inputs: dict, pads: list[int] | None = None) -> list[Spans]:
@@ -290,19 +322,10 @@ def batch_spans(vlm: VLM, inputs: dict, pads: list[int] | None = None) -> list[S
     batch_inputs), each without its left padding (`pads`)."""
     ids = inputs["input_ids"]
     pads = pads or [0] * ids.shape[0]
-    frames, token, spec = _frames_per_video(inputs), vlm.video_token_id, vlm.spec
-    spans = []
-    for row, pad in zip(ids, pads):
-        row = row[pad:]
-        mine = []
-        if token is not None and token != vlm.image_token_id and frames:
-            runs = int(((row == token) & ~torch.roll(row == token, 1)).sum())
-            while runs > 0 and frames:  # "one": a run per video; "per_frame": a run per frame
-                mine.append(frames.pop(0))
-                runs -= 1 if spec.video_runs == "one" else mine[-1]
-        spans.append(spans_from_ids(row, vlm.image_token_id, vlm.rope, video_token_id=token, video_frames=mine,
-                                    video_runs=spec.video_runs))
-    return spans
+    layouts = getattr(inputs, "layout", None) or [None] * ids.shape[0]
+    return [spans_from_ids(row[pad:], vlm.image_token_id, vlm.rope, video_token_id=vlm.video_token_id,
+                           layout=layout, video_runs=vlm.spec.video_runs)
+            for row, pad, layout in zip(ids, pads, layouts)]
 
 
 def rope_theta(text_config) -> float:

@@ -45,6 +45,19 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
            _QWEN_IMAGE, _QWEN_VIDEO, mrope=True),
     Family("qwen2_5_vl", "Qwen2.5-VL (as Qwen2-VL, with a windowed vision tower and absolute-time M-RoPE for video)",
            (IMAGE, MULTI_IMAGE, VIDEO), _QWEN_IMAGE, _QWEN_VIDEO, mrope=True),
+    Family("llava_onevision", "LLaVA-OneVision (SigLIP, Qwen2 language model; a single image anyres, several images "
+           "a base view each, video frames pooled 2 x 2 with one newline token after the last frame)",
+           (IMAGE, MULTI_IMAGE, VIDEO), "<image>", "<video>"),
+    Family("llava_next_video", "LLaVA-NeXT-Video (as LLaVA-NeXT for images; video frames pooled 2 x 2)",
+           (IMAGE, MULTI_IMAGE, VIDEO), "<image>", "<video>"),
+    Family("video_llava", "Video-LLaVA (one CLIP tower for images and frames, Llama language model; a frame keeps "
+           "its CLS token)", (IMAGE, MULTI_IMAGE, VIDEO), "<image>", "<video>"),
+    Family("internvl", "InternVL, HF-native (InternVL2.5/3: InternViT, pixel shuffle, Qwen2 language model; an "
+           "image is tiles plus a thumbnail between <img> and </img>, a video frame one tile after \"FrameN:\")",
+           (IMAGE, MULTI_IMAGE, VIDEO), "<IMG_CONTEXT>", "<video>", video_runs="per_frame"),
+    Family("qwen3_vl", "Qwen3-VL (interleaved M-RoPE; DeepStack adds visual features to the first language layers' "
+           "hidden states; each video frame between its own vision markers after a timestamp)",
+           (IMAGE, MULTI_IMAGE, VIDEO), _QWEN_IMAGE, "<|video_pad|>", mrope=True, video_runs="per_frame"),
     Family("gemma3", "Gemma 3 (SigLIP tower, a fixed 256 tokens an image; sliding-window layers interleaved with "
            "global ones: methods hold the global layers, a sliding layer keeps its window as the model does)",
            (IMAGE, MULTI_IMAGE), "<start_of_image>", None, bidirectional_images=True),

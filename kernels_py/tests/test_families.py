@@ -14,9 +14,11 @@ from kernels_py.methods import make_method
 from kernels_py.models.video import load_video
 from kernels_py.tests import tiny_vlm
 
-# family -> (builder keyword arguments, image size, what it takes)
+# family -> (builder, image size, what it takes)
 FAMILIES = {
-    "qwen2_vl": (lambda d: tiny_vlm.save_tiny_qwen2_vl(d), 112, ("image", "video")),
+    "qwen2_vl": (tiny_vlm.save_tiny_qwen2_vl, 112, ("image", "video")),
+    **{name: (tiny_vlm.BUILDERS[name], tiny_vlm.IMAGE_SIDE[name],
+              ("image", "video") if name in tiny_vlm.VIDEO_FAMILIES else ("image",)) for name in tiny_vlm.FAMILIES},
 }
 METHODS = [("h2o", {"budget": 0.5}), ("vlcache", {"budget": 0.5}), ("kivi", {"residual": 4}),
            ("lookm", {}), ("avl", {})]
@@ -39,8 +41,9 @@ def family(request, tmp_path_factory, media):
 
 
 def _prompt(vlm, images=0, videos=0, words="describe the picture"):
-    return "USER : " + " ".join([vlm.image_placeholder] * images + [vlm.video_placeholder] * videos) + \
-        f" {words} ASSISTANT :"
+    # A word between placeholders: with nothing between them, two images' tokens would make one run.
+    marks = ([vlm.image_placeholder] * images if images else []) + ([vlm.video_placeholder] * videos if videos else [])
+    return "USER : " + " a ".join(marks) + f" {words} ASSISTANT :"
 
 
 def _own_generate(vlm, inputs, steps):
@@ -56,12 +59,17 @@ def test_a_video_is_a_span_per_frame_and_the_full_cache_is_the_models_own(family
     video = load_video(clip, frames=8)
     inputs = models.prompt_inputs(vlm, [], _prompt(vlm, videos=1), [video])
     spans = models.batch_spans(vlm, inputs)[0]
-    frames = models.adapter._frames_per_video(inputs)
-    assert len(spans.images) == sum(frames) > 1 and spans.videos == ((0, len(spans.images)),)
+    # Qwen's towers merge two sampled frames into one temporal step; the others keep every frame.
+    frames = 4 if vlm.mrope else 8
+    assert inputs.layout == [[("video", frames)]]
+    assert len(spans.images) == frames and spans.videos == ((0, frames),)
     ids = inputs["input_ids"][0]
-    video_tokens = int((ids == vlm.video_token_id).sum())
-    assert sum(e - s for s, e in spans.images) == video_tokens
-    assert all(e == s2 for (_, e), (s2, _) in zip(spans.images, spans.images[1:])) or name == "qwen3_vl"
+    token = vlm.video_token_id if vlm.video_token_id is not None else vlm.image_token_id  # InternVL: image tokens
+    assert sum(e - s for s, e in spans.images) == int((ids == token).sum())
+    sizes = {e - s for s, e in spans.images[:-1]}
+    assert len(sizes) == 1  # equal frames (LLaVA-OneVision's closing newline joins the last)
+    if vlm.spec.video_runs == "one":
+        assert all(e == s2 for (_, e), (s2, _) in zip(spans.images, spans.images[1:]))
     full = models.generate(vlm, make_method("full"), inputs, 6)
     assert full.tokens == _own_generate(vlm, inputs, 6)[0]
     for method, params in METHODS:
@@ -108,7 +116,7 @@ def test_a_family_without_video_refuses_one(tmp_path, media):
     _, clip = media
     vlm = models.load(tiny_vlm.save_tiny_llava(tmp_path / "llava"))
     with pytest.raises(models.ModelError, match="llava takes no video .*qwen2_vl"):
-        models.prompt_inputs(vlm, [], "USER : <image> what ASSISTANT :", [load_video(clip, frames=2)])
+        models.prompt_inputs(vlm, [], "USER : <video> what ASSISTANT :", [load_video(clip, frames=2)])
 
 
 def test_placeholders_must_match_the_videos(tmp_path, media):
@@ -123,12 +131,48 @@ def test_placeholders_must_match_the_videos(tmp_path, media):
 
 def test_spans_cut_a_video_run_into_frames():
     ids = torch.tensor([5, 9, 9, 9, 9, 9, 9, 9, 6, 3, 3, 7])  # 9: video tokens, 3: image tokens
-    one = models.spans_from_ids(ids, 3, video_token_id=9, video_frames=[3])
+    one = models.spans_from_ids(ids, 3, video_token_id=9, layout=[("video", 3), ("image", 1)])
     # Seven video tokens in three frames: two each, the remainder (a closing newline token) joins the last.
     assert one.images == ((1, 3), (3, 5), (5, 8), (9, 11)) and one.videos == ((0, 3),)
     assert one.system == (0, 1) and one.text == (11, 12)
-    per_frame = torch.tensor([5, 9, 9, 6, 9, 9, 6, 3, 7])
-    two = models.spans_from_ids(per_frame, 3, video_token_id=9, video_frames=[2], video_runs="per_frame")
-    assert two.images == ((1, 3), (4, 6), (7, 8)) and two.videos == ((0, 2),)
+    # A frame a run (Qwen3-VL, InternVL: text between frames), the frames in the image token (InternVL).
+    per_frame = torch.tensor([5, 3, 6, 3, 3, 6, 3, 3, 7])
+    two = models.spans_from_ids(per_frame, 3, layout=[("image", 1), ("video", 2)], video_runs="per_frame")
+    assert two.images == ((1, 2), (3, 5), (6, 8)) and two.videos == ((1, 3),)
+    # Without a layout every run is a span.
+    assert models.spans_from_ids(per_frame, 3).images == two.images
     with pytest.raises(models.ModelError, match="fewer than one a frame"):
-        models.spans_from_ids(torch.tensor([5, 9, 9, 7]), 3, video_token_id=9, video_frames=[3])
+        models.spans_from_ids(torch.tensor([5, 9, 9, 7]), 3, video_token_id=9, layout=[("video", 3)])
+    with pytest.raises(models.ModelError, match="hold 3 runs of image or video tokens where its placeholders "
+                                                r"\(image, video\) make 2"):
+        models.spans_from_ids(per_frame, 3, layout=[("image", 1), ("video", 1)], video_runs="per_frame")
+
+
+def test_every_method_runs_inside_each_family_or_says_why_not(family):
+    """Every registered method inside the model, 3 steps on an image prompt:
+    fewer bytes than the full cache (the full cache and FP8 at most as many:
+    FP8's bytes halve only for 16-bit models), or a one-line refusal naming
+    the family's limit (AttentionPack's rope="before" on M-RoPE)."""
+    from kernels_py.methods import METHODS
+
+    name, vlm, image, _ = family
+    inputs = models.prompt_inputs(vlm, [image], _prompt(vlm, images=1))
+    full = models.generate(vlm, make_method("full"), inputs, 3)
+    refused = {}
+    for method in sorted(set(METHODS) - {"full", "kvpress"}):
+        params = {"attentionpack": {"rank_k": 8, "rank_v": 8}, "snapkv": {"window": 4},
+                  "pyramidkv": {"window": 4}}.get(method, {})
+        try:
+            got = models.generate(vlm, make_method(method, params), inputs, 3, force_tokens=full.tokens)
+        except (models.ModelError, ValueError) as err:
+            refused[method] = str(err)
+            continue
+        assert torch.isfinite(got.logits).all(), method
+        assert got.cache_bytes <= full.cache_bytes, method
+    # AttentionPack's rope="before" cannot undo M-RoPE; ZipVL's causal sparse prefill is not Gemma 3's attention.
+    assert set(refused) == ({"attentionpack"} if vlm.mrope else set()) | \
+        ({"zipvl", "zipvl_fixed"} if vlm.spec.bidirectional_images else set()), refused
+    if vlm.mrope:
+        assert "3-D positions" in refused["attentionpack"]
+    if vlm.spec.bidirectional_images:
+        assert "run it with sparse_prefill = False" in refused["zipvl"]
