@@ -82,8 +82,6 @@ def image_runs(family, processor, model, inputs):
         return [anyres_tokens(*size) for size in inputs["image_sizes"].tolist()]
     if family == "video_llava":  # the CLS token is dropped from an image
         return [(inputs["pixel_values_images"].shape[-1] // tiny_vlm.PATCH) ** 2] * len(inputs["pixel_values_images"])
-    if family == "internvl":  # one run per image: its tiles (and thumbnail) x 16 tokens
-        return None
     if family == "qwen3_vl":
         return (inputs["image_grid_thw"].prod(-1) // processor.image_processor.merge_size ** 2).tolist()
     if family == "gemma3":
