@@ -105,6 +105,9 @@ def _read_file(path: Path, frames: int, fps: float | None) -> Video:
             held = sorted({s.type for s in container.streams}) or ["no streams"]
             raise VideoError(f"{path} has no video stream (it holds {', '.join(held)}): give a video file")
         stream = container.streams.video[0]
+        if stream.codec_context is None:  # FFmpeg knows no decoder for it (decoding it would crash)
+            raise VideoError(f"{path}: its video codec has no decoder in PyAV's FFmpeg: re-encode it "
+                             f"(ffmpeg -i IN -c:v libx264 OUT.mp4)")
         rate = stream.average_rate or stream.guessed_rate or stream.base_rate
         if stream.duration:
             duration = float(stream.duration * stream.time_base)
@@ -117,9 +120,8 @@ def _read_file(path: Path, frames: int, fps: float | None) -> Video:
         try:
             picked = _decode(path, container, stream, [i / float(rate) for i in keep], float(rate))
         except av.FFmpegError as err:
-            codec = getattr(stream.codec_context, "name", "?")
-            raise VideoError(f"{path} cannot be decoded ({_first_line(err)}; codec {codec}): {hint}; a codec this "
-                             f"FFmpeg lacks, re-encoding (ffmpeg -i IN -c:v libx264 OUT.mp4)") from None
+            raise VideoError(f"{path} cannot be decoded ({_first_line(err)}; codec {stream.codec_context.name}): "
+                             f"{hint}") from None
     if not picked:
         raise VideoError(f"{path}: no frame of its video stream could be decoded: {hint}")
     times = tuple(t for t, _ in picked)

@@ -151,6 +151,22 @@ def test_bad_input_is_one_line_error(tmp_path, clip):
         assert message in str(err.value) and "\n" not in str(err.value), str(err.value)
 
 
+def test_a_codec_with_no_decoder_is_an_error(tmp_path):
+    """An MKV whose codec id FFmpeg does not know: a video stream with no decoder."""
+    with av.open(str(tmp_path / "clip.mkv"), "w") as out:
+        stream = out.add_stream("mpeg4", rate=RATE)
+        stream.width = stream.height = SIZE
+        for i in range(4):
+            out.mux(stream.encode(av.VideoFrame.from_ndarray(picture(i), format="rgb24")))
+        out.mux(stream.encode())
+    data = (tmp_path / "clip.mkv").read_bytes()
+    assert data.count(b"V_MPEG4/ISO/ASP") == 1
+    (tmp_path / "unknown.mkv").write_bytes(data.replace(b"V_MPEG4/ISO/ASP", b"V_ZZZZZ/ISO/ASP"))
+    assert load_video(tmp_path / "clip.mkv", 2).sampling["sampled"] == 2
+    with pytest.raises(VideoError, match="its video codec has no decoder in PyAV's FFmpeg: re-encode it"):
+        load_video(tmp_path / "unknown.mkv", 2)
+
+
 def test_a_file_cut_after_its_header_is_an_error(tmp_path):
     """An MP4 with its index first (faststart) opens when cut; its frames end early."""
     with av.open(str(tmp_path / "fast.mp4"), "w", options={"movflags": "faststart"}) as out:
