@@ -8,18 +8,23 @@ workload (kernels_py.workloads.lmms) drives it for each job. It answers `generat
 task's max_new_tokens, ending at the end-of-sequence token or the first of
 the task's stop strings. Tasks scored by log-likelihood (multiple choice by
 option probability) are refused: the methods compress the cache a generation
-reads, and a log-likelihood pass reads no cache. Importing this module needs
-lmms-eval (the lock's `lmms` group).
+reads, and a log-likelihood pass reads no cache. A document's visuals are images (PIL, as image tasks give
+them) or videos (paths to a video file or a frame directory, as video tasks
+such as Video-MME give them), sampled by models.video.load_video to
+`frames` frames, or one every 1/`fps` seconds up to `frames`. Importing this
+module needs lmms-eval (the lock's `lmms` group).
 """
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from lmms_eval.api.model import lmms
 from lmms_eval.api.registry import register_model
 
 from kernels_py import models
 from kernels_py.methods import make_method
+from kernels_py.models.video import Video, load_video
 
 DEFAULT_MAX_NEW_TOKENS = 128  # lmms-eval's own default for tasks that set none is larger; ours is stated
 
@@ -44,6 +49,19 @@ class Answer:
     # over the generation, and over its decode steps alone (the caches and one step's work).
     peak_bytes: float = float("nan")
     decode_peak_bytes: float = float("nan")
+    videos: list[dict] = field(default_factory=list)  # each video's source and sampling (Video.sampling)
+
+
+@dataclass
+class _Ask:
+    """One lmms-eval request: its videos stay paths until it is answered (a
+    task's worth of sampled frames would not fit in memory)."""
+
+    context: str
+    images: list
+    videos: list
+    gen_kwargs: dict
+    doc_id: int
 
 
 @register_model("vlkv")
@@ -51,11 +69,14 @@ class VLKV(lmms):
     """A local VLM (LLaVA-1.5, LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL) with a method's KV cache."""
 
     def __init__(self, pretrained: str = "", method: str = "full", params: str | dict = "", vlm=None,
-                 device: str = "cpu", batch: int = 1, **unused) -> None:
+                 device: str = "cpu", batch: int = 1, frames: int = 8, fps: float | None = None,
+                 **unused) -> None:
         super().__init__()
         if unused:
-            raise LmmsError(f"model vlkv takes pretrained=, method=, params= (JSON), device= and batch=, not "
-                            f"{sorted(unused)}")
+            raise LmmsError(f"model vlkv takes pretrained=, method=, params= (JSON), device=, batch=, frames= and "
+                            f"fps=, not {sorted(unused)}")
+        self.frames = int(frames)  # lmms-eval's model_args arrive as strings
+        self.fps = float(fps) if fps not in (None, "") else None
         self.vlm = vlm if vlm is not None else models.load(pretrained, device=device)
         if isinstance(params, str):
             params = json.loads(params) if params else {}
@@ -76,25 +97,45 @@ class VLKV(lmms):
         asks = [self._ask(request) for request in requests]
         replies = []
         for chunk in _chunks(asks, self.batch):
-            answers = self._answer_batch(chunk) if len(chunk) > 1 else [self.answer(*chunk[0])]
+            if len(chunk) > 1:
+                answers = self._answer_batch(chunk)
+            else:
+                ask = chunk[0]
+                answers = [self.answer(ask.context, ask.images, ask.gen_kwargs, ask.doc_id, ask.videos)]
             self.answers.extend(answers)
             replies.extend(a.text for a in answers)
         return replies
 
-    def _ask(self, request) -> tuple:
-        """(context, images, gen_kwargs, doc_id) of one lmms-eval request."""
-        context, gen_kwargs, doc_to_visual, doc_id, task, split = request.args
-        visuals = doc_to_visual(self.task_dict[task][split][doc_id])
-        images = [v for v in visuals if not isinstance(v, str)]
-        if len(images) != len(visuals) or not images:
-            raise LmmsError("the lmms workload runs image tasks: this document has "
-                            f"{'no image' if not visuals else 'a video or audio input'}")
-        return context, images, dict(gen_kwargs), doc_id
+    def _ask(self, request) -> _Ask:
+        """One lmms-eval request: its context, images (PIL), video paths, settings and document."""
+        from PIL import Image
 
-    def answer(self, context: str, images: list, gen_kwargs: dict, doc_id: int = 0) -> Answer:
-        """Greedy generation for one document's context and images."""
+        context, gen_kwargs, doc_to_visual, doc_id, task, split = request.args
+        try:
+            visuals = doc_to_visual(self.task_dict[task][split][doc_id])
+        except SystemExit as err:  # lmms-eval's video tasks exit where a video is missing (Video-MME does)
+            reason = (str(err.code).strip().splitlines() or [""])[0][:200]
+            raise LmmsError(f"task {task}, document {doc_id}: its video is missing ({reason}): put the task's "
+                            f"videos where its doc_to_visual looks (Video-MME: $HF_HOME/videomme/data/<videoID>.mp4)"
+                            ) from None
+        images = [v for v in visuals if isinstance(v, Image.Image)]
+        videos = [v for v in visuals if isinstance(v, (str, Path))]
+        if len(images) + len(videos) != len(visuals) or not visuals:
+            raise LmmsError("the lmms workload runs image and video tasks: this document has "
+                            f"{'no image or video' if not visuals else 'an audio or other input'}")
+        return _Ask(context, images, videos, dict(gen_kwargs), doc_id)
+
+    def load_videos(self, videos: list) -> list[Video]:
+        """Videos given as paths (a video file or a frame directory) sampled
+        with this model's frames and fps; Videos as they are."""
+        return [v if isinstance(v, Video) else load_video(v, self.frames, self.fps) for v in videos]
+
+    def answer(self, context: str, images: list, gen_kwargs: dict, doc_id: int = 0, videos: list = ()) -> Answer:
+        """Greedy generation for one document's context, images and videos
+        (paths or Videos)."""
         until, max_new = _settings(gen_kwargs)
-        inputs = models.prompt_inputs(self.vlm, images, prompt_for(self.vlm, context, len(images)))
+        videos = self.load_videos(videos)
+        inputs = _inputs(self.vlm, images, prompt_for(self.vlm, context, len(images), len(videos)), videos)
         stop = stop_tokens(self.vlm)
         if getattr(self.method, "in_model_only", False):  # a kvpress press: transformers' cache, pressed
             from kernels_py.models import presses
@@ -105,7 +146,7 @@ class VLKV(lmms):
         prompt = int(inputs["input_ids"].shape[1])
         return Answer(doc_id, self._text(got.tokens, until), got.tokens, prompt, got.cache_bytes,
                       full_cache_bytes(self.vlm, prompt + len(got.tokens) - 1), got.prefill_seconds,
-                      got.decode_seconds, got.peak_bytes, got.decode_peak_bytes)
+                      got.decode_seconds, got.peak_bytes, got.decode_peak_bytes, _sampling(videos))
 
     def _answer_batch(self, chunk: list[tuple]) -> list[Answer]:
         """Several documents generated together (models.generate_batch): each
@@ -113,17 +154,23 @@ class VLKV(lmms):
         has stopped, so one that stopped early holds the tokens of the
         longest (its full-cache bytes count the same tokens). Times are the
         batch's, split evenly."""
-        until, max_new = _settings(chunk[0][2])
-        prompts = [(images, prompt_for(self.vlm, context, len(images))) for context, images, _, _ in chunk]
+        until, max_new = _settings(chunk[0].gen_kwargs)
+        videos = [self.load_videos(ask.videos) for ask in chunk]
+        prompts = []
+        for ask, vids in zip(chunk, videos):
+            prompt = prompt_for(self.vlm, ask.context, len(ask.images), len(vids))
+            # (images, prompt, videos) only where there are videos: batch_inputs took pairs before it took videos
+            prompts.append((ask.images, prompt, vids) if vids else (ask.images, prompt))
         inputs = models.batch_inputs(self.vlm, prompts)
         gens = models.generate_batch(self.vlm, self.method, inputs, max_new, stop_tokens=stop_tokens(self.vlm))
         steps = max(len(g.tokens) for g in gens)
         answers = []
-        for (_, _, _, doc_id), got, mask in zip(chunk, gens, inputs["attention_mask"]):
+        for ask, vids, got, mask in zip(chunk, videos, gens, inputs["attention_mask"]):
             prompt = int(mask.sum())
-            answers.append(Answer(doc_id, self._text(got.tokens, until), got.tokens, prompt, got.cache_bytes,
+            answers.append(Answer(ask.doc_id, self._text(got.tokens, until), got.tokens, prompt, got.cache_bytes,
                                   full_cache_bytes(self.vlm, prompt + steps - 1), got.prefill_seconds / len(chunk),
-                                  got.decode_seconds / len(chunk), got.peak_bytes, got.decode_peak_bytes))
+                                  got.decode_seconds / len(chunk), got.peak_bytes, got.decode_peak_bytes,
+                                  _sampling(vids)))
         return answers
 
     def _text(self, tokens: list[int], until: list[str]) -> str:
@@ -142,11 +189,22 @@ def _settings(gen_kwargs: dict) -> tuple[list[str], int]:
     return until, int(gen_kwargs.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS)
 
 
-def _chunks(asks: list[tuple], size: int):
+def _inputs(vlm, images: list, prompt: str, videos: list[Video]) -> dict:
+    """models.prompt_inputs, given videos only where there are some (it took
+    images alone before it took videos)."""
+    return models.prompt_inputs(vlm, images, prompt, videos=videos) if videos else \
+        models.prompt_inputs(vlm, images, prompt)
+
+
+def _sampling(videos: list[Video]) -> list[dict]:
+    return [{"source": v.source, **v.sampling} for v in videos]
+
+
+def _chunks(asks: list[_Ask], size: int):
     """Consecutive requests with the same generation settings, `size` at a time."""
     chunk = []
     for ask in asks:
-        if chunk and (len(chunk) == size or _settings(ask[2]) != _settings(chunk[0][2])):
+        if chunk and (len(chunk) == size or _settings(ask.gen_kwargs) != _settings(chunk[0].gen_kwargs)):
             yield chunk
             chunk = []
         chunk.append(ask)
@@ -154,17 +212,22 @@ def _chunks(asks: list[tuple], size: int):
         yield chunk
 
 
-def prompt_for(vlm, context: str, images: int) -> str:
+def prompt_for(vlm, context: str, images: int, videos: int = 0) -> str:
     """The model's prompt for a task's context: its chat template when the
     processor has one (the real checkpoints do), else the family's plain
-    USER / ASSISTANT form; one image placeholder per image, before the text,
-    unless the context places them itself."""
-    placed = vlm.image_token in context
+    USER / ASSISTANT form; one placeholder per image, then one per video
+    (vlm.video_placeholder, which refuses a family that takes no video),
+    before the text, unless the context places them itself."""
+    video = vlm.video_placeholder if videos else ""
+    image = ("<|vision_start|>" + vlm.image_token + "<|vision_end|>") if vlm.mrope else vlm.image_token
+    if vlm.image_token in context:
+        images = 0
+    if video and video in context:
+        videos = 0
     if getattr(vlm.processor, "chat_template", None):
-        content = ([] if placed else [{"type": "image"}] * images) + [{"type": "text", "text": context}]
+        content = [{"type": "image"}] * images + [{"type": "video"}] * videos + [{"type": "text", "text": context}]
         return vlm.processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
-    placeholder = ("<|vision_start|>" + vlm.image_token + "<|vision_end|>") if vlm.mrope else vlm.image_token
-    body = context if placed else " ".join([placeholder] * images) + " " + context
+    body = " ".join([image] * images + [video] * videos + [context])
     return f"USER : {body} ASSISTANT :"
 
 

@@ -8,7 +8,9 @@ unless VLKV_REQUIRE_LMMS=1 (scripts/test sets it) makes that a failure."""
 import json
 import math
 import os
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -21,8 +23,9 @@ except ImportError:
                 allow_module_level=True)
 
 from kernels_py import ablation
-from kernels_py.models.lmms import VLKV, prompt_for, stop_tokens
-from kernels_py.tests.tiny_task import HUB_ID, TASKS, save_tiny_shapes
+from kernels_py.models.lmms import VLKV, LmmsError, prompt_for, stop_tokens
+from kernels_py.models.video import Video, VideoError
+from kernels_py.tests.tiny_task import HUB_ID, TASKS, VIDEO_RATE, save_tiny_shapes, save_tiny_videos
 from kernels_py.tests.tiny_vlm import save_tiny_llava, save_tiny_qwen2_vl
 from kernels_py.workloads import make_workload
 from kernels_py.workloads.lmms import TaskError, load_task, merge_shards
@@ -213,3 +216,109 @@ def test_shards_of_a_metric_not_aggregated_by_a_mean_are_aggregated_by_the_task(
     merged = merge_shards([row(0, [1, 9, 8]), row(1, [2, 7])], task=Task())
     assert merged["score"] == 7.0 and merged["documents"] == 5
     assert merge_shards([row(0, [1, 9, 8])])["score"] == -1.0  # the job's own value
+
+
+VIDEO = "<video>"
+
+
+@pytest.fixture
+def video_shim(monkeypatch):
+    """A family that takes videos, for the tiny LLaVA: "<video>" its video
+    placeholder, and prompt_inputs / batch_inputs that feed each sampled
+    frame as an image. Records (images, prompt, videos) as the model gets them."""
+    from PIL import Image
+
+    from kernels_py import models
+
+    seen = []
+    real_prompt, real_batch = models.prompt_inputs, models.batch_inputs
+
+    def as_images(vlm, images, prompt, videos):
+        seen.append((list(images), prompt, list(videos)))
+        for v in videos:
+            prompt = prompt.replace(VIDEO, " ".join([vlm.image_token] * len(v.frames)), 1)
+        return list(images) + [Image.fromarray(f) for v in videos for f in v.frames], prompt
+
+    monkeypatch.setattr(models.VLM, "video_placeholder", VIDEO, raising=False)
+    monkeypatch.setattr(models, "prompt_inputs", lambda vlm, images, prompt, videos=(): real_prompt(
+        vlm, *as_images(vlm, images, prompt, videos)))
+    monkeypatch.setattr(models, "batch_inputs", lambda vlm, prompts: real_batch(
+        vlm, [as_images(vlm, *p) if len(p) == 3 else p for p in prompts]))
+    return seen
+
+
+def test_video_documents_reach_the_model_as_videos_sampled_by_frames_and_fps(root, video_shim):
+    """A video task's documents give paths (an MP4, a frame directory): each
+    is sampled with the workload's frames and fps, one video placeholder per
+    video in the prompt, and the sampling is saved per document."""
+    if not (root / "data" / "vlkv-tests" / "tiny-videos").exists():
+        save_tiny_videos(root / "data")
+    videos = knobs(root, tasks="tiny_videos", limit=4, frames=3, fps=2.0)
+    assert make_workload("lmms", videos).frames == 3
+    report = ablation.run("full", {}, videos, "lmms")
+    task = load_task("tiny_videos", str(TASKS), str(root / "data"))
+    docs = [task.test_docs()[i] for i in range(4)]
+    assert [v.source for _, _, vids in video_shim for v in vids] == [d["video"] for d in docs]
+    for (images, prompt, (got,)), doc in zip(video_shim, docs):
+        assert images == [] and prompt.count(VIDEO) == 1 and "<image>" not in prompt
+        assert isinstance(got, Video) and got.sampling["frames"] == 3 and got.sampling["fps"] == 2.0
+        if doc["video"].endswith(".mp4"):
+            # 12 frames at 6 a second: a frame every 0.5 s is frames 0, 3, 6, 9; three of them spread: 0, 3, 9.
+            indices, rate = [0, 3, 9], VIDEO_RATE
+        else:
+            # A frame directory at fps 2 holds 6 s, a frame every 0.5 s is each of its 12; three spread: 0, 5, 11.
+            indices, rate = [0, 5, 11], 2.0
+            from PIL import Image
+
+            written = [np.asarray(Image.open(f"{doc['video']}/{i:03d}.png").convert("RGB")) for i in indices]
+            assert np.array_equal(got.frames, np.stack(written))
+        assert got.sampling["indices"] == indices and got.timestamps == pytest.approx([i / rate for i in indices])
+        red, blue = got.frames[..., 0].astype(int), got.frames[..., 2].astype(int)
+        assert ((red - blue).mean() > 0) == (doc["answer"] == "red")  # the document's own video
+    saved = [json.loads(d) for d in report["extra"]["doc_videos"]]
+    assert [[v["source"] for v in d] for d in saved] == [[d["video"]] for d in docs]
+    assert all(v["sampled"] == 3 and v["frames"] == 3 and v["fps"] == 2.0 for d in saved for v in d)
+    assert report["metrics"]["documents"] == 4 and "exact_match" in report["metrics"]
+
+    # Documents batched together take the same videos and give the same answers.
+    video_shim.clear()
+    batched = ablation.run("full", {}, {**videos, "batch": 2}, "lmms")
+    assert batched["extra"]["doc_reply"] == report["extra"]["doc_reply"]
+    assert [v.source for _, _, vids in video_shim for v in vids] == [d["video"] for d in docs]
+    # Fewer frames, a shorter prompt: the frames reach the model.
+    fewer = ablation.run("full", {}, {**videos, "frames": 2}, "lmms")
+    assert fewer["metrics"]["prompt_tokens_mean"] < report["metrics"]["prompt_tokens_mean"]
+
+
+def test_prompt_for_places_images_then_videos():
+    class Processor:
+        chat_template = "a template"
+
+        @staticmethod
+        def apply_chat_template(messages, add_generation_prompt):
+            return messages
+
+    vlm = SimpleNamespace(processor=Processor(), image_token="<image>", video_placeholder=VIDEO, mrope=False)
+    content = prompt_for(vlm, "which?", 1, 2)[0]["content"]
+    assert [c["type"] for c in content] == ["image", "video", "video", "text"] and content[-1]["text"] == "which?"
+    vlm.processor = SimpleNamespace()  # no chat template: the plain form
+    assert prompt_for(vlm, "which?", 1, 2) == "USER : <image> <video> <video> which? ASSISTANT :"
+    assert prompt_for(vlm, "in <video>, which?", 0, 1) == "USER : in <video>, which? ASSISTANT :"  # placed by the task
+
+
+def test_a_missing_video_is_one_line_error(tmp_path):
+    with pytest.raises(VideoError) as err:
+        VLKV(vlm=object(), frames=4).load_videos([str(tmp_path / "nowhere.mp4")])
+    assert "does not exist" in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="fps must be > 0"):
+        VLKV(vlm=object(), fps="0").load_videos([str(tmp_path)])
+    # A video task's doc_to_visual that exits where its video is missing, as Video-MME's does.
+    model = VLKV(vlm=object())
+    model.task_dict = {"videos": {"test": [{"videoID": "abc"}]}}
+
+    def exits(doc):
+        raise SystemExit(f"video path:/cache/videomme/data/{doc['videoID']}.mp4 does not exist, please check")
+
+    with pytest.raises(LmmsError) as err:
+        model._ask(SimpleNamespace(args=("which?", {}, exits, 0, "videos", "test")))
+    assert "task videos, document 0: its video is missing (video path:/cache/videomme/data/abc.mp4" in str(err.value)

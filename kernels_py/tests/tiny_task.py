@@ -1,7 +1,8 @@
-"""The dataset of the tiny lmms-eval task (fixtures/lmms_tasks/tiny_shapes.yaml):
-pictures of a red or blue square at a few places, with a question (three
-of different lengths) and its answer, written as parquet where a downloaded hub dataset would be
-(DATA/<hub id>/data/test-*.parquet)."""
+"""The datasets of the tiny lmms-eval tasks (fixtures/lmms_tasks/): for
+tiny_shapes, pictures of a red or blue square at a few places, with a
+question (three of different lengths) and its answer; for tiny_videos,
+videos of such a square going round the corners. Written as parquet where a
+downloaded hub dataset would be (DATA/<hub id>/data/test-*.parquet)."""
 
 import io
 from pathlib import Path
@@ -40,4 +41,48 @@ def save_tiny_shapes(data: Path, documents: int = 12) -> Path:
     out = data / HUB_ID / "data"
     out.mkdir(parents=True, exist_ok=True)
     table.to_parquet(str(out / "test-00000-of-00001.parquet"))
+    return data
+
+
+VIDEO_HUB_ID = "vlkv-tests/tiny-videos"
+VIDEO_FRAMES, VIDEO_RATE = 12, 6  # two seconds
+
+
+def save_tiny_videos(data: Path, documents: int = 4) -> Path:
+    """Write the tiny video task's test split under data/<hub id>/ and return
+    `data`: each document's video, a square of its color going round the
+    corners, is an MP4 (even documents) or a directory of PNG frames (odd),
+    and the dataset holds its path, as Video-MME's documents lead to theirs."""
+    import av
+    import numpy as np
+    from datasets import Dataset
+    from PIL import Image
+
+    root = data / VIDEO_HUB_ID
+    rows = {"question_id": [], "video": [], "question": [], "answer": []}
+    for i in range(documents):
+        color = sorted(COLORS)[i % 2]
+        frames = [np.asarray(Image.open(io.BytesIO(picture(color, (i + f) % 4))).convert("RGB"))
+                  for f in range(VIDEO_FRAMES)]
+        if i % 2 == 0:
+            path = root / "videos" / f"{i}.mp4"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with av.open(str(path), "w") as out:
+                stream = out.add_stream("mpeg4", rate=VIDEO_RATE)
+                stream.width, stream.height = frames[0].shape[1], frames[0].shape[0]
+                for frame in frames:
+                    out.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
+                out.mux(stream.encode())
+        else:
+            path = root / "frames" / str(i)
+            path.mkdir(parents=True, exist_ok=True)
+            for f, frame in enumerate(frames):
+                Image.fromarray(frame).save(path / f"{f:03d}.png")
+        rows["question_id"].append(i)
+        rows["video"].append(str(path.resolve()))
+        rows["question"].append("what color is the square in the video ?")
+        rows["answer"].append(color)
+    out = root / "data"
+    out.mkdir(parents=True, exist_ok=True)
+    Dataset.from_dict(rows).to_parquet(str(out / "test-00000-of-00001.parquet"))
     return data

@@ -1,6 +1,8 @@
 """A benchmark as a workload: lmms-eval's tasks (DocVQA, ChartQA, TextVQA,
-MMMU, ...) scored with their own metrics on a local VLM whose KV cache a
-method holds (kernels_py.models.lmms).
+MMMU, ...; video tasks such as Video-MME, each video sampled to `frames`
+frames, or one every 1/`fps` seconds up to `frames`) scored with their own
+metrics on a local VLM whose KV cache a method holds
+(kernels_py.models.lmms).
 
 A job is one method with its knobs on one task, over the first `limit`
 documents or one shard of them: the plan spreads workload("lmms",
@@ -59,6 +61,11 @@ class LmmsConfig(WorkloadConfig):
     include_path: str = knob("str", "", "a directory of extra task YAML files (lmms-eval's --include_path)")
     data: str = knob("str", "", "directory of downloaded datasets, each at DATA/<hub id> (e.g. "
                      "DATA/lmms-lab-encoder/DocVQA); empty: the local Hugging Face cache")
+    frames: int = knob("int", 8, "frames sampled from each video of a video task (at most, with fps): spread "
+                       "uniformly over the whole video, first and last included", min=1, max=4096)
+    fps: float = knob("float", 0.0, "video frames sampled per second (one every 1/fps seconds, `frames` of them "
+                      "spread uniformly where there are more); 0: `frames` frames over the whole video", min=0.0,
+                      max=1000.0)
 
     def build(self) -> Workload:
         raise TaskError("workload 'lmms' scores a task inside the model: it has no attention trace to replay")
@@ -191,7 +198,7 @@ def evaluate(config: LmmsConfig, method) -> dict:
     from kernels_py.models.lmms import VLKV
 
     vlm = _vlm(config.model)
-    model = VLKV(vlm=vlm, method=method, batch=config.batch)
+    model = VLKV(vlm=vlm, method=method, batch=config.batch, frames=config.frames, fps=config.fps or None)
     model.task_dict = {config.tasks: task.dataset}
     task.build_all_requests(limit=config.limit, rank=config.shard, world_size=config.shards)
     requests = list(task.instances)
@@ -257,6 +264,8 @@ def _score(task, config: LmmsConfig, requests, answers) -> dict:
     per_doc |= {"doc_cache_bytes": held, "doc_full_cache_bytes": full,
                 "doc_prefill_seconds": [a.prefill_seconds for a in answers],
                 "doc_decode_seconds": [a.decode_seconds for a in answers]}
+    if any(a.videos for a in answers):  # each document's videos: source and sampling (Video.sampling)
+        per_doc["doc_videos"] = [json.dumps(a.videos) for a in answers]
     how = {m: getattr(aggregations[m], "__name__", "?") for m in samples if m in aggregations and m not in SUBMISSIONS}
     # metric_names keeps the task's order (the first is its headline metric); the dict's keys come back sorted.
     return {"metrics": metrics | ours, "extra": per_doc | {"task": config.tasks, "filter": key, "aggregation": how,
