@@ -95,7 +95,7 @@ save_tiny_llava(Path(sys.argv[1]) / "llava"); save_image(Path(sys.argv[1]) / "ca
 		t.Errorf("inspect a model file: exit %d, %s", code, stderr)
 	}
 	code, _, stderr = runCLI(t, "trace", "capture", "--model", dir)
-	if code != 2 || !strings.Contains(stderr, "needs --model, at least one --image, --prompt and --out") {
+	if code != 2 || !strings.Contains(stderr, "needs --model, at least one --image or --video, --prompt and --out") {
 		t.Errorf("capture without its flags: exit %d, %s", code, stderr)
 	}
 }

@@ -135,7 +135,8 @@ class VLKV(lmms):
         (paths or Videos)."""
         until, max_new = _settings(gen_kwargs)
         videos = self.load_videos(videos)
-        inputs = _inputs(self.vlm, images, prompt_for(self.vlm, context, len(images), len(videos)), videos)
+        inputs = models.prompt_inputs(self.vlm, images, prompt_for(self.vlm, context, len(images), len(videos)),
+                                      videos)
         stop = stop_tokens(self.vlm)
         if getattr(self.method, "in_model_only", False):  # a kvpress press: transformers' cache, pressed
             from kernels_py.models import presses
@@ -158,9 +159,7 @@ class VLKV(lmms):
         videos = [self.load_videos(ask.videos) for ask in chunk]
         prompts = []
         for ask, vids in zip(chunk, videos):
-            prompt = prompt_for(self.vlm, ask.context, len(ask.images), len(vids))
-            # (images, prompt, videos) only where there are videos: batch_inputs took pairs before it took videos
-            prompts.append((ask.images, prompt, vids) if vids else (ask.images, prompt))
+            prompts.append((ask.images, prompt_for(self.vlm, ask.context, len(ask.images), len(vids)), vids))
         inputs = models.batch_inputs(self.vlm, prompts)
         gens = models.generate_batch(self.vlm, self.method, inputs, max_new, stop_tokens=stop_tokens(self.vlm))
         steps = max(len(g.tokens) for g in gens)
@@ -189,13 +188,6 @@ def _settings(gen_kwargs: dict) -> tuple[list[str], int]:
     return until, int(gen_kwargs.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS)
 
 
-def _inputs(vlm, images: list, prompt: str, videos: list[Video]) -> dict:
-    """models.prompt_inputs, given videos only where there are some (it took
-    images alone before it took videos)."""
-    return models.prompt_inputs(vlm, images, prompt, videos=videos) if videos else \
-        models.prompt_inputs(vlm, images, prompt)
-
-
 def _sampling(videos: list[Video]) -> list[dict]:
     return [{"source": v.source, **v.sampling} for v in videos]
 
@@ -219,8 +211,8 @@ def prompt_for(vlm, context: str, images: int, videos: int = 0) -> str:
     (vlm.video_placeholder, which refuses a family that takes no video),
     before the text, unless the context places them itself."""
     video = vlm.video_placeholder if videos else ""
-    image = ("<|vision_start|>" + vlm.image_token + "<|vision_end|>") if vlm.mrope else vlm.image_token
-    if vlm.image_token in context:
+    image = vlm.image_placeholder if images else ""
+    if image and image in context:
         images = 0
     if video and video in context:
         videos = 0
@@ -242,9 +234,12 @@ def stop_tokens(vlm) -> frozenset[int]:
 
 def full_cache_bytes(vlm, tokens: int) -> int:
     """Bytes the full cache holds for `tokens` tokens: K and V of every layer
-    and kv head, in the model's dtype."""
+    and kv head, in the model's dtype; a sliding-window layer (Gemma 3) holds
+    at most its window less one token, as the model keeps it."""
     text = vlm.model.config.text_config
     heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
     element = vlm.model.dtype.itemsize
-    return 2 * vlm.layers * heads * head_dim * element * tokens
+    window = getattr(text, "sliding_window", None) or tokens + 1
+    held = len(vlm.method_layers) * tokens + len(vlm.sliding_layers) * min(tokens, window - 1)
+    return 2 * heads * head_dim * element * held

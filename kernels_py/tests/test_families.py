@@ -176,3 +176,24 @@ def test_every_method_runs_inside_each_family_or_says_why_not(family):
         assert "3-D positions" in refused["attentionpack"]
     if vlm.spec.bidirectional_images:
         assert "run it with sparse_prefill = False" in refused["zipvl"]
+
+
+def test_qwen_video_tokens_take_temporal_positions_from_the_sampling(tmp_path, media):
+    """M-RoPE's temporal position of a video frame: Qwen2.5-VL counts absolute
+    time (tokens_per_second of the sampled rate), so frames sampled half as
+    often stand twice as far apart; every token of a frame shares it."""
+    from kernels_py.models import trace
+
+    _, clip = media  # 8 frames at 4 a second
+    vlm = models.load(tiny_vlm.save_tiny_qwen2_vl(tmp_path / "qwen2.5", version="2.5"))
+    steps = []
+    for frames in (8, 4):
+        video = load_video(clip, frames=frames)
+        tensors, meta = trace.capture(vlm, [], _prompt(vlm, videos=1), decode_steps=1, videos=[video])
+        spans = trace.spans_of(meta)
+        temporal = [tensors["positions"][0, s:e] for s, e in spans.images]
+        assert all(bool((t == t[0]).all()) for t in temporal)
+        starts = [int(t[0]) for t in temporal]
+        assert len(set(b - a for a, b in zip(starts, starts[1:]))) == 1
+        steps.append(starts[1] - starts[0])
+    assert steps[1] == 2 * steps[0] > 0

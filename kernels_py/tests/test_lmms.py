@@ -26,7 +26,7 @@ from kernels_py import ablation
 from kernels_py.models.lmms import VLKV, LmmsError, prompt_for, stop_tokens
 from kernels_py.models.video import Video, VideoError
 from kernels_py.tests.tiny_task import HUB_ID, TASKS, VIDEO_RATE, save_tiny_shapes, save_tiny_videos
-from kernels_py.tests.tiny_vlm import save_tiny_llava, save_tiny_qwen2_vl
+from kernels_py.tests.tiny_vlm import save_tiny_llava, save_tiny_llava_onevision, save_tiny_qwen2_vl
 from kernels_py.workloads import make_workload
 from kernels_py.workloads.lmms import TaskError, load_task, merge_shards
 
@@ -222,28 +222,27 @@ VIDEO = "<video>"
 
 
 @pytest.fixture
-def video_shim(monkeypatch):
-    """A family that takes videos, for the tiny LLaVA: "<video>" its video
-    placeholder, and prompt_inputs / batch_inputs that feed each sampled
-    frame as an image. Records (images, prompt, videos) as the model gets them."""
-    from PIL import Image
-
+def video_shim(root, monkeypatch):
+    """A tiny LLaVA-OneVision (a family that takes videos, "<video>" its
+    placeholder) and prompt_inputs / batch_inputs that record (images,
+    prompt, videos) as the model gets them."""
     from kernels_py import models
 
+    if not (root / "onevision").exists():
+        save_tiny_llava_onevision(root / "onevision")
     seen = []
     real_prompt, real_batch = models.prompt_inputs, models.batch_inputs
 
-    def as_images(vlm, images, prompt, videos):
+    def prompt_inputs(vlm, images, prompt, videos=()):
         seen.append((list(images), prompt, list(videos)))
-        for v in videos:
-            prompt = prompt.replace(VIDEO, " ".join([vlm.image_token] * len(v.frames)), 1)
-        return list(images) + [Image.fromarray(f) for v in videos for f in v.frames], prompt
+        return real_prompt(vlm, images, prompt, videos)
 
-    monkeypatch.setattr(models.VLM, "video_placeholder", VIDEO, raising=False)
-    monkeypatch.setattr(models, "prompt_inputs", lambda vlm, images, prompt, videos=(): real_prompt(
-        vlm, *as_images(vlm, images, prompt, videos)))
-    monkeypatch.setattr(models, "batch_inputs", lambda vlm, prompts: real_batch(
-        vlm, [as_images(vlm, *p) if len(p) == 3 else p for p in prompts]))
+    def batch_inputs(vlm, prompts):
+        seen.extend((list(p[0]), p[1], list(p[2])) for p in prompts)
+        return real_batch(vlm, prompts)
+
+    monkeypatch.setattr(models, "prompt_inputs", prompt_inputs)
+    monkeypatch.setattr(models, "batch_inputs", batch_inputs)
     return seen
 
 
@@ -253,7 +252,7 @@ def test_video_documents_reach_the_model_as_videos_sampled_by_frames_and_fps(roo
     video in the prompt, and the sampling is saved per document."""
     if not (root / "data" / "vlkv-tests" / "tiny-videos").exists():
         save_tiny_videos(root / "data")
-    videos = knobs(root, tasks="tiny_videos", limit=4, frames=3, fps=2.0)
+    videos = knobs(root, model=str(root / "onevision"), tasks="tiny_videos", limit=4, frames=3, fps=2.0)
     assert make_workload("lmms", videos).frames == 3
     report = ablation.run("full", {}, videos, "lmms")
     task = load_task("tiny_videos", str(TASKS), str(root / "data"))
@@ -298,7 +297,7 @@ def test_prompt_for_places_images_then_videos():
         def apply_chat_template(messages, add_generation_prompt):
             return messages
 
-    vlm = SimpleNamespace(processor=Processor(), image_token="<image>", video_placeholder=VIDEO, mrope=False)
+    vlm = SimpleNamespace(processor=Processor(), image_placeholder="<image>", video_placeholder=VIDEO)
     content = prompt_for(vlm, "which?", 1, 2)[0]["content"]
     assert [c["type"] for c in content] == ["image", "video", "video", "text"] and content[-1]["text"] == "which?"
     vlm.processor = SimpleNamespace()  # no chat template: the plain form

@@ -106,7 +106,10 @@ def save_tiny_qwen2_vl(directory: Path, *, seed: int = 0, layers: int = 2, versi
     config = config_class(text_config=text, vision_config=vision, **tokens)
     torch.manual_seed(seed)
     model = model_class(config).eval()
-    processor = processor_class(image_processor=images, tokenizer=fast, video_processor=Qwen2VLVideoProcessor())
+    # A frame as small as an image (16 tokens a temporal step), not the default's hundreds.
+    frames = Qwen2VLVideoProcessor(size={"shortest_edge": 56 * 56, "longest_edge": 112 * 112}, patch_size=14,
+                                   merge_size=2, temporal_patch_size=2)
+    processor = processor_class(image_processor=images, tokenizer=fast, video_processor=frames)
     model.save_pretrained(directory)
     processor.save_pretrained(directory)
     return directory
@@ -417,6 +420,7 @@ def main(argv=None) -> int:
     elif opts.family.startswith("qwen"):
         save_tiny_qwen2_vl(out, version="2" if opts.family == "qwen2_vl" else "2.5")
         save_image(out / "cat.png", size=112)
+        save_video(out / "clip.mp4", size=112)
     else:
         save_tiny_llava(out, next=opts.family == "llava_next")
         save_image(out / "cat.png")
