@@ -202,41 +202,55 @@ func TestTraceCaptureVideoFlags(t *testing.T) {
 	}
 }
 
-// A video end to end on a tiny Qwen2-VL: capture samples its frames and
-// records a span per frame, inspect shows them, and a vlm workload with
-// videos runs methods inside the model.
+// A video end to end on tiny models of three video families: capture
+// samples its frames and records a span per frame, inspect shows them, and
+// a vlm workload with videos runs methods inside the model.
 func TestTraceCaptureAVideo(t *testing.T) {
 	py := os.Getenv("VLKV_TEST_PYTHON")
 	if py == "" {
 		t.Skip("needs VLKV_TEST_PYTHON")
 	}
-	dir := t.TempDir()
 	root, _ := filepath.Abs("..")
-	build := exec.Command(py, "-m", "kernels_py.tests.tiny_vlm", "--family", "qwen2_vl", filepath.Join(dir, "qwen"))
-	build.Dir = root
-	build.Env = append(os.Environ(), "PYTHONPATH="+root)
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build the tiny model: %v\n%s", err, out)
+	tests := []struct {
+		family, placeholder string
+		spans               string // what inspect says of 4 sampled frames
+	}{
+		// Qwen2-VL's tower merges two frames into one temporal step: two spans.
+		{"qwen2_vl", "<|vision_start|><|video_pad|><|vision_end|>", "frames are images 0-1, 4 sampled"},
+		{"llava_onevision", "<video>", "frames are images 0-3, 4 sampled"},
+		{"llava_next_video", "<video>", "frames are images 0-3, 4 sampled"},
 	}
-	model, clip := filepath.Join(dir, "qwen"), filepath.Join(dir, "qwen", "clip.mp4")
-	trace := filepath.Join(dir, "trace.safetensors")
-	prompt := "USER : <|vision_start|><|video_pad|><|vision_end|> describe the picture ASSISTANT :"
-	code, stdout, stderr := runCLI(t, "--python", py, "--kernels", root, "trace", "capture", "--model", model,
-		"--video", clip, "--frames", "4", "--prompt", prompt, "--out", trace, "--decode-steps", "2")
-	if code != 0 || !strings.Contains(stdout, "2 decode steps") {
-		t.Fatalf("capture: exit %d\n%s\n%s", code, stdout, stderr)
-	}
-	code, stdout, stderr = runCLI(t, "trace", "inspect", trace)
-	// Four sampled frames are two temporal steps of Qwen2-VL's vision tower: two spans.
-	if code != 0 || !strings.Contains(stdout, "video 0") || !strings.Contains(stdout, "frames are images 0-1, 4 sampled") {
-		t.Errorf("inspect: exit %d\n%s\n%s", code, stdout, stderr)
-	}
-	script := filepath.Join(dir, "v.star")
-	os.WriteFile(script, []byte(`experiment(name = "video", methods = ["full", "h2o"], grid = {"budget": [0.3]},
+	for _, tt := range tests {
+		t.Run(tt.family, func(t *testing.T) {
+			dir := t.TempDir()
+			model := filepath.Join(dir, tt.family)
+			build := exec.Command(py, "-m", "kernels_py.tests.tiny_vlm", "--family", tt.family, model)
+			build.Dir = root
+			build.Env = append(os.Environ(), "PYTHONPATH="+root)
+			if out, err := build.CombinedOutput(); err != nil {
+				t.Fatalf("build the tiny model: %v\n%s", err, out)
+			}
+			clip := filepath.Join(model, "clip.mp4")
+			trace := filepath.Join(dir, "trace.safetensors")
+			prompt := "USER : " + tt.placeholder + " describe the picture ASSISTANT :"
+			code, stdout, stderr := runCLI(t, "--python", py, "--kernels", root, "trace", "capture", "--model", model,
+				"--video", clip, "--frames", "4", "--prompt", prompt, "--out", trace, "--decode-steps", "2")
+			if code != 0 || !strings.Contains(stdout, "2 decode steps") {
+				t.Fatalf("capture: exit %d\n%s\n%s", code, stdout, stderr)
+			}
+			code, stdout, stderr = runCLI(t, "trace", "inspect", trace)
+			if code != 0 || !strings.Contains(stdout, "video 0") || !strings.Contains(stdout, tt.spans) {
+				t.Errorf("inspect: exit %d, want %q\n%s\n%s", code, tt.spans, stdout, stderr)
+			}
+			script := filepath.Join(dir, "v.star")
+			os.WriteFile(script, []byte(`experiment(name = "video", methods = ["full", "h2o"], grid = {"budget": [0.3]},
     workloads = [workload("vlm", model = "`+model+`", videos = "`+clip+`", frames = 4,
                           prompt = "`+prompt+`", decode_steps = 2)])`), 0o644)
-	code, stdout, stderr = runCLI(t, "--python", py, "--kernels", root, "run", script, "--out", filepath.Join(dir, "runs"))
-	if code != 0 || !strings.Contains(stdout, "2 jobs, 0 failed") {
-		t.Fatalf("run on the model with a video: exit %d\n%s\n%s", code, stdout, stderr)
+			code, stdout, stderr = runCLI(t, "--python", py, "--kernels", root, "run", script, "--out",
+				filepath.Join(dir, "runs"))
+			if code != 0 || !strings.Contains(stdout, "2 jobs, 0 failed") {
+				t.Fatalf("run on the model with a video: exit %d\n%s\n%s", code, stdout, stderr)
+			}
+		})
 	}
 }
