@@ -273,6 +273,12 @@ def generate(vlm, press, inputs: dict, max_new_tokens: int, force_tokens: list[i
 
     if inputs["input_ids"].shape[0] != 1:
         raise ModelError("the kvpress path generates one prompt at a time")
+    if press is not None and vlm.sliding_layers:
+        # kvpress 0.5.5 prunes every layer's cache as if all were global: a sliding window's cache, already cut
+        # to the window, breaks its shapes, and its scorers call a rotary embedding without the layer type.
+        raise PressError(f"{type(press).__name__} cannot run on {vlm.family}: kvpress compresses every layer as a "
+                         f"global one, and this model's layers {list(vlm.sliding_layers)} are sliding-window ones; "
+                         f"use our methods, which hold the global layers only")
     model = vlm.model
     language = model.model.language_model
     if language.config._attn_implementation == ATTENTION:  # left by an interrupted vlkv generation

@@ -197,3 +197,24 @@ def test_qwen_video_tokens_take_temporal_positions_from_the_sampling(tmp_path, m
         assert len(set(b - a for a, b in zip(starts, starts[1:]))) == 1
         steps.append(starts[1] - starts[0])
     assert steps[1] == 2 * steps[0] > 0
+
+
+def test_kvpress_presses_run_on_the_families_without_sliding_layers(family):
+    """A kvpress press inside each family: the no-press baseline is our full
+    cache, SnapKV keeps half of it; on Gemma 3's sliding layers kvpress would
+    break, so it is refused in one line."""
+    from kernels_py.models import presses
+
+    name, vlm, image, _ = family
+    inputs = models.prompt_inputs(vlm, [image], _prompt(vlm, images=1, words="what is in the picture a red cat or a blue dog ?" * 8))
+    press = make_method("kvpress", {"press": "SnapKVPress", "compression_ratio": 0.5}).make_press()
+    if vlm.sliding_layers:
+        with pytest.raises(presses.PressError, match="SnapKVPress cannot run on gemma3: kvpress compresses every "
+                                                     r"layer as a global one, and this model's layers \[0, 2\]"):
+            presses.generate(vlm, press, inputs, 3)
+        return
+    ours = models.generate(vlm, make_method("full"), inputs, 3)
+    baseline = presses.generate(vlm, None, inputs, 3)
+    assert baseline.tokens == ours.tokens and baseline.cache_bytes == ours.cache_bytes
+    pressed = presses.generate(vlm, press, inputs, 3)
+    assert pressed.cache_bytes < 0.6 * baseline.cache_bytes
