@@ -14,9 +14,15 @@ its own attention.
 
 Keys reach the methods as the model caches them, after RoPE. The methods
 see sequence indices 0..T-1 for the prompt and T + s for step s, which order
-tokens as the model does; Qwen2-VL's multimodal RoPE (M-RoPE) rotates by
-3-D positions instead, so a method that undoes and redoes RoPE itself
-(AttentionPack's rope="before") is refused there.
+tokens as the model does; the Qwen families' multimodal RoPE (M-RoPE)
+rotates by 3-D positions instead, so a method that undoes and redoes RoPE
+itself (AttentionPack's rope="before") is refused there.
+
+Prefill attention is the model's own (SDPA under the masks transformers
+builds for it: padding, sliding windows, Gemma 3's bidirectional images).
+A sliding-window layer (Gemma 3) keeps its window as the model does, outside
+the method, which holds the other layers. Videos arrive as sampled frames
+(models.video); every frame is a span of its own.
 """
 
 import contextvars
@@ -146,14 +152,14 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.d
     return VLM(model.to(device).eval(), processor, model_type, path)
 
 
-def prompt_inputs(vlm: VLM, images: list, prompt: str, videos: list = ()) -> dict:
+def prompt_inputs(vlm: VLM, images: list, prompt: str, videos: list = ()) -> "Inputs":
     """The processor's tensors for `prompt` with `images` (file paths or PIL
     images) and `videos` (kernels_py.models.video.Video, frames already
     sampled), one placeholder per image and per video in the prompt, in order."""
     return _processed(vlm, [(list(images), prompt, list(videos))])
 
 
-def batch_inputs(vlm: VLM, prompts: list[tuple]) -> dict:
+def batch_inputs(vlm: VLM, prompts: list[tuple]) -> "Inputs":
     """The processor's tensors for several (images, prompt) or (images,
     prompt, videos) entries of different lengths in one batch, left-padded."""
     tokenizer = vlm.processor.tokenizer
@@ -175,7 +181,9 @@ class Inputs(dict):
     frames into one temporal step). The layout cuts a prompt's visual tokens
     into spans."""
 
-    layout: list[list[tuple[str, int]]] = []
+    def __init__(self, tensors: dict, layout: list[list[tuple[str, int]]]):
+        super().__init__(tensors)
+        self.layout = layout
 
 
 def _processed(vlm: VLM, entries: list[tuple[list, str, list]]) -> Inputs:
@@ -193,14 +201,14 @@ def _processed(vlm: VLM, entries: list[tuple[list, str, list]]) -> Inputs:
                       do_sample_frames=False)
     processed = vlm.processor(text=texts if len(texts) > 1 else texts[0], padding=len(texts) > 1,
                               return_tensors="pt", **kwargs)
-    inputs = Inputs({k: v.to(vlm.model.device) if isinstance(v, torch.Tensor) else v for k, v in processed.items()})
-    frames = _frames_per_video(inputs) or [int(v.frames.shape[0]) for v in videos]
-    inputs.layout = []
+    tensors = {k: v.to(vlm.model.device) if isinstance(v, torch.Tensor) else v for k, v in processed.items()}
+    frames = _frames_per_video(tensors) or [int(v.frames.shape[0]) for v in videos]
+    layout = []
     for _, prompt, _ in entries:
         order = sorted([(i, "image") for i in _occurrences(prompt, vlm.spec.image_placeholder)]
                        + [(i, "video") for i in _occurrences(prompt, vlm.spec.video_placeholder)])
-        inputs.layout.append([(kind, 1 if kind == "image" else frames.pop(0)) for _, kind in order])
-    return inputs
+        layout.append([(kind, 1 if kind == "image" else frames.pop(0)) for _, kind in order])
+    return Inputs(tensors, layout)
 
 
 def _occurrences(text: str, placeholder: str | None) -> list[int]:
@@ -247,8 +255,8 @@ def _metadata(video) -> dict:
     rate and the sampled frames' indices in it (what Qwen's processors turn
     into temporal positions and timestamps)."""
     fps = float(video.source_fps)
-    indices = [int(round(t * fps)) for t in video.timestamps]
-    total = max(int(round(float(video.sampling.get("duration", 0.0)) * fps)), indices[-1] + 1)
+    indices = [int(i) for i in video.sampling["indices"]]
+    total = max(int(video.sampling["source_frames"]), indices[-1] + 1)
     return {"total_num_frames": total, "fps": fps, "frames_indices": indices,
             "duration": total / fps, "width": int(video.frames.shape[2]), "height": int(video.frames.shape[1])}
 
