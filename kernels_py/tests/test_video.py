@@ -8,6 +8,7 @@ import torch
 
 from kernels_py import ablation, metrics
 from kernels_py.attention import apply_rope
+from kernels_py.params import knob
 from kernels_py.workloads import SyntheticConfig, generate
 from kernels_py.workloads.synthetic import _video_frames, channel_layout
 
@@ -151,3 +152,14 @@ def test_the_ablation_never_holds_a_video_prompts_whole_attention(monkeypatch):
 
 
 CAUSAL_ATTENTION = metrics.causal_attention
+
+
+def test_the_video_knobs_leave_job_ids_at_their_defaults():
+    """Runs planned before the video knobs keep their job ids (Go's plan drops these knobs from the id at
+    their defaults; gohost/expt tests that side)."""
+    marked = {name for name, spec in SyntheticConfig.param_specs().items() if spec.id_omits_default}
+    assert marked == {"video", "frame_correlation", "salient_recurrence", "salient_motion"}
+    schema = SyntheticConfig.schema()
+    assert schema["video"]["id_omits_default"] is True and "id_omits_default" not in schema["images"]
+    with pytest.raises(ValueError, match="list knob"):
+        knob("ints", [1], "sizes", id_omits_default=True)

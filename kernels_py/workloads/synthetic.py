@@ -104,27 +104,29 @@ class SyntheticConfig(WorkloadConfig):
     )
     text_tokens: int = knob("int", 64, "post-vision text tokens after the images", min=1, max=65536)
     decode_steps: int = knob("int", 16, "generated tokens", min=1, max=65536)
-    # Video: the images are frames with temporal redundancy
+    # Video: the images are frames with temporal redundancy. Added after runs of independent images
+    # existed: at their defaults job ids leave them out, so those runs keep their ids.
     video: bool = knob(
         "bool", False,
         "the images are the frames of one video: one K/V basis for all of them, and the temporal redundancy "
         "frame_correlation and salient_recurrence set; False: independent images, each its own basis",
+        id_omits_default=True,
     )
     frame_correlation: float = knob(
         "float", 0.0,
         "video: correlation of each visual token's K/V latent with the same position's in the previous frame "
         "(latent = rho * previous + sqrt(1 - rho^2) * fresh; 1: a still scene)",
-        min=0.0, max=1.0,
+        min=0.0, max=1.0, id_omits_default=True,
     )
     salient_recurrence: float = knob(
         "float", 0.0,
         "video: share of a frame's salient tokens that are the previous frame's salient tokens moved a little "
         "(K/V latents copied)",
-        min=0.0, max=1.0,
+        min=0.0, max=1.0, id_omits_default=True,
     )
     salient_motion: int = knob(
         "int", 1, "video: most positions (raster order) a recurring salient token moves from one frame to the next",
-        min=0, max=65536,
+        min=0, max=65536, id_omits_default=True,
     )
     # Visual K/V spectrum (AttentionPack)
     visual_rank: int = knob(
