@@ -12,8 +12,8 @@ from kernels_py.params import knob
 from kernels_py.workloads import SyntheticConfig, generate
 from kernels_py.workloads.synthetic import _video_frames, channel_layout
 
-FRAMES = dict(layers=2, heads=4, kv_heads=2, head_dim=32, images=12, tokens_per_image=64, system_tokens=8,
-              text_tokens=16, decode_steps=3, salient_tokens=8, dtype="float32")
+FRAMES = {"layers": 2, "heads": 4, "kv_heads": 2, "head_dim": 32, "images": 12, "tokens_per_image": 64,
+          "system_tokens": 8, "text_tokens": 16, "decode_steps": 3, "salient_tokens": 8, "dtype": "float32"}
 
 
 def frame_keys(wl, layer=1) -> torch.Tensor:
@@ -25,7 +25,8 @@ def frame_keys(wl, layer=1) -> torch.Tensor:
 
 
 def frame_values(wl, layer=1) -> torch.Tensor:
-    return torch.stack([wl.v[layer][:, start:end].double() for start, end in wl.spans.images]).transpose(1, 2).flatten(2)
+    frames = torch.stack([wl.v[layer][:, start:end].double() for start, end in wl.spans.images])
+    return frames.transpose(1, 2).flatten(2)
 
 
 def correlation(frames: torch.Tensor, distance: int, keep: torch.Tensor) -> float:
