@@ -193,6 +193,11 @@ def _reference(cfg: WorkloadConfig) -> Reference:
         q, k = workload.q[layer], workload.k[layer]
         first_q = workload.decode_q[layer][0]
         first_step_attention.append(metrics.causal_attention(first_q, k, query_start=k.shape[1])[:, 0])
+        if q.shape[0] * q.shape[1] * k.shape[1] > metrics.WHOLE_ATTENTION_ENTRIES:  # a video-length prompt
+            sparsity.append(metrics.causal_sparsity(q, k).mean().item())
+            rows = post_vision.to(q.device)
+            post_vision_sparsity.append(metrics.causal_sparsity(q[:, rows], k, int(post_vision[0])).mean().item())
+            continue
         attention = metrics.causal_attention(q, k)
         sparsity.append(metrics.layer_sparsity(attention).mean().item())
         post_vision_attention = attention[:, post_vision]

@@ -69,6 +69,34 @@ def layer_sparsity(attention: torch.Tensor, query_start: int | None = None, thre
     return filtered_out.sum(dim=(-2, -1)).float() / causal.sum().float()
 
 
+# Most attention entries held at once where a whole layer's prefill attention
+# would be too big (1 GiB in float32): a 100K-token prompt has heads x 10^10.
+WHOLE_ATTENTION_ENTRIES = 2**28
+
+
+def causal_sparsity(q: torch.Tensor, k: torch.Tensor, query_start: int | None = None, threshold: float = 0.01,
+                    max_entries: int | None = None) -> torch.Tensor:
+    """`layer_sparsity(causal_attention(q, k, query_start))` per head, holding
+    at most about `max_entries` (default WHOLE_ATTENTION_ENTRIES) attention
+    entries at a time: rows go in blocks, each against the keys it can see."""
+    max_entries = WHOLE_ATTENTION_ENTRIES if max_entries is None else max_entries
+    heads, rows, _ = q.shape
+    keys = k.shape[1]
+    query_start = keys - rows if query_start is None else query_start
+    if heads * rows * keys <= max_entries:
+        return layer_sparsity(causal_attention(q, k, query_start), query_start, threshold)
+    block = max(1, max_entries // (heads * keys))
+    filtered = torch.zeros(heads, dtype=torch.float64, device=q.device)
+    for first in range(0, rows, block):
+        last = min(rows, first + block)
+        visible = query_start + last  # keys 0..visible-1 are all any row of the block sees
+        attention = causal_attention(q[:, first:last], k[:, :visible], query_start + first)
+        causal = ~_future(last - first, visible, query_start + first, q.device)
+        filtered += ((attention < threshold * attention.amax(dim=-1, keepdim=True)) & causal).sum(dim=(-2, -1))
+    causal_entries = rows * (query_start + 1) + rows * (rows - 1) // 2
+    return (filtered / causal_entries).float()
+
+
 def cache_hit_rate(kept: torch.Tensor, decode_attention: torch.Tensor) -> torch.Tensor:
     """VL-Cache Definition 3.1: |S_psi,k ∩ S_psi*,k| / |S_psi*,k|.
 

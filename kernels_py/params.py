@@ -35,6 +35,8 @@ class ParamSpec:
     choices: tuple | None = None
     ref: str = ""
     pattern: str = ""  # str knobs: a regular expression the whole value must match (Go RE2 and Python re alike)
+    # At its default the knob is left out of job ids: a knob added after runs existed keeps their jobs' ids.
+    id_omits_default: bool = False
 
     def check(self, owner: str, name: str, value: Any) -> Any:
         """Return `value` in the parameter's Python type, or raise TypeError
@@ -82,19 +84,27 @@ class ParamSpec:
             entry["ref"] = self.ref
         if self.pattern:
             entry["pattern"] = self.pattern
+        if self.id_omits_default:
+            entry["id_omits_default"] = True
         return entry
 
 
-def knob(type: str, default: Any, doc: str, *, min=None, max=None, choices=None, ref: str = "", pattern: str = ""):
+def knob(type: str, default: Any, doc: str, *, min=None, max=None, choices=None, ref: str = "", pattern: str = "",
+         id_omits_default: bool = False):
     """A dataclass field whose default, documentation, paper reference and
-    bounds live in one place."""
+    bounds live in one place. `id_omits_default`: the job id leaves the knob
+    out while it holds its default, so adding it to a workload or method that
+    runs already existed for keeps those runs' job ids (and their resumes)."""
     if type not in TYPE_NAMES:
         raise ValueError(f"parameter type {type!r} is not one of {TYPE_NAMES}")
     if pattern and type != "str":
         raise ValueError("only str parameters take a pattern")
+    if id_omits_default and type == "ints":
+        raise ValueError("a list knob cannot leave job ids at its default")
     if type == "ints":
         default = tuple(default)
-    spec = ParamSpec(type, default, doc, min, max, None if choices is None else tuple(choices), ref, pattern)
+    spec = ParamSpec(type, default, doc, min, max, None if choices is None else tuple(choices), ref, pattern,
+                     id_omits_default)
     return dataclasses.field(default=default, metadata={"spec": spec})
 
 

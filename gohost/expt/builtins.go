@@ -369,6 +369,8 @@ func (l *loader) experiment(thread *starlark.Thread, _ *starlark.Builtin, args s
 	seen := make(map[string]bool, n)
 	add := func(m *Method, params map[string]any, w *workloadValue) {
 		j := Job{Experiment: name, Method: m.Name, Params: params, WorkloadName: w.name, Workload: w.values(), Timeout: e.Timeout}
+		j.OutOfID = append(defaultsOutOfID("params.", m.Params, j.Params),
+			defaultsOutOfID("workload.", l.schema.Workloads[w.name].Params, j.Workload)...)
 		j.ID = j.ComputeID()
 		if seen[j.ID] {
 			return // same job spelt twice (a repeated value, an extra inside the grid): first wins
@@ -676,4 +678,16 @@ func gridPoint(ps Params, values map[string]any, msg string) string {
 		return ""
 	}
 	return " with " + strings.Join(parts, " ")
+}
+
+// defaultsOutOfID lists, as prefix + name, the values at their defaults whose
+// params the job id leaves out (Param.IDOmitsDefault), in name order.
+func defaultsOutOfID(prefix string, params Params, values map[string]any) []string {
+	var out []string
+	for _, name := range slices.Sorted(maps.Keys(values)) {
+		if p := params[name]; p != nil && p.IDOmitsDefault && p.Type != TypeInts && values[name] == p.Default {
+			out = append(out, prefix+name)
+		}
+	}
+	return out
 }

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"math"
 	"strconv"
 	"strings"
@@ -168,8 +169,20 @@ func appendString(b []byte, s string) []byte {
 // leaving the name out for it keeps their ids (and resumable runs) unchanged.
 // The timeout is left out on purpose: giving a slow job more time must not
 // make it a different job (and so must not lose its finished result on resume).
+// So are the knobs j.OutOfID names: knobs added after jobs existed without
+// them, at their defaults, so those jobs keep their ids.
 func (j Job) CanonicalJSON() []byte {
 	params, workload := j.Params, j.Workload
+	if len(j.OutOfID) > 0 {
+		params, workload = maps.Clone(params), maps.Clone(workload)
+		for _, key := range j.OutOfID {
+			if k, ok := strings.CutPrefix(key, "params."); ok {
+				delete(params, k)
+			} else if k, ok := strings.CutPrefix(key, "workload."); ok {
+				delete(workload, k)
+			}
+		}
+	}
 	if params == nil {
 		params = map[string]any{} // "{}", not "null": no params is still a complete set
 	}

@@ -42,6 +42,10 @@ type Job struct {
 	WorkloadName string         // the registered workload
 	Workload     map[string]any // every param of that workload, defaults filled in
 	Timeout      time.Duration  // not part of the id
+	// OutOfID names the params ("params.K") and workload knobs
+	// ("workload.K") at a default whose schema entry says the id omits it
+	// (Param.IDOmitsDefault): CanonicalJSON leaves them out.
+	OutOfID []string
 }
 
 // Experiment is one experiment() call, expanded.

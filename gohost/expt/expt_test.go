@@ -269,6 +269,51 @@ experiment(name = "a", methods = ["full", "h2o"], grid = {"budget": [0.1, 1.0]},
 	}
 }
 
+// A knob added with IDOmitsDefault keeps the ids of the jobs planned before
+// it while it holds its default, and makes other jobs when set.
+func TestKnobsAddedAtTheirDefaultKeepIDs(t *testing.T) {
+	ids := func(s *Schema, src string) []string {
+		t.Helper()
+		var out []string
+		for _, j := range mustLoad(t, s, src).Experiments[0].Jobs {
+			out = append(out, j.ID)
+		}
+		return out
+	}
+	script := func(workload string) string {
+		return `experiment(name = "a", methods = ["full", "h2o"], grid = {"budget": [0.1, 1.0]}, workloads = [` + workload + `])`
+	}
+	before := ids(testSchema(t), script("workload()"))
+
+	s := testSchema(t)
+	s.Workloads["synthetic"].Params["video"] = &Param{Name: "video", Type: TypeBool, Default: false, IDOmitsDefault: true}
+	s.Workloads["synthetic"].Params["rho"] = &Param{Name: "rho", Type: TypeFloat, Default: 0.0, IDOmitsDefault: true}
+	s.Methods["h2o"].Params["window"] = &Param{Name: "window", Type: TypeInt, Default: int64(0), IDOmitsDefault: true}
+	for _, src := range []string{script("workload()"), script("workload(video = False, rho = 0)")} {
+		if got := ids(s, src); !slices.Equal(got, before) {
+			t.Errorf("%s: ids %v, want those before the knobs %v", src, got, before)
+		}
+	}
+	plan := mustLoad(t, s, script("workload(video = True)"))
+	job := plan.Experiments[0].Jobs[1]
+	if job.Workload["rho"] != 0.0 || job.Params["window"] != int64(0) {
+		t.Errorf("the job still carries every knob: params %v, workload %v", job.Params, job.Workload)
+	}
+	if !slices.Equal(job.OutOfID, []string{"params.window", "workload.rho"}) {
+		t.Errorf("OutOfID = %v", job.OutOfID)
+	}
+	canonical := string(job.CanonicalJSON())
+	if !strings.Contains(canonical, `"video":true`) || strings.Contains(canonical, "rho") || strings.Contains(canonical, "window") {
+		t.Errorf("canonical JSON %s: want video, without rho and window", canonical)
+	}
+	if got := ids(s, script("workload(video = True)")); slices.Contains(before, got[0]) || slices.Contains(before, got[1]) {
+		t.Errorf("video = True kept an id of the jobs without it: %v, %v", got, before)
+	}
+	if got := ids(s, `experiment(name = "a", methods = ["h2o"], grid = {"budget": [0.1], "window": [4]})`); slices.Contains(before, got[0]) {
+		t.Errorf("window = 4 kept an id of the jobs without it: %v", got)
+	}
+}
+
 func TestScriptFeatures(t *testing.T) {
 	s := testSchema(t)
 	plan := mustLoad(t, s, `

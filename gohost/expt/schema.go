@@ -142,6 +142,10 @@ type Param struct {
 	Max     *float64       // inclusive; numbers only (each element of a list)
 	Choices []any          // allowed values, converted to Type; nil means any
 	Pattern *regexp.Regexp // str only: the whole value must match; nil means any
+	// IDOmitsDefault: at its default the parameter is left out of job ids
+	// (Job.CanonicalJSON), so adding it to a workload or method kept the ids
+	// of every job planned before it.
+	IDOmitsDefault bool
 }
 
 // LoadSchema reads and parses a schema file.
@@ -205,6 +209,8 @@ type (
 		Max     *json.Number `json:"max"`
 		Choices []any        `json:"choices"`
 		Pattern string       `json:"pattern"`
+		// IDOmitsDefault is Param.IDOmitsDefault.
+		IDOmitsDefault bool `json:"id_omits_default"`
 	}
 )
 
@@ -387,7 +393,7 @@ func parseParams(in map[string]paramJSON, lists bool) (Params, error) {
 }
 
 func parseParam(name string, pj paramJSON) (*Param, error) {
-	p := &Param{Name: name, Doc: pj.Doc, Ref: pj.Ref, Type: pj.Type}
+	p := &Param{Name: name, Doc: pj.Doc, Ref: pj.Ref, Type: pj.Type, IDOmitsDefault: pj.IDOmitsDefault}
 	switch pj.Type {
 	case TypeInt, TypeFloat, TypeStr, TypeBool, TypeInts:
 	case "":

@@ -34,12 +34,28 @@ a model on the machine. What is built in, and where it comes from:
   `dense_layers` use `dense_scale` (flat attention, low VL-Cache gamma), the rest
   a scale drawn around 1 (VL-Cache Figure 2: two dense layers, then sparse ones
   of varying sparsity).
+- Video (`video = True`): the images are the frames of one clip, one span per
+  frame. Frames share one K basis and one V basis (one scene), and neighbouring
+  frames repeat each other, as consecutive frames do (the redundancy merging,
+  LOOK-M and AttentionPack's low rank across frames exploit): at every token
+  position, frame f's latent is `frame_correlation * (frame f-1's) +
+  sqrt(1 - frame_correlation ** 2) * fresh`, so frames d apart correlate by
+  about frame_correlation ** d (the full-rank noise is fresh per frame); and
+  a `salient_recurrence` share of a frame's salient tokens are the previous
+  frame's moved by at most `salient_motion` positions, their K and V latents
+  copied (the same object, moving little). Left at `video = False` the
+  images are independent, each with its own basis.
 
 Channels are split so each component moves logits independently: the sink pair,
 the recency pairs, and the remaining "content" pairs (visual latent, noise,
 targeting). Queries are built in the rotated (post-RoPE) frame, where logits
 are dot products; the stored tensors are exactly what a model would cache:
 q and k after RoPE at their positions, v without.
+
+Cost is linear in the tokens: nothing here is tokens x tokens, and each layer
+is made in float64 and kept in the workload's dtype before the next, so 64
+frames of 1600 tokens (102K, 32 heads of 128) peak at about 16 GB of CPU
+memory while a layer is made.
 """
 
 import math
@@ -79,7 +95,7 @@ class SyntheticConfig(WorkloadConfig):
     dtype: str = knob("str", "float16", "dtype of the model's tensors and of the uncompressed cache every compression ratio is counted against (float32 for exact arithmetic)", choices=tuple(DTYPES))
     rope_base: float = knob("float", 10000.0, "RoPE base (theta)", min=2.0, max=1e9)
     # Sequence layout
-    images: int = knob("int", 1, "images (or video frames) in the prompt", min=1, max=256)
+    images: int = knob("int", 1, "images in the prompt (video frames, with video = True)", min=1, max=256)
     tokens_per_image: int = knob(
         "int", 576, "visual tokens per image (LLaVA-1.5: 576; a video frame: 256)", min=8, max=65536
     )
@@ -88,6 +104,30 @@ class SyntheticConfig(WorkloadConfig):
     )
     text_tokens: int = knob("int", 64, "post-vision text tokens after the images", min=1, max=65536)
     decode_steps: int = knob("int", 16, "generated tokens", min=1, max=65536)
+    # Video: the images are frames with temporal redundancy. Added after runs of independent images
+    # existed: at their defaults job ids leave them out, so those runs keep their ids.
+    video: bool = knob(
+        "bool", False,
+        "the images are the frames of one video: one K/V basis for all of them, and the temporal redundancy "
+        "frame_correlation and salient_recurrence set; False: independent images, each its own basis",
+        id_omits_default=True,
+    )
+    frame_correlation: float = knob(
+        "float", 0.0,
+        "video: correlation of each visual token's K/V latent with the same position's in the previous frame "
+        "(latent = rho * previous + sqrt(1 - rho^2) * fresh; 1: a still scene)",
+        min=0.0, max=1.0, id_omits_default=True,
+    )
+    salient_recurrence: float = knob(
+        "float", 0.0,
+        "video: share of a frame's salient tokens that are the previous frame's salient tokens moved a little "
+        "(K/V latents copied)",
+        min=0.0, max=1.0, id_omits_default=True,
+    )
+    salient_motion: int = knob(
+        "int", 1, "video: most positions (raster order) a recurring salient token moves from one frame to the next",
+        min=0, max=65536, id_omits_default=True,
+    )
     # Visual K/V spectrum (AttentionPack)
     visual_rank: int = knob(
         "int", 96,
@@ -141,6 +181,14 @@ class SyntheticConfig(WorkloadConfig):
              "2 * targets_per_query exceeds the salient pool images * salient_tokens: a query's own targets and "
              "the head's must not collide (targets_per_query={targets_per_query}, images={images}, "
              "salient_tokens={salient_tokens})"),
+        Rule("video or frame_correlation == 0",
+             "frame_correlation={frame_correlation} needs video = True (without it the images are independent)"),
+        Rule("video or salient_recurrence == 0",
+             "salient_recurrence={salient_recurrence} needs video = True (without it the images are independent)"),
+        Rule("not video or max(sink_tokens - 1, 0) + salient_tokens <= tokens_per_image",
+             "with video = True every frame holds its salient tokens and may hold every sink: "
+             "sink_tokens - 1 + salient_tokens must fit in tokens_per_image (sink_tokens={sink_tokens}, "
+             "salient_tokens={salient_tokens}, tokens_per_image={tokens_per_image})"),
     )
 
     @property
@@ -187,11 +235,13 @@ def generate(cfg: SyntheticConfig) -> Workload:
     positions = torch.arange(prompt)
     decode_positions = torch.arange(prompt, prompt + cfg.decode_steps)
     sinks = _choose_sinks(cfg, spans)
-    layers = [_generate_layer(cfg, spans, sinks, layer) for layer in range(cfg.layers)]
     dev, dtype = runtime.device(), cfg.torch_dtype
+    # Each layer leaves float64 as it is made: at video lengths (100K tokens) the float64 Q/K/V of
+    # every layer at once would take several times the workload's own memory.
+    layers = [_generate_layer(cfg, spans, sinks, layer).to(dev, dtype) for layer in range(cfg.layers)]
 
     def stack(name):
-        return tuple(getattr(layer, name).to(device=dev, dtype=dtype) for layer in layers)
+        return tuple(getattr(layer, name) for layer in layers)
 
     return Workload(
         cfg, spans, positions.to(dev), decode_positions.to(dev), sinks,
@@ -207,6 +257,21 @@ class _Layer:
     decode_q: torch.Tensor
     decode_k: torch.Tensor
     decode_v: torch.Tensor
+
+    def to(self, device, dtype) -> "_Layer":
+        return _Layer(*(t.to(device=device, dtype=dtype) for t in
+                        (self.q, self.k, self.v, self.decode_q, self.decode_k, self.decode_v)))
+
+
+@dataclass
+class _Frames:
+    """A video's salient tokens, one layer: the pool (absolute positions,
+    frame by frame), its Zipf weights, and for each frame the in-frame
+    offsets whose latents it copies from the previous frame (source, destination)."""
+
+    pool: torch.Tensor
+    weights: torch.Tensor
+    moves: list[tuple[list[int], list[int]]]
 
 
 def _generator(seed: int, *stream: int) -> torch.Generator:
@@ -235,16 +300,17 @@ def _generate_layer(cfg: SyntheticConfig, spans: Spans, sinks: tuple[int, ...], 
     chans = channel_layout(cfg.head_dim)
     prompt = spans.prompt_tokens
     scale = _layer_scale(cfg, layer, rng)
+    frames = _video_frames(cfg, spans, sinks, layer) if cfg.video else None
 
-    keys_pre = _prompt_keys(cfg, spans, sinks, chans, rng)
+    keys_pre = _prompt_keys(cfg, spans, sinks, chans, rng, frames)
     keys = apply_rope(keys_pre, torch.arange(prompt), cfg.rope_base)
-    values = _prompt_values(cfg, spans, rng)
+    values = _prompt_values(cfg, spans, rng, frames)
     decode_pos = torch.arange(prompt, prompt + cfg.decode_steps)
     decode_keys = apply_rope(_text_keys(cfg, chans, cfg.decode_steps, rng), decode_pos, cfg.rope_base)
     decode_values = torch.randn(cfg.kv_heads, cfg.decode_steps, cfg.head_dim, generator=rng, dtype=torch.float64)
     value_mean = cfg.value_mean * torch.randn(cfg.kv_heads, 1, cfg.head_dim, generator=rng, dtype=torch.float64)
 
-    pool, pool_weights = _salient_pool(cfg, spans, sinks, rng)
+    pool, pool_weights = (frames.pool, frames.weights) if frames is not None else _salient_pool(cfg, spans, sinks, rng)
     directions = _target_directions(keys, spans, sinks, pool, chans)
     # Text rows end the prompt and decode rows follow: one contiguous block from spans.text[0].
     queries = _queries(cfg, torch.cat([torch.arange(prompt), decode_pos]), spans.text[0], chans, scale, rng)
@@ -269,18 +335,43 @@ def _text_keys(cfg: SyntheticConfig, chans: ChannelLayout, tokens: int, rng: tor
     return keys
 
 
-def _low_rank(cfg: SyntheticConfig, tokens: int, channels: int, rng: torch.Generator) -> torch.Tensor:
-    """[tokens, kv_heads * channels]: one latent per token times one basis shared
-    by all heads, singular values decaying as a power law, unit mean variance per
-    channel, plus full-rank noise."""
+def _spectrum_and_basis(cfg: SyntheticConfig, channels: int, rng: torch.Generator):
+    """Singular values (a power law, scaled to unit mean variance per channel)
+    and an orthonormal basis [kv_heads * channels, rank] shared by all heads."""
     width = cfg.kv_heads * channels
     rank = min(cfg.visual_rank, width)
     spectrum = (torch.arange(rank, dtype=torch.float64) + 1) ** -cfg.spectrum_decay
     spectrum *= math.sqrt(width / spectrum.square().sum())
     basis, _ = torch.linalg.qr(torch.randn(width, rank, generator=rng, dtype=torch.float64))
-    latent = torch.randn(tokens, rank, generator=rng, dtype=torch.float64)
-    noise = torch.randn(tokens, width, generator=rng, dtype=torch.float64)
+    return spectrum, basis
+
+
+def _low_rank(cfg: SyntheticConfig, tokens: int, channels: int, rng: torch.Generator) -> torch.Tensor:
+    """[tokens, kv_heads * channels]: one latent per token times one basis shared
+    by all heads, singular values decaying as a power law, unit mean variance per
+    channel, plus full-rank noise."""
+    spectrum, basis = _spectrum_and_basis(cfg, channels, rng)
+    latent = torch.randn(tokens, len(spectrum), generator=rng, dtype=torch.float64)
+    noise = torch.randn(tokens, basis.shape[0], generator=rng, dtype=torch.float64)
     return latent * spectrum @ basis.T + cfg.visual_noise * noise
+
+
+def _video_low_rank(cfg: SyntheticConfig, frames: _Frames, channels: int, rng: torch.Generator) -> torch.Tensor:
+    """[images * tokens_per_image, kv_heads * channels]: `_low_rank` for the
+    frames of one video: one basis, each frame's latents the previous frame's
+    times frame_correlation plus fresh ones, moved salient tokens' latents
+    copied; the full-rank noise is fresh per frame."""
+    spectrum, basis = _spectrum_and_basis(cfg, channels, rng)
+    per_frame, rho = cfg.tokens_per_image, cfg.frame_correlation
+    latent = torch.empty(cfg.images, per_frame, len(spectrum), dtype=torch.float64)
+    latent[0] = torch.randn(per_frame, len(spectrum), generator=rng, dtype=torch.float64)
+    for f in range(1, cfg.images):
+        fresh = torch.randn(per_frame, len(spectrum), generator=rng, dtype=torch.float64)
+        latent[f] = rho * latent[f - 1] + math.sqrt(1 - rho * rho) * fresh
+        source, destination = frames.moves[f]
+        latent[f, destination] = latent[f - 1, source]
+    noise = torch.randn(cfg.images * per_frame, basis.shape[0], generator=rng, dtype=torch.float64)
+    return latent.reshape(-1, len(spectrum)) * spectrum @ basis.T + cfg.visual_noise * noise
 
 
 def _per_head(rows: torch.Tensor, kv_heads: int) -> torch.Tensor:
@@ -288,11 +379,15 @@ def _per_head(rows: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return rows.reshape(rows.shape[0], kv_heads, -1).transpose(0, 1)
 
 
-def _prompt_keys(cfg, spans, sinks, chans, rng) -> torch.Tensor:
+def _prompt_keys(cfg, spans, sinks, chans, rng, frames) -> torch.Tensor:
     keys = _text_keys(cfg, chans, spans.prompt_tokens, rng)
-    for start, end in spans.images:
-        visual = _per_head(_low_rank(cfg, end - start, len(chans.content), rng), cfg.kv_heads)
-        keys[:, start:end, chans.content] = visual
+    if frames is not None:  # the frames are contiguous
+        visual = _per_head(_video_low_rank(cfg, frames, len(chans.content), rng), cfg.kv_heads)
+        keys[:, spans.images[0][0]:spans.images[-1][1], chans.content] = visual
+    else:
+        for start, end in spans.images:
+            visual = _per_head(_low_rank(cfg, end - start, len(chans.content), rng), cfg.kv_heads)
+            keys[:, start:end, chans.content] = visual
     if sinks:
         # A sink's key is its sink channel alone, so no query's content part moves its logit;
         # the value sqrt(head_dim) turns a query coefficient into that many logits.
@@ -303,10 +398,14 @@ def _prompt_keys(cfg, spans, sinks, chans, rng) -> torch.Tensor:
     return keys
 
 
-def _prompt_values(cfg, spans, rng) -> torch.Tensor:
+def _prompt_values(cfg, spans, rng, frames) -> torch.Tensor:
     values = torch.randn(cfg.kv_heads, spans.prompt_tokens, cfg.head_dim, generator=rng, dtype=torch.float64)
-    for start, end in spans.images:
-        values[:, start:end] = _per_head(_low_rank(cfg, end - start, cfg.head_dim, rng), cfg.kv_heads)
+    if frames is not None:
+        visual = _video_low_rank(cfg, frames, cfg.head_dim, rng)
+        values[:, spans.images[0][0]:spans.images[-1][1]] = _per_head(visual, cfg.kv_heads)
+    else:
+        for start, end in spans.images:
+            values[:, start:end] = _per_head(_low_rank(cfg, end - start, cfg.head_dim, rng), cfg.kv_heads)
     return values
 
 
@@ -319,6 +418,34 @@ def _salient_pool(cfg, spans, sinks, rng) -> tuple[torch.Tensor, torch.Tensor]:
     pool = torch.cat(pool)
     ranks = torch.randperm(len(pool), generator=rng).to(torch.float64)
     return pool, 1.0 / (ranks + 1.0)
+
+
+def _video_frames(cfg, spans, sinks, layer) -> _Frames:
+    """Per-layer salient tokens of a video, from their own random stream:
+    frame 0's drawn at random; each of frame f-1's recurs in frame f with
+    probability salient_recurrence, moved by up to salient_motion positions
+    (kept in the frame; not onto a sink or another salient token); fresh
+    random picks fill the rest. Zipf weights over the pool, as for images."""
+    rng = _generator(cfg.seed, 2, layer)
+    per_frame, pool, moves, previous = cfg.tokens_per_image, [], [], []
+    for start, end in spans.images:
+        blocked = {p - start for p in sinks if start <= p < end}
+        chosen, source = [], []
+        recurs = torch.rand(len(previous), generator=rng, dtype=torch.float64) < cfg.salient_recurrence
+        shifts = torch.randint(-cfg.salient_motion, cfg.salient_motion + 1, (len(previous),), generator=rng)
+        for offset, recur, shift in zip(previous, recurs.tolist(), shifts.tolist()):
+            moved = min(max(offset + shift, 0), per_frame - 1)
+            if recur and moved not in blocked:
+                blocked.add(moved)
+                chosen.append(moved)
+                source.append(offset)
+        moves.append((source, list(chosen)))
+        fresh = (o for o in torch.randperm(per_frame, generator=rng).tolist() if o not in blocked)
+        chosen += [next(fresh) for _ in range(cfg.salient_tokens - len(chosen))]
+        pool += [start + o for o in chosen]
+        previous = chosen
+    ranks = torch.randperm(len(pool), generator=rng).to(torch.float64)
+    return _Frames(torch.tensor(pool), 1.0 / (ranks + 1.0), moves)
 
 
 def _target_directions(keys, spans, sinks, pool, chans) -> torch.Tensor:
