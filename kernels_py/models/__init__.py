@@ -20,5 +20,5 @@ from kernels_py.models.adapter import (
     generate_batch, generate_sdpa, load, prompt_inputs, spans_from_ids,
 )
 
-__all__ = ["FAMILIES", "TESTED_TRANSFORMERS", "Generation", "ModelError", "VLM", "batch_inputs", "batch_spans", "compare",
-           "generate", "generate_batch", "generate_sdpa", "load", "prompt_inputs", "spans_from_ids"]
+__all__ = ["FAMILIES", "TESTED_TRANSFORMERS", "Generation", "ModelError", "VLM", "batch_inputs", "batch_spans",
+           "compare", "generate", "generate_batch", "generate_sdpa", "load", "prompt_inputs", "spans_from_ids"]

@@ -207,7 +207,8 @@ def test_kvpress_presses_run_on_the_families_without_sliding_layers(family):
     from kernels_py.models import presses
 
     name, vlm, image, _ = family
-    inputs = models.prompt_inputs(vlm, [image], _prompt(vlm, images=1, words="what is in the picture a red cat or a blue dog ?" * 8))
+    question = "what is in the picture a red cat or a blue dog ?" * 8  # longer than SnapKV's window of 64
+    inputs = models.prompt_inputs(vlm, [image], _prompt(vlm, images=1, words=question))
     press = make_method("kvpress", {"press": "SnapKVPress", "compression_ratio": 0.5}).make_press()
     if vlm.sliding_layers:
         with pytest.raises(presses.PressError, match="SnapKVPress cannot run on gemma3: kvpress compresses every "

@@ -62,10 +62,11 @@ class LmmsConfig(WorkloadConfig):
     data: str = knob("str", "", "directory of downloaded datasets, each at DATA/<hub id> (e.g. "
                      "DATA/lmms-lab-encoder/DocVQA); empty: the local Hugging Face cache")
     frames: int = knob("int", 8, "frames sampled from each video of a video task (at most, with fps): spread "
-                       "uniformly over the whole video, first and last included", min=1, max=4096)
+                       "uniformly over the whole video, first and last included", min=1, max=4096,
+                       id_omits_default=True)
     fps: float = knob("float", 0.0, "video frames sampled per second (one every 1/fps seconds, `frames` of them "
                       "spread uniformly where there are more); 0: `frames` frames over the whole video", min=0.0,
-                      max=1000.0)
+                      max=1000.0, id_omits_default=True)
 
     def build(self) -> Workload:
         raise TaskError("workload 'lmms' scores a task inside the model: it has no attention trace to replay")

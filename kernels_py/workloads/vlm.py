@@ -23,11 +23,13 @@ class VLMConfig(WorkloadConfig):
     model: str = knob("str", "", "local model directory (config.json, weights, processor files; nothing is "
                       "downloaded)")
     images: str = knob("str", "", "image files, comma-separated, one per image placeholder in the prompt")
+    # The video knobs are left out of job ids at their defaults, so runs planned before them keep their ids.
     videos: str = knob("str", "", "video files or directories of frame images, comma-separated, one per video "
-                       "placeholder in the prompt")
-    frames: int = knob("int", 8, "frames sampled from each video (with fps: at most this many)", min=1, max=4096)
+                       "placeholder in the prompt", id_omits_default=True)
+    frames: int = knob("int", 8, "frames sampled from each video (with fps: at most this many)", min=1, max=4096,
+                       id_omits_default=True)
     fps: float = knob("float", 0.0, "sample each video at this rate, frames a second (0: frames spread evenly over "
-                      "the whole video)", min=0.0, max=1000.0)
+                      "the whole video)", min=0.0, max=1000.0, id_omits_default=True)
     prompt: str = knob("str", "", "the prompt, with one placeholder per image and per video, in order (LLaVA: "
                        "<image>; README lists each family's)")
     decode_steps: int = knob("int", 16, "generated tokens scored (the full cache's greedy tokens are fed to every "
