@@ -66,7 +66,7 @@ class _Ask:
 
 @register_model("vlkv")
 class VLKV(lmms):
-    """A local VLM (LLaVA-1.5, LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL) with a method's KV cache."""
+    """A local VLM (any family of kernels_py.models.families) with a method's KV cache."""
 
     def __init__(self, pretrained: str = "", method: str = "full", params: str | dict = "", vlm=None,
                  device: str = "cpu", batch: int = 1, frames: int = 8, fps: float | None = None,

@@ -17,6 +17,7 @@ from kernels_py.tests import tiny_vlm
 # family -> (builder, image size, what it takes)
 FAMILIES = {
     "qwen2_vl": (tiny_vlm.save_tiny_qwen2_vl, 112, ("image", "video")),
+    "qwen2_5_vl": (lambda d: tiny_vlm.save_tiny_qwen2_vl(d, version="2.5"), 112, ("image", "video")),
     **{name: (tiny_vlm.BUILDERS[name], tiny_vlm.IMAGE_SIDE[name],
               ("image", "video") if name in tiny_vlm.VIDEO_FAMILIES else ("image",)) for name in tiny_vlm.FAMILIES},
 }

@@ -38,7 +38,8 @@ class TaskError(ValueError):
 
 @dataclass(frozen=True)
 class LmmsConfig(WorkloadConfig):
-    """lmms-eval tasks scored on a local VLM (LLaVA-1.5, LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL), the method holding its KV cache."""
+    """lmms-eval tasks scored on a local VLM (any family of README "Use your own model"), the method holding its KV
+    cache."""
 
     name = "lmms"
     # One job per task of `tasks` and per shard of `shards` (the plan spreads them; `shard` is set there).
@@ -65,7 +66,8 @@ class LmmsConfig(WorkloadConfig):
                        "uniformly over the whole video, first and last included", min=1, max=4096,
                        id_omits_default=True)
     fps: float = knob("float", 0.0, "video frames sampled per second (one every 1/fps seconds, `frames` of them "
-                      "spread uniformly where there are more); 0: `frames` frames over the whole video", min=0.0,
+                      "spread uniformly where there are more; a frame directory is read as fps frames a second); 0: "
+                      "`frames` frames over the whole video", min=0.0,
                       max=1000.0, id_omits_default=True)
 
     def build(self) -> Workload:
