@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from kernels_py.attention import Rope, Spans
 from kernels_py.methods.caches import KeptTokens
-from kernels_py.models.families import FAMILIES, MROPE_FAMILIES, VIDEO, Family, supported
+from kernels_py.models.families import FAMILIES, Family, supported
 
 ATTENTION = "vlkv"
 TESTED_TRANSFORMERS = "5.23.0"
@@ -72,7 +72,7 @@ class VLM:
 
     @property
     def mrope(self) -> bool:
-        return self.family in MROPE_FAMILIES
+        return self.spec.mrope
 
     @property
     def rope(self) -> Rope:
@@ -80,21 +80,15 @@ class VLM:
         return Rope("mrope" if self.mrope else "default", rope_theta(self.model.config.text_config))
 
     @property
-    def image_token(self) -> str:
-        return self.processor.image_token
-
-    @property
     def image_placeholder(self) -> str:
         """What a prompt holds where an image goes."""
-        if self.spec.image_placeholder is None:
-            raise ModelError(f"{self.family} takes no image")
         return self.spec.image_placeholder
 
     @property
     def video_placeholder(self) -> str:
         """What a prompt holds where a video goes."""
         if self.spec.video_placeholder is None:
-            takes = [f.model_type for f in FAMILIES.values() if VIDEO in f.inputs]
+            takes = [f.model_type for f in FAMILIES.values() if f.video_placeholder]
             raise ModelError(f"{self.family} takes no video (it was not trained on any, and its processor has no "
                              f"video processor); the families that do: {', '.join(takes)}")
         return self.spec.video_placeholder
@@ -226,8 +220,8 @@ def _check_placeholders(vlm: VLM, prompt: str, images: int, videos: int) -> None
                          "vision-language prompt")
     for kind, count in (("image", images), ("video", videos)):
         if not count and getattr(vlm.spec, f"{kind}_placeholder") is None:
-            continue
-        placeholder = getattr(vlm, f"{kind}_placeholder")
+            continue  # a family without video: nothing to count
+        placeholder = getattr(vlm, f"{kind}_placeholder")  # refuses a video where the family takes none
         found = prompt.count(placeholder)
         if found != count:
             raise ModelError(f"the prompt holds {found} {kind} placeholder(s) {placeholder!r} for {count} {kind}(s): "

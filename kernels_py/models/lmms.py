@@ -8,11 +8,11 @@ workload (kernels_py.workloads.lmms) drives it for each job. It answers `generat
 task's max_new_tokens, ending at the end-of-sequence token or the first of
 the task's stop strings. Tasks scored by log-likelihood (multiple choice by
 option probability) are refused: the methods compress the cache a generation
-reads, and a log-likelihood pass reads no cache. A document's visuals are images (PIL, as image tasks give
-them) or videos (paths to a video file or a frame directory, as video tasks
-such as Video-MME give them), sampled by models.video.load_video to
-`frames` frames, or one every 1/`fps` seconds up to `frames`. Importing this
-module needs lmms-eval (the lock's `lmms` group).
+reads, and a log-likelihood pass reads no cache. A document's visuals are
+images (PIL, as image tasks give them) or videos (paths to a video file or a
+frame directory, as video tasks such as Video-MME give them), sampled by
+models.video.load_video to `frames` frames, or one every 1/`fps` seconds up
+to `frames`. Importing this module needs lmms-eval (the lock's `lmms` group).
 """
 
 import json
@@ -149,7 +149,7 @@ class VLKV(lmms):
                       full_cache_bytes(self.vlm, prompt + len(got.tokens) - 1), got.prefill_seconds,
                       got.decode_seconds, got.peak_bytes, got.decode_peak_bytes, _sampling(videos))
 
-    def _answer_batch(self, chunk: list[tuple]) -> list[Answer]:
+    def _answer_batch(self, chunk: list[_Ask]) -> list[Answer]:
         """Several documents generated together (models.generate_batch): each
         keeps its own method caches; the batch decodes until every document
         has stopped, so one that stopped early holds the tokens of the
@@ -157,9 +157,8 @@ class VLKV(lmms):
         batch's, split evenly."""
         until, max_new = _settings(chunk[0].gen_kwargs)
         videos = [self.load_videos(ask.videos) for ask in chunk]
-        prompts = []
-        for ask, vids in zip(chunk, videos):
-            prompts.append((ask.images, prompt_for(self.vlm, ask.context, len(ask.images), len(vids)), vids))
+        prompts = [(ask.images, prompt_for(self.vlm, ask.context, len(ask.images), len(vids)), vids)
+                   for ask, vids in zip(chunk, videos)]
         inputs = models.batch_inputs(self.vlm, prompts)
         gens = models.generate_batch(self.vlm, self.method, inputs, max_new, stop_tokens=stop_tokens(self.vlm))
         steps = max(len(g.tokens) for g in gens)

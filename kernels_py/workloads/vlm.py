@@ -29,7 +29,8 @@ class VLMConfig(WorkloadConfig):
     frames: int = knob("int", 8, "frames sampled from each video (with fps: at most this many)", min=1, max=4096,
                        id_omits_default=True)
     fps: float = knob("float", 0.0, "sample each video at this rate, frames a second (0: frames spread evenly over "
-                      "the whole video; a frame directory is read as fps frames a second)", min=0.0, max=1000.0, id_omits_default=True)
+                      "the whole video; a frame directory is read as fps frames a second)", min=0.0, max=1000.0,
+                      id_omits_default=True)
     prompt: str = knob("str", "", "the prompt, with one placeholder per image and per video, in order (LLaVA: "
                        "<image>; README lists each family's)")
     decode_steps: int = knob("int", 16, "generated tokens scored (the full cache's greedy tokens are fed to every "
