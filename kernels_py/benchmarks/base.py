@@ -113,23 +113,50 @@ class AttentionBenchmark(Benchmark):
         return Inputs(n, b, device, device.type == "cuda", common.dtype(self.dtype), g)
 
 
-def time_median(fn, repeat: int, cuda: bool) -> float:
-    """Median seconds of fn() after one warm-up call (which also compiles)."""
+def time_median(fn, repeat: int, cuda: bool, graph: bool = False) -> float:
+    """Median seconds of fn() after one warm-up call (which also compiles and
+    autotunes). With `graph` on a GPU, fn is captured once in a CUDA graph
+    and the graph is replayed, as a serving engine replays its decode step:
+    the time is the GPU's, not Python's launch overhead (which at batch 8
+    exceeds a decode kernel's whole time). Only a call that never waits for
+    the host can be captured (the decode kernels with caller-owned
+    workspaces, SDPA); one that cannot raises, since a failed capture leaves
+    the CUDA context unusable for the rows after it.
+    The unfused PyTorch paths, and the statistics op (it checks its
+    positions on the host), are timed eagerly."""
     fn()
+    run = _captured(fn) if cuda and graph else fn
     times = []
     for _ in range(repeat):
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            fn()
+            run()
             end.record()
             torch.cuda.synchronize()
             times.append(start.elapsed_time(end) / 1e3)
         else:
             t0 = time.perf_counter()
-            fn()
+            run()
             times.append(time.perf_counter() - t0)
     return sorted(times)[len(times) // 2]
+
+
+def _captured(fn):
+    """The replay of fn captured in a CUDA graph."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # libraries set up their workspaces outside the capture
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            fn()
+    except Exception as err:  # noqa: BLE001 - any capture failure: say which call and why
+        raise RuntimeError(f"a timed call could not be captured in a CUDA graph (does it allocate, or wait for the "
+                           f"host?): {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from err
+    return graph.replay
 
 
 def peak_bytes(fn, cuda: bool):

@@ -97,9 +97,9 @@ class Gather(AttentionBenchmark):
         rows = int(count.sum())
         read = rows * 2 * self.head_dim * x.dtype.itemsize + rows * 4 * 2
         row = {**self.shape(), "percent": case["percent"], "num_splits": splits, "sdpa_backend": full()[1],
-               "gather_ms": time_median(gather, self.repeat, cuda) * 1e3,
+               "gather_ms": time_median(gather, self.repeat, cuda, graph=True) * 1e3,
                "slice_ms": time_median(lambda: _slice_then_attend(q, k, v, index), self.repeat, cuda) * 1e3,
-               "sdpa_ms": time_median(full, self.repeat, cuda) * 1e3, "read_bytes": read}
+               "sdpa_ms": time_median(full, self.repeat, cuda, graph=True) * 1e3, "read_bytes": read}
         peak = hbm_peak_gbps(x.device)
         row["gather_gbps"] = read / (row["gather_ms"] / 1e3) / 1e9
         row["gather_hbm_pct"] = percent_of(row["gather_gbps"], peak)

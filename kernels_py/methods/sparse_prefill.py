@@ -33,8 +33,10 @@ def _sdpa(q, k, v):
 def sparse_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, important: torch.Tensor) -> torch.Tensor:
     """Prefill attention output [H, T, d] where the tokens important[g] ([H_kv, p]
     indices, ascending) of kv head g attend causally among themselves only, and
-    every other token's output is 0. q [H, T, d]; k, v [H_kv, T, d]."""
+    every other token's output is 0. q [H, T, d]; k, v [H_kv, T, d];
+    `important` may sit on another device (a host-side selection)."""
     heads, tokens, dim = q.shape
+    important = important.to(q.device)
     kv_heads, count = important.shape
     if kv_heads != k.shape[0] or heads % kv_heads:
         raise ValueError(f"important must be [kv_heads={k.shape[0]}, p], got {tuple(important.shape)}")
@@ -59,6 +61,7 @@ def prefill_error(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, important: 
     attention: over every row (the zeroed ones count: what the next layer
     reads), and at the important rows only (0 when none is important)."""
     heads = q.shape[0]
+    important = important.to(q.device)
     full = _sdpa(q.float(), k.float(), v.float())
     sparse = sparse_prefill(q.float(), k.float(), v.float(), important)
     if important.shape[1] == 0:

@@ -19,7 +19,12 @@ def device():
 
 def pytest_collection_modifyitems(session, config, items):
     """Start test_estimate's compiling children as soon as its tests are
-    collected: they compile for a GPU target while the other tests run."""
+    collected: they compile for a GPU target while the other tests run.
+    Under pytest-xdist every worker collects every test, so there the
+    fixtures start them in the one worker that runs test_estimate (with
+    `--dist loadfile`; see README "Tests on a GPU")."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
     if any(item.nodeid.split("::")[0].endswith("test_estimate.py") for item in items):
         from kernels_py.tests import test_estimate
 

@@ -404,11 +404,14 @@ def test_calibration_error_is_summarised():
     assert err["conservative"]["worst"] == 2.0
 
 
-def test_a_bench_row_on_the_cpu_has_no_estimate_columns_filled():
+def test_a_bench_row_on_the_cpu_has_no_estimate_columns_filled(monkeypatch):
     """estimate_beside fills its columns on a GPU only; on the interpreter
     they stay empty (and no calibration point is written)."""
+    from kernels_py import runtime
     from kernels_py.benchmarks.base import estimate_beside
     from kernels_py.ops.gather_decode import model
+
+    monkeypatch.setattr(runtime, "interpreter_mode", lambda: True)  # on a GPU host too
 
     row = {}
     estimate_beside(row, "gather", model, "selected rows", model.Step(batch=1, context=2048), 1.0)

@@ -14,6 +14,8 @@ from kernels_py.methods import make_method
 from kernels_py.models.video import load_video
 from kernels_py.tests import tiny_vlm
 
+pytest.importorskip("av")  # the fixtures write each family's test video (a base dependency)
+
 # family -> (builder, image size, what it takes)
 FAMILIES = {
     "qwen2_vl": (tiny_vlm.save_tiny_qwen2_vl, 112, ("image", "video")),

@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from kernels_py import ablation
 from kernels_py.tests import golden
@@ -31,12 +32,19 @@ def _id(case: dict) -> str:
 # rel_err_mean, 2.2e-6 on an AMD EPYC). Far below anything a change of a
 # method does, and far above float32's agreement.
 REL_TOL = {"float16": 2e-5}
+# The results were recorded on the CPU. On a GPU, tensor-core products,
+# cuSOLVER's SVD and atomic adds move metrics by up to ~1% (AttentionPack's
+# explained variance, 0.645 -> 0.640 on an H100): the comparison there only
+# catches a result that changed for another reason.
+GPU_REL_TOL, GPU_ABS_TOL = 2e-2, 1e-4
+ON_GPU = torch.cuda.is_available()
 
 
 @pytest.mark.parametrize("case", RECORDED, ids=_id)
 def test_results_equal_the_recorded_ones(case):
     result = ablation.run(case["method"], case["params"], case["workload"])
-    rel_tol = REL_TOL.get(case["workload"].get("dtype", DEFAULT_DTYPE), 1e-6)
+    rel_tol = GPU_REL_TOL if ON_GPU else REL_TOL.get(case["workload"].get("dtype", DEFAULT_DTYPE), 1e-6)
+    abs_tol = GPU_ABS_TOL if ON_GPU else 1e-9
     for kind in ("metrics", "per_layer"):
         assert set(result[kind]) == set(case[kind]), kind
         for name, want in case[kind].items():
@@ -45,5 +53,5 @@ def test_results_equal_the_recorded_ones(case):
                 == len(want if isinstance(want, list) else [want]), f"{kind}.{name}: recorded {want}, now {got}"
             for w, g in zip(want if isinstance(want, list) else [want], got if isinstance(got, list) else [got]):
                 same = (w is None and g is None) or (w is not None and g is not None and (
-                    math.isclose(w, g, rel_tol=rel_tol, abs_tol=1e-9) or (math.isnan(w) and math.isnan(g))))
+                    math.isclose(w, g, rel_tol=rel_tol, abs_tol=abs_tol) or (math.isnan(w) and math.isnan(g))))
                 assert same, f"{kind}.{name}: recorded {want}, now {got}"

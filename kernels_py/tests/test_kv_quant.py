@@ -75,19 +75,21 @@ def test_padding_does_not_widen_ranges(device):
         assert torch.equal(getattr(a, name), getattr(b, name)), name
 
 
-def test_bad_inputs_get_clear_errors():
-    k, v, pos, length = random_kv(batch=1, kv_heads=1, slots=64, head_dim=64, lengths=[64], dtype=torch.float16)
+def test_bad_inputs_get_clear_errors(device):
+    k, v, pos, length = (t.to(device) for t in random_kv(batch=1, kv_heads=1, slots=64, head_dim=64, lengths=[64],
+                                                         dtype=torch.float16))
     with pytest.raises(ValueError, match="bits=3 is not supported: KV codes are 2 or 4 bits"):
         kv_quant.quantize(k, v, pos, length, bits=3, group=32)
     with pytest.raises(ValueError, match="group=48 must be one of"):
         kv_quant.quantize(k, v, pos, length, bits=4, group=48)
-    k80, v80, _, _ = random_kv(batch=1, kv_heads=1, slots=64, head_dim=80, lengths=[64], dtype=torch.float16)
+    k80, v80, _, _ = (t.to(device) for t in random_kv(batch=1, kv_heads=1, slots=64, head_dim=80, lengths=[64],
+                                                      dtype=torch.float16))
     with pytest.raises(ValueError, match="group=32 does not divide head_dim=80"):
         kv_quant.quantize(k80, v80, pos, length, bits=4, group=32)
     with pytest.raises(ValueError, match="40 slots is not a multiple of the group size 32"):
-        kv_quant.quantize(k[:, :, :40], v[:, :, :40], pos[:, :40], torch.tensor([32]), bits=4, group=32)
+        kv_quant.quantize(k[:, :, :40], v[:, :, :40], pos[:, :40], torch.tensor([32], device=device), bits=4, group=32)
     with pytest.raises(ValueError, match="length must be whole groups of 32"):
-        kv_quant.quantize(k, v, pos, torch.tensor([40]), bits=4, group=32)
+        kv_quant.quantize(k, v, pos, torch.tensor([40], device=device), bits=4, group=32)
     with pytest.raises(TypeError, match="k has dtype torch.int32"):
         kv_quant.quantize(k.int(), v, pos, length, bits=4, group=32)
     seg = kv_quant.quantize(k, v, pos, length, bits=4, group=32)
@@ -99,10 +101,11 @@ def test_bad_inputs_get_clear_errors():
         kv_quant.dequantize(bad)
 
 
-def test_concat_needs_a_full_first_segment():
-    k, v, pos, length = random_kv(batch=1, kv_heads=1, slots=64, head_dim=32, lengths=[32], dtype=torch.float16)
+def test_concat_needs_a_full_first_segment(device):
+    k, v, pos, length = (t.to(device) for t in random_kv(batch=1, kv_heads=1, slots=64, head_dim=32, lengths=[32],
+                                                         dtype=torch.float16))
     half = kv_quant.quantize(k, v, pos, length, bits=2, group=32)
-    full = kv_quant.quantize(k, v, pos, torch.tensor([64]), bits=2, group=32)
+    full = kv_quant.quantize(k, v, pos, torch.tensor([64], device=device), bits=2, group=32)
     assert kv_quant.concat(full, half).length.tolist() == [96]
     with pytest.raises(ValueError, match="not all in use"):
         kv_quant.concat(half, full)

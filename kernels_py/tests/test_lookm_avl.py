@@ -93,7 +93,8 @@ def test_lookm_evicting_while_decoding_holds_its_share_and_keeps_generated_text(
     keeping = make_method("lookm", params)
     evicting = make_method("lookm", {**params, "evict_while_decoding": True})
     caches = [m.prefill(0, workload.q[0], workload.k[0], workload.v[0], workload.spans) for m in (keeping, evicting)]
-    assert torch.equal(caches[0].keys, caches[1].keys)  # prefill is the same
+    # Prefill is the same (to the rounding of a GPU's atomic adds when merging: their order varies).
+    torch.testing.assert_close(caches[0].keys, caches[1].keys)
     before_keys, before_pos = caches[1].keys[0].clone(), caches[1].positions[0].tolist()
     share = caches[1].tokens / PROMPT
     for step in range(CFG["decode_steps"]):
@@ -132,7 +133,7 @@ def test_avl_prefill_sets_core_secondary_and_minor(workload):
     # Eq. 1: the last prompt token's attention, averaged over heads.
     logits = (q[:, -1:] @ k.repeat_interleave(2, 0).transpose(1, 2))[:, 0] / math.sqrt(32)
     last = torch.softmax(logits, -1).mean(0)
-    visual = torch.arange(8, 72)
+    visual = torch.arange(8, 72, device=q.device)
     ranked = visual[last[visual].argsort(descending=True)]
     stored = set(cache.positions[0][cache.visual].tolist())
     core = set(cache.positions[0][cache.core].tolist())

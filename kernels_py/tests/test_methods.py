@@ -2,6 +2,7 @@
 parameters validated, and the schema the Go host reads in step with the code."""
 
 import dataclasses
+import importlib.util
 import json
 import math
 import re
@@ -283,8 +284,15 @@ def test_integers_are_accepted_for_floats():
 
 def test_schema_file_is_up_to_date():
     """schema.json is what schema.document() produces; regenerate it with
-    `workbench schema` after changing a knob."""
-    assert json.loads(SCHEMA_FILE.read_text()) == schema.document()
+    `workbench schema` after changing a knob. The kvpress presses are read
+    from kvpress itself, so a Python without it (a `--python` of one's own)
+    compares the rest."""
+    want, got = json.loads(SCHEMA_FILE.read_text()), schema.document()
+    if importlib.util.find_spec("kvpress") is None:
+        for doc in (want, got):
+            for method in doc["methods"].values():
+                method.pop("presses", None)
+    assert want == got
 
 
 def check_params(schema_params: dict, dataclass_type) -> None:

@@ -52,13 +52,14 @@ def bits_of(cache: MixedPrecisionCache) -> dict[int, set]:
 def test_prefill_puts_the_top_normalized_tokens_in_high_bits(workload):
     method = make_method("zipvl", {"tau": 0.9, "probe_recent": 16, "probe_random": 16, "probe_seed": 3})
     cache = method.prefill(0, workload.q[0], workload.k[0], workload.v[0], workload.spans)
-    rows = probe_rows(PROMPT, 16, 16, 3)
     q, k = workload.q[0].float(), workload.k[0].float()
+    rows = probe_rows(PROMPT, 16, 16, 3).to(q.device)
     scores = torch.softmax((q[:, rows] @ k.repeat_interleave(2, 0).transpose(1, 2)) / 8.0
-                           + torch.where(torch.arange(PROMPT)[None, :] <= rows[:, None], 0.0, -torch.inf), -1)
+                           + torch.where(torch.arange(PROMPT, device=q.device)[None, :] <= rows[:, None], 0.0,
+                                         -torch.inf), -1)
     p = important_count(scores.sum(dim=(0, 1)), 0.9)
     assert cache.notes["important_ratio"] == pytest.approx(p / PROMPT)
-    counts = (torch.arange(PROMPT)[None, :] <= rows[:, None]).sum(0).clamp_min(1)
+    counts = (torch.arange(PROMPT, device=q.device)[None, :] <= rows[:, None]).sum(0).clamp_min(1)
     normalized = scores.sum(1).reshape(2, 2, PROMPT).sum(1) / counts
     held = bits_of(cache)
     for h in range(2):
@@ -101,7 +102,7 @@ def test_decode_blocks_are_reassessed_every_period(workload):
     assert 0 < m["block_important_ratio"] <= 1 and m["dense_tokens"] == 1
     assert m["high_bit_tokens"] + m["low_bit_tokens"] == PROMPT + 6  # tokens a kv head holds
     # The cache attention sees, dequantized, holds every token once per kv head in position order.
-    assert torch.equal(cache.positions, torch.arange(PROMPT + CFG.decode_steps).expand(2, -1))
+    assert torch.equal(cache.positions.cpu(), torch.arange(PROMPT + CFG.decode_steps).expand(2, -1))
 
 
 def test_fixed_ratio_baseline_and_kivi_window(workload):
@@ -145,14 +146,14 @@ def test_sparse_prefill_attends_among_important_tokens_only(workload):
     from kernels_py.methods.sparse_prefill import flops_saved, sparse_prefill
 
     q, k, v = (t[0].float() for t in (workload.q, workload.k, workload.v))
-    important = torch.tensor([[0, 3, 5, 40], [1, 2, 3, 87]])
+    important = torch.tensor([[0, 3, 5, 40], [1, 2, 3, 87]], device=q.device)
     out = sparse_prefill(q, k, v, important)
     for head in range(4):
         idx = important[head // 2]
         scores = q[head, idx] @ k[head // 2, idx].T / 8.0
-        scores = scores.masked_fill(torch.ones(4, 4, dtype=torch.bool).triu(1), -torch.inf)
+        scores = scores.masked_fill(torch.ones(4, 4, dtype=torch.bool, device=q.device).triu(1), -torch.inf)
         torch.testing.assert_close(out[head, idx], scores.softmax(-1) @ v[head // 2, idx], atol=1e-5, rtol=1e-5)
-        others = torch.ones(PROMPT, dtype=torch.bool)
+        others = torch.ones(PROMPT, dtype=torch.bool, device=q.device)
         others[idx] = False
         assert (out[head, others] == 0).all()
     assert flops_saved(88, 88) == 0.0 and flops_saved(88, 44) == pytest.approx(1 - 44 * 45 / (88 * 89))

@@ -4,10 +4,11 @@ frame directories, and each bad input's one-line error."""
 
 import wave
 
-import av
 import numpy as np
 import pytest
 from PIL import Image
+
+av = pytest.importorskip("av")  # a base dependency; a foreign --python may lack it
 
 from kernels_py.models import video
 from kernels_py.models.video import Video, VideoError, load_video

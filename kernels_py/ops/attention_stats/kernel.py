@@ -110,7 +110,10 @@ def _row_tile(q, kt, m_i, l_i, qk_scale, offs_n, q_pos, n_keys, MASKED: tl.const
         s = tl.where((offs_n[None, :] <= q_pos[:, None]) & (offs_n[None, :] < n_keys), s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_scaled = m_new * qk_scale
-    l_i = l_i * tl.exp2(m_i * qk_scale - m_scaled) + tl.sum(tl.exp2(s * qk_scale - m_scaled[:, None]), 1)
+    # The rescale subtracts before it scales: as m_i * qk_scale - m_scaled the
+    # compiler fuses an FMA whose rounding residue at the -1e30 floor (a row
+    # that has seen no key yet) is ~1e22, exp2 of which is inf and 0 * inf NaN.
+    l_i = l_i * tl.exp2((m_i - m_new) * qk_scale) + tl.sum(tl.exp2(s * qk_scale - m_scaled[:, None]), 1)
     return m_new, l_i
 
 

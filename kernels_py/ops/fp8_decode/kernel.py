@@ -150,7 +150,7 @@ STAGE1_CONFIGS = [triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=st)
                   for n in (64, 128) for w in (4, 8) for st in (2, 3)]
 _stage1_tuned = triton.autotune(
     configs=STAGE1_CONFIGS, cache_results=True,
-    key=["HEAD_DIM", "GROUP", "N_QUERIES", "BLOCK_ROWS", "BLOCK_D", "QK_DT", "PER_TOKEN", "IS_E4M3", "NATIVE",
+    key=["HEAD_DIM", "GROUP", "N_QUERIES", "BLOCK_ROWS", "BLOCK_D", "PER_TOKEN", "IS_E4M3", "NATIVE",
          "EVEN_N"],
     prune_configs_by={"early_config_prune": common.prune_spilling(_stage1_kernel)})(_stage1_kernel)
 LARGEST_TILE = max(c.kwargs["BLOCK_N"] for c in STAGE1_CONFIGS)  # a length it divides is whole tiles in every config

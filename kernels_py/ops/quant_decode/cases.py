@@ -17,24 +17,30 @@ from kernels_py.tables import Column, table
 KERNELS = ("_stage1_kernel", "_merge_kernel")
 
 
-def make_cache(*, batch, heads, kv_heads, head_dim, segments, dense_lens, queries, dtype, seed=0, spread=2.0):
-    """q, q_pos, [QuantKV...], DenseKV. segments: (bits, group, slots,
-    lengths) per quantized segment, in order; positions run on across the
-    segments, then the dense one; the queries come last."""
+def make_cache(*, batch, heads, kv_heads, head_dim, segments, dense_lens, queries, dtype, seed=0, spread=2.0,
+               device=None):
+    """q, q_pos, [QuantKV...], DenseKV on `device` (default: the runtime's,
+    where kv_quant's kernels quantize the segments; the values are drawn on
+    the CPU, so they are the same on every device). segments: (bits, group,
+    slots, lengths) per quantized segment, in order; positions run on
+    across the segments, then the dense one; the queries come last."""
+    device = runtime.device() if device is None else torch.device(device)
     g = torch.Generator().manual_seed(seed + 1000)
     quantized, start = [], 0
     for i, (bits, group, slots, lengths) in enumerate(segments):
-        k, v, pos, length = random_kv(batch=batch, kv_heads=kv_heads, slots=slots, head_dim=head_dim, lengths=lengths,
-                                      dtype=dtype, seed=seed + i)
+        k, v, pos, length = (t.to(device) for t in random_kv(batch=batch, kv_heads=kv_heads, slots=slots,
+                                                             head_dim=head_dim, lengths=lengths, dtype=dtype,
+                                                             seed=seed + i))
         quantized.append(quantize(k, v, pos + start, length, bits=bits, group=group))
         start += slots
     dense_slots = max(dense_lens) + 3
-    dense = DenseKV(torch.randn(batch, kv_heads, dense_slots, head_dim, generator=g).to(dtype),
-                    torch.randn(batch, kv_heads, dense_slots, head_dim, generator=g).to(dtype),
-                    (start + torch.arange(dense_slots)).repeat(batch, 1), torch.tensor(dense_lens))
+    dense = DenseKV(*(t.to(device) for t in (
+        torch.randn(batch, kv_heads, dense_slots, head_dim, generator=g).to(dtype),
+        torch.randn(batch, kv_heads, dense_slots, head_dim, generator=g).to(dtype),
+        (start + torch.arange(dense_slots)).repeat(batch, 1), torch.tensor(dense_lens))))
     q = (spread * torch.randn(batch, heads, queries, head_dim, generator=g)).to(dtype)
     q_pos = (start + dense_slots - queries + torch.arange(queries)).repeat(batch, 1)
-    return q, q_pos, quantized, dense
+    return q.to(device), q_pos.to(device), quantized, dense
 
 
 def _compile(*, dtype, head_dim, heads, kv_heads, segments, queries=1):

@@ -190,7 +190,7 @@ STAGE1_CONFIGS.append(triton.Config({"SCALE_PER_WORD": True}, num_warps=2 * DEFA
 _stage1_tuned = triton.autotune(
     configs=STAGE1_CONFIGS, cache_results=True,
     key=["GROUP", "N_QUERIES", "TWO_SEGMENTS", "BITS_A", "GROUP_A", "BITS_B", "GROUP_B", "BLOCK_ROWS", "BLOCK_D",
-         "QK_DT", "BLOCK_N"],
+         "BLOCK_N"],
     prune_configs_by={"early_config_prune": common.prune_spilling(_stage1_kernel)})(_stage1_kernel)
 
 
