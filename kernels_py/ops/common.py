@@ -3,6 +3,7 @@ sizes, the softmax-scale check, the differences between compiled Triton and
 its CPU interpreter, and the choice between a kernel and its reference."""
 
 import math
+import warnings
 
 import torch
 import triton
@@ -109,7 +110,10 @@ def prune_spilling(kernel, spill_bytes=None):
     config spills, the one spilling least is kept."""
     measure = spill_bytes or (lambda config, args, constexprs: _compiled_spills(kernel, config, args, constexprs))
 
-    def prune(configs, named_args, **constexprs):
+    def prune(configs, named_args, **launch):
+        # Triton's autotuner passes the launch's keywords, its own `grid` and
+        # `warmup` among them; only the kernel's constexprs go to the compile.
+        constexprs = {k: v for k, v in launch.items() if k not in _LAUNCH_KEYWORDS}
         spilled = [(measure(c, named_args, constexprs), c) for c in configs]
         kept = [c for n, c in spilled if not n]
         return kept or [min(spilled, key=lambda nc: nc[0])[1]]
@@ -117,13 +121,22 @@ def prune_spilling(kernel, spill_bytes=None):
     return prune
 
 
+_LAUNCH_KEYWORDS = ("grid", "warmup")
+
+
 def _compiled_spills(kernel, config, named_args: dict, constexprs: dict) -> int:
     """Spilled bytes of one config on the GPU in use; 0 when it cannot be
-    told (the config is then timed like any other rather than failing the launch)."""
+    told (the config is then timed like any other rather than failing the
+    launch), with a warning: a silent 0 would keep every spilling config in
+    the race."""
     args = [named_args[name] for name in kernel.arg_names if name in named_args]
     try:
         compiled = kernel.warmup(*args, grid=(1,), **{**constexprs, **config.all_kwargs()})
         compiled._init_handles()
-    except Exception:  # e.g. out of resources: the timing run reports it as it always did
+    except Exception as err:  # e.g. out of resources: the timing run reports it as it always did
+        name = getattr(kernel, "__name__", repr(kernel))
+        warnings.warn(f"{name}: a config's spills could not be counted, so it is timed unpruned "
+                      f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})", RuntimeWarning,
+                      stacklevel=2)
         return 0
     return int(compiled.n_spills or 0)

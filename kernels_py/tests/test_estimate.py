@@ -191,6 +191,48 @@ def test_prune_spilling_keeps_the_configs_that_do_not_spill():
     assert [c.kwargs["BLOCK_N"] for c in prune(configs, {})] == [32]
 
 
+def test_prune_spilling_compiles_with_the_keywords_the_autotuner_passes():
+    """Triton's autotuner calls the pruner with the launch's keywords, its own
+    `grid` and `warmup` among them. The compile that counts spills gets only
+    the constexprs and the config: with `grid` twice it failed, every count
+    read 0 and no spilling config was ever pruned on a GPU."""
+    import triton
+
+    from kernels_py.ops import common
+
+    class Compiled:
+        def __init__(self, spills):
+            self.n_spills = spills
+
+        def _init_handles(self):
+            pass
+
+    class Kernel:
+        __name__ = "fake"
+        arg_names = ["X", "n", "BLOCK", "GROUP"]
+
+        def __init__(self):
+            self.calls = []
+
+        def warmup(self, *args, grid, **kwargs):
+            self.calls.append((args, grid, kwargs))
+            return Compiled(96 if kwargs["BLOCK"] == 128 else 0)
+
+    kernel = Kernel()
+    configs = [triton.Config({"BLOCK": b}, num_warps=4) for b in (64, 128)]
+    kept = common.prune_spilling(kernel)(configs, {"X": "x", "n": 7}, grid=(3, 1, 1), warmup=False, GROUP=4)
+    assert [c.kwargs["BLOCK"] for c in kept] == [64]
+    args, grid, kwargs = kernel.calls[0]
+    assert args == ("x", 7) and grid == (1,) and "warmup" not in kwargs and kwargs["GROUP"] == 4
+
+    class Broken(Kernel):
+        def warmup(self, *args, grid, **kwargs):
+            raise RuntimeError("no driver")
+
+    with pytest.warns(RuntimeWarning, match="fake: a config's spills could not be counted"):
+        assert len(common.prune_spilling(Broken())(configs, {"X": "x", "n": 7}, grid=(1,), warmup=False)) == 2
+
+
 def test_shapes_are_parsed_with_clear_errors():
     from kernels_py.ops import report
 
