@@ -7,7 +7,9 @@
       the cache dtype, rotate the keys, concatenate the dense segment, SDPA.
 
 The absorbed variant (rank-space attention, keys decomposed after RoPE) is
-timed too, as an ablation. Cache: `length` visual tokens compressed to rank
+timed too, as an ablation, and both calls again without the per-token
+masses (mass=False: the steps between AttentionPack's importance updates,
+its importance_every knob). Cache: `length` visual tokens compressed to rank
 `rank` for keys and values (keys decomposed before RoPE, rotated on rebuild),
 split into two importance groups as in the paper's setup (25% of the tokens
 at full rank, 75% at rank / 4, in the factors `partial` names: values by
@@ -115,6 +117,11 @@ class Lowrank(AttentionBenchmark):
         Column("absorbed_hbm_pct", "%", "absorbed_gbps as a share of the GPU's HBM bandwidth", "% HBM abs."),
         Column("absorbed_tflops", "", "modeled FLOPs of the absorbed kernel / its time, in TFLOP/s", show=False),
         Column("absorbed_vs_sdpa", "x", "SDPA time / absorbed time (above 1: absorbed is faster)", "SDPA/abs."),
+        Column("fused_no_mass_ms", "ms", "the fused call with mass=False: a step that does not update "
+               "AttentionPack's importance (importance_every), no logits written or read back", "fused, no mass"),
+        Column("absorbed_no_mass_ms", "ms", "the absorbed call with mass=False", "abs., no mass"),
+        Column("no_mass_vs_sdpa", "x", "SDPA time / fused time without the masses", "SDPA/fused no mass"),
+        Column("absorbed_no_mass_vs_sdpa", "x", "SDPA time / absorbed time without the masses", show=False),
         Column("unfused_ms", "ms", "rebuild K and V with batched matmuls, RoPE, then SDPA", "unfused"),
         Column("sdpa_ms", "ms", "SDPA over a full uncompressed cache of the same length", "SDPA"),
         Column("sdpa_hbm_pct", "%", "full K/V bytes / SDPA time, as a share of the HBM bandwidth", show=False),
@@ -180,6 +187,11 @@ class Lowrank(AttentionBenchmark):
                                           workspace=fused_ws, check_values=False, rank_chunk=chunk)
         absorbed = lambda: op.lowrank_decode_absorbed(q, q_pos, comp, dense, workspace=absorbed_ws,  # noqa: E731
                                                       check_values=False)
+        fused_no_mass = lambda: op.lowrank_decode(q, q_pos, comp, dense, rope_base=ROPE_BASE,  # noqa: E731
+                                                  workspace=fused_ws, check_values=False, rank_chunk=chunk,
+                                                  mass=False)
+        absorbed_no_mass = lambda: op.lowrank_decode_absorbed(q, q_pos, comp, dense,  # noqa: E731
+                                                              workspace=absorbed_ws, check_values=False, mass=False)
         unfused = lambda: _unfused(q, comp, dense, ROPE_BASE)  # noqa: E731
         full = lambda: sdpa(q, full_k, full_v)  # noqa: E731
         read = nbytes(comp.uk, comp.uv, comp.wk, comp.wv, dense.k, dense.v)
@@ -188,6 +200,8 @@ class Lowrank(AttentionBenchmark):
                "sdpa_backend": full()[1],
                "fused_ms": time_median(fused, self.repeat, cuda, graph=True) * 1e3,
                "absorbed_ms": time_median(absorbed, self.repeat, cuda, graph=True) * 1e3,
+               "fused_no_mass_ms": time_median(fused_no_mass, self.repeat, cuda, graph=True) * 1e3,
+               "absorbed_no_mass_ms": time_median(absorbed_no_mass, self.repeat, cuda, graph=True) * 1e3,
                "unfused_ms": time_median(unfused, self.repeat, cuda) * 1e3,
                "sdpa_ms": time_median(full, self.repeat, cuda, graph=True) * 1e3,
                "fused_peak_bytes": peak_bytes(fused, cuda),
@@ -215,6 +229,8 @@ class Lowrank(AttentionBenchmark):
         row["absorbed_vs_sdpa"] = row["sdpa_ms"] / row["absorbed_ms"]
         row["speedup_vs_unfused"] = row["unfused_ms"] / row["fused_ms"]
         row["speedup_vs_sdpa"] = row["sdpa_ms"] / row["fused_ms"]
+        row["no_mass_vs_sdpa"] = row["sdpa_ms"] / row["fused_no_mass_ms"]
+        row["absorbed_no_mass_vs_sdpa"] = row["sdpa_ms"] / row["absorbed_no_mass_ms"]
         row["compression_ratio"] = row["full_bytes"] / read
         estimate_beside(row, "fused", model, "fused (exact)", step, row["fused_ms"], (op.kernel._stage1_tuned,))
         estimate_beside(row, "absorbed", model, "absorbed (latent)", step, row["absorbed_ms"],

@@ -17,7 +17,8 @@ reference on CPU, see the backend knob), which rebuilds every compressed
 token with its own rank prefix inside the attention and returns each token's
 attention mass averaged over query heads; that mass feeds the importance EMA
 of Eq. 1. Tokens are split into groups by importance (`groups`, re-derived
-every step): the most important group is rebuilt at full rank, the others at
+every step, or every `importance_every` steps, which then skip the masses):
+the most important group is rebuilt at full rank, the others at
 a fraction of it (section 3.2), or evicted (`low_group`, Table 4's "(E)").
 The cache stores each group in its own run of slots, so the kernel's tiles
 have one rank and rebuild keys only up to it; a step moves only the tokens
@@ -164,6 +165,12 @@ class AttentionPack(Method):
     )
     alpha: float = knob("float", 0.25, "EMA weight alpha of Eq. 1 (paper: 0.25)", min=0.0, max=0.999,
                         ref="AttentionPack Eq. 1")
+    importance_every: int = knob(
+        "int", 1, "update Eq. 1's importance, and regroup, on every this many decode steps (the first one "
+        "included); the steps between attend without the per-token attention masses, which the kernel then "
+        "neither writes nor reads back; 1 = every step (the paper)", min=1, max=1 << 20,
+        ref="AttentionPack Eq. 1",
+    )
     low_group: str = knob(
         "str", "decompress", "what happens to the groups after the first: decompress at their lower rank, or "
         "evict (Table 4's '(E)': the cache keeps the first group's share of the tokens, by importance)",
@@ -345,15 +352,20 @@ class AttentionPack(Method):
                              f"{tuple(k_t.shape)}, {tuple(v_t.shape)}")
         cache.append(k_t, v_t)
         cache.flops_ratios.append(self._flops_ratio(cache))
-        result = cache.attend(q_t, absorbed=self.absorbed, backend=self.backend, rank_chunk=self._rank_chunk(cache))
-        importance = self._importance
-        masses = result.mass_comp[0].split([s.tokens for s in cache.segments])
-        for seg, mass in zip(cache.segments, masses):
-            seg.importance = importance.update(seg.importance, mass)
-        cache.dense_importance = importance.update(cache.dense_importance, result.mass_dense[0])
-        if self.period and cache.buffer >= self.period:
+        scored = (len(cache.flops_ratios) - 1) % self.importance_every == 0
+        result = cache.attend(q_t, absorbed=self.absorbed, backend=self.backend, rank_chunk=self._rank_chunk(cache),
+                              mass=scored)
+        if scored:
+            importance = self._importance
+            masses = result.mass_comp[0].split([s.tokens for s in cache.segments])
+            for seg, mass in zip(cache.segments, masses):
+                seg.importance = importance.update(seg.importance, mass)
+            cache.dense_importance = importance.update(cache.dense_importance, result.mass_dense[0])
+        folded = bool(self.period and cache.buffer >= self.period)
+        if folded:
             self._fold(layer, cache)
-        self._settle(cache)
+        if scored or folded:  # the groups follow the importance, which only these steps change
+            self._settle(cache)
         return result.out[0]
 
     def _settle(self, cache: LowRankCache) -> None:

@@ -259,6 +259,27 @@ def test_importance_follows_eq1_through_decode(workload):
     torch.testing.assert_close(cache.scores[0], expected, atol=1e-6, rtol=1e-4)
 
 
+def test_importance_every_n_steps_updates_on_those_steps_only(workload, full_outputs):
+    """importance_every=3: steps 1, 4, 7... update Eq. 1 and regroup; the
+    steps between attend without masses and leave the importance and the
+    groups as they were, at an error near the every-step one."""
+    layer = 1
+    method = pack(rank_k=16, rank_v=16, groups=PAPER_GROUPS, importance_every=3)
+    cache = prefill(method, workload, layer)
+    seen = []
+    for step in range(6):
+        q_t, k_t, v_t = (t[layer][step] for t in (workload.decode_q, workload.decode_k, workload.decode_v))
+        method.decode(layer, cache, q_t, k_t, v_t)
+        seen.append((cache.segments[0].importance.clone(), cache.regrouped))
+    assert torch.equal(seen[1][0], seen[0][0]) and torch.equal(seen[2][0], seen[0][0])
+    assert seen[1][1] == seen[0][1] == seen[2][1]  # no regroup between the scored steps
+    assert not torch.equal(seen[3][0], seen[2][0])  # step 4 scores again
+    every = mean_error(run(pack(rank_k=16, rank_v=16, groups=PAPER_GROUPS), workload)[0], full_outputs)
+    third = mean_error(run(pack(rank_k=16, rank_v=16, groups=PAPER_GROUPS, importance_every=3), workload)[0],
+                       full_outputs)
+    assert third == pytest.approx(every, rel=0.2)
+
+
 def test_group_sizes_and_ranks_on_a_hand_made_example():
     importance = torch.tensor([0.1, 0.9, 0.3, 0.05, 0.7, 0.2, 0.0, 0.6, 0.4, 0.8])
     ranks = group_ranks(importance, parse_groups("0.3:1,0.7:0.25"), 16)

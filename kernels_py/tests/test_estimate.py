@@ -371,7 +371,8 @@ def test_every_op_with_a_model_is_estimated(report):
                         pytest.fail(f"{k['kernel']} {c['config']}: {c['error']}")
                     assert c["floors_us"]["memory"] <= c["optimistic_us"] <= c["conservative_us"]
                     assert sum(c["by_class_per_token"].values()) == pytest.approx(c["instructions_per_token"])
-    assert seen == {"lowrank_decode": {"fused (exact)", "absorbed (latent)"},
+    assert seen == {"lowrank_decode": {"fused (exact)", "absorbed (latent)", "fused (exact), no mass",
+                                       "absorbed (latent), no mass"},
                     "quant_decode": {"quantized (4/2-bit)"}, "gather_decode": {"selected rows"},
                     "attention_stats": {"statistics (two passes)"}, "fp8_decode": {"fp8 (fused)"}}
     assert {(r["op"], r["shape"]["batch"]) for r in report["estimates"]} >= {("lowrank_decode", 8),
@@ -397,8 +398,9 @@ def test_no_config_that_spills_at_the_benchmark_shape_can_be_chosen(report):
                 for c in k["configs"]:
                     assert bool(c["pruned"]) == bool(c["spill_bytes"]), c
                     assert not (c["picked"] and c["spill_bytes"]), c
-    # Both low-rank stage-1 kernels, the quantized one and the fp8 one (two scale granularities), at batch 8 and 64.
-    assert tuned == {"lowrank_decode": 4, "quant_decode": 2, "fp8_decode": 4}
+    # Both low-rank stage-1 kernels (with and without the masses), the quantized one and the fp8 one (two scale
+    # granularities), at batch 8 and 64.
+    assert tuned == {"lowrank_decode": 8, "quant_decode": 2, "fp8_decode": 4}
 
 
 def test_the_fused_kernel_is_seen_as_its_code_stands(report):

@@ -18,6 +18,7 @@ import triton.language as tl
 
 from kernels_py.ops.lowrank_decode import reference as ref
 from kernels_py.ops.lowrank_decode import kernel
+from kernels_py.ops import lowrank_decode
 from kernels_py.ops.lowrank_decode import CompressedKV, DenseKV
 
 SPREAD = 2.0  # query scale: peaked attention, so errors in the scores show
@@ -214,6 +215,26 @@ def test_splits_and_tiles_do_not_change_the_result(absorbed, device):
         many = run(q, q_pos, comp, dense, **kwargs)
         for a, b in zip(one, many):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("absorbed", [False, True])
+def test_a_step_without_masses_attends_the_same(absorbed, device):
+    """mass=False writes no logits and runs no mass kernel: the same output
+    and LSE, no masses; a mass that is not a bool is refused."""
+    q, q_pos, comp, dense = make_case(device, dtype=torch.float32, comp_lens=(90, 41), dense_lens=(20, 7))
+    run = decode_absorbed if absorbed else (lambda *a, **k: decode(*a, rope_base=None, **k))
+    ws = kernel.make_workspace(q, comp, dense, 3, absorbed=absorbed)
+    ws.logits.fill_(7.0)
+    with_mass = run(q, q_pos, comp, dense, num_splits=3)
+    without = run(q, q_pos, comp, dense, workspace=ws, mass=False)
+    assert without.mass_comp is None and without.mass_dense is None
+    assert torch.equal(without.out, with_mass.out) and torch.equal(without.lse, with_mass.lse)
+    assert bool((ws.logits == 7.0).all())  # nothing written for the masses
+    with pytest.raises(TypeError, match="mass must be True or False"):
+        run(q, q_pos, comp, dense, mass=1)
+    via = lowrank_decode.compute(q, q_pos, comp, dense, rope_base=None, absorbed=absorbed, backend="torch",
+                                 mass=False)
+    assert via.mass_comp is None and torch.allclose(via.out.float(), with_mass.out.float(), atol=1e-4)
 
 
 def test_rank_chunks_do_not_change_the_result(device):
@@ -492,7 +513,8 @@ def test_roofline_model_counts_the_bytes_of_the_issue():
     per_token = 8 * 2 * 64 * 128 + 8 * 32 * 2 * 128 + 32 * 2 * 64
     assert c["fused (exact)"]["flops"] == 64 * 32768 * per_token + 64 * 8 * 16 * 64 * 4 * 128
     rows = model.report()["rows"]
-    assert {r["variant"] for r in rows} == {"flash, full cache", "absorbed (latent)", "fused (exact)"}
+    assert {r["variant"] for r in rows} == {"flash, full cache", "absorbed (latent)", "fused (exact)",
+                                            "absorbed (latent), no mass", "fused (exact), no mass"}
     # 75% of the tokens at rank 16 in keys and values, stored grouped: U bytes
     # and the key rebuild at the mean rank 28.
     low = model.Step(batch=64, visual=32768, dense=64, low_share=0.75, partial="both")

@@ -20,18 +20,21 @@ from kernels_py.ops.lowrank_decode.kernel import (
 
 
 def compute(q, q_pos, comp: CompressedKV, dense: DenseKV, *, rope_base: float | None, absorbed: bool = False,
-            backend: str = "auto", rank_chunk: int | None = None) -> DecodeOutput:
+            backend: str = "auto", rank_chunk: int | None = None, mass: bool = True) -> DecodeOutput:
     """One decode step from the kernel or the reference as `backend` says
     (ops.common.BACKENDS). absorbed=True picks the rank-space kernel, which
     needs keys decomposed after RoPE (rope_base None); the reference computes
-    the same attention either way. rank_chunk: see kernel.lowrank_decode."""
+    the same attention either way. rank_chunk, mass: see
+    kernel.lowrank_decode (the reference computes the masses anyway and
+    drops them)."""
     if absorbed and rope_base is not None:
         raise ValueError("the absorbed (rank-space) kernel needs keys decomposed after RoPE: rope_base must be None")
     if not use_triton(backend, q.device):
-        return reference.lowrank_decode(q, q_pos, comp, dense, rope_base=rope_base)
+        out = reference.lowrank_decode(q, q_pos, comp, dense, rope_base=rope_base)
+        return out if mass else out._replace(mass_comp=None, mass_dense=None)
     if absorbed:
-        return lowrank_decode_absorbed(q, q_pos, comp, dense)
-    return lowrank_decode(q, q_pos, comp, dense, rope_base=rope_base, rank_chunk=rank_chunk)
+        return lowrank_decode_absorbed(q, q_pos, comp, dense, mass=mass)
+    return lowrank_decode(q, q_pos, comp, dense, rope_base=rope_base, rank_chunk=rank_chunk, mass=mass)
 
 
 __all__ = ["CompressedKV", "DecodeOutput", "DenseKV", "Workspace", "check_inputs", "compute", "default_num_splits",

@@ -283,6 +283,7 @@ def _stage1_kernel(
     ONE_CHUNK: tl.constexpr,
     ON_GPU: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    STORE_LOGITS: tl.constexpr,
 ):
     """Exact attention over keys rebuilt per tile, computed transposed
     (tokens are the MMA rows, query rows the columns). One program per
@@ -389,8 +390,9 @@ def _stage1_kernel(
             s_t = tl.where((row_kv == g)[None, :], s_g, s_t)
         visible = (tok_pos[:, None] <= q_pos[None, :]) & tok_mask[:, None] & row_mask[None, :]
         s_t = tl.where(visible, s_t * qk_scale, float("-inf"))
-        tl.store(Logits_b + (row_off[None, :] + offs_n[:, None] * stride_ln), s_t,
-                 mask=tok_mask[:, None] & row_mask[None, :])
+        if STORE_LOGITS:
+            tl.store(Logits_b + (row_off[None, :] + offs_n[:, None] * stride_ln), s_t,
+                     mask=tok_mask[:, None] & row_mask[None, :])
         p_t, alpha, m_i, l_i = _online_softmax(s_t, m_i, l_i, 0)
         uv_t = tl.trans(_load_rank_rows(UV_b, offs_n, tok_mask, rank_v, offs_rv, rank_v_max, stride_uvn, stride_uvr,
                                         UW_DT))
@@ -578,10 +580,11 @@ def _dense_segment_kernel(
     BLOCK_D: tl.constexpr,
     QK_DT: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    STORE_LOGITS: tl.constexpr,
 ):
     """The dense segment of both kernels: grouped decode of one (sequence,
     kv head) over its uncompressed tokens, storing their logits for the
-    masses, the normalised sum in part_o and the log2-sum-exp in the
+    masses (STORE_LOGITS), the normalised sum in part_o and the log2-sum-exp in the
     partials' slot `dense_slot` (after the compressed splits'). Apart from
     the compressed segment's kernels, so their registers stay low."""
     b = tl.program_id(0).to(tl.int64)
@@ -604,7 +607,10 @@ def _dense_segment_kernel(
         k = tl.load(DK_g + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd, mask=kv_mask, other=0.0)
         v = tl.load(DV_g + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd, mask=kv_mask, other=0.0)
         s = tl.dot(q, tl.trans(k.to(QK_DT)), input_precision="ieee")
-        s = _mask_and_store(s * qk_scale, logit_rows, offs_n, stride_ln, tok_pos, tok_mask, q_pos, row_mask)
+        if STORE_LOGITS:
+            s = _mask_and_store(s * qk_scale, logit_rows, offs_n, stride_ln, tok_pos, tok_mask, q_pos, row_mask)
+        else:
+            s = _mask(s * qk_scale, tok_pos, tok_mask, q_pos, row_mask)
         p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i)
         acc = acc * alpha[:, None] + tl.dot(p.to(QK_DT), v.to(QK_DT), input_precision="ieee")
     part_rows = b * stride_ob + head[:, None] * stride_oh + query[:, None] * stride_om
@@ -794,7 +800,7 @@ _STAGE1_KEY = ["tune_programs", "tune_span", "KV_HEADS", "GROUP", "N_QUERIES", "
 # fused kernel's 32- and 64-token tiles on 4 warps sit at the register limit
 # and spill at some shapes).
 _stage1_tuned = triton.autotune(configs=_stage1_configs("_stage1_kernel"), cache_results=True,
-                                key=_STAGE1_KEY + ["BLOCK_R", "BLOCK_RV", "ROPE", "ONE_CHUNK"],
+                                key=_STAGE1_KEY + ["BLOCK_R", "BLOCK_RV", "ROPE", "ONE_CHUNK", "STORE_LOGITS"],
                                 prune_configs_by={"early_config_prune": common.prune_spilling(_stage1_kernel)})(
     _stage1_kernel)
 _stage1_absorbed_tuned = triton.autotune(
@@ -812,7 +818,7 @@ def lowrank_decode(q: torch.Tensor, q_pos: torch.Tensor, comp: CompressedKV, den
                    rope_base: float | None, sm_scale: float | None = None,
                    num_splits: int | None = None, check_values: bool = True,
                    block_n: int | None = None, workspace: "Workspace | None" = None,
-                   rank_chunk: int | None = None) -> DecodeOutput:
+                   rank_chunk: int | None = None, mass: bool = True) -> DecodeOutput:
     """Fused decompress + split-K flash-decoding over [compressed | dense].
 
     q: [B, Hq, M, D] fp16/bf16/fp32, the M new query tokens of each sequence
@@ -841,8 +847,13 @@ def lowrank_decode(q: torch.Tensor, q_pos: torch.Tensor, comp: CompressedKV, den
     whole chunks, so tokens stored grouped by rank (AttentionPack's
     importance groups) save rebuild work in proportion to their rank when
     the chunk is no larger than the low groups' rank.
+    mass=False skips the per-token attention masses: no logits are written
+    or read back (256 bytes a token at 32 query heads, as much as U itself)
+    and the mass kernel does not run; for the steps that do not update
+    AttentionPack's importance (its `importance_every` knob).
     Returns DecodeOutput(out [B, Hq, M, D] q.dtype, lse [B, Hq, M] float32,
-    mass_comp [B, T] float32, mass_dense [B, S] float32).
+    mass_comp [B, T] float32, mass_dense [B, S] float32; both masses None
+    with mass=False).
     """
     check_inputs(q, q_pos, comp, dense, rope_base, check_values)
     if rank_chunk is not None:
@@ -851,13 +862,13 @@ def lowrank_decode(q: torch.Tensor, q_pos: torch.Tensor, comp: CompressedKV, den
         raise ValueError(f"uv has rank {comp.uv.shape[2]}; the kernel keeps values in rank space and supports up to "
                          f"{MAX_RANK_SPACE}")
     return _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, workspace, absorbed=False,
-                   rank_chunk=rank_chunk)
+                   rank_chunk=rank_chunk, mass=_check_mass(mass))
 
 
 def lowrank_decode_absorbed(q: torch.Tensor, q_pos: torch.Tensor, comp: CompressedKV, dense: DenseKV, *,
                             sm_scale: float | None = None, num_splits: int | None = None,
                             check_values: bool = True, block_n: int | None = None,
-                            workspace: "Workspace | None" = None) -> DecodeOutput:
+                            workspace: "Workspace | None" = None, mass: bool = True) -> DecodeOutput:
     """The same attention computed in rank space (like MLA decode), for keys
     decomposed after RoPE (there is no rope_base: rank-space scores cannot be
     rotated per token). Per query head h of kv head g: q~ = q W_k[:, g]^T [Rk]
@@ -868,7 +879,14 @@ def lowrank_decode_absorbed(q: torch.Tensor, q_pos: torch.Tensor, comp: Compress
     for name, u in (("uk", comp.uk), ("uv", comp.uv)):
         if u.shape[2] > MAX_RANK_SPACE:
             raise ValueError(f"{name} has rank {u.shape[2]}; the absorbed kernel supports up to {MAX_RANK_SPACE}")
-    return _decode(q, q_pos, comp, dense, None, sm_scale, num_splits, block_n, workspace, absorbed=True)
+    return _decode(q, q_pos, comp, dense, None, sm_scale, num_splits, block_n, workspace, absorbed=True,
+                   mass=_check_mass(mass))
+
+
+def _check_mass(mass) -> bool:
+    if not isinstance(mass, bool):
+        raise TypeError(f"mass must be True or False, got {mass!r}")
+    return mass
 
 
 @dataclass(frozen=True)
@@ -931,7 +949,7 @@ def _check_workspace(ws: Workspace, q, comp, dense, num_splits, absorbed: bool) 
 
 
 def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, workspace, *,
-            absorbed: bool, rank_chunk: int | None = None) -> DecodeOutput:
+            absorbed: bool, rank_chunk: int | None = None, mass: bool = True) -> DecodeOutput:
     batch, heads, queries, head_dim = q.shape
     kv_heads, slots = dense.k.shape[1], dense.k.shape[2]
     tokens = comp.uk.shape[1]
@@ -951,8 +969,8 @@ def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, wor
     dev = q.device
     out = torch.empty((batch, heads, queries, head_dim), dtype=q.dtype, device=dev)
     lse = torch.empty((batch, heads, queries), dtype=torch.float32, device=dev)
-    mass_comp = torch.empty((batch, tokens), dtype=torch.float32, device=dev)
-    mass_dense = torch.empty((batch, slots), dtype=torch.float32, device=dev)
+    mass_comp = torch.empty((batch, tokens), dtype=torch.float32, device=dev) if mass else None
+    mass_dense = torch.empty((batch, slots), dtype=torch.float32, device=dev) if mass else None
     if batch == 0 or heads == 0:
         return DecodeOutput(out, lse, mass_comp, mass_dense)
     if workspace is not None:
@@ -990,7 +1008,7 @@ def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, wor
                 comp.uk.shape[2], comp.uv.shape[2], scale * common.LOG2E, rope_step, *tune]
         meta = dict(shared, HALF=head_dim // 2, ROPE=rope_base is not None, BLOCK_HALF=common.block(head_dim // 2),
                     BLOCK_R=block_r, BLOCK_RV=common.block(comp.uv.shape[2]), ONE_CHUNK=block_r >= comp.uk.shape[2],
-                    ON_GPU=not interpreter_mode())
+                    ON_GPU=not interpreter_mode(), STORE_LOGITS=mass)
         if block_n is not None or interpreter_mode():
             _stage1_kernel[grid](*args, **meta, BLOCK_N=block_n or INTERPRET_BLOCK_N,
                                  num_warps=DEFAULT_WARPS["_stage1_kernel"], num_stages=DEFAULT_STAGES)
@@ -998,11 +1016,11 @@ def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, wor
             _stage1_tuned[grid](*args, **meta)
     # The dense tokens' logits: columns [T, T + S) of the fused kernel's, all of the absorbed kernel's.
     _dense_and_merge(q, q_pos, comp, dense, logits if absorbed else logits[..., tokens:], part_o, part_rank,
-                     part_lse, out, lse, shared, scale)
-    if absorbed:
+                     part_lse, out, lse, shared, scale, store_logits=mass)
+    if mass and absorbed:
         _rank_space_masses(q_pos, comp, logits, lse, mass_comp, mass_dense, dense.length, q_rank, heads * queries,
                            queries, scale, shared["UW_DT"])
-    elif tokens + slots:
+    elif mass and tokens + slots:
         _mass_kernel[(batch, triton.cdiv(tokens + slots, MASS_BLOCK_T))](
             logits, lse, mass_comp, mass_dense, comp.length, dense.length,
             *logits.stride(), *lse.stride(), *mass_comp.stride(), *mass_dense.stride(),
@@ -1041,9 +1059,10 @@ def _absorbed_stage1(q, q_pos, comp, part_rank, part_lse, q_rank, shared, scale,
 
 
 def _dense_and_merge(q, q_pos, comp, dense, dense_logits, part_o, part_rank, part_lse, out, lse, shared,
-                     scale) -> None:
-    """The dense segment (its partial in the last slot) and the merge of
-    every partial, W_v applied once per sequence."""
+                     scale, *, store_logits: bool) -> None:
+    """The dense segment (its partial in the last slot; its logits for the
+    masses when store_logits) and the merge of every partial, W_v applied
+    once per sequence."""
     batch, heads, queries, head_dim = q.shape
     kv_heads, group = shared["KV_HEADS"], shared["GROUP"]
     splits = part_rank.shape[3]
@@ -1054,7 +1073,7 @@ def _dense_and_merge(q, q_pos, comp, dense, dense_logits, part_o, part_rank, par
         *dense.length.stride(), *dense_logits.stride(), *part_dense.stride(), *part_lse.stride(),
         head_dim, splits, scale * common.LOG2E,
         GROUP=group, N_QUERIES=queries, BLOCK_G=common.block(group * queries), BLOCK_D=shared["BLOCK_D"],
-        QK_DT=shared["QK_DT"], BLOCK_N=DENSE_BLOCK_N,
+        QK_DT=shared["QK_DT"], BLOCK_N=DENSE_BLOCK_N, STORE_LOGITS=store_logits,
         num_warps=dense_warps(dense.k.element_size(), shared["BLOCK_D"]), num_stages=2)
     _merge_rank_kernel[(batch, heads, queries)](
         part_dense, part_rank, part_lse, comp.wv, out, lse,

@@ -89,14 +89,16 @@ def costs(s: Step) -> dict[str, dict]:
     factors = b * t * per_token_bytes(s)["factors"] + b * (rk + rv) * hk * d * e  # U once, W once
     logits = b * hq * (t + n) * 4 * 2  # float32, written then read for the masses
     rank_space_mass = b * hq * n * 4 * 2 + b * t * mk * e + b * hq * rk * 4 * 2  # dense logits, U_k again, q~
+    absorbed_flops = b * hq * t * 2 * (rk + rv) + b * hq * 2 * d * rk + dense_flops
+    fused_flops = b * t * hk * 2 * mk * d + b * t * hk * hq * 2 * d + b * hq * t * 2 * rv + dense_flops
     return {
         "flash, full cache": {"bytes": b * (t + n) * 2 * hk * d * e, "flops": b * hq * (t + n) * 4 * d},
         "absorbed (latent)": {"bytes": factors + dense_bytes, "mass_bytes": rank_space_mass,
-                              "flops": b * hq * t * 2 * (rk + rv) + b * hq * 2 * d * rk + b * hq * t * 2 * rk
-                              + dense_flops},
-        "fused (exact)": {"bytes": factors + dense_bytes, "mass_bytes": logits,
-                          "flops": b * t * hk * 2 * mk * d + b * t * hk * hq * 2 * d + b * hq * t * 2 * rv
-                          + dense_flops},
+                              "flops": absorbed_flops + b * hq * t * 2 * rk},  # the masses score U_k again
+        "fused (exact)": {"bytes": factors + dense_bytes, "mass_bytes": logits, "flops": fused_flops},
+        # mass=False: a step that does not update the importance (AttentionPack's importance_every)
+        "absorbed (latent), no mass": {"bytes": factors + dense_bytes, "mass_bytes": 0, "flops": absorbed_flops},
+        "fused (exact), no mass": {"bytes": factors + dense_bytes, "mass_bytes": 0, "flops": fused_flops},
     }
 
 
@@ -160,7 +162,7 @@ def _dtype(s: Step):
     return {2: torch.float16, 4: torch.float32}[s.elem_bytes]
 
 
-def _call(s: Step, *, absorbed: bool, kernels=None):
+def _call(s: Step, *, absorbed: bool, kernels=None, mass: bool = True):
     """The launcher on tiny CPU tensors that compile to the step's
     specialization (heads, head_dim, ranks, dtype; lengths and strides
     divisible by 16 like the step's)."""
@@ -174,11 +176,12 @@ def _call(s: Step, *, absorbed: bool, kernels=None):
         comp = kernels.CompressedKV(comp.uk, comp.wk, comp.uv, comp.wv, comp.rank_k, comp.rank_v, comp.pos,
                                     comp.length)
         dense = kernels.DenseKV(dense.k, dense.v, dense.pos, dense.length)
+    options = {} if mass else {"mass": False}  # an older kernel file has no such option
     if absorbed:
-        kernels.lowrank_decode_absorbed(q, q_pos, comp, dense)
+        kernels.lowrank_decode_absorbed(q, q_pos, comp, dense, **options)
     else:
         chunk = {"rank_chunk": _rank_chunk(s)} if _rank_chunk(s) else {}
-        kernels.lowrank_decode(q, q_pos, comp, dense, rope_base=10000.0, **chunk)
+        kernels.lowrank_decode(q, q_pos, comp, dense, rope_base=10000.0, **chunk, **options)
 
 
 def _rank_chunk(s: Step) -> int | None:
@@ -253,7 +256,7 @@ def _work(s: Step, kernel_name: str, meta: dict, gpu, *, absorbed: bool, per_kv_
                              {"PartO": small, "PartRank": small, "PartLse": small, "WV": "l2"}, 0.0, tokens)
     if kernel_name == "_dense_segment_kernel":
         return estimate.Work((estimate.Programs(b * hk, {"d_len": n}),),
-                             dense_bytes + b * n * 4 + b * hq * n * 4 + b * hq * (d + 1) * 4,
+                             dense_bytes + b * n * 4 + b * hq * n * 4 * _stores_logits(meta) + b * hq * (d + 1) * 4,
                              {"Q": "l2", "QPos": "l2", "DLen": "l2"}, b * hq * n * 4 * d, tokens)
     if kernel_name in ("_stage1_kernel", "_stage1_absorbed_kernel"):
         block_n = int(meta["BLOCK_N"])
@@ -278,7 +281,7 @@ def _work(s: Step, kernel_name: str, meta: dict, gpu, *, absorbed: bool, per_kv_
         if rank_space_parts:  # the dense segment is _dense_segment_kernel's
             dense_bytes, index_bytes = 0, b * t * 12
             part_bytes = b * hq * splits * (s.rank_v + 1) * 4
-            logits = 0 if absorbed else b * hq * t * 4
+            logits = 0 if absorbed else b * hq * t * 4 * _stores_logits(meta)
         if kernel_name == "_stage1_kernel" and not per_kv_head:
             # The fused kernel asks L2 for the next tile's U rows a tile ahead
             # (prefetch.global.L2, nothing waits for it): only a program's
@@ -331,10 +334,20 @@ def _key(s: Step) -> tuple:
     return (s.heads, s.kv_heads, s.head_dim, s.rank_k, s.rank_v, s.elem_bytes, _rank_chunk(s))
 
 
+def _stores_logits(meta: dict) -> int:
+    """1 when a launch writes the logits for the masses (mass=True), else 0."""
+    return int(meta.get("STORE_LOGITS", True) is not False)
+
+
 ESTIMATES = (
     estimate.Implementation("fused (exact)", lambda s: _call(s, absorbed=False),
                             lambda s, k, m, gpu: _work(s, k, m, gpu, absorbed=False), _key),
     estimate.Implementation("absorbed (latent)", lambda s: _call(s, absorbed=True),
+                            lambda s, k, m, gpu: _work(s, k, m, gpu, absorbed=True), _key),
+    # A step without the per-token masses (mass=False: AttentionPack's steps between importance updates).
+    estimate.Implementation("fused (exact), no mass", lambda s: _call(s, absorbed=False, mass=False),
+                            lambda s, k, m, gpu: _work(s, k, m, gpu, absorbed=False), _key),
+    estimate.Implementation("absorbed (latent), no mass", lambda s: _call(s, absorbed=True, mass=False),
                             lambda s, k, m, gpu: _work(s, k, m, gpu, absorbed=True), _key),
 )
 
