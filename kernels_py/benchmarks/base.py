@@ -219,15 +219,25 @@ def estimate_columns(prefix: str, what: str) -> tuple[Column, ...]:
 
 
 ESTIMATE_ERROR = Column("estimate_error", "", "why a row has no estimate beside its time", show=False)
+
+
+def picked(tuner):
+    """An autotuned kernel's choice as of now (its `fn` and `best_config`),
+    for estimate_beside."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(fn=tuner.fn, best_config=getattr(tuner, "best_config", None))
 _COMPILED: dict = {}
 
 
 def estimate_beside(row: dict, prefix: str, model, implementation: str, step, measured_ms: float,
-                    tuned=()) -> None:
+                    tuned=(), timing: str = "cuda graph") -> None:
     """On a GPU: the config each autotuned kernel in `tuned` chose for this
-    row (Triton's best_config), the estimate's band for the implementation
-    at the row's shape with those configs, beside its measured time; and
-    one calibration point appended to kernels_py.ops.calibration.MEASURED.
+    row (Triton's best_config: pass picked(tuner) taken right after the
+    timing, as the next call of the same kernel overwrites it), the
+    estimate's band for the implementation at the row's shape with those
+    configs, beside its measured time; and one calibration point appended
+    to kernels_py.ops.calibration.MEASURED, with how it was timed (`timing`).
     On the CPU interpreter the columns stay empty."""
     for key in ("config", "est_low_ms", "est_high_ms"):
         row[f"{prefix}_{key}"] = None
@@ -259,7 +269,8 @@ def estimate_beside(row: dict, prefix: str, model, implementation: str, step, me
     calibration.append({"gpu": name, "commit": _commit(), "op": model.__name__.split(".")[-2],
                         "implementation": implementation, "config": configs, "shape": _shape(step),
                         "measured_ms": measured_ms, "optimistic_ms": row[f"{prefix}_est_low_ms"],
-                        "conservative_ms": row[f"{prefix}_est_high_ms"], "date": time.strftime("%Y-%m-%d")})
+                        "conservative_ms": row[f"{prefix}_est_high_ms"], "date": time.strftime("%Y-%m-%d"),
+                        "timing": timing})
 
 
 def _shape(step) -> dict:
@@ -277,7 +288,9 @@ def _commit() -> str:
     try:
         head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "kernels_py"],
+        # The calibration points themselves are appended under kernels_py: not a change of the code.
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "kernels_py",
+                                ":!kernels_py/tests/fixtures/calibration.jsonl"],
                                capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"

@@ -110,5 +110,6 @@ class Stats(AttentionBenchmark):
         step = model.Step(batch=b, context=n, rows=self.rows, heads=self.heads, kv_heads=self.kv_heads,
                           head_dim=self.head_dim)
         if self.dtype == "float16":
-            estimate_beside(row, "stats", model, "statistics (two passes)", step, row["stats_seconds"] * 1e3)
+            estimate_beside(row, "stats", model, "statistics (two passes)", step, row["stats_seconds"] * 1e3,
+                            timing="eager")
         return row

@@ -166,10 +166,10 @@ class AttentionPack(Method):
     alpha: float = knob("float", 0.25, "EMA weight alpha of Eq. 1 (paper: 0.25)", min=0.0, max=0.999,
                         ref="AttentionPack Eq. 1")
     importance_every: int = knob(
-        "int", 1, "update Eq. 1's importance, and regroup, on every this many decode steps (the first one "
-        "included); the steps between attend without the per-token attention masses, which the kernel then "
-        "neither writes nor reads back; 1 = every step (the paper)", min=1, max=1 << 20,
-        ref="AttentionPack Eq. 1",
+        "int", 1, "update Eq. 1's importance and regroup on decode steps 1, N+1, 2N+1, ... and on every fold; "
+        "the steps between attend without the per-token attention masses, which the kernel then neither "
+        "writes nor reads back (the reference backend computes them anyway). 1 = every step, as the paper "
+        "does; larger is this implementation's option", min=1, max=1 << 20, ref="AttentionPack Eq. 1",
     )
     low_group: str = knob(
         "str", "decompress", "what happens to the groups after the first: decompress at their lower rank, or "
@@ -352,7 +352,10 @@ class AttentionPack(Method):
                              f"{tuple(k_t.shape)}, {tuple(v_t.shape)}")
         cache.append(k_t, v_t)
         cache.flops_ratios.append(self._flops_ratio(cache))
-        scored = (len(cache.flops_ratios) - 1) % self.importance_every == 0
+        step = len(cache.flops_ratios)  # one ratio per decode step
+        folded = bool(self.period and cache.buffer >= self.period)
+        # A fold scores its step: the tokens it admits must not enter the groups (or eviction) unscored.
+        scored = folded or (step - 1) % self.importance_every == 0
         result = cache.attend(q_t, absorbed=self.absorbed, backend=self.backend, rank_chunk=self._rank_chunk(cache),
                               mass=scored)
         if scored:
@@ -361,7 +364,6 @@ class AttentionPack(Method):
             for seg, mass in zip(cache.segments, masses):
                 seg.importance = importance.update(seg.importance, mass)
             cache.dense_importance = importance.update(cache.dense_importance, result.mass_dense[0])
-        folded = bool(self.period and cache.buffer >= self.period)
         if folded:
             self._fold(layer, cache)
         if scored or folded:  # the groups follow the importance, which only these steps change

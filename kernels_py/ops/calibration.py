@@ -19,14 +19,10 @@ size of each figure was not recorded, so they are no calibration point.
 Every `workbench bench` run on a GPU appends what it measured, with the
 config the autotuner chose and the band, to MEASURED (one JSON line each):
 points whose config is known, to calibrate the overlap rule on. The first
-11 were measured on an H100 80GB HBM3 at commit 08bf22f (its kernels as
-committed), each decode kernel at 32K tokens, batch 8 and 64, as CUDA-graph
-replays (`timing`). Two kinds of kernel sat inside the band: the
-latency-bound (absorbed, quantized). The band was optimistic for the
-others: by 12% for the fused kernel, and by 16-26% for the memory-bound
-gather and fp8 kernels, which read at 68-83% of the peak while their
-memory floor assumes all of it. The statistics op was timed eagerly, 1.7x
-over its band at batch 8.
+11 are README's "Measured on an H100" table: 08bf22f's kernels with QK_DT
+out of the quant and fp8 autotune keys and CUDA-graph timing, both then
+uncommitted (hence "08bf22f+"); the batch-8 quant and gather times were
+read off the printed table, to 4 digits.
 """
 
 import json

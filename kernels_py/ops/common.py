@@ -8,6 +8,7 @@ import warnings
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 from kernels_py.runtime import interpreter_mode
 
@@ -109,19 +110,17 @@ def prune_spilling(kernel, spill_bytes=None):
     (what autotuning does anyway) and read the driver's count. If every
     config spills, the one spilling least is kept."""
     measure = spill_bytes or (lambda config, args, constexprs: _compiled_spills(kernel, config, args, constexprs))
+    launch_keywords = ("grid", "warmup")  # Triton's own, among the launch's keywords it passes on
 
     def prune(configs, named_args, **launch):
-        # Triton's autotuner passes the launch's keywords, its own `grid` and
-        # `warmup` among them; only the kernel's constexprs go to the compile.
-        constexprs = {k: v for k, v in launch.items() if k not in _LAUNCH_KEYWORDS}
+        # Only the kernel's constexprs go to the compile: a second `grid` made
+        # it fail, every count read 0 and nothing was pruned on a GPU.
+        constexprs = {k: v for k, v in launch.items() if k not in launch_keywords}
         spilled = [(measure(c, named_args, constexprs), c) for c in configs]
         kept = [c for n, c in spilled if not n]
         return kept or [min(spilled, key=lambda nc: nc[0])[1]]
 
     return prune
-
-
-_LAUNCH_KEYWORDS = ("grid", "warmup")
 
 
 def _compiled_spills(kernel, config, named_args: dict, constexprs: dict) -> int:
@@ -133,10 +132,11 @@ def _compiled_spills(kernel, config, named_args: dict, constexprs: dict) -> int:
     try:
         compiled = kernel.warmup(*args, grid=(1,), **{**constexprs, **config.all_kwargs()})
         compiled._init_handles()
-    except Exception as err:  # e.g. out of resources: the timing run reports it as it always did
+    except OutOfResources:  # the timing run reports it as it always did
+        return 0
+    except Exception as err:  # noqa: BLE001 - anything else is a pruner that does not prune: say so
         name = getattr(kernel, "__name__", repr(kernel))
         warnings.warn(f"{name}: a config's spills could not be counted, so it is timed unpruned "
-                      f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})", RuntimeWarning,
-                      stacklevel=2)
+                      f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})", RuntimeWarning)
         return 0
     return int(compiled.n_spills or 0)

@@ -93,8 +93,10 @@ def test_lookm_evicting_while_decoding_holds_its_share_and_keeps_generated_text(
     keeping = make_method("lookm", params)
     evicting = make_method("lookm", {**params, "evict_while_decoding": True})
     caches = [m.prefill(0, workload.q[0], workload.k[0], workload.v[0], workload.spans) for m in (keeping, evicting)]
-    # Prefill is the same (to the rounding of a GPU's atomic adds when merging: their order varies).
-    torch.testing.assert_close(caches[0].keys, caches[1].keys)
+    if caches[0].keys.is_cuda:  # a GPU's atomic adds (the merges' scatter_add_) round in a varying order
+        torch.testing.assert_close(caches[0].keys, caches[1].keys)
+    else:
+        assert torch.equal(caches[0].keys, caches[1].keys)  # prefill is the same
     before_keys, before_pos = caches[1].keys[0].clone(), caches[1].positions[0].tolist()
     share = caches[1].tokens / PROMPT
     for step in range(CFG["decode_steps"]):

@@ -103,8 +103,8 @@ def _per_head(x, GROUP_PAD: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.conste
 @triton.jit
 def _row_tile(q, kt, m_i, l_i, qk_scale, offs_n, q_pos, n_keys, MASKED: tl.constexpr):
     """One key tile of the online softmax, m_i in raw score units (the scale
-    folds into the exponent's FMA). Tiles every real row sees whole skip the
-    causal mask (MASKED=False)."""
+    folds into each score's exponent FMA). Tiles every real row sees whole
+    skip the causal mask (MASKED=False)."""
     s = tl.dot(q, kt, input_precision="ieee")
     if MASKED:
         s = tl.where((offs_n[None, :] <= q_pos[:, None]) & (offs_n[None, :] < n_keys), s, float("-inf"))

@@ -148,6 +148,8 @@ def _stage1_kernel(
 # interpreter the launcher runs the default config.
 STAGE1_CONFIGS = [triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=st)
                   for n in (64, 128) for w in (4, 8) for st in (2, 3)]
+# No QK_DT in the key: it follows from q's dtype, which the autotuner adds to
+# every key itself, and a tl.dtype cannot be written to its disk cache.
 _stage1_tuned = triton.autotune(
     configs=STAGE1_CONFIGS, cache_results=True,
     key=["HEAD_DIM", "GROUP", "N_QUERIES", "BLOCK_ROWS", "BLOCK_D", "PER_TOKEN", "IS_E4M3", "NATIVE",

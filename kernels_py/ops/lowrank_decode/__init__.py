@@ -31,7 +31,7 @@ def compute(q, q_pos, comp: CompressedKV, dense: DenseKV, *, rope_base: float | 
         raise ValueError("the absorbed (rank-space) kernel needs keys decomposed after RoPE: rope_base must be None")
     if not use_triton(backend, q.device):
         out = reference.lowrank_decode(q, q_pos, comp, dense, rope_base=rope_base)
-        return out if mass else out._replace(mass_comp=None, mass_dense=None)
+        return out if kernel.check_mass(mass) else out._replace(mass_comp=None, mass_dense=None)
     if absorbed:
         return lowrank_decode_absorbed(q, q_pos, comp, dense, mass=mass)
     return lowrank_decode(q, q_pos, comp, dense, rope_base=rope_base, rank_chunk=rank_chunk, mass=mass)

@@ -60,12 +60,13 @@ class DecodeOutput(NamedTuple):
     """out [B, Hq, M, D] in q's dtype; lse [B, Hq, M] float32 (natural log of
     the softmax denominator, scaled scores); mass_comp [B, T] and mass_dense
     [B, S] float32: each token's attention weight averaged over the query heads
-    and the M query tokens (AttentionPack Eq. 1's per-step term), 0 for padding."""
+    and the M query tokens (AttentionPack Eq. 1's per-step term), 0 for padding;
+    both None from a call with mass=False."""
 
     out: torch.Tensor
     lse: torch.Tensor
-    mass_comp: torch.Tensor
-    mass_dense: torch.Tensor
+    mass_comp: torch.Tensor | None
+    mass_dense: torch.Tensor | None
 
 
 def check_inputs(q: torch.Tensor, q_pos: torch.Tensor, comp: CompressedKV, dense: DenseKV,

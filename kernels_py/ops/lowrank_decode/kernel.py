@@ -862,7 +862,7 @@ def lowrank_decode(q: torch.Tensor, q_pos: torch.Tensor, comp: CompressedKV, den
         raise ValueError(f"uv has rank {comp.uv.shape[2]}; the kernel keeps values in rank space and supports up to "
                          f"{MAX_RANK_SPACE}")
     return _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, workspace, absorbed=False,
-                   rank_chunk=rank_chunk, mass=_check_mass(mass))
+                   rank_chunk=rank_chunk, mass=check_mass(mass))
 
 
 def lowrank_decode_absorbed(q: torch.Tensor, q_pos: torch.Tensor, comp: CompressedKV, dense: DenseKV, *,
@@ -880,10 +880,10 @@ def lowrank_decode_absorbed(q: torch.Tensor, q_pos: torch.Tensor, comp: Compress
         if u.shape[2] > MAX_RANK_SPACE:
             raise ValueError(f"{name} has rank {u.shape[2]}; the absorbed kernel supports up to {MAX_RANK_SPACE}")
     return _decode(q, q_pos, comp, dense, None, sm_scale, num_splits, block_n, workspace, absorbed=True,
-                   mass=_check_mass(mass))
+                   mass=check_mass(mass))
 
 
-def _check_mass(mass) -> bool:
+def check_mass(mass) -> bool:
     if not isinstance(mass, bool):
         raise TypeError(f"mass must be True or False, got {mass!r}")
     return mass
@@ -977,8 +977,10 @@ def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, wor
         splits = _check_workspace(workspace, q, comp, dense, num_splits, absorbed)
     else:
         splits = _num_splits(num_splits, comp, dense, batch, dev)
-        workspace = Workspace(*(torch.empty(shape, dtype=torch.float32, device=dev)
-                                for shape in _workspace_shapes(q, comp, dense, splits, absorbed)))
+        shapes = list(_workspace_shapes(q, comp, dense, splits, absorbed))
+        if not mass:  # no logits are written: no [B, Hq, M, T + S] float32 buffer either
+            shapes[0] = (batch, heads, queries, 0)
+        workspace = Workspace(*(torch.empty(shape, dtype=torch.float32, device=dev) for shape in shapes))
     # Scaled logits (log2 units) of every (row, token) for the masses; columns
     # [0, T) are the compressed tokens, [T, T + S) the dense ones (the
     # absorbed kernel: the dense ones only). Only real tokens' columns are

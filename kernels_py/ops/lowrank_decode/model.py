@@ -336,7 +336,7 @@ def _key(s: Step) -> tuple:
 
 def _stores_logits(meta: dict) -> int:
     """1 when a launch writes the logits for the masses (mass=True), else 0."""
-    return int(meta.get("STORE_LOGITS", True) is not False)
+    return int(meta.get("STORE_LOGITS", True) not in (False, "False"))
 
 
 ESTIMATES = (

@@ -45,7 +45,7 @@ def make_cache(*, batch, heads, kv_heads, head_dim, segments, dense_lens, querie
 
 def _compile(*, dtype, head_dim, heads, kv_heads, segments, queries=1):
     q, q_pos, segs, dense = make_cache(batch=2, heads=heads, kv_heads=kv_heads, head_dim=head_dim, segments=segments,
-                                       dense_lens=[5, 2], queries=queries, dtype=dtype)
+                                       dense_lens=[5, 2], queries=queries, dtype=dtype, device="cpu")
     quant_decode(q, q_pos, segs, dense)
 
 

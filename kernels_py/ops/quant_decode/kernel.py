@@ -187,6 +187,8 @@ STAGE1_CONFIGS = [triton.Config({"SCALE_PER_WORD": per_word}, num_warps=DEFAULT_
                   for cap in (168, None) for per_word in (False, True)]
 STAGE1_CONFIGS.append(triton.Config({"SCALE_PER_WORD": True}, num_warps=2 * DEFAULT_WARPS,
                                     num_stages=DEFAULT_STAGES))
+# No QK_DT in the key: it follows from the inputs' dtypes, which the autotuner
+# adds to every key itself, and a tl.dtype cannot be written to its disk cache.
 _stage1_tuned = triton.autotune(
     configs=STAGE1_CONFIGS, cache_results=True,
     key=["GROUP", "N_QUERIES", "TWO_SEGMENTS", "BITS_A", "GROUP_A", "BITS_B", "GROUP_B", "BLOCK_ROWS", "BLOCK_D",
