@@ -170,6 +170,7 @@ class AttentionPack(Method):
         "the steps between attend without the per-token attention masses, which the kernel then neither "
         "writes nor reads back (the reference backend computes them anyway). 1 = every step, as the paper "
         "does; larger is this implementation's option", min=1, max=1 << 20, ref="AttentionPack Eq. 1",
+        id_omits_default=True,  # runs planned before the knob keep their job ids
     )
     low_group: str = knob(
         "str", "decompress", "what happens to the groups after the first: decompress at their lower rank, or "
