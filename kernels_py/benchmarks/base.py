@@ -121,9 +121,8 @@ def time_median(fn, repeat: int, cuda: bool, graph: bool = False) -> float:
     exceeds a decode kernel's whole time). Only a call that never waits for
     the host can be captured (the decode kernels with caller-owned
     workspaces, SDPA); one that cannot raises, since a failed capture leaves
-    the CUDA context unusable for the rows after it.
-    The unfused PyTorch paths, and the statistics op (it checks its
-    positions on the host), are timed eagerly."""
+    the CUDA context unusable for the rows after it. The unfused PyTorch
+    paths are timed eagerly."""
     fn()
     run = _captured(fn) if cuda and graph else fn
     times = []

@@ -361,6 +361,23 @@ def test_bad_options(kwargs, match, device):
         kernel.attention_stats(q, k, pos, **kwargs)
 
 
+def test_known_positions_skip_the_host_sync(device, monkeypatch):
+    """pos_range (the caller's smallest and largest position) gives the
+    same statistics without reading q_pos on the host; a range outside the
+    keys or not a pair of ints is refused."""
+    q, k = make(4, 2, 100, 20, 64, torch.float32, device, seed=4)
+    q_pos = kernel.recent_rows(100, 20).to(device)
+    want = kernel.attention_stats(q, k, q_pos, key_splits=2)
+    monkeypatch.setattr(torch, "aminmax", lambda *a, **kw: pytest.fail("q_pos read on the host"))
+    got = kernel.attention_stats(q, k, q_pos, key_splits=2, pos_range=(80, 99))
+    for name in ("row_max", "row_sumexp", "attn_sum", "below", "nonzero", "attn_sum_kv"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    with pytest.raises(ValueError, match=r"pos_range must lie in \[0, 100\)"):
+        kernel.attention_stats(q, k, q_pos, pos_range=(80, 100))
+    with pytest.raises(TypeError, match="pos_range must be a"):
+        kernel.attention_stats(q, k, q_pos, pos_range=[80, 99])
+
+
 def test_bad_stage_inputs(device):
     q, k, pos = _good(device)
     m, l = kernel.row_stats(q, k, pos)

@@ -87,9 +87,11 @@ def check_threshold(p) -> float:
     return p
 
 
-def check_inputs(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor) -> tuple[int, int]:
+def check_inputs(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor,
+                 pos_range: tuple[int, int] | None = None) -> tuple[int, int]:
     """Checks the inputs; returns the smallest and largest position ((0, -1)
-    when no row is selected)."""
+    when no row is selected): `pos_range` where the caller gives them (no
+    host sync), else read from q_pos."""
     if not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor):
         raise TypeError("q and k must be torch tensors")
     if q.dim() != 3 or k.dim() != 3:
@@ -116,6 +118,15 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor) -> tuple
         raise ValueError(f"q_pos must be 1-D with one position per query row ({n_rows}), got shape {tuple(q_pos.shape)}")
     if q_pos.device != q.device:
         raise ValueError(f"q_pos is on {q_pos.device} but q is on {q.device}")
+    if n_rows and pos_range is not None:
+        if not (isinstance(pos_range, tuple) and len(pos_range) == 2
+                and all(isinstance(v, int) and not isinstance(v, bool) for v in pos_range)):
+            raise TypeError(f"pos_range must be a (smallest, largest) pair of ints, got {pos_range!r}")
+        lo, hi = pos_range
+        if not 0 <= lo <= hi < n_keys:
+            raise ValueError(f"pos_range must lie in [0, {n_keys}) (the keys) with smallest <= largest, got "
+                             f"{pos_range}")
+        return lo, hi
     if n_rows:
         lo, hi = (int(v) for v in torch.aminmax(q_pos))  # one host sync
         if lo < 0 or hi >= n_keys:

@@ -331,7 +331,7 @@ def column_blocks_per_program(blocks: int, kv_heads: int, sms: int | None) -> in
 
 def attention_stats(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, p: float = 0.01,
                     scale: float | None = None, *, block_m: int | None = None, block_n: int | None = None,
-                    key_splits: int | None = None) -> AttentionStats:
+                    key_splits: int | None = None, pos_range: tuple[int, int] | None = None) -> AttentionStats:
     """Attention statistics of the selected query rows, without the attention matrix.
 
     q: [heads, rows, head_dim], the selected query rows (gathered by the caller).
@@ -346,19 +346,25 @@ def attention_stats(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, p: fl
     COLUMN_TILE for the dtype); key_splits: splits of the row pass
     (default key_split_count). `nonzero` is one row of counts expanded over
     the heads.
+    pos_range: (smallest, largest) of q_pos, where the caller knows them (it
+    chose the rows): the call then never waits for the device (the check
+    reads them otherwise) and can be captured in a CUDA graph. They are
+    checked against the keys, not against q_pos.
     """
-    m, l = row_stats(q, k, q_pos, scale, block_m=block_m, block_n=block_n, key_splits=key_splits)
-    cols = column_stats(q, k, q_pos, m, l, p, scale, block_m=block_m, block_n=block_n)
+    m, l = row_stats(q, k, q_pos, scale, block_m=block_m, block_n=block_n, key_splits=key_splits,
+                     pos_range=pos_range)
+    cols = column_stats(q, k, q_pos, m, l, p, scale, block_m=block_m, block_n=block_n, pos_range=pos_range)
     return AttentionStats(m, l, cols.attn_sum, cols.below, cols.nonzero, cols.attn_sum_kv, float(p))
 
 
 def row_stats(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, scale: float | None = None, *,
               block_m: int | None = None, block_n: int | None = None,
-              key_splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+              key_splits: int | None = None, pos_range: tuple[int, int] | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pass 1: row max (log2 units, see contract.py) and sum of exp of the
     causal scores of each selected row, each float32 [heads, rows]. Tiles
-    default to ROW_TILE for the dtype."""
-    check_inputs(q, k, q_pos)
+    default to ROW_TILE for the dtype; pos_range as attention_stats."""
+    check_inputs(q, k, q_pos, pos_range)
     block_m, block_n, warps = _tile(ROW_TILE, q, block_m, block_n)
     common.check_block("block_m", block_m)
     common.check_block("block_n", block_n)
@@ -412,12 +418,14 @@ def row_stats(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, scale: floa
 
 def column_stats(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, row_max: torch.Tensor,
                  row_sumexp: torch.Tensor, p: float = 0.01, scale: float | None = None, *,
-                 block_m: int | None = None, block_n: int | None = None) -> ReducedStats:
+                 block_m: int | None = None, block_n: int | None = None,
+                 pos_range: tuple[int, int] | None = None) -> ReducedStats:
     """Pass 2: recompute the probabilities from `row_stats` and reduce them
     over the selected rows: attn_sum, below [heads, keys], nonzero [heads,
     keys] (one row of counts expanded over the heads) and attn_sum_kv
-    [kv_heads, keys]. Tiles default to COLUMN_TILE for the dtype."""
-    min_pos, max_pos = check_inputs(q, k, q_pos)
+    [kv_heads, keys]. Tiles default to COLUMN_TILE for the dtype;
+    pos_range as attention_stats."""
+    min_pos, max_pos = check_inputs(q, k, q_pos, pos_range)
     block_m, block_n, warps = _tile(COLUMN_TILE, q, block_m, block_n)
     common.check_block("block_m", block_m)
     common.check_block("block_n", block_n)
