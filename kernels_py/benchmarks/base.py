@@ -11,6 +11,7 @@ sizes) and `measure(case)` (the rest of the row). The runner
 import sys
 import time
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, ClassVar, Iterable
 
 import torch
@@ -153,8 +154,8 @@ def _captured(fn):
         with torch.cuda.graph(graph):
             fn()
     except Exception as err:  # noqa: BLE001 - any capture failure: say which call and why
-        raise RuntimeError(f"a timed call could not be captured in a CUDA graph (does it allocate, or wait for the "
-                           f"host?): {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from err
+        raise RuntimeError(f"a timed call could not be captured in a CUDA graph (does it wait for the host?): "
+                           f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from err
     return graph.replay
 
 
@@ -218,15 +219,13 @@ def estimate_columns(prefix: str, what: str) -> tuple[Column, ...]:
 
 
 ESTIMATE_ERROR = Column("estimate_error", "", "why a row has no estimate beside its time", show=False)
+_COMPILED: dict = {}
 
 
 def picked(tuner):
     """An autotuned kernel's choice as of now (its `fn` and `best_config`),
     for estimate_beside."""
-    from types import SimpleNamespace
-
     return SimpleNamespace(fn=tuner.fn, best_config=getattr(tuner, "best_config", None))
-_COMPILED: dict = {}
 
 
 def estimate_beside(row: dict, prefix: str, model, implementation: str, step, measured_ms: float,

@@ -27,9 +27,7 @@ CASES = {
 
 def case(device, dtype, name, seed=0):
     spec = dict(CASES[name])
-    q, q_pos, segs, dense = make_cache(batch=2, queries=spec.pop("queries", 1), dtype=dtype, seed=seed, **spec)
-    dense = op.DenseKV(*(getattr(dense, f).to(device) for f in ("k", "v", "pos", "length")))
-    return q.to(device), q_pos.to(device), [s.to(device) for s in segs], dense
+    return make_cache(batch=2, queries=spec.pop("queries", 1), dtype=dtype, seed=seed, device=device, **spec)
 
 
 def check(got, want, dtype):

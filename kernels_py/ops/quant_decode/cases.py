@@ -87,10 +87,8 @@ def selftest(seed: int = 0, dtype: str = "float16", heads: int = 8, kv_heads: in
     for name, segments in (("4-bit 64 + 2-bit 192 slots", [(4, 32, 64, [64]), (2, 64, 192, [192])]),
                            ("2-bit 256 slots (KIVI)", [(2, 128, 256, [256])])):
         q, q_pos, segs, dense = make_cache(batch=1, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
-                                           segments=segments, dense_lens=[32], queries=1, dtype=torch_dtype, seed=seed)
-        q, q_pos = q.to(device), q_pos.to(device)
-        segs = [s.to(device) for s in segs]
-        dense = DenseKV(*(getattr(dense, f).to(device) for f in ("k", "v", "pos", "length")))
+                                           segments=segments, dense_lens=[32], queries=1, dtype=torch_dtype, seed=seed,
+                                           device=device)
         t0 = time.perf_counter()
         got = quant_decode(q, q_pos, segs, dense)
         if device.type == "cuda":
