@@ -61,11 +61,14 @@ It prints per implementation an optimistic time (co-resident programs hide
 each other's waits fully) and a conservative one (they overlap only their
 waits on memory), the bound that sets each (memory, tensor, issue,
 load/store or latency), % of the HBM peak, the speedup over FlashAttention
-over the uncompressed cache at the HBM peak, and what limits each kernel in
-words; then every config at the shape (configs that spill are pruned, as the
-autotuner prunes them), instructions per token by class, and the
-calibration (sm_90, with lowrank_decode): kernels measured on an H100 and
-their estimated band.
+over the uncompressed cache, and what limits each kernel in words. HBM is
+read at the share of its peak streaming kernels sustained when measured on
+an H100: 89% at the optimistic end and for FlashAttention, 68% at the
+conservative end. Then every config at the shape (configs that spill are
+pruned, as the autotuner prunes them), instructions per token by class,
+and the calibration (sm_90): kernels measured on an H100 (those of the ops
+shown) and their estimated band, for the configs the autotuner chose where
+they were recorded.
 Judge kernel work on the conservative end. What it cannot see: cache hit
 rates beyond what the op's model states, DRAM page effects, bank conflicts,
 clock throttling. About five minutes on a 2-core CPU; --op picks ops.`,

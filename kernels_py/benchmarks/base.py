@@ -256,7 +256,7 @@ def estimate_beside(row: dict, prefix: str, model, implementation: str, step, me
             _COMPILED[key] = report.Compiled(impl, step, gpu.arch,
                                              select=lambda kernel, config: chosen.get(kernel, config) == config)
         band = report.estimate_implementation(impl, step, _COMPILED[key], gpu,
-                                              model.flash_bytes(step) / gpu.hbm_bytes_per_s * 1e6)
+                                              estimate.flash_us(model.flash_bytes(step), gpu))
     except Exception as err:  # the timing stands without its estimate
         row["estimate_error"] = f"{type(err).__name__}: {err}"
         return

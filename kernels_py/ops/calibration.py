@@ -77,7 +77,7 @@ def check(gpu: estimate.GPU = estimate.H100) -> list[dict]:
 
     rows = []
     step = _step()
-    flash_us = model.flash_bytes(step) / gpu.hbm_bytes_per_s * 1e6
+    flash_us = estimate.flash_us(model.flash_bytes(step), gpu)
     for point in POINTS:
         impl = implementation(point)
         band = report.estimate_implementation(impl, step, report.Compiled(impl, step, gpu.arch), gpu, flash_us)
@@ -87,6 +87,64 @@ def check(gpu: estimate.GPU = estimate.H100) -> list[dict]:
                      "measured_ms": point.measured_ms, "optimistic_ms": opt, "conservative_ms": cons,
                      "optimistic_ratio": opt / point.measured_ms, "conservative_ratio": cons / point.measured_ms,
                      "inside": opt <= point.measured_ms <= cons})
+    return rows
+
+
+# Measured points the band misses, with measured / conservative end as it
+# was found: a point may stay outside only by as much. The fused kernel at
+# batch 64 runs at one 8-warp program an SM with nothing to overlap, and the
+# conservative end is 9% short of it; why (wgmma or tensor-pipe latency, L2 misses
+# on W) needs a profile.
+KNOWN_MISSES = {"lowrank_decode fused (exact), batch 64": 1.093}
+
+
+def measured(path: Path = MEASURED, timing: str = "cuda graph") -> list[dict]:
+    """The points bench runs recorded with this timing (eager times hold
+    Python's launches and host syncs, which the estimate does not model)."""
+    if not path.exists():
+        return []
+    with open(path) as f:
+        return [r for r in map(json.loads, filter(str.strip, f)) if r.get("timing") == timing]
+
+
+def _chosen(record: dict) -> dict[str, str]:
+    """The config label the autotuner chose, per kernel, from a record's
+    "config" ("_stage1_kernel BLOCK_N=128 w8 s3; ...")."""
+    out = {}
+    for part in filter(None, (record.get("config") or "").split("; ")):
+        kernel, _, label = part.partition(" ")
+        out[kernel] = label
+    return out
+
+
+def check_measured(gpu: estimate.GPU = estimate.H100, records: list[dict] | None = None) -> list[dict]:
+    """Each recorded point's band at its shape, for the configs the autotuner
+    chose there (every kernel not autotuned as the estimate predicts), with
+    today's kernels: a point stays valid while its kernels compile to the
+    same code."""
+    from kernels_py.ops import OPS, report
+
+    rows = []
+    for record in measured() if records is None else records:
+        model = OPS[record["op"]].model
+        step = model.Step(**record["shape"])
+        impl = next(i for i in model.ESTIMATES if i.name == record["implementation"])
+        chosen = _chosen(record)
+
+        def select(kernel, key, chosen=chosen):
+            label = report.config_label({"config": key, "num_warps": key[1], "num_stages": key[2],
+                                         "maxnreg": key[3] if len(key) > 3 else None})
+            return chosen.get(kernel, label) == label
+
+        band = report.estimate_implementation(impl, step, report.Compiled(impl, step, gpu.arch, select=select),
+                                              gpu, estimate.flash_us(model.flash_bytes(step), gpu))
+        opt, cons, got = band["optimistic_us"] / 1e3, band["conservative_us"] / 1e3, record["measured_ms"]
+        name = f"{record['op']} {record['implementation']}, batch {step.batch}"
+        rows.append({"point": name, "gpu": record["gpu"], "commit": record["commit"],
+                     "picked": "; ".join(f"{k['kernel']} {k['picked']}" for k in band["kernels"] if k["autotuned"]),
+                     "measured_ms": got, "optimistic_ms": opt, "conservative_ms": cons,
+                     "optimistic_ratio": opt / got, "conservative_ratio": cons / got,
+                     "inside": opt <= got <= cons, "known_miss": KNOWN_MISSES.get(name)})
     return rows
 
 
@@ -112,4 +170,5 @@ def append(record: dict, path: Path = MEASURED) -> Path | None:
     return path
 
 
-__all__ = ["MEASURED", "POINTS", "Point", "append", "band_error", "check", "implementation"]
+__all__ = ["KNOWN_MISSES", "MEASURED", "POINTS", "Point", "append", "band_error", "check", "check_measured",
+           "implementation", "measured"]
