@@ -126,9 +126,13 @@ def check_measured(gpu: estimate.GPU = estimate.H100, records: list[dict] | None
 
     rows = []
     for record in measured() if records is None else records:
-        model = OPS[record["op"]].model
+        op = OPS.get(record["op"])
+        model = op.model if op is not None else None
+        impl = next((i for i in getattr(model, "ESTIMATES", ()) if i.name == record["implementation"]), None)
+        if impl is None:
+            raise ValueError(f"{MEASURED.name}: a point of {record['op']} {record['implementation']!r} that no op "
+                             f"model estimates today; re-measure it or drop it")
         step = model.Step(**record["shape"])
-        impl = next(i for i in model.ESTIMATES if i.name == record["implementation"])
         chosen = _chosen(record)
 
         def select(kernel, key, chosen=chosen):

@@ -391,6 +391,8 @@ def test_eager_points_are_left_out_of_the_check(tmp_path):
     assert calibration._chosen({"config": "_a BLOCK_N=64 w4 s2; _b w8 s3 r168"}) == {"_a": "BLOCK_N=64 w4 s2",
                                                                                       "_b": "w8 s3 r168"}
     assert calibration._chosen({"config": None}) == {}
+    with pytest.raises(ValueError, match="no op model estimates today"):
+        calibration.check_measured(records=[{"op": "lowrank_decode", "implementation": "renamed"}])
 
 
 def test_pick_breaks_a_tie_by_instructions():
