@@ -268,7 +268,7 @@ def estimate_beside(row: dict, prefix: str, model, implementation: str, step, me
                         "implementation": implementation, "config": configs, "shape": _shape(step),
                         "measured_ms": measured_ms, "optimistic_ms": row[f"{prefix}_est_low_ms"],
                         "conservative_ms": row[f"{prefix}_est_high_ms"], "date": time.strftime("%Y-%m-%d"),
-                        "timing": timing})
+                        "timing": timing, "code": calibration.code_digest(_COMPILED[key], band)})
 
 
 def _shape(step) -> dict:

@@ -22,7 +22,11 @@ points whose config is known, to calibrate the overlap rule on. The first
 11 are README's "Measured on an H100" table: 08bf22f's kernels with QK_DT
 out of the quant and fp8 autotune keys and CUDA-graph timing, both then
 uncommitted (hence "08bf22f+"); the batch-8 quant and gather times were
-read off the printed table, to 4 digits.
+read off the printed table, to 4 digits. Each point carries the digest of
+the machine code it measured ("code", code_digest): those 11 were computed
+by compiling commit 08bf22f, whose generated code the uncommitted change
+left as it was. A point whose kernels compile to other code today is
+stale: kept, listed, held to no band.
 """
 
 import json
@@ -117,11 +121,31 @@ def _chosen(record: dict) -> dict[str, str]:
     return out
 
 
+def code_digest(compiled, band: dict) -> str:
+    """A digest of the machine code of the configs a band sums (each launched
+    kernel's pick, in launch order): two bands with one digest estimate the
+    same code."""
+    import hashlib
+
+    from kernels_py.ops import report
+
+    h = hashlib.sha256()
+    for k in band["kernels"]:
+        index = next(i for i, (entry, binary) in enumerate(compiled.entries)
+                     if entry["kernel"] == k["kernel"] and binary is not None
+                     and report.config_label(entry) == k["picked"])
+        h.update(k["kernel"].encode() + b"\n")
+        for ins in compiled.kernel(index).sass.instrs:
+            h.update(ins.text().encode() + b"\n")
+    return h.hexdigest()[:16]
+
+
 def check_measured(gpu: estimate.GPU = estimate.H100, records: list[dict] | None = None) -> list[dict]:
     """Each recorded point's band at its shape, for the configs the autotuner
     chose there (every kernel not autotuned as the estimate predicts), with
-    today's kernels: a point stays valid while its kernels compile to the
-    same code."""
+    today's kernels. A point holds while its kernels compile to the code it
+    measured (the record's "code", code_digest): one whose code changed since
+    is `stale`, listed with today's band but evidence for none of it."""
     from kernels_py.ops import OPS, report
 
     rows = []
@@ -140,15 +164,16 @@ def check_measured(gpu: estimate.GPU = estimate.H100, records: list[dict] | None
                                          "maxnreg": key[3] if len(key) > 3 else None})
             return chosen.get(kernel, label) == label
 
-        band = report.estimate_implementation(impl, step, report.Compiled(impl, step, gpu.arch, select=select),
-                                              gpu, estimate.flash_us(model.flash_bytes(step), gpu))
+        compiled = report.Compiled(impl, step, gpu.arch, select=select)
+        band = report.estimate_implementation(impl, step, compiled, gpu, estimate.flash_us(model.flash_bytes(step), gpu))
         opt, cons, got = band["optimistic_us"] / 1e3, band["conservative_us"] / 1e3, record["measured_ms"]
         name = f"{record['op']} {record['implementation']}, batch {step.batch}"
         rows.append({"point": name, "gpu": record["gpu"], "commit": record["commit"],
                      "picked": "; ".join(f"{k['kernel']} {k['picked']}" for k in band["kernels"] if k["autotuned"]),
                      "measured_ms": got, "optimistic_ms": opt, "conservative_ms": cons,
                      "optimistic_ratio": opt / got, "conservative_ratio": cons / got,
-                     "inside": opt <= got <= cons, "known_miss": KNOWN_MISSES.get(name)})
+                     "inside": opt <= got <= cons, "known_miss": KNOWN_MISSES.get(name),
+                     "stale": record.get("code") != code_digest(compiled, band)})
     return rows
 
 
@@ -174,5 +199,5 @@ def append(record: dict, path: Path = MEASURED) -> Path | None:
     return path
 
 
-__all__ = ["KNOWN_MISSES", "MEASURED", "POINTS", "Point", "append", "band_error", "check", "check_measured",
+__all__ = ["KNOWN_MISSES", "MEASURED", "POINTS", "Point", "append", "band_error", "check", "check_measured", "code_digest",
            "implementation", "measured"]

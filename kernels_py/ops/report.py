@@ -281,6 +281,8 @@ CALIBRATION_COLUMNS = (
     Column("inside", "", "whether the band contains the measured time"),
     Column("known_miss", "x", "a miss recorded in calibration.KNOWN_MISSES: measured / conservative then",
            "known miss"),
+    Column("stale", "", "the kernels compile to other code than the one measured: the point holds for none of "
+           "today's band (re-measure with `workbench bench`)"),
 )
 
 

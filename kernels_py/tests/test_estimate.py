@@ -357,18 +357,25 @@ def test_measured_points_lie_in_their_bands(report):
     (fixtures/calibration.jsonl), estimated at its shape for the configs the
     autotuner chose there, lies in its band, or misses it by no more than
     the miss calibration.KNOWN_MISSES records (and a recorded miss that now
-    lies inside must leave that list)."""
+    lies inside must leave that list). A point whose kernels compile to
+    other code than it measured (stale) is listed, not held to today's band."""
     from kernels_py.ops import calibration
 
     points = calibration.measured()
     rows = [r for r in report["calibration"] if r["commit"] != "fbd0532"]
     assert len(points) >= 9 and len(rows) == len(points)
     assert {r["point"] for r in rows} >= set(calibration.KNOWN_MISSES)
+    assert sum(not r["stale"] for r in rows) >= 6  # gather, quant and fp8 at both batches at least
+    # The absorbed kernel's 08bf22f+ points measured the code before its
+    # loads kept whole 16-column chunks: stale until measured again.
+    assert all(r["stale"] for r in rows if r["commit"] == "08bf22f+" and "absorbed" in r["point"])
     lines = []
     for r in rows:
         line = (f"{r['point']}: measured {r['measured_ms']:.3f} ms, band {r['optimistic_ms']:.3f}.."
                 f"{r['conservative_ms']:.3f} ms ({r['picked']})")
-        lines.append(line)
+        lines.append(line + (" (stale: its kernels changed since)" if r["stale"] else ""))
+        if r["stale"]:
+            continue
         miss = calibration.KNOWN_MISSES.get(r["point"])
         if miss is None:
             assert r["inside"], line

@@ -276,17 +276,20 @@ def test_causality_among_new_tokens(device):
 
 
 def test_ignores_padding_and_columns_past_each_rank(device):
-    """The kernel never reads padding tokens or U columns past a token's rank
-    prefix: filling them with NaN changes nothing (the reference, which
-    multiplies them by zero, is run on the clean inputs)."""
-    q, q_pos, comp, dense = make_case(device, dtype=torch.float32, rank_k=16, rank_v=24, interleave=True)
+    """The kernels never use padding tokens or U columns past a token's rank
+    prefix: filling them with large values changes nothing, and filling
+    them with NaN changes nothing past the rank's 16-column chunk (the
+    absorbed kernel reads a token's whole last chunk and drops its tail by
+    a zero in q~ or a column mask, which a NaN would survive). The
+    reference, which multiplies them by zero, is run on the clean inputs."""
+    q, q_pos, comp, dense = make_case(device, dtype=torch.float32, rank_k=40, rank_v=24, interleave=True)
     want = ref.lowrank_decode(q, q_pos, comp, dense, rope_base=10000.0)
     nan = float("nan")
     uk, uv, dk, dv = comp.uk.clone(), comp.uv.clone(), dense.k.clone(), dense.v.clone()
-    cols_k = torch.arange(uk.shape[2], device=device)
-    cols_v = torch.arange(uv.shape[2], device=device)
-    uk[cols_k[None, None, :] >= comp.rank_k[..., None]] = nan
-    uv[cols_v[None, None, :] >= comp.rank_v[..., None]] = nan
+    for u, rank in ((uk, comp.rank_k), (uv, comp.rank_v)):
+        cols = torch.arange(u.shape[2], device=device)[None, None, :]
+        u[cols >= rank[..., None]] = 1e4
+        u[cols >= (rank[..., None] + 15) // 16 * 16] = nan
     for b in range(q.shape[0]):
         uk[b, comp.length[b]:] = nan
         uv[b, comp.length[b]:] = nan
@@ -298,6 +301,63 @@ def test_ignores_padding_and_columns_past_each_rank(device):
     check(got, want, q, comp, dense, torch.float32)
     absorbed = decode_absorbed(q, q_pos, poisoned_c, poisoned_d)
     check(absorbed, ref.lowrank_decode(q, q_pos, comp, dense, rope_base=None), q, comp, dense, torch.float32)
+
+
+def _poison_rank_tails(comp: CompressedKV) -> CompressedKV:
+    """comp with large values in each token's last 16-column chunk past its
+    rank and NaN past that chunk (see test_ignores_padding_and_columns_past_each_rank)."""
+    us = []
+    for u, rank in ((comp.uk.clone(), comp.rank_k), (comp.uv.clone(), comp.rank_v)):
+        cols = torch.arange(u.shape[2], device=u.device)[None, None, :]
+        u[cols >= rank[..., None]] = 1e4
+        u[cols >= (rank[..., None] + 15) // 16 * 16] = float("nan")
+        us.append(u)
+    return CompressedKV(us[0], comp.wk, us[1], comp.wv, comp.rank_k, comp.rank_v, comp.pos, comp.length)
+
+
+@pytest.mark.parametrize("layout", ["whole_chunks", "one_rank", "groups_meet", "random"])
+def test_absorbed_kernels_by_rank_layout(layout, device):
+    """The absorbed kernels feed a tile's U to the MMAs as loaded when each
+    token's rank is a whole number of 16-column chunks, the factor's width
+    or the tile's top rank (whose tail past the rank q~ and a column mask
+    drop), and take the other tokens in a second pass that zeroes each
+    one's columns past its rank: AttentionPack's groups of ranks 64 / 16
+    (first pass only), one rank of 37 / 21 (the top's tail dropped), groups
+    of 64 / 13 meeting in a tile (second pass there) and random ranks all
+    give the reference's output, LSE and masses."""
+    q, q_pos, comp, dense = make_case(device, dtype=torch.float32, rank_k=64, rank_v=48, comp_lens=(90, 61),
+                                      dense_lens=(5, 3))
+    shape = comp.rank_k.shape
+    first = torch.arange(shape[1], device=device).expand(shape) < 40
+    g = torch.Generator().manual_seed(3)
+    rank_k, rank_v = {
+        "whole_chunks": (torch.where(first, 64, 16), torch.where(first, 48, 32)),
+        "one_rank": (torch.full(shape, 37), torch.full(shape, 21)),
+        "groups_meet": (torch.where(first, 64, 13), torch.where(first, 48, 11)),
+        "random": (torch.randint(1, 65, shape, generator=g), torch.randint(1, 49, shape, generator=g)),
+    }[layout]
+    comp = CompressedKV(comp.uk, comp.wk, comp.uv, comp.wv, rank_k.to(device, torch.int32),
+                        rank_v.to(device, torch.int32), comp.pos, comp.length)
+    want = ref.lowrank_decode(q, q_pos, comp, dense, rope_base=None)
+    got = decode_absorbed(q, q_pos, _poison_rank_tails(comp), dense, num_splits=2)
+    check(got, want, q, comp, dense, torch.float32)
+
+
+def test_the_model_counts_a_second_pass_where_groups_meet_off_chunk():
+    """The estimate's absorbed stage 1 takes the tile where AttentionPack's
+    full-rank group meets the low one a second time only when the low rank
+    (rank / 4) is no multiple of 16, and only in the split holding it."""
+    from kernels_py.ops.lowrank_decode import model
+
+    bench = model.Step(batch=8, visual=32768, low_share=0.75)  # values at 64 and 16: whole chunks
+    odd = model.Step(batch=8, visual=32768, low_share=0.75, rank_v=40)  # values at 40 and 10
+    assert model._ragged_tiles(bench, 0, 32768, 128) == 0
+    assert (32768 - round(0.75 * 32768)) % 128 == 0  # the groups meet between two tiles
+    assert model._ragged_tiles(odd, 0, 32768, 128) == 0
+    shifted = model.Step(batch=8, visual=32768 + 64, low_share=0.75, rank_v=40)
+    meet = shifted.visual - round(0.75 * shifted.visual)  # inside a tile
+    assert meet % 128 and model._ragged_tiles(shifted, 0, shifted.visual, 128) == 1
+    assert model._ragged_tiles(shifted, meet + 1, shifted.visual, 128) == 0
 
 
 def test_strided_inputs_and_int32_indices(device):

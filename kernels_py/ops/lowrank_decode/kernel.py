@@ -462,6 +462,39 @@ def _load_rank_tile(U_b, offs_n, tok_mask, rank, offs_r, rank_max, stride_un, st
 
 
 @triton.jit
+def _load_rank_chunks(U_b, offs_n, tok_mask, rank, offs_r, rank_max, stride_un, stride_ur):
+    """A tile's U rows [BLOCK_N, BLOCK_R], each token's columns up to its
+    rank rounded up to 16 (and below rank_max), zeros past. The mask holds
+    for 16 columns at a time, so the loads are 16 bytes wide and the tile
+    goes from shared memory to the MMA as loaded: no select in registers
+    and no second trip through shared memory (_whole_chunks says for which
+    tokens that is exact)."""
+    rank16 = tl.multiple_of((rank + 15) & -16, 16)
+    return tl.load(U_b + offs_n[:, None] * stride_un + offs_r[None, :] * stride_ur,
+                   mask=tok_mask[:, None] & (offs_r[None, :] < rank16[:, None]) & (offs_r[None, :] < rank_max),
+                   other=0.0)
+
+
+@triton.jit
+def _whole_chunks(rank, top, rank_max):
+    """Tokens whose _load_rank_chunks row is their rank prefix once the
+    columns at or past the tile's top rank are dropped: a rank that is a
+    multiple of 16, the factor's full width, or the top itself. AttentionPack's
+    grouped layout gives tiles of one rank, so only a tile where two groups
+    meet can hold other tokens."""
+    return ((rank & 15) == 0) | (rank >= rank_max) | (rank == top)
+
+
+@triton.jit
+def _ragged_range(ragged_lo, ragged_hi, c_lo, BLOCK_N: tl.constexpr):
+    """The tiles from the first to the last that held a token _whole_chunks
+    refused ([lo, hi): empty when there was none), tile-aligned from c_lo."""
+    lo = tl.min(ragged_lo, 0)
+    hi = tl.max(ragged_hi, 0)
+    return c_lo + (lo - c_lo) // BLOCK_N * BLOCK_N, hi
+
+
+@triton.jit
 def _keep_rank_prefix(u, offs_r, rank, UW_DT: tl.constexpr):
     """_load_rank_tile's rows with each token's columns at or past its rank zeroed, in UW_DT."""
     return tl.where(offs_r[None, :] < rank[:, None], u, 0.0).to(UW_DT)
@@ -487,6 +520,41 @@ def _prefetch_rank_rows(U_b, offs_n, tok_mask, rank, stride_un, stride_ur, BLOCK
 def _load_per_token(X_b, offs_n, tok_mask, stride_xn):
     """A tile's per-token integers (positions, ranks) as int32; 0 past the segment."""
     return tl.load(X_b + offs_n * stride_xn, mask=tok_mask, other=0).to(tl.int32)
+
+
+@triton.jit
+def _absorbed_tile(q_rank, q_pos, row_mask, UK_b, UV_b, CPos_b, RankK_b, RankV_b, offs_n, c_hi, offs_rk, offs_rv,
+                   rank_k_max, rank_v_max, qk_scale, m_i, l_i, acc_rank, stride_cpn, stride_rkn, stride_rvn,
+                   stride_ukn, stride_ukr, stride_uvn, stride_uvr, UW_DT: tl.constexpr, RAGGED: tl.constexpr):
+    """One tile of _stage1_absorbed_kernel's rank-space attention, for the
+    tokens _whole_chunks accepts (RAGGED=False: U tiles to the MMAs as
+    loaded, the columns past the tile's top rank dropped from q~ and from
+    the sum) or for the others (RAGGED=True: each token's columns past its
+    rank zeroed in registers). Returns the online softmax's state and the
+    tile's tokens of the other kind."""
+    tok_mask = offs_n < c_hi
+    tok_pos = _load_per_token(CPos_b, offs_n, tok_mask, stride_cpn)
+    rank_k = _load_per_token(RankK_b, offs_n, tok_mask, stride_rkn)
+    rank_v = _load_per_token(RankV_b, offs_n, tok_mask, stride_rvn)
+    top_k = tl.max(rank_k, 0)
+    top_v = tl.max(rank_v, 0)
+    whole = _whole_chunks(rank_k, top_k, rank_k_max) & _whole_chunks(rank_v, top_v, rank_v_max)
+    if RAGGED:
+        mine = tok_mask & ~whole
+        uk = _load_rank_rows(UK_b, offs_n, mine, rank_k, offs_rk, rank_k_max, stride_ukn, stride_ukr, UW_DT)
+        uv = _load_rank_rows(UV_b, offs_n, mine, rank_v, offs_rv, rank_v_max, stride_uvn, stride_uvr, UW_DT)
+        s = tl.dot(q_rank, tl.trans(uk), input_precision="ieee")
+    else:
+        mine = tok_mask & whole
+        uk = _load_rank_chunks(UK_b, offs_n, tok_mask, rank_k, offs_rk, rank_k_max, stride_ukn, stride_ukr).to(UW_DT)
+        uv = _load_rank_chunks(UV_b, offs_n, tok_mask, rank_v, offs_rv, rank_v_max, stride_uvn, stride_uvr).to(UW_DT)
+        s = tl.dot(tl.where(offs_rk[None, :] < top_k, q_rank, 0.0), tl.trans(uk), input_precision="ieee")
+    s = _mask(s * qk_scale, tok_pos, mine, q_pos, row_mask)
+    p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i)
+    pv = tl.dot(p.to(UW_DT), uv, input_precision="ieee")
+    if not RAGGED:
+        pv = tl.where(offs_rv[None, :] < top_v, pv, 0.0)
+    return m_i, l_i, acc_rank * alpha[:, None] + pv, tok_mask & ~whole
 
 
 @triton.jit
@@ -518,9 +586,14 @@ def _stage1_absorbed_kernel(
     is read once for all heads (U is shared by every kv head). Row r scores
     q~_r . U_k[t, :r_t] (q~ from _rank_query_kernel) and accumulates
     sum_t p_t U_v[t, :r_t]; both U tiles of a tile are loaded together, 16
-    bytes wide. The split stores that sum normalised, in rank space: the
-    merge maps it by W_v once per sequence. The dense segment is
-    _dense_segment_kernel's, which keeps this kernel's registers low."""
+    bytes wide. The tiles go to the MMAs as loaded (zeroing each token's
+    columns past its rank in registers cost a third of the loop): the first
+    loop takes the tokens whose rank that is exact for (_whole_chunks), a
+    second loop the others, over the tiles that held any (none in
+    AttentionPack's groups of ranks that are multiples of 16). The split
+    stores that sum normalised, in rank space: the merge maps it by W_v
+    once per sequence. The dense segment is _dense_segment_kernel's, which
+    keeps this kernel's registers low."""
     b = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     n_splits = tl.num_programs(1)
@@ -542,18 +615,27 @@ def _stage1_absorbed_kernel(
 
     UK_b = UK + b * stride_ukb
     UV_b = UV + b * stride_uvb
+    CPos_b = CPos + b * stride_cpb
+    RankK_b = RankK + b * stride_rkb
+    RankV_b = RankV + b * stride_rvb
+    # Where tokens _whole_chunks refused lie (none: lo = c_hi, hi = c_lo); a second loop takes them.
+    ragged_lo = tl.zeros([BLOCK_N], dtype=tl.int32) + c_hi
+    ragged_hi = tl.zeros([BLOCK_N], dtype=tl.int32) + c_lo
     for start in range(c_lo, c_hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
-        tok_mask = offs_n < c_hi
-        tok_pos = tl.load(CPos + b * stride_cpb + offs_n * stride_cpn, mask=tok_mask, other=0).to(tl.int32)
-        rank_k = tl.load(RankK + b * stride_rkb + offs_n * stride_rkn, mask=tok_mask, other=0).to(tl.int32)
-        rank_v = tl.load(RankV + b * stride_rvb + offs_n * stride_rvn, mask=tok_mask, other=0).to(tl.int32)
-        uk = _load_rank_rows(UK_b, offs_n, tok_mask, rank_k, offs_rk, rank_k_max, stride_ukn, stride_ukr, UW_DT)
-        uv = _load_rank_rows(UV_b, offs_n, tok_mask, rank_v, offs_rv, rank_v_max, stride_uvn, stride_uvr, UW_DT)
-        s = tl.dot(q_rank, tl.trans(uk), input_precision="ieee")
-        s = _mask(s * qk_scale, tok_pos, tok_mask, q_pos, row_mask)
-        p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i)
-        acc_rank = acc_rank * alpha[:, None] + tl.dot(p.to(UW_DT), uv, input_precision="ieee")
+        m_i, l_i, acc_rank, ragged = _absorbed_tile(
+            q_rank, q_pos, row_mask, UK_b, UV_b, CPos_b, RankK_b, RankV_b, offs_n, c_hi, offs_rk, offs_rv,
+            rank_k_max, rank_v_max, qk_scale, m_i, l_i, acc_rank, stride_cpn, stride_rkn, stride_rvn,
+            stride_ukn, stride_ukr, stride_uvn, stride_uvr, UW_DT, False)
+        ragged_lo = tl.minimum(ragged_lo, tl.where(ragged, offs_n, c_hi))
+        ragged_hi = tl.maximum(ragged_hi, tl.where(ragged, offs_n + 1, c_lo))
+    r_lo, r_hi = _ragged_range(ragged_lo, ragged_hi, c_lo, BLOCK_N)
+    for ragged_start in tl.range(r_lo, r_hi, BLOCK_N, num_stages=1):  # rare: not worth shared memory
+        offs_n = ragged_start + tl.arange(0, BLOCK_N)
+        m_i, l_i, acc_rank, done = _absorbed_tile(
+            q_rank, q_pos, row_mask, UK_b, UV_b, CPos_b, RankK_b, RankV_b, offs_n, c_hi, offs_rk, offs_rv,
+            rank_k_max, rank_v_max, qk_scale, m_i, l_i, acc_rank, stride_cpn, stride_rkn, stride_rvn,
+            stride_ukn, stride_ukr, stride_uvn, stride_uvr, UW_DT, True)
 
     rank_rows = b * stride_zb + head[:, None] * stride_zh + query[:, None] * stride_zm + split * stride_zs
     lse_rows = b * stride_sb + head * stride_sh + query * stride_sm + split * stride_ss

@@ -217,6 +217,16 @@ def _tile_chunks(c_lo, c_hi, full, block_n, rank_k, low_rank, block_r) -> float:
     return sum(chunks) / len(chunks)
 
 
+def _ragged_tiles(s: Step, c_lo: int, c_hi: int, block_n: int) -> int:
+    """Tiles of [c_lo, c_hi) the absorbed kernel takes a second time, token
+    by token (kernel._whole_chunks): the one where the full-rank group (the
+    first tokens) meets the low one, when a low rank is no multiple of 16."""
+    lows = [max(1, r // 4) for r, f in ((s.rank_k, "keys"), (s.rank_v, "values")) if s.partial in (f, "both")]
+    full = s.visual - round(s.low_share * s.visual)
+    meets = 0 < full < s.visual and full % block_n != 0 and c_lo <= full < c_hi
+    return int(meets and any(low % 16 for low in lows))
+
+
 def _work(s: Step, kernel_name: str, meta: dict, gpu, *, absorbed: bool, per_kv_head: bool = False) -> estimate.Work:
     """What one launch of a kernel of `lowrank_decode` (or `_absorbed`) does
     at step s. per_kv_head: the grid of the kernels at commit fbd0532, one
@@ -267,13 +277,16 @@ def _work(s: Step, kernel_name: str, meta: dict, gpu, *, absorbed: bool, per_kv_
             chunks = 0.0
             if "BLOCK_R" in meta and not per_kv_head:
                 chunks = _tile_chunks(c_lo, c_hi, full, block_n, s.rank_k, low_rank, int(meta["BLOCK_R"]))
-            key = (c_hi - c_lo, d_hi - d_lo, round(chunks, 3))
+            ragged = _ragged_tiles(s, c_lo, c_hi, block_n) if absorbed and rank_space_parts else 0
+            key = (c_hi - c_lo, d_hi - d_lo, round(chunks, 3), ragged)
             classes[key] = classes.get(key, 0) + count
         programs = []
-        for (c_len, d_len, chunks), count in classes.items():
+        for (c_len, d_len, chunks, ragged), count in classes.items():
             values = {"c_lo": 0, "c_hi": c_len, "d_lo": 0, "d_hi": d_len}
             if "BLOCK_R" in meta and not per_kv_head:
                 values["#r0"] = chunks
+            if absorbed and rank_space_parts:
+                values["#ragged_start"] = ragged
             programs.append(estimate.Programs(count * programs_per_split, values))
         logits = b * hq * (t + n) * 4  # fbd0532: every column
         q_rank = b * hq * s.rank_k * 4 if absorbed and per_kv_head else 0  # today's: read from L2
