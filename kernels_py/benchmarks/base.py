@@ -242,6 +242,8 @@ def estimate_beside(row: dict, prefix: str, model, implementation: str, step, me
     device = runtime.device()
     if device.type != "cuda" or runtime.interpreter_mode():
         return
+    import triton
+
     from kernels_py.ops import calibration, estimate, report
     from kernels_py.ops import compile as cc
 
@@ -257,6 +259,7 @@ def estimate_beside(row: dict, prefix: str, model, implementation: str, step, me
                                              select=lambda kernel, config: chosen.get(kernel, config) == config)
         band = report.estimate_implementation(impl, step, _COMPILED[key], gpu,
                                               estimate.flash_us(model.flash_bytes(step), gpu))
+        code = calibration.code_digest(_COMPILED[key], band)
     except Exception as err:  # the timing stands without its estimate
         row["estimate_error"] = f"{type(err).__name__}: {err}"
         return
@@ -268,7 +271,7 @@ def estimate_beside(row: dict, prefix: str, model, implementation: str, step, me
                         "implementation": implementation, "config": configs, "shape": _shape(step),
                         "measured_ms": measured_ms, "optimistic_ms": row[f"{prefix}_est_low_ms"],
                         "conservative_ms": row[f"{prefix}_est_high_ms"], "date": time.strftime("%Y-%m-%d"),
-                        "timing": timing, "code": calibration.code_digest(_COMPILED[key], band)})
+                        "timing": timing, "code": code, "triton": triton.__version__})
 
 
 def _shape(step) -> dict:

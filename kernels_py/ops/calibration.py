@@ -123,17 +123,22 @@ def _chosen(record: dict) -> dict[str, str]:
 
 def code_digest(compiled, band: dict) -> str:
     """A digest of the machine code of the configs a band sums (each launched
-    kernel's pick, in launch order): two bands with one digest estimate the
-    same code."""
+    kernel's pick, in launch order; instructions and operands, not control
+    words): two bands with one digest estimate the same code. The launchers'
+    choices outside it (grid, split count) are the op model's, at the
+    point's shape. The digest depends on the Triton and ptxas that compiled
+    it: a point recorded with another Triton than this one reads as stale."""
     import hashlib
 
     from kernels_py.ops import report
 
     h = hashlib.sha256()
     for k in band["kernels"]:
-        index = next(i for i, (entry, binary) in enumerate(compiled.entries)
-                     if entry["kernel"] == k["kernel"] and binary is not None
-                     and report.config_label(entry) == k["picked"])
+        index = next((i for i, (entry, binary) in enumerate(compiled.entries)
+                      if entry["kernel"] == k["kernel"] and binary is not None
+                      and report.config_label(entry) == k["picked"]), None)
+        if index is None:
+            raise ValueError(f"{k['kernel']}: its pick {k['picked']} was not compiled")
         h.update(k["kernel"].encode() + b"\n")
         for ins in compiled.kernel(index).sass.instrs:
             h.update(ins.text().encode() + b"\n")
@@ -156,6 +161,9 @@ def check_measured(gpu: estimate.GPU = estimate.H100, records: list[dict] | None
         if impl is None:
             raise ValueError(f"{MEASURED.name}: a point of {record['op']} {record['implementation']!r} that no op "
                              f"model estimates today; re-measure it or drop it")
+        if not record.get("code"):
+            raise ValueError(f"{MEASURED.name}: a point of {record['op']} {record['implementation']!r} without the "
+                             f"digest of the code it measured (\"code\"); re-measure it or drop it")
         step = model.Step(**record["shape"])
         chosen = _chosen(record)
 
@@ -165,7 +173,8 @@ def check_measured(gpu: estimate.GPU = estimate.H100, records: list[dict] | None
             return chosen.get(kernel, label) == label
 
         compiled = report.Compiled(impl, step, gpu.arch, select=select)
-        band = report.estimate_implementation(impl, step, compiled, gpu, estimate.flash_us(model.flash_bytes(step), gpu))
+        flash_us = estimate.flash_us(model.flash_bytes(step), gpu)
+        band = report.estimate_implementation(impl, step, compiled, gpu, flash_us)
         opt, cons, got = band["optimistic_us"] / 1e3, band["conservative_us"] / 1e3, record["measured_ms"]
         name = f"{record['op']} {record['implementation']}, batch {step.batch}"
         rows.append({"point": name, "gpu": record["gpu"], "commit": record["commit"],
@@ -173,7 +182,7 @@ def check_measured(gpu: estimate.GPU = estimate.H100, records: list[dict] | None
                      "measured_ms": got, "optimistic_ms": opt, "conservative_ms": cons,
                      "optimistic_ratio": opt / got, "conservative_ratio": cons / got,
                      "inside": opt <= got <= cons, "known_miss": KNOWN_MISSES.get(name),
-                     "stale": record.get("code") != code_digest(compiled, band)})
+                     "stale": record["code"] != code_digest(compiled, band)})
     return rows
 
 
@@ -199,5 +208,5 @@ def append(record: dict, path: Path = MEASURED) -> Path | None:
     return path
 
 
-__all__ = ["KNOWN_MISSES", "MEASURED", "POINTS", "Point", "append", "band_error", "check", "check_measured", "code_digest",
-           "implementation", "measured"]
+__all__ = ["KNOWN_MISSES", "MEASURED", "POINTS", "Point", "append", "band_error", "check", "check_measured",
+           "code_digest", "implementation", "measured"]

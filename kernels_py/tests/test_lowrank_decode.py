@@ -277,39 +277,41 @@ def test_causality_among_new_tokens(device):
 
 def test_ignores_padding_and_columns_past_each_rank(device):
     """The kernels never use padding tokens or U columns past a token's rank
-    prefix: filling them with large values changes nothing, and filling
-    them with NaN changes nothing past the rank's 16-column chunk (the
-    absorbed kernel reads a token's whole last chunk and drops its tail by
-    a zero in q~ or a column mask, which a NaN would survive). The
-    reference, which multiplies them by zero, is run on the clean inputs."""
+    prefix: filling them with NaN changes nothing for the fused kernel, and
+    for the absorbed one, which reads a token's whole last 16-column chunk
+    and drops its tail by a zero in q~ or a column mask (which a NaN would
+    survive), large values in that chunk and NaN past it change nothing.
+    The reference, which multiplies them by zero, is run on the clean
+    inputs."""
     q, q_pos, comp, dense = make_case(device, dtype=torch.float32, rank_k=40, rank_v=24, interleave=True)
     want = ref.lowrank_decode(q, q_pos, comp, dense, rope_base=10000.0)
     nan = float("nan")
-    uk, uv, dk, dv = comp.uk.clone(), comp.uv.clone(), dense.k.clone(), dense.v.clone()
-    for u, rank in ((uk, comp.rank_k), (uv, comp.rank_v)):
-        cols = torch.arange(u.shape[2], device=device)[None, None, :]
-        u[cols >= rank[..., None]] = 1e4
-        u[cols >= (rank[..., None] + 15) // 16 * 16] = nan
+    dk, dv = dense.k.clone(), dense.v.clone()
+    poisoned = {}
+    for kernel_name, chunk in (("fused", None), ("absorbed", 1e4)):
+        c = _poison_rank_tails(comp, chunk)
+        for b in range(q.shape[0]):
+            c.uk[b, comp.length[b]:] = nan
+            c.uv[b, comp.length[b]:] = nan
+        poisoned[kernel_name] = c
     for b in range(q.shape[0]):
-        uk[b, comp.length[b]:] = nan
-        uv[b, comp.length[b]:] = nan
         dk[b, :, dense.length[b]:] = nan
         dv[b, :, dense.length[b]:] = nan
-    poisoned_c = CompressedKV(uk, comp.wk, uv, comp.wv, comp.rank_k, comp.rank_v, comp.pos, comp.length)
     poisoned_d = DenseKV(dk, dv, dense.pos, dense.length)
-    got = decode(q, q_pos, poisoned_c, poisoned_d, rope_base=10000.0)
+    got = decode(q, q_pos, poisoned["fused"], poisoned_d, rope_base=10000.0)
     check(got, want, q, comp, dense, torch.float32)
-    absorbed = decode_absorbed(q, q_pos, poisoned_c, poisoned_d)
+    absorbed = decode_absorbed(q, q_pos, poisoned["absorbed"], poisoned_d)
     check(absorbed, ref.lowrank_decode(q, q_pos, comp, dense, rope_base=None), q, comp, dense, torch.float32)
 
 
-def _poison_rank_tails(comp: CompressedKV) -> CompressedKV:
-    """comp with large values in each token's last 16-column chunk past its
-    rank and NaN past that chunk (see test_ignores_padding_and_columns_past_each_rank)."""
+def _poison_rank_tails(comp: CompressedKV, chunk: float | None = 1e4) -> CompressedKV:
+    """comp with NaN in each token's columns past its rank, or `chunk` in
+    those of its last 16-column chunk and NaN past that chunk (see
+    test_ignores_padding_and_columns_past_each_rank)."""
     us = []
     for u, rank in ((comp.uk.clone(), comp.rank_k), (comp.uv.clone(), comp.rank_v)):
         cols = torch.arange(u.shape[2], device=u.device)[None, None, :]
-        u[cols >= rank[..., None]] = 1e4
+        u[cols >= rank[..., None]] = float("nan") if chunk is None else chunk
         u[cols >= (rank[..., None] + 15) // 16 * 16] = float("nan")
         us.append(u)
     return CompressedKV(us[0], comp.wk, us[1], comp.wv, comp.rank_k, comp.rank_v, comp.pos, comp.length)
@@ -357,7 +359,51 @@ def test_the_model_counts_a_second_pass_where_groups_meet_off_chunk():
     shifted = model.Step(batch=8, visual=32768 + 64, low_share=0.75, rank_v=40)
     meet = shifted.visual - round(0.75 * shifted.visual)  # inside a tile
     assert meet % 128 and model._ragged_tiles(shifted, 0, shifted.visual, 128) == 1
-    assert model._ragged_tiles(shifted, meet + 1, shifted.visual, 128) == 0
+    after = (meet // 128 + 1) * 128  # a split starting at the next tile
+    assert model._ragged_tiles(shifted, after, shifted.visual, 128) == 0
+    assert model._ragged_tiles(shifted, 0, after, 128) == 1
+
+
+@triton.jit
+def _whole_chunks_probe(Rank, Whole, Range, n, c_lo, rank_max, BLOCK_N: tl.constexpr):
+    """The absorbed kernel's split of each tile of [c_lo, n) (kernel._whole_chunks:
+    Whole) and the range its second loop walks (kernel._ragged_range: Range)."""
+    ragged_lo = tl.zeros([BLOCK_N], dtype=tl.int32) + n
+    ragged_hi = tl.zeros([BLOCK_N], dtype=tl.int32) + c_lo
+    for start in range(c_lo, n, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        tok_mask = offs_n < n
+        rank = tl.load(Rank + offs_n, mask=tok_mask, other=0)
+        whole = kernel._whole_chunks(rank, tl.max(rank, 0), rank_max)
+        tl.store(Whole + offs_n, whole.to(tl.int32), mask=tok_mask)
+        ragged_lo = tl.minimum(ragged_lo, tl.where(tok_mask & ~whole, offs_n, n))
+        ragged_hi = tl.maximum(ragged_hi, tl.where(tok_mask & ~whole, offs_n + 1, c_lo))
+    lo, hi = kernel._ragged_range(ragged_lo, ragged_hi, c_lo, BLOCK_N)
+    tl.store(Range + tl.arange(0, 2), tl.where(tl.arange(0, 2) == 0, lo, hi))
+
+
+@pytest.mark.parametrize("ranks,rank_max,refused,walked", [
+    # AttentionPack's groups at ranks that are whole chunks: one pass
+    ([64] * 40 + [16] * 50, 64, [], []),
+    # one rank in a tile: its tail is dropped by the tile's top rank
+    ([37] * 90, 64, [], []),
+    # the factor's width need not be a whole chunk
+    ([40] * 20 + [16] * 70, 40, [], []),
+    # groups of 64 and 13 meet in the second tile: its 13s take the second pass
+    ([64] * 40 + [13] * 50, 64, list(range(40, 64)), [32, 64]),
+    # a lone odd rank under a larger one, in the last tile
+    ([16] * 70 + [5] + [32] * 19, 64, [70], [64, 71]),
+])
+def test_which_tokens_take_the_second_pass(ranks, rank_max, refused, walked):
+    """Which tokens the absorbed kernel's first loop takes and which tiles
+    its second loop walks (32-token tiles), by rank layout."""
+    rank = torch.tensor(ranks, dtype=torch.int32)
+    whole = torch.zeros_like(rank)
+    span = torch.zeros(2, dtype=torch.int32)
+    _whole_chunks_probe[(1,)](rank, whole, span, rank.numel(), 0, rank_max, BLOCK_N=32)
+    assert (whole == 0).nonzero()[:, 0].tolist() == refused
+    lo, hi = span.tolist()
+    assert list(range(lo, hi, 32)) == list(range(*walked, 32) if walked else [])
 
 
 def test_strided_inputs_and_int32_indices(device):

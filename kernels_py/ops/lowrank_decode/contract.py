@@ -32,6 +32,9 @@ class CompressedKV:
 
     uk [B, T, Rk], wk [B, Rk, H_kv * D]; uv [B, T, Rv], wv [B, Rv, H_kv * D].
     rank_k, rank_v [B, T] int: rank prefix of each token, 1..Rk / 1..Rv.
+    Columns past a token's rank are never used; the absorbed kernel reads
+    (and multiplies by zero) those in the rank's last 16-column chunk, so
+    they must hold finite values.
     pos [B, T] int: absolute position of each token (RoPE, causality).
     length [B] int: valid tokens per sequence; later ones are padding.
     """

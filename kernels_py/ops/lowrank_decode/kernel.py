@@ -37,8 +37,10 @@ from kernels_py.ops.lowrank_decode.contract import CompressedKV, DecodeOutput, D
 # folded into BLOCK_ROWS rows (padded to a power of two >= 16 for tl.dot),
 # FlashMLA's all-heads-as-MMA-rows. U is shared by all kv heads, so each U
 # tile is read once for all of them, 16 bytes wide (masked by token and by
-# the tile's largest rank rounded to 16 columns; each token's own rank
-# prefix is applied in registers). `_stage1_kernel` rebuilds each kv head's
+# rank rounded up to 16 columns). `_stage1_kernel` applies each token's own
+# rank prefix in registers; `_stage1_absorbed_kernel` feeds its tiles to the
+# MMAs as loaded and takes the tokens that leaves inexact in a second loop
+# (_whole_chunks). `_stage1_kernel` rebuilds each kv head's
 # keys of a tile from U_k (exact, RoPE after the rebuild) and writes the
 # scaled logits (log2 units, -inf where masked) for the masses;
 # `_stage1_absorbed_kernel` scores in rank space against q~, which
@@ -462,17 +464,25 @@ def _load_rank_tile(U_b, offs_n, tok_mask, rank, offs_r, rank_max, stride_un, st
 
 
 @triton.jit
+def _chunk_ceil(rank):
+    """rank rounded up to a whole number of 16-column chunks (non-negative
+    ranks: a mask, where // 16 * 16 costs a signed division's fix-ups).
+    _load_rank_tile keeps // 16 * 16: the fused kernel's code as measured."""
+    return tl.multiple_of((rank + 15) & -16, 16)
+
+
+@triton.jit
 def _load_rank_chunks(U_b, offs_n, tok_mask, rank, offs_r, rank_max, stride_un, stride_ur):
     """A tile's U rows [BLOCK_N, BLOCK_R], each token's columns up to its
     rank rounded up to 16 (and below rank_max), zeros past. The mask holds
-    for 16 columns at a time, so the loads are 16 bytes wide and the tile
+    for 16 columns at a time, so the loads are 16 bytes wide (with the row
+    stride and rank_max multiples of 8 elements) and the tile
     goes from shared memory to the MMA as loaded: no select in registers
     and no second trip through shared memory (_whole_chunks says for which
     tokens that is exact)."""
-    rank16 = tl.multiple_of((rank + 15) & -16, 16)
+    chunks = offs_r[None, :] < _chunk_ceil(rank)[:, None]
     return tl.load(U_b + offs_n[:, None] * stride_un + offs_r[None, :] * stride_ur,
-                   mask=tok_mask[:, None] & (offs_r[None, :] < rank16[:, None]) & (offs_r[None, :] < rank_max),
-                   other=0.0)
+                   mask=tok_mask[:, None] & chunks & (offs_r[None, :] < rank_max), other=0.0)
 
 
 @triton.jit
@@ -531,7 +541,7 @@ def _absorbed_tile(q_rank, q_pos, row_mask, UK_b, UV_b, CPos_b, RankK_b, RankV_b
     loaded, the columns past the tile's top rank dropped from q~ and from
     the sum) or for the others (RAGGED=True: each token's columns past its
     rank zeroed in registers). Returns the online softmax's state and the
-    tile's tokens of the other kind."""
+    tile's tokens _whole_chunks refused."""
     tok_mask = offs_n < c_hi
     tok_pos = _load_per_token(CPos_b, offs_n, tok_mask, stride_cpn)
     rank_k = _load_per_token(RankK_b, offs_n, tok_mask, stride_rkn)
@@ -632,7 +642,7 @@ def _stage1_absorbed_kernel(
     r_lo, r_hi = _ragged_range(ragged_lo, ragged_hi, c_lo, BLOCK_N)
     for ragged_start in tl.range(r_lo, r_hi, BLOCK_N, num_stages=1):  # rare: not worth shared memory
         offs_n = ragged_start + tl.arange(0, BLOCK_N)
-        m_i, l_i, acc_rank, done = _absorbed_tile(
+        m_i, l_i, acc_rank, refused = _absorbed_tile(
             q_rank, q_pos, row_mask, UK_b, UV_b, CPos_b, RankK_b, RankV_b, offs_n, c_hi, offs_rk, offs_rv,
             rank_k_max, rank_v_max, qk_scale, m_i, l_i, acc_rank, stride_cpn, stride_rkn, stride_rvn,
             stride_ukn, stride_ukr, stride_uvn, stride_uvr, UW_DT, True)
@@ -956,6 +966,8 @@ def lowrank_decode_absorbed(q: torch.Tensor, q_pos: torch.Tensor, comp: Compress
     rotated per token). Per query head h of kv head g: q~ = q W_k[:, g]^T [Rk]
     is scored against U_k[t, :rank_k[t]], and sum_t p_t U_v[t, :rank_v[t]] is
     mapped back by W_v[:, g] once per sequence, in the merge. Ranks up to MAX_RANK_SPACE.
+    A token's columns past its rank are never used, but those in the same
+    16-column chunk are read (and multiplied by zero): they must be finite.
     Shapes, outputs and the other arguments as lowrank_decode."""
     check_inputs(q, q_pos, comp, dense, None, check_values)
     for name, u in (("uk", comp.uk), ("uv", comp.uv)):

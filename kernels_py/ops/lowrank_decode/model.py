@@ -65,10 +65,19 @@ class Step:
         if self.partial not in CHOICES["partial"]:
             raise ValueError(f"partial={self.partial!r} must be one of {', '.join(CHOICES['partial'])}")
 
+    @staticmethod
+    def low_rank(rank: int) -> int:
+        """The low group's rank (rank / 4) for a factor of this rank."""
+        return max(1, rank // 4)
+
+    def full_tokens(self) -> int:
+        """Tokens at full rank: the first ones (tokens are stored grouped by rank)."""
+        return self.visual - round(self.low_share * self.visual)
+
     def mean_ranks(self) -> tuple[float, float]:
         """(R_k, R_v) averaged over the tokens."""
         def mean(rank, applies):
-            return rank - self.low_share * (rank - max(1, rank // 4)) if applies else rank
+            return rank - self.low_share * (rank - self.low_rank(rank)) if applies else rank
         return (mean(self.rank_k, self.partial in ("keys", "both")),
                 mean(self.rank_v, self.partial in ("values", "both")))
 
@@ -189,7 +198,7 @@ def _rank_chunk(s: Step) -> int | None:
     rank when keys are partial."""
     if s.partial == "values":
         return None
-    return min(64, max(16, 1 << (max(1, s.rank_k // 4) - 1).bit_length()))
+    return min(64, max(16, 1 << (s.low_rank(s.rank_k) - 1).bit_length()))
 
 
 def split_classes(s: Step, splits: int, block_n: int, *, dense_apart: bool = False) -> dict:
@@ -199,7 +208,7 @@ def split_classes(s: Step, splits: int, block_n: int, *, dense_apart: bool = Fal
     kernel splits them), and `full`, how many of the first compressed tokens
     keep the full key rank (tokens are stored grouped by rank, that group
     first)."""
-    full = s.visual - round(s.low_share * s.visual) if s.partial in ("keys", "both") else s.visual
+    full = s.full_tokens() if s.partial in ("keys", "both") else s.visual
     out: dict = {}
     for lo, hi in splitk.split_ranges(s.visual + (0 if dense_apart else s.dense), splits, block_n):
         c_lo, c_hi = min(lo, s.visual), min(hi, s.visual)
@@ -221,8 +230,8 @@ def _ragged_tiles(s: Step, c_lo: int, c_hi: int, block_n: int) -> int:
     """Tiles of [c_lo, c_hi) the absorbed kernel takes a second time, token
     by token (kernel._whole_chunks): the one where the full-rank group (the
     first tokens) meets the low one, when a low rank is no multiple of 16."""
-    lows = [max(1, r // 4) for r, f in ((s.rank_k, "keys"), (s.rank_v, "values")) if s.partial in (f, "both")]
-    full = s.visual - round(s.low_share * s.visual)
+    lows = [s.low_rank(r) for r, f in ((s.rank_k, "keys"), (s.rank_v, "values")) if s.partial in (f, "both")]
+    full = s.full_tokens()
     meets = 0 < full < s.visual and full % block_n != 0 and c_lo <= full < c_hi
     return int(meets and any(low % 16 for low in lows))
 
@@ -270,7 +279,7 @@ def _work(s: Step, kernel_name: str, meta: dict, gpu, *, absorbed: bool, per_kv_
                              {"Q": "l2", "QPos": "l2", "DLen": "l2"}, b * hq * n * 4 * d, tokens)
     if kernel_name in ("_stage1_kernel", "_stage1_absorbed_kernel"):
         block_n = int(meta["BLOCK_N"])
-        low_rank = max(1, s.rank_k // 4) if s.partial in ("keys", "both") else s.rank_k
+        low_rank = s.low_rank(s.rank_k) if s.partial in ("keys", "both") else s.rank_k
         classes: dict = {}  # splits with the same trips: (compressed tokens, dense tokens, chunks per tile)
         for (c_lo, c_hi, d_lo, d_hi, full), count in split_classes(s, splits, block_n,
                                                                     dense_apart=rank_space_parts).items():
