@@ -68,7 +68,8 @@ conservative end. Then every config at the shape (configs that spill are
 pruned, as the autotuner prunes them), instructions per token by class,
 and the calibration (sm_90): kernels measured on an H100 (those of the ops
 shown) and their estimated band, for the configs the autotuner chose where
-they were recorded.
+they were recorded; a point whose kernels now compile to other code than it
+measured is marked stale and holds for none of today's band.
 Judge kernel work on the conservative end. What it cannot see: cache hit
 rates beyond what the op's model states, DRAM page effects, bank conflicts,
 clock throttling. About five minutes on a 2-core CPU; --op picks ops.`,
