@@ -214,8 +214,8 @@ def test_specializations_are_the_gpu_ones(compiled):
     assert decode["ONE_CHUNK"] == "False"  # rank 96 takes two chunks of 64
     mixed = _constexprs(compiled, "decode-fp16-wbf16-d64-rope-r4x8-block32", "_stage1_kernel")
     assert (mixed["QK_DT"], mixed["UW_DT"], mixed["ROPE"]) == ("fp16", "fp32", "True")
-    assert _constexprs(compiled, "absorbed-bf16-d64-r256x200-m3", "_rank_query_kernel")["RANK_PREC"] == "tf32"
-    assert _constexprs(compiled, "absorbed-fp32-d80-r32-block32", "_rank_query_kernel")["RANK_PREC"] == "ieee"
+    assert _constexprs(compiled, "absorbed-bf16-d64-r256x200-m3", "_query_dense_kernel")["RANK_PREC"] == "tf32"
+    assert _constexprs(compiled, "absorbed-fp32-d80-r32-block32", "_query_dense_kernel")["RANK_PREC"] == "ieee"
 
 
 @pytest.mark.parametrize("target", cc.TARGETS, ids=lambda t: f"sm{t}")

@@ -44,12 +44,15 @@ from kernels_py.ops.lowrank_decode.contract import CompressedKV, DecodeOutput, D
 # keys of a tile from U_k (exact, RoPE after the rebuild) and writes the
 # scaled logits (log2 units, -inf where masked) for the masses;
 # `_stage1_absorbed_kernel` scores in rank space against q~, which
-# `_rank_query_kernel` makes once per sequence. A split is a contiguous
+# `_rank_query` makes once per sequence (in `_query_dense_kernel`, with the
+# dense segment, launched first). A split is a contiguous
 # range of the compressed tokens; an online softmax (base 2) keeps the
 # running max, sum and sum_t p_t U_v[t] (rank space), stored normalised
 # with the split's log2-sum-exp.
-# The dense segment: `_dense_segment_kernel`, grouped decode per (sequence,
-# kv head), its logits and partial in one more slot. Apart, so the
+# The dense segment: `_dense_rows`, grouped decode per (sequence, kv head),
+# its logits and partial in one more slot; its kernel is
+# `_dense_segment_kernel` for the fused kernel and `_query_dense_kernel`
+# (which makes q~ first) for the absorbed one. Apart, so the
 # compressed segment's kernels keep their registers (a dense loop inside
 # them put both at 255 and one CTA per SM).
 # Stage 2: `_merge_rank_kernel` merges the partials of each query row, maps
@@ -407,36 +410,26 @@ def _stage1_kernel(
 
 
 @triton.jit
-def _rank_query_kernel(
-    Q, WK, QRank,
-    stride_qb, stride_qh, stride_qm, stride_qd,
-    stride_wkb, stride_wkr, stride_wkc,
-    stride_xb, stride_xr, stride_xk,
-    rank_k_max,
-    GROUP: tl.constexpr,
-    N_QUERIES: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_G: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_RK: tl.constexpr,
-    UW_DT: tl.constexpr,
-    RANK_PREC: tl.constexpr,
-):
+def _rank_query(Q, WK, QRank, b, g,
+                stride_qb, stride_qh, stride_qm, stride_qd,
+                stride_wkb, stride_wkr, stride_wkc,
+                stride_xb, stride_xr, stride_xk,
+                rank_k_max, head_dim,
+                GROUP: tl.constexpr, N_QUERIES: tl.constexpr, BLOCK_G: tl.constexpr,
+                BLOCK_D: tl.constexpr, BLOCK_RK: tl.constexpr, UW_DT: tl.constexpr, RANK_PREC: tl.constexpr):
     """The rank-space queries of one (sequence, kv head): q~_r = q_r W_k,g^T
     for the GROUP x M rows of kv head g, rounded to the dot dtype of U (as
     stage 1 and the mass kernel use them) and stored float32. Once per
     sequence, not once per split: W_k is read once."""
-    b = tl.program_id(0).to(tl.int64)
-    g = tl.program_id(1)
     offs_g = tl.arange(0, BLOCK_G)
     g_mask = offs_g < GROUP * N_QUERIES
     row = g * GROUP * N_QUERIES + offs_g  # row = head * M + query
     offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < HEAD_DIM
+    d_mask = offs_d < head_dim
     offs_rk = tl.arange(0, BLOCK_RK)
     q = tl.load(Q + b * stride_qb + (row // N_QUERIES)[:, None] * stride_qh + (row % N_QUERIES)[:, None] * stride_qm
                 + offs_d[None, :] * stride_qd, mask=g_mask[:, None] & d_mask[None, :], other=0.0)
-    wk_t = tl.load(WK + b * stride_wkb + offs_rk[None, :] * stride_wkr + (g * HEAD_DIM + offs_d[:, None]) * stride_wkc,
+    wk_t = tl.load(WK + b * stride_wkb + offs_rk[None, :] * stride_wkr + (g * head_dim + offs_d[:, None]) * stride_wkc,
                    mask=(offs_rk[None, :] < rank_k_max) & d_mask[:, None], other=0.0)
     q_rank = tl.dot(q.to(tl.float32), wk_t.to(tl.float32), input_precision=RANK_PREC).to(UW_DT)
     tl.store(QRank + b * stride_xb + row[:, None] * stride_xr + offs_rk[None, :] * stride_xk, q_rank.to(tl.float32),
@@ -594,7 +587,7 @@ def _stage1_absorbed_kernel(
     after RoPE, like MLA decode: one program per (sequence, split) holds
     every query head of the sequence as a row of its MMAs, so each U tile
     is read once for all heads (U is shared by every kv head). Row r scores
-    q~_r . U_k[t, :r_t] (q~ from _rank_query_kernel) and accumulates
+    q~_r . U_k[t, :r_t] (q~ from _rank_query) and accumulates
     sum_t p_t U_v[t, :r_t]; both U tiles of a tile are loaded together, 16
     bytes wide. The tiles go to the MMAs as loaded (zeroing each token's
     columns past its rank in registers cost a third of the loop): the first
@@ -602,7 +595,7 @@ def _stage1_absorbed_kernel(
     second loop the others, over the tiles that held any (none in
     AttentionPack's groups of ranks that are multiples of 16). The split
     stores that sum normalised, in rank space: the merge maps it by W_v
-    once per sequence. The dense segment is _dense_segment_kernel's, which
+    once per sequence. The dense segment is _query_dense_kernel's, which
     keeps this kernel's registers low."""
     b = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
@@ -654,33 +647,23 @@ def _stage1_absorbed_kernel(
 
 
 @triton.jit
-def _dense_segment_kernel(
-    Q, QPos, DK, DV, DPos, DLen, Logits, PartO, PartLse,
-    stride_qb, stride_qh, stride_qm, stride_qd,
-    stride_pb, stride_pm,
-    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
-    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
-    stride_dpb, stride_dpn,
-    stride_dlb,
-    stride_lb, stride_lh, stride_lm, stride_ln,
-    stride_ob, stride_oh, stride_om, stride_od,
-    stride_sb, stride_sh, stride_sm, stride_ss,
-    head_dim, dense_slot, qk_scale,
-    GROUP: tl.constexpr,
-    N_QUERIES: tl.constexpr,
-    BLOCK_G: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    QK_DT: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    STORE_LOGITS: tl.constexpr,
-):
+def _dense_rows(Q, QPos, DK, DV, DPos, DLen, Logits, PartO, PartLse, b, g,
+                stride_qb, stride_qh, stride_qm, stride_qd,
+                stride_pb, stride_pm,
+                stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+                stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+                stride_dpb, stride_dpn,
+                stride_dlb,
+                stride_lb, stride_lh, stride_lm, stride_ln,
+                stride_ob, stride_oh, stride_om, stride_od,
+                stride_sb, stride_sh, stride_sm, stride_ss,
+                head_dim, dense_slot, qk_scale,
+                GROUP: tl.constexpr, N_QUERIES: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+                QK_DT: tl.constexpr, BLOCK_N: tl.constexpr, STORE_LOGITS: tl.constexpr):
     """The dense segment of both kernels: grouped decode of one (sequence,
     kv head) over its uncompressed tokens, storing their logits for the
-    masses (STORE_LOGITS), the normalised sum in part_o and the log2-sum-exp in the
-    partials' slot `dense_slot` (after the compressed splits'). Apart from
-    the compressed segment's kernels, so their registers stay low."""
-    b = tl.program_id(0).to(tl.int64)
-    g = tl.program_id(1)
+    masses (STORE_LOGITS), the normalised sum in part_o and the log2-sum-exp
+    in the partials' slot `dense_slot` (after the compressed splits')."""
     head, query, row_mask, q_pos, offs_d, d_mask, q = splitk._group_queries(
         Q, QPos, g, b, stride_qb, stride_qh, stride_qm, stride_qd, stride_pb, stride_pm, head_dim,
         GROUP, N_QUERIES, BLOCK_G, BLOCK_D, QK_DT)
@@ -708,6 +691,80 @@ def _dense_segment_kernel(
     part_rows = b * stride_ob + head[:, None] * stride_oh + query[:, None] * stride_om
     lse_rows = b * stride_sb + head * stride_sh + query * stride_sm + dense_slot * stride_ss
     _store_split(PartO + part_rows, PartLse + lse_rows, acc, m_i, l_i, offs_d, d_mask, row_mask, stride_od)
+
+
+@triton.jit
+def _dense_segment_kernel(
+    Q, QPos, DK, DV, DPos, DLen, Logits, PartO, PartLse,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_pb, stride_pm,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    stride_dpb, stride_dpn,
+    stride_dlb,
+    stride_lb, stride_lh, stride_lm, stride_ln,
+    stride_ob, stride_oh, stride_om, stride_od,
+    stride_sb, stride_sh, stride_sm, stride_ss,
+    head_dim, dense_slot, qk_scale,
+    GROUP: tl.constexpr,
+    N_QUERIES: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    QK_DT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    STORE_LOGITS: tl.constexpr,
+):
+    """The fused kernel's dense segment (_dense_rows), one program per
+    (sequence, kv head). Apart from the compressed segment's kernels, so
+    their registers stay low."""
+    _dense_rows(Q, QPos, DK, DV, DPos, DLen, Logits, PartO, PartLse, tl.program_id(0).to(tl.int64), tl.program_id(1),
+                stride_qb, stride_qh, stride_qm, stride_qd, stride_pb, stride_pm,
+                stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+                stride_dpb, stride_dpn, stride_dlb, stride_lb, stride_lh, stride_lm, stride_ln,
+                stride_ob, stride_oh, stride_om, stride_od, stride_sb, stride_sh, stride_sm, stride_ss,
+                head_dim, dense_slot, qk_scale, GROUP, N_QUERIES, BLOCK_G, BLOCK_D, QK_DT, BLOCK_N, STORE_LOGITS)
+
+
+@triton.jit
+def _query_dense_kernel(
+    Q, QPos, DK, DV, DPos, DLen, Logits, PartO, PartLse, WK, QRank,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_pb, stride_pm,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    stride_dpb, stride_dpn,
+    stride_dlb,
+    stride_lb, stride_lh, stride_lm, stride_ln,
+    stride_ob, stride_oh, stride_om, stride_od,
+    stride_sb, stride_sh, stride_sm, stride_ss,
+    stride_wkb, stride_wkr, stride_wkc,
+    stride_xb, stride_xr, stride_xk,
+    head_dim, dense_slot, qk_scale, rank_k_max,
+    GROUP: tl.constexpr,
+    N_QUERIES: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    QK_DT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    STORE_LOGITS: tl.constexpr,
+    BLOCK_RK: tl.constexpr,
+    UW_DT: tl.constexpr,
+    RANK_PREC: tl.constexpr,
+):
+    """The absorbed kernel's first launch, one program per (sequence, kv
+    head): its rows' rank-space queries (_rank_query), which stage 1 needs,
+    then the dense segment (_dense_rows). One launch for both."""
+    b = tl.program_id(0).to(tl.int64)
+    g = tl.program_id(1)
+    _rank_query(Q, WK, QRank, b, g, stride_qb, stride_qh, stride_qm, stride_qd, stride_wkb, stride_wkr, stride_wkc,
+                stride_xb, stride_xr, stride_xk, rank_k_max, head_dim, GROUP, N_QUERIES, BLOCK_G, BLOCK_D, BLOCK_RK,
+                UW_DT, RANK_PREC)
+    _dense_rows(Q, QPos, DK, DV, DPos, DLen, Logits, PartO, PartLse, b, g,
+                stride_qb, stride_qh, stride_qm, stride_qd, stride_pb, stride_pm,
+                stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+                stride_dpb, stride_dpn, stride_dlb, stride_lb, stride_lh, stride_lm, stride_ln,
+                stride_ob, stride_oh, stride_om, stride_od, stride_sb, stride_sh, stride_sm, stride_ss,
+                head_dim, dense_slot, qk_scale, GROUP, N_QUERIES, BLOCK_G, BLOCK_D, QK_DT, BLOCK_N, STORE_LOGITS)
 
 
 @triton.jit
@@ -1091,7 +1148,11 @@ def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, wor
     # power-of-two class of each rather than once for all shapes.
     tune = [common.block(batch * splits), common.block(triton.cdiv(tokens, splits))]
     grid = (batch, splits)
-    if absorbed:
+    # The dense tokens' logits: columns [T, T + S) of the fused kernel's, all of the absorbed kernel's.
+    dense_logits = logits if absorbed else logits[..., tokens:]
+    if absorbed:  # the dense segment first: it makes q~ for stage 1
+        _dense_segment(q, q_pos, comp, dense, dense_logits, part_o, part_lse, q_rank, shared, scale,
+                       store_logits=mass)
         _absorbed_stage1(q, q_pos, comp, part_rank, part_lse, q_rank, shared, scale, tune, grid, block_n)
     else:
         rope_step = 0.0 if rope_base is None else -2.0 * math.log2(rope_base) / head_dim
@@ -1110,9 +1171,9 @@ def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, wor
                                  num_warps=DEFAULT_WARPS["_stage1_kernel"], num_stages=DEFAULT_STAGES)
         else:
             _stage1_tuned[grid](*args, **meta)
-    # The dense tokens' logits: columns [T, T + S) of the fused kernel's, all of the absorbed kernel's.
-    _dense_and_merge(q, q_pos, comp, dense, logits if absorbed else logits[..., tokens:], part_o, part_rank,
-                     part_lse, out, lse, shared, scale, store_logits=mass)
+        _dense_segment(q, q_pos, comp, dense, dense_logits, part_o, part_lse, q_rank, shared, scale,
+                       store_logits=mass)
+    _merge(comp, part_o, part_rank, part_lse, out, lse, shared)
     if mass and absorbed:
         _rank_space_masses(q_pos, comp, logits, lse, mass_comp, mass_dense, dense.length, q_rank, heads * queries,
                            queries, scale, shared["UW_DT"])
@@ -1127,26 +1188,16 @@ def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, wor
 
 
 def _absorbed_stage1(q, q_pos, comp, part_rank, part_lse, q_rank, shared, scale, tune, grid, block_n) -> None:
-    """The absorbed kernel's compressed segment: q~ once per sequence, then
-    the splits in rank space."""
-    batch, heads, queries, head_dim = q.shape
-    kv_heads, group = shared["KV_HEADS"], shared["GROUP"]
+    """The absorbed kernel's compressed segment: the splits in rank space
+    (q~ made by _query_dense_kernel, launched first)."""
+    kv_heads, group, queries = shared["KV_HEADS"], shared["GROUP"], shared["N_QUERIES"]
     rank_k, rank_v = comp.uk.shape[2], comp.uv.shape[2]
-    block_rk, block_rv = common.block(rank_k), common.block(rank_v)
-    # The float32 products into rank space may use tf32 tensor cores when q
-    # and W_k are 16-bit: such values are exact in tf32, so only the
-    # accumulated rank-space values get rounded (like fp16).
-    exact = all(t.dtype != torch.float32 for t in (q, comp.wk)) and not interpreter_mode()
-    _rank_query_kernel[(batch, kv_heads)](
-        q, comp.wk, q_rank, *q.stride(), *comp.wk.stride(), *q_rank.stride(), rank_k,
-        GROUP=group, N_QUERIES=queries, HEAD_DIM=head_dim, BLOCK_G=common.block(group * queries),
-        BLOCK_D=shared["BLOCK_D"], BLOCK_RK=block_rk, UW_DT=shared["UW_DT"], RANK_PREC="tf32" if exact else "ieee")
     args = [q_pos, comp.uk, comp.uv, comp.rank_k, comp.rank_v, comp.pos, comp.length, part_rank, part_lse, q_rank,
             *q_pos.stride(), *comp.uk.stride(), *comp.uv.stride(), *comp.rank_k.stride(), *comp.rank_v.stride(),
             *comp.pos.stride(), *comp.length.stride(), *part_rank.stride(), *part_lse.stride(), *q_rank.stride(),
             rank_k, rank_v, scale * common.LOG2E, *tune]
     meta = dict(KV_HEADS=kv_heads, GROUP=group, N_QUERIES=queries, BLOCK_ROWS=shared["BLOCK_ROWS"],
-                BLOCK_RK=block_rk, BLOCK_RV=block_rv, UW_DT=shared["UW_DT"])
+                BLOCK_RK=common.block(rank_k), BLOCK_RV=common.block(rank_v), UW_DT=shared["UW_DT"])
     if block_n is not None or interpreter_mode():
         _stage1_absorbed_kernel[grid](*args, **meta, BLOCK_N=block_n or INTERPRET_BLOCK_N,
                                       num_warps=DEFAULT_WARPS["_stage1_absorbed_kernel"], num_stages=DEFAULT_STAGES)
@@ -1154,28 +1205,44 @@ def _absorbed_stage1(q, q_pos, comp, part_rank, part_lse, q_rank, shared, scale,
         _stage1_absorbed_tuned[grid](*args, **meta)
 
 
-def _dense_and_merge(q, q_pos, comp, dense, dense_logits, part_o, part_rank, part_lse, out, lse, shared,
-                     scale, *, store_logits: bool) -> None:
+def _dense_segment(q, q_pos, comp, dense, dense_logits, part_o, part_lse, q_rank, shared, scale, *,
+                   store_logits: bool) -> None:
     """The dense segment (its partial in the last slot; its logits for the
-    masses when store_logits) and the merge of every partial, W_v applied
-    once per sequence."""
+    masses when store_logits), and for the absorbed kernel (q_rank has
+    columns) the rank-space queries in the same launch."""
     batch, heads, queries, head_dim = q.shape
     kv_heads, group = shared["KV_HEADS"], shared["GROUP"]
+    splits = part_lse.shape[3] - 1
+    part_dense = part_o[:, :, :, 0]
+    args = [q, q_pos, dense.k, dense.v, dense.pos, dense.length, dense_logits, part_dense, part_lse]
+    strides = [*q.stride(), *q_pos.stride(), *dense.k.stride(), *dense.v.stride(), *dense.pos.stride(),
+               *dense.length.stride(), *dense_logits.stride(), *part_dense.stride(), *part_lse.stride()]
+    meta = dict(GROUP=group, N_QUERIES=queries, BLOCK_G=common.block(group * queries), BLOCK_D=shared["BLOCK_D"],
+                QK_DT=shared["QK_DT"], BLOCK_N=DENSE_BLOCK_N, STORE_LOGITS=store_logits,
+                num_warps=dense_warps(dense.k.element_size(), shared["BLOCK_D"]), num_stages=2)
+    if q_rank.shape[2] == 0:
+        _dense_segment_kernel[(batch, kv_heads)](*args, *strides, head_dim, splits, scale * common.LOG2E, **meta)
+        return
+    # The float32 products into rank space may use tf32 tensor cores when q
+    # and W_k are 16-bit: such values are exact in tf32, so only the
+    # accumulated rank-space values get rounded (like fp16).
+    exact = all(t.dtype != torch.float32 for t in (q, comp.wk)) and not interpreter_mode()
+    _query_dense_kernel[(batch, kv_heads)](
+        *args, comp.wk, q_rank, *strides, *comp.wk.stride(), *q_rank.stride(), head_dim, splits,
+        scale * common.LOG2E, comp.uk.shape[2], **meta, BLOCK_RK=common.block(comp.uk.shape[2]),
+        UW_DT=shared["UW_DT"], RANK_PREC="tf32" if exact else "ieee")
+
+
+def _merge(comp, part_o, part_rank, part_lse, out, lse, shared) -> None:
+    """Every partial merged, W_v applied once per sequence."""
+    batch, heads, queries, head_dim = out.shape
     splits = part_rank.shape[3]
     part_dense = part_o[:, :, :, 0]
-    _dense_segment_kernel[(batch, kv_heads)](
-        q, q_pos, dense.k, dense.v, dense.pos, dense.length, dense_logits, part_dense, part_lse,
-        *q.stride(), *q_pos.stride(), *dense.k.stride(), *dense.v.stride(), *dense.pos.stride(),
-        *dense.length.stride(), *dense_logits.stride(), *part_dense.stride(), *part_lse.stride(),
-        head_dim, splits, scale * common.LOG2E,
-        GROUP=group, N_QUERIES=queries, BLOCK_G=common.block(group * queries), BLOCK_D=shared["BLOCK_D"],
-        QK_DT=shared["QK_DT"], BLOCK_N=DENSE_BLOCK_N, STORE_LOGITS=store_logits,
-        num_warps=dense_warps(dense.k.element_size(), shared["BLOCK_D"]), num_stages=2)
     _merge_rank_kernel[(batch, heads, queries)](
         part_dense, part_rank, part_lse, comp.wv, out, lse,
         *part_dense.stride(), *part_rank.stride(), *part_lse.stride(), *comp.wv.stride(), *out.stride(),
         *lse.stride(), splits, comp.uv.shape[2],
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=shared["BLOCK_D"], BLOCK_RV=common.block(comp.uv.shape[2]))
+        GROUP=shared["GROUP"], HEAD_DIM=head_dim, BLOCK_D=shared["BLOCK_D"], BLOCK_RV=common.block(comp.uv.shape[2]))
 
 
 def dense_warps(elem_bytes: int, block_d: int) -> int:

@@ -265,18 +265,18 @@ def _work(s: Step, kernel_name: str, meta: dict, gpu, *, absorbed: bool, per_kv_
     else:
         part_bytes = b * hq * splits * (d + 1) * 4
     small = "l2" if part_bytes < gpu.l2_bytes / 2 else "hbm"
-    if kernel_name == "_rank_query_kernel":
-        return estimate.Work((estimate.Programs(b * hk, {}),),
-                             b * hq * d * e + b * s.rank_k * hk * d * e + b * hq * s.rank_k * 4,
-                             {"Q": "hbm", "WK": "hbm"}, b * hq * 2 * d * s.rank_k, tokens)
     if kernel_name == "_merge_rank_kernel":
         return estimate.Work((estimate.Programs(b * hq, {"n_splits": splits}),),
                              part_bytes + b * s.rank_v * hk * d * e + b * hq * (d * e + 4),
                              {"PartO": small, "PartRank": small, "PartLse": small, "WV": "l2"}, 0.0, tokens)
-    if kernel_name == "_dense_segment_kernel":
+    if kernel_name in ("_dense_segment_kernel", "_query_dense_kernel"):
+        # _query_dense_kernel (the absorbed kernel's) also makes q~: W_k read once, q~ written.
+        rank_query = kernel_name == "_query_dense_kernel"
+        q_rank_bytes = b * s.rank_k * hk * d * e + b * hq * s.rank_k * 4 if rank_query else 0
         return estimate.Work((estimate.Programs(b * hk, {"d_len": n}),),
-                             dense_bytes + b * n * 4 + b * hq * n * 4 * _stores_logits(meta) + b * hq * (d + 1) * 4,
-                             {"Q": "l2", "QPos": "l2", "DLen": "l2"}, b * hq * n * 4 * d, tokens)
+                             dense_bytes + b * n * 4 + b * hq * n * 4 * _stores_logits(meta) + b * hq * (d + 1) * 4
+                             + q_rank_bytes, {"Q": "l2", "QPos": "l2", "DLen": "l2", "WK": "hbm"},
+                             b * hq * n * 4 * d + (b * hq * 2 * d * s.rank_k if rank_query else 0), tokens)
     if kernel_name in ("_stage1_kernel", "_stage1_absorbed_kernel"):
         block_n = int(meta["BLOCK_N"])
         low_rank = s.low_rank(s.rank_k) if s.partial in ("keys", "both") else s.rank_k
