@@ -364,6 +364,18 @@ def test_the_model_counts_a_second_pass_where_groups_meet_off_chunk():
     assert model._ragged_tiles(shifted, 0, after, 128) == 1
 
 
+def test_mass_programs_fill_one_wave():
+    """The rank-space mass kernel's span: the shortest, from MASS_SPAN up by
+    powers of two, whose grid fits one wave of MASS_PROGRAMS_PER_SM
+    programs an SM (132 SMs: 264 programs); MASS_SPAN on the interpreter."""
+    assert kernel.MASS_PROGRAMS_PER_SM == 2
+    assert kernel.mass_span(32768, 8, 132) == 1024  # 256 programs
+    assert kernel.mass_span(32768, 64, 132) == 8192  # 2048 at 1024 columns, 256 at 8192
+    assert kernel.mass_span(32768, 64, None) == kernel.MASS_SPAN
+    assert kernel.mass_span(100, 512, 132) == 1024  # never past the tokens
+    assert kernel.mass_span(0, 8, 132) == kernel.MASS_SPAN
+
+
 @triton.jit
 def _whole_chunks_probe(Rank, Whole, Range, n, c_lo, rank_max, BLOCK_N: tl.constexpr):
     """The absorbed kernel's split of each tile of [c_lo, n) (kernel._whole_chunks:

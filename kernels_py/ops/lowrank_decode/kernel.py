@@ -84,7 +84,8 @@ INTERPRET_BLOCK_N = 32  # fixed tile under the interpreter (no autotuning there)
 DENSE_BLOCK_N = 32  # tokens per tile of the absorbed kernel's dense segment
 MASS_BLOCK_T = 256  # columns of stored logits per mass program,
 MASS_BLOCK_R = 16  # read for this many rows at a time
-MASS_SPAN = 2048  # compressed columns per rank-space mass program, in U_k tiles of mass_rank_tile's
+MASS_SPAN = 1024  # compressed columns per rank-space mass program at least (mass_span), in mass_rank_tile's tiles
+MASS_PROGRAMS_PER_SM = 2  # rank-space mass programs an SM holds (212 registers on 4 warps)
 
 
 @triton.jit
@@ -1260,12 +1261,13 @@ def _rank_space_masses(q_pos, comp, logits, lse, mass_comp, mass_dense, dense_le
     slots = mass_dense.shape[1]
     block_t, warps = mass_rank_tile(common.block(rows), common.block(comp.uk.shape[2]), uw_dt)
     if tokens:
-        _mass_rank_kernel[(batch, triton.cdiv(tokens, MASS_SPAN))](
+        span = mass_span(tokens, batch, splitk.sm_count(q_pos.device))
+        _mass_rank_kernel[(batch, triton.cdiv(tokens, span))](
             lse, mass_comp, comp.length, q_rank, comp.uk, comp.rank_k, comp.pos, q_pos,
             *lse.stride(), *mass_comp.stride(), *comp.length.stride(), *q_rank.stride(), *comp.uk.stride(),
             *comp.rank_k.stride(), *comp.pos.stride(), *q_pos.stride(),
             tokens, rows, 1.0 / rows, scale * common.LOG2E, comp.uk.shape[2],
-            N_QUERIES=queries, SPAN=MASS_SPAN, BLOCK_T=block_t, BLOCK_ROWS=common.block(rows),
+            N_QUERIES=queries, SPAN=span, BLOCK_T=block_t, BLOCK_ROWS=common.block(rows),
             BLOCK_RK=common.block(comp.uk.shape[2]), UW_DT=uw_dt, num_warps=warps, num_stages=3)
     if slots:
         _mass_kernel[(batch, triton.cdiv(slots, MASS_BLOCK_T))](
@@ -1274,6 +1276,18 @@ def _rank_space_masses(q_pos, comp, logits, lse, mass_comp, mass_dense, dense_le
             *comp.length.stride(), *dense_length.stride(),
             tokens, tokens + slots, rows, 1.0 / rows,
             N_QUERIES=queries, BLOCK_R=MASS_BLOCK_R, BLOCK_T=MASS_BLOCK_T, DENSE_ONLY=True)
+
+
+def mass_span(tokens: int, batch: int, sms: int | None) -> int:
+    """Compressed columns per _mass_rank_kernel program: the fewest, from
+    MASS_SPAN up by powers of two, that keep the grid within one wave of
+    MASS_PROGRAMS_PER_SM programs an SM; each program loads its rows' q~
+    and LSEs once, so longer spans pay that less often. MASS_SPAN on the
+    interpreter (sms None). The launcher and the op's model both ask here."""
+    span = MASS_SPAN
+    while sms and batch * -(-tokens // span) > MASS_PROGRAMS_PER_SM * sms and span < tokens:
+        span *= 2
+    return span
 
 
 def mass_rank_tile(block_rows: int, block_rk: int, uw_dt) -> tuple[int, int]:

@@ -342,7 +342,7 @@ def _work(s: Step, kernel_name: str, meta: dict, gpu, *, absorbed: bool, per_kv_
         return estimate.Work((estimate.Programs(grid, {"n_rows": hq}),), b * hq * cols * 4 + b * cols * 4 + b * hq * 4,
                              levels, 0.0, tokens)
     if kernel_name == "_mass_rank_kernel":
-        span = kernel.MASS_SPAN
+        span = kernel.mass_span(t, b, gpu.sms)
         programs = [estimate.Programs(b * (t // span), {"lo": 0, "hi": span})]
         if t % span:
             programs.append(estimate.Programs(b, {"lo": 0, "hi": t % span}))
