@@ -319,7 +319,7 @@ def _poison_rank_tails(comp: CompressedKV, chunk: float | None = 1e4) -> Compres
 
 @pytest.mark.parametrize("layout", ["whole_chunks", "one_rank", "groups_meet", "random"])
 def test_absorbed_kernels_by_rank_layout(layout, device):
-    """The absorbed kernels feed a tile's U to the MMAs as loaded when each
+    """The absorbed kernel feeds a tile's U to the MMAs as loaded when each
     token's rank is a whole number of 16-column chunks, the factor's width
     or the tile's top rank (whose tail past the rank q~ and a column mask
     drop), and take the other tokens in a second pass that zeroes each
@@ -379,7 +379,8 @@ def test_mass_programs_fill_one_wave():
 @triton.jit
 def _whole_chunks_probe(Rank, Whole, Range, n, c_lo, rank_max, BLOCK_N: tl.constexpr):
     """The absorbed kernel's split of each tile of [c_lo, n) (kernel._whole_chunks:
-    Whole) and the range its second loop walks (kernel._ragged_range: Range)."""
+    Whole) and the range its second loop walks (kernel._note_refused and
+    kernel._ragged_range: Range)."""
     ragged_lo = tl.zeros([BLOCK_N], dtype=tl.int32) + n
     ragged_hi = tl.zeros([BLOCK_N], dtype=tl.int32) + c_lo
     for start in range(c_lo, n, BLOCK_N):
@@ -388,8 +389,7 @@ def _whole_chunks_probe(Rank, Whole, Range, n, c_lo, rank_max, BLOCK_N: tl.const
         rank = tl.load(Rank + offs_n, mask=tok_mask, other=0)
         whole = kernel._whole_chunks(rank, tl.max(rank, 0), rank_max)
         tl.store(Whole + offs_n, whole.to(tl.int32), mask=tok_mask)
-        ragged_lo = tl.minimum(ragged_lo, tl.where(tok_mask & ~whole, offs_n, n))
-        ragged_hi = tl.maximum(ragged_hi, tl.where(tok_mask & ~whole, offs_n + 1, c_lo))
+        ragged_lo, ragged_hi = kernel._note_refused(ragged_lo, ragged_hi, tok_mask & ~whole, offs_n, c_lo, n)
     lo, hi = kernel._ragged_range(ragged_lo, ragged_hi, c_lo, BLOCK_N)
     tl.store(Range + tl.arange(0, 2), tl.where(tl.arange(0, 2) == 0, lo, hi))
 

@@ -490,6 +490,14 @@ def _whole_chunks(rank, top, rank_max):
 
 
 @triton.jit
+def _note_refused(ragged_lo, ragged_hi, refused, offs_n, c_lo, c_hi):
+    """ragged_lo / ragged_hi [BLOCK_N] widened by a tile's tokens
+    _whole_chunks refused (they start at c_hi / c_lo: none yet)."""
+    return (tl.minimum(ragged_lo, tl.where(refused, offs_n, c_hi)),
+            tl.maximum(ragged_hi, tl.where(refused, offs_n + 1, c_lo)))
+
+
+@triton.jit
 def _ragged_range(ragged_lo, ragged_hi, c_lo, BLOCK_N: tl.constexpr):
     """The tiles from the first to the last that held a token _whole_chunks
     refused ([lo, hi): empty when there was none), tile-aligned from c_lo."""
@@ -631,8 +639,7 @@ def _stage1_absorbed_kernel(
             q_rank, q_pos, row_mask, UK_b, UV_b, CPos_b, RankK_b, RankV_b, offs_n, c_hi, offs_rk, offs_rv,
             rank_k_max, rank_v_max, qk_scale, m_i, l_i, acc_rank, stride_cpn, stride_rkn, stride_rvn,
             stride_ukn, stride_ukr, stride_uvn, stride_uvr, UW_DT, False)
-        ragged_lo = tl.minimum(ragged_lo, tl.where(ragged, offs_n, c_hi))
-        ragged_hi = tl.maximum(ragged_hi, tl.where(ragged, offs_n + 1, c_lo))
+        ragged_lo, ragged_hi = _note_refused(ragged_lo, ragged_hi, ragged, offs_n, c_lo, c_hi)
     r_lo, r_hi = _ragged_range(ragged_lo, ragged_hi, c_lo, BLOCK_N)
     for ragged_start in tl.range(r_lo, r_hi, BLOCK_N, num_stages=1):  # rare: not worth shared memory
         offs_n = ragged_start + tl.arange(0, BLOCK_N)
@@ -1154,7 +1161,7 @@ def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, wor
     if absorbed:  # the dense segment first: it makes q~ for stage 1
         _dense_segment(q, q_pos, comp, dense, dense_logits, part_o, part_lse, q_rank, shared, scale,
                        store_logits=mass)
-        _absorbed_stage1(q, q_pos, comp, part_rank, part_lse, q_rank, shared, scale, tune, grid, block_n)
+        _absorbed_stage1(q_pos, comp, part_rank, part_lse, q_rank, shared, scale, tune, grid, block_n)
     else:
         rope_step = 0.0 if rope_base is None else -2.0 * math.log2(rope_base) / head_dim
         block_r = min(common.block(comp.uk.shape[2]), rank_chunk or MAX_BLOCK_R)
@@ -1188,7 +1195,7 @@ def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, wor
     return DecodeOutput(out, lse, mass_comp, mass_dense)
 
 
-def _absorbed_stage1(q, q_pos, comp, part_rank, part_lse, q_rank, shared, scale, tune, grid, block_n) -> None:
+def _absorbed_stage1(q_pos, comp, part_rank, part_lse, q_rank, shared, scale, tune, grid, block_n) -> None:
     """The absorbed kernel's compressed segment: the splits in rank space
     (q~ made by _query_dense_kernel, launched first)."""
     kv_heads, group, queries = shared["KV_HEADS"], shared["GROUP"], shared["N_QUERIES"]
