@@ -29,6 +29,7 @@ left as it was. A point whose kernels compile to other code today is
 stale: kept, listed, held to no band.
 """
 
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -150,7 +151,9 @@ def check_measured(gpu: estimate.GPU = estimate.H100, records: list[dict] | None
     chose there (every kernel not autotuned as the estimate predicts), with
     today's kernels. A point holds while its kernels compile to the code it
     measured (the record's "code", code_digest): one whose code changed since
-    is `stale`, listed with today's band but evidence for none of it."""
+    is `stale`, listed with today's band but evidence for none of it; so is
+    one whose chosen config is no config of today's kernel (the band is then
+    today's predicted pick's)."""
     from kernels_py.ops import OPS, report
 
     rows = []
@@ -173,6 +176,10 @@ def check_measured(gpu: estimate.GPU = estimate.H100, records: list[dict] | None
             return chosen.get(kernel, label) == label
 
         compiled = report.Compiled(impl, step, gpu.arch, select=select)
+        gone = [k for k in chosen if not any(entry["kernel"] == k for entry, _ in compiled.entries)]
+        if gone:  # the config it measured is none of today's: the kernel changed, so estimate today's pick
+            chosen = {k: v for k, v in chosen.items() if k not in gone}
+            compiled = report.Compiled(impl, step, gpu.arch, select=functools.partial(select, chosen=chosen))
         flash_us = estimate.flash_us(model.flash_bytes(step), gpu)
         band = report.estimate_implementation(impl, step, compiled, gpu, flash_us)
         opt, cons, got = band["optimistic_us"] / 1e3, band["conservative_us"] / 1e3, record["measured_ms"]
@@ -182,7 +189,7 @@ def check_measured(gpu: estimate.GPU = estimate.H100, records: list[dict] | None
                      "measured_ms": got, "optimistic_ms": opt, "conservative_ms": cons,
                      "optimistic_ratio": opt / got, "conservative_ratio": cons / got,
                      "inside": opt <= got <= cons, "known_miss": KNOWN_MISSES.get(name),
-                     "stale": record["code"] != code_digest(compiled, band)})
+                     "stale": bool(gone) or record["code"] != code_digest(compiled, band)})
     return rows
 
 

@@ -366,12 +366,16 @@ def test_measured_points_lie_in_their_bands(report):
     assert len(points) >= 9 and len(rows) == len(points)
     assert {r["point"] for r in rows} >= set(calibration.KNOWN_MISSES)
     current = [r["point"] for r in rows if not r["stale"]]
-    assert len(current) >= 6, f"only {current} compile to the code they measured (another Triton?)"
+    assert len(current) >= 5, f"only {current} compile to the code they measured (another Triton?)"
     assert not [r for r in rows if r["stale"] and r["point"] in calibration.KNOWN_MISSES], \
         "a known miss whose code changed since: measure it again or drop it from KNOWN_MISSES"
     # The absorbed kernel's 08bf22f+ points measured the code before its
     # loads kept whole 16-column chunks: stale until measured again.
     assert all(r["stale"] for r in rows if r["commit"] == "08bf22f+" and "absorbed" in r["point"])
+    # The quantized decode's measured the code before codes were packed as
+    # channel pairs; the config they measured is no config of today's kernel.
+    quant = [r for r in rows if r["commit"] == "08bf22f+" and r["point"].startswith("quant_decode")]
+    assert len(quant) == 2 and all(r["stale"] for r in quant)
     lines = []
     for r in rows:
         line = (f"{r['point']}: measured {r['measured_ms']:.3f} ms, band {r['optimistic_ms']:.3f}.."
@@ -480,6 +484,21 @@ def test_no_config_that_spills_at_the_benchmark_shape_can_be_chosen(report):
     # Both low-rank stage-1 kernels (with and without the masses), the quantized one and the fp8 one (two scale
     # granularities), at batch 8 and 64.
     assert tuned == {"lowrank_decode": 8, "quant_decode": 2, "fp8_decode": 4}
+
+
+def test_the_quantized_decode_unpacks_without_shuffles(report):
+    """The quantized decode's tiles unpack in the registers of the threads
+    that loaded their words (kv_quant's channel-pair layout, rows in
+    tile_slots order) and reach the MMAs through one vectorized store and
+    ldmatrix: at 32K tokens it issues under 400 warp-instructions a token
+    (609 when pairs were joined, permuted and stored to shared memory 16
+    bits at a time) and under 50 of them shared-memory ones (79 then)."""
+    for res in (r for r in report["estimates"] if r["op"] == "quant_decode"):
+        band = next(b for b in res["implementations"] if b["implementation"] == "quantized (4/2-bit)")
+        stage1 = next(k for k in band["kernels"] if k["kernel"] == "_stage1_kernel")
+        picked = next(c for c in stage1["configs"] if c["picked"])
+        assert picked["instructions_per_token"] < 400, picked["instructions_per_token"]
+        assert picked["by_class_per_token"]["shared"] < 50, picked["by_class_per_token"]
 
 
 def test_the_fused_kernel_is_seen_as_its_code_stands(report):

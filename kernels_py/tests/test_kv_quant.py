@@ -11,7 +11,7 @@ import triton.language as tl
 from kernels_py.ops import common, kv_quant
 from kernels_py.ops.kv_quant import reference as ref
 from kernels_py.ops.kv_quant.cases import error_over_bound, random_kv
-from kernels_py.ops.kv_quant.kernel import code_pairs, dequantize_keys, dequantize_values, key_scales, load_tile
+from kernels_py.ops.kv_quant.kernel import code_pairs, dequantize_keys, dequantize_values, load_tile, tile_slots
 
 FIELDS = ("k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero", "pos", "length")
 
@@ -44,22 +44,33 @@ def test_kernel_packs_the_reference_bytes_and_round_trips(bits, group, dtype, de
 
 
 def test_layout_on_a_hand_made_example():
-    """4-bit, group 32, one channel ramping 0..15 over slots 0..15 then 15..0:
-    codes equal the ramp, packed 8 slots to a word, slot 8w + i at bits 4i;
-    values per token: token t's channels ramp too."""
+    """4-bit, group 32: even channels ramp 0..15 over slots 0..15 then back,
+    odd channels the other way, so codes equal the ramps. Word (w, half * 16
+    + j) holds slots 8w + 4half + i of channels 2j (bits 4i) and 2j + 1 (16
+    + 4i); values per token, channel c's code c % 16, packed alike."""
     slots, dim = 32, 32
     ramp = torch.cat([torch.arange(16.0), torch.arange(15.0, -1.0, -1.0)])
-    k = ramp[None, None, :, None].expand(1, 1, slots, dim).contiguous()
+    even = torch.arange(dim) % 2 == 0
+    k = torch.where(even[None, :], ramp[:, None], 15.0 - ramp[:, None])[None, None].contiguous()
     v = torch.arange(dim, dtype=torch.float32).remainder(16)[None, None, None, :].expand(1, 1, slots, dim).contiguous()
     pos = torch.arange(slots, dtype=torch.int32)[None]
     seg = ref.quantize(k, v, pos, torch.tensor([slots]), bits=4, group=32)
-    assert seg.k_scale[0, 0, 0, 0] == 1.0 and seg.k_zero[0, 0, 0, 0] == 0.0
-    words = seg.k_codes[0, 0, :, 0].tolist()  # 4 words of 8 slots
-    expected = [sum(int(ramp[8 * w + i]) << (4 * i) for i in range(8)) for w in range(4)]
-    assert [w & 0xFFFFFFFF for w in words] == expected
-    assert seg.k_codes.shape == (1, 1, 4, dim) and seg.v_codes.shape == (1, 1, slots, dim // 8)
-    assert [w & 0xFFFFFFFF for w in seg.v_codes[0, 0, 0].tolist()] == [0x76543210, 0xFEDCBA98] * 2
-    assert seg.nbytes == 4 * dim * 4 + 2 * dim * 2 + slots * (dim // 8) * 4 + 2 * slots * 2
+    assert seg.k_scale[0, 0, 0].eq(1.0).all() and seg.k_zero[0, 0, 0].eq(0.0).all()
+    assert seg.k_codes.shape == seg.v_codes.shape == (1, 1, 4, dim)
+
+    def word(lo_codes, hi_codes):
+        return sum(int(c) << (4 * i) for i, c in enumerate(lo_codes)) + \
+            sum(int(c) << (16 + 4 * i) for i, c in enumerate(hi_codes))
+
+    for w in range(4):
+        for half in range(2):
+            s = ramp[8 * w + 4 * half:][:4]
+            assert seg.k_codes[0, 0, w, half * 16] & 0xFFFFFFFF == word(s, 15 - s), (w, half)
+            for j in (0, 1, 9):
+                assert seg.v_codes[0, 0, w, half * 16 + j] & 0xFFFFFFFF == \
+                    word([2 * j % 16] * 4, [(2 * j + 1) % 16] * 4), (w, half, j)
+    assert seg.v_codes[0, 0, 0, 1] & 0xFFFFFFFF == 0x33332222
+    assert seg.nbytes == 4 * dim * 4 + 2 * dim * 2 + 4 * dim * 4 + 2 * slots * 2
 
 
 def test_padding_does_not_widen_ranges(device):
@@ -116,7 +127,7 @@ def _code_pairs_kernel(Words, Out, BITS: tl.constexpr, N: tl.constexpr, DT: tl.c
     H: tl.constexpr = 16 // BITS
     shifts = tl.arange(0, H) * BITS
     pair = code_pairs(tl.load(Words + tl.arange(0, N))[:, None] >> shifts[None, :], BITS, DT)  # [N, H, 2]
-    slot = tl.arange(0, H)[None, :, None] + tl.arange(0, 2)[None, None, :] * H  # a pair holds slots i, i + H
+    slot = tl.arange(0, H)[None, :, None] + tl.arange(0, 2)[None, None, :] * H  # a pair: bit fields i, H + i
     tl.store(Out + tl.arange(0, N)[:, None, None] * (2 * H) + slot, pair.to(tl.float32))
 
 
@@ -145,53 +156,46 @@ def test_code_pairs_unpack_every_code_exactly(bits, dtype, device):
 
 @triton.jit
 def _decode_tile_kernel(KC, KS, KZ, VC, VS, VZ, KOut, VOut,
-                        stride_kcw, stride_kcd, stride_ksg, stride_ksd, stride_vcn, stride_vcw, stride_vsn,
+                        stride_kcw, stride_kcd, stride_ksg, stride_ksd, stride_vcw, stride_vcd, stride_vsn,
                         stride_vsg, head_dim, BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_D: tl.constexpr, BLOCK_W: tl.constexpr, DT: tl.constexpr,
-                        SCALE_PER_WORD: tl.constexpr):
-    """A decode kernel's view of one sequence's tiles: load_tile, key_scales,
-    dequantize_keys/_values, stored as float32 [slots, BLOCK_D]."""
+                        BLOCK_D: tl.constexpr, DT: tl.constexpr):
+    """A decode kernel's view of one sequence's tiles: load_tile,
+    dequantize_keys/_values, each row stored as float32 at its slot
+    (tile_slots) of [slots, BLOCK_D]."""
     start = tl.program_id(0) * BLOCK_N
-    offs_n = start + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < head_dim
-    k_words, v_words, v_scale, v_zero = load_tile(
-        KC, VC, VS, VZ, start, True, offs_n, offs_d, d_mask, stride_kcw, stride_kcd, stride_vcn, stride_vcw,
-        stride_vsn, stride_vsg, head_dim, BITS, GROUP, BLOCK_N, BLOCK_D, BLOCK_W, SCALE_PER_WORD)
-    k_scale, k_zero = key_scales(KS, KZ, start, offs_d, d_mask, stride_ksg, stride_ksd, GROUP)
-    k = dequantize_keys(k_words, k_scale, k_zero, BITS, BLOCK_N, BLOCK_D, DT)
-    v = dequantize_values(v_words, v_scale, v_zero, BITS, GROUP, BLOCK_N, BLOCK_D, BLOCK_W, DT, SCALE_PER_WORD)
-    out = offs_n[:, None] * BLOCK_D + offs_d[None, :]
+    k_words, k_scale, k_zero, v_words, v_scale, v_zero = load_tile(
+        KC, KS, KZ, VC, VS, VZ, start, True, stride_kcw, stride_kcd, stride_ksg, stride_ksd, stride_vcw, stride_vcd,
+        stride_vsn, stride_vsg, head_dim, BITS, GROUP, BLOCK_N, BLOCK_D)
+    k = dequantize_keys(k_words, k_scale, k_zero, BITS, BLOCK_N, BLOCK_D, DT, False)
+    v = dequantize_values(v_words, v_scale, v_zero, BITS, GROUP, BLOCK_N, BLOCK_D, DT, False)
+    out = (start + tile_slots(BITS, BLOCK_N))[:, None] * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
     tl.store(KOut + out, k.to(tl.float32))
     tl.store(VOut + out, v.to(tl.float32))
 
 
-@pytest.mark.parametrize("per_word", [False, True], ids=["scale-per-group", "scale-per-word"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 @pytest.mark.parametrize("group", [32, 64, 128])
 @pytest.mark.parametrize("bits", [2, 4])
-def test_decode_tiles_dequantize_as_the_reference(bits, group, dtype, per_word, device):
-    """The device functions quant_decode builds its tiles with (every value
-    scale layout the autotuner may pick; the decode tests run one), on 64-slot
-    tiles where the group allows: the reference's float32 values exactly, or
-    within the fp16 roundings of the product and the sum when the dot takes
-    fp16."""
+def test_decode_tiles_dequantize_as_the_reference(bits, group, dtype, device):
+    """The device functions quant_decode builds its tiles with, on 64-slot
+    tiles where the group allows: the reference's float32 values exactly,
+    every slot in the row tile_slots gives it, or within the fp16 roundings
+    of the product and the sum when the dot takes fp16."""
     head_dim, block_n = 96 if group == 32 else 128, min(64, group)
     k, v, pos, length = random_kv(batch=1, kv_heads=1, slots=2 * group, head_dim=head_dim, lengths=[2 * group],
                                   dtype=torch.float32, seed=bits * group)
     seg = kv_quant.quantize(k.to(device), v.to(device), pos.to(device), length.to(device), bits=bits, group=group)
     want_k, want_v = (t[0, 0].cpu() for t in ref.dequantize(seg.to("cpu")))
     block_d = triton.next_power_of_2(head_dim)
-    got_k = torch.zeros(2 * group, block_d, device=device)
-    got_v = torch.zeros_like(got_k)
+    got_k = torch.full((2 * group, block_d), float("nan"), device=device)
+    got_v = torch.full_like(got_k, float("nan"))
     first = lambda t: t[0, 0]  # noqa: E731
     _decode_tile_kernel[(2 * group // block_n,)](
         first(seg.k_codes), first(seg.k_scale), first(seg.k_zero), first(seg.v_codes), first(seg.v_scale),
         first(seg.v_zero), got_k, got_v, *first(seg.k_codes).stride(), *first(seg.k_scale).stride(),
         *first(seg.v_codes).stride(), *first(seg.v_scale).stride(), head_dim,
         BITS=bits, GROUP=group, BLOCK_N=block_n, BLOCK_D=block_d,
-        BLOCK_W=triton.next_power_of_2(head_dim // (32 // bits)),
-        DT=tl.float32 if dtype == torch.float32 else tl.float16, SCALE_PER_WORD=per_word)
+        DT=tl.float32 if dtype == torch.float32 else tl.float16)
     zeros = (first(seg.k_zero).float().cpu().repeat_interleave(group, 0),
              first(seg.v_zero).float().cpu().repeat_interleave(group, 1))
     for got, want, zero in ((got_k, want_k, zeros[0]), (got_v, want_v, zeros[1])):

@@ -16,22 +16,28 @@ the fp16 rounding of scale and zero.
 Layout of a segment of T slots (T a multiple of G) for B sequences, H kv
 heads, head_dim D, b bits and P = 32 / b codes per int32 word:
 
-  k_codes  int32 [B, H, T / P, D]  word w of channel d holds slots
-           w*P .. w*P + P - 1, slot w*P + i at bits [i*b, (i+1)*b)
+  k_codes, v_codes  int32 [B, H, T / P, D]  keys and values packed alike:
+           word (w, half * D/2 + j) holds the P/2 slots w*P + half*P/2 + i
+           (i < P/2) of the channel pair 2j, 2j + 1; channel 2j's code at
+           bits [i*b, (i+1)*b), channel 2j + 1's 16 bits higher
   k_scale, k_zero  fp16 [B, H, T / G, D]  one pair per (group of slots, channel)
-  v_codes  int32 [B, H, T, D / P]  word w of slot t holds channels w*P + i
   v_scale, v_zero  fp16 [B, H, T, D / G]  one pair per (slot, group of channels)
   pos      int32 [B, T]  the absolute position of each slot's token;
            PAD_POS marks a padding slot (never attended, codes 0)
   length   int [B]  slots in use, a multiple of G (appends fill whole groups,
            padding the last one)
 
-So a tile of BLOCK_N <= G slots (BLOCK_N dividing G) is inside one key group:
-a decode kernel reads its keys as BLOCK_N / P rows of D contiguous words and
-one row of scales and zeros, its values as BLOCK_N rows of D / P contiguous
-words. Tokens of one bit width live in one segment, so every tile has one
-bit width; a mixed-precision cache is several segments (ZipVL: important
-tokens in a 4-bit one, the others in a 2-bit one).
+A word's two 16-bit halves hold neighbouring channels of one slot, the pair
+an fp16 MMA operand register holds, so a decode kernel makes a word's P/2
+channel pairs with a shift, a mask and an OR each (the magic-number trick,
+kv_quant.kernel.code_pairs) and never reorders a code. How codes are packed
+is independent of how their ranges are grouped (keys per channel, values
+per token). A tile of BLOCK_N <= G slots (BLOCK_N dividing G) is inside one
+key group: a decode kernel reads its keys and its values as BLOCK_N / P rows
+of D contiguous words each, and one row of key scales and zeros. Tokens of
+one bit width live in one segment, so every tile has one bit width; a
+mixed-precision cache is several segments (ZipVL: important tokens in a
+4-bit one, the others in a 2-bit one).
 """
 
 from dataclasses import dataclass, fields
@@ -104,7 +110,7 @@ def shapes(batch: int, kv_heads: int, slots: int, head_dim: int, bits: int, grou
     """The shape of every tensor of a segment."""
     p = per_word(bits)
     return {"k_codes": (batch, kv_heads, slots // p, head_dim), "k_scale": (batch, kv_heads, slots // group, head_dim),
-            "k_zero": (batch, kv_heads, slots // group, head_dim), "v_codes": (batch, kv_heads, slots, head_dim // p),
+            "k_zero": (batch, kv_heads, slots // group, head_dim), "v_codes": (batch, kv_heads, slots // p, head_dim),
             "v_scale": (batch, kv_heads, slots, head_dim // group),
             "v_zero": (batch, kv_heads, slots, head_dim // group),
             "pos": (batch, slots), "length": (batch,)}

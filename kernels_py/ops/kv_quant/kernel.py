@@ -8,9 +8,11 @@ reinterpreting the bits; subtracting 2^23 leaves c exactly. That is a LOP3
 and an FADD per element instead of an integer-to-float conversion (a
 quarter-rate instruction), the magic-number trick of BitDecoding and QServe.
 Where the dot takes 16-bit operands, code_pairs does the same in fp16
-(0x6400 = 1024.0) or bf16 (0x4300 = 128.0), two codes of a word at a time,
-and the multiply-add by scale and zero runs in that dtype, two elements to
-an instruction.
+(0x6400 = 1024.0) or bf16 (0x4300 = 128.0) on both halves of a word at
+once, and the multiply-add by scale and zero runs in that dtype, two
+elements to an instruction. The layout (contract.py) puts neighbouring
+channels in a word's halves, so each pair comes out where the tile needs
+it: nothing is permuted or shuffled between threads.
 
 Reference: reference.py beside this file (identical float operations, so
 the packed bytes match exactly).
@@ -20,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels_py.ops.kv_quant.contract import PAD_POS, QuantKV, check_segment, per_word, shapes
+from kernels_py.ops.kv_quant.contract import PAD_POS, QuantKV, check_segment, shapes
 from kernels_py.ops.kv_quant.reference import check_kv
 
 # Globals a kernel reads must be constexprs.
@@ -36,23 +38,23 @@ def codes_to_float(codes):
 
 
 @triton.jit
-def unpack_key_tile(words, BITS: tl.constexpr, WORDS: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Key words [WORDS, BLOCK_D] (each holds 32 / BITS consecutive slots of a
-    channel) -> codes [WORDS * 32 / BITS, BLOCK_D], slot-major."""
-    P: tl.constexpr = 32 // BITS
-    shifts = tl.arange(0, P) * BITS
-    codes = (words[:, None, :] >> shifts[None, :, None]) & ((1 << BITS) - 1)
-    return tl.reshape(codes, [WORDS * P, BLOCK_D])
+def split_pairs(shifted, BITS: tl.constexpr):
+    """Packed words already shifted right by i * BITS (int32, any shape) ->
+    int32 codes [..., 2]: the code at bits [0, BITS) (an even channel) and
+    the one at bits [16, 16 + BITS) (the odd channel beside it)."""
+    t = shifted & (((1 << BITS) - 1) * 0x10001)
+    return tl.join(t & 0xFFFF, t >> 16)
 
 
 @triton.jit
-def unpack_value_tile(words, BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):
-    """Value words [BLOCK_N, BLOCK_W] (each holds 32 / BITS consecutive
-    channels of a slot) -> codes [BLOCK_N, BLOCK_W * 32 / BITS]."""
-    P: tl.constexpr = 32 // BITS
-    shifts = tl.arange(0, P) * BITS
-    codes = (words[:, :, None] >> shifts[None, None, :]) & ((1 << BITS) - 1)
-    return tl.reshape(codes, [BLOCK_N, BLOCK_W * P])
+def pack_pairs(codes, BITS: tl.constexpr):
+    """int32 codes [R, H, 2] (H = 16 / BITS; the last axis a channel pair) ->
+    words [R]: pair i's even channel at bits [i*BITS, (i+1)*BITS), its odd
+    channel 16 bits higher. The fields are disjoint, so summing is OR-ing
+    (the top one may set the sign bit: the 32 bits are what matter)."""
+    H: tl.constexpr = 16 // BITS
+    shifts = tl.arange(0, H)[:, None] * BITS + tl.arange(0, 2)[None, :] * 16
+    return tl.sum(tl.sum(codes << shifts[None, :, :], 2), 1)
 
 
 @triton.jit
@@ -86,8 +88,10 @@ def _quantize_keys_kernel(
     BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """One program per (sequence x kv head, group of GROUP slots): per-channel
-    ranges over the group, codes packed 32 / BITS slots to a word."""
-    P: tl.constexpr = 32 // BITS
+    ranges over the group, codes packed 16 / BITS slots of a channel pair to
+    a word (contract.py)."""
+    H: tl.constexpr = 16 // BITS
+    HALF_D: tl.constexpr = BLOCK_D // 2
     bh = tl.program_id(0)
     b = (bh // heads).to(tl.int64)
     h = bh % heads
@@ -101,11 +105,13 @@ def _quantize_keys_kernel(
     x = tl.load(K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
                 mask=valid[:, None] & d_mask[None, :], other=0.0).to(tl.float32)
     scale, zero, codes = _scale_and_codes(x, valid[:, None] & d_mask[None, :], 0, BITS)
-    shifts = tl.arange(0, P) * BITS
-    words = tl.sum(tl.reshape(codes, [GROUP // P, P, BLOCK_D]) << shifts[None, :, None], 1)
-    offs_w = g * (GROUP // P) + tl.arange(0, GROUP // P)
-    tl.store(Codes + b * stride_cb + h * stride_ch + offs_w[:, None] * stride_cw + offs_d[None, :] * stride_cd,
-             words, mask=d_mask[None, :])
+    # [slot row, slot in row, channel pair, channel in pair] -> rows of pairs
+    pairs = tl.permute(tl.reshape(codes, [GROUP // H, H, HALF_D, 2]), (0, 2, 1, 3))
+    words = tl.reshape(pack_pairs(tl.reshape(pairs, [GROUP // H * HALF_D, H, 2]), BITS), [GROUP // H, HALF_D])
+    row = g * (GROUP // H) + tl.arange(0, GROUP // H)
+    offs_j = tl.arange(0, HALF_D)
+    tl.store(Codes + b * stride_cb + h * stride_ch + word_offsets(row, offs_j, head_dim, stride_cw, stride_cd),
+             words, mask=offs_j[None, :] < head_dim // 2)
     row = b * stride_sb + h * stride_sh + g * stride_sg + offs_d * stride_sd
     tl.store(Scale + row, scale, mask=d_mask)
     tl.store(Zero + row, zero, mask=d_mask)
@@ -116,15 +122,16 @@ def _quantize_values_kernel(
     V, Pos, Len, Codes, Scale, Zero,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_pb, stride_pn, stride_lb,
-    stride_cb, stride_ch, stride_cn, stride_cw,
+    stride_cb, stride_ch, stride_cw, stride_cd,
     stride_sb, stride_sh, stride_sn, stride_sg,
-    heads, slots,
+    heads, slots, head_dim,
     BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """One program per (sequence x kv head, block of BLOCK_N slots, group of
-    GROUP channels): per-token ranges over the group, codes packed 32 / BITS
-    channels to a word."""
-    P: tl.constexpr = 32 // BITS
+    GROUP channels): per-token ranges over the group, codes packed as the
+    keys' are, 16 / BITS slots of a channel pair to a word (contract.py)."""
+    H: tl.constexpr = 16 // BITS
+    R: tl.constexpr = BLOCK_N // H
     bh = tl.program_id(0)
     b = (bh // heads).to(tl.int64)
     h = bh % heads
@@ -138,11 +145,13 @@ def _quantize_values_kernel(
     x = tl.load(V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
                 mask=valid[:, None], other=0.0).to(tl.float32)
     scale, zero, codes = _scale_and_codes(x, valid[:, None] & (offs_d[None, :] >= 0), 1, BITS)
-    shifts = tl.arange(0, P) * BITS
-    words = tl.sum(tl.reshape(codes, [BLOCK_N, GROUP // P, P]) << shifts[None, None, :], 2)
-    offs_w = g * (GROUP // P) + tl.arange(0, GROUP // P)
-    tl.store(Codes + b * stride_cb + h * stride_ch + offs_n[:, None] * stride_cn + offs_w[None, :] * stride_cw,
-             words, mask=in_range[:, None])
+    # [slot row, slot in row, channel pair, channel in pair] -> rows of pairs
+    pairs = tl.permute(tl.reshape(codes, [R, H, GROUP // 2, 2]), (0, 2, 1, 3))
+    words = tl.reshape(pack_pairs(tl.reshape(pairs, [R * GROUP // 2, H, 2]), BITS), [R, GROUP // 2])
+    row = tl.program_id(1) * R + tl.arange(0, R)
+    offs_j = g * (GROUP // 2) + tl.arange(0, GROUP // 2)
+    tl.store(Codes + b * stride_cb + h * stride_ch + word_offsets(row, offs_j, head_dim, stride_cw, stride_cd),
+             words, mask=(row * H < slots)[:, None])
     row = b * stride_sb + h * stride_sh + offs_n * stride_sn + g * stride_sg
     tl.store(Scale + row, scale, mask=in_range)
     tl.store(Zero + row, zero, mask=in_range)
@@ -153,13 +162,12 @@ def _dequantize_kernel(
     KCodes, KScale, KZero, VCodes, VScale, VZero, Pos, Len, KOut, VOut,
     stride_kcb, stride_kch, stride_kcw, stride_kcd,
     stride_ksb, stride_ksh, stride_ksg, stride_ksd,
-    stride_vcb, stride_vch, stride_vcn, stride_vcw,
+    stride_vcb, stride_vch, stride_vcw, stride_vcd,
     stride_vsb, stride_vsh, stride_vsn, stride_vsg,
     stride_pb, stride_pn, stride_lb,
     stride_ob, stride_oh, stride_on, stride_od,
     heads, head_dim,
     BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_W: tl.constexpr,
 ):
     """One program per (sequence x kv head, tile of BLOCK_N slots inside one
     key group): the tile dequantized in registers as a decode kernel does it,
@@ -168,21 +176,20 @@ def _dequantize_kernel(
     b = (bh // heads).to(tl.int64)
     h = bh % heads
     start = tl.program_id(1) * BLOCK_N
-    offs_n = start + tl.arange(0, BLOCK_N)
+    offs_n = start + tile_slots(BITS, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < head_dim
     length = tl.load(Len + b * stride_lb)
     pos = tl.load(Pos + b * stride_pb + offs_n * stride_pn)
     valid = (offs_n < length) & (pos != PAD)
-    words = load_tile(KCodes + b * stride_kcb + h * stride_kch, VCodes + b * stride_vcb + h * stride_vch,
-                      VScale + b * stride_vsb + h * stride_vsh, VZero + b * stride_vsb + h * stride_vsh,
-                      start, True, offs_n, offs_d, d_mask, stride_kcw, stride_kcd, stride_vcn, stride_vcw,
-                      stride_vsn, stride_vsg, head_dim, BITS, GROUP, BLOCK_N, BLOCK_D, BLOCK_W, False)
-    k_scale, k_zero = key_scales(KScale + b * stride_ksb + h * stride_ksh, KZero + b * stride_ksb + h * stride_ksh,
-                                 start, offs_d, d_mask, stride_ksg, stride_ksd, GROUP)
-    k_words, v_words, v_scale, v_zero = words
-    k = dequantize_keys(k_words, k_scale, k_zero, BITS, BLOCK_N, BLOCK_D, tl.float32)
-    v = dequantize_values(v_words, v_scale, v_zero, BITS, GROUP, BLOCK_N, BLOCK_D, BLOCK_W, tl.float32, False)
+    k_words, k_scale, k_zero, v_words, v_scale, v_zero = load_tile(
+        KCodes + b * stride_kcb + h * stride_kch, KScale + b * stride_ksb + h * stride_ksh,
+        KZero + b * stride_ksb + h * stride_ksh, VCodes + b * stride_vcb + h * stride_vch,
+        VScale + b * stride_vsb + h * stride_vsh, VZero + b * stride_vsb + h * stride_vsh, start, True,
+        stride_kcw, stride_kcd, stride_ksg, stride_ksd, stride_vcw, stride_vcd, stride_vsn, stride_vsg, head_dim,
+        BITS, GROUP, BLOCK_N, BLOCK_D)
+    k = dequantize_keys(k_words, k_scale, k_zero, BITS, BLOCK_N, BLOCK_D, tl.float32, False)
+    v = dequantize_values(v_words, v_scale, v_zero, BITS, GROUP, BLOCK_N, BLOCK_D, tl.float32, False)
     out = b * stride_ob + h * stride_oh + offs_n[:, None] * stride_on + offs_d[None, :] * stride_od
     keep = valid[:, None] & d_mask[None, :]
     tl.store(KOut + out, tl.where(keep, k, 0.0), mask=d_mask[None, :])
@@ -190,44 +197,60 @@ def _dequantize_kernel(
 
 
 @triton.jit
-def load_tile(KC, VC, VS, VZ, start, live, offs_n, offs_d, d_mask, stride_kcw, stride_kcd, stride_vcn, stride_vcw,
-              stride_vsn, stride_vsg, head_dim, BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_D: tl.constexpr, BLOCK_W: tl.constexpr, SCALE_PER_WORD: tl.constexpr):
-    """The packed words and value scales of the tile of slots [start, start +
-    BLOCK_N) of one (sequence, kv head): key words [BLOCK_N / P, BLOCK_D],
-    value words [BLOCK_N, BLOCK_W], and the value scales and zeros, one per
-    slot and channel group: [BLOCK_N, BLOCK_D / GROUP], or with
-    SCALE_PER_WORD the group's pair loaded for each word, [BLOCK_N, BLOCK_W]
-    (more loads, no broadcast in registers: which costs fewer registers
-    depends on the shape, so the autotuner picks). Those past head_dim are 0.
-    Nothing is read unless `live` (0s instead). A tuple, so a loop can issue
-    the next tile's loads before it works on this one (dequantize_keys,
-    _values); the key scales are a row per group, loaded by key_scales where
-    they are used."""
-    P: tl.constexpr = 32 // BITS
-    offs_kw = start // P + tl.arange(0, BLOCK_N // P)
-    k_words = tl.load(KC + offs_kw[:, None] * stride_kcw + offs_d[None, :] * stride_kcd,
-                      mask=d_mask[None, :] & live, other=0)
-    offs_w = tl.arange(0, BLOCK_W)
-    v_words = tl.load(VC + offs_n[:, None] * stride_vcn + offs_w[None, :] * stride_vcw,
-                      mask=(offs_w[None, :] < head_dim // P) & live, other=0)
-    if SCALE_PER_WORD:
-        v_at = offs_n[:, None] * stride_vsn + ((offs_w * P) // GROUP)[None, :] * stride_vsg  # each word's group
-        s_mask = (offs_w[None, :] < head_dim // P) & live
-    else:
-        offs_g = tl.arange(0, BLOCK_D // GROUP)
-        v_at = offs_n[:, None] * stride_vsn + offs_g[None, :] * stride_vsg
-        s_mask = (offs_g[None, :] < head_dim // GROUP) & live
-    v_scale = tl.load(VS + v_at, mask=s_mask, other=0.0)
-    v_zero = tl.load(VZ + v_at, mask=s_mask, other=0.0)
-    return k_words, v_words, v_scale, v_zero
+def word_offsets(row, offs_j, head_dim, stride_w, stride_d):
+    """Offsets [rows, pairs] of code words: the word of row r (16 / BITS
+    slots) and channel pair j is (r // 2, r % 2 * head_dim / 2 + j) of
+    k_codes or v_codes [.., T / P, D] (contract.py)."""
+    return (row // 2)[:, None] * stride_w + ((row % 2) * (head_dim // 2))[:, None] * stride_d \
+        + offs_j[None, :] * stride_d
 
 
 @triton.jit
-def key_scales(KS, KZ, start, offs_d, d_mask, stride_ksg, stride_ksd, GROUP: tl.constexpr):
-    """The key scale and zero [BLOCK_D] of the group holding slot `start`."""
-    k_row = (start // GROUP) * stride_ksg + offs_d * stride_ksd
-    return tl.load(KS + k_row, mask=d_mask, other=0.0), tl.load(KZ + k_row, mask=d_mask, other=0.0)
+def tile_slots(BITS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The slot (from the tile's first) of each row of a dequantized tile:
+    row h * R + r holds slot r * H + h (H = 16 / BITS slots to a word, R =
+    BLOCK_N / H words down a channel pair). A word's H slots unpack in the
+    registers of the thread that loaded it; ordering the rows this way makes
+    them a thread's rows of the tile as Triton lays it out, where slot order
+    would spread them over lanes and shuffle. Attention is the same in any
+    slot order, so callers only load positions in this order."""
+    H: tl.constexpr = 16 // BITS
+    R: tl.constexpr = BLOCK_N // H
+    t = tl.arange(0, BLOCK_N)
+    return (t % R) * H + t // R
+
+
+@triton.jit
+def load_tile(KC, KS, KZ, VC, VS, VZ, start, live, stride_kcw, stride_kcd, stride_ksg, stride_ksd, stride_vcw,
+              stride_vcd, stride_vsn, stride_vsg, head_dim, BITS: tl.constexpr, GROUP: tl.constexpr,
+              BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Everything the tile of slots [start, start + BLOCK_N) of one
+    (sequence, kv head) reads: key words, the key scales and zeros of its
+    group as channel pairs [BLOCK_D / 2, 2], value words (words [BLOCK_N / H,
+    BLOCK_D / 2], each H = 16 / BITS slots of a channel pair), and the value
+    scales and zeros [BLOCK_N / H, BLOCK_D / GROUP, H], one per slot and
+    channel group. Those past head_dim are 0. Nothing is read unless `live`
+    (0s instead). A tuple, so a loop can issue the next tile's loads before
+    it works on this one (dequantize_keys, _values)."""
+    H: tl.constexpr = 16 // BITS
+    R: tl.constexpr = BLOCK_N // H
+    row = start // H + tl.arange(0, R)
+    offs_j = tl.arange(0, BLOCK_D // 2)
+    j_mask = (offs_j[None, :] < head_dim // 2) & live
+    k_words = tl.load(KC + word_offsets(row, offs_j, head_dim, stride_kcw, stride_kcd), mask=j_mask, other=0)
+    v_words = tl.load(VC + word_offsets(row, offs_j, head_dim, stride_vcw, stride_vcd), mask=j_mask, other=0)
+    offs_d = offs_j[:, None] * 2 + tl.arange(0, 2)[None, :]
+    k_at = (start // GROUP) * stride_ksg + offs_d * stride_ksd
+    d_mask = (offs_d < head_dim) & live
+    k_scale = tl.load(KS + k_at, mask=d_mask, other=0.0)
+    k_zero = tl.load(KZ + k_at, mask=d_mask, other=0.0)
+    slot = start + tl.arange(0, R)[:, None] * H + tl.arange(0, H)[None, :]
+    offs_g = tl.arange(0, BLOCK_D // GROUP)
+    v_at = slot[:, None, :] * stride_vsn + offs_g[None, :, None] * stride_vsg
+    s_mask = (offs_g[None, :, None] < head_dim // GROUP) & live
+    v_scale = tl.load(VS + v_at, mask=s_mask, other=0.0)
+    v_zero = tl.load(VZ + v_at, mask=s_mask, other=0.0)
+    return k_words, k_scale, k_zero, v_words, v_scale, v_zero
 
 
 @triton.jit
@@ -237,9 +260,9 @@ def code_pairs(shifted, BITS: tl.constexpr, DT: tl.constexpr):
     BITS) of each, exactly. A mask and an OR put both codes in the mantissas
     of two 16-bit 1024.0s (fp16 0x6400; bf16 128.0, 0x4300) at once and one
     packed subtract takes the offsets off: two codes a shift, two LOP3s and
-    an HADD2, where a code at a time costs a conversion each. Triton cannot
-    reinterpret the word as two halves in place, so the halves are split and
-    joined; ptxas spends about a PRMT a pair on it."""
+    an HADD2, where a code at a time costs a conversion each. The layout
+    keeps two neighbouring channels in a word's halves, so the pairs come
+    out in the order the tile needs: nothing is permuted afterwards."""
     lanes: tl.constexpr = ((1 << BITS) - 1) * 0x10001
     if DT == tl.float16:
         t = (shifted & lanes) | 0x64006400
@@ -254,55 +277,90 @@ def code_pairs(shifted, BITS: tl.constexpr, DT: tl.constexpr):
 
 
 @triton.jit
-def dequantize_keys(k_words, k_scale, k_zero, BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                    DT: tl.constexpr):
-    """Keys [BLOCK_N, BLOCK_D] in DT from load_tile's key words and
-    key_scales' row: codes unpacked and converted in registers, then one
-    multiply-add by scale and zero in DT (float32: exactly
-    reference.dequantize's operations; fp16/bf16: code_pairs, then a single
-    rounding of the same product and sum, two elements to an instruction).
-    Padding slots come out as whatever their zero codes give; callers mask
-    them."""
-    P: tl.constexpr = 32 // BITS
+def _pairs(shifted, BITS: tl.constexpr, DT: tl.constexpr):
+    """The channel pairs of shifted words in DT: float32 exactly as
+    reference.dequantize converts codes, 16-bit by code_pairs."""
     if DT == tl.float32:
-        codes = unpack_key_tile(k_words, BITS, BLOCK_N // P, BLOCK_D)
-        return codes_to_float(codes) * k_scale.to(tl.float32)[None, :] + k_zero.to(tl.float32)[None, :]
+        return codes_to_float(split_pairs(shifted, BITS))
     else:
-        H: tl.constexpr = P // 2
-        shifts = tl.arange(0, H) * BITS
-        pair = code_pairs(k_words[:, None, :] >> shifts[None, :, None], BITS, DT)  # [W, H, D, 2]: slots i, i + H
-        k = pair * k_scale.to(DT)[None, None, :, None] + k_zero.to(DT)[None, None, :, None]
-        return tl.reshape(tl.permute(k, (0, 3, 1, 2)), [BLOCK_N, BLOCK_D])
+        return code_pairs(shifted, BITS, DT)
+
+
+@triton.jit
+def _shifted_copies(words, BITS: tl.constexpr):
+    """Words [R, J] -> [R, J, H] (H = 16 / BITS), copy h shifted right by h *
+    BITS: pair h of every word at bits 0 and 16. The copies are joins, which
+    add a dimension held in the registers of the thread that loaded the
+    word; a broadcast would get a layout of its own and move data."""
+    H: tl.constexpr = 16 // BITS
+    x = tl.join(tl.join(words, words), tl.join(words, words))  # 4 copies
+    if H == 8:
+        x = tl.join(x, x)
+    x = tl.reshape(x, [words.shape[0], words.shape[1], H])
+    return x >> (tl.arange(0, H) * BITS)[None, None, :]
+
+
+@triton.jit
+def _scaled_pairs(shifted, scale, zero, BITS: tl.constexpr, DT: tl.constexpr, ON_GPU: tl.constexpr):
+    """Shifted words [...] and the scales and zeros of their channel pairs
+    [..., 2] (broadcastable) -> code * scale + zero [..., 2] in DT (float32:
+    exactly reference.dequantize's operations; fp16/bf16: a single rounding
+    of the product and of the sum, two elements to an instruction).
+
+    On a GPU a 16-bit pair is one opaque PTX block: what code_pairs and the
+    multiply-add issue, less the repacking of halves Triton adds around a
+    join. Being opaque (not pure) it also ends the compiler's search for the
+    width the MMA operand was loaded at: Triton sizes an operand's
+    per-thread k-width from the narrowest type it finds loaded upstream,
+    halved at every join, so the codes' joins would give the fp16 tile the
+    k-width of 8-bit data, read from shared memory with LDS.64 and register
+    moves instead of ldmatrix."""
+    if ON_GPU and DT != tl.float32:
+        words = tl.join(shifted, shifted)
+        args = [words, tl.broadcast_to(scale.to(DT), words.shape), tl.broadcast_to(zero.to(DT), words.shape),
+                tl.full(words.shape, ((1 << BITS) - 1) * 0x10001, tl.int32)]
+        # Two elements a call: $1 and $2 are the same shifted word, $3 and
+        # $4 the pair's scales and zeros, $5 (= $6) the mask of both codes.
+        # t = (word & mask) | magic in each half (one LOP3), t - magic, then
+        # t * scale + zero. fp16's magic is 1024.0; bf16's is 128.0, taken
+        # off by an FMA (sm_80 has no bf16x2 subtract).
+        if DT == tl.float16:
+            return tl.inline_asm_elementwise(
+                "{ .reg .b32 t, m; mov.b32 m, 0x64006400; lop3.b32 t, $1, $5, m, 0xea; sub.f16x2 t, t, m; "
+                "fma.rn.f16x2 $0, t, $3, $4; }", "=r,r,r,r,r,r,r", args, dtype=tl.float16, is_pure=False, pack=2)
+        else:
+            return tl.inline_asm_elementwise(
+                "{ .reg .b32 t, m, one, off; mov.b32 m, 0x43004300; mov.b32 one, 0x3f803f80; "
+                "mov.b32 off, 0xc300c300; lop3.b32 t, $1, $5, m, 0xea; fma.rn.bf16x2 t, t, one, off; "
+                "fma.rn.bf16x2 $0, t, $3, $4; }", "=r,r,r,r,r,r,r", args, dtype=tl.bfloat16, is_pure=False, pack=2)
+    else:
+        return _pairs(shifted, BITS, DT) * scale.to(DT) + zero.to(DT)
+
+
+@triton.jit
+def dequantize_keys(k_words, k_scale, k_zero, BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                    DT: tl.constexpr, ON_GPU: tl.constexpr):
+    """Keys [BLOCK_N, BLOCK_D] in DT, rows in tile_slots' order, from
+    load_tile's key words, scales and zeros (_scaled_pairs). Padding slots
+    come out as whatever their zero codes give; callers mask them."""
+    k = _scaled_pairs(_shifted_copies(k_words, BITS), k_scale[None, :, None, :], k_zero[None, :, None, :], BITS, DT,
+                      ON_GPU)  # [R, D / 2, H, 2]
+    return tl.reshape(tl.permute(k, (2, 0, 1, 3)), [BLOCK_N, BLOCK_D])
 
 
 @triton.jit
 def dequantize_values(v_words, v_scale, v_zero, BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_D: tl.constexpr, BLOCK_W: tl.constexpr, DT: tl.constexpr, SCALE_PER_WORD: tl.constexpr):
-    """Values [BLOCK_N, BLOCK_D] in DT from load_tile's value words and
-    scales, as dequantize_keys, each slot's scales broadcast over their
-    channel group (a word's channels lie in one group: GROUP >= 32 / BITS)."""
-    P: tl.constexpr = 32 // BITS
+                      BLOCK_D: tl.constexpr, DT: tl.constexpr, ON_GPU: tl.constexpr):
+    """Values [BLOCK_N, BLOCK_D] in DT, rows in tile_slots' order, from
+    load_tile's value words and scales, as dequantize_keys, each slot's
+    scale and zero applied over its channel group."""
+    H: tl.constexpr = 16 // BITS
+    R: tl.constexpr = BLOCK_N // H
     NG: tl.constexpr = BLOCK_D // GROUP
-    if DT == tl.float32:
-        codes = codes_to_float(unpack_value_tile(v_words, BITS, BLOCK_N, BLOCK_W))
-        # Channels grouped as the scales are: by word, or by channel group.
-        codes = tl.reshape(codes, [BLOCK_N, BLOCK_W, P] if SCALE_PER_WORD else [BLOCK_N, NG, GROUP])
-        v = codes * v_scale.to(tl.float32)[:, :, None] + v_zero.to(tl.float32)[:, :, None]
-        return tl.reshape(v, [BLOCK_N, BLOCK_D])
-    elif SCALE_PER_WORD:
-        H: tl.constexpr = P // 2
-        shifts = tl.arange(0, H) * BITS
-        pair = code_pairs(v_words[:, :, None] >> shifts[None, None, :], BITS, DT)  # [N, W, H, 2]: channels i, i + H
-        v = pair * v_scale.to(DT)[:, :, None, None] + v_zero.to(DT)[:, :, None, None]
-        return tl.reshape(tl.permute(v, (0, 1, 3, 2)), [BLOCK_N, BLOCK_D])
-    else:
-        H: tl.constexpr = P // 2
-        WG: tl.constexpr = GROUP // P  # words per channel group
-        shifts = tl.arange(0, H) * BITS
-        words = tl.reshape(v_words, [BLOCK_N, NG, WG])
-        pair = code_pairs(words[:, :, :, None] >> shifts[None, None, None, :], BITS, DT)  # channels i, i + H
-        v = pair * v_scale.to(DT)[:, :, None, None, None] + v_zero.to(DT)[:, :, None, None, None]
-        return tl.reshape(tl.permute(v, (0, 1, 2, 4, 3)), [BLOCK_N, BLOCK_D])
+    shifted = tl.reshape(_shifted_copies(v_words, BITS), [R, NG, GROUP // 2, H])
+    v = _scaled_pairs(shifted, v_scale[:, :, None, :, None], v_zero[:, :, None, :, None], BITS, DT, ON_GPU)
+    v = tl.reshape(v, [R, BLOCK_D // 2, H, 2])
+    return tl.reshape(tl.permute(v, (2, 0, 1, 3)), [BLOCK_N, BLOCK_D])
 
 
 # ----------------------------------------------------------------------------
@@ -337,7 +395,7 @@ def quantize(k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, length: torch.
         _quantize_values_kernel[(batch * heads, triton.cdiv(slots, VALUE_BLOCK_N), dim // group)](
             v, pos, length, out["v_codes"], out["v_scale"], out["v_zero"],
             *v.stride(), *pos.stride(), *length.stride(), *out["v_codes"].stride(), *out["v_scale"].stride(),
-            heads, slots, BITS=bits, GROUP=group, BLOCK_N=VALUE_BLOCK_N)
+            heads, slots, dim, BITS=bits, GROUP=group, BLOCK_N=VALUE_BLOCK_N)
     return QuantKV(**out, pos=pos, length=length, bits=bits, group=group)
 
 
@@ -354,6 +412,5 @@ def dequantize(seg: QuantKV) -> tuple[torch.Tensor, torch.Tensor]:
             seg.k_codes, seg.k_scale, seg.k_zero, seg.v_codes, seg.v_scale, seg.v_zero, seg.pos, seg.length, k, v,
             *seg.k_codes.stride(), *seg.k_scale.stride(), *seg.v_codes.stride(), *seg.v_scale.stride(),
             *seg.pos.stride(), *seg.length.stride(), *k.stride(), heads, dim,
-            BITS=seg.bits, GROUP=seg.group, BLOCK_N=DEQUANT_BLOCK_N, BLOCK_D=triton.next_power_of_2(dim),
-            BLOCK_W=triton.next_power_of_2(dim // per_word(seg.bits)))
+            BITS=seg.bits, GROUP=seg.group, BLOCK_N=DEQUANT_BLOCK_N, BLOCK_D=triton.next_power_of_2(dim))
     return k, v

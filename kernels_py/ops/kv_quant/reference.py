@@ -25,16 +25,26 @@ def _codes(x, scale, zero, valid, bits):
 
 
 def _pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """codes int32 [..., n, P] -> words int32 [..., n], code i at bits [i*b, (i+1)*b)."""
-    shifts = torch.arange(codes.shape[-1], dtype=torch.int64, device=codes.device) * bits
-    words = (codes.to(torch.int64) << shifts).sum(-1)
+    """codes int32 [..., T, D] (T a multiple of P) -> words int32 [..., T / P,
+    D] in the layout of contract.py: word (w, half * D / 2 + j) holds slots
+    w * P + half * H + i (i < H = P / 2) of channels 2j (bits [i*b, (i+1)*b))
+    and 2j + 1 (16 bits higher)."""
+    p = per_word(bits)
+    *lead, slots, dim = codes.shape
+    c = codes.reshape(*lead, slots // p, 2, p // 2, dim // 2, 2)  # [.., w, half, i, j, channel of pair]
+    c = c.movedim(-3, -1).reshape(*lead, slots // p, dim, p)  # [.., w, (half, j), (channel of pair, i)]
+    shifts = torch.arange(p, dtype=torch.int64, device=codes.device) * bits
+    words = (c.to(torch.int64) << shifts).sum(-1)
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)  # the same 32 bits, signed
 
 
 def _unpack(words: torch.Tensor, bits: int) -> torch.Tensor:
-    """words int32 [..., n] -> codes int32 [..., n, P]."""
-    shifts = torch.arange(per_word(bits), dtype=torch.int32, device=words.device) * bits
-    return (words[..., None] >> shifts) & (2**bits - 1)
+    """words int32 [..., T / P, D] -> codes int32 [..., T, D] (_pack undone)."""
+    p = per_word(bits)
+    *lead, rows, dim = words.shape
+    shifts = torch.arange(p, dtype=torch.int32, device=words.device) * bits
+    c = ((words[..., None] >> shifts) & (2**bits - 1)).reshape(*lead, rows, 2, dim // 2, 2, p // 2)
+    return c.movedim(-1, -3).reshape(*lead, rows * p, dim)
 
 
 def quantize(k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, length: torch.Tensor, *, bits: int,
@@ -44,7 +54,6 @@ def quantize(k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, length: torch.
     widen any range and get code 0 (their pos is set to PAD_POS)."""
     check_kv(k, v, pos, length, bits, group)
     batch, heads, slots, dim = k.shape
-    p = per_word(bits)
     slot = torch.arange(slots, device=k.device)
     valid = (slot[None, :] < length[:, None].to(torch.int64)) & (pos != PAD_POS)  # [B, T]
     pos = torch.where(valid, pos.to(torch.int32), PAD_POS).contiguous()
@@ -53,15 +62,13 @@ def quantize(k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, length: torch.
     kg = k.float().reshape(batch, heads, slots // group, group, dim)
     kvalid = valid.reshape(batch, 1, slots // group, group, 1)
     k_scale, k_zero = _ranges(kg, kvalid, 3, bits)
-    k_codes = _codes(kg, k_scale, k_zero, kvalid, bits).reshape(batch, heads, slots // p, p, dim)
-    k_words = _pack(k_codes.transpose(-1, -2), bits)  # [B, H, T / P, D]
+    k_words = _pack(_codes(kg, k_scale, k_zero, kvalid, bits).reshape(batch, heads, slots, dim), bits)
 
     # Values per token: runs of `group` channels.
     vg = v.float().reshape(batch, heads, slots, dim // group, group)
     vvalid = valid.reshape(batch, 1, slots, 1, 1)
     v_scale, v_zero = _ranges(vg, vvalid, 4, bits)
-    v_codes = _codes(vg, v_scale, v_zero, vvalid, bits).reshape(batch, heads, slots, dim // p, p)
-    v_words = _pack(v_codes, bits)  # [B, H, T, D / P]
+    v_words = _pack(_codes(vg, v_scale, v_zero, vvalid, bits).reshape(batch, heads, slots, dim), bits)
     return QuantKV(k_words, k_scale.squeeze(3), k_zero.squeeze(3), v_words, v_scale.squeeze(4), v_zero.squeeze(4),
                    pos, length.clone(), bits, group)
 
@@ -69,12 +76,11 @@ def quantize(k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, length: torch.
 def dequantize(seg: QuantKV) -> tuple[torch.Tensor, torch.Tensor]:
     """K, V [B, H, T, D] float32: code * scale + zero, 0 in padding slots."""
     check_segment(seg, check_values=False)
-    batch, heads, _, dim = seg.k_codes.shape
     slots, group = seg.slots, seg.group
-    k_codes = _unpack(seg.k_codes, seg.bits).transpose(-1, -2).reshape(batch, heads, slots, dim)
+    k_codes = _unpack(seg.k_codes, seg.bits)
     k_scale, k_zero = (t.float().repeat_interleave(group, 2) for t in (seg.k_scale, seg.k_zero))
     k = k_codes.float() * k_scale + k_zero
-    v_codes = _unpack(seg.v_codes, seg.bits).reshape(batch, heads, slots, dim)
+    v_codes = _unpack(seg.v_codes, seg.bits)
     v_scale, v_zero = (t.float().repeat_interleave(group, 3) for t in (seg.v_scale, seg.v_zero))
     v = v_codes.float() * v_scale + v_zero
     slot = torch.arange(slots, device=seg.pos.device)

@@ -9,16 +9,21 @@ to a power of two >= 16 for tl.dot; SGLang's grouped decode), so a tile's
 codes are read and dequantized once for the whole group. Its split is a
 contiguous range of [segment 0 | segment 1 | dense] slots, rounded to whole
 tiles; a tile of BLOCK_N slots (min(64, the group sizes): BLOCK_N divides
-every group) has one bit width and one row of key scales. Keys come as
-BLOCK_N / P words per channel, values as D / P words per slot (P codes per
-int32 word); each loop loads the next tile's words, value scales and
-positions into registers before it works on this one (one pipeline stage:
-no shared-memory ring, so 3 programs fit an SM). Two codes at a time become
-fp16/bf16 by the magic-number trick (kv_quant.kernel.code_pairs: no
-conversion instruction) and take their scale and zero in one packed 16-bit
-multiply-add, the dot dtype directly; value scales load one per channel
-group and broadcast in registers, or one per word (SCALE_PER_WORD, the
-autotuner's choice). Stage 2 merges the splits (ops.splitk).
+every group) has one bit width and one row of key scales. Keys and values
+both come as BLOCK_N / P rows of D contiguous words (P codes per int32
+word, two channels of P/2 slots each); each loop loads the next tile's
+words, scales and positions into registers before it works on this one
+(one pipeline stage: no shared-memory ring, so 3 programs fit an SM).
+
+Dequantizing a tile costs a shift, a LOP3, an HADD2 and an HFMA2 per pair
+of elements (kv_quant.kernel: the magic-number trick on a word's two
+halves, which hold neighbouring channels), all in the registers of the
+thread that loaded the word. The tile's rows are its slots in a fixed
+permutation (kv_quant.kernel.tile_slots) so those registers are already
+the rows Triton lays the tile out in; positions load in the same order,
+and attention does not depend on slot order. The fp16 tile then goes to
+the MMAs through one vectorized shared-memory store and ldmatrix. Stage 2
+merges the splits (ops.splitk).
 
 Reference: reference.py beside this file.
 """
@@ -28,8 +33,7 @@ import triton
 import triton.language as tl
 
 from kernels_py.ops import common, splitk
-from kernels_py.ops.kv_quant.contract import per_word
-from kernels_py.ops.kv_quant.kernel import PAD, dequantize_keys, dequantize_values, key_scales, load_tile
+from kernels_py.ops.kv_quant.kernel import PAD, dequantize_keys, dequantize_values, load_tile, tile_slots
 from kernels_py.ops.quant_decode.contract import DenseKV, QuantDecodeOutput, check_inputs
 from kernels_py.ops.splitk import _attend_tile, _group_queries, _store_split
 
@@ -51,36 +55,31 @@ def _segment_range(lo, hi, seg_start, seg_len):
 
 @triton.jit
 def _attend_quantized(q, q_pos, row_mask, m_i, l_i, acc, lo, hi,
-                      KC, KS, KZ, VC, VS, VZ, Pos, offs_d, d_mask,
-                      stride_kcw, stride_kcd, stride_ksg, stride_ksd, stride_vcn, stride_vcw, stride_vsn,
+                      KC, KS, KZ, VC, VS, VZ, Pos,
+                      stride_kcw, stride_kcd, stride_ksg, stride_ksd, stride_vcw, stride_vcd, stride_vsn,
                       stride_vsg, stride_pn, qk_scale, head_dim,
                       BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                      BLOCK_W: tl.constexpr, QK_DT: tl.constexpr, SCALE_PER_WORD: tl.constexpr):
+                      QK_DT: tl.constexpr, ON_GPU: tl.constexpr):
     """Online softmax over the slots [lo, hi) of one quantized segment (of one
-    kv head of one sequence); lo is a multiple of BLOCK_N. The next tile's
-    words are loaded before this tile is unpacked, so their latency hides
-    behind this tile's work (registers, not shared memory: a few words a
-    thread)."""
-    offs_t = tl.arange(0, BLOCK_N)
-    nxt = load_tile(KC, VC, VS, VZ, lo, lo < hi, lo + offs_t, offs_d, d_mask, stride_kcw, stride_kcd, stride_vcn,
-                    stride_vcw, stride_vsn, stride_vsg, head_dim, BITS, GROUP, BLOCK_N, BLOCK_D, BLOCK_W,
-                    SCALE_PER_WORD)
+    kv head of one sequence); lo is a multiple of BLOCK_N. A tile's rows are
+    its slots in kv_quant's tile_slots order, positions included. The next
+    tile's words are loaded before this tile is unpacked, so their latency
+    hides behind this tile's work (registers, not shared memory: a few words
+    a thread)."""
+    offs_t = tile_slots(BITS, BLOCK_N)
+    nxt = load_tile(KC, KS, KZ, VC, VS, VZ, lo, lo < hi, stride_kcw, stride_kcd, stride_ksg, stride_ksd, stride_vcw,
+                    stride_vcd, stride_vsn, stride_vsg, head_dim, BITS, GROUP, BLOCK_N, BLOCK_D)
     pos_nxt = tl.load(Pos + (lo + offs_t) * stride_pn, mask=lo + offs_t < hi, other=PAD)
     for start in range(lo, hi, BLOCK_N):
-        cur = nxt
+        k_words, k_scale, k_zero, v_words, v_scale, v_zero = nxt
         pos = pos_nxt
-        offs_n = start + offs_t
-        tok_mask = offs_n < hi
+        tok_mask = start + offs_t < hi
         ahead = start + BLOCK_N
         pos_nxt = tl.load(Pos + (ahead + offs_t) * stride_pn, mask=ahead + offs_t < hi, other=PAD)
-        nxt = load_tile(KC, VC, VS, VZ, ahead, ahead < hi, ahead + offs_t, offs_d, d_mask, stride_kcw, stride_kcd,
-                        stride_vcn, stride_vcw, stride_vsn, stride_vsg, head_dim, BITS, GROUP, BLOCK_N, BLOCK_D,
-                        BLOCK_W, SCALE_PER_WORD)
-        k_scale, k_zero = key_scales(KS, KZ, start, offs_d, d_mask, stride_ksg, stride_ksd, GROUP)
-        k_words, v_words, v_scale, v_zero = cur
-        k = dequantize_keys(k_words, k_scale, k_zero, BITS, BLOCK_N, BLOCK_D, QK_DT)
-        v = dequantize_values(v_words, v_scale, v_zero, BITS, GROUP, BLOCK_N, BLOCK_D, BLOCK_W, QK_DT,
-                              SCALE_PER_WORD)
+        nxt = load_tile(KC, KS, KZ, VC, VS, VZ, ahead, ahead < hi, stride_kcw, stride_kcd, stride_ksg, stride_ksd,
+                        stride_vcw, stride_vcd, stride_vsn, stride_vsg, head_dim, BITS, GROUP, BLOCK_N, BLOCK_D)
+        k = dequantize_keys(k_words, k_scale, k_zero, BITS, BLOCK_N, BLOCK_D, QK_DT, ON_GPU)
+        v = dequantize_values(v_words, v_scale, v_zero, BITS, GROUP, BLOCK_N, BLOCK_D, QK_DT, ON_GPU)
         m_i, l_i, acc = _attend_tile(q, k, v, pos, tok_mask, q_pos, row_mask, m_i, l_i, acc, qk_scale, QK_DT)
     return m_i, l_i, acc
 
@@ -94,9 +93,9 @@ def _stage1_kernel(
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_pb, stride_pm,
     sa_kcb, sa_kch, sa_kcw, sa_kcd, sa_ksb, sa_ksh, sa_ksg, sa_ksd,
-    sa_vcb, sa_vch, sa_vcn, sa_vcw, sa_vsb, sa_vsh, sa_vsn, sa_vsg, sa_pb, sa_pn, sa_lb,
+    sa_vcb, sa_vch, sa_vcw, sa_vcd, sa_vsb, sa_vsh, sa_vsn, sa_vsg, sa_pb, sa_pn, sa_lb,
     sb_kcb, sb_kch, sb_kcw, sb_kcd, sb_ksb, sb_ksh, sb_ksg, sb_ksd,
-    sb_vcb, sb_vch, sb_vcn, sb_vcw, sb_vsb, sb_vsh, sb_vsn, sb_vsg, sb_pb, sb_pn, sb_lb,
+    sb_vcb, sb_vch, sb_vcw, sb_vcd, sb_vsb, sb_vsh, sb_vsn, sb_vsg, sb_pb, sb_pn, sb_lb,
     stride_dkb, stride_dkh, stride_dkn, stride_dkd,
     stride_dvb, stride_dvh, stride_dvn, stride_dvd,
     stride_dpb, stride_dpn, stride_dlb,
@@ -105,8 +104,8 @@ def _stage1_kernel(
     qk_scale, head_dim,
     GROUP: tl.constexpr, N_QUERIES: tl.constexpr, TWO_SEGMENTS: tl.constexpr,
     BITS_A: tl.constexpr, GROUP_A: tl.constexpr, BITS_B: tl.constexpr, GROUP_B: tl.constexpr,
-    BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_WA: tl.constexpr, BLOCK_WB: tl.constexpr,
-    QK_DT: tl.constexpr, BLOCK_N: tl.constexpr, SCALE_PER_WORD: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, QK_DT: tl.constexpr, BLOCK_N: tl.constexpr,
+    ON_GPU: tl.constexpr,
 ):
     kv_head = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
@@ -136,8 +135,8 @@ def _stage1_kernel(
         q, q_pos, row_mask, m_i, l_i, acc, a_lo, a_hi,
         AKC + b * sa_kcb + kv_head * sa_kch, AKS + b * sa_ksb + kv_head * sa_ksh, AKZ + b * sa_ksb + kv_head * sa_ksh,
         AVC + b * sa_vcb + kv_head * sa_vch, AVS + b * sa_vsb + kv_head * sa_vsh, AVZ + b * sa_vsb + kv_head * sa_vsh,
-        APos + b * sa_pb, offs_d, d_mask, sa_kcw, sa_kcd, sa_ksg, sa_ksd, sa_vcn, sa_vcw, sa_vsn, sa_vsg, sa_pn,
-        qk_scale, head_dim, BITS_A, GROUP_A, BLOCK_N, BLOCK_D, BLOCK_WA, QK_DT, SCALE_PER_WORD)
+        APos + b * sa_pb, sa_kcw, sa_kcd, sa_ksg, sa_ksd, sa_vcw, sa_vcd, sa_vsn, sa_vsg, sa_pn,
+        qk_scale, head_dim, BITS_A, GROUP_A, BLOCK_N, BLOCK_D, QK_DT, ON_GPU)
     if TWO_SEGMENTS:
         b_lo, b_hi = _segment_range(lo, hi, a_len, b_len)
         m_i, l_i, acc = _attend_quantized(
@@ -145,8 +144,8 @@ def _stage1_kernel(
             BKC + b * sb_kcb + kv_head * sb_kch, BKS + b * sb_ksb + kv_head * sb_ksh,
             BKZ + b * sb_ksb + kv_head * sb_ksh, BVC + b * sb_vcb + kv_head * sb_vch,
             BVS + b * sb_vsb + kv_head * sb_vsh, BVZ + b * sb_vsb + kv_head * sb_vsh,
-            BPos + b * sb_pb, offs_d, d_mask, sb_kcw, sb_kcd, sb_ksg, sb_ksd, sb_vcn, sb_vcw, sb_vsn, sb_vsg, sb_pn,
-            qk_scale, head_dim, BITS_B, GROUP_B, BLOCK_N, BLOCK_D, BLOCK_WB, QK_DT, SCALE_PER_WORD)
+            BPos + b * sb_pb, sb_kcw, sb_kcd, sb_ksg, sb_ksd, sb_vcw, sb_vcd, sb_vsn, sb_vsg, sb_pn,
+            qk_scale, head_dim, BITS_B, GROUP_B, BLOCK_N, BLOCK_D, QK_DT, ON_GPU)
 
     d_lo, d_hi = _segment_range(lo, hi, a_len + b_len, d_len)
     DK_h = DK + b * stride_dkb + kv_head * stride_dkh
@@ -172,21 +171,15 @@ def _stage1_kernel(
 
 # The configs the autotuner times (configs that spill at the shape being
 # tuned are pruned first). Without a cap ptxas gives the 4-warp kernel
-# ~170-235 registers; capped at 168 it fits 3 programs an SM, and the third
-# program's loads are what covers HBM latency, where it does not spill. The
-# value scales load one per channel group (broadcast in registers) or one
-# per word (SCALE_PER_WORD): at the benchmark shape (group 64, 64-slot
-# tiles) the first fits 168 registers and the second spills; with one group
-# a slot, or 32-slot tiles, the opposite (`workbench kernels report` shows
-# each). 8 warps are for the rows 4 cannot hold (32 query heads per kv head
-# x 4 tokens). One stage: the loops prefetch the next tile into registers
-# themselves. Under the interpreter the launcher runs the pinned config
-# (every config would run in Python).
-STAGE1_CONFIGS = [triton.Config({"SCALE_PER_WORD": per_word}, num_warps=DEFAULT_WARPS, num_stages=DEFAULT_STAGES,
-                                maxnreg=cap)
-                  for cap in (168, None) for per_word in (False, True)]
-STAGE1_CONFIGS.append(triton.Config({"SCALE_PER_WORD": True}, num_warps=2 * DEFAULT_WARPS,
-                                    num_stages=DEFAULT_STAGES))
+# ~230-250 registers; capped at 168 it fits 3 programs an SM, and the third
+# program's loads are what covers HBM latency, where it does not spill
+# (`workbench kernels report` shows each). 8 warps are for the rows 4
+# cannot hold (32 query heads per kv head x 4 tokens). One stage: the loops
+# prefetch the next tile into registers themselves. Under the interpreter
+# the launcher runs the pinned config (every config would run in Python).
+STAGE1_CONFIGS = [triton.Config({}, num_warps=DEFAULT_WARPS, num_stages=DEFAULT_STAGES, maxnreg=cap)
+                  for cap in (168, None)]
+STAGE1_CONFIGS.append(triton.Config({}, num_warps=2 * DEFAULT_WARPS, num_stages=DEFAULT_STAGES))
 # No QK_DT in the key: it follows from the inputs' dtypes, which the autotuner
 # adds to every key itself, and a tl.dtype cannot be written to its disk cache.
 _stage1_tuned = triton.autotune(
@@ -252,7 +245,6 @@ def quant_decode(q: torch.Tensor, q_pos: torch.Tensor, segments, dense: DenseKV,
         seg_args += [seg.k_codes, seg.k_scale, seg.k_zero, seg.v_codes, seg.v_scale, seg.v_zero, seg.pos, seg.length]
         seg_strides += [*seg.k_codes.stride(), *seg.k_scale.stride(), *seg.v_codes.stride(), *seg.v_scale.stride(),
                         *seg.pos.stride(), *seg.length.stride()]
-    block_w = [triton.next_power_of_2(head_dim // per_word(seg.bits)) for seg in (a, b)]
     args = [q, q_pos, *seg_args, dense.k, dense.v, dense.pos, dense.length, workspace.part_o, workspace.part_lse,
             *q.stride(), *q_pos.stride(), *seg_strides,
             *dense.k.stride(), *dense.v.stride(), *dense.pos.stride(), *dense.length.stride(),
@@ -260,13 +252,12 @@ def quant_decode(q: torch.Tensor, q_pos: torch.Tensor, segments, dense: DenseKV,
     meta = dict(GROUP=group, N_QUERIES=queries, TWO_SEGMENTS=len(segments) == 2,
                 BITS_A=a.bits, GROUP_A=a.group, BITS_B=b.bits, GROUP_B=b.group,
                 BLOCK_ROWS=common.block(group * queries), BLOCK_D=common.block(head_dim),
-                BLOCK_WA=block_w[0], BLOCK_WB=block_w[1],
                 QK_DT=common.dot_dtype(q.dtype, dense.k.dtype, dense.v.dtype),
-                BLOCK_N=min(MAX_BLOCK_N, a.group, b.group))
+                BLOCK_N=min(MAX_BLOCK_N, a.group, b.group), ON_GPU=not common.interpreter_mode())
     grid = (kv_heads, batch, splits)
     if common.interpreter_mode():
         wide = group * queries > WIDE_ROWS
-        _stage1_kernel[grid](*args, **meta, SCALE_PER_WORD=False,
+        _stage1_kernel[grid](*args, **meta,
                              num_warps=2 * DEFAULT_WARPS if wide else DEFAULT_WARPS, num_stages=DEFAULT_STAGES)
     else:
         _stage1_tuned[grid](*args, **meta)
