@@ -164,9 +164,9 @@ def _decode_tile_kernel(KC, KS, KZ, VC, VS, VZ, KOut, VOut,
     (tile_slots) of [slots, BLOCK_D]."""
     start = tl.program_id(0) * BLOCK_N
     k_words, k_scale, k_zero, v_words, v_scale, v_zero = load_tile(
-        KC, KS, KZ, VC, VS, VZ, start, True, stride_kcw, stride_kcd, stride_ksg, stride_ksd, stride_vcw, stride_vcd,
+        KC, KS, KZ, VC, VS, VZ, start, start + BLOCK_N, stride_kcw, stride_kcd, stride_ksg, stride_ksd, stride_vcw, stride_vcd,
         stride_vsn, stride_vsg, head_dim, BITS, GROUP, BLOCK_N, BLOCK_D)
-    k = dequantize_keys(k_words, k_scale, k_zero, BITS, BLOCK_N, BLOCK_D, DT, False)
+    k = dequantize_keys(k_words, k_scale, k_zero, BITS, GROUP, BLOCK_N, BLOCK_D, DT, False)
     v = dequantize_values(v_words, v_scale, v_zero, BITS, GROUP, BLOCK_N, BLOCK_D, DT, False)
     out = (start + tile_slots(BITS, BLOCK_N))[:, None] * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
     tl.store(KOut + out, k.to(tl.float32))

@@ -8,6 +8,7 @@ import torch
 
 from kernels_py.ops import kv_quant
 from kernels_py.ops import quant_decode as op
+from kernels_py.ops.quant_decode import kernel as qkernel
 from kernels_py.ops.quant_decode.cases import make_cache
 
 TOL = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 2.5e-2}
@@ -22,6 +23,12 @@ CASES = {
     # GQA 7, group 64, three query tokens attending causally in the dense segment
     "gqa7_m3": dict(heads=7, kv_heads=1, head_dim=64, segments=[(4, 64, 64, [64, 64]), (2, 64, 64, [0, 64])],
                     dense_lens=[6, 4], queries=3),
+    # Groups of 128 then 32: a 128-slot tile spans four of the second's groups
+    "groups_128_32": dict(heads=4, kv_heads=2, head_dim=128, segments=[(4, 128, 128, [128, 128]),
+                                                                       (2, 32, 96, [96, 32])], dense_lens=[3, 0]),
+    # Groups of 32 then 64: the second segment starts 32 slots into a tile, so tiles stay within a group (tile_cap)
+    "groups_32_64": dict(heads=4, kv_heads=2, head_dim=64, segments=[(4, 32, 96, [96, 32]), (2, 64, 128, [128, 64])],
+                         dense_lens=[0, 7]),
 }
 
 
@@ -36,13 +43,39 @@ def check(got, want, dtype):
     torch.testing.assert_close(got.lse, want.lse, atol=tol, rtol=tol)
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-@pytest.mark.parametrize("dtype", DTYPES)
+# The groups_* cases test where tiles start and which key groups they read:
+# in float32, where any slip shows (16-bit roundings are the other cases').
+MATCH = [pytest.param(name, d.values[0], id=f"{d.id}-{name}") for name in sorted(CASES) for d in DTYPES
+         if not name.startswith("groups_") or d.values[0] == torch.float32]
+
+
+@pytest.mark.parametrize("name,dtype", MATCH)
 def test_matches_attention_over_the_dequantized_cache(name, dtype, device):
+    """Every tile size the autotuner may pick, one split or three (splits
+    that start inside a segment, and segments whose last tile is partial)."""
     q, q_pos, segs, dense = case(device, dtype, name)
     want = op.reference.quant_decode(q, q_pos, segs, dense)
     for splits in (1, 3):
-        check(op.quant_decode(q, q_pos, segs, dense, num_splits=splits), want, dtype)
+        for tile in qkernel.TILES:
+            check(op.quant_decode(q, q_pos, segs, dense, num_splits=splits, tile=tile), want, dtype)
+
+
+def test_tiles_span_key_groups_only_from_a_group_start():
+    """A tile may cover several key groups when every tile of each segment
+    starts on a group: not when the second segment's groups are larger than
+    the first's (its tiles start at the first's length)."""
+    def seg(group):
+        return kv_quant.reference.quantize(*(torch.zeros(1, 1, 128, 128) for _ in range(2)),
+                                           torch.arange(128)[None], torch.tensor([128]), bits=2, group=group)
+
+    assert qkernel.tile_cap([seg(32)]) == 128
+    assert qkernel.tile_cap([seg(128), seg(32)]) == 128
+    assert qkernel.tile_cap([seg(64), seg(64)]) == 128
+    assert qkernel.tile_cap([seg(32), seg(64)]) == 32
+    assert qkernel.tile_cap([seg(64), seg(128)]) == 64
+    q, q_pos, segs, dense = case("cpu", torch.float32, "zipvl_gqa4")
+    with pytest.raises(ValueError, match=r"tile=96: a tile holds one of \[64, 128\] slots"):
+        op.quant_decode(q, q_pos, segs, dense, tile=96)
 
 
 def test_padding_slots_and_causality(device):

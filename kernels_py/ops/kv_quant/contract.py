@@ -32,12 +32,13 @@ an fp16 MMA operand register holds, so a decode kernel makes a word's P/2
 channel pairs with a shift, a mask and an OR each (the magic-number trick,
 kv_quant.kernel.code_pairs) and never reorders a code. How codes are packed
 is independent of how their ranges are grouped (keys per channel, values
-per token). A tile of BLOCK_N <= G slots (BLOCK_N dividing G) is inside one
-key group: a decode kernel reads its keys and its values as BLOCK_N / P rows
-of D contiguous words each, and one row of key scales and zeros. Tokens of
-one bit width live in one segment, so every tile has one bit width; a
-mixed-precision cache is several segments (ZipVL: important tokens in a
-4-bit one, the others in a 2-bit one).
+per token). A decode kernel reads a tile of BLOCK_N slots (a multiple of P)
+that starts on a key group, or lies inside one, as BLOCK_N / P rows of D
+contiguous words for its keys and as many for its values, and a row of key
+scales and zeros for each group it covers. Tokens of one bit width live in
+one segment, so every tile has one bit width; a mixed-precision cache is
+several segments (ZipVL: important tokens in a 4-bit one, the others in a
+2-bit one).
 """
 
 from dataclasses import dataclass, fields

@@ -185,10 +185,10 @@ def _dequantize_kernel(
     k_words, k_scale, k_zero, v_words, v_scale, v_zero = load_tile(
         KCodes + b * stride_kcb + h * stride_kch, KScale + b * stride_ksb + h * stride_ksh,
         KZero + b * stride_ksb + h * stride_ksh, VCodes + b * stride_vcb + h * stride_vch,
-        VScale + b * stride_vsb + h * stride_vsh, VZero + b * stride_vsb + h * stride_vsh, start, True,
+        VScale + b * stride_vsb + h * stride_vsh, VZero + b * stride_vsb + h * stride_vsh, start, start + BLOCK_N,
         stride_kcw, stride_kcd, stride_ksg, stride_ksd, stride_vcw, stride_vcd, stride_vsn, stride_vsg, head_dim,
         BITS, GROUP, BLOCK_N, BLOCK_D)
-    k = dequantize_keys(k_words, k_scale, k_zero, BITS, BLOCK_N, BLOCK_D, tl.float32, False)
+    k = dequantize_keys(k_words, k_scale, k_zero, BITS, GROUP, BLOCK_N, BLOCK_D, tl.float32, False)
     v = dequantize_values(v_words, v_scale, v_zero, BITS, GROUP, BLOCK_N, BLOCK_D, tl.float32, False)
     out = b * stride_ob + h * stride_oh + offs_n[:, None] * stride_on + offs_d[None, :] * stride_od
     keep = valid[:, None] & d_mask[None, :]
@@ -221,33 +221,37 @@ def tile_slots(BITS: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def load_tile(KC, KS, KZ, VC, VS, VZ, start, live, stride_kcw, stride_kcd, stride_ksg, stride_ksd, stride_vcw,
+def load_tile(KC, KS, KZ, VC, VS, VZ, start, end, stride_kcw, stride_kcd, stride_ksg, stride_ksd, stride_vcw,
               stride_vcd, stride_vsn, stride_vsg, head_dim, BITS: tl.constexpr, GROUP: tl.constexpr,
               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """Everything the tile of slots [start, start + BLOCK_N) of one
-    (sequence, kv head) reads: key words, the key scales and zeros of its
-    group as channel pairs [BLOCK_D / 2, 2], value words (words [BLOCK_N / H,
-    BLOCK_D / 2], each H = 16 / BITS slots of a channel pair), and the value
-    scales and zeros [BLOCK_N / H, BLOCK_D / GROUP, H], one per slot and
-    channel group. Those past head_dim are 0. Nothing is read unless `live`
-    (0s instead). A tuple, so a loop can issue the next tile's loads before
-    it works on this one (dequantize_keys, _values)."""
+    (sequence, kv head) reads (start a multiple of GROUP or of BLOCK_N,
+    whichever is smaller): key words, the key scales and zeros of the KG =
+    ceil(BLOCK_N / GROUP) groups it spans as channel pairs [KG, BLOCK_D / 2,
+    2], value words (words [BLOCK_N / H, BLOCK_D / 2], each H = 16 / BITS
+    slots of a channel pair), and the value scales and zeros [BLOCK_N / H,
+    BLOCK_D / GROUP, H], one per slot and channel group. Slots at or past
+    `end` and channels past head_dim are not read (0s instead). A tuple, so
+    a loop can issue the next tile's loads before it works on this one
+    (dequantize_keys, _values)."""
     H: tl.constexpr = 16 // BITS
     R: tl.constexpr = BLOCK_N // H
+    KG: tl.constexpr = (BLOCK_N + GROUP - 1) // GROUP
     row = start // H + tl.arange(0, R)
     offs_j = tl.arange(0, BLOCK_D // 2)
-    j_mask = (offs_j[None, :] < head_dim // 2) & live
+    j_mask = (offs_j[None, :] < head_dim // 2) & (row * H < end)[:, None]
     k_words = tl.load(KC + word_offsets(row, offs_j, head_dim, stride_kcw, stride_kcd), mask=j_mask, other=0)
     v_words = tl.load(VC + word_offsets(row, offs_j, head_dim, stride_vcw, stride_vcd), mask=j_mask, other=0)
     offs_d = offs_j[:, None] * 2 + tl.arange(0, 2)[None, :]
-    k_at = (start // GROUP) * stride_ksg + offs_d * stride_ksd
-    d_mask = (offs_d < head_dim) & live
+    k_group = start // GROUP + tl.arange(0, KG)
+    k_at = k_group[:, None, None] * stride_ksg + offs_d[None, :, :] * stride_ksd
+    d_mask = (offs_d < head_dim)[None, :, :] & (k_group * GROUP < end)[:, None, None]
     k_scale = tl.load(KS + k_at, mask=d_mask, other=0.0)
     k_zero = tl.load(KZ + k_at, mask=d_mask, other=0.0)
     slot = start + tl.arange(0, R)[:, None] * H + tl.arange(0, H)[None, :]
     offs_g = tl.arange(0, BLOCK_D // GROUP)
     v_at = slot[:, None, :] * stride_vsn + offs_g[None, :, None] * stride_vsg
-    s_mask = (offs_g[None, :, None] < head_dim // GROUP) & live
+    s_mask = (offs_g[None, :, None] < head_dim // GROUP) & (slot < end)[:, None, :]
     v_scale = tl.load(VS + v_at, mask=s_mask, other=0.0)
     v_zero = tl.load(VZ + v_at, mask=s_mask, other=0.0)
     return k_words, k_scale, k_zero, v_words, v_scale, v_zero
@@ -338,13 +342,19 @@ def _scaled_pairs(shifted, scale, zero, BITS: tl.constexpr, DT: tl.constexpr, ON
 
 
 @triton.jit
-def dequantize_keys(k_words, k_scale, k_zero, BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                    DT: tl.constexpr, ON_GPU: tl.constexpr):
+def dequantize_keys(k_words, k_scale, k_zero, BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_D: tl.constexpr, DT: tl.constexpr, ON_GPU: tl.constexpr):
     """Keys [BLOCK_N, BLOCK_D] in DT, rows in tile_slots' order, from
-    load_tile's key words, scales and zeros (_scaled_pairs). Padding slots
-    come out as whatever their zero codes give; callers mask them."""
-    k = _scaled_pairs(_shifted_copies(k_words, BITS), k_scale[None, :, None, :], k_zero[None, :, None, :], BITS, DT,
-                      ON_GPU)  # [R, D / 2, H, 2]
+    load_tile's key words, scales and zeros (_scaled_pairs; a word's slots
+    lie in one key group, so the rows of words split into the KG groups).
+    Padding slots come out as whatever their zero codes give; callers mask
+    them."""
+    H: tl.constexpr = 16 // BITS
+    R: tl.constexpr = BLOCK_N // H
+    KG: tl.constexpr = (BLOCK_N + GROUP - 1) // GROUP
+    shifted = tl.reshape(_shifted_copies(k_words, BITS), [KG, R // KG, BLOCK_D // 2, H])
+    k = _scaled_pairs(shifted, k_scale[:, None, :, None, :], k_zero[:, None, :, None, :], BITS, DT, ON_GPU)
+    k = tl.reshape(k, [R, BLOCK_D // 2, H, 2])
     return tl.reshape(tl.permute(k, (2, 0, 1, 3)), [BLOCK_N, BLOCK_D])
 
 

@@ -56,13 +56,13 @@ COMPILE_CASES = [
                 partial(_compile, dtype=f16, head_dim=128, heads=32, kv_heads=8,
                         segments=[(4, 32, 64, [64, 32]), (2, 64, 128, [128, 64])]), KERNELS),
     # KIVI's shape: one 2-bit segment, group 128.
-    # The first case compiles every config; these the 4-warp ones without the cap.
+    # The first case compiles every config; these the 4-warp ones without the cap, one per tile size.
     CompileCase("quantdecode-bf16-d128-2bit-g128",
                 partial(_compile, dtype=bf16, head_dim=128, heads=8, kv_heads=8, segments=[(2, 128, 128, [128, 0])]),
-                KERNELS, tune=slice(2, 4)),
+                KERNELS, tune=slice(1, 4, 2)),
     CompileCase("quantdecode-fp16-d64-4bit-m2",
                 partial(_compile, dtype=f16, head_dim=64, heads=8, kv_heads=2, segments=[(4, 64, 64, [64, 64])],
-                        queries=2), KERNELS, tune=slice(2, 4)),
+                        queries=2), KERNELS, tune=slice(1, 4, 2)),
 ]
 
 # 16-bit inputs: the dequantized tile and the probabilities are rounded to the

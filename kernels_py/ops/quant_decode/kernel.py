@@ -8,8 +8,9 @@ every query row of its kv group (GROUP query heads x M query tokens, padded
 to a power of two >= 16 for tl.dot; SGLang's grouped decode), so a tile's
 codes are read and dequantized once for the whole group. Its split is a
 contiguous range of [segment 0 | segment 1 | dense] slots, rounded to whole
-tiles; a tile of BLOCK_N slots (min(64, the group sizes): BLOCK_N divides
-every group) has one bit width and one row of key scales. Keys and values
+tiles; a tile of BLOCK_N slots (64 or 128, the autotuner's choice, less
+where tile_cap says) has one bit width and the key scales of the groups it
+spans. Keys and values
 both come as BLOCK_N / P rows of D contiguous words (P codes per int32
 word, two channels of P/2 slots each); each loop loads the next tile's
 words, scales and positions into registers before it works on this one
@@ -40,7 +41,7 @@ from kernels_py.ops.splitk import _attend_tile, _group_queries, _store_split
 MAX_ROWS = 128  # query heads per kv head x query tokens, one program's rows
 TOKENS_PER_SPLIT = 512
 DEFAULT_MAX_SPLITS = 64
-MAX_BLOCK_N = 64  # slots per tile, at most: a tile takes min(this, each segment's group size)
+TILES = (64, 128)  # slots per tile the autotuner tries (the launcher may cap them: tile_cap)
 DEFAULT_WARPS, DEFAULT_STAGES = 4, 1  # one stage: the loops prefetch the next tile into registers themselves
 WIDE_ROWS = 64  # more rows than this (e.g. 32 query heads per kv head x 4 tokens) run on 8 warps: 4 spill
 
@@ -61,13 +62,14 @@ def _attend_quantized(q, q_pos, row_mask, m_i, l_i, acc, lo, hi,
                       BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                       QK_DT: tl.constexpr, ON_GPU: tl.constexpr):
     """Online softmax over the slots [lo, hi) of one quantized segment (of one
-    kv head of one sequence); lo is a multiple of BLOCK_N. A tile's rows are
+    kv head of one sequence); lo starts a key group or is a multiple of
+    BLOCK_N (tile_cap), and hi is a multiple of 16 / BITS. A tile's rows are
     its slots in kv_quant's tile_slots order, positions included. The next
     tile's words are loaded before this tile is unpacked, so their latency
     hides behind this tile's work (registers, not shared memory: a few words
     a thread)."""
     offs_t = tile_slots(BITS, BLOCK_N)
-    nxt = load_tile(KC, KS, KZ, VC, VS, VZ, lo, lo < hi, stride_kcw, stride_kcd, stride_ksg, stride_ksd, stride_vcw,
+    nxt = load_tile(KC, KS, KZ, VC, VS, VZ, lo, hi, stride_kcw, stride_kcd, stride_ksg, stride_ksd, stride_vcw,
                     stride_vcd, stride_vsn, stride_vsg, head_dim, BITS, GROUP, BLOCK_N, BLOCK_D)
     pos_nxt = tl.load(Pos + (lo + offs_t) * stride_pn, mask=lo + offs_t < hi, other=PAD)
     for start in range(lo, hi, BLOCK_N):
@@ -76,9 +78,9 @@ def _attend_quantized(q, q_pos, row_mask, m_i, l_i, acc, lo, hi,
         tok_mask = start + offs_t < hi
         ahead = start + BLOCK_N
         pos_nxt = tl.load(Pos + (ahead + offs_t) * stride_pn, mask=ahead + offs_t < hi, other=PAD)
-        nxt = load_tile(KC, KS, KZ, VC, VS, VZ, ahead, ahead < hi, stride_kcw, stride_kcd, stride_ksg, stride_ksd,
+        nxt = load_tile(KC, KS, KZ, VC, VS, VZ, ahead, hi, stride_kcw, stride_kcd, stride_ksg, stride_ksd,
                         stride_vcw, stride_vcd, stride_vsn, stride_vsg, head_dim, BITS, GROUP, BLOCK_N, BLOCK_D)
-        k = dequantize_keys(k_words, k_scale, k_zero, BITS, BLOCK_N, BLOCK_D, QK_DT, ON_GPU)
+        k = dequantize_keys(k_words, k_scale, k_zero, BITS, GROUP, BLOCK_N, BLOCK_D, QK_DT, ON_GPU)
         v = dequantize_values(v_words, v_scale, v_zero, BITS, GROUP, BLOCK_N, BLOCK_D, QK_DT, ON_GPU)
         m_i, l_i, acc = _attend_tile(q, k, v, pos, tok_mask, q_pos, row_mask, m_i, l_i, acc, qk_scale, QK_DT)
     return m_i, l_i, acc
@@ -104,13 +106,14 @@ def _stage1_kernel(
     qk_scale, head_dim,
     GROUP: tl.constexpr, N_QUERIES: tl.constexpr, TWO_SEGMENTS: tl.constexpr,
     BITS_A: tl.constexpr, GROUP_A: tl.constexpr, BITS_B: tl.constexpr, GROUP_B: tl.constexpr,
-    BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, QK_DT: tl.constexpr, BLOCK_N: tl.constexpr,
-    ON_GPU: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, QK_DT: tl.constexpr, TILE: tl.constexpr,
+    TILE_MAX: tl.constexpr, ON_GPU: tl.constexpr,
 ):
     kv_head = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     split = tl.program_id(2)
     n_splits = tl.num_programs(2)
+    BLOCK_N: tl.constexpr = TILE_MAX if TILE > TILE_MAX else TILE
 
     head, query, row_mask, q_pos, offs_d, d_mask, q = _group_queries(
         Q, QPos, kv_head, b, stride_qb, stride_qh, stride_qm, stride_qd, stride_pb, stride_pm, head_dim,
@@ -170,22 +173,24 @@ def _stage1_kernel(
 
 
 # The configs the autotuner times (configs that spill at the shape being
-# tuned are pruned first). Without a cap ptxas gives the 4-warp kernel
-# ~230-250 registers; capped at 168 it fits 3 programs an SM, and the third
-# program's loads are what covers HBM latency, where it does not spill
-# (`workbench kernels report` shows each). 8 warps are for the rows 4
-# cannot hold (32 query heads per kv head x 4 tokens). One stage: the loops
-# prefetch the next tile into registers themselves. Under the interpreter
-# the launcher runs the pinned config (every config would run in Python).
-STAGE1_CONFIGS = [triton.Config({}, num_warps=DEFAULT_WARPS, num_stages=DEFAULT_STAGES, maxnreg=cap)
-                  for cap in (168, None)]
-STAGE1_CONFIGS.append(triton.Config({}, num_warps=2 * DEFAULT_WARPS, num_stages=DEFAULT_STAGES))
+# tuned are pruned first): 64- or 128-slot tiles (a 128-slot tile pays the
+# grouped attention's per-tile work, its softmax, barriers and the
+# probabilities' trip through shared memory, once for twice the slots, for
+# about 90 more registers), on 4 warps with or without a 168-register cap
+# (3 programs an SM), or on 8 warps, which the rows 4 cannot hold need (32
+# query heads per kv head x 4 tokens). One stage: the loops prefetch the
+# next tile into registers themselves. Under the interpreter the launcher
+# runs a pinned config (every config would run in Python).
+STAGE1_CONFIGS = [triton.Config({"TILE": tile}, num_warps=DEFAULT_WARPS, num_stages=DEFAULT_STAGES, maxnreg=cap)
+                  for tile in TILES for cap in (168, None)]
+STAGE1_CONFIGS += [triton.Config({"TILE": tile}, num_warps=2 * DEFAULT_WARPS, num_stages=DEFAULT_STAGES)
+                   for tile in TILES]
 # No QK_DT in the key: it follows from the inputs' dtypes, which the autotuner
 # adds to every key itself, and a tl.dtype cannot be written to its disk cache.
 _stage1_tuned = triton.autotune(
     configs=STAGE1_CONFIGS, cache_results=True,
     key=["GROUP", "N_QUERIES", "TWO_SEGMENTS", "BITS_A", "GROUP_A", "BITS_B", "GROUP_B", "BLOCK_ROWS", "BLOCK_D",
-         "BLOCK_N"],
+         "TILE_MAX"],
     prune_configs_by={"early_config_prune": common.prune_spilling(_stage1_kernel)})(_stage1_kernel)
 
 
@@ -207,9 +212,20 @@ def split_count(longest: int, programs_per_split: int, sms: int | None) -> int:
                               max_splits=DEFAULT_MAX_SPLITS, sms=sms)
 
 
+def tile_cap(segments) -> int:
+    """The largest tile the segments allow. A tile spanning several key
+    groups must start on a group's first slot: the second segment's tiles
+    start at the first one's length, a whole number of its groups, which is
+    a whole number of the second's only when those are no larger. Otherwise
+    tiles stay inside one group of each (the smaller group, at most 64)."""
+    if len(segments) == 2 and segments[1].group > segments[0].group:
+        return min(TILES[0], segments[0].group)
+    return TILES[-1]
+
+
 def quant_decode(q: torch.Tensor, q_pos: torch.Tensor, segments, dense: DenseKV, *, sm_scale: float | None = None,
                  num_splits: int | None = None, workspace: splitk.Workspace | None = None,
-                 check_values: bool = True) -> QuantDecodeOutput:
+                 check_values: bool = True, tile: int | None = None) -> QuantDecodeOutput:
     """One decode step over [segments[0] | segments[1] | dense].
 
     q: [B, Hq, M, D] fp16/bf16/fp32, M new query tokens per sequence;
@@ -220,13 +236,17 @@ def quant_decode(q: torch.Tensor, q_pos: torch.Tensor, segments, dense: DenseKV,
     D ** -0.5. num_splits: splits per (sequence, kv head), default
     default_num_splits (one host sync). workspace: make_workspace's scratch,
     reused across calls (no allocation; its split count is used).
-    check_values=False skips the checks that wait for the device.
+    check_values=False skips the checks that wait for the device. tile pins
+    the slots per tile (one of TILES; capped by tile_cap), default the
+    autotuner's pick on a GPU and the largest under the interpreter.
     Returns QuantDecodeOutput(out [B, Hq, M, D] q.dtype, lse [B, Hq, M] float32).
     """
     check_inputs(q, q_pos, segments, dense, check_values)
     batch, heads, queries, head_dim = q.shape
     kv_heads = segments[0].kv_heads
     group = heads // kv_heads
+    if tile is not None and tile not in TILES:
+        raise ValueError(f"tile={tile!r}: a tile holds one of {list(TILES)} slots")
     if group * queries > MAX_ROWS:
         raise ValueError(f"query heads per kv head x query tokens = {group * queries} exceeds {MAX_ROWS}, the rows "
                          f"one program holds")
@@ -253,11 +273,11 @@ def quant_decode(q: torch.Tensor, q_pos: torch.Tensor, segments, dense: DenseKV,
                 BITS_A=a.bits, GROUP_A=a.group, BITS_B=b.bits, GROUP_B=b.group,
                 BLOCK_ROWS=common.block(group * queries), BLOCK_D=common.block(head_dim),
                 QK_DT=common.dot_dtype(q.dtype, dense.k.dtype, dense.v.dtype),
-                BLOCK_N=min(MAX_BLOCK_N, a.group, b.group), ON_GPU=not common.interpreter_mode())
+                TILE_MAX=tile_cap(segments), ON_GPU=not common.interpreter_mode())
     grid = (kv_heads, batch, splits)
-    if common.interpreter_mode():
+    if tile is not None or common.interpreter_mode():
         wide = group * queries > WIDE_ROWS
-        _stage1_kernel[grid](*args, **meta,
+        _stage1_kernel[grid](*args, **meta, TILE=tile or TILES[-1],
                              num_warps=2 * DEFAULT_WARPS if wide else DEFAULT_WARPS, num_stages=DEFAULT_STAGES)
     else:
         _stage1_tuned[grid](*args, **meta)

@@ -148,7 +148,7 @@ def _work(s: Step, kernel_name: str, meta: dict, gpu) -> estimate.Work:
     tokens = b * (s.context + s.dense)
     part_bytes = b * hq * splits * (d + 1) * 4
     if kernel_name == "_stage1_kernel":
-        block_n = int(meta["BLOCK_N"])
+        block_n = min(int(meta["TILE"]), int(meta["TILE_MAX"]))
         classes: dict = {}
         for lo_, hi_ in splitk.split_ranges(total, splits, block_n):
             def seg(start, length):
@@ -156,7 +156,8 @@ def _work(s: Step, kernel_name: str, meta: dict, gpu) -> estimate.Work:
             key = tuple(hi_ - lo_ for lo_, hi_ in (seg(0, hi), seg(hi, lo), seg(hi + lo, s.dense)))
             classes[key] = classes.get(key, 0) + 1  # splits with the same slots of each segment
         programs = tuple(estimate.Programs(n * b * hk, {"a_lo": 0, "a_hi": k[0], "b_lo": 0, "b_hi": k[1],
-                                                        "d_lo": 0, "d_hi": k[2]}) for k, n in classes.items())
+                                                        "d_lo": 0, "d_hi": k[2], "BLOCK_N": block_n})
+                         for k, n in classes.items())  # BLOCK_N: the kernel derives it from TILE, TILE_MAX
         read = b * s.context * per_token_bytes(s)["quantized"] + b * s.dense * (2 * hk * d * 2 + 4)
         levels = {"Q": "l2", "QPos": "l2", "ALen": "l2", "BLen": "l2", "DLen": "l2"}
         return estimate.Work(programs, read + part_bytes, levels, b * hq * (s.context + s.dense) * 4 * d, tokens)
