@@ -194,7 +194,21 @@ def _merge_rows_kernel(
 
 
 @triton.jit
-def _column_tile(q, kt, m_i, inv_l, qk_scale, threshold, attn, below, offs_n, q_pos, n_keys, MASKED: tl.constexpr):
+def _count_below(below, e, threshold, ON_GPU: tl.constexpr):
+    """below + (e < threshold), int32. On a GPU the comparison is one PTX
+    set (all ones where true) taken off the count: two instructions a
+    probability, where Triton's compare-and-add compiles to three (compare,
+    add, a predicated move back)."""
+    if ON_GPU:
+        return below - tl.inline_asm_elementwise("set.lt.u32.f32 $0, $1, $2;", "=r,r,r", [e, threshold],
+                                                 dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        return below + (e < threshold).to(tl.int32)
+
+
+@triton.jit
+def _column_tile(q, kt, m_i, inv_l, qk_scale, threshold, attn, below, offs_n, q_pos, n_keys, MASKED: tl.constexpr,
+                 ON_GPU: tl.constexpr):
     """One row tile of a key block: its probabilities (A_ij * l_i, 1 at the
     row max) added to the per-row sums and counts. Blocks every selected row
     sees whole skip the causal mask (MASKED=False)."""
@@ -204,7 +218,7 @@ def _column_tile(q, kt, m_i, inv_l, qk_scale, threshold, attn, below, offs_n, q_
         e = tl.where(visible, e, 0.0)
         below += (visible & (e < threshold)).to(tl.int32)
     else:
-        below += (e < threshold).to(tl.int32)  # rows that are not real have e = 1: never below p <= 1
+        below = _count_below(below, e, threshold, ON_GPU)  # rows that are not real have e = 1: never below
     return attn + e * inv_l[:, None], below
 
 
@@ -241,6 +255,7 @@ def _column_stats_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     UPCAST: tl.constexpr,
+    ON_GPU: tl.constexpr,
 ):
     kv_head = tl.program_id(1)
     BLOCK_M: tl.constexpr = GROUP_PAD * ROWS
@@ -278,13 +293,13 @@ def _column_stats_kernel(
                 Q, M, L, QPos, first_row, kv_head, n_rows, offs_d, d_mask, stride_qh, stride_qm, stride_qd,
                 stride_mh, stride_mr, stride_lh, stride_lr, stride_p, GROUP, ROWS, BLOCK_M, UPCAST)
             attn, below = _column_tile(q, kt, m_i, inv_l, qk_scale, threshold, attn, below, offs_n, q_pos, n_keys,
-                                       False)
+                                       False, ON_GPU)
         for first_edge in range(whole_rows, whole_rows + edge_rows, ROWS):
             q, m_i, inv_l, q_pos, counted = _column_rows(
                 Q, M, L, QPos, first_edge, kv_head, n_rows, offs_d, d_mask, stride_qh, stride_qm, stride_qd,
                 stride_mh, stride_mr, stride_lh, stride_lr, stride_p, GROUP, ROWS, BLOCK_M, UPCAST)
             attn, below = _column_tile(q, kt, m_i, inv_l, qk_scale, threshold, attn, below, offs_n, q_pos, n_keys,
-                                       True)
+                                       True, ON_GPU)
             nonzero += tl.sum(((offs_n[None, :] <= q_pos[:, None]) & counted[:, None]).to(tl.int32), 0)
 
         attn_g = _per_head(attn, GROUP_PAD, ROWS, BLOCK_N)
@@ -462,6 +477,7 @@ def column_stats(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, row_max:
             BLOCK_N=block_n,
             BLOCK_D=common.block(head_dim),
             UPCAST=common.upcast_for_dot(q.dtype),
+            ON_GPU=not common.interpreter_mode(),
             num_warps=warps,
         )
     return ReducedStats(attn, below, nonzero.expand(heads, n_keys), attn_kv)
