@@ -184,8 +184,10 @@ def check_measured(gpu: estimate.GPU = estimate.H100, records: list[dict] | None
         band = report.estimate_implementation(impl, step, compiled, gpu, flash_us)
         opt, cons, got = band["optimistic_us"] / 1e3, band["conservative_us"] / 1e3, record["measured_ms"]
         name = f"{record['op']} {record['implementation']}, batch {step.batch}"
-        rows.append({"point": name, "gpu": record["gpu"], "commit": record["commit"],
-                     "picked": "; ".join(f"{k['kernel']} {k['picked']}" for k in band["kernels"] if k["autotuned"]),
+        picked = "; ".join(f"{k['kernel']} {k['picked']}" for k in band["kernels"] if k["autotuned"])
+        if gone:  # say what was measured: today's band is another config's
+            picked = f"{record.get('config')} (no config today; band: {picked})"
+        rows.append({"point": name, "gpu": record["gpu"], "commit": record["commit"], "picked": picked,
                      "measured_ms": got, "optimistic_ms": opt, "conservative_ms": cons,
                      "optimistic_ratio": opt / got, "conservative_ratio": cons / got,
                      "inside": opt <= got <= cons, "known_miss": KNOWN_MISSES.get(name),

@@ -493,7 +493,9 @@ def test_the_quantized_decode_unpacks_without_shuffles(report):
     ldmatrix: at 32K tokens it issues under 400 warp-instructions a token
     (609 when pairs were joined, permuted and stored to shared memory 16
     bits at a time) and under 50 of them shared-memory ones (79 then)."""
-    for res in (r for r in report["estimates"] if r["op"] == "quant_decode"):
+    estimates = [r for r in report["estimates"] if r["op"] == "quant_decode"]
+    assert len(estimates) == 2
+    for res in estimates:
         band = next(b for b in res["implementations"] if b["implementation"] == "quantized (4/2-bit)")
         stage1 = next(k for k in band["kernels"] if k["kernel"] == "_stage1_kernel")
         picked = next(c for c in stage1["configs"] if c["picked"])

@@ -158,49 +158,59 @@ def test_code_pairs_unpack_every_code_exactly(bits, dtype, device):
 def _decode_tile_kernel(KC, KS, KZ, VC, VS, VZ, KOut, VOut,
                         stride_kcw, stride_kcd, stride_ksg, stride_ksd, stride_vcw, stride_vcd, stride_vsn,
                         stride_vsg, head_dim, BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_D: tl.constexpr, DT: tl.constexpr):
+                        BLOCK_D: tl.constexpr, DT: tl.constexpr, ON_GPU: tl.constexpr):
     """A decode kernel's view of one sequence's tiles: load_tile,
     dequantize_keys/_values, each row stored as float32 at its slot
     (tile_slots) of [slots, BLOCK_D]."""
     start = tl.program_id(0) * BLOCK_N
     k_words, k_scale, k_zero, v_words, v_scale, v_zero = load_tile(
-        KC, KS, KZ, VC, VS, VZ, start, start + BLOCK_N, stride_kcw, stride_kcd, stride_ksg, stride_ksd, stride_vcw, stride_vcd,
-        stride_vsn, stride_vsg, head_dim, BITS, GROUP, BLOCK_N, BLOCK_D)
-    k = dequantize_keys(k_words, k_scale, k_zero, BITS, GROUP, BLOCK_N, BLOCK_D, DT, False)
-    v = dequantize_values(v_words, v_scale, v_zero, BITS, GROUP, BLOCK_N, BLOCK_D, DT, False)
+        KC, KS, KZ, VC, VS, VZ, start, start + BLOCK_N, stride_kcw, stride_kcd, stride_ksg, stride_ksd, stride_vcw,
+        stride_vcd, stride_vsn, stride_vsg, head_dim, BITS, GROUP, BLOCK_N, BLOCK_D)
+    k = dequantize_keys(k_words, k_scale, k_zero, BITS, GROUP, BLOCK_N, BLOCK_D, DT, ON_GPU)
+    v = dequantize_values(v_words, v_scale, v_zero, BITS, GROUP, BLOCK_N, BLOCK_D, DT, ON_GPU)
     out = (start + tile_slots(BITS, BLOCK_N))[:, None] * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
     tl.store(KOut + out, k.to(tl.float32))
     tl.store(VOut + out, v.to(tl.float32))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+# bf16 on a GPU only: the interpreter cannot build bf16 constants, and its
+# dots upcast bf16 to float32 (common.upcast_for_dot), so no bf16 tile is
+# ever made there.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16]
+                         + ([] if common.interpreter_mode() else [torch.bfloat16]), ids=str)
+@pytest.mark.parametrize("tile", ["in-group", 128])
 @pytest.mark.parametrize("group", [32, 64, 128])
 @pytest.mark.parametrize("bits", [2, 4])
-def test_decode_tiles_dequantize_as_the_reference(bits, group, dtype, device):
-    """The device functions quant_decode builds its tiles with, on 64-slot
-    tiles where the group allows: the reference's float32 values exactly,
-    every slot in the row tile_slots gives it, or within the fp16 roundings
-    of the product and the sum when the dot takes fp16."""
-    head_dim, block_n = 96 if group == 32 else 128, min(64, group)
-    k, v, pos, length = random_kv(batch=1, kv_heads=1, slots=2 * group, head_dim=head_dim, lengths=[2 * group],
+def test_decode_tiles_dequantize_as_the_reference(bits, group, tile, dtype, device):
+    """The device functions quant_decode builds its tiles with (on a GPU its
+    16-bit PTX), on tiles inside one key group (64 slots where the group
+    allows) and on 128-slot tiles spanning groups: the reference's float32
+    values exactly, every slot in the row tile_slots gives it, or within
+    the 16-bit roundings of the product and the sum."""
+    head_dim = 96 if group == 32 else 128
+    block_n = min(64, group) if tile == "in-group" else tile
+    slots = 2 * max(group, block_n)
+    k, v, pos, length = random_kv(batch=1, kv_heads=1, slots=slots, head_dim=head_dim, lengths=[slots],
                                   dtype=torch.float32, seed=bits * group)
     seg = kv_quant.quantize(k.to(device), v.to(device), pos.to(device), length.to(device), bits=bits, group=group)
     want_k, want_v = (t[0, 0].cpu() for t in ref.dequantize(seg.to("cpu")))
     block_d = triton.next_power_of_2(head_dim)
-    got_k = torch.full((2 * group, block_d), float("nan"), device=device)
+    got_k = torch.full((slots, block_d), float("nan"), device=device)
     got_v = torch.full_like(got_k, float("nan"))
     first = lambda t: t[0, 0]  # noqa: E731
-    _decode_tile_kernel[(2 * group // block_n,)](
+    dt = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}[dtype]
+    _decode_tile_kernel[(slots // block_n,)](
         first(seg.k_codes), first(seg.k_scale), first(seg.k_zero), first(seg.v_codes), first(seg.v_scale),
         first(seg.v_zero), got_k, got_v, *first(seg.k_codes).stride(), *first(seg.k_scale).stride(),
         *first(seg.v_codes).stride(), *first(seg.v_scale).stride(), head_dim,
-        BITS=bits, GROUP=group, BLOCK_N=block_n, BLOCK_D=block_d,
-        DT=tl.float32 if dtype == torch.float32 else tl.float16)
+        BITS=bits, GROUP=group, BLOCK_N=block_n, BLOCK_D=block_d, DT=dt, ON_GPU=got_k.is_cuda)
     zeros = (first(seg.k_zero).float().cpu().repeat_interleave(group, 0),
              first(seg.v_zero).float().cpu().repeat_interleave(group, 1))
     for got, want, zero in ((got_k, want_k, zeros[0]), (got_v, want_v, zeros[1])):
         got = got[:, :head_dim].cpu()
         if dtype == torch.float32:
             assert torch.equal(got, want)
-        else:  # code * scale and + zero each round to fp16: 2^-11 of |code * scale| <= |x| + |zero|, and of |x|
-            assert ((got - want).abs() <= 2.0**-10 * (want.abs() + zero.abs())).all()
+        else:  # code * scale and + zero each round to 16 bits (unit roundoff u): u |code * scale| <= u (|x| +
+            # |zero|), and u |x|
+            u = 2.0**-11 if dtype == torch.float16 else 2.0**-8
+            assert ((got - want).abs() <= 2 * u * (want.abs() + zero.abs())).all()

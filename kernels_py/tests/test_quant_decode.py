@@ -51,12 +51,14 @@ MATCH = [pytest.param(name, d.values[0], id=f"{d.id}-{name}") for name in sorted
 
 @pytest.mark.parametrize("name,dtype", MATCH)
 def test_matches_attention_over_the_dequantized_cache(name, dtype, device):
-    """Every tile size the autotuner may pick, one split or three (splits
-    that start inside a segment, and segments whose last tile is partial)."""
+    """The autotuner's pick on a GPU (None) and every tile size it may
+    pick (tile_cap lowers both to 32 slots in groups_32_64), one split or
+    three (splits that start inside a segment, and segments whose last tile
+    is partial)."""
     q, q_pos, segs, dense = case(device, dtype, name)
     want = op.reference.quant_decode(q, q_pos, segs, dense)
     for splits in (1, 3):
-        for tile in qkernel.TILES:
+        for tile in (None, *qkernel.TILES):
             check(op.quant_decode(q, q_pos, segs, dense, num_splits=splits, tile=tile), want, dtype)
 
 
@@ -74,7 +76,7 @@ def test_tiles_span_key_groups_only_from_a_group_start():
     assert qkernel.tile_cap([seg(32), seg(64)]) == 32
     assert qkernel.tile_cap([seg(64), seg(128)]) == 64
     q, q_pos, segs, dense = case("cpu", torch.float32, "zipvl_gqa4")
-    with pytest.raises(ValueError, match=r"tile=96: a tile holds one of \[64, 128\] slots"):
+    with pytest.raises(ValueError, match=r"tile=96: tile must be one of \[64, 128\]"):
         op.quant_decode(q, q_pos, segs, dense, tile=96)
 
 

@@ -7,10 +7,11 @@ Dequantization in registers: a code c < 2^23 becomes the float32
 reinterpreting the bits; subtracting 2^23 leaves c exactly. That is a LOP3
 and an FADD per element instead of an integer-to-float conversion (a
 quarter-rate instruction), the magic-number trick of BitDecoding and QServe.
-Where the dot takes 16-bit operands, code_pairs does the same in fp16
-(0x6400 = 1024.0) or bf16 (0x4300 = 128.0) on both halves of a word at
-once, and the multiply-add by scale and zero runs in that dtype, two
-elements to an instruction. The layout (contract.py) puts neighbouring
+Where the dot takes 16-bit operands the same is done in fp16 (0x6400 =
+1024.0) or bf16 (0x4300 = 128.0) on both halves of a word at once, and the
+multiply-add by scale and zero runs in that dtype, two elements to an
+instruction: on a GPU in one PTX block a pair (_scaled_pairs), under the
+interpreter by code_pairs. The layout (contract.py) puts neighbouring
 channels in a word's halves, so each pair comes out where the tile needs
 it: nothing is permuted or shuffled between threads.
 
@@ -170,8 +171,9 @@ def _dequantize_kernel(
     BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """One program per (sequence x kv head, tile of BLOCK_N slots inside one
-    key group): the tile dequantized in registers as a decode kernel does it,
-    written out as float32 (the dequantize-then-attend baseline, and tests)."""
+    key group): the tile loaded and unpacked as a decode kernel does it (in
+    float32, so without its 16-bit PTX), written out (the
+    dequantize-then-attend baseline, and tests)."""
     bh = tl.program_id(0)
     b = (bh // heads).to(tl.int64)
     h = bh % heads
@@ -308,8 +310,9 @@ def _shifted_copies(words, BITS: tl.constexpr):
 def _scaled_pairs(shifted, scale, zero, BITS: tl.constexpr, DT: tl.constexpr, ON_GPU: tl.constexpr):
     """Shifted words [...] and the scales and zeros of their channel pairs
     [..., 2] (broadcastable) -> code * scale + zero [..., 2] in DT (float32:
-    exactly reference.dequantize's operations; fp16/bf16: a single rounding
-    of the product and of the sum, two elements to an instruction).
+    exactly reference.dequantize's operations; fp16/bf16, two elements to an
+    instruction: one rounding of product and sum on a GPU, a fused
+    multiply-add; one each under the interpreter).
 
     On a GPU a 16-bit pair is one opaque PTX block: what code_pairs and the
     multiply-add issue, less the repacking of halves Triton adds around a
@@ -410,8 +413,8 @@ def quantize(k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, length: torch.
 
 
 def dequantize(seg: QuantKV) -> tuple[torch.Tensor, torch.Tensor]:
-    """K, V [B, H, T, D] float32 of a segment (0 in padding slots), by the
-    in-register dequantization a decode kernel uses."""
+    """K, V [B, H, T, D] float32 of a segment (0 in padding slots), loaded
+    and unpacked as a decode kernel does it, in float32."""
     check_segment(seg, check_values=False)
     batch, heads, _, dim = seg.k_codes.shape
     slots = seg.slots

@@ -51,10 +51,11 @@ def _compile(*, dtype, head_dim, heads, kv_heads, segments, queries=1):
 
 f16, bf16 = torch.float16, torch.bfloat16
 COMPILE_CASES = [
-    # ZipVL's shape: 4-bit important tokens, 2-bit others, 32 q / 8 kv heads.
+    # ZipVL's shape: 4-bit important tokens, 2-bit others, 32 q / 8 kv heads, one group size (128-slot tiles
+    # span two groups).
     CompileCase("quantdecode-fp16-d128-4+2bit-gqa4",
                 partial(_compile, dtype=f16, head_dim=128, heads=32, kv_heads=8,
-                        segments=[(4, 32, 64, [64, 32]), (2, 64, 128, [128, 64])]), KERNELS),
+                        segments=[(4, 64, 128, [128, 64]), (2, 64, 256, [256, 128])]), KERNELS),
     # KIVI's shape: one 2-bit segment, group 128.
     # The first case compiles every config; these the 4-warp ones without the cap, one per tile size.
     CompileCase("quantdecode-bf16-d128-2bit-g128",
@@ -84,7 +85,7 @@ def selftest(seed: int = 0, dtype: str = "float16", heads: int = 8, kv_heads: in
     torch_dtype = common.dtype(dtype)
     device = runtime.device()
     rows = []
-    for name, segments in (("4-bit 64 + 2-bit 192 slots", [(4, 32, 64, [64]), (2, 64, 192, [192])]),
+    for name, segments in (("4-bit 64 + 2-bit 192 slots", [(4, 32, 64, [64]), (2, 32, 192, [192])]),
                            ("2-bit 256 slots (KIVI)", [(2, 128, 256, [256])])):
         q, q_pos, segs, dense = make_cache(batch=1, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
                                            segments=segments, dense_lens=[32], queries=1, dtype=torch_dtype, seed=seed,

@@ -17,7 +17,8 @@ words, scales and positions into registers before it works on this one
 (one pipeline stage: no shared-memory ring, so 3 programs fit an SM).
 
 Dequantizing a tile costs a shift, a LOP3, an HADD2 and an HFMA2 per pair
-of elements (kv_quant.kernel: the magic-number trick on a word's two
+of fp16 elements (bf16: two FMAs; kv_quant.kernel: the magic-number trick
+on a word's two
 halves, which hold neighbouring channels), all in the registers of the
 thread that loaded the word. The tile's rows are its slots in a fixed
 permutation (kv_quant.kernel.tile_slots) so those registers are already
@@ -185,13 +186,30 @@ STAGE1_CONFIGS = [triton.Config({"TILE": tile}, num_warps=DEFAULT_WARPS, num_sta
                   for tile in TILES for cap in (168, None)]
 STAGE1_CONFIGS += [triton.Config({"TILE": tile}, num_warps=2 * DEFAULT_WARPS, num_stages=DEFAULT_STAGES)
                    for tile in TILES]
+_prune_spilling = common.prune_spilling(_stage1_kernel)
+
+
+def _prune_stage1(configs, named_args, **launch):
+    """Configs whose tile the launch caps (TILE > TILE_MAX) compile to the
+    capped kernel, the same as another config's: keep one of each, then drop
+    those that spill."""
+    cap = launch.get("TILE_MAX", TILES[-1])
+    seen, kept = set(), []
+    for c in configs:
+        key = (min(c.kwargs["TILE"], cap), c.num_warps, c.num_stages, c.maxnreg)
+        if key not in seen:
+            seen.add(key)
+            kept.append(c)
+    return _prune_spilling(kept, named_args, **launch)
+
+
 # No QK_DT in the key: it follows from the inputs' dtypes, which the autotuner
 # adds to every key itself, and a tl.dtype cannot be written to its disk cache.
 _stage1_tuned = triton.autotune(
     configs=STAGE1_CONFIGS, cache_results=True,
     key=["GROUP", "N_QUERIES", "TWO_SEGMENTS", "BITS_A", "GROUP_A", "BITS_B", "GROUP_B", "BLOCK_ROWS", "BLOCK_D",
          "TILE_MAX"],
-    prune_configs_by={"early_config_prune": common.prune_spilling(_stage1_kernel)})(_stage1_kernel)
+    prune_configs_by={"early_config_prune": _prune_stage1})(_stage1_kernel)
 
 
 def default_num_splits(segments, dense: DenseKV) -> int:
@@ -217,9 +235,10 @@ def tile_cap(segments) -> int:
     groups must start on a group's first slot: the second segment's tiles
     start at the first one's length, a whole number of its groups, which is
     a whole number of the second's only when those are no larger. Otherwise
-    tiles stay inside one group of each (the smaller group, at most 64)."""
+    a tile is the first segment's group (smaller than the second's, so at
+    most 64), inside one group of each."""
     if len(segments) == 2 and segments[1].group > segments[0].group:
-        return min(TILES[0], segments[0].group)
+        return segments[0].group
     return TILES[-1]
 
 
@@ -237,8 +256,10 @@ def quant_decode(q: torch.Tensor, q_pos: torch.Tensor, segments, dense: DenseKV,
     default_num_splits (one host sync). workspace: make_workspace's scratch,
     reused across calls (no allocation; its split count is used).
     check_values=False skips the checks that wait for the device. tile pins
-    the slots per tile (one of TILES; capped by tile_cap), default the
-    autotuner's pick on a GPU and the largest under the interpreter.
+    the slots per tile (64 or 128, TILES; tile_cap may lower it) and then
+    runs without the autotuner: 4 warps (8 for more than WIDE_ROWS rows), no
+    register cap, no spill pruning. Default: the autotuner's pick on a GPU,
+    128 under the interpreter.
     Returns QuantDecodeOutput(out [B, Hq, M, D] q.dtype, lse [B, Hq, M] float32).
     """
     check_inputs(q, q_pos, segments, dense, check_values)
@@ -246,7 +267,8 @@ def quant_decode(q: torch.Tensor, q_pos: torch.Tensor, segments, dense: DenseKV,
     kv_heads = segments[0].kv_heads
     group = heads // kv_heads
     if tile is not None and tile not in TILES:
-        raise ValueError(f"tile={tile!r}: a tile holds one of {list(TILES)} slots")
+        raise ValueError(f"tile={tile!r}: tile must be one of {list(TILES)} (the kernel may use fewer slots, "
+                         f"tile_cap)")
     if group * queries > MAX_ROWS:
         raise ValueError(f"query heads per kv head x query tokens = {group * queries} exceeds {MAX_ROWS}, the rows "
                          f"one program holds")
