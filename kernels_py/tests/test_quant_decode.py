@@ -75,6 +75,11 @@ def test_tiles_span_key_groups_only_from_a_group_start():
     assert qkernel.tile_cap([seg(64), seg(64)]) == 128
     assert qkernel.tile_cap([seg(32), seg(64)]) == 32
     assert qkernel.tile_cap([seg(64), seg(128)]) == 64
+    # Capped, the 128-slot configs compile to their 64-slot twins: the autotuner times one of each.
+    configs = qkernel.STAGE1_CONFIGS
+    assert qkernel.distinct_configs(configs, 128) == configs
+    capped = qkernel.distinct_configs(configs, 32)
+    assert capped == [c for c in configs if c.kwargs["TILE"] == 64]
     q, q_pos, segs, dense = case("cpu", torch.float32, "zipvl_gqa4")
     with pytest.raises(ValueError, match=r"tile=96: tile must be one of \[64, 128\]"):
         op.quant_decode(q, q_pos, segs, dense, tile=96)

@@ -189,18 +189,23 @@ STAGE1_CONFIGS += [triton.Config({"TILE": tile}, num_warps=2 * DEFAULT_WARPS, nu
 _prune_spilling = common.prune_spilling(_stage1_kernel)
 
 
-def _prune_stage1(configs, named_args, **launch):
-    """Configs whose tile the launch caps (TILE > TILE_MAX) compile to the
-    capped kernel, the same as another config's: keep one of each, then drop
-    those that spill."""
-    cap = launch.get("TILE_MAX", TILES[-1])
+def distinct_configs(configs, tile_max: int) -> list:
+    """The configs that compile to different kernels under a launch capping
+    the tile at tile_max (TILE > TILE_MAX runs the capped tile, the same
+    kernel as another config's): the first of each."""
     seen, kept = set(), []
     for c in configs:
-        key = (min(c.kwargs["TILE"], cap), c.num_warps, c.num_stages, c.maxnreg)
+        key = (min(c.kwargs["TILE"], tile_max), c.num_warps, c.num_stages, c.maxnreg)
         if key not in seen:
             seen.add(key)
             kept.append(c)
-    return _prune_spilling(kept, named_args, **launch)
+    return kept
+
+
+def _prune_stage1(configs, named_args, **launch):
+    """The autotuner's early prune: one config per distinct kernel, then
+    none that spills."""
+    return _prune_spilling(distinct_configs(configs, launch.get("TILE_MAX", TILES[-1])), named_args, **launch)
 
 
 # No QK_DT in the key: it follows from the inputs' dtypes, which the autotuner
