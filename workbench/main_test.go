@@ -355,7 +355,7 @@ func TestKernelsReportEstimate(t *testing.T) {
 	if err := printEstimate(&app{stdout: &text}, []byte(stdout)); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"estimated on an A100", "gather_decode (batch 16, context 16384",
+	for _, want := range []string{"estimated on an A100", "gather_decode (batch 16, context 32768",
 		"selected rows", "conservative", "every config at this shape", "warp-instructions per token by class",
 		"  - selected rows: _stage1_kernel: "} {
 		if !strings.Contains(text.String(), want) {

@@ -73,7 +73,7 @@ def report(shapes=SHAPES) -> dict:
 # What each launch does, for the estimate from the compiled code
 # ----------------------------------------------------------------------------
 
-ESTIMATE_SHAPES = (Step(batch=8, context=32768), Step(batch=64, context=32768), Step(batch=8, context=16384))
+ESTIMATE_SHAPES = (Step(batch=8, context=32768), Step(batch=64, context=32768))
 
 
 def _call(s: Step):
