@@ -60,7 +60,7 @@ the latency of the memory level its argument lives in), occupancy and waves.
 It prints per implementation an optimistic time (co-resident programs hide
 each other's waits fully) and a conservative one (they overlap only their
 waits on memory), the bound that sets each (memory, tensor, issue,
-load/store or latency), % of the HBM peak, the speedup over FlashAttention
+load/store, special functions or latency), % of the HBM peak, the speedup over FlashAttention
 over the uncompressed cache, and what limits each kernel in words. HBM is
 read at the share of its peak streaming kernels sustained when measured on
 an H100: 89% at the optimistic end and for FlashAttention, 68% at the

@@ -18,7 +18,9 @@ Per program class (programs with the same loop trip counts):
 
 Per launch, on one SM (programs spread evenly, the busiest SM's share):
 floors (HBM bytes at the peak, tensor FLOPs at the MMA peak, instruction
-issue at 4 a clock, the load/store pipe at 128 bytes a clock) and a latency
+issue at 4 a clock, the load/store pipe at 128 bytes a clock, the
+special-function units (MUFU: exp2, rcp, sin, ...) at 16 results a clock)
+and a latency
 term from the timeline. Co-resident programs hide some of each other's
 waits, and how much is the largest unknown, so the estimate is a band:
 optimistic: they overlap fully (every program's timeline divided among
@@ -67,6 +69,7 @@ class GPU:
     max_blocks: int = 32
     issue_per_clock: int = 4  # warp-instructions, one per scheduler
     l1_bytes_per_clock: int = 128  # the load/store pipe (L1 and shared memory)
+    special_per_clock: int = 16  # special-function (MUFU) results, sm_80 and sm_90 alike
     latency: dict = field(default_factory=dict)  # cycles, by kind (see H100)
     launch_us: float = 2.0  # between two dependent launches in one stream
     l2_bytes: int = 50 * 2**20
@@ -448,6 +451,7 @@ class Profile:
     lsu_cycles: float = 0.0  # load/store pipe cycles (bytes / 128 a clock, at least 1 an instruction)
     tensor_flops: float = 0.0  # executed, this warp's share
     tensor_cycles: float = 0.0  # SM tensor-core cycles at the peak for the kind (HMMA at mma_sync_share)
+    special_cycles: float = 0.0  # SM special-function-unit cycles (32 results a MUFU)
     local_bytes: float = 0.0
     outside_loops: float = 0.0  # instructions executed once per program (prologue and epilogue)
     cycles: float = 0.0  # the warp's timeline
@@ -484,6 +488,8 @@ def count(kernel: Kernel, trips: dict[int, float], gpu: GPU = H100) -> Profile:
                 prof.lsu_cycles += m * max(1.0, warp_bytes / gpu.l1_bytes_per_clock)
                 if cls == "local":
                     prof.local_bytes += m * warp_bytes
+            if cls == "mufu":
+                prof.special_cycles += m * 32 / gpu.special_per_clock
             if cls == "mma":
                 flops, kind = sass_mod.mma_flops(ins.op, ins.operands)
                 share = 1.0 if ins.base.endswith("GMMA") else gpu.mma_sync_share
@@ -703,7 +709,7 @@ class Estimate:
     instructions: float  # warp-instructions, all programs
     by_class: dict
     tensor_flops: float
-    floors_us: dict  # memory, tensor, issue, load/store
+    floors_us: dict  # memory, tensor, issue, load/store, special
     latency_us: dict  # optimistic, conservative
     optimistic_us: float
     conservative_us: float
@@ -744,7 +750,7 @@ def estimate(kernel: Kernel, work: Work, *, warps: int, registers: int, shared: 
     # The busiest SM gets ceil(programs / SMs) programs, at most per_sm of them at once.
     share = math.ceil(programs / gpu.sms) / (programs / gpu.sms)
     resident = max(1, min(per_sm, math.ceil(programs / gpu.sms)))
-    issue = tensor = lsu = 0.0
+    issue = tensor = lsu = special = 0.0
     lat_opt_sum = lat_cons = 0.0
     longest = 0.0
     instructions = tensor_flops = local = outside = narrow = 0.0
@@ -766,6 +772,7 @@ def estimate(kernel: Kernel, work: Work, *, warps: int, registers: int, shared: 
         issue += n * warps * prof.instructions / gpu.issue_per_clock
         tensor += n * warps * prof.tensor_cycles
         lsu += n * warps * prof.lsu_cycles
+        special += n * warps * prof.special_cycles
         siblings = max(0.0, warps / 4 - 1) * cons.instructions
         memory_wait = sum(cons.waits.get(k, 0.0) for k in MEMORY_WAITS)
         lat_cons += n * (cons.cycles - memory_wait + siblings + memory_wait / resident)
@@ -787,6 +794,7 @@ def estimate(kernel: Kernel, work: Work, *, warps: int, registers: int, shared: 
         "tensor": tensor / clock * 1e6,
         "issue": issue / clock * 1e6,
         "load/store": lsu / clock * 1e6,
+        "special": special / clock * 1e6,
     }
     latency = {"optimistic": lat_opt / clock * 1e6, "conservative": lat_cons / clock * 1e6}
     # The memory floor is at the peak; each end reads at the share it assumes.

@@ -237,7 +237,7 @@ ESTIMATE_COLUMNS = (
     Column("tokens", "", "cached tokens per sequence"),
     Column("optimistic_ms", "ms", "co-resident programs hide each other's waits fully", "optimistic"),
     Column("conservative_ms", "ms", "their exposed waits serialize (targets are judged here)", "conservative"),
-    Column("bound", "", "what sets the conservative end: memory, tensor, issue, load/store or latency"),
+    Column("bound", "", "what sets the conservative end: memory, tensor, issue, load/store, special or latency"),
     Column("hbm_pct", "%", "bytes the call moves / conservative time, as a share of the HBM peak", "% HBM"),
     Column("speedup_conservative", "x", "FlashAttention decode over the uncompressed cache (its bytes at the most "
            "of the HBM peak a streaming kernel sustained) / conservative time", "vs FA (cons.)"),
@@ -259,6 +259,8 @@ CONFIG_COLUMNS = (
     Column("tensor_ms", "ms", "floor: tensor-core FLOPs at the MMA peak", "tensor"),
     Column("issue_ms", "ms", "floor: warp-instructions at 4 a clock per SM", "issue"),
     Column("lsu_ms", "ms", "floor: load/store pipe at 128 bytes a clock per SM", "ld/st"),
+    Column("special_ms", "ms", "floor: special-function units (MUFU: exp2, rcp, sin) at 16 results a clock per SM",
+           "sfu"),
     Column("optimistic_ms", "ms", "latency with full overlap, or a floor", "optimistic"),
     Column("conservative_ms", "ms", "latency with serialized waits, or a floor", "conservative"),
     Column("bound", "", "what sets the conservative end"),
@@ -314,6 +316,7 @@ def _tables(report: dict) -> list[dict]:
                         "instructions_per_token": c["instructions_per_token"], "mma_pct": 100 * c["mma_share"],
                         "memory_ms": c["floors_us"]["memory"] / 1e3, "tensor_ms": c["floors_us"]["tensor"] / 1e3,
                         "issue_ms": c["floors_us"]["issue"] / 1e3, "lsu_ms": c["floors_us"]["load/store"] / 1e3,
+                        "special_ms": c["floors_us"]["special"] / 1e3,
                         "optimistic_ms": c["optimistic_us"] / 1e3, "conservative_ms": c["conservative_us"] / 1e3,
                         "bound": c["conservative_bound"],
                         "status": "pruned" if c.get("pruned") else "picked" if c.get("picked") else ""})

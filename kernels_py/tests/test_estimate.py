@@ -168,6 +168,20 @@ def test_memory_waits_overlap_only_across_programs_an_sm_holds():
         per_sm * (cycles - waited + waited / per_sm) / H100.clock_hz * 1e6)
 
 
+def test_special_functions_have_a_floor_of_their_own():
+    """A MUFU issues in one cycle but the SM's special-function units finish
+    16 results a clock: a kernel of exp2s is bound by them, not by issue."""
+    k = _kernel([("MUFU.EX2 R3, R2", {"stall": 1}), ("MUFU.EX2 R4, R2", {"stall": 1}), ("EXIT", {"stall": 1})])
+    assert estimate.count(k, {}).special_cycles == 2 * 32 / H100.special_per_clock
+    est = estimate.estimate(k, estimate.Work((estimate.Programs(64 * H100.sms, {}),), 0.0), warps=4, registers=32,
+                            shared=0)
+    warps_per_sm = 64 * 4
+    assert est.floors_us["special"] == pytest.approx(warps_per_sm * 2 * 2 / H100.clock_hz * 1e6)
+    # Per warp: 4 special-function cycles against 3 issue slots shared by 4 schedulers.
+    assert est.floors_us["special"] == pytest.approx(est.floors_us["issue"] * 4 / (3 / 4))
+    assert est.optimistic_bound == "special"
+
+
 def test_a_loop_runs_its_steady_state_times_its_trips():
     """A loop with no source loop counts once and says so."""
     k = _kernel([(".L_x_0:", {}), ("FADD R3, R2, R2", {"stall": 5}), ("@P0 BRA `(.L_x_0)", {"stall": 1}),
@@ -445,7 +459,7 @@ def test_every_op_with_a_model_is_estimated(report):
         for band in res["implementations"]:
             seen.setdefault(res["op"], set()).add(band["implementation"])
             assert 0 < band["optimistic_us"] <= band["conservative_us"]
-            assert band["bound"] in ("memory", "tensor", "issue", "load/store", "latency")
+            assert band["bound"] in ("memory", "tensor", "issue", "load/store", "special", "latency")
             assert band["instructions_per_token"] > 0 and band["flags"]
             assert band["speedup_conservative"] == pytest.approx(res["flash_us"] / band["conservative_us"])
             for k in band["kernels"]:
