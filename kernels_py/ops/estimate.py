@@ -20,9 +20,9 @@ Per launch, on one SM (programs spread evenly, the busiest SM's share):
 floors (HBM bytes at the peak, tensor FLOPs at the MMA peak, instruction
 issue at 4 a clock, the load/store pipe at 128 bytes a clock, the
 special-function units (MUFU: exp2, rcp, sin, ...) at 16 results a clock)
-and a latency
-term from the timeline. Co-resident programs hide some of each other's
-waits, and how much is the largest unknown, so the estimate is a band:
+and a latency term from the timeline. Co-resident programs hide some of
+each other's waits, and how much is the largest unknown, so the estimate
+is a band:
 optimistic: they overlap fully (every program's timeline divided among
 the CTAs an SM holds); conservative: they overlap only their waits on
 memory (their requests are in flight together), while everything they do
