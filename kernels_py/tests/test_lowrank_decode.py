@@ -123,6 +123,9 @@ CASES = {
     "head_dim80": dict(head_dim=80, queries=3, dense_lens=(9, 2)),
     "head_dim128_gqa4": dict(heads=8, kv_heads=2, head_dim=128, comp_lens=(40, 90), dense_lens=(6, 3)),
     "interleaved": dict(queries=3, interleave=True, comp_lens=(50, 29), dense_lens=(12, 30)),
+    # one query token amid the cache: the absorbed kernel's one-query path
+    # masks the tokens after it by a column mask alone
+    "interleaved_m1": dict(queries=1, interleave=True, comp_lens=(50, 29), dense_lens=(12, 30)),
     "no_compressed": dict(comp_lens=(0, 11), dense_lens=(17, 5)),
     # ranks above one 64-rank chunk: the rebuild loops over chunks and skips
     # those past a tile's largest rank prefix (most tokens here have rank 25 / 18)

@@ -535,15 +535,19 @@ def _load_per_token(X_b, offs_n, tok_mask, stride_xn):
 
 
 @triton.jit
-def _absorbed_tile(q_rank, q_pos, row_mask, UK_b, UV_b, CPos_b, RankK_b, RankV_b, offs_n, c_hi, offs_rk, offs_rv,
-                   rank_k_max, rank_v_max, qk_scale, m_i, l_i, acc_rank, stride_cpn, stride_rkn, stride_rvn,
-                   stride_ukn, stride_ukr, stride_uvn, stride_uvr, UW_DT: tl.constexpr, RAGGED: tl.constexpr):
+def _absorbed_tile(q_rank, q_pos, q_pos0, row_mask, UK_b, UV_b, CPos_b, RankK_b, RankV_b, offs_n, c_hi, offs_rk,
+                   offs_rv, rank_k_max, rank_v_max, qk_scale, m_i, l_i, acc_rank, stride_cpn, stride_rkn, stride_rvn,
+                   stride_ukn, stride_ukr, stride_uvn, stride_uvr, UW_DT: tl.constexpr, ONE_QUERY: tl.constexpr,
+                   RAGGED: tl.constexpr):
     """One tile of _stage1_absorbed_kernel's rank-space attention, for the
     tokens _whole_chunks accepts (RAGGED=False: U tiles to the MMAs as
     loaded, the columns past the tile's top rank dropped from q~ and from
     the sum) or for the others (RAGGED=True: each token's columns past its
     rank zeroed in registers). Returns the online softmax's state and the
-    tile's tokens _whole_chunks refused."""
+    tile's tokens _whole_chunks refused. With one query token (ONE_QUERY)
+    every row has its position q_pos0, so which tokens a row sees is one
+    column mask, added to the scores with their scale (one FMA an entry, no
+    select); rows past the real ones then keep finite scores nobody stores."""
     tok_mask = offs_n < c_hi
     tok_pos = _load_per_token(CPos_b, offs_n, tok_mask, stride_cpn)
     rank_k = _load_per_token(RankK_b, offs_n, tok_mask, stride_rkn)
@@ -561,7 +565,10 @@ def _absorbed_tile(q_rank, q_pos, row_mask, UK_b, UV_b, CPos_b, RankK_b, RankV_b
         uk = _load_rank_chunks(UK_b, offs_n, tok_mask, rank_k, offs_rk, rank_k_max, stride_ukn, stride_ukr).to(UW_DT)
         uv = _load_rank_chunks(UV_b, offs_n, tok_mask, rank_v, offs_rv, rank_v_max, stride_uvn, stride_uvr).to(UW_DT)
         s = tl.dot(tl.where(offs_rk[None, :] < top_k, q_rank, 0.0), tl.trans(uk), input_precision="ieee")
-    s = _mask(s * qk_scale, tok_pos, mine, q_pos, row_mask)
+    if ONE_QUERY:
+        s = s * qk_scale + tl.where((tok_pos <= q_pos0) & mine, 0.0, float("-inf"))[None, :]
+    else:
+        s = _mask(s * qk_scale, tok_pos, mine, q_pos, row_mask)
     p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i)
     pv = tl.dot(p.to(UW_DT), uv, input_precision="ieee")
     if not RAGGED:
@@ -612,6 +619,7 @@ def _stage1_absorbed_kernel(
 
     head, query, row_kv, row_mask = _all_query_rows(N_QUERIES, GROUP, KV_HEADS * GROUP * N_QUERIES, BLOCK_ROWS)
     q_pos = tl.load(QPos + b * stride_pb + query * stride_pm, mask=row_mask, other=-1).to(tl.int32)
+    q_pos0 = tl.load(QPos + b * stride_pb).to(tl.int32)  # every row's, with one query token
     offs_rk = tl.arange(0, BLOCK_RK)
     offs_rv = tl.arange(0, BLOCK_RV)
     offs_row = tl.arange(0, BLOCK_ROWS)
@@ -636,17 +644,17 @@ def _stage1_absorbed_kernel(
     for start in range(c_lo, c_hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         m_i, l_i, acc_rank, ragged = _absorbed_tile(
-            q_rank, q_pos, row_mask, UK_b, UV_b, CPos_b, RankK_b, RankV_b, offs_n, c_hi, offs_rk, offs_rv,
+            q_rank, q_pos, q_pos0, row_mask, UK_b, UV_b, CPos_b, RankK_b, RankV_b, offs_n, c_hi, offs_rk, offs_rv,
             rank_k_max, rank_v_max, qk_scale, m_i, l_i, acc_rank, stride_cpn, stride_rkn, stride_rvn,
-            stride_ukn, stride_ukr, stride_uvn, stride_uvr, UW_DT, False)
+            stride_ukn, stride_ukr, stride_uvn, stride_uvr, UW_DT, N_QUERIES == 1, False)
         ragged_lo, ragged_hi = _note_refused(ragged_lo, ragged_hi, ragged, offs_n, c_lo, c_hi)
     r_lo, r_hi = _ragged_range(ragged_lo, ragged_hi, c_lo, BLOCK_N)
     for ragged_start in tl.range(r_lo, r_hi, BLOCK_N, num_stages=1):  # rare: not worth shared memory
         offs_n = ragged_start + tl.arange(0, BLOCK_N)
         m_i, l_i, acc_rank, refused = _absorbed_tile(
-            q_rank, q_pos, row_mask, UK_b, UV_b, CPos_b, RankK_b, RankV_b, offs_n, c_hi, offs_rk, offs_rv,
+            q_rank, q_pos, q_pos0, row_mask, UK_b, UV_b, CPos_b, RankK_b, RankV_b, offs_n, c_hi, offs_rk, offs_rv,
             rank_k_max, rank_v_max, qk_scale, m_i, l_i, acc_rank, stride_cpn, stride_rkn, stride_rvn,
-            stride_ukn, stride_ukr, stride_uvn, stride_uvr, UW_DT, True)
+            stride_ukn, stride_ukr, stride_uvn, stride_uvr, UW_DT, N_QUERIES == 1, True)
 
     rank_rows = b * stride_zb + head[:, None] * stride_zh + query[:, None] * stride_zm + split * stride_zs
     lse_rows = b * stride_sb + head * stride_sh + query * stride_sm + split * stride_ss
