@@ -127,6 +127,9 @@ CASES = {
     # masks the tokens after it by a column mask alone
     "interleaved_m1": dict(queries=1, interleave=True, comp_lens=(50, 29), dense_lens=(12, 30)),
     "no_compressed": dict(comp_lens=(0, 11), dense_lens=(17, 5)),
+    # dense segments of several tiles (64-token tiles over 16-bit caches in
+    # the absorbed call, 32 otherwise), the last one ragged
+    "long_dense": dict(comp_lens=(20, 9), dense_lens=(150, 70)),
     # ranks above one 64-rank chunk: the rebuild loops over chunks and skips
     # those past a tile's largest rank prefix (most tokens here have rank 25 / 18)
     "rank100_chunked": dict(rank_k=100, rank_v=72, full_share=0.1, comp_lens=(60, 45)),
