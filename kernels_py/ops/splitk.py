@@ -36,13 +36,24 @@ def _group_queries(Q, QPos, kv_head, b, stride_qb, stride_qh, stride_qm, stride_
 
 
 @triton.jit
-def _attend_tile(q, k, v, pos, tok_mask, q_pos, row_mask, m_i, l_i, acc, qk_scale, QK_DT: tl.constexpr):
+def _attend_tile(q, k, v, pos, tok_mask, q_pos, row_mask, m_i, l_i, acc, qk_scale, QK_DT: tl.constexpr,
+                 q_pos0=0, ONE_QUERY: tl.constexpr = False):
     """One tile of grouped decode: the rows q [ROWS, D] score the tile's keys
     k [N, D] (a token is visible to a row at or after its position), and the
-    online softmax takes in the values v [N, D]. Returns m_i, l_i, acc."""
-    s = tl.dot(q, tl.trans(k.to(QK_DT)), input_precision="ieee") * qk_scale
-    visible = (pos[None, :] <= q_pos[:, None]) & tok_mask[None, :] & row_mask[:, None]
-    p, alpha, m_i, l_i = _online_softmax(tl.where(visible, s, float("-inf")), m_i, l_i)
+    online softmax takes in the values v [N, D]. Returns m_i, l_i, acc.
+
+    ONE_QUERY: every row is the one query token at position q_pos0 (a
+    decode step), so which tokens the rows see is one column mask, added to
+    the scaled scores (an FMA a score instead of a compare, a select and a
+    multiply); rows past the real ones keep finite scores that
+    _store_split never stores."""
+    s = tl.dot(q, tl.trans(k.to(QK_DT)), input_precision="ieee")
+    if ONE_QUERY:
+        s = s * qk_scale + tl.where((pos <= q_pos0) & tok_mask, 0.0, float("-inf"))[None, :]
+    else:
+        visible = (pos[None, :] <= q_pos[:, None]) & tok_mask[None, :] & row_mask[:, None]
+        s = tl.where(visible, s * qk_scale, float("-inf"))
+    p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i)
     acc = acc * alpha[:, None] + tl.dot(p.to(QK_DT), v.to(QK_DT), input_precision="ieee")
     return m_i, l_i, acc
 

@@ -11,7 +11,8 @@ import triton.language as tl
 from kernels_py.ops import common, kv_quant
 from kernels_py.ops.kv_quant import reference as ref
 from kernels_py.ops.kv_quant.cases import error_over_bound, random_kv
-from kernels_py.ops.kv_quant.kernel import code_pairs, dequantize_keys, dequantize_values, load_tile, tile_slots
+from kernels_py.ops.kv_quant.kernel import (_shifted_copies, code_pairs, copy_fields, dequantize_keys,
+                                             dequantize_values, load_tile, tile_slots)
 
 FIELDS = ("k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero", "pos", "length")
 
@@ -125,8 +126,8 @@ def test_concat_needs_a_full_first_segment(device):
 @triton.jit
 def _code_pairs_kernel(Words, Out, BITS: tl.constexpr, N: tl.constexpr, DT: tl.constexpr):
     H: tl.constexpr = 16 // BITS
-    shifts = tl.arange(0, H) * BITS
-    pair = code_pairs(tl.load(Words + tl.arange(0, N))[:, None] >> shifts[None, :], BITS, DT)  # [N, H, 2]
+    copies = tl.reshape(_shifted_copies(tl.load(Words + tl.arange(0, N))[:, None], BITS, DT), [N, H])
+    pair = code_pairs(copies, BITS, DT)  # [N, H, 2]
     slot = tl.arange(0, H)[None, :, None] + tl.arange(0, 2)[None, None, :] * H  # a pair: bit fields i, H + i
     tl.store(Out + tl.arange(0, N)[:, None, None] * (2 * H) + slot, pair.to(tl.float32))
 
@@ -152,6 +153,33 @@ def test_code_pairs_unpack_every_code_exactly(bits, dtype, device):
     shifts = torch.arange(32 // bits) * bits
     want = ((words.to(torch.int64)[:, None] & 0xFFFFFFFF) >> shifts) & ((1 << bits) - 1)
     assert torch.equal(out.cpu(), want.float())
+
+
+@triton.jit
+def _copy_fields_kernel(Shift, At, BITS: tl.constexpr, DT: tl.constexpr):
+    shift, at = copy_fields(BITS, DT)
+    tl.store(Shift + tl.arange(0, 16 // BITS), shift)
+    tl.store(At + tl.arange(0, 16 // BITS), at)
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+@pytest.mark.parametrize("dtype,mantissa,shifts", [
+    # fp16: one shift a word (2-bit fields 0..4 fit the 10-bit mantissa in place, 5..7 after a shift by 10;
+    # 4-bit fields 0, 1 in place, 2, 3 after a shift by 8); bf16's 7 bits take two (2-bit) or three
+    (torch.float16, 10, {2: 1, 4: 1}), (torch.bfloat16, 7, {2: 2, 4: 3}), (torch.float32, None, {2: 7, 4: 3})])
+def test_copy_fields_unpack_codes_with_few_shifts(bits, dtype, mantissa, shifts, device):
+    """Where each of a word's copies takes its code from: shifted right so
+    its field lands in the 16-bit half's mantissa (float32: at bit 0), with
+    as few distinct shifts as the mantissa allows."""
+    h = 16 // bits
+    shift = torch.empty(h, dtype=torch.int32, device=device)
+    at = torch.empty_like(shift)
+    dt = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}[dtype]
+    _copy_fields_kernel[(1,)](shift, at, BITS=bits, DT=dt)
+    shift, at = shift.cpu(), at.cpu()
+    assert torch.equal(shift + at, torch.arange(h, dtype=torch.int32) * bits)  # copy i reads field i
+    assert (at + bits <= (mantissa or bits)).all()
+    assert len(set(shift.tolist()) - {0}) == shifts[bits]
 
 
 @triton.jit

@@ -11,7 +11,10 @@ Where the dot takes 16-bit operands the same is done in fp16 (0x6400 =
 1024.0) or bf16 (0x4300 = 128.0) on both halves of a word at once, and the
 multiply-add by scale and zero runs in that dtype, two elements to an
 instruction: on a GPU in one PTX block a pair (_scaled_pairs), under the
-interpreter by code_pairs. The layout (contract.py) puts neighbouring
+interpreter by code_pairs. A code whose bits already lie in the 16-bit
+mantissa is taken where it is, OR-ed into a smaller power of two (a code at
+bit 8 of a half into 4.0), so a word needs one shift, not one per code
+(copy_fields). The layout (contract.py) puts neighbouring
 channels in a word's halves, so each pair comes out where the tile needs
 it: nothing is permuted or shuffled between threads.
 
@@ -260,26 +263,54 @@ def load_tile(KC, KS, KZ, VC, VS, VZ, start, end, stride_kcw, stride_kcd, stride
 
 
 @triton.jit
-def code_pairs(shifted, BITS: tl.constexpr, DT: tl.constexpr):
-    """Packed words already shifted right by i * BITS (int32, any shape) ->
-    [..., 2] DT (fp16 or bf16): the codes at bits [0, BITS) and [16, 16 +
-    BITS) of each, exactly. A mask and an OR put both codes in the mantissas
-    of two 16-bit 1024.0s (fp16 0x6400; bf16 128.0, 0x4300) at once and one
-    packed subtract takes the offsets off: two codes a shift, two LOP3s and
-    an HADD2, where a code at a time costs a conversion each. The layout
-    keeps two neighbouring channels in a word's halves, so the pairs come
-    out in the order the tile needs: nothing is permuted afterwards."""
-    lanes: tl.constexpr = ((1 << BITS) - 1) * 0x10001
+def copy_fields(BITS: tl.constexpr, DT: tl.constexpr):
+    """Each of a word's H = 16 / BITS copies (copy h unpacks bit field h of
+    both halves, tile_slots' slot h of a word) for a tile in DT: how far it
+    is shifted right and the bit where its field then starts, [H] each.
+    Fields that lie in the mantissa of a 16-bit half (its low FIT bits: 10
+    in fp16, 7 in bf16) stay where they are, the others move down in runs
+    of F = FIT // BITS fields, so a word takes ceil(H / F) - 1 shifts (fp16:
+    one, where a shift per field took H - 1: 7 for 2-bit codes, 3 for 4-bit
+    ones). float32 moves every field to bit 0."""
+    FIT: tl.constexpr = 10 if DT == tl.float16 else (7 if DT == tl.bfloat16 else BITS)
+    F: tl.constexpr = FIT // BITS
+    h = tl.arange(0, 16 // BITS)
+    return (h // F) * (F * BITS), (h % F) * BITS
+
+
+@triton.jit
+def _field_masks(BITS: tl.constexpr, DT: tl.constexpr):
+    """Per copy h [H]: the mask of its field in both halves of a shifted
+    word, and the 16-bit float 2^(M - at) (M mantissa bits, `at` where the
+    field starts) in both halves, whose mantissa the field fills: OR-ed in,
+    the half reads 2^(M - at) + code exactly."""
+    shift, at = copy_fields(BITS, DT)
+    lanes = (tl.full(at.shape, (1 << BITS) - 1, tl.int32) << at) * 0x10001
     if DT == tl.float16:
-        t = (shifted & lanes) | 0x64006400
-        pair = tl.join(t.to(tl.int16).to(tl.float16, bitcast=True),
-                       (t >> 16).to(tl.int16).to(tl.float16, bitcast=True))
-        return pair - 1024.0
+        magic = ((15 + 10 - at) << 10) * 0x10001  # fp16: exponent bias 15, 10 mantissa bits
     else:
-        t = (shifted & lanes) | 0x43004300
-        pair = tl.join(t.to(tl.int16).to(tl.bfloat16, bitcast=True),
-                       (t >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True))
-        return pair - 128.0
+        magic = ((127 + 7 - at) << 7) * 0x10001  # bf16: exponent bias 127, 7 mantissa bits
+    return lanes, magic
+
+
+@triton.jit
+def code_pairs(shifted, BITS: tl.constexpr, DT: tl.constexpr):
+    """Copies of packed words [..., H] (_shifted_copies, last axis the copy)
+    -> [..., H, 2] DT (fp16 or bf16): the codes of each copy's field in the
+    low and the high half, exactly. A mask and an OR put both codes in the
+    mantissas of two 16-bit powers of two at once (fp16 1024.0 for a field
+    at bit 0, 0x6400; bf16 128.0, 0x4300; a field at bit `at` in that of
+    2^(M - at), so it needs no shift to bit 0) and one packed subtract takes
+    the powers off: two codes a LOP3 and an HADD2, plus the copy's shift,
+    shared by the copies of a run (copy_fields), where a code at a time
+    costs a conversion each. The layout keeps two neighbouring channels in
+    a word's halves, so the pairs come out in the order the tile needs:
+    nothing is permuted afterwards."""
+    lanes, magic = _field_masks(BITS, DT)
+    t = (shifted & lanes) | magic
+    powers = tl.join(magic & 0xFFFF, magic & 0xFFFF).to(tl.int16).to(DT, bitcast=True)  # [H, 2]
+    pair = tl.join(t.to(tl.int16).to(DT, bitcast=True), (t >> 16).to(tl.int16).to(DT, bitcast=True))
+    return pair - powers
 
 
 @triton.jit
@@ -293,24 +324,27 @@ def _pairs(shifted, BITS: tl.constexpr, DT: tl.constexpr):
 
 
 @triton.jit
-def _shifted_copies(words, BITS: tl.constexpr):
-    """Words [R, J] -> [R, J, H] (H = 16 / BITS), copy h shifted right by h *
-    BITS: pair h of every word at bits 0 and 16. The copies are joins, which
-    add a dimension held in the registers of the thread that loaded the
-    word; a broadcast would get a layout of its own and move data."""
+def _shifted_copies(words, BITS: tl.constexpr, DT: tl.constexpr):
+    """Words [R, J] -> [R, J, H] (H = 16 / BITS), copy h shifted right as
+    copy_fields says for DT (float32: by h * BITS, field h at bits 0 and
+    16). The copies are joins, which add a dimension held in the registers
+    of the thread that loaded the word; a broadcast would get a layout of
+    its own and move data."""
     H: tl.constexpr = 16 // BITS
     x = tl.join(tl.join(words, words), tl.join(words, words))  # 4 copies
     if H == 8:
         x = tl.join(x, x)
     x = tl.reshape(x, [words.shape[0], words.shape[1], H])
-    return x >> (tl.arange(0, H) * BITS)[None, None, :]
+    shift, at = copy_fields(BITS, DT)
+    return x >> shift[None, None, :]
 
 
 @triton.jit
 def _scaled_pairs(shifted, scale, zero, BITS: tl.constexpr, DT: tl.constexpr, ON_GPU: tl.constexpr):
-    """Shifted words [...] and the scales and zeros of their channel pairs
-    [..., 2] (broadcastable) -> code * scale + zero [..., 2] in DT (float32:
-    exactly reference.dequantize's operations; fp16/bf16, two elements to an
+    """Copies of words [..., H] (_shifted_copies, last axis the copy) and
+    the scales and zeros of their channel pairs [..., H, 2] (broadcastable)
+    -> code * scale + zero [..., H, 2] in DT (float32: exactly
+    reference.dequantize's operations; fp16/bf16, two elements to an
     instruction: one rounding of product and sum on a GPU, a fused
     multiply-add; one each under the interpreter).
 
@@ -324,22 +358,27 @@ def _scaled_pairs(shifted, scale, zero, BITS: tl.constexpr, DT: tl.constexpr, ON
     moves instead of ldmatrix."""
     if ON_GPU and DT != tl.float32:
         words = tl.join(shifted, shifted)
+        lanes, magic = _field_masks(BITS, DT)
         args = [words, tl.broadcast_to(scale.to(DT), words.shape), tl.broadcast_to(zero.to(DT), words.shape),
-                tl.full(words.shape, ((1 << BITS) - 1) * 0x10001, tl.int32)]
+                tl.zeros(words.shape, tl.int32) + lanes[:, None], tl.zeros(words.shape, tl.int32) + magic[:, None]]
         # Two elements a call: $1 and $2 are the same shifted word, $3 and
-        # $4 the pair's scales and zeros, $5 (= $6) the mask of both codes.
-        # t = (word & mask) | magic in each half (one LOP3), t - magic, then
-        # t * scale + zero. fp16's magic is 1024.0; bf16's is 128.0, taken
-        # off by an FMA (sm_80 has no bf16x2 subtract).
+        # $4 the pair's scales and zeros, $5 (= $6) the mask of the copy's
+        # two codes, $7 (= $8) its power of two in both halves (constants:
+        # immediates once inlined). t = (word & mask) | power in each half
+        # (one LOP3), t - power, then t * scale + zero. bf16 takes the
+        # power off by an FMA with its negation (sm_80 has no bf16x2
+        # subtract).
         if DT == tl.float16:
             return tl.inline_asm_elementwise(
-                "{ .reg .b32 t, m; mov.b32 m, 0x64006400; lop3.b32 t, $1, $5, m, 0xea; sub.f16x2 t, t, m; "
-                "fma.rn.f16x2 $0, t, $3, $4; }", "=r,r,r,r,r,r,r", args, dtype=tl.float16, is_pure=False, pack=2)
+                "{ .reg .b32 t; lop3.b32 t, $1, $5, $7, 0xea; sub.f16x2 t, t, $7; "
+                "fma.rn.f16x2 $0, t, $3, $4; }", "=r,r,r,r,r,r,r,r,r", args, dtype=tl.float16, is_pure=False,
+                pack=2)
         else:
             return tl.inline_asm_elementwise(
-                "{ .reg .b32 t, m, one, off; mov.b32 m, 0x43004300; mov.b32 one, 0x3f803f80; "
-                "mov.b32 off, 0xc300c300; lop3.b32 t, $1, $5, m, 0xea; fma.rn.bf16x2 t, t, one, off; "
-                "fma.rn.bf16x2 $0, t, $3, $4; }", "=r,r,r,r,r,r,r", args, dtype=tl.bfloat16, is_pure=False, pack=2)
+                "{ .reg .b32 t, one, off; mov.b32 one, 0x3f803f80; or.b32 off, $7, 0x80008000; "
+                "lop3.b32 t, $1, $5, $7, 0xea; fma.rn.bf16x2 t, t, one, off; "
+                "fma.rn.bf16x2 $0, t, $3, $4; }", "=r,r,r,r,r,r,r,r,r", args, dtype=tl.bfloat16, is_pure=False,
+                pack=2)
     else:
         return _pairs(shifted, BITS, DT) * scale.to(DT) + zero.to(DT)
 
@@ -355,7 +394,7 @@ def dequantize_keys(k_words, k_scale, k_zero, BITS: tl.constexpr, GROUP: tl.cons
     H: tl.constexpr = 16 // BITS
     R: tl.constexpr = BLOCK_N // H
     KG: tl.constexpr = (BLOCK_N + GROUP - 1) // GROUP
-    shifted = tl.reshape(_shifted_copies(k_words, BITS), [KG, R // KG, BLOCK_D // 2, H])
+    shifted = tl.reshape(_shifted_copies(k_words, BITS, DT), [KG, R // KG, BLOCK_D // 2, H])
     k = _scaled_pairs(shifted, k_scale[:, None, :, None, :], k_zero[:, None, :, None, :], BITS, DT, ON_GPU)
     k = tl.reshape(k, [R, BLOCK_D // 2, H, 2])
     return tl.reshape(tl.permute(k, (2, 0, 1, 3)), [BLOCK_N, BLOCK_D])
@@ -370,7 +409,7 @@ def dequantize_values(v_words, v_scale, v_zero, BITS: tl.constexpr, GROUP: tl.co
     H: tl.constexpr = 16 // BITS
     R: tl.constexpr = BLOCK_N // H
     NG: tl.constexpr = BLOCK_D // GROUP
-    shifted = tl.reshape(_shifted_copies(v_words, BITS), [R, NG, GROUP // 2, H])
+    shifted = tl.reshape(_shifted_copies(v_words, BITS, DT), [R, NG, GROUP // 2, H])
     v = _scaled_pairs(shifted, v_scale[:, :, None, :, None], v_zero[:, :, None, :, None], BITS, DT, ON_GPU)
     v = tl.reshape(v, [R, BLOCK_D // 2, H, 2])
     return tl.reshape(tl.permute(v, (2, 0, 1, 3)), [BLOCK_N, BLOCK_D])

@@ -56,12 +56,12 @@ def _segment_range(lo, hi, seg_start, seg_len):
 
 
 @triton.jit
-def _attend_quantized(q, q_pos, row_mask, m_i, l_i, acc, lo, hi,
+def _attend_quantized(q, q_pos, q_pos0, row_mask, m_i, l_i, acc, lo, hi,
                       KC, KS, KZ, VC, VS, VZ, Pos,
                       stride_kcw, stride_kcd, stride_ksg, stride_ksd, stride_vcw, stride_vcd, stride_vsn,
                       stride_vsg, stride_pn, qk_scale, head_dim,
                       BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                      QK_DT: tl.constexpr, ON_GPU: tl.constexpr):
+                      QK_DT: tl.constexpr, ON_GPU: tl.constexpr, ONE_QUERY: tl.constexpr):
     """Online softmax over the slots [lo, hi) of one quantized segment (of one
     kv head of one sequence); lo starts a key group or is a multiple of
     BLOCK_N (tile_cap), and hi is a multiple of 16 / BITS. A tile's rows are
@@ -83,7 +83,8 @@ def _attend_quantized(q, q_pos, row_mask, m_i, l_i, acc, lo, hi,
                         stride_vcw, stride_vcd, stride_vsn, stride_vsg, head_dim, BITS, GROUP, BLOCK_N, BLOCK_D)
         k = dequantize_keys(k_words, k_scale, k_zero, BITS, GROUP, BLOCK_N, BLOCK_D, QK_DT, ON_GPU)
         v = dequantize_values(v_words, v_scale, v_zero, BITS, GROUP, BLOCK_N, BLOCK_D, QK_DT, ON_GPU)
-        m_i, l_i, acc = _attend_tile(q, k, v, pos, tok_mask, q_pos, row_mask, m_i, l_i, acc, qk_scale, QK_DT)
+        m_i, l_i, acc = _attend_tile(q, k, v, pos, tok_mask, q_pos, row_mask, m_i, l_i, acc, qk_scale, QK_DT,
+                                     q_pos0, ONE_QUERY)
     return m_i, l_i, acc
 
 
@@ -115,11 +116,13 @@ def _stage1_kernel(
     split = tl.program_id(2)
     n_splits = tl.num_programs(2)
     BLOCK_N: tl.constexpr = TILE_MAX if TILE > TILE_MAX else TILE
+    ONE_QUERY: tl.constexpr = N_QUERIES == 1
 
     head, query, row_mask, q_pos, offs_d, d_mask, q = _group_queries(
         Q, QPos, kv_head, b, stride_qb, stride_qh, stride_qm, stride_qd, stride_pb, stride_pm, head_dim,
         GROUP, N_QUERIES, BLOCK_ROWS, BLOCK_D, QK_DT)
 
+    q_pos0 = tl.load(QPos + b * stride_pb).to(tl.int32)  # the query's position when ONE_QUERY
     a_len = tl.load(ALen + b * sa_lb).to(tl.int32)
     b_len = 0
     if TWO_SEGMENTS:
@@ -136,20 +139,20 @@ def _stage1_kernel(
 
     a_lo, a_hi = _segment_range(lo, hi, 0, a_len)
     m_i, l_i, acc = _attend_quantized(
-        q, q_pos, row_mask, m_i, l_i, acc, a_lo, a_hi,
+        q, q_pos, q_pos0, row_mask, m_i, l_i, acc, a_lo, a_hi,
         AKC + b * sa_kcb + kv_head * sa_kch, AKS + b * sa_ksb + kv_head * sa_ksh, AKZ + b * sa_ksb + kv_head * sa_ksh,
         AVC + b * sa_vcb + kv_head * sa_vch, AVS + b * sa_vsb + kv_head * sa_vsh, AVZ + b * sa_vsb + kv_head * sa_vsh,
         APos + b * sa_pb, sa_kcw, sa_kcd, sa_ksg, sa_ksd, sa_vcw, sa_vcd, sa_vsn, sa_vsg, sa_pn,
-        qk_scale, head_dim, BITS_A, GROUP_A, BLOCK_N, BLOCK_D, QK_DT, ON_GPU)
+        qk_scale, head_dim, BITS_A, GROUP_A, BLOCK_N, BLOCK_D, QK_DT, ON_GPU, ONE_QUERY)
     if TWO_SEGMENTS:
         b_lo, b_hi = _segment_range(lo, hi, a_len, b_len)
         m_i, l_i, acc = _attend_quantized(
-            q, q_pos, row_mask, m_i, l_i, acc, b_lo, b_hi,
+            q, q_pos, q_pos0, row_mask, m_i, l_i, acc, b_lo, b_hi,
             BKC + b * sb_kcb + kv_head * sb_kch, BKS + b * sb_ksb + kv_head * sb_ksh,
             BKZ + b * sb_ksb + kv_head * sb_ksh, BVC + b * sb_vcb + kv_head * sb_vch,
             BVS + b * sb_vsb + kv_head * sb_vsh, BVZ + b * sb_vsb + kv_head * sb_vsh,
             BPos + b * sb_pb, sb_kcw, sb_kcd, sb_ksg, sb_ksd, sb_vcw, sb_vcd, sb_vsn, sb_vsg, sb_pn,
-            qk_scale, head_dim, BITS_B, GROUP_B, BLOCK_N, BLOCK_D, QK_DT, ON_GPU)
+            qk_scale, head_dim, BITS_B, GROUP_B, BLOCK_N, BLOCK_D, QK_DT, ON_GPU, ONE_QUERY)
 
     d_lo, d_hi = _segment_range(lo, hi, a_len + b_len, d_len)
     DK_h = DK + b * stride_dkb + kv_head * stride_dkh
@@ -161,7 +164,8 @@ def _stage1_kernel(
         kv_mask = tok_mask[:, None] & d_mask[None, :]
         k = tl.load(DK_h + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd, mask=kv_mask, other=0.0)
         v = tl.load(DV_h + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd, mask=kv_mask, other=0.0)
-        m_i, l_i, acc = _attend_tile(q, k, v, pos, tok_mask, q_pos, row_mask, m_i, l_i, acc, qk_scale, QK_DT)
+        m_i, l_i, acc = _attend_tile(q, k, v, pos, tok_mask, q_pos, row_mask, m_i, l_i, acc, qk_scale, QK_DT,
+                                     q_pos0, ONE_QUERY)
 
     part_rows = b * stride_ob + head[:, None] * stride_oh + query[:, None] * stride_om + split * stride_os
     lse_rows = b * stride_sb + head * stride_sh + query * stride_sm + split * stride_ss
