@@ -16,15 +16,17 @@ word, two channels of P/2 slots each); each loop loads the next tile's
 words, scales and positions into registers before it works on this one
 (one pipeline stage: no shared-memory ring, so 3 programs fit an SM).
 
-Dequantizing a tile costs a shift, a LOP3, an HADD2 and an HFMA2 per pair
-of fp16 elements (bf16: two FMAs; kv_quant.kernel: the magic-number trick
-on a word's two
-halves, which hold neighbouring channels), all in the registers of the
-thread that loaded the word. The tile's rows are its slots in a fixed
-permutation (kv_quant.kernel.tile_slots) so those registers are already
-the rows Triton lays the tile out in; positions load in the same order,
-and attention does not depend on slot order. The fp16 tile then goes to
-the MMAs through one vectorized shared-memory store and ldmatrix. Stage 2
+Dequantizing a tile costs a LOP3, an HADD2 and an HFMA2 per pair of fp16
+elements and one shift a word (bf16: two FMAs; kv_quant.kernel: the
+magic-number trick on a word's two halves, which hold neighbouring
+channels, each code taken where it lies in the mantissa), all in the
+registers of the thread that loaded the word. The tile's rows are its
+slots in a fixed permutation (kv_quant.kernel.tile_slots) so those
+registers are already the rows Triton lays the tile out in; positions load
+in the same order, and attention does not depend on slot order. The fp16
+tile then goes to the MMAs through one vectorized shared-memory store and
+ldmatrix. With one query token (decode) which slots the rows see is one
+column mask added to the scores (splitk._attend_tile's ONE_QUERY). Stage 2
 merges the splits (ops.splitk).
 
 Reference: reference.py beside this file.
