@@ -46,7 +46,9 @@ def _attend_tile(q, k, v, pos, tok_mask, q_pos, row_mask, m_i, l_i, acc, qk_scal
     decode step), so which tokens the rows see is one column mask, added to
     the scaled scores (an FMA a score instead of a compare, a select and a
     multiply); rows past the real ones keep finite scores that
-    _store_split never stores."""
+    _store_split never stores. A hidden key's score is added to -inf rather
+    than replaced, so keys must be finite (dequantized codes and cached rows
+    are)."""
     s = tl.dot(q, tl.trans(k.to(QK_DT)), input_precision="ieee")
     if ONE_QUERY:
         s = s * qk_scale + tl.where((pos <= q_pos0) & tok_mask, 0.0, float("-inf"))[None, :]

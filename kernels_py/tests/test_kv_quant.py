@@ -11,7 +11,7 @@ import triton.language as tl
 from kernels_py.ops import common, kv_quant
 from kernels_py.ops.kv_quant import reference as ref
 from kernels_py.ops.kv_quant.cases import error_over_bound, random_kv
-from kernels_py.ops.kv_quant.kernel import (_shifted_copies, code_pairs, copy_fields, dequantize_keys,
+from kernels_py.ops.kv_quant.kernel import (_field_masks, _shifted_copies, code_pairs, copy_fields, dequantize_keys,
                                              dequantize_values, load_tile, tile_slots)
 
 FIELDS = ("k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero", "pos", "length")
@@ -135,10 +135,11 @@ def _code_pairs_kernel(Words, Out, BITS: tl.constexpr, N: tl.constexpr, DT: tl.c
 @pytest.mark.parametrize("bits", [2, 4])
 @pytest.mark.parametrize("dtype", [
     torch.float16,
-    # The interpreter cannot build a bf16 constant; it never reaches this
-    # branch either (bf16 dots run in float32 there: common.upcast_for_dot).
+    # The interpreter's bitcasts to bf16 give wrong values; it never reaches
+    # this branch either (bf16 dots run in float32 there: common.upcast_for_dot).
+    # test_field_masks_make_each_field_its_code checks bf16's masks and powers on the CPU.
     pytest.param(torch.bfloat16, marks=pytest.mark.skipif(common.interpreter_mode(),
-                                                          reason="bf16 constants need a GPU")),
+                                                          reason="bf16 bitcasts need a GPU")),
 ])
 def test_code_pairs_unpack_every_code_exactly(bits, dtype, device):
     """The two-codes-at-once conversion the decode kernels feed their dots
@@ -180,6 +181,45 @@ def test_copy_fields_unpack_codes_with_few_shifts(bits, dtype, mantissa, shifts,
     assert torch.equal(shift + at, torch.arange(h, dtype=torch.int32) * bits)  # copy i reads field i
     assert (at + bits <= (mantissa or bits)).all()
     assert len(set(shift.tolist()) - {0}) == shifts[bits]
+
+
+@triton.jit
+def _field_masks_kernel(Shift, Lanes, Magic, BITS: tl.constexpr, DT: tl.constexpr):
+    shift, _ = copy_fields(BITS, DT)
+    lanes, magic = _field_masks(BITS, DT)
+    offs = tl.arange(0, 16 // BITS)
+    tl.store(Shift + offs, shift)
+    tl.store(Lanes + offs, lanes)
+    tl.store(Magic + offs, magic)
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_field_masks_make_each_field_its_code(bits, dtype, device):
+    """The masks and powers of two the GPU's PTX block takes (and
+    code_pairs), replayed in torch for every copy of words with every sign
+    and code: (word >> shift & mask) | power, each half read as a 16-bit
+    float, less the power, is the field's code exactly (bf16 too, which the
+    interpreter cannot run through code_pairs)."""
+    h = 16 // bits
+    shift, lanes, magic = (torch.empty(h, dtype=torch.int32, device=device) for _ in range(3))
+    _field_masks_kernel[(1,)](shift, lanes, magic, BITS=bits, DT=tl.float16 if dtype == torch.float16 else tl.bfloat16)
+    shift, lanes, magic = (t.cpu().to(torch.int64) for t in (shift, lanes, magic))
+    g = torch.Generator().manual_seed(5)
+    words = torch.randint(0, 2**32, (64,), generator=g, dtype=torch.int64)
+    words[0], words[1] = 2**32 - 1, 0
+    signed = torch.where(words >= 2**31, words - 2**32, words)  # int32 words shift in their sign, as on a GPU
+    t = (((signed[:, None] >> shift) & lanes) | magic) & 0xFFFFFFFF  # [words, copies]
+
+    def as_float(x):  # 16-bit halves (0..65535) read as floats of dtype
+        return torch.where(x >= 2**15, x - 2**16, x).to(torch.int16).view(dtype).float()
+
+    got = torch.stack([as_float(t & 0xFFFF) - as_float(magic & 0xFFFF), as_float(t >> 16) - as_float(magic >> 16)],
+                      -1)
+    fields = torch.arange(h) * bits
+    want = torch.stack([(words[:, None] >> fields) & ((1 << bits) - 1),
+                        (words[:, None] >> (16 + fields)) & ((1 << bits) - 1)], -1)
+    assert torch.equal(got, want.float())
 
 
 @triton.jit

@@ -87,7 +87,8 @@ def test_tiles_span_key_groups_only_from_a_group_start():
 
 def test_padding_slots_and_causality(device):
     """A padding slot (PAD_POS) inside a group gets no weight, whatever its
-    codes; a quantized token after the query's position is not seen."""
+    codes; a quantized token after the query's position is not seen, one at
+    it is."""
     q, q_pos, segs, dense = case(device, torch.float32, "zipvl_gqa4")
     before = op.quant_decode(q, q_pos, segs, dense)
     late = segs[0]
@@ -99,6 +100,13 @@ def test_padding_slots_and_causality(device):
     assert (after.out - before.out).abs().max() > 1e-4  # the hidden token had weight before
     padded = kv_quant.QuantKV(**{**late.__dict__, "pos": torch.where(pos > q_pos.max(), kv_quant.PAD_POS, pos)})
     torch.testing.assert_close(op.quant_decode(q, q_pos, [padded, segs[1]], dense).out, after.out)
+    # A token at exactly the query's position is seen (its own key, before it is moved to the cache).
+    at = late.pos.clone()
+    at[:, 1] = q_pos[:, 0]
+    own = kv_quant.QuantKV(**{**late.__dict__, "pos": at})
+    seen = op.quant_decode(q, q_pos, [own, segs[1]], dense)
+    check(seen, op.reference.quant_decode(q, q_pos, [own, segs[1]], dense), torch.float32)
+    assert (seen.out - after.out).abs().max() > 1e-4  # it has weight, where one past the query had none
 
 
 def test_workspace_is_reused_and_checked(device):

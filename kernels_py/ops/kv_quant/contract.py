@@ -29,8 +29,9 @@ heads, head_dim D, b bits and P = 32 / b codes per int32 word:
 
 A word's two 16-bit halves hold neighbouring channels of one slot, the pair
 an fp16 MMA operand register holds, so a decode kernel makes a word's P/2
-channel pairs with a shift, a mask and an OR each (the magic-number trick,
-kv_quant.kernel._scaled_pairs) and never reorders a code. How codes are packed
+channel pairs with a mask and an OR each and a shift a run of fields (the
+magic-number trick, kv_quant.kernel._scaled_pairs and copy_fields) and never
+reorders a code. How codes are packed
 is independent of how their ranges are grouped (keys per channel, values
 per token). A decode kernel reads a tile of BLOCK_N slots (a multiple of P)
 that starts on a key group, or lies inside one, as BLOCK_N / P rows of D

@@ -13,8 +13,9 @@ multiply-add by scale and zero runs in that dtype, two elements to an
 instruction: on a GPU in one PTX block a pair (_scaled_pairs), under the
 interpreter by code_pairs. A code whose bits already lie in the 16-bit
 mantissa is taken where it is, OR-ed into a smaller power of two (a code at
-bit 8 of a half into 4.0), so a word needs one shift, not one per code
-(copy_fields). The layout (contract.py) puts neighbouring
+bit 8 of a half into 4.0), so a word needs one shift in fp16 (bf16: two for
+2-bit codes, three for 4-bit) instead of one per field of a half (7 and 3;
+copy_fields). The layout (contract.py) puts neighbouring
 channels in a word's halves, so each pair comes out where the tile needs
 it: nothing is permuted or shuffled between threads.
 
@@ -284,7 +285,7 @@ def _field_masks(BITS: tl.constexpr, DT: tl.constexpr):
     word, and the 16-bit float 2^(M - at) (M mantissa bits, `at` where the
     field starts) in both halves, whose mantissa the field fills: OR-ed in,
     the half reads 2^(M - at) + code exactly."""
-    shift, at = copy_fields(BITS, DT)
+    _, at = copy_fields(BITS, DT)
     lanes = (tl.full(at.shape, (1 << BITS) - 1, tl.int32) << at) * 0x10001
     if DT == tl.float16:
         magic = ((15 + 10 - at) << 10) * 0x10001  # fp16: exponent bias 15, 10 mantissa bits
@@ -335,7 +336,7 @@ def _shifted_copies(words, BITS: tl.constexpr, DT: tl.constexpr):
     if H == 8:
         x = tl.join(x, x)
     x = tl.reshape(x, [words.shape[0], words.shape[1], H])
-    shift, at = copy_fields(BITS, DT)
+    shift, _ = copy_fields(BITS, DT)
     return x >> shift[None, None, :]
 
 

@@ -17,9 +17,10 @@ words, scales and positions into registers before it works on this one
 (one pipeline stage: no shared-memory ring, so 3 programs fit an SM).
 
 Dequantizing a tile costs a LOP3, an HADD2 and an HFMA2 per pair of fp16
-elements and one shift a word (bf16: two FMAs; kv_quant.kernel: the
-magic-number trick on a word's two halves, which hold neighbouring
-channels, each code taken where it lies in the mantissa), all in the
+elements and one shift a word (bf16: two FMAs, and two or three shifts a
+word; kv_quant.kernel: the magic-number trick on a word's two halves, which
+hold neighbouring channels, each code taken where it lies in the
+mantissa), all in the
 registers of the thread that loaded the word. The tile's rows are its
 slots in a fixed permutation (kv_quant.kernel.tile_slots) so those
 registers are already the rows Triton lays the tile out in; positions load
