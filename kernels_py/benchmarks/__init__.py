@@ -67,7 +67,9 @@ def run(name: str, params: dict | None = None) -> dict:
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-    columns = cls.columns + ((SKIPPED,) if any("skipped" in r for r in rows) else ())
+    filled = {key for r in rows for key in r}
+    columns = cls.columns + tuple(c for c in cls.optional_columns if c.name in filled) + \
+        ((SKIPPED,) if "skipped" in filled else ())
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     return {"benchmark": name, "device": device.type, "gpu": gpu, "interpreter": interpreter,
             "params": {k: list(v) if isinstance(v, tuple) else v for k, v in bench.to_dict().items()},

@@ -37,6 +37,8 @@ class Benchmark(Knobs):
     # timings are not kernel speed), in groups of knobs that must agree: a
     # group applies only when the user set none of its knobs.
     smoke: ClassVar[tuple[dict[str, Any], ...]] = ()
+    # Columns a run fills only when asked (a knob turns them on): in the table only if some row has them.
+    optional_columns: ClassVar[tuple[Column, ...]] = ()
 
     @classmethod
     def owner_name(cls) -> str:
@@ -59,7 +61,8 @@ class Benchmark(Knobs):
     def describe(cls) -> dict:
         """The benchmark as the schema carries it: `long` is its module's docstring."""
         return {"doc": cls.summary(), "long": sys.modules[cls.__module__].__doc__ or "", "params": cls.schema(),
-                "rules": cls.rules_schema(), "columns": [c.describe() for c in cls.columns]}
+                "rules": cls.rules_schema(),
+                "columns": [c.describe() for c in cls.columns + cls.optional_columns]}
 
 
 @dataclass(frozen=True)

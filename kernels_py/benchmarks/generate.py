@@ -29,13 +29,19 @@ What the numbers are and are not:
   100 tokens never re-quantizes while timed.
 
 Each (method, shape) first runs untimed (a prefill and 4 steps: kernels
-compile, the allocator warms), then once timed. A shape whose baseline runs
+compile, the allocator warms), then once timed. With `profile_steps`, two
+more runs under PyTorch's profiler (the prefill alone, and the prefill and
+that many steps) give, by their difference, what one decode step asks of
+the host and the GPU: PyTorch ops, kernel launches, waits on the GPU, and
+the GPU's busy time against the step's (below 100%: the GPU waits for the
+host to launch, and a smaller cache cannot shorten the step). A shape whose baseline runs
 out of memory is skipped for every method; other rows that run out of
 memory are kept saying so. A full default grid takes tens of minutes on an
 H100. On the CPU a tiny model of the same architecture shows the benchmark
 works; its times are not the kernels'.
 """
 
+import warnings
 from dataclasses import dataclass, fields
 
 import torch
@@ -74,6 +80,15 @@ class Generate(Benchmark):
                "model and the inputs), at its peak", "peak"),
         Column("memory_kind", "", "what peak_bytes counts: cuda (allocator) or cpu-rss", show=False),
     )
+    optional_columns = (
+        Column("step_ops", "", "PyTorch ops the host runs a decode step, nested calls included (profile_steps)",
+               "ops/step"),
+        Column("step_launches", "", "kernel launches a decode step (profile_steps; 0 on the CPU)", "launches/step"),
+        Column("step_syncs", "", "times a decode step waits for the GPU to finish (profile_steps)", "syncs/step"),
+        Column("step_gpu_ms", "ms", "the GPU's busy time a decode step: kernels, copies and fills, summed "
+               "(profile_steps; GPU only)", "GPU/step"),
+        Column("gpu_busy", "%", "step_gpu_ms / decode_step_ms: below 100% the GPU waits for the host", "GPU busy"),
+    )
     smoke = ({"model": "tiny-llava"}, {"visual": (64,), "text": 16}, {"batches": (1, 2)}, {"new_tokens": 4},
              {"dtype": "float32"})
 
@@ -92,6 +107,8 @@ class Generate(Benchmark):
     dtype: str = knob("str", "float16", "dtype of the weights and activations",
                       choices=("float16", "bfloat16", "float32"))
     seed: int = knob("int", 0, "seed of the weights and the prompts", min=0, max=2**31 - 1)
+    profile_steps: int = knob("int", 0, "decode steps to profile after the timed run (0: none): per step, the ops, "
+                              "launches and waits the host issues and the GPU's busy time", min=0, max=1000)
 
     def method_names(self) -> list[str]:
         names = self.methods.split(",")
@@ -150,6 +167,10 @@ class Generate(Benchmark):
                "generate_s": first.prefill_seconds + first.decode_seconds,
                "cache_bytes": sum(g.cache_bytes for g in out), "peak_bytes": first.peak_bytes,
                "memory_kind": first.memory_kind}
+        if self.profile_steps:
+            row.update(step_profile(run, self.profile_steps, vlm.model.device))
+            if "step_gpu_ms" in row:
+                row["gpu_busy"] = 100 * row["step_gpu_ms"] / row["decode_step_ms"]
         if case["method"] == BASELINE:
             _FULL[shape] = row
         full = _FULL.get(shape)
@@ -161,3 +182,48 @@ class Generate(Benchmark):
 
 
 _FULL: dict = {}  # the baseline's row of each shape, which the methods' rows compare with
+
+# The CUDA runtime calls that start a kernel, and the ones in which the host waits for the GPU.
+_LAUNCHES = frozenset({"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
+                       "cudaLaunchCooperativeKernel"})
+_SYNCS = frozenset({"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy"})
+
+
+def tally(events) -> dict:
+    """Counts of a profile's events (torch.profiler FunctionEvents): PyTorch
+    ops, kernel launches and host waits (host events), and the microseconds
+    of GPU work (device events: kernels, copies, fills)."""
+    from torch.autograd import DeviceType
+
+    out = {"ops": 0, "launches": 0, "syncs": 0, "gpu_us": 0.0}
+    for e in events:
+        if e.device_type == DeviceType.CPU:
+            out["ops"] += e.name.startswith("aten::")
+            out["launches"] += e.name in _LAUNCHES
+            out["syncs"] += e.name in _SYNCS
+        elif e.device_type == DeviceType.CUDA:
+            out["gpu_us"] += e.time_range.elapsed_us()
+    return out
+
+
+def step_profile(run, steps: int, device: torch.device) -> dict:
+    """What one decode step of run(tokens) asks of the host and the GPU: the
+    difference of a profiled run of steps + 1 tokens and one of 1 (the same
+    prefill, no step), per step. Counts are exact; the GPU time is the
+    profiler's, and only on a GPU."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    counts = []
+    for tokens in (1, steps + 1):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the profiler's notes on its own cycles
+            with profile(activities=activities) as prof:
+                run(tokens)
+            counts.append(tally(prof.events()))
+    per = {k: (counts[1][k] - counts[0][k]) / steps for k in counts[0]}
+    out = {"step_ops": per["ops"], "step_launches": per["launches"], "step_syncs": per["syncs"]}
+    if cuda:
+        out["step_gpu_ms"] = per["gpu_us"] / 1e3
+    return out

@@ -633,9 +633,11 @@ def generate_batch(vlm: VLM, method, inputs: dict, max_new_tokens: int,
             peak = memory.peak()
             memory.reset()
             start = _clock(model.device)
-            stopped = _stopped(tokens[-1], stop_tokens)
+            # Asking whether every sequence stopped waits for the GPU: only when there is a token to stop at.
+            stops = torch.tensor(sorted(stop_tokens), dtype=tokens[-1].dtype, device=tokens[-1].device)
+            stopped = torch.isin(tokens[-1], stops)
             for i in range(max_new_tokens - 1):
-                if bool(stopped.all()):
+                if stop_tokens and bool(stopped.all()):
                     break
                 fed = tokens[-1] if force_tokens is None else torch.tensor([f[i] for f in force_tokens],
                                                                            device=model.device)
@@ -647,7 +649,8 @@ def generate_batch(vlm: VLM, method, inputs: dict, max_new_tokens: int,
                 out = model(**step, past_key_values=cache, use_cache=True)
                 logits.append(out.logits[:, -1].float())
                 tokens.append(logits[-1].argmax(-1))
-                stopped |= _stopped(tokens[-1], stop_tokens)
+                if stop_tokens:
+                    stopped |= torch.isin(tokens[-1], stops)
             decode = _clock(model.device) - start
             decode_peak = memory.peak()
     finally:
@@ -659,12 +662,6 @@ def generate_batch(vlm: VLM, method, inputs: dict, max_new_tokens: int,
                        sum(method.cache_bytes(c) for c in session.caches[b]) + session.window_bytes(b),
                        prefill, decode, spans[b], max(peak, decode_peak), decode_peak, memory.kind, kept[b])
             for b in range(batch)]
-
-
-def _stopped(chosen: torch.Tensor, stop_tokens: frozenset[int]) -> torch.Tensor:
-    """[batch] bool: which sequences chose a stop token this step."""
-    stops = torch.tensor(sorted(stop_tokens), dtype=chosen.dtype, device=chosen.device)
-    return torch.isin(chosen, stops)
 
 
 def _until_stop(tokens: list[int], stop_tokens: frozenset[int]) -> int:

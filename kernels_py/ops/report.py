@@ -219,7 +219,7 @@ def estimate_report(target: int, overrides: dict | None = None, ops: list[str] |
                         "implementations": impls})
     out = {"title": f"estimated on an {gpu.name} from the sm_{target} code (no GPU needed)", "target": target,
            "gpu": {**dataclasses.asdict(gpu), "peak_flops": gpu.peak_flops}, "estimates": results}
-    if calibrate and target == 90:  # every point was measured on an H100
+    if calibrate and target == 90:  # every point was measured on an sm_90 GPU (H100, H200)
         from kernels_py.ops import calibration
 
         rows = calibration.check(gpu) if not ops or "lowrank_decode" in ops else []  # fbd0532's lowrank_decode

@@ -100,3 +100,38 @@ def test_the_baseline_is_the_full_cache(name):
     for a, b in zip(base, ours):
         assert a.tokens == b.tokens and a.cache_bytes == b.cache_bytes
         torch.testing.assert_close(a.logits, b.logits, atol=1e-4, rtol=1e-4)
+
+
+def test_profile_steps_count_what_a_decode_step_asks_of_the_host():
+    """With profile_steps each row says what one decode step runs on the
+    host (the difference of two profiled runs, so the prefill cancels); on
+    the CPU no kernel is launched and nothing waits for a GPU, and the GPU
+    columns stay out of the table. Without it, no profile column at all."""
+    sizes = dict(generate.Generate.smoke_sizes(), methods="vlcache", batches=[1])
+    plain = benchmarks.run("generate", sizes)
+    assert not {c["name"] for c in plain["columns"]} & {c.name for c in generate.Generate.optional_columns}
+    result = benchmarks.run("generate", dict(sizes, profile_steps=2))
+    names = [c["name"] for c in result["columns"]]
+    assert names[-3:] == ["step_ops", "step_launches", "step_syncs"]
+    for r in result["rows"]:
+        # A step of a 2-layer model runs dozens of ops: the layers' projections, norms, attention, the head.
+        assert r["step_ops"] > 20 and r["step_ops"] == int(r["step_ops"])
+        assert r["step_launches"] == 0 and r["step_syncs"] == 0
+    described = {c["name"] for c in generate.Generate.describe()["columns"]}
+    assert {"step_gpu_ms", "gpu_busy"} <= described  # --help lists them
+
+
+def test_tally_counts_launches_waits_and_gpu_time():
+    """The host's runtime calls that launch a kernel or wait for the GPU,
+    PyTorch ops, and the device events' time, as a GPU profile has them."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    def event(name, device=DeviceType.CPU, us=0.0):
+        return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(elapsed_us=lambda: us))
+
+    events = [event("aten::mm"), event("aten::cat"), event("cudaLaunchKernel"), event("cuLaunchKernelEx"),
+              event("cudaStreamSynchronize"), event("cudaMemcpyAsync"), event("ampere_gemm", DeviceType.CUDA, 12.5),
+              event("Memcpy DtoH", DeviceType.CUDA, 2.0), event("python function")]
+    assert generate.tally(events) == {"ops": 2, "launches": 2, "syncs": 1, "gpu_us": 14.5}
