@@ -19,7 +19,7 @@ size of each figure was not recorded, so they are no calibration point.
 Every `workbench bench` run on a GPU appends what it measured, with the
 config the autotuner chose and the band, to MEASURED (one JSON line each):
 points whose config is known, to calibrate the overlap rule on. The first
-11 are README's "Measured on an H100" table: 08bf22f's kernels with QK_DT
+11 are the H100 measurements of 08bf22f's kernels with QK_DT
 out of the quant and fp8 autotune keys and CUDA-graph timing, both then
 uncommitted (hence "08bf22f+"); the batch-8 quant and gather times were
 read off the printed table, to 4 digits. Each point carries the digest of
@@ -176,14 +176,15 @@ def check_measured(gpu: estimate.GPU = estimate.H100, records: list[dict] | None
     is `stale`, listed with today's band but evidence for none of it; so is
     one whose chosen config is no config of today's kernel (the band is then
     today's predicted pick's). On sm_90 each point is estimated for the GPU
-    it was measured on (estimate.gpu_for: an H200's bandwidth, else the
-    H100's figures); for another target, with `gpu`'s."""
+    it was measured on (estimate.gpu_for by its name: the H200's figures for
+    an H200, the H100's for an H100 or an unknown sm_90 GPU); for another
+    target, with `gpu`'s."""
     from kernels_py.ops import OPS, report
 
     rows, cache = [], {}  # points of one shape and config (an H100's and an H200's) share one compile
 
-    def compiled_for(impl, step, arch, chosen, select):
-        key = (impl.name, impl.key(step), arch, tuple(sorted(chosen.items())))
+    def compiled_for(record, impl, step, arch, chosen, select):
+        key = (record["op"], impl.name, impl.key(step), arch, tuple(sorted(chosen.items())))
         if key not in cache:
             cache[key] = report.Compiled(impl, step, arch, select=functools.partial(select, chosen=chosen))
         return cache[key]
@@ -207,11 +208,11 @@ def check_measured(gpu: estimate.GPU = estimate.H100, records: list[dict] | None
             return chosen.get(kernel, label) == label
 
         device = estimate.gpu_for(record.get("gpu", ""), gpu.arch) if gpu.arch == 90 else gpu
-        compiled = compiled_for(impl, step, device.arch, chosen, select)
+        compiled = compiled_for(record, impl, step, device.arch, chosen, select)
         gone = [k for k in chosen if not any(entry["kernel"] == k for entry, _ in compiled.entries)]
         if gone:  # the config it measured is none of today's: the kernel changed, so estimate today's pick
             chosen = {k: v for k, v in chosen.items() if k not in gone}
-            compiled = compiled_for(impl, step, device.arch, chosen, select)
+            compiled = compiled_for(record, impl, step, device.arch, chosen, select)
         flash_us = estimate.flash_us(model.flash_bytes(step), device)
         band = report.estimate_implementation(impl, step, compiled, device, flash_us)
         opt, cons, got = band["optimistic_us"] / 1e3, band["conservative_us"] / 1e3, record["measured_ms"]

@@ -91,11 +91,12 @@ class GPU:
         return self.tensor_flops_per_clock * self.sms * self.clock_hz
 
 
-# Measured on an H100 (kernels_py/tests/fixtures/calibration.jsonl, CUDA-graph
-# replays at 32K tokens, batch 8 and 64): FlashAttention over the full cache
-# read at 74-89% of the peak; gather_decode at 68% (batch 8) and 83%, and
-# fp8_decode at 75% and 80%. Fitted once for every kernel, not per kernel;
-# the A100 and H200 are unmeasured and take the same shares.
+# Measured on an H100 at 08bf22f (kernels_py/tests/fixtures/calibration.jsonl,
+# CUDA-graph replays at 32K tokens, batch 8 and 64): FlashAttention over the
+# full cache read at 74-89% of the peak; gather_decode at 68% (batch 8) and
+# 83%, and fp8_decode at 75% and 80%. Fitted once for every kernel, not per
+# kernel; the A100 and H200 take the same shares (the H200's points at
+# ac7c521 lie in the bands they give but gather_decode's at batch 8, 5% out).
 HBM_SHARE = (0.89, 0.68)
 
 H100 = GPU(
