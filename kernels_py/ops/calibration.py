@@ -183,8 +183,8 @@ def check_measured(gpu: estimate.GPU = estimate.H100, records: list[dict] | None
 
     rows, cache = [], {}  # points of one shape and config (an H100's and an H200's) share one compile
 
-    def compiled_for(record, impl, step, arch, chosen, select):
-        key = (record["op"], impl.name, impl.key(step), arch, tuple(sorted(chosen.items())))
+    def compiled_for(op_name, impl, step, arch, chosen, select):
+        key = (op_name, impl.name, impl.key(step), arch, tuple(sorted(chosen.items())))
         if key not in cache:
             cache[key] = report.Compiled(impl, step, arch, select=functools.partial(select, chosen=chosen))
         return cache[key]
@@ -208,11 +208,11 @@ def check_measured(gpu: estimate.GPU = estimate.H100, records: list[dict] | None
             return chosen.get(kernel, label) == label
 
         device = estimate.gpu_for(record.get("gpu", ""), gpu.arch) if gpu.arch == 90 else gpu
-        compiled = compiled_for(record, impl, step, device.arch, chosen, select)
+        compiled = compiled_for(record["op"], impl, step, device.arch, chosen, select)
         gone = [k for k in chosen if not any(entry["kernel"] == k for entry, _ in compiled.entries)]
         if gone:  # the config it measured is none of today's: the kernel changed, so estimate today's pick
             chosen = {k: v for k, v in chosen.items() if k not in gone}
-            compiled = compiled_for(record, impl, step, device.arch, chosen, select)
+            compiled = compiled_for(record["op"], impl, step, device.arch, chosen, select)
         flash_us = estimate.flash_us(model.flash_bytes(step), device)
         band = report.estimate_implementation(impl, step, compiled, device, flash_us)
         opt, cons, got = band["optimistic_us"] / 1e3, band["conservative_us"] / 1e3, record["measured_ms"]

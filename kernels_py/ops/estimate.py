@@ -95,8 +95,9 @@ class GPU:
 # CUDA-graph replays at 32K tokens, batch 8 and 64): FlashAttention over the
 # full cache read at 74-89% of the peak; gather_decode at 68% (batch 8) and
 # 83%, and fp8_decode at 75% and 80%. Fitted once for every kernel, not per
-# kernel; the A100 and H200 take the same shares (the H200's points at
-# ac7c521 lie in the bands they give but gather_decode's at batch 8, 5% out).
+# kernel; the A100 and H200 take the same shares (on the H200 at ac7c521 the
+# streaming kernels, gather_decode and fp8_decode, lie in the bands they give
+# but gather_decode at batch 8, 5% above).
 HBM_SHARE = (0.89, 0.68)
 
 H100 = GPU(
