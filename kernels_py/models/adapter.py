@@ -284,12 +284,13 @@ def spans_from_ids(ids: torch.Tensor, image_token_id: int, rope: Rope | None = N
     if video_token_id is not None:
         visual |= ids == video_token_id
     positions = visual.nonzero()[:, 0].tolist()
+    tokens = ids.tolist()  # one copy to the host, not two waits on the GPU a visual token
     if not positions:
         raise ModelError("the prompt's tokens hold no image or video token: the processor did not expand a "
                          "placeholder")
     runs, start = [], positions[0]
     for here, after in zip(positions, positions[1:] + [None]):
-        if after is None or after != here + 1 or int(ids[after]) != int(ids[here]):
+        if after is None or after != here + 1 or tokens[after] != tokens[here]:
             runs.append((start, here + 1))
             start = after
     if layout is None:
@@ -613,7 +614,7 @@ def generate_batch(vlm: VLM, method, inputs: dict, max_new_tokens: int,
     language.set_attn_implementation(ATTENTION)
     padded = any(pads)
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), _decode_sdpa():
             memory = _Memory(model.device)
             memory.reset()
             cache = method_cache()
@@ -664,6 +665,18 @@ def generate_batch(vlm: VLM, method, inputs: dict, max_new_tokens: int,
             for b in range(batch)]
 
 
+def _decode_sdpa():
+    """The SDPA backends a generation may use: FlashAttention, then the
+    memory-efficient kernel, then the math one; not cuDNN's attention, which
+    PyTorch prefers on Hopper but which builds an execution plan for every
+    new shape: a decode step's keys are one longer than the last step's, and
+    a method's layers hold different counts, so it would build one each
+    layer and step (several milliseconds each, on the host)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
 def _until_stop(tokens: list[int], stop_tokens: frozenset[int]) -> int:
     """How many of `tokens` a sequence generated: up to and with its first stop token."""
     for i, t in enumerate(tokens):
@@ -702,7 +715,7 @@ def generate_sdpa(vlm: VLM, inputs: dict, max_new_tokens: int) -> list[Generatio
     before = language.config._attn_implementation
     language.set_attn_implementation("sdpa")
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), _decode_sdpa():
             memory = _Memory(model.device)
             memory.reset()
             cache = DynamicCache(config=model.config)

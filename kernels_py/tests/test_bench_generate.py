@@ -102,6 +102,34 @@ def test_the_baseline_is_the_full_cache(name):
         torch.testing.assert_close(a.logits, b.logits, atol=1e-4, rtol=1e-4)
 
 
+def test_generations_keep_attention_off_cudnn(monkeypatch):
+    """Every SDPA call of a generation (the baseline's, and a method's decode
+    over its kept tokens) runs with cuDNN's attention off and FlashAttention
+    on: cuDNN's builds a plan for every new key length, which made each
+    method's decode step several times the baseline's on Hopper GPUs."""
+    import torch.nn.functional as F
+
+    from kernels_py.methods import make_method
+    from kernels_py.models import generate_batch, generate_sdpa
+
+    seen = []
+    real = F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append((torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.flash_sdp_enabled()))
+        return real(*args, **kwargs)
+
+    vlm = sized.build("tiny-llava", 256, device=torch.device("cpu"), dtype=torch.float32)
+    inputs = sized.prompt(vlm, 1, 64, 4, torch.Generator().manual_seed(2))
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    generate_sdpa(vlm, inputs, 3)
+    baseline = len(seen)
+    generate_batch(vlm, make_method("vlcache", {"attention": "sdpa"}), inputs, 3)
+    assert baseline > 0 and len(seen) > baseline  # both generations attended through SDPA
+    assert all(flash and not cudnn for cudnn, flash in seen), seen
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # restored afterwards
+
+
 def test_profile_steps_count_what_a_decode_step_asks_of_the_host():
     """With profile_steps each row says what one decode step runs on the
     host (the difference of two profiled runs, so the prefill cancels); on
