@@ -19,8 +19,11 @@ What the numbers are and are not:
   what each method really kept.
 - The adapter calls each method once per (prompt, layer) and holds every
   layer's prompt Q/K/V until the last layer has run (what methods that
-  weigh layers against each other need), so batches above 1 time a Python
-  loop as well, and a method's peak memory is above the baseline's.
+  weigh layers against each other need), so a method's peak memory is above
+  the baseline's, and batches above 1 time a Python loop over the prompts
+  at every decode step too, except where a method's decode only appends
+  and attends (the evictions here: VL-Cache), whose prompts decode
+  together, padded to one length.
 - The baseline appends with torch.cat every step, as DynamicCache does; a
   serving stack's paged or static cache would make it faster.
 - ZipVL runs without its sparse-prefill measurement (two extra float32

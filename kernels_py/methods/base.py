@@ -118,6 +118,14 @@ class Method(Knobs, ABC):
     def decode(self, layer: int, cache, q_t: torch.Tensor, k_t: torch.Tensor, v_t: torch.Tensor) -> torch.Tensor:
         """One decode step; updates `cache` in place and returns the attention output [heads, 1, d]."""
 
+    @property
+    def decodes_together(self) -> bool:
+        """Whether a model's batch may decode this method's caches together
+        (caches.KeptBatch: one write and one attention a layer for all
+        sequences) where the caches allow it: only a decode that appends and
+        attends and nothing else. Default: no, decode runs sequence by sequence."""
+        return False
+
     def prefill_attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           spans: Spans) -> torch.Tensor | None:
         """Inside a live model, the prefill attention output [heads, T, d] of
@@ -148,8 +156,9 @@ class TokenSelection(Method):
 
     attention: str = knob(
         "str", "float32", "decode attention over the kept tokens: float32 (PyTorch, the precision comparisons use) "
-        "or sdpa (the cache's dtype, FlashAttention on a GPU: for end-to-end speed; over an fp8 cache the fused "
-        "fp8 decode op, its kernel on a GPU); scores that read every step's attention (H2O's, evicting while "
+        "or sdpa (the cache's dtype, FlashAttention on a GPU: for end-to-end speed; inside a model a batch's "
+        "sequences decode together, padded to one length under a mask: PyTorch's memory-efficient kernel; over an "
+        "fp8 cache the fused fp8 decode op, its kernel on a GPU); scores that read every step's attention (H2O's, evicting while "
         "decoding) keep float32", choices=("float32", "sdpa"))
     kv_dtype: str = kv_dtype_knob()
     fp8_scale: str = fp8_scale_knob()
@@ -157,6 +166,11 @@ class TokenSelection(Method):
     @property
     def evicts_while_decoding(self) -> bool:
         return False
+
+    @property
+    def decodes_together(self) -> bool:
+        # decode below, without eviction and over SDPA, only appends and attends; a subclass's own decode may not.
+        return not self.evicts_while_decoding and self.attention == "sdpa" and type(self).decode is TokenSelection.decode
 
     @abstractmethod
     def scorer(self) -> Scorer:

@@ -133,3 +133,129 @@ def recent_count(fraction: float, capacity: int) -> int:
     half up, the one rounding every method uses (so equal budgets and shares
     hold equal counts)."""
     return min(capacity, half_up(fraction * capacity))
+
+
+# Memory-efficient attention wants its mask's rows aligned to 16 elements (else PyTorch pads a copy each call).
+_MASK_ALIGN = 16
+
+
+def _aligned(capacity: int) -> int:
+    return -(-capacity // _MASK_ALIGN) * _MASK_ALIGN
+
+
+@dataclass
+class KeptBatch:
+    """One layer's KeptTokens of every sequence of a batch, decoded together:
+    their keys and values padded into one [B, kv_heads, capacity, d] tensor
+    with room for the steps to come, so that a step writes the batch's new
+    tokens in place and attends once, where each sequence alone would
+    concatenate its whole cache and attend (a dozen launches a sequence
+    and layer, which left the GPU idle most of a batched decode step). A
+    mask keeps each sequence's attention to the tokens it holds.
+
+    While it decodes, each KeptTokens holds views of the padded tensors of
+    the tokens it held when the batch was made; write_back leaves every one
+    as appending each step's token to it alone would have (compact tensors,
+    positions, seen). Only for what decode would append and attend plainly:
+    no scores, no eviction, no fp8 codes (holds)."""
+
+    caches: list[KeptTokens]
+    keys: torch.Tensor  # [B, kv_heads, capacity, d]
+    values: torch.Tensor  # [B, kv_heads, capacity, d]
+    counts: list[int]  # tokens each sequence held when the batch was made
+    steps: int = 0  # tokens appended to each since
+
+    def __post_init__(self):
+        self._longest = max(self.counts)
+        self._index()
+
+    @staticmethod
+    def holds(caches: list) -> bool:
+        """Whether these caches (one per sequence) can decode together: plain
+        KeptTokens of one layout that keep no scores and evict nothing."""
+        first = caches[0]
+        return all(type(c) is KeptTokens and c.scores is None and c.share is None
+                   and c.keys.shape[0] == first.keys.shape[0] and c.keys.shape[2] == first.keys.shape[2]
+                   and c.keys.dtype == first.keys.dtype and c.keys.device == first.keys.device for c in caches)
+
+    @classmethod
+    def of(cls, caches: list[KeptTokens], room: int) -> "KeptBatch":
+        """The batch of `caches` (holds(caches)), with room for `room` more
+        tokens each before it has to grow."""
+        counts = [c.tokens for c in caches]
+        first = caches[0].keys
+        kv_heads, _, head_dim = first.shape
+        capacity = _aligned(max(counts) + max(room, 1))
+        keys = first.new_zeros(len(caches), kv_heads, capacity, head_dim)
+        values = torch.zeros_like(keys)
+        for b, (cache, n) in enumerate(zip(caches, counts)):
+            keys[b, :, :n], values[b, :, :n] = cache.keys, cache.values
+        batch = cls(caches, keys, values, counts)
+        batch._point_caches()
+        return batch
+
+    def _index(self) -> None:
+        """What a step needs besides the step count: each sequence's next
+        slot (as scatter_ takes it) and each column's place after the
+        sequence's held tokens (the column is held once that is below the
+        steps taken)."""
+        batch, kv_heads, capacity, head_dim = self.keys.shape
+        counts = torch.tensor(self.counts, device=self.keys.device)
+        self._next = counts.view(batch, 1, 1, 1).expand(batch, kv_heads, 1, head_dim) + self.steps
+        self._after = (torch.arange(capacity, device=self.keys.device) - counts[:, None]).view(batch, 1, 1, capacity)
+
+    def _point_caches(self) -> None:
+        """Each cache's K and V as views of the padded tensors, so that no
+        other copy of its tokens stays alive."""
+        for b, (cache, n) in enumerate(zip(self.caches, self.counts)):
+            cache.keys, cache.values = self.keys[b, :, :n], self.values[b, :, :n]
+
+    def _grow(self) -> None:
+        """Twice the capacity, the held tokens copied over."""
+        capacity = _aligned(2 * self.capacity)
+        keys = self.keys.new_zeros(*self.keys.shape[:2], capacity, self.keys.shape[3])
+        values = torch.zeros_like(keys)
+        keys[:, :, :self.capacity], values[:, :, :self.capacity] = self.keys, self.values
+        self.keys, self.values = keys, values
+        self._index()
+        self._point_caches()
+
+    @property
+    def capacity(self) -> int:
+        return self.keys.shape[2]
+
+    def append(self, k_t: torch.Tensor, v_t: torch.Tensor) -> None:
+        """Each sequence's new token, k_t and v_t [B, kv_heads, 1, d], after its held ones."""
+        if self._longest + self.steps >= self.capacity:
+            self._grow()
+        self.keys.scatter_(2, self._next, k_t if k_t.dtype == self.keys.dtype else k_t.to(self.keys.dtype))
+        self.values.scatter_(2, self._next, v_t if v_t.dtype == self.values.dtype else v_t.to(self.values.dtype))
+        self._next += 1
+        self.steps += 1
+
+    def attend(self, q_t: torch.Tensor) -> torch.Tensor:
+        """Each sequence's query q_t [B, heads, 1, d] over its held tokens:
+        [B, heads, 1, d] in q's dtype. A kv head's query heads attend as rows
+        of one query (heads h of group g are consecutive), so GQA reads each
+        key once and copies nothing."""
+        batch, heads, _, head_dim = q_t.shape
+        rows = q_t.reshape(batch, self.keys.shape[1], heads // self.keys.shape[1], head_dim)
+        if rows.dtype != self.keys.dtype:
+            rows = rows.to(self.keys.dtype)
+        out = F.scaled_dot_product_attention(rows, self.keys, self.values, attn_mask=self._after < self.steps)
+        out = out.reshape(batch, heads, 1, head_dim)
+        return out if out.dtype == q_t.dtype else out.to(q_t.dtype)
+
+    def write_back(self) -> None:
+        """Leave every cache as appending each step's token to it alone
+        would have, in compact tensors of its own. Ends the batch: a later
+        step makes a new one."""
+        for b, cache in enumerate(self.caches):
+            n = self.counts[b] + self.steps
+            cache.keys, cache.values = self.keys[b, :, :n].clone(), self.values[b, :, :n].clone()
+            kv_heads = cache.positions.shape[0]
+            steps = torch.arange(cache.seen, cache.seen + self.steps, dtype=cache.positions.dtype,
+                                 device=cache.positions.device)
+            cache.positions = torch.cat([cache.positions, steps.expand(kv_heads, -1)], dim=1)
+            cache.seen += self.steps
+        self.caches = []

@@ -8,7 +8,10 @@ last layer has run, the method builds every layer's cache from them
 (`prefill_all`, so methods that weigh layers against each other work). At
 each decode step the function hands the new token's Q/K/V to the method's
 `decode`, whose output is the layer's attention output: the method's own
-cache is the only one. `MethodCache` stores no key or value; it counts
+cache is the only one. Where a method's decode only appends and attends
+(Method.decodes_together), a batch's sequences decode together instead: one
+padded cache a layer (methods.caches.KeptBatch), one write and one attention
+a step, each sequence's cache written back when the generation ends. `MethodCache` stores no key or value; it counts
 tokens so the model's positions and masks stay right. The vision tower keeps
 its own attention.
 
@@ -35,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels_py.attention import Rope, Spans
-from kernels_py.methods.caches import KeptTokens
+from kernels_py.methods.caches import KeptBatch, KeptTokens
 from kernels_py.models.families import FAMILIES, Family, supported
 
 ATTENTION = "vlkv"
@@ -388,9 +391,27 @@ class _Session:
     caches: list[list] | None = None
     windows: dict = field(default_factory=dict)  # sliding model layer -> per sequence [k, v] [kv_heads, <W, d]
     bidirectional_images: bool = False
+    room: int = 0  # decode steps to come: what a KeptBatch reserves
+    batches: dict = field(default_factory=dict)  # method layer -> its KeptBatch, or None: sequence by sequence
 
     def __post_init__(self):
         self.index = {layer: i for i, layer in enumerate(self.method_layers)}
+
+    def batch(self, layer: int) -> KeptBatch | None:
+        """The layer's caches decoding together, from its first decode step,
+        where the method and its caches allow it (Method.decodes_together)."""
+        if layer not in self.batches:
+            caches = [per_sequence[layer] for per_sequence in self.caches]
+            together = getattr(self.method, "decodes_together", False) and KeptBatch.holds(caches)
+            self.batches[layer] = KeptBatch.of(caches, self.room) if together else None
+        return self.batches[layer]
+
+    def write_back(self) -> None:
+        """Every batch's caches as the method's own decode would have left them."""
+        for batch in self.batches.values():
+            if batch is not None:
+                batch.write_back()
+        self.batches = {}
 
     def window_bytes(self, b: int) -> int:
         """Bytes sequence b's sliding-window layers hold."""
@@ -445,8 +466,13 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
                 session.caches.append(session.method.prefill_all(q, k, v, spans))
             session.prompt = {}
         return out.transpose(1, 2), None
-    out = torch.stack([session.method.decode(layer, caches[layer], query[b], key[b], value[b])
-                       for b, caches in enumerate(session.caches)])
+    batch = session.batch(layer)
+    if batch is not None:
+        batch.append(key, value)
+        out = batch.attend(query)
+    else:
+        out = torch.stack([session.method.decode(layer, caches[layer], query[b], key[b], value[b])
+                           for b, caches in enumerate(session.caches)])
     return out.to(query.dtype).transpose(1, 2), None
 
 
@@ -608,7 +634,8 @@ def generate_batch(vlm: VLM, method, inputs: dict, max_new_tokens: int,
     _register()
     model = vlm.model
     language = model.model.language_model
-    session = _Session(method, spans, pads, vlm.method_layers, bidirectional_images=vlm.spec.bidirectional_images)
+    session = _Session(method, spans, pads, vlm.method_layers, bidirectional_images=vlm.spec.bidirectional_images,
+                       room=max_new_tokens)
     token = _ACTIVE.set(session)
     before = language.config._attn_implementation
     language.set_attn_implementation(ATTENTION)
@@ -654,6 +681,7 @@ def generate_batch(vlm: VLM, method, inputs: dict, max_new_tokens: int,
                     stopped |= torch.isin(tokens[-1], stops)
             decode = _clock(model.device) - start
             decode_peak = memory.peak()
+            session.write_back()
     finally:
         language.set_attn_implementation(before)
         _ACTIVE.reset(token)
