@@ -53,13 +53,14 @@ import torch
 from kernels_py import runtime
 from kernels_py.benchmarks.base import Benchmark
 from kernels_py.methods import METHODS, make_method
-from kernels_py.models import generate_batch, generate_sdpa, sized
+from kernels_py.models import ModelError, generate_batch, generate_sdpa, sized
 from kernels_py.ops import common
 from kernels_py.params import BadKnobs, closest, knob
 from kernels_py.tables import Column
 
 _MODELS: dict = {}  # (size, dtype, device) -> the model, built once per process
 BASELINE = "full cache, SDPA"
+GRAPHED_BASELINE = "full cache, CUDA graph"  # the baseline with graphs: the full cache held as the methods are
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,8 @@ class Generate(Benchmark):
         Column("model", "", "model sizes (kernels_py.models.sized), random weights"),
         Column("visual", "", "visual tokens asked per prompt (LLaVA rounds up to whole images: see prompt_tokens)"),
         Column("batch", "", "prompts decoded together"),
-        Column("method", "", f"what holds the KV cache ({BASELINE!r}: transformers' own, the baseline)"),
+        Column("method", "", f"what holds the KV cache ({BASELINE!r}: transformers' own, the baseline; with graphs "
+               f"{GRAPHED_BASELINE!r}: method full's, decoded as the methods are)"),
         Column("prompt_tokens", "", "tokens per prompt: visual, text and the few around them", "prompt"),
         Column("prefill_s", "s", "prefill of the batch, the method's compression included", "prefill"),
         Column("decode_step_ms", "ms", "one decode step of the batch, the mean over the generation", "step"),
@@ -115,6 +117,12 @@ class Generate(Benchmark):
     dtype: str = knob("str", "float16", "dtype of the weights and activations",
                       choices=("float16", "bfloat16", "float32"))
     seed: int = knob("int", 0, "seed of the weights and the prompts", min=0, max=2**31 - 1)
+    graphs: bool = knob("bool", False, "decode steps from the third on replayed from a CUDA graph of one step "
+                        "(models.generate_batch(graphs=True)), so that the host launches one graph a step and the "
+                        "GPU's work sets the step's time; the baseline becomes the full cache held and decoded as the "
+                        "methods are (method full, attention=sdpa: gather_decode over one padded cache a layer); a "
+                        "method whose prompts cannot decode together is skipped, saying why; without CUDA the same "
+                        "steps run eagerly")
     profile_steps: int = knob("int", 0, "decode steps to profile after the timed run (0: none): per step, the ops, "
                               "launches and waits the host issues and the GPU's busy time", min=0, max=1000)
 
@@ -124,7 +132,11 @@ class Generate(Benchmark):
             if name not in METHODS:
                 raise BadKnobs(f"--methods: unknown method {name!r}{closest(name, METHODS)}; known: "
                                f"{', '.join(sorted(METHODS))}")
-        return [BASELINE] + list(dict.fromkeys(names))
+        return [self.baseline] + list(dict.fromkeys(names))
+
+    @property
+    def baseline(self) -> str:
+        return GRAPHED_BASELINE if self.graphs else BASELINE
 
     def cases(self):
         names = self.method_names()
@@ -153,20 +165,24 @@ class Generate(Benchmark):
 
     def measure(self, case):
         shape = (case["model"], case["visual"], case["batch"])
-        if case["method"] != BASELINE and shape not in _FULL:
-            raise torch.cuda.OutOfMemoryError("the baseline ran out of memory at this shape: not run")
+        baseline = case["method"] == self.baseline
+        if not baseline and shape not in _FULL:
+            return {"skipped": "the baseline did not run at this shape (out of memory, or skipped): not run"}
         vlm = self._vlm()
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + case["visual"] * 131 + case["batch"])
         inputs = sized.prompt(vlm, case["batch"], case["visual"], self.text, g)
-        if case["method"] == BASELINE:
+        if baseline and not self.graphs:
             def run(tokens):
                 return generate_sdpa(vlm, inputs, tokens)
         else:
-            method = self._method(case["method"], vlm.mrope)
+            method = self._method("full" if baseline else case["method"], vlm.mrope)
 
             def run(tokens):
-                return generate_batch(vlm, method, inputs, tokens)
-        run(min(5, self.new_tokens))  # compiles the kernels, warms the allocator
+                return generate_batch(vlm, method, inputs, tokens, graphs=self.graphs)
+        try:
+            run(min(5, self.new_tokens))  # compiles the kernels, warms the allocator
+        except ModelError as err:  # graphs with a method that decodes prompt by prompt
+            return {"skipped": str(err)}
         out = run(self.new_tokens)
         first = out[0]
         steps = self.new_tokens - 1
@@ -179,7 +195,7 @@ class Generate(Benchmark):
             row.update(step_profile(run, self.profile_steps, vlm.model.device))
             if "step_gpu_ms" in row:
                 row["gpu_busy"] = 100 * row["step_gpu_ms"] / row["decode_step_ms"]
-        if case["method"] == BASELINE:
+        if baseline:
             _FULL[shape] = row
         full = _FULL.get(shape)
         if full:

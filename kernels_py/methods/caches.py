@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from kernels_py.attention import expand_kv
 from kernels_py.metrics import tensor_bytes
+from kernels_py.ops.common import use_triton
 
 
 @dataclass
@@ -167,6 +168,10 @@ class KeptBatch:
 
     def __post_init__(self):
         self._longest = max(self.counts)
+        # The steps again, on the device: what the mask reads, so that a step replayed from a CUDA graph (which
+        # runs no Python) still advances it.
+        self._taken = torch.tensor(self.steps, device=self.keys.device)
+        self._gather = None  # gather_decode's fixed inputs, made at its first call
         self._index()
 
     @staticmethod
@@ -190,9 +195,8 @@ class KeptBatch:
         values = torch.zeros_like(keys)
         for b, (cache, n) in enumerate(zip(caches, counts)):
             keys[b, :, :n], values[b, :, :n] = cache.keys, cache.values
-        batch = cls(caches, keys, values, counts)
-        batch._point_caches()
-        return batch
+            cache.keys, cache.values = keys[b, :, :n], values[b, :, :n]  # its own copy can go at once
+        return cls(caches, keys, values, counts)
 
     def _index(self) -> None:
         """What a step needs besides the step count: each sequence's next
@@ -217,6 +221,7 @@ class KeptBatch:
         values = torch.zeros_like(keys)
         keys[:, :, :self.capacity], values[:, :, :self.capacity] = self.keys, self.values
         self.keys, self.values = keys, values
+        self._gather = None
         self._index()
         self._point_caches()
 
@@ -231,20 +236,54 @@ class KeptBatch:
         self.keys.scatter_(2, self._next, k_t if k_t.dtype == self.keys.dtype else k_t.to(self.keys.dtype))
         self.values.scatter_(2, self._next, v_t if v_t.dtype == self.values.dtype else v_t.to(self.values.dtype))
         self._next += 1
+        self._taken += 1
         self.steps += 1
 
-    def attend(self, q_t: torch.Tensor) -> torch.Tensor:
+    def attend(self, q_t: torch.Tensor, backend: str = "auto") -> torch.Tensor:
         """Each sequence's query q_t [B, heads, 1, d] over its held tokens:
-        [B, heads, 1, d] in q's dtype. A kv head's query heads attend as rows
-        of one query (heads h of group g are consecutive), so GQA reads each
-        key once and copies nothing."""
+        [B, heads, 1, d] in q's dtype. With the Triton kernel (ops.common.
+        use_triton: on CUDA by default) gather_decode reads each sequence's
+        held rows in place, split over the keys (the capacity sets the
+        split count, so a step's launch is the same every step); else SDPA
+        under a mask, a kv head's query heads as the rows of one query
+        (heads h of group g are consecutive), so GQA reads each key once
+        and copies nothing."""
+        if use_triton(backend, self.keys.device):
+            return self._gather_decode(q_t)
         batch, heads, _, head_dim = q_t.shape
         rows = q_t.reshape(batch, self.keys.shape[1], heads // self.keys.shape[1], head_dim)
         if rows.dtype != self.keys.dtype:
             rows = rows.to(self.keys.dtype)
-        out = F.scaled_dot_product_attention(rows, self.keys, self.values, attn_mask=self._after < self.steps)
+        out = F.scaled_dot_product_attention(rows, self.keys, self.values, attn_mask=self._after < self._taken)
         out = out.reshape(batch, heads, 1, head_dim)
         return out if out.dtype == q_t.dtype else out.to(q_t.dtype)
+
+    def _gather_decode(self, q_t: torch.Tensor) -> torch.Tensor:
+        from kernels_py.ops import gather_decode, splitk
+        from kernels_py.ops.gather_decode.kernel import split_count
+
+        batch, kv_heads, capacity, _ = self.keys.shape
+        if self._gather is None:
+            device = self.keys.device
+            splits = split_count(capacity, batch * kv_heads, splitk.sm_count(device))
+            # Every row is visible (position 0 against query position 0); the count says how many are held.
+            self._gather = (torch.zeros((batch, 1), dtype=torch.int32, device=device),
+                            torch.zeros((batch, capacity), dtype=torch.int32, device=device),
+                            torch.arange(capacity, dtype=torch.int32, device=device).expand(batch, kv_heads, -1),
+                            splits, gather_decode.make_workspace(q_t, splits))
+        q_pos, pos, index, splits, workspace = self._gather
+        held = self._next[:, :, 0, 0]  # [B, kv_heads]: the next slot is the count held
+        return gather_decode.gather_decode(q_t, q_pos, self.keys, self.values, pos, index, held, num_splits=splits,
+                                           workspace=workspace, check_values=False).out
+
+    def replayed(self, steps: int) -> None:
+        """Count `steps` steps that ran without this object's Python (replays
+        of a captured step: the device's counters moved, steps did not), or
+        with a negative count, one that ran only in Python (a capture)."""
+        self.steps += steps
+        if self._longest + self.steps > self.capacity:
+            raise RuntimeError(f"{self.steps} steps overran the batch's capacity of {self.capacity} tokens: a "
+                               f"captured step cannot grow it (reserve room for every step)")
 
     def write_back(self) -> None:
         """Leave every cache as appending each step's token to it alone

@@ -11,7 +11,8 @@ each decode step the function hands the new token's Q/K/V to the method's
 cache is the only one. Where a method's decode only appends and attends
 (Method.decodes_together), a batch's sequences decode together instead: one
 padded cache a layer (methods.caches.KeptBatch), one write and one attention
-a step, each sequence's cache written back when the generation ends. `MethodCache` stores no key or value; it counts
+a step, each sequence's cache written back when the generation ends; such a
+generation can replay its steps from a CUDA graph (generate_batch's graphs). `MethodCache` stores no key or value; it counts
 tokens so the model's positions and masks stay right. The vision tower keeps
 its own attention.
 
@@ -611,13 +612,19 @@ def generate(vlm: VLM, method, inputs: dict, max_new_tokens: int,
 
 def generate_batch(vlm: VLM, method, inputs: dict, max_new_tokens: int,
                    force_tokens: list[list[int]] | None = None,
-                   stop_tokens: frozenset[int] = frozenset()) -> list[Generation]:
+                   stop_tokens: frozenset[int] = frozenset(), graphs: bool = False) -> list[Generation]:
     """generate for a batch (batch_inputs): every sequence keeps its own
     method caches (ragged: each holds what its own prompt and method give),
     the model runs the batch together. Positions follow the attention mask,
     as transformers' generate computes them, so a left-padded sequence sees
     the positions it would alone. With stop_tokens, decoding ends once every
-    sequence has chosen one; each sequence's tokens end at its first."""
+    sequence has chosen one; each sequence's tokens end at its first.
+
+    graphs: decode steps from the third on replay a CUDA graph of one step
+    (_GraphedStep), so the host launches one graph a step instead of every
+    kernel; for prompts without padding, a model without sliding-window
+    layers and a method whose batch decodes together (ModelError otherwise).
+    Without CUDA the same static steps run eagerly."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     ids = inputs["input_ids"]
@@ -640,6 +647,8 @@ def generate_batch(vlm: VLM, method, inputs: dict, max_new_tokens: int,
     before = language.config._attn_implementation
     language.set_attn_implementation(ATTENTION)
     padded = any(pads)
+    if graphs:
+        _check_graphs(vlm, method, padded)
     try:
         with torch.inference_mode(), _decode_sdpa():
             memory = _Memory(model.device)
@@ -664,11 +673,18 @@ def generate_batch(vlm: VLM, method, inputs: dict, max_new_tokens: int,
             # Asking whether every sequence stopped waits for the GPU: only when there is a token to stop at.
             stops = torch.tensor(sorted(stop_tokens), dtype=tokens[-1].dtype, device=tokens[-1].device)
             stopped = torch.isin(tokens[-1], stops)
+            graphed = _GraphedStep(model, cache, session, _step_offsets(vlm, inputs)) if graphs else None
             for i in range(max_new_tokens - 1):
                 if stop_tokens and bool(stopped.all()):
                     break
                 fed = tokens[-1] if force_tokens is None else torch.tensor([f[i] for f in force_tokens],
                                                                            device=model.device)
+                if graphed is not None:
+                    logits.append(graphed(fed, int(ids.shape[1]) + i))
+                    tokens.append(logits[-1].argmax(-1))
+                    if stop_tokens:
+                        stopped |= torch.isin(tokens[-1], stops)
+                    continue
                 step = {"input_ids": fed[:, None].to(model.device)}
                 if padded:
                     mask = torch.cat([mask, mask.new_ones(batch, 1)], dim=1)
@@ -691,6 +707,89 @@ def generate_batch(vlm: VLM, method, inputs: dict, max_new_tokens: int,
                        sum(method.cache_bytes(c) for c in session.caches[b]) + session.window_bytes(b),
                        prefill, decode, spans[b], max(peak, decode_peak), decode_peak, memory.kind, kept[b])
             for b in range(batch)]
+
+
+def _step_offsets(vlm: VLM, inputs: dict) -> torch.Tensor:
+    """[B, 1] int64: what each sequence adds to a decode step's index (its
+    prompt's length plus the steps before) to make its position: 0, or
+    under M-RoPE the offset of text positions after the prompt's images."""
+    ids = inputs["input_ids"]
+    if not vlm.mrope:
+        return torch.zeros((ids.shape[0], 1), dtype=torch.long, device=vlm.model.device)
+    _, deltas = _mrope_positions(vlm.model, {**inputs, "attention_mask": torch.ones_like(ids)})
+    return deltas.to(device=vlm.model.device, dtype=torch.long).reshape(ids.shape[0], 1)
+
+
+def _check_graphs(vlm: VLM, method, padded: bool) -> None:
+    """Why generate_batch(graphs=True) cannot run, as a ModelError, if it cannot."""
+    if padded:
+        raise ModelError("decoding from a CUDA graph needs prompts of one length (no padding): the mask grows every "
+                         "step")
+    if vlm.sliding_layers:
+        raise ModelError("decoding from a CUDA graph needs a model without sliding-window layers (their window "
+                         "moves by concatenation)")
+    if not getattr(method, "decodes_together", False):
+        raise ModelError(f"decoding from a CUDA graph needs a method whose batch decodes together (a token-keeping "
+                         f"method with attention=sdpa that does not evict while decoding); "
+                         f"{getattr(method, 'name', method)!r} decodes sequence by sequence")
+
+
+class _GraphedStep:
+    """Decode steps of generate_batch(graphs=True): each takes the fed
+    tokens and the step's position and returns the last logits [B, vocab]
+    in float32. The first step runs eagerly (it makes each layer's
+    KeptBatch, which must exist before a capture), the second too, on a side
+    stream (what CUDA graphs ask before a capture: lazy initialisations out
+    of the way), and the third is captured and replayed, as is every later
+    one: the inputs are copied into the static tensors the graph reads, and
+    what the graph moves on the device (each batch's slots and step count)
+    the replays do not move in Python, so the Python counters (each batch's
+    steps, the counting cache's tokens) are advanced here. Without CUDA the
+    steps from the second run eagerly on the same static inputs."""
+
+    def __init__(self, model, cache, session: "_Session", offsets: torch.Tensor):
+        self.model, self.cache, self.session, self.offsets = model, cache, session, offsets
+        self.ids = torch.zeros_like(offsets)
+        self.positions = torch.zeros_like(offsets)
+        device = offsets.device
+        self.cuda = device.type == "cuda"
+        self.graph, self.logits, self.steps = None, None, 0
+
+    def _forward(self) -> torch.Tensor:
+        out = self.model(input_ids=self.ids, position_ids=self.positions, past_key_values=self.cache, use_cache=True)
+        return out.logits[:, -1].float()
+
+    def _advance(self, steps: int) -> None:
+        for batch in self.session.batches.values():
+            batch.replayed(steps)
+        for layer in self.cache.layers:
+            layer.count += steps
+
+    def __call__(self, fed: torch.Tensor, position: int) -> torch.Tensor:
+        self.steps += 1
+        self.ids.copy_(fed[:, None])
+        torch.add(self.offsets, position, out=self.positions)
+        if self.steps == 1 or not self.cuda:
+            logits = self._forward()
+            if self.steps == 1 and not all(b is not None for b in self.session.batches.values()):
+                raise ModelError("decoding from a CUDA graph needs every layer's caches to decode together "
+                                 "(methods.caches.KeptBatch.holds): some layer's do not")
+            return logits
+        if self.steps == 2:
+            side = torch.cuda.Stream(device=self.ids.device)
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                logits = self._forward()
+            torch.cuda.current_stream().wait_stream(side)
+            return logits
+        if self.graph is None:
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.logits = self._forward()
+            self._advance(-1)  # the capture ran the Python of a step whose kernels it only recorded
+        self.graph.replay()
+        self._advance(1)
+        return self.logits.clone()  # the graph writes its next logits over these
 
 
 def _decode_sdpa():

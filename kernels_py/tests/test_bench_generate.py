@@ -61,6 +61,50 @@ def test_smoke_run_compares_every_method_with_the_full_cache():
     assert rows[4]["cache_bytes"] == 2 * rows[0]["cache_bytes"]
 
 
+def test_graphs_compare_methods_held_the_same_way():
+    """With graphs the baseline is the full cache held as the methods are;
+    a method whose prompts cannot decode together is skipped, saying why
+    (on the CPU the steps run eagerly: no graph, the same inputs)."""
+    result = benchmarks.run("generate", dict(generate.Generate.smoke_sizes(), methods="vlcache,zipvl", graphs=True,
+                                             batches=[2]))
+    rows = {r["method"]: r for r in result["rows"]}
+    assert list(rows) == [generate.GRAPHED_BASELINE, "vlcache", "zipvl"]
+    assert rows[generate.GRAPHED_BASELINE]["cache_share"] == 1.0 and 0 < rows["vlcache"]["cache_share"] < 0.25
+    assert rows["vlcache"]["decode_speedup"] > 0
+    assert "decodes sequence by sequence" in rows["zipvl"]["skipped"] and rows["zipvl"]["decode_step_ms"] is None
+
+
+def test_graphs_refuse_what_they_cannot_replay():
+    from kernels_py.methods import make_method
+    from kernels_py.models import ModelError, generate_batch
+
+    vlm = sized.build("tiny-llava", 256, device=torch.device("cpu"), dtype=torch.float32)
+    inputs = sized.prompt(vlm, 2, 64, 6, torch.Generator().manual_seed(4))
+    with pytest.raises(ModelError, match="decodes sequence by sequence"):
+        generate_batch(vlm, make_method("vlcache"), inputs, 3, graphs=True)  # float32 attention, prompt by prompt
+    inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
+    inputs["attention_mask"][0, 0] = 0
+    with pytest.raises(ModelError, match="no padding"):
+        generate_batch(vlm, make_method("vlcache", {"attention": "sdpa"}), inputs, 3, graphs=True)
+
+
+@pytest.mark.parametrize("name", ["tiny-llava", "tiny-qwen2-vl"])
+def test_graphed_steps_decode_as_eager_ones(name):
+    """The static inputs a captured step reads (the fed tokens, positions
+    from the prompt's length and M-RoPE's offsets) give what the eager loop
+    gives; on a GPU the same steps are captured and replayed."""
+    from kernels_py.methods import make_method
+    from kernels_py.models import generate_batch
+
+    vlm = sized.build(name, 256, device=torch.device("cpu"), dtype=torch.float32)
+    inputs = sized.prompt(vlm, 2, 64, 8, torch.Generator().manual_seed(3))
+    method = make_method("vlcache", {"attention": "sdpa", "budget": 0.3})
+    for eager, graphed in zip(generate_batch(vlm, method, inputs, 7), generate_batch(vlm, method, inputs, 7,
+                                                                                    graphs=True)):
+        assert eager.tokens == graphed.tokens and eager.cache_bytes == graphed.cache_bytes
+        torch.testing.assert_close(eager.logits, graphed.logits, atol=1e-5, rtol=1e-5)
+
+
 def test_qwen2_vl_runs_every_default_method():
     """M-RoPE: AttentionPack runs with rope="after" (its default would be
     refused), ZipVL without its error measurement; each row has its figures."""

@@ -29,9 +29,10 @@ def _copy(cache: KeptTokens) -> KeptTokens:
 
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2)])
 @pytest.mark.parametrize("room", [6, 0])  # 0: the batch outgrows its room and doubles
-def test_a_batch_decodes_as_each_sequence_alone(heads, kv_heads, room):
+@pytest.mark.parametrize("backend", ["torch", "triton"])  # SDPA under a mask, or gather_decode (a GPU's default)
+def test_a_batch_decodes_as_each_sequence_alone(heads, kv_heads, room, backend):
     g = torch.Generator().manual_seed(heads * 10 + room)
-    head_dim, steps = 8, 6
+    head_dim, steps = 16, 6
     together = _caches([7, 12, 3], kv_heads, head_dim, 20, g)
     alone = [_copy(c) for c in together]
     batch = KeptBatch.of(together, room)
@@ -40,7 +41,7 @@ def test_a_batch_decodes_as_each_sequence_alone(heads, kv_heads, room):
         q = torch.randn(3, heads, 1, head_dim, generator=g)
         k, v = (torch.randn(3, kv_heads, 1, head_dim, generator=g) for _ in range(2))
         batch.append(k, v)
-        out = batch.attend(q)
+        out = batch.attend(q, backend)
         for b, cache in enumerate(alone):
             cache.append(k[b], v[b])
             want, _ = cache.attend(q[b], weights=False)
