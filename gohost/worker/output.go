@@ -3,6 +3,7 @@ package worker
 import (
 	"bytes"
 	"io"
+	"strings"
 	"sync"
 
 	"github.com/rs/zerolog"
@@ -33,12 +34,15 @@ func (t *tail) String() string {
 	return string(t.buf)
 }
 
-// lineLogger forwards complete lines to the debug log, so -v shows what
-// workers print as it happens.
+// ProgressPrefix starts a line a job prints to say how it is going
+// (kernels_py.runtime.progress): it is logged at the info level, as it
+// happens; every other line only at the debug level (-v).
+const ProgressPrefix = "vlkv progress: "
+
+// lineLogger forwards complete lines to the log as they are written:
+// progress lines at the info level, the rest at the debug level, so -v
+// shows everything workers print.
 func lineLogger(log zerolog.Logger, stream string) io.Writer {
-	if log.GetLevel() > zerolog.DebugLevel {
-		return io.Discard
-	}
 	return &lineWriter{log: log, stream: stream}
 }
 
@@ -55,7 +59,12 @@ func (l *lineWriter) Write(p []byte) (int, error) {
 		if i < 0 {
 			break
 		}
-		l.log.Debug().Str("stream", l.stream).Msg(string(l.pending[:i]))
+		line := string(l.pending[:i])
+		if text, ok := strings.CutPrefix(line, ProgressPrefix); ok {
+			l.log.Info().Msg(text)
+		} else {
+			l.log.Debug().Str("stream", l.stream).Msg(line)
+		}
 		l.pending = l.pending[i+1:]
 	}
 	return len(p), nil

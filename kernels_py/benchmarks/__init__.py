@@ -6,6 +6,7 @@ is one file. Go prints any of them from the columns they describe.
 
 import gc
 import importlib
+import json
 import pkgutil
 
 import torch
@@ -58,7 +59,8 @@ def run(name: str, params: dict | None = None) -> dict:
         raise BadKnobs(str(err)) from None
     device = runtime.device()
     rows = []
-    for case in bench.cases():
+    cases = list(bench.cases())
+    for i, case in enumerate(cases, 1):
         try:
             rows.append({**case, **bench.measure(case)})
         except torch.cuda.OutOfMemoryError as err:  # a size too large for this GPU: say so, keep the table
@@ -67,6 +69,8 @@ def run(name: str, params: dict | None = None) -> dict:
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
+        # Each row as it is measured: a long run shows where it is, and a killed one leaves its rows in the log.
+        runtime.progress(f"bench {name}: row {i} of {len(cases)}: {json.dumps(rows[-1], default=str)}")
     filled = {key for r in rows for key in r}
     columns = cls.columns + tuple(c for c in cls.optional_columns if c.name in filled) + \
         ((SKIPPED,) if "skipped" in filled else ())

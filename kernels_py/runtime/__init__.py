@@ -3,8 +3,8 @@ protocol.py), tensors by reference over shared-memory arenas (arena.py), the
 exchange benchmark's jobs (exchange.py) and diagnostics jobs (diag.py).
 
 Research code (ops, methods, workloads, benchmarks) imports nothing from here
-except the device helpers below: what the host decided about this worker's
-device. (The ablation job, the glue between experiments and methods, also
+except the device helpers below (what the host decided about this worker's
+device) and progress. (The ablation job, the glue between experiments and methods, also
 hands results back through arena.empty.) The host sets VLKV_DEVICE (cpu or cuda) and, for cpu,
 TRITON_INTERPRET=1 before the worker starts, so Triton kernels run under the
 interpreter on CPU tensors.
@@ -28,3 +28,16 @@ def device() -> torch.device:
 
 def interpreter_mode() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+# A line a job writes to stderr starting with this reaches the host's log at the info level, as it happens;
+# other output is logged only with -v. Go's worker package knows the same prefix.
+PROGRESS_PREFIX = "vlkv progress: "
+
+
+def progress(text: str) -> None:
+    """Tell the user how a long job is going (one line, shown as it is
+    written; what it says also survives the run being killed)."""
+    import sys
+
+    print(PROGRESS_PREFIX + " ".join(text.splitlines()), file=sys.stderr, flush=True)
