@@ -76,7 +76,8 @@ class Generate(Benchmark):
                f"{GRAPHED_BASELINE!r}: method full's, decoded as the methods are)"),
         Column("prompt_tokens", "", "tokens per prompt: visual, text and the few around them", "prompt"),
         Column("prefill_s", "s", "prefill of the batch, the method's compression included", "prefill"),
-        Column("decode_step_ms", "ms", "one decode step of the batch, the mean over the generation", "step"),
+        Column("decode_step_ms", "ms", "one decode step of the batch, the mean over the generation (with graphs, "
+               "over the steps replayed from the graph: the first three run eagerly or capture it)", "step"),
         Column("generate_s", "s", "prefill and every decode step of the generation", "generate"),
         Column("decode_speedup", "x", "the baseline's decode step / this one", "step vs full"),
         Column("generate_speedup", "x", "the baseline's generation / this one", "generate vs full"),
@@ -146,7 +147,7 @@ class Generate(Benchmark):
 
     def _vlm(self):
         device = runtime.device()
-        longest = max(self.visual) + 576 + self.text + max(self.new_tokens, self.profile_steps + 1) + 2
+        longest = max(self.visual) + 576 + self.text + max(self.new_tokens, self.profile_steps + 4) + 2
         key = (self.model, self.dtype, str(device), self.seed, longest)
         if key not in _MODELS:
             _MODELS.clear()  # one model at a time: two 7B models need not fit together
@@ -186,13 +187,16 @@ class Generate(Benchmark):
         out = run(self.new_tokens)
         first = out[0]
         steps = self.new_tokens - 1
+        step_ms = (first.replayed_seconds / first.replayed_steps if first.replayed_steps
+                   else first.decode_seconds / steps) * 1e3
         row = {"prompt_tokens": int(inputs["input_ids"].shape[1]), "prefill_s": first.prefill_seconds,
-               "decode_step_ms": first.decode_seconds / steps * 1e3,
+               "decode_step_ms": step_ms,
                "generate_s": first.prefill_seconds + first.decode_seconds,
                "cache_bytes": sum(g.cache_bytes for g in out), "peak_bytes": first.peak_bytes,
                "memory_kind": first.memory_kind}
         if self.profile_steps:
-            row.update(step_profile(run, self.profile_steps, vlm.model.device))
+            # With graphs both profiled runs hold the three steps before the replays, which the difference cancels.
+            row.update(step_profile(run, self.profile_steps, vlm.model.device, before=4 if self.graphs else 1))
             if "step_gpu_ms" in row:
                 row["gpu_busy"] = 100 * row["step_gpu_ms"] / row["decode_step_ms"]
         if baseline:
@@ -232,17 +236,17 @@ def tally(events) -> dict:
     return out
 
 
-def step_profile(run, steps: int, device: torch.device) -> dict:
+def step_profile(run, steps: int, device: torch.device, before: int = 1) -> dict:
     """What one decode step of run(tokens) asks of the host and the GPU: the
-    difference of a profiled run of steps + 1 tokens and one of 1 (the same
-    prefill, no step), per step. Counts are exact; the GPU time is the
-    profiler's, and only on a GPU."""
+    difference of a profiled run of before + steps tokens and one of
+    `before` (the same prefill and first steps), per step. Counts are exact;
+    the GPU time is the profiler's, and only on a GPU."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     counts = []
-    for tokens in (1, steps + 1):
+    for tokens in (before, before + steps):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the profiler's notes on its own cycles
             with profile(activities=activities) as prof:

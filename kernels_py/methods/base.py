@@ -169,8 +169,10 @@ class TokenSelection(Method):
 
     @property
     def decodes_together(self) -> bool:
-        # decode below, without eviction and over SDPA, only appends and attends; a subclass's own decode may not.
-        return not self.evicts_while_decoding and self.attention == "sdpa" and type(self).decode is TokenSelection.decode
+        # decode below, without eviction and over SDPA, only appends and attends, over plain tensors (no fp8 codes);
+        # a subclass's own decode may do more.
+        return (not self.evicts_while_decoding and self.attention == "sdpa" and KV_DTYPES[self.kv_dtype] is None
+                and type(self).decode is TokenSelection.decode)
 
     @abstractmethod
     def scorer(self) -> Scorer:

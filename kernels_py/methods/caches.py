@@ -140,6 +140,9 @@ def recent_count(fraction: float, capacity: int) -> int:
 _MASK_ALIGN = 16
 
 
+GROWTH = 128  # tokens a KeptBatch grows by at least, once out of room
+
+
 def _aligned(capacity: int) -> int:
     return -(-capacity // _MASK_ALIGN) * _MASK_ALIGN
 
@@ -165,12 +168,10 @@ class KeptBatch:
     values: torch.Tensor  # [B, kv_heads, capacity, d]
     counts: list[int]  # tokens each sequence held when the batch was made
     steps: int = 0  # tokens appended to each since
+    scratch: dict = field(default_factory=dict)  # reusable attention workspaces, shareable between layers
 
     def __post_init__(self):
         self._longest = max(self.counts)
-        # The steps again, on the device: what the mask reads, so that a step replayed from a CUDA graph (which
-        # runs no Python) still advances it.
-        self._taken = torch.tensor(self.steps, device=self.keys.device)
         self._gather = None  # gather_decode's fixed inputs, made at its first call
         self._index()
 
@@ -184,9 +185,10 @@ class KeptBatch:
                    and c.keys.dtype == first.keys.dtype and c.keys.device == first.keys.device for c in caches)
 
     @classmethod
-    def of(cls, caches: list[KeptTokens], room: int) -> "KeptBatch":
+    def of(cls, caches: list[KeptTokens], room: int, scratch: dict | None = None) -> "KeptBatch":
         """The batch of `caches` (holds(caches)), with room for `room` more
-        tokens each before it has to grow."""
+        tokens each before it has to grow; scratch: workspaces to share with
+        other batches attending one after another (a model's layers)."""
         counts = [c.tokens for c in caches]
         first = caches[0].keys
         kv_heads, _, head_dim = first.shape
@@ -196,17 +198,17 @@ class KeptBatch:
         for b, (cache, n) in enumerate(zip(caches, counts)):
             keys[b, :, :n], values[b, :, :n] = cache.keys, cache.values
             cache.keys, cache.values = keys[b, :, :n], values[b, :, :n]  # its own copy can go at once
-        return cls(caches, keys, values, counts)
+        return cls(caches, keys, values, counts, scratch=scratch if scratch is not None else {})
 
     def _index(self) -> None:
-        """What a step needs besides the step count: each sequence's next
-        slot (as scatter_ takes it) and each column's place after the
-        sequence's held tokens (the column is held once that is below the
-        steps taken)."""
+        """Each sequence's next slot, which is also the count it holds, on
+        the device (as scatter_ takes it, [B, kv_heads, 1, d]), so that a
+        step replayed from a CUDA graph (no Python runs) still moves it; and
+        the column numbers a mask compares it with."""
         batch, kv_heads, capacity, head_dim = self.keys.shape
         counts = torch.tensor(self.counts, device=self.keys.device)
         self._next = counts.view(batch, 1, 1, 1).expand(batch, kv_heads, 1, head_dim) + self.steps
-        self._after = (torch.arange(capacity, device=self.keys.device) - counts[:, None]).view(batch, 1, 1, capacity)
+        self._columns = torch.arange(capacity, device=self.keys.device).view(1, 1, 1, capacity)
 
     def _point_caches(self) -> None:
         """Each cache's K and V as views of the padded tensors, so that no
@@ -215,8 +217,10 @@ class KeptBatch:
             cache.keys, cache.values = self.keys[b, :, :n], self.values[b, :, :n]
 
     def _grow(self) -> None:
-        """Twice the capacity, the held tokens copied over."""
-        capacity = _aligned(2 * self.capacity)
+        """An eighth more capacity (at least GROWTH tokens), the held tokens
+        copied over: a few copies for a long generation, little memory held
+        unused for a large cache."""
+        capacity = _aligned(self.capacity + max(self.capacity // 8, GROWTH))
         keys = self.keys.new_zeros(*self.keys.shape[:2], capacity, self.keys.shape[3])
         values = torch.zeros_like(keys)
         keys[:, :, :self.capacity], values[:, :, :self.capacity] = self.keys, self.values
@@ -236,7 +240,6 @@ class KeptBatch:
         self.keys.scatter_(2, self._next, k_t if k_t.dtype == self.keys.dtype else k_t.to(self.keys.dtype))
         self.values.scatter_(2, self._next, v_t if v_t.dtype == self.values.dtype else v_t.to(self.values.dtype))
         self._next += 1
-        self._taken += 1
         self.steps += 1
 
     def attend(self, q_t: torch.Tensor, backend: str = "auto") -> torch.Tensor:
@@ -254,7 +257,8 @@ class KeptBatch:
         rows = q_t.reshape(batch, self.keys.shape[1], heads // self.keys.shape[1], head_dim)
         if rows.dtype != self.keys.dtype:
             rows = rows.to(self.keys.dtype)
-        out = F.scaled_dot_product_attention(rows, self.keys, self.values, attn_mask=self._after < self._taken)
+        held = self._columns < self._next[:, :1, :, :1]  # [B, 1, 1, capacity]
+        out = F.scaled_dot_product_attention(rows, self.keys, self.values, attn_mask=held)
         out = out.reshape(batch, heads, 1, head_dim)
         return out if out.dtype == q_t.dtype else out.to(q_t.dtype)
 
@@ -266,11 +270,14 @@ class KeptBatch:
         if self._gather is None:
             device = self.keys.device
             splits = split_count(capacity, batch * kv_heads, splitk.sm_count(device))
+            key = ("gather_decode", tuple(q_t.shape), q_t.device, splits)
+            if key not in self.scratch:
+                self.scratch[key] = gather_decode.make_workspace(q_t, splits)
             # Every row is visible (position 0 against query position 0); the count says how many are held.
             self._gather = (torch.zeros((batch, 1), dtype=torch.int32, device=device),
                             torch.zeros((batch, capacity), dtype=torch.int32, device=device),
                             torch.arange(capacity, dtype=torch.int32, device=device).expand(batch, kv_heads, -1),
-                            splits, gather_decode.make_workspace(q_t, splits))
+                            splits, self.scratch[key])
         q_pos, pos, index, splits, workspace = self._gather
         held = self._next[:, :, 0, 0]  # [B, kv_heads]: the next slot is the count held
         return gather_decode.gather_decode(q_t, q_pos, self.keys, self.values, pos, index, held, num_splits=splits,
@@ -297,4 +304,4 @@ class KeptBatch:
                                  device=cache.positions.device)
             cache.positions = torch.cat([cache.positions, steps.expand(kv_heads, -1)], dim=1)
             cache.seen += self.steps
-        self.caches = []
+        self.caches, self.keys, self.values, self._gather = [], None, None, None

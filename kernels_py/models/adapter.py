@@ -43,6 +43,7 @@ from kernels_py.methods.caches import KeptBatch, KeptTokens
 from kernels_py.models.families import FAMILIES, Family, supported
 
 ATTENTION = "vlkv"
+EAGER_ROOM = 128  # tokens a KeptBatch reserves per sequence beyond its longest when steps run eagerly
 TESTED_TRANSFORMERS = "5.23.0"
 
 
@@ -394,6 +395,7 @@ class _Session:
     bidirectional_images: bool = False
     room: int = 0  # decode steps to come: what a KeptBatch reserves
     batches: dict = field(default_factory=dict)  # method layer -> its KeptBatch, or None: sequence by sequence
+    scratch: dict = field(default_factory=dict)  # what the batches' attention reuses, shared by the layers
 
     def __post_init__(self):
         self.index = {layer: i for i, layer in enumerate(self.method_layers)}
@@ -404,15 +406,15 @@ class _Session:
         if layer not in self.batches:
             caches = [per_sequence[layer] for per_sequence in self.caches]
             together = getattr(self.method, "decodes_together", False) and KeptBatch.holds(caches)
-            self.batches[layer] = KeptBatch.of(caches, self.room) if together else None
+            self.batches[layer] = KeptBatch.of(caches, self.room, self.scratch) if together else None
         return self.batches[layer]
 
     def write_back(self) -> None:
         """Every batch's caches as the method's own decode would have left them."""
-        for batch in self.batches.values():
+        while self.batches:  # one at a time, each padded cache freed before the next is written back
+            batch = self.batches.popitem()[1]
             if batch is not None:
                 batch.write_back()
-        self.batches = {}
 
     def window_bytes(self, b: int) -> int:
         """Bytes sequence b's sliding-window layers hold."""
@@ -524,6 +526,9 @@ class Generation:
     # Per layer, the prompt positions held right after prefill ([kv_heads, n], ascending): what a token-keeping
     # method or a scoring press kept. None where the cache is not a subset of the prompt's tokens.
     kept: list[torch.Tensor] | None = None
+    # Of decode_seconds, the steps replayed from a CUDA graph (generate_batch's graphs) and their seconds.
+    replayed_steps: int = 0
+    replayed_seconds: float = 0.0
 
 
 class _Memory:
@@ -638,17 +643,19 @@ def generate_batch(vlm: VLM, method, inputs: dict, max_new_tokens: int,
     if mask is not None and any(int(row[pad:].min()) == 0 for row, pad in zip(mask, pads)):
         raise ModelError("only left padding is supported (batch_inputs pads on the left)")
     spans = batch_spans(vlm, inputs, pads)
-    _register()
-    model = vlm.model
-    language = model.model.language_model
-    session = _Session(method, spans, pads, vlm.method_layers, bidirectional_images=vlm.spec.bidirectional_images,
-                       room=max_new_tokens)
-    token = _ACTIVE.set(session)
-    before = language.config._attn_implementation
-    language.set_attn_implementation(ATTENTION)
     padded = any(pads)
     if graphs:
         _check_graphs(vlm, method, padded)
+    _register()
+    model = vlm.model
+    language = model.model.language_model
+    # A captured step cannot grow a batch's padded cache: room for every step; eager steps grow it as they go.
+    room = max_new_tokens if graphs else min(max_new_tokens, EAGER_ROOM)
+    session = _Session(method, spans, pads, vlm.method_layers, bidirectional_images=vlm.spec.bidirectional_images,
+                       room=room)
+    token = _ACTIVE.set(session)
+    before = language.config._attn_implementation
+    language.set_attn_implementation(ATTENTION)
     try:
         with torch.inference_mode(), _decode_sdpa():
             memory = _Memory(model.device)
@@ -669,11 +676,11 @@ def generate_batch(vlm: VLM, method, inputs: dict, max_new_tokens: int,
             del out  # its logits over the whole prompt are not the decode steps' memory
             peak = memory.peak()
             memory.reset()
+            graphed = _GraphedStep(model, cache, session, _step_offsets(vlm, inputs)) if graphs else None
             start = _clock(model.device)
             # Asking whether every sequence stopped waits for the GPU: only when there is a token to stop at.
             stops = torch.tensor(sorted(stop_tokens), dtype=tokens[-1].dtype, device=tokens[-1].device)
             stopped = torch.isin(tokens[-1], stops)
-            graphed = _GraphedStep(model, cache, session, _step_offsets(vlm, inputs)) if graphs else None
             for i in range(max_new_tokens - 1):
                 if stop_tokens and bool(stopped.all()):
                     break
@@ -695,7 +702,9 @@ def generate_batch(vlm: VLM, method, inputs: dict, max_new_tokens: int,
                 tokens.append(logits[-1].argmax(-1))
                 if stop_tokens:
                     stopped |= torch.isin(tokens[-1], stops)
-            decode = _clock(model.device) - start
+            end = _clock(model.device)
+            decode = end - start
+            replays = (graphed.replays, end - graphed.replay_start) if graphed and graphed.replays else (0, 0.0)
             decode_peak = memory.peak()
             session.write_back()
     finally:
@@ -705,7 +714,7 @@ def generate_batch(vlm: VLM, method, inputs: dict, max_new_tokens: int,
     ends = [_until_stop(chosen[b].tolist(), stop_tokens) for b in range(batch)]
     return [Generation(chosen[b, :ends[b]].tolist(), stacked[b, :ends[b]],
                        sum(method.cache_bytes(c) for c in session.caches[b]) + session.window_bytes(b),
-                       prefill, decode, spans[b], max(peak, decode_peak), decode_peak, memory.kind, kept[b])
+                       prefill, decode, spans[b], max(peak, decode_peak), decode_peak, memory.kind, kept[b], *replays)
             for b in range(batch)]
 
 
@@ -754,6 +763,7 @@ class _GraphedStep:
         device = offsets.device
         self.cuda = device.type == "cuda"
         self.graph, self.logits, self.steps = None, None, 0
+        self.replays, self.replay_start = 0, 0.0  # replayed steps, and the clock when the first began
 
     def _forward(self) -> torch.Tensor:
         out = self.model(input_ids=self.ids, position_ids=self.positions, past_key_values=self.cache, use_cache=True)
@@ -775,20 +785,25 @@ class _GraphedStep:
                 raise ModelError("decoding from a CUDA graph needs every layer's caches to decode together "
                                  "(methods.caches.KeptBatch.holds): some layer's do not")
             return logits
+        device = self.ids.device
         if self.steps == 2:
-            side = torch.cuda.Stream(device=self.ids.device)
-            side.wait_stream(torch.cuda.current_stream())
+            side = torch.cuda.Stream(device=device)
+            side.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(side):
                 logits = self._forward()
-            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.current_stream(device).wait_stream(side)
+            logits.record_stream(torch.cuda.current_stream(device))  # made on the side stream, read on this one
             return logits
         if self.graph is None:
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
+            with torch.cuda.device(device), torch.cuda.graph(self.graph):
                 self.logits = self._forward()
             self._advance(-1)  # the capture ran the Python of a step whose kernels it only recorded
+        if not self.replays:
+            self.replay_start = _clock(device)
+        self._advance(1)  # first: it refuses a step the batches have no room for, before the graph writes there
         self.graph.replay()
-        self._advance(1)
+        self.replays += 1
         return self.logits.clone()  # the graph writes its next logits over these
 
 

@@ -82,10 +82,13 @@ def test_graphs_refuse_what_they_cannot_replay():
     inputs = sized.prompt(vlm, 2, 64, 6, torch.Generator().manual_seed(4))
     with pytest.raises(ModelError, match="decodes sequence by sequence"):
         generate_batch(vlm, make_method("vlcache"), inputs, 3, graphs=True)  # float32 attention, prompt by prompt
+    language = vlm.model.model.language_model
+    before = language.config._attn_implementation
     inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
     inputs["attention_mask"][0, 0] = 0
     with pytest.raises(ModelError, match="no padding"):
         generate_batch(vlm, make_method("vlcache", {"attention": "sdpa"}), inputs, 3, graphs=True)
+    assert language.config._attn_implementation == before != "vlkv"  # a refusal leaves the model as it was
 
 
 @pytest.mark.parametrize("name", ["tiny-llava", "tiny-qwen2-vl"])

@@ -47,14 +47,16 @@ def test_a_batch_decodes_as_each_sequence_alone(heads, kv_heads, room, backend):
             want, _ = cache.attend(q[b], weights=False)
             torch.testing.assert_close(out[b], want, atol=1e-5, rtol=1e-5)
     assert (batch.capacity > initial) == (room == 0)  # with no room it grew, with room for every step it did not
+    padded = batch.keys.untyped_storage().data_ptr()
     batch.write_back()
+    assert batch.keys is None and batch.values is None  # the padded cache is let go
     for mine, theirs in zip(together, alone):
         assert mine.seen == theirs.seen == 20 + steps and mine.tokens == theirs.tokens
         torch.testing.assert_close(mine.keys, theirs.keys, atol=0, rtol=0)
         torch.testing.assert_close(mine.values, theirs.values, atol=0, rtol=0)
         assert torch.equal(mine.positions, theirs.positions)
         assert mine.keys.is_contiguous() and mine.nbytes == theirs.nbytes
-        assert mine.keys.untyped_storage().data_ptr() != batch.keys.untyped_storage().data_ptr()  # its own copy
+        assert mine.keys.untyped_storage().data_ptr() != padded  # its own copy
 
 
 def test_only_plain_kept_tokens_decode_together():
@@ -75,6 +77,7 @@ def test_only_plain_kept_tokens_decode_together():
     ({"attention": "sdpa"}, True),
     ({"attention": "float32"}, False),  # the float32 attention comparisons use
     ({"attention": "sdpa", "evict_while_decoding": True}, False),
+    ({"attention": "sdpa", "kv_dtype": "fp8_e4m3"}, False),  # fp8 codes: the fused fp8 decode op's
 ])
 def test_which_methods_decode_together(knobs, together):
     assert make_method("vlcache", knobs).decodes_together is together
