@@ -92,20 +92,21 @@ def test_graphs_refuse_what_they_cannot_replay():
 
 
 @pytest.mark.parametrize("name", ["tiny-llava", "tiny-qwen2-vl"])
-def test_graphed_steps_decode_as_eager_ones(name):
+def test_graphed_steps_decode_as_eager_ones(name, device):
     """The static inputs a captured step reads (the fed tokens, positions
     from the prompt's length and M-RoPE's offsets) give what the eager loop
-    gives; on a GPU the same steps are captured and replayed."""
+    gives; on a GPU the steps from the third on are a CUDA graph's replays."""
     from kernels_py.methods import make_method
     from kernels_py.models import generate_batch
 
-    vlm = sized.build(name, 256, device=torch.device("cpu"), dtype=torch.float32)
+    vlm = sized.build(name, 256, device=device, dtype=torch.float32)
     inputs = sized.prompt(vlm, 2, 64, 8, torch.Generator().manual_seed(3))
     method = make_method("vlcache", {"attention": "sdpa", "budget": 0.3})
     for eager, graphed in zip(generate_batch(vlm, method, inputs, 7), generate_batch(vlm, method, inputs, 7,
                                                                                     graphs=True)):
         assert eager.tokens == graphed.tokens and eager.cache_bytes == graphed.cache_bytes
         torch.testing.assert_close(eager.logits, graphed.logits, atol=1e-5, rtol=1e-5)
+        assert graphed.replayed_steps == (3 if device.type == "cuda" else 0)
 
 
 def test_qwen2_vl_runs_every_default_method():
