@@ -158,8 +158,8 @@ class TokenSelection(Method):
         "str", "float32", "decode attention over the kept tokens: float32 (PyTorch, the precision comparisons use) "
         "or sdpa (the cache's dtype, FlashAttention on a GPU: for end-to-end speed; inside a model a batch's "
         "sequences decode together over one padded cache: the gather_decode op on a GPU, SDPA under a mask on the "
-        "CPU; over an fp8 cache the fused fp8 decode op, its kernel on a GPU); scores that read every step's attention (H2O's, evicting while "
-        "decoding) keep float32", choices=("float32", "sdpa"))
+        "CPU; over an fp8 cache the fused fp8 decode op, its kernel on a GPU); scores that read every step's "
+        "attention (H2O's, evicting while decoding) keep float32", choices=("float32", "sdpa"))
     kv_dtype: str = kv_dtype_knob()
     fp8_scale: str = fp8_scale_knob()
 

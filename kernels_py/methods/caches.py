@@ -15,7 +15,9 @@ import torch.nn.functional as F
 
 from kernels_py.attention import expand_kv
 from kernels_py.metrics import tensor_bytes
+from kernels_py.ops import gather_decode, splitk
 from kernels_py.ops.common import use_triton
+from kernels_py.ops.gather_decode.kernel import split_count
 
 
 @dataclass
@@ -138,8 +140,6 @@ def recent_count(fraction: float, capacity: int) -> int:
 
 # Memory-efficient attention wants its mask's rows aligned to 16 elements (else PyTorch pads a copy each call).
 _MASK_ALIGN = 16
-
-
 GROWTH = 128  # tokens a KeptBatch grows by at least, once out of room
 
 
@@ -263,9 +263,6 @@ class KeptBatch:
         return out if out.dtype == q_t.dtype else out.to(q_t.dtype)
 
     def _gather_decode(self, q_t: torch.Tensor) -> torch.Tensor:
-        from kernels_py.ops import gather_decode, splitk
-        from kernels_py.ops.gather_decode.kernel import split_count
-
         batch, kv_heads, capacity, _ = self.keys.shape
         if self._gather is None:
             device = self.keys.device

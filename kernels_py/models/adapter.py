@@ -12,8 +12,9 @@ cache is the only one. Where a method's decode only appends and attends
 (Method.decodes_together), a batch's sequences decode together instead: one
 padded cache a layer (methods.caches.KeptBatch), one write and one attention
 a step, each sequence's cache written back when the generation ends; such a
-generation can replay its steps from a CUDA graph (generate_batch's graphs). `MethodCache` stores no key or value; it counts
-tokens so the model's positions and masks stay right. The vision tower keeps
+generation can replay its steps from a CUDA graph (generate_batch's graphs).
+`MethodCache` stores no key or value; it counts tokens so the model's
+positions and masks stay right. The vision tower keeps
 its own attention.
 
 Keys reach the methods as the model caches them, after RoPE. The methods
