@@ -30,6 +30,8 @@ func newKernelsReportCmd(a *app) *cobra.Command {
 		estimate bool
 		shape    string
 		ops      []string
+		impls    []string
+		configs  []string
 	)
 	arch = enumFlag{value: "sm_90", allowed: []string{"sm_80", "sm_90"}}
 	cmd := &cobra.Command{
@@ -72,12 +74,23 @@ they were recorded; a point whose kernels now compile to other code than it
 measured is marked stale and holds for none of today's band.
 Judge kernel work on the conservative end. What it cannot see: cache hit
 rates beyond what the op's model states, DRAM page effects, bank conflicts,
-clock throttling. About five minutes on a 2-core CPU; --op picks ops.`,
+clock throttling. About five minutes on a 2-core CPU; --op picks ops.
+
+The quick loop while editing one kernel: --impl NAME keeps one
+implementation (the names of the implementation column, e.g. --impl 'fused
+(exact)') and --config KERNEL:CONFIG compiles only that config of an
+autotuned kernel (as the config column prints it, e.g. --config
+'_stage1_kernel:BLOCK_N=128 w8 s3'), so it is the pick; both repeatable.
+Either leaves the calibration out. One implementation at one config takes
+seconds, e.g.
+
+  workbench kernels report --estimate --op lowrank_decode --shape batch=8 \
+    --impl 'fused (exact)' --config '_stage1_kernel:BLOCK_N=128 w8 s3'`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
-			if !estimate && (shape != "" || len(ops) > 0) {
-				return &usageError{fmt.Errorf("--shape and --op go with --estimate")}
+			if !estimate && (shape != "" || len(ops) > 0 || len(impls) > 0 || len(configs) > 0) {
+				return &usageError{fmt.Errorf("--shape, --op, --impl and --config go with --estimate")}
 			}
 			if estimate && len(cases) > 0 {
 				return &usageError{fmt.Errorf("--case picks compile cases of the resource table; --estimate takes --op")}
@@ -95,6 +108,12 @@ clock throttling. About five minutes on a 2-core CPU; --op picks ops.`,
 				for _, o := range ops {
 					args = append(args, "--op", o)
 				}
+				for _, i := range impls {
+					args = append(args, "--impl", i)
+				}
+				for _, c := range configs {
+					args = append(args, "--config", c)
+				}
 			}
 			c := exec.CommandContext(ctx, rt.Python, args...)
 			// Compiling for a GPU target needs the code generator, which
@@ -105,6 +124,9 @@ clock throttling. About five minutes on a 2-core CPU; --op picks ops.`,
 			what := "compiling the registered kernels (about a minute for all cases)"
 			if estimate {
 				what = "compiling every config at the benchmark shapes and estimating (a few minutes)"
+				if len(impls) > 0 || len(configs) > 0 {
+					what = "compiling the chosen implementations and configs at the benchmark shapes and estimating"
+				}
 			}
 			a.log.Info().Str("arch", arch.value).Msg(what)
 			if err := c.Run(); err != nil {
@@ -153,6 +175,8 @@ clock throttling. About five minutes on a 2-core CPU; --op picks ops.`,
 		"estimate each op's implementations at its benchmark shapes from what their compiled code issues")
 	cmd.Flags().StringVar(&shape, "shape", "", "with --estimate: fields of the ops' shapes, KEY=VALUE,... (e.g. batch=16,visual=8192 or partial=keys)")
 	cmd.Flags().StringArrayVar(&ops, "op", nil, "with --estimate: only this op (repeatable; default: every op with a model)")
+	cmd.Flags().StringArrayVar(&impls, "impl", nil, "with --estimate: only this implementation, by its name in the implementation column (repeatable; no calibration)")
+	cmd.Flags().StringArrayVar(&configs, "config", nil, "with --estimate: KERNEL:CONFIG, only this config of an autotuned kernel, as the config column prints it (repeatable; no calibration)")
 	return cmd
 }
 

@@ -362,12 +362,29 @@ func TestKernelsReportEstimate(t *testing.T) {
 			t.Errorf("no %q in\n%s", want, text.String())
 		}
 	}
+	// One implementation, and a config that is not autotuned's error; the
+	// quick loop's flags go with --estimate.
+	code, stdout, stderr = runCLI(t, "--python", py, "kernels", "report", "--estimate", "--arch", "sm_80",
+		"--op", "gather_decode", "--shape", "batch=16", "--impl", "selected rows", "--json")
+	if code != 0 || !strings.Contains(stdout, `"implementation": "selected rows"`) || strings.Contains(stdout, "calibration") {
+		t.Errorf("--impl: exit %d, %s\n%s", code, stderr, stdout)
+	}
+	for _, bad := range [][]string{
+		{"--estimate", "--op", "gather_decode", "--impl", "selected", "selected rows"},
+		{"--estimate", "--op", "gather_decode", "--config", "_stage1_kernel:w8 s3", "is not autotuned"},
+		{"--impl", "selected rows", "--impl and --config go with --estimate"},
+	} {
+		args := append([]string{"--python", py, "kernels", "report", "--arch", "sm_80"}, bad[:len(bad)-1]...)
+		if code, _, stderr := runCLI(t, args...); code != 2 || !strings.Contains(stderr, bad[len(bad)-1]) {
+			t.Errorf("%v: exit %d, %s", bad, code, stderr)
+		}
+	}
 	for _, bad := range []struct{ args, msg string }{
 		{"--estimate --shape bach=8", `no op's shape has a field 'bach' (did you mean 'batch'?)`},
 		{"--estimate --shape batch", `'batch' is not KEY=VALUE`},
 		{"--estimate --shape batch=2.5", "batch must be a whole number"},
 		{"--estimate --op nope", `--op: 'nope' is unknown`},
-		{"--shape batch=8", "--shape and --op go with --estimate"},
+		{"--shape batch=8", "--shape, --op, --impl and --config go with --estimate"},
 		{"--estimate --case decode-fp16-d128-rope-r64-h32kv8", "--estimate takes --op"},
 	} {
 		args := append([]string{"--python", py, "kernels", "report", "--arch", "sm_80"}, strings.Fields(bad.args)...)

@@ -7,6 +7,7 @@ compiled code issues (kernels_py.ops.estimate), and the calibration points.
 
     python -m kernels_py.ops.report --target 90 [--case NAME ...]
     python -m kernels_py.ops.report --target 90 --estimate [--shape batch=8,visual=16384] [--op NAME ...]
+        [--impl NAME ...] [--config 'KERNEL:BLOCK_N=128 w8 s3' ...]
 
 prints the report as JSON (kernels_py.tables). Like kernels_py.ops.compile,
 it must run without TRITON_INTERPRET.
@@ -103,6 +104,25 @@ def config_label(entry: dict) -> str:
     return f"{kwargs} w{entry['num_warps']} s{entry['num_stages']}{cap}".strip()
 
 
+def key_label(key: list) -> str:
+    """An autotune config key (compile.config_key) as config_label prints it."""
+    kwargs, warps, stages, *cap = key
+    text = " ".join([*(f"{k}={v}" for k, v in kwargs), f"w{warps}", f"s{stages}"])
+    return f"{text} r{cap[0]}" if cap else text
+
+
+def parse_configs(texts: list[str]) -> dict[str, set[str]]:
+    """--config KERNEL:LABEL, repeatable, as {kernel: {labels}}."""
+    out: dict[str, set[str]] = {}
+    for text in texts:
+        kernel, colon, label = text.partition(":")
+        if not colon or not kernel.strip() or not label.strip():
+            raise ValueError(f"--config: {text!r} is not KERNEL:CONFIG (e.g. '_stage1_kernel:BLOCK_N=128 w8 s3', "
+                             f"a config as the report's config column prints it)")
+        out.setdefault(kernel.strip(), set()).add(" ".join(label.split()))
+    return out
+
+
 def spills(entry: dict) -> bool:
     return bool(entry.get("spill_stores") or entry.get("spill_loads"))
 
@@ -175,15 +195,32 @@ def estimate_implementation(impl, step, compiled: Compiled, gpu, flash_us: float
 
 
 def estimate_report(target: int, overrides: dict | None = None, ops: list[str] | None = None,
-                    calibrate: bool = True) -> dict:
+                    calibrate: bool = True, impls: list[str] | None = None,
+                    configs: dict[str, set[str]] | None = None) -> dict:
     """Every registered op model's implementations at its estimate shapes
-    (fields of `overrides` replaced), and the calibration points."""
+    (fields of `overrides` replaced), and the calibration points. `impls`:
+    only the implementations of these names; `configs`: {kernel: config
+    labels}, only these configs of those autotuned kernels are compiled and
+    estimated (so the pick is among them). Either one leaves the
+    calibration out: it is the quick loop of one change to one kernel."""
     from kernels_py.ops import OPS, estimate
 
     gpu = estimate.GPUS[target]
     overrides = dict(overrides or {})
     models = [(op, op.model) for op in OPS.values() if (not ops or op.name in ops)
               and op.model is not None and hasattr(op.model, "ESTIMATES")]
+    names = [impl.name for _, model in models for impl in model.ESTIMATES]
+    for name in impls or ():
+        if name not in names:
+            raise ValueError(f"--impl: {name!r} is no implementation{closest(name, names)} of the ops estimated "
+                             f"(known: {', '.join(repr(n) for n in names)})")
+    configs = configs or {}
+    select = None
+    if configs:
+        def select(kernel, key):
+            return kernel not in configs or key_label(key) in configs[kernel]
+    if impls or configs:
+        calibrate = False
     known = sorted({f.name for _, model in models for f in dataclasses.fields(model.ESTIMATE_SHAPES[0])})
     for name in sorted(set(overrides) - set(known)):
         raise ValueError(f"--shape: no op's shape has a field {name!r}{closest(name, known)} (known: "
@@ -207,16 +244,28 @@ def estimate_report(target: int, overrides: dict | None = None, ops: list[str] |
     for op, model, step in steps:
         flash_us = estimate.flash_us(model.flash_bytes(step), gpu)
         ideal = model.ideal_us(step)
-        impls = []
+        bands = []
         for impl in model.ESTIMATES:
+            if impls and impl.name not in impls:
+                continue
             key = (op.name, impl.name, impl.key(step))
             if key not in cache:
-                cache[key] = Compiled(impl, step, target)
+                cache[key] = Compiled(impl, step, target, select=select)
+                _check_configs(configs, cache.values())
             band = estimate_implementation(impl, step, cache[key], gpu, flash_us)
             band["ideal_us"] = ideal.get(impl.name)
-            impls.append(band)
+            bands.append(band)
         results.append({"op": op.name, "shape": dataclasses.asdict(step), "flash_us": flash_us,
-                        "implementations": impls})
+                        "implementations": bands})
+    tuned = {k for c in cache.values() for k in c.configs_of}
+    for kernel in sorted(set(configs) - tuned):
+        launched = sorted({k for c in cache.values() for k in c.launched})
+        if kernel in launched:
+            raise ValueError(f"--config: {kernel} is not autotuned: its one launch config is always estimated "
+                             f"(autotuned: {', '.join(sorted(tuned)) or 'none'})")
+        raise ValueError(f"--config: {kernel!r} is no kernel the implementations estimated launch"
+                         f"{closest(kernel, launched)} (launched: {', '.join(launched)}; autotuned: "
+                         f"{', '.join(sorted(tuned)) or 'none'})")
     out = {"title": f"estimated on an {gpu.name} from the sm_{target} code (no GPU needed)", "target": target,
            "gpu": {**dataclasses.asdict(gpu), "peak_flops": gpu.peak_flops}, "estimates": results}
     if calibrate and target == 90:  # every point was measured on an sm_90 GPU (H100, H200)
@@ -228,6 +277,21 @@ def estimate_report(target: int, overrides: dict | None = None, ops: list[str] |
             out["calibration"] = rows
     out["tables"] = _tables(out)
     return out
+
+
+def _check_configs(configs: dict[str, set[str]], compiled) -> None:
+    """Each --config names a config of an autotuned kernel that was
+    launched: once a kernel has been seen, a label none of its configs has
+    is an error naming those it has."""
+    seen: dict[str, list] = {}
+    for c in compiled:
+        seen.update(c.configs_of)
+    for kernel, labels in configs.items():
+        if kernel in seen:
+            have = [key_label(k) for k in seen[kernel]]
+            for label in sorted(labels - set(have)):
+                raise ValueError(f"--config: {kernel} has no config {label!r}{closest(label, have)} "
+                                 f"(its configs: {', '.join(have)})")
 
 
 ESTIMATE_COLUMNS = (
@@ -370,6 +434,11 @@ def main(argv=None) -> int:
     parser.add_argument("--estimate", action="store_true", help="estimate each op's implementations instead")
     parser.add_argument("--shape", default="", help="with --estimate: fields of the ops' shapes, K=V,...")
     parser.add_argument("--op", action="append", default=[], help="with --estimate: only this op (repeatable)")
+    parser.add_argument("--impl", action="append", default=[],
+                        help="with --estimate: only this implementation (repeatable; no calibration)")
+    parser.add_argument("--config", action="append", default=[],
+                        help="with --estimate: KERNEL:CONFIG, only this config of an autotuned kernel (repeatable; "
+                             "no calibration)")
     opts = parser.parse_args(argv)
     from kernels_py.runtime import interpreter_mode
     from triton import knobs
@@ -385,7 +454,8 @@ def main(argv=None) -> int:
                 print(f"--op: {name!r} is unknown{closest(name, OPS)} (known: {', '.join(OPS)})", file=sys.stderr)
                 return 2
         try:
-            result = estimate_report(opts.target, parse_shape(opts.shape), opts.op)
+            result = estimate_report(opts.target, parse_shape(opts.shape), opts.op, impls=opts.impl,
+                                     configs=parse_configs(opts.config))
         except ValueError as err:
             print(str(err), file=sys.stderr)
             return 2

@@ -286,7 +286,9 @@ def start_children() -> None:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     jobs = {"probe90": ["-m", "kernels_py.tests.probe_kernels", "--target", "90"],
             "probe80": ["-m", "kernels_py.tests.probe_kernels", "--target", "80"],
-            "report": ["-m", "kernels_py.ops.report", "--target", "90", "--estimate"]}
+            "report": ["-m", "kernels_py.ops.report", "--target", "90", "--estimate"],
+            "one_config": ["-m", "kernels_py.ops.report", "--target", "90", "--estimate", "--op", "lowrank_decode",
+                           "--shape", "batch=8", "--impl", ONE_IMPL, "--config", ONE_CONFIG]}
     for name, args in jobs.items():
         out = open(tmp / f"{name}.json", "w+")
         err = open(tmp / f"{name}.log", "w+")
@@ -324,6 +326,44 @@ def _result(name: str) -> dict:
 @pytest.fixture(scope="module")
 def report():
     return _result("report")
+
+
+ONE_IMPL = "absorbed (latent), no mass"
+ONE_CONFIG = "_stage1_absorbed_kernel:BLOCK_N=64 w4 s2"
+
+
+def test_one_implementation_at_one_config_estimates_as_the_whole_report(report):
+    """--impl and --config (the quick loop while editing a kernel) compile
+    only that implementation and that config, which is then the pick, and
+    leave the calibration out; the config's estimate is the one the whole
+    report gives it."""
+    got = _result("one_config")
+    assert "calibration" not in got
+    kernel, config = ONE_CONFIG.split(":")
+    for entry in got["estimates"]:
+        assert entry["op"] == "lowrank_decode" and entry["shape"]["batch"] == 8
+        (impl,) = entry["implementations"]
+        assert impl["implementation"] == ONE_IMPL
+        (stage1,) = [k for k in impl["kernels"] if k["kernel"] == kernel]
+        assert stage1["picked"] == config and [c["config"] for c in stage1["configs"]] == [config]
+        (full,) = [i for e in report["estimates"] if e["op"] == "lowrank_decode" and e["shape"]["batch"] == 8
+                   for i in e["implementations"] if i["implementation"] == ONE_IMPL]
+        (row,) = [c for k in full["kernels"] if k["kernel"] == kernel for c in k["configs"] if c["config"] == config]
+        assert stage1["configs"][0]["conservative_us"] == pytest.approx(row["conservative_us"], rel=1e-9)
+        assert stage1["configs"][0]["optimistic_us"] == pytest.approx(row["optimistic_us"], rel=1e-9)
+
+
+def test_implementations_and_configs_are_checked():
+    from kernels_py.ops import report as rp
+
+    assert rp.parse_configs(["_k:BLOCK_N=64  w4 s2", "_k:w8 s3"]) == {"_k": {"BLOCK_N=64 w4 s2", "w8 s3"}}
+    assert rp.key_label([[("BLOCK_N", 64)], 4, 2]) == "BLOCK_N=64 w4 s2"
+    assert rp.key_label([[("TILE", 128)], 4, 1, 168]) == "TILE=128 w4 s1 r168"
+    with pytest.raises(ValueError, match="is not KERNEL:CONFIG"):
+        rp.parse_configs(["_stage1_kernel"])
+    # Checked before anything compiles.
+    with pytest.raises(ValueError, match=r"--impl: 'fused' is no implementation .*'fused \(exact\)'"):
+        rp.estimate_report(90, {}, ["lowrank_decode"], impls=["fused"])
 
 
 @pytest.mark.parametrize("target", [90, 80])
