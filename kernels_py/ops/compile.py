@@ -141,6 +141,18 @@ def error_text(err: BaseException) -> str:
     return "\n--- caused by ---\n".join(parts)
 
 
+def record_launches(call, cc: int) -> list[Launch]:
+    """The launches call() (a launcher on tiny CPU tensors) makes, recorded
+    and not compiled: which kernels it runs, and which are autotuned."""
+    with recording() as launches:
+        common._compile_target = cc  # launchers that choose code by architecture (common.capability)
+        try:
+            call()
+        finally:
+            common._compile_target = None
+    return launches
+
+
 def compile_launches(call, cc: int, tune: slice = slice(None), select=None):
     """Record the launches of call() (a launcher on tiny CPU tensors) and
     compile each for sm_<cc>, once per selected autotune config (`tune`, and
@@ -153,12 +165,7 @@ def compile_launches(call, cc: int, tune: slice = slice(None), select=None):
     knobs.compilation.always_compile = True
     knobs.nvidia.dump_ptxas_log = True
     target = GPUTarget("cuda", cc, 32)
-    with recording() as launches:
-        common._compile_target = cc  # launchers that choose code by architecture (common.capability)
-        try:
-            call()
-        finally:
-            common._compile_target = None
+    launches = record_launches(call, cc)
     configs_of, out = {}, []
     for launch in launches:
         if launch.configs is not None:  # every config the autotuner could pick, whichever is compiled here

@@ -181,7 +181,11 @@ def estimate_implementation(impl, step, compiled: Compiled, gpu, flash_us: float
             if not row["pruned"]:
                 candidates.append(est)
         if not candidates:
-            raise RuntimeError(f"{impl.name}: no config of {name} compiled without spills at this shape")
+            spilled = [r["config"] for r in rows if r.get("pruned")]
+            failed = [r["config"] for r in rows if r.get("error")]
+            raise RuntimeError(f"{impl.name}: no config of {name} compiled without spills at this shape (spilled, "
+                               f"which the autotuner prunes: {', '.join(spilled) or 'none'}; failed to compile: "
+                               f"{', '.join(failed) or 'none'})")
         choice = estimate.pick(candidates)
         for row in rows:
             row["picked"] = row.get("config") == choice.config
@@ -240,6 +244,18 @@ def estimate_report(target: int, overrides: dict | None = None, ops: list[str] |
                     raise ValueError(f"--shape: {k} must be a whole number, got {v}")
             steps.append((op, model, dataclasses.replace(base, **{k: type(getattr(base, k))(v)
                                                                   for k, v in mine.items()})))
+    if configs:  # named kernels checked before anything compiles (recording a launcher takes no time)
+        from kernels_py.ops import compile as cc
+
+        launched, tuned = set(), {}
+        for _, model, step in steps:
+            for impl in model.ESTIMATES:
+                if not impls or impl.name in impls:
+                    for launch in cc.record_launches(lambda: impl.call(step), target):
+                        launched.add(launch.kernel.fn.__name__)
+                        if launch.configs is not None:
+                            tuned[launch.kernel.fn.__name__] = [key_label(cc.config_key(c)) for c in launch.configs]
+        _check_configs(configs, sorted(launched), tuned)
     results, cache = [], {}
     for op, model, step in steps:
         flash_us = estimate.flash_us(model.flash_bytes(step), gpu)
@@ -251,21 +267,11 @@ def estimate_report(target: int, overrides: dict | None = None, ops: list[str] |
             key = (op.name, impl.name, impl.key(step))
             if key not in cache:
                 cache[key] = Compiled(impl, step, target, select=select)
-                _check_configs(configs, cache.values())
             band = estimate_implementation(impl, step, cache[key], gpu, flash_us)
             band["ideal_us"] = ideal.get(impl.name)
             bands.append(band)
         results.append({"op": op.name, "shape": dataclasses.asdict(step), "flash_us": flash_us,
                         "implementations": bands})
-    tuned = {k for c in cache.values() for k in c.configs_of}
-    for kernel in sorted(set(configs) - tuned):
-        launched = sorted({k for c in cache.values() for k in c.launched})
-        if kernel in launched:
-            raise ValueError(f"--config: {kernel} is not autotuned: its one launch config is always estimated "
-                             f"(autotuned: {', '.join(sorted(tuned)) or 'none'})")
-        raise ValueError(f"--config: {kernel!r} is no kernel the implementations estimated launch"
-                         f"{closest(kernel, launched)} (launched: {', '.join(launched)}; autotuned: "
-                         f"{', '.join(sorted(tuned)) or 'none'})")
     out = {"title": f"estimated on an {gpu.name} from the sm_{target} code (no GPU needed)", "target": target,
            "gpu": {**dataclasses.asdict(gpu), "peak_flops": gpu.peak_flops}, "estimates": results}
     if calibrate and target == 90:  # every point was measured on an sm_90 GPU (H100, H200)
@@ -279,19 +285,22 @@ def estimate_report(target: int, overrides: dict | None = None, ops: list[str] |
     return out
 
 
-def _check_configs(configs: dict[str, set[str]], compiled) -> None:
-    """Each --config names a config of an autotuned kernel that was
-    launched: once a kernel has been seen, a label none of its configs has
-    is an error naming those it has."""
-    seen: dict[str, list] = {}
-    for c in compiled:
-        seen.update(c.configs_of)
-    for kernel, labels in configs.items():
-        if kernel in seen:
-            have = [key_label(k) for k in seen[kernel]]
+def _check_configs(configs: dict[str, set[str]], launched: list[str], tuned: dict[str, list[str]]) -> None:
+    """Each --config names a config of an autotuned kernel the
+    implementations launch (tuned: each such kernel's config labels)."""
+    for kernel, labels in sorted(configs.items()):
+        if kernel in tuned:
+            have = tuned[kernel]
             for label in sorted(labels - set(have)):
                 raise ValueError(f"--config: {kernel} has no config {label!r}{closest(label, have)} "
                                  f"(its configs: {', '.join(have)})")
+        elif kernel in launched:
+            raise ValueError(f"--config: {kernel} is not autotuned: its one launch config is always estimated "
+                             f"(autotuned: {', '.join(sorted(tuned)) or 'none'})")
+        else:
+            raise ValueError(f"--config: {kernel!r} is no kernel the implementations estimated launch"
+                             f"{closest(kernel, launched)} (launched: {', '.join(launched)}; autotuned: "
+                             f"{', '.join(sorted(tuned)) or 'none'})")
 
 
 ESTIMATE_COLUMNS = (
@@ -459,6 +468,9 @@ def main(argv=None) -> int:
         except ValueError as err:
             print(str(err), file=sys.stderr)
             return 2
+        except RuntimeError as err:  # e.g. every config of a kernel (or the one --config kept) spills
+            print(str(err), file=sys.stderr)
+            return 1
         json.dump(result, sys.stdout)
         sys.stdout.write("\n")
         return 0

@@ -366,6 +366,26 @@ def test_implementations_and_configs_are_checked():
         rp.estimate_report(90, {}, ["lowrank_decode"], impls=["fused"])
 
 
+def test_configs_are_checked_before_compiling():
+    """A --config naming a kernel the implementations do not launch, one
+    that is not autotuned or a config it does not have is refused from the
+    recorded launches, with what there is, before anything compiles."""
+    reason = _missing_toolchain()
+    if reason:
+        pytest.skip(reason)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    for config, msg in (("_stage1_kernel:BLOCK_N=96 w8 s3", "_stage1_kernel has no config 'BLOCK_N=96 w8 s3' "
+                         "(did you mean 'BLOCK_N=64 w8 s3'?) (its configs: BLOCK_N=64 w8 s2, "),
+                        ("_merge_rank_kernel:w4 s3", "_merge_rank_kernel is not autotuned"),
+                        ("_stage1_absorbed_kernel:BLOCK_N=64 w4 s2", "is no kernel the implementations estimated "
+                         "launch (did you mean '_stage1_kernel'?)")):
+        done = subprocess.run([sys.executable, "-m", "kernels_py.ops.report", "--estimate", "--op", "lowrank_decode",
+                               "--impl", "fused (exact)", "--config", config], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and msg in done.stderr and not done.stdout, (config, done.stderr)
+
+
 @pytest.mark.parametrize("target", [90, 80])
 def test_probe_kernels_count_what_they_issue(target):
     """Known kernels: a loop of 64 iterations issuing one 16-byte load a
