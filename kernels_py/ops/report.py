@@ -123,6 +123,10 @@ def parse_configs(texts: list[str]) -> dict[str, set[str]]:
     return out
 
 
+class NoUsableConfig(RuntimeError):
+    """Every config of a kernel (or every one --config kept) spills or failed to compile."""
+
+
 def spills(entry: dict) -> bool:
     return bool(entry.get("spill_stores") or entry.get("spill_loads"))
 
@@ -183,7 +187,7 @@ def estimate_implementation(impl, step, compiled: Compiled, gpu, flash_us: float
         if not candidates:
             spilled = [r["config"] for r in rows if r.get("pruned")]
             failed = [r["config"] for r in rows if r.get("error")]
-            raise RuntimeError(f"{impl.name}: no config of {name} compiled without spills at this shape (spilled, "
+            raise NoUsableConfig(f"{impl.name}: no config of {name} compiled without spills at this shape (spilled, "
                                f"which the autotuner prunes: {', '.join(spilled) or 'none'}; failed to compile: "
                                f"{', '.join(failed) or 'none'})")
         choice = estimate.pick(candidates)
@@ -468,7 +472,7 @@ def main(argv=None) -> int:
         except ValueError as err:
             print(str(err), file=sys.stderr)
             return 2
-        except RuntimeError as err:  # e.g. every config of a kernel (or the one --config kept) spills
+        except NoUsableConfig as err:
             print(str(err), file=sys.stderr)
             return 1
         json.dump(result, sys.stdout)

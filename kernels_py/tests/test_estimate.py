@@ -282,8 +282,7 @@ def start_children() -> None:
     if _CHILDREN or _missing_toolchain():
         return
     tmp = Path(tempfile.mkdtemp(prefix="vlkv-estimate-"))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env = _child_env()
     jobs = {"probe90": ["-m", "kernels_py.tests.probe_kernels", "--target", "90"],
             "probe80": ["-m", "kernels_py.tests.probe_kernels", "--target", "80"],
             "report": ["-m", "kernels_py.ops.report", "--target", "90", "--estimate"],
@@ -296,6 +295,13 @@ def start_children() -> None:
                                  env=dict(env, TRITON_CACHE_DIR=str(tmp / f"cache-{name}")))
         _CHILDREN[name] = (child, out, err)
     atexit.register(_stop_children)
+
+
+def _child_env() -> dict:
+    """A compiling child's environment: no interpreter, the checkout importable."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return env
 
 
 def _stop_children():
@@ -373,8 +379,7 @@ def test_configs_are_checked_before_compiling():
     reason = _missing_toolchain()
     if reason:
         pytest.skip(reason)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env = _child_env()
     for config, msg in (("_stage1_kernel:BLOCK_N=96 w8 s3", "_stage1_kernel has no config 'BLOCK_N=96 w8 s3' "
                          "(did you mean 'BLOCK_N=64 w8 s3'?) (its configs: BLOCK_N=64 w8 s2, "),
                         ("_merge_rank_kernel:w4 s3", "_merge_rank_kernel is not autotuned"),

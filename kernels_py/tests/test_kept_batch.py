@@ -31,7 +31,7 @@ def _copy(cache: KeptTokens) -> KeptTokens:
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2)])
-@pytest.mark.parametrize("room", [6, 0])  # 0: the batch outgrows its room and doubles
+@pytest.mark.parametrize("room", [6, 0])  # 0: the batch outgrows its room and grows
 @pytest.mark.parametrize("backend", ["torch", "triton"])  # SDPA under a mask, or gather_decode (a GPU's default)
 def test_a_batch_decodes_as_each_sequence_alone(heads, kv_heads, room, backend, device):
     g = torch.Generator().manual_seed(heads * 10 + room)
