@@ -21,9 +21,10 @@ What the numbers are and are not:
   layer's prompt Q/K/V until the last layer has run (what methods that
   weigh layers against each other need), so a method's peak memory is above
   the baseline's, and batches above 1 time a Python loop over the prompts
-  at every decode step too, except where a method's decode only appends
-  and attends (the evictions here: VL-Cache), whose prompts decode
-  together, padded to one length.
+  at every decode step too, except where a method's prompts decode
+  together, padded to one length: VL-Cache (its decode only appends and
+  attends) and ZipVL (except on a step that requantizes its waiting
+  tokens, which runs prompt by prompt); AttentionPack loops.
 - The baseline appends with torch.cat every step, as DynamicCache does; a
   serving stack's paged or static cache would make it faster.
 - ZipVL runs without its sparse-prefill measurement (two extra float32
@@ -182,7 +183,7 @@ class Generate(Benchmark):
                 return generate_batch(vlm, method, inputs, tokens, graphs=self.graphs)
         try:
             run(min(5, self.new_tokens))  # compiles the kernels, warms the allocator
-        except ModelError as err:  # graphs with a method that decodes prompt by prompt
+        except ModelError as err:  # graphs with a method whose steps do not all decode together
             return {"skipped": str(err)}
         out = run(self.new_tokens)
         first = out[0]

@@ -34,7 +34,7 @@ import torch
 
 from kernels_py.attention import Spans
 from kernels_py.methods.allocators import Allocator
-from kernels_py.methods.caches import KeptTokens, kept_count
+from kernels_py.methods.caches import KeptBatch, KeptTokens, kept_count
 from kernels_py.methods.float8 import KV_DTYPES, Float8Tokens, fp8_scale_knob, kv_dtype_knob
 from kernels_py.methods.prompt import Prompt
 from kernels_py.methods.scorers import Scorer
@@ -125,6 +125,19 @@ class Method(Knobs, ABC):
         sequences) where the caches allow it: only a decode that appends and
         attends and nothing else. Default: no, decode runs sequence by sequence."""
         return False
+
+    def decode_batch(self, caches: list, room: int, scratch: dict):
+        """One layer's caches of every sequence of a model's batch (one per
+        sequence) as one object that decodes them together, or None: decode
+        runs sequence by sequence. The object's `decode(q, k, v)` ([B, heads
+        or kv_heads, 1, d]) returns the outputs [B, heads, 1, d], or None for
+        a step it cannot take together, having written every cache back
+        (the caller then decodes that step sequence by sequence and asks
+        again next step); `write_back()` leaves every cache as its own decode
+        would have. room: steps to come (what to reserve); scratch:
+        workspaces the layers' batches share. Default: KeptBatch where the
+        method decodes together (decodes_together) and the caches allow it."""
+        return KeptBatch.of(caches, room, scratch) if self.decodes_together and KeptBatch.holds(caches) else None
 
     def prefill_attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           spans: Spans) -> torch.Tensor | None:

@@ -242,6 +242,11 @@ class KeptBatch:
         self._next += 1
         self.steps += 1
 
+    def decode(self, q_t: torch.Tensor, k_t: torch.Tensor, v_t: torch.Tensor) -> torch.Tensor:
+        """One step (Method.decode_batch): append, then attend."""
+        self.append(k_t, v_t)
+        return self.attend(q_t)
+
     def attend(self, q_t: torch.Tensor, backend: str = "auto") -> torch.Tensor:
         """Each sequence's query q_t [B, heads, 1, d] over its held tokens:
         [B, heads, 1, d] in q's dtype. With the Triton kernel (ops.common.

@@ -14,7 +14,9 @@ slots (kv_quant.PAD_POS) that are never attended and cost their codes'
 bytes, which `nbytes` counts.
 
 Decoding runs the quantized decode op (ops.quant_decode; its reference,
-which dequantizes, on CPU: see the backend knob). The keys and values
+which dequantizes, on CPU: see the backend knob). Inside a model, a batch's
+caches of one layer decode together (QuantBatch: one op call a step for
+every sequence) except on the steps that requantize. The keys and values
 attention sees are dequantized only when someone asks for them (`keys`,
 `values`: metrics and tests).
 """
@@ -177,6 +179,163 @@ class MixedPrecisionCache:
         return self._effective()[2]
 
 
+GROWTH = 128  # waiting slots a QuantBatch grows by at least, once out of room
+
+
+def _empty(kv_heads: int, head_dim: int, bits: int, group: int, slots: int, device) -> QuantKV:
+    """A segment of kv_heads sequences holding nothing: `slots` padding slots, length 0."""
+    want = kv_quant.shapes(kv_heads, 1, slots, head_dim, bits, group)
+    made = {name: torch.zeros(shape, dtype=torch.int32 if name.endswith("codes") else torch.float16, device=device)
+            for name, shape in want.items() if name not in ("pos", "length")}
+    return QuantKV(**made, pos=torch.full(want["pos"], PAD_POS, dtype=torch.int32, device=device),
+                   length=torch.zeros(kv_heads, dtype=torch.int32, device=device), bits=bits, group=group)
+
+
+def _rows(seg: QuantKV, lo: int, hi: int, slots: int) -> QuantKV:
+    """Sequences [lo, hi) of a segment and their first `slots` slots, as views."""
+    p, g = kv_quant.contract.per_word(seg.bits), seg.group
+    return QuantKV(seg.k_codes[lo:hi, :, :slots // p], seg.k_scale[lo:hi, :, :slots // g],
+                   seg.k_zero[lo:hi, :, :slots // g], seg.v_codes[lo:hi, :, :slots // p],
+                   seg.v_scale[lo:hi, :, :slots], seg.v_zero[lo:hi, :, :slots], seg.pos[lo:hi, :slots],
+                   seg.length[lo:hi], seg.bits, seg.group)
+
+
+def _compact(seg: QuantKV) -> QuantKV:
+    """A segment in tensors of its own (contiguous copies of views)."""
+    return QuantKV(*(getattr(seg, f).clone(memory_format=torch.contiguous_format)
+                     for f in ("k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero", "pos", "length")),
+                   seg.bits, seg.group)
+
+
+@dataclass
+class QuantBatch:
+    """One layer's MixedPrecisionCache of every sequence of a batch, decoded
+    together (Method.decode_batch): each bit width's segments stacked into
+    one segment of B x kv_heads sequences (kv_quant.stack, padded to the
+    longest; a sequence without that width holds nothing there) and the
+    waiting tokens in one padded tensor with room for the steps to come, so
+    that a step writes the batch's new tokens in place and runs the
+    quantized decode op once, where each sequence alone would concatenate
+    its waiting tokens and call it (a dozen launches a sequence and layer).
+
+    Only for steps that append and attend: a step after which a sequence
+    would hold `period` waiting tokens requantizes them (ImportanceQuantized.
+    decode), so decode writes every cache back first and returns None, and
+    that step runs sequence by sequence. While it decodes, each cache holds
+    views of the stacked segments and of its waiting tokens (no second copy
+    of either); write_back leaves every one as its own decode would have."""
+
+    caches: list[MixedPrecisionCache]
+    period: int
+    room: int
+
+    def __post_init__(self):
+        first = self.caches[0]
+        kv, d, device = first.kv_heads, first.head_dim, first.dense_k.device
+        self.kv_heads = kv
+        self.waiting = [c.dense_positions.shape[0] for c in self.caches]
+        self.steps = 0
+        widths = sorted({bits for c in self.caches for bits in c.segments}, reverse=True)
+        self.segments = []
+        for bits in widths:  # the order MixedPrecisionCache.attend calls the op in
+            held = [c.segments.get(bits) or _empty(kv, d, bits, c.group, 0, device) for c in self.caches]
+            stacked = kv_quant.stack(held)
+            for b, (cache, seg) in enumerate(zip(self.caches, held)):
+                if bits in cache.segments:  # its own copy can go
+                    cache.segments[bits] = _rows(stacked, b * kv, (b + 1) * kv, seg.slots)
+            self.segments.append(stacked)
+        if not self.segments:  # nothing quantized yet: an empty segment keeps the op's contract
+            self.segments = [_empty(kv * len(self.caches), d, 2, first.group, first.group, device)]
+        self.keys = None
+        self._make_dense(max(self.waiting) + max(self.room, 1))
+        seen = torch.tensor([c.seen for c in self.caches], device=device).repeat_interleave(kv)[:, None]
+        self._slot = torch.tensor(self.waiting, device=device).repeat_interleave(kv)[:, None]  # [B x kv, 1]
+        self._q_pos = seen  # the position of each sequence's next token
+        self._length = self._slot[:, 0].clone()
+
+    @staticmethod
+    def holds(caches: list) -> bool:
+        """Whether these caches (one per sequence) can decode together:
+        MixedPrecisionCache of one layout (kv heads, head_dim, group, dtype,
+        device, backend)."""
+        first = caches[0]
+        return all(type(c) is MixedPrecisionCache and c.kv_heads == first.kv_heads and c.head_dim == first.head_dim
+                   and c.group == first.group and c.backend == first.backend and c.dense_k.dtype == first.dense_k.dtype
+                   and c.dense_k.device == first.dense_k.device for c in caches)
+
+    def _make_dense(self, capacity: int) -> None:
+        """The waiting tokens [B x kv_heads, 1, capacity, d] and their
+        positions: each cache's own copied in (then held as views), or on
+        growing, the batch's."""
+        first = self.caches[0]
+        kv, d = self.kv_heads, first.head_dim
+        rows = kv * len(self.caches)
+        keys = first.dense_k.new_zeros(rows, 1, capacity, d)
+        values = torch.zeros_like(keys)
+        positions = torch.zeros(rows, capacity, dtype=torch.int64, device=keys.device)
+        if self.keys is not None:
+            held = self.capacity
+            keys[:, :, :held], values[:, :, :held], positions[:, :held] = self.keys, self.values, self.positions
+        else:
+            for b, (cache, n) in enumerate(zip(self.caches, self.waiting)):
+                keys[b * kv:(b + 1) * kv, 0, :n] = cache.dense_k
+                values[b * kv:(b + 1) * kv, 0, :n] = cache.dense_v
+                positions[b * kv:(b + 1) * kv, :n] = cache.dense_positions
+        self.keys, self.values, self.positions = keys, values, positions
+        self._point_caches()
+
+    def _point_caches(self) -> None:
+        """Each cache's waiting tokens as views of the batch's (those it held
+        when the batch was made), so that no other copy stays alive."""
+        kv = self.kv_heads
+        for b, (cache, n) in enumerate(zip(self.caches, self.waiting)):
+            cache.dense_k, cache.dense_v = self.keys[b * kv:(b + 1) * kv, 0, :n], self.values[b * kv:(b + 1) * kv, 0, :n]
+            cache.dense_positions = self.positions[b * kv, :n]
+
+    @property
+    def capacity(self) -> int:
+        return self.keys.shape[2]
+
+    def decode(self, q_t: torch.Tensor, k_t: torch.Tensor, v_t: torch.Tensor) -> torch.Tensor | None:
+        """One step: q_t [B, heads, 1, d], k_t and v_t [B, kv_heads, 1, d] ->
+        the outputs [B, heads, 1, d], or None (every cache written back) if
+        the step requantizes some sequence's waiting tokens."""
+        if max(self.waiting) + self.steps + 1 >= self.period:
+            self.write_back()
+            return None
+        if max(self.waiting) + self.steps >= self.capacity:
+            self._make_dense(self.capacity + max(self.capacity // 8, GROWTH))
+        batch, heads, _, head_dim = q_t.shape
+        rows = batch * self.kv_heads
+        slot = self._slot[:, :, None, None].expand(rows, 1, 1, head_dim)
+        self.keys.scatter_(2, slot, k_t.reshape(rows, 1, 1, head_dim).to(self.keys.dtype))
+        self.values.scatter_(2, slot, v_t.reshape(rows, 1, 1, head_dim).to(self.values.dtype))
+        self.positions.scatter_(1, self._slot, self._q_pos)
+        self._length += 1
+        dense = quant_decode.DenseKV(self.keys, self.values, self.positions, self._length)
+        q = q_t.reshape(rows, heads // self.kv_heads, 1, head_dim)
+        first = self.caches[0]
+        out = quant_decode.compute(q, self._q_pos, self.segments, dense, backend=first.backend).out
+        self._slot += 1
+        self._q_pos += 1
+        self.steps += 1
+        return out.reshape(batch, heads, 1, head_dim)
+
+    def write_back(self) -> None:
+        """Leave every cache as its own decode of each step would have, in
+        tensors of its own. Ends the batch."""
+        kv = self.kv_heads
+        for b, cache in enumerate(self.caches):
+            n = self.waiting[b] + self.steps
+            cache.dense_k = self.keys[b * kv:(b + 1) * kv, 0, :n].clone()
+            cache.dense_v = self.values[b * kv:(b + 1) * kv, 0, :n].clone()
+            cache.dense_positions = self.positions[b * kv, :n].clone()
+            cache.segments = {bits: _compact(seg) for bits, seg in cache.segments.items()}
+            cache.seen += self.steps
+            cache._view = None
+        self.caches, self.segments, self.keys, self.values, self.positions = [], [], None, None, None
+
+
 def split_by_importance(scores: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per kv head, the indices of the `count` highest of scores [kv_heads, n]
     and of the others, each in index order: ([kv_heads, count], [kv_heads, n - count])."""
@@ -299,6 +458,14 @@ class ImportanceQuantized(Method):
             ratios = cache.notes.get("block_ratios_sum", 0.0) + count / waiting
             cache.notes.update(block_ratios_sum=ratios, blocks=cache.notes.get("blocks", 0.0) + 1)
         return result.out
+
+    def decode_batch(self, caches, room, scratch):
+        """QuantBatch where the caches allow it and a step can append without
+        requantizing (period above 1); not for a subclass's own decode,
+        which may do more than QuantBatch knows."""
+        if type(self).decode is not ImportanceQuantized.decode or self.period < 2 or not QuantBatch.holds(caches):
+            return None
+        return QuantBatch(caches, self.period, room)
 
     def _quantize_split(self, cache, k, v, positions, scores, count) -> torch.Tensor:
         """Quantize the top `count` tokens of each kv head by `scores` to high_bits,

@@ -8,11 +8,13 @@ last layer has run, the method builds every layer's cache from them
 (`prefill_all`, so methods that weigh layers against each other work). At
 each decode step the function hands the new token's Q/K/V to the method's
 `decode`, whose output is the layer's attention output: the method's own
-cache is the only one. Where a method's decode only appends and attends
-(Method.decodes_together), a batch's sequences decode together instead: one
-padded cache a layer (methods.caches.KeptBatch), one write and one attention
-a step, each sequence's cache written back when the generation ends; such a
-generation can replay its steps from a CUDA graph (generate_batch's graphs).
+cache is the only one. Where a method can (Method.decode_batch), a batch's
+sequences decode together instead: one padded cache a layer, one write and
+one attention a step, each sequence's cache written back when the
+generation ends (methods.caches.KeptBatch; ZipVL's methods.mixed_precision.
+QuantBatch, whose steps that requantize run sequence by sequence); a
+generation whose every step decodes together (Method.decodes_together) can
+replay its steps from a CUDA graph (generate_batch's graphs).
 `MethodCache` stores no key or value; it counts tokens so the model's
 positions and masks stay right. The vision tower keeps
 its own attention.
@@ -40,11 +42,11 @@ import torch
 import torch.nn.functional as F
 
 from kernels_py.attention import Rope, Spans
-from kernels_py.methods.caches import KeptBatch, KeptTokens
+from kernels_py.methods.caches import KeptTokens
 from kernels_py.models.families import FAMILIES, Family, supported
 
 ATTENTION = "vlkv"
-EAGER_ROOM = 128  # tokens a KeptBatch reserves per sequence beyond its longest when steps run eagerly
+EAGER_ROOM = 128  # tokens a batch reserves per sequence beyond its longest when steps run eagerly
 TESTED_TRANSFORMERS = "5.23.0"
 
 
@@ -394,20 +396,21 @@ class _Session:
     caches: list[list] | None = None
     windows: dict = field(default_factory=dict)  # sliding model layer -> per sequence [k, v] [kv_heads, <W, d]
     bidirectional_images: bool = False
-    room: int = 0  # decode steps to come: what a KeptBatch reserves
-    batches: dict = field(default_factory=dict)  # method layer -> its KeptBatch, or None: sequence by sequence
+    room: int = 0  # decode steps to come: what a batch reserves
+    batches: dict = field(default_factory=dict)  # method layer -> its batch (Method.decode_batch), or None
     scratch: dict = field(default_factory=dict)  # what the batches' attention reuses, shared by the layers
 
     def __post_init__(self):
         self.index = {layer: i for i, layer in enumerate(self.method_layers)}
 
-    def batch(self, layer: int) -> KeptBatch | None:
-        """The layer's caches decoding together, from its first decode step,
-        where the method and its caches allow it (Method.decodes_together)."""
+    def batch(self, layer: int):
+        """The layer's caches decoding together, from its first decode step
+        (and again after a step that could not), where the method and its
+        caches allow it (Method.decode_batch); None: sequence by sequence."""
         if layer not in self.batches:
             caches = [per_sequence[layer] for per_sequence in self.caches]
-            together = getattr(self.method, "decodes_together", False) and KeptBatch.holds(caches)
-            self.batches[layer] = KeptBatch.of(caches, self.room, self.scratch) if together else None
+            decode_batch = getattr(self.method, "decode_batch", None)
+            self.batches[layer] = decode_batch(caches, self.room, self.scratch) if decode_batch else None
         return self.batches[layer]
 
     def write_back(self) -> None:
@@ -471,10 +474,10 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
             session.prompt = {}
         return out.transpose(1, 2), None
     batch = session.batch(layer)
-    if batch is not None:
-        batch.append(key, value)
-        out = batch.attend(query)
-    else:
+    out = None if batch is None else batch.decode(query, key, value)
+    if batch is not None and out is None:  # a step it cannot take together: it wrote the caches back
+        del session.batches[layer]
+    if out is None:
         out = torch.stack([session.method.decode(layer, caches[layer], query[b], key[b], value[b])
                            for b, caches in enumerate(session.caches)])
     return out.to(query.dtype).transpose(1, 2), None
@@ -739,9 +742,9 @@ def _check_graphs(vlm: VLM, method, padded: bool) -> None:
         raise ModelError("decoding from a CUDA graph needs a model without sliding-window layers (their window "
                          "moves by concatenation)")
     if not getattr(method, "decodes_together", False):
-        raise ModelError(f"decoding from a CUDA graph needs a method whose batch decodes together (a token-keeping "
-                         f"method with attention=sdpa that does not evict while decoding); "
-                         f"{getattr(method, 'name', method)!r} decodes sequence by sequence")
+        raise ModelError(f"decoding from a CUDA graph needs a method whose batch decodes together at every step (a "
+                         f"token-keeping method with attention=sdpa that does not evict while decoding); "
+                         f"{getattr(method, 'name', method)!r} does not")
 
 
 class _GraphedStep:

@@ -12,7 +12,8 @@ cases.py      compile cases (sm_80 / sm_90) and the selftest
 
 from kernels_py.ops.common import use_triton
 from kernels_py.ops.kv_quant import reference
-from kernels_py.ops.kv_quant.contract import BITS, GROUPS, PAD_POS, QuantKV, check_params, check_segment, concat
+from kernels_py.ops.kv_quant.contract import (BITS, GROUPS, PAD_POS, QuantKV, check_params, check_segment, concat,
+                                             shapes, stack)
 from kernels_py.ops.kv_quant.kernel import dequantize, quantize
 
 
@@ -24,4 +25,4 @@ def compute_quantize(k, v, pos, length, *, bits: int, group: int, backend: str =
 
 
 __all__ = ["BITS", "GROUPS", "PAD_POS", "QuantKV", "check_params", "check_segment", "compute_quantize", "concat",
-           "dequantize", "quantize", "reference"]
+           "dequantize", "quantize", "reference", "shapes", "stack"]

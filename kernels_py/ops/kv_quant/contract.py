@@ -164,3 +164,32 @@ def concat(a: QuantKV, b: QuantKV) -> QuantKV:
                    torch.cat([a.k_zero, b.k_zero], 2), torch.cat([a.v_codes, b.v_codes], 2),
                    torch.cat([a.v_scale, b.v_scale], 2), torch.cat([a.v_zero, b.v_zero], 2),
                    torch.cat([a.pos, b.pos], 1), a.length + b.length, a.bits, a.group)
+
+
+def stack(segments: list[QuantKV]) -> QuantKV:
+    """The sequences of several segments (the same bits, group, kv heads and
+    head_dim) as one segment, in order: each padded to the most slots with
+    padding slots (codes, scales and zeros 0, position PAD_POS), its length
+    kept, so that sequences of different lengths attend in one call."""
+    first = segments[0]
+    for seg in segments:
+        if (seg.bits, seg.group, seg.kv_heads, seg.head_dim) != (first.bits, first.group, first.kv_heads,
+                                                                 first.head_dim):
+            raise ValueError(f"cannot stack a {seg.bits}-bit segment in groups of {seg.group} with a {first.bits}-bit "
+                             f"one in groups of {first.group} (or their kv heads or head_dim differ)")
+    slots = max(seg.slots for seg in segments)
+    per = {"k_codes": per_word(first.bits), "k_scale": first.group, "k_zero": first.group,
+           "v_codes": per_word(first.bits), "v_scale": 1, "v_zero": 1}
+
+    def padded(t: torch.Tensor, dim: int, size: int, fill) -> torch.Tensor:
+        if t.shape[dim] == size:
+            return t
+        out = t.new_full((*t.shape[:dim], size, *t.shape[dim + 1:]), fill)
+        out.narrow(dim, 0, t.shape[dim]).copy_(t)
+        return out
+
+    fields_ = {name: torch.cat([padded(getattr(seg, name), 2, slots // p, 0) for seg in segments])
+               for name, p in per.items()}
+    pos = torch.cat([padded(seg.pos, 1, slots, PAD_POS) for seg in segments])
+    return QuantKV(**fields_, pos=pos, length=torch.cat([seg.length for seg in segments]), bits=first.bits,
+                   group=first.group)
