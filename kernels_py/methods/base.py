@@ -120,10 +120,12 @@ class Method(Knobs, ABC):
 
     @property
     def decodes_together(self) -> bool:
-        """Whether a model's batch may decode this method's caches together
-        (caches.KeptBatch: one write and one attention a layer for all
-        sequences) where the caches allow it: only a decode that appends and
-        attends and nothing else. Default: no, decode runs sequence by sequence."""
+        """Whether every decode step of a model's batch may run this method's
+        caches together as a KeptBatch (one write and one attention a layer
+        for all sequences) where the caches allow it, so that a step can be
+        replayed from a CUDA graph: only a decode that appends and attends
+        and nothing else. Default: no (decode_batch may still batch some
+        steps, as ZipVL's does)."""
         return False
 
     def decode_batch(self, caches: list, room: int, scratch: dict):

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels_py.methods.base import Method, backend_knob
-from kernels_py.methods.mixed_precision import MixedPrecisionCache, group_knob
+from kernels_py.methods.mixed_precision import MixedPrecisionCache, QuantBatch, group_knob
 from kernels_py.ops import kv_quant
 from kernels_py.params import knob
 
@@ -51,6 +51,14 @@ class KIVI(Method):
             k, v, pos = cache.take_dense(self.group)
             cache.add(self.bits, k, v, pos.expand(cache.kv_heads, -1))
         return out
+
+    def decode_batch(self, caches, room, scratch):
+        """QuantBatch where the caches allow it: a step requantizes once a
+        sequence waits with residual + group tokens (not for a subclass's
+        own decode)."""
+        if type(self).decode is not KIVI.decode or not QuantBatch.holds(caches):
+            return None
+        return QuantBatch(caches, self.residual + self.group, room)
 
     def layer_metrics(self, layer, cache: MixedPrecisionCache) -> dict[str, float]:
         """quantized_tokens and dense_tokens held now."""

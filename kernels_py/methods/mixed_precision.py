@@ -191,7 +191,7 @@ def _empty(kv_heads: int, head_dim: int, bits: int, group: int, slots: int, devi
                    length=torch.zeros(kv_heads, dtype=torch.int32, device=device), bits=bits, group=group)
 
 
-def _rows(seg: QuantKV, lo: int, hi: int, slots: int) -> QuantKV:
+def _sequence_views(seg: QuantKV, lo: int, hi: int, slots: int) -> QuantKV:
     """Sequences [lo, hi) of a segment and their first `slots` slots, as views."""
     p, g = kv_quant.contract.per_word(seg.bits), seg.group
     return QuantKV(seg.k_codes[lo:hi, :, :slots // p], seg.k_scale[lo:hi, :, :slots // g],
@@ -214,44 +214,29 @@ class QuantBatch:
     one segment of B x kv_heads sequences (kv_quant.stack, padded to the
     longest; a sequence without that width holds nothing there) and the
     waiting tokens in one padded tensor with room for the steps to come, so
-    that a step writes the batch's new tokens in place and runs the
-    quantized decode op once, where each sequence alone would concatenate
-    its waiting tokens and call it (a dozen launches a sequence and layer).
+    that a step writes the batch's new tokens in place (three scatters) and
+    runs the quantized decode op once, where each sequence alone would
+    concatenate its waiting tokens and call it (a dozen launches a sequence
+    and layer).
 
     Only for steps that append and attend: a step after which a sequence
-    would hold `period` waiting tokens requantizes them (ImportanceQuantized.
-    decode), so decode writes every cache back first and returns None, and
-    that step runs sequence by sequence. While it decodes, each cache holds
-    views of the stacked segments and of its waiting tokens (no second copy
-    of either); write_back leaves every one as its own decode would have."""
+    would hold `requantize_at` waiting tokens requantizes some of them (the
+    method's own decode: ZipVL's period, KIVI's window and group), so decode
+    then writes every cache back and returns None, and that step runs
+    sequence by sequence. Nothing is stacked before the first step that
+    decodes together. While it decodes, each cache holds views of the
+    stacked segments and of its waiting tokens (no second copy of either);
+    write_back leaves every one as its own decode would have."""
 
     caches: list[MixedPrecisionCache]
-    period: int
+    requantize_at: int
     room: int
 
     def __post_init__(self):
-        first = self.caches[0]
-        kv, d, device = first.kv_heads, first.head_dim, first.dense_k.device
-        self.kv_heads = kv
+        self.kv_heads = self.caches[0].kv_heads
         self.waiting = [c.dense_positions.shape[0] for c in self.caches]
         self.steps = 0
-        widths = sorted({bits for c in self.caches for bits in c.segments}, reverse=True)
-        self.segments = []
-        for bits in widths:  # the order MixedPrecisionCache.attend calls the op in
-            held = [c.segments.get(bits) or _empty(kv, d, bits, c.group, 0, device) for c in self.caches]
-            stacked = kv_quant.stack(held)
-            for b, (cache, seg) in enumerate(zip(self.caches, held)):
-                if bits in cache.segments:  # its own copy can go
-                    cache.segments[bits] = _rows(stacked, b * kv, (b + 1) * kv, seg.slots)
-            self.segments.append(stacked)
-        if not self.segments:  # nothing quantized yet: an empty segment keeps the op's contract
-            self.segments = [_empty(kv * len(self.caches), d, 2, first.group, first.group, device)]
-        self.keys = None
-        self._make_dense(max(self.waiting) + max(self.room, 1))
-        seen = torch.tensor([c.seen for c in self.caches], device=device).repeat_interleave(kv)[:, None]
-        self._slot = torch.tensor(self.waiting, device=device).repeat_interleave(kv)[:, None]  # [B x kv, 1]
-        self._q_pos = seen  # the position of each sequence's next token
-        self._length = self._slot[:, 0].clone()
+        self.segments, self.keys, self.values, self.positions = [], None, None, None
 
     @staticmethod
     def holds(caches: list) -> bool:
@@ -262,6 +247,28 @@ class QuantBatch:
         return all(type(c) is MixedPrecisionCache and c.kv_heads == first.kv_heads and c.head_dim == first.head_dim
                    and c.group == first.group and c.backend == first.backend and c.dense_k.dtype == first.dense_k.dtype
                    and c.dense_k.device == first.dense_k.device for c in caches)
+
+    def _stack(self) -> None:
+        """The stacked segments, the padded waiting tokens and the device
+        counters a step moves."""
+        first = self.caches[0]
+        kv, d, device = self.kv_heads, first.head_dim, first.dense_k.device
+        widths = sorted({bits for c in self.caches for bits in c.segments}, reverse=True)
+        for bits in widths:  # the order MixedPrecisionCache.attend calls the op in
+            held = [c.segments.get(bits) or _empty(kv, d, bits, c.group, 0, device) for c in self.caches]
+            stacked = kv_quant.stack(held)
+            for b, (cache, seg) in enumerate(zip(self.caches, held)):
+                if bits in cache.segments:  # its own copy can go
+                    cache.segments[bits] = _sequence_views(stacked, b * kv, (b + 1) * kv, seg.slots)
+            self.segments.append(stacked)
+        if not self.segments:  # nothing quantized yet: an empty segment keeps the op's contract
+            self.segments = [_empty(kv * len(self.caches), d, 2, first.group, first.group, device)]
+        # No more room than the steps before one requantizes.
+        longest = max(self.waiting)
+        self._make_dense(longest + max(1, min(self.room, self.requantize_at - 1 - longest)))
+        self._slot = torch.tensor(self.waiting, device=device).repeat_interleave(kv)[:, None]  # [B x kv, 1]
+        self._q_pos = torch.tensor([c.seen for c in self.caches], device=device).repeat_interleave(kv)[:, None]
+        self._length = self._slot[:, 0].clone()
 
     def _make_dense(self, capacity: int) -> None:
         """The waiting tokens [B x kv_heads, 1, capacity, d] and their
@@ -294,16 +301,18 @@ class QuantBatch:
 
     @property
     def capacity(self) -> int:
-        return self.keys.shape[2]
+        return 0 if self.keys is None else self.keys.shape[2]
 
     def decode(self, q_t: torch.Tensor, k_t: torch.Tensor, v_t: torch.Tensor) -> torch.Tensor | None:
         """One step: q_t [B, heads, 1, d], k_t and v_t [B, kv_heads, 1, d] ->
         the outputs [B, heads, 1, d], or None (every cache written back) if
         the step requantizes some sequence's waiting tokens."""
-        if max(self.waiting) + self.steps + 1 >= self.period:
+        if max(self.waiting) + self.steps + 1 >= self.requantize_at:
             self.write_back()
             return None
-        if max(self.waiting) + self.steps >= self.capacity:
+        if self.keys is None:
+            self._stack()
+        elif max(self.waiting) + self.steps >= self.capacity:
             self._make_dense(self.capacity + max(self.capacity // 8, GROWTH))
         batch, heads, _, head_dim = q_t.shape
         rows = batch * self.kv_heads
@@ -314,8 +323,7 @@ class QuantBatch:
         self._length += 1
         dense = quant_decode.DenseKV(self.keys, self.values, self.positions, self._length)
         q = q_t.reshape(rows, heads // self.kv_heads, 1, head_dim)
-        first = self.caches[0]
-        out = quant_decode.compute(q, self._q_pos, self.segments, dense, backend=first.backend).out
+        out = quant_decode.compute(q, self._q_pos, self.segments, dense, backend=self.caches[0].backend).out
         self._slot += 1
         self._q_pos += 1
         self.steps += 1
@@ -325,7 +333,7 @@ class QuantBatch:
         """Leave every cache as its own decode of each step would have, in
         tensors of its own. Ends the batch."""
         kv = self.kv_heads
-        for b, cache in enumerate(self.caches):
+        for b, cache in enumerate(self.caches if self.keys is not None else ()):
             n = self.waiting[b] + self.steps
             cache.dense_k = self.keys[b * kv:(b + 1) * kv, 0, :n].clone()
             cache.dense_v = self.values[b * kv:(b + 1) * kv, 0, :n].clone()

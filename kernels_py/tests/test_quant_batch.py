@@ -29,72 +29,116 @@ def _prompts(texts):
     return out
 
 
-def _assert_same_cache(mine: MixedPrecisionCache, theirs: MixedPrecisionCache):
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _assert_same_cache(mine: MixedPrecisionCache, theirs: MixedPrecisionCache, batches: dict):
+    """mine (decoded in batches) holds what theirs (decoded alone) does, in
+    tensors of its own: none shares memory with a batch's (`batches`: the
+    batches' tensors by storage, kept alive so no address is reused)."""
     assert mine.seen == theirs.seen and sorted(mine.segments) == sorted(theirs.segments)
     for bits, seg in mine.segments.items():
         for name in SEGMENT_FIELDS:
             got, want = getattr(seg, name), getattr(theirs.segments[bits], name)
-            assert got.is_contiguous(), (bits, name)  # its own tensors, not views of the batch's
+            assert _storage(got) not in batches, (bits, name)
             assert torch.equal(got, want), (bits, name)
-    assert torch.equal(mine.dense_k, theirs.dense_k) and torch.equal(mine.dense_v, theirs.dense_v)
-    assert torch.equal(mine.dense_positions, theirs.dense_positions)
+    for name in ("dense_k", "dense_v", "dense_positions"):
+        assert _storage(getattr(mine, name)) not in batches, name
+        assert torch.equal(getattr(mine, name), getattr(theirs, name)), name
     assert mine.nbytes == theirs.nbytes
 
 
-@pytest.mark.parametrize("backend,steps", [("torch", 9), ("triton", 4)])
-def test_a_batch_decodes_as_each_sequence_alone(backend, steps, device):
-    """Prompts of three lengths (so their segments hold different slot
-    counts), period 3: the batch runs two steps, the third requantizes
-    sequence by sequence, then a new batch takes over."""
-    prompts = _prompts([16, 40, 3])
-    method = make_method("zipvl", {"period": 3, "group": 32, "sparse_prefill": False, "backend": backend})
-    together = [method.prefill(0, p.q[0].to(device), p.k[0].to(device), p.v[0].to(device), p.spans)
-                for p in prompts]
-    alone = copy.deepcopy(together)
-    assert len({tuple(seg.slots for seg in c.segments.values()) for c in together}) > 1  # ragged
-    g = torch.Generator().manual_seed(1)
-    batch, batched_steps = None, 0
-    for step in range(steps):
-        q = torch.randn(3, 4, 1, 64, generator=g).to(device)
-        k, v = (torch.randn(3, 2, 1, 64, generator=g).to(device) for _ in range(2))
+def _step(g, batch, heads, kv_heads, device):
+    q = torch.randn(batch, heads, 1, 64, generator=g).to(device)
+    return q, *(torch.randn(batch, kv_heads, 1, 64, generator=g).to(device) for _ in range(2))
+
+
+def _run(method, together, alone, steps, g, room, device):
+    """steps decode steps of the caches `together` as the model adapter runs
+    them (a batch, written back where it cannot take a step, made again the
+    step after) against `alone` decoded one by one; returns how many steps
+    ran together, how many batches wrote back and whether one grew."""
+    batch, together_steps, written_back, grew, batches = None, 0, 0, False, {}
+    for _ in range(steps):
+        q, k, v = _step(g, len(together), 4, 2, device)
         if batch is None:
-            batch = method.decode_batch(together, 8, {})
+            batch = method.decode_batch(together, room, {})
             assert isinstance(batch, QuantBatch)
+        before = batch.capacity
         out = batch.decode(q, k, v)
+        grew |= out is not None and 0 < before < batch.capacity
         if out is None:  # written back: this step sequence by sequence
-            batch = None
+            batch, written_back = None, written_back + 1
             out = torch.stack([method.decode(0, c, q[b], k[b], v[b]) for b, c in enumerate(together)])
         else:
-            batched_steps += 1
+            together_steps += 1
+            held = [batch.keys, batch.values, batch.positions]
+            batches.update((_storage(t), t) for t in held + [getattr(seg, f) for seg in batch.segments
+                                                           for f in SEGMENT_FIELDS])
         want = torch.stack([method.decode(0, c, q[b], k[b], v[b]) for b, c in enumerate(alone)])
         torch.testing.assert_close(out, want, atol=TOL[device.type], rtol=TOL[device.type])
-    assert batched_steps == steps - steps // 3  # every third step requantizes
-    assert alone[0].notes.get("blocks") == steps // 3  # and it did
     if batch is not None:
         batch.write_back()
         assert batch.keys is None and not batch.segments  # the padded copies are let go
     for mine, theirs in zip(together, alone):
-        _assert_same_cache(mine, theirs)
+        _assert_same_cache(mine, theirs, batches)
+    return together_steps, written_back, grew
 
 
-def test_the_batch_grows_past_its_room():
-    prompts = _prompts([16, 5])
-    method = make_method("zipvl", {"period": 50, "group": 32, "sparse_prefill": False})
-    together = [method.prefill(0, p.q[0], p.k[0], p.v[0], p.spans) for p in prompts]
+def test_a_batch_decodes_as_each_sequence_alone(device):
+    """Prompts of three lengths (so their segments hold different slot
+    counts), period 3: the batch runs two steps, the third requantizes
+    sequence by sequence, then a new batch takes over."""
+    prompts = _prompts([16, 40, 3])
+    steps = 9
+    method = make_method("zipvl", {"period": 3, "group": 32, "sparse_prefill": False})
+    together = [method.prefill(0, p.q[0].to(device), p.k[0].to(device), p.v[0].to(device), p.spans)
+                for p in prompts]
     alone = copy.deepcopy(together)
-    batch = method.decode_batch(together, 1, {})
-    initial = batch.capacity
-    g = torch.Generator().manual_seed(2)
-    for _ in range(initial + 2):
-        q = torch.randn(2, 4, 1, 64, generator=g)
-        k, v = torch.randn(2, 2, 1, 64, generator=g), torch.randn(2, 2, 1, 64, generator=g)
-        out = batch.decode(q, k, v)
-        want = torch.stack([method.decode(0, c, q[b], k[b], v[b]) for b, c in enumerate(alone)])
-        torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
-    assert batch.capacity > initial
-    batch.write_back()
-    for mine, theirs in zip(together, alone):
-        _assert_same_cache(mine, theirs)
+    assert len({tuple(seg.slots for seg in c.segments.values()) for c in together}) > 1  # ragged
+    together_steps, written_back, _ = _run(method, together, alone, steps, torch.Generator().manual_seed(1), 8,
+                                           device)
+    assert together_steps == steps - steps // 3 and written_back == steps // 3  # every third step requantizes
+    assert alone[0].notes.get("blocks") == steps // 3  # and it did
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])  # the op's reference, or its kernel
+def test_sequences_of_other_widths_and_waiting_tokens(backend, device):
+    """One sequence holds only 4-bit tokens, one only 2-bit ones, one both
+    (a stacked segment holds nothing for some sequences); they wait with 0,
+    2 and 5 tokens when the batch is made, and the batch has room for one
+    step, so it grows."""
+    prompts = _prompts([16, 40, 3])
+    caches = []
+    for p, ratio in zip(prompts, (1.0, 0.0, 0.5)):
+        one = make_method("zipvl_fixed", {"ratio": ratio, "period": 40, "group": 32, "backend": backend})
+        caches.append(one.prefill(0, p.q[0].to(device), p.k[0].to(device), p.v[0].to(device), p.spans))
+    assert [sorted(c.segments) for c in caches] == [[4], [2], [2, 4]]
+    method = make_method("zipvl_fixed", {"period": 40, "group": 32, "backend": backend})
+    g = torch.Generator().manual_seed(5)
+    for b, waits in enumerate((0, 2, 5)):
+        for _ in range(waits):
+            q, k, v = _step(g, 1, 4, 2, device)
+            method.decode(0, caches[b], q[0], k[0], v[0])
+    alone = copy.deepcopy(caches)
+    steps = 2 if backend == "triton" else 8
+    assert _run(method, caches, alone, steps, g, 1, device) == (steps, 0, True)
+
+
+@pytest.mark.parametrize("residual", [4, 200])  # 200: nothing is quantized, the window holds every token
+def test_kivi_batches_between_its_window_flushes(residual, device):
+    prompts = _prompts([16, 40, 3])
+    method = make_method("kivi", {"residual": residual, "group": 32})
+    together = [method.prefill(0, p.q[0].to(device), p.k[0].to(device), p.v[0].to(device), p.spans)
+                for p in prompts]
+    alone = copy.deepcopy(together)
+    waiting = [c.dense_positions.shape[0] for c in together]
+    assert (residual == 200) == (not any(c.segments for c in together))
+    # With residual 4 the window flushes once 36 tokens wait: the first prompt's 24 get there at step 12.
+    assert waiting == ([24, 16, 11] if residual == 4 else [88, 112, 75])
+    ran = _run(method, together, alone, 12, torch.Generator().manual_seed(7), 8, device)
+    assert ran == ((11, 1, True) if residual == 4 else (12, 0, True))  # room for 8 steps: both grow
 
 
 def test_which_caches_decode_together():
@@ -118,7 +162,6 @@ def test_which_caches_decode_together():
             return super().decode(layer, cache, q_t, k_t, v_t)
 
     assert Annotating(group=32).decode_batch(caches, 8, {}) is None
-    assert make_method("kivi", {"group": 32}).decode_batch(caches, 8, {}) is None  # its own window rule
 
 
 def test_stack_pads_each_sequence_to_the_longest():
@@ -146,7 +189,7 @@ def test_stack_pads_each_sequence_to_the_longest():
 def test_a_models_batch_generates_as_sequence_by_sequence(monkeypatch, device):
     """Inside the model: ZipVL's sequences, of three prompt lengths (left
     padding), decoded together or one by one choose the same tokens from
-    the same distributions and end with the same caches; the step that
+    the same distributions and hold as many bytes; the step that
     requantizes (period 3) runs sequence by sequence."""
     vlm = sized.build("tiny-llava", 256, device=device, dtype=torch.float32)
     inputs = sized.prompt(vlm, 3, 64, 12, torch.Generator().manual_seed(3))
@@ -156,14 +199,20 @@ def test_a_models_batch_generates_as_sequence_by_sequence(monkeypatch, device):
         mask[b, :pad] = 0
     inputs["attention_mask"] = mask
     method = make_method("zipvl", {"period": 3, "group": 32})
-    calls = []
+    calls, caches = [], {}
     decode = QuantBatch.decode
-    monkeypatch.setattr(QuantBatch, "decode", lambda self, q, k, v: calls.append(len(self.caches)) or decode(
-        self, q, k, v))
+
+    def spy(self, q, k, v):
+        sequences = len(self.caches)
+        out = decode(self, q, k, v)
+        calls.append((sequences, out is None))
+        return out
+
+    monkeypatch.setattr(QuantBatch, "decode", spy)
     together = generate_batch(vlm, method, inputs, 6)
     layers = vlm.model.config.text_config.num_hidden_layers
     # 5 steps a layer: 1 and 2 together, 3 writes back (requantizes alone), 4 and 5 together
-    assert calls == [3] * (layers * 5)
+    assert calls == [(3, False)] * (layers * 2) + [(3, True)] * layers + [(3, False)] * (layers * 2)
     monkeypatch.setattr(type(method), "decode_batch", lambda self, caches, room, scratch: None)
     alone = generate_batch(vlm, method, inputs, 6)
     for a, b in zip(together, alone):
