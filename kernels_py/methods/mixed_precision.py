@@ -134,16 +134,10 @@ class MixedPrecisionCache:
                                      torch.full((kv,), slots, dtype=torch.int64, device=q_t.device))
         segments = [self.segments[bits] for bits in sorted(self.segments, reverse=True)]
         if not segments:  # nothing quantized yet: an empty segment keeps the op's contract
-            segments = [self._empty_segment(q_t.device)]
+            segments = [_empty(kv, self.head_dim, 2, self.group, self.group, q_t.device)]
         result = quant_decode.compute(q, q_pos, segments, dense, backend=self.backend)
         return quant_decode.QuantDecodeOutput(result.out.reshape(heads, 1, head_dim), result.lse.reshape(heads, 1))
 
-    def _empty_segment(self, device) -> QuantKV:
-        kv, d, g = self.kv_heads, self.head_dim, self.group
-        z = torch.zeros((kv, 1, g, d), dtype=torch.float16, device=device)
-        pos = torch.full((kv, g), PAD_POS, dtype=torch.int32, device=device)
-        return kv_quant.reference.quantize(z, z, pos, torch.zeros(kv, dtype=torch.int32, device=device), bits=2,
-                                           group=g)
 
     # --- reconstruction, for metrics ---------------------------------------------------------------
 
@@ -235,6 +229,7 @@ class QuantBatch:
     def __post_init__(self):
         self.kv_heads = self.caches[0].kv_heads
         self.waiting = [c.dense_positions.shape[0] for c in self.caches]
+        self._longest = max(self.waiting)
         self.steps = 0
         self.segments, self.keys, self.values, self.positions = [], None, None, None
 
@@ -264,7 +259,7 @@ class QuantBatch:
         if not self.segments:  # nothing quantized yet: an empty segment keeps the op's contract
             self.segments = [_empty(kv * len(self.caches), d, 2, first.group, first.group, device)]
         # No more room than the steps before one requantizes.
-        longest = max(self.waiting)
+        longest = self._longest
         self._make_dense(longest + max(1, min(self.room, self.requantize_at - 1 - longest)))
         self._slot = torch.tensor(self.waiting, device=device).repeat_interleave(kv)[:, None]  # [B x kv, 1]
         self._q_pos = torch.tensor([c.seen for c in self.caches], device=device).repeat_interleave(kv)[:, None]
@@ -307,12 +302,12 @@ class QuantBatch:
         """One step: q_t [B, heads, 1, d], k_t and v_t [B, kv_heads, 1, d] ->
         the outputs [B, heads, 1, d], or None (every cache written back) if
         the step requantizes some sequence's waiting tokens."""
-        if max(self.waiting) + self.steps + 1 >= self.requantize_at:
+        if self._longest + self.steps + 1 >= self.requantize_at:
             self.write_back()
             return None
         if self.keys is None:
             self._stack()
-        elif max(self.waiting) + self.steps >= self.capacity:
+        elif self._longest + self.steps >= self.capacity:
             self._make_dense(self.capacity + max(self.capacity // 8, GROWTH))
         batch, heads, _, head_dim = q_t.shape
         rows = batch * self.kv_heads
