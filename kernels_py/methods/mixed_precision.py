@@ -138,7 +138,6 @@ class MixedPrecisionCache:
         result = quant_decode.compute(q, q_pos, segments, dense, backend=self.backend)
         return quant_decode.QuantDecodeOutput(result.out.reshape(heads, 1, head_dim), result.lse.reshape(heads, 1))
 
-
     # --- reconstruction, for metrics ---------------------------------------------------------------
 
     def _effective(self):
