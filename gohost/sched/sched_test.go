@@ -264,8 +264,9 @@ func TestPermanentStartErrorIsNotRetried(t *testing.T) {
 	}
 }
 
-// Duration is the job's own time; Wall adds the worker start-up and the
-// failed attempt of a retried job.
+// Duration is the job's own time (well under a second even on a loaded
+// machine); Wall adds the worker start-up and the failed attempt of a
+// retried job.
 func TestDurationIsComputeTimeAndWallIncludesRetries(t *testing.T) {
 	start, _ := starter(t)
 	marker := filepath.Join(t.TempDir(), "crashed")
@@ -275,7 +276,7 @@ func TestDurationIsComputeTimeAndWallIncludesRetries(t *testing.T) {
 		t.Fatal(err)
 	}
 	o := c.out["once"]
-	if o.Attempts != 2 || o.Duration <= 0 || o.Duration > 200*time.Millisecond || o.Wall < o.Duration+100*time.Millisecond {
+	if o.Attempts != 2 || o.Duration <= 0 || o.Duration > time.Second || o.Wall < o.Duration+100*time.Millisecond {
 		t.Errorf("attempts %d, duration %v, wall %v: want a short job time and a wall time with two worker starts", o.Attempts, o.Duration, o.Wall)
 	}
 }
