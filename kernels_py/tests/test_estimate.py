@@ -13,6 +13,7 @@ import atexit
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -294,7 +295,7 @@ def start_children() -> None:
         child = subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=out, stderr=err,
                                  env=dict(env, TRITON_CACHE_DIR=str(tmp / f"cache-{name}")))
         _CHILDREN[name] = (child, out, err)
-    atexit.register(_stop_children)
+    atexit.register(_stop_children, tmp)
 
 
 def _child_env() -> dict:
@@ -304,11 +305,15 @@ def _child_env() -> dict:
     return env
 
 
-def _stop_children():
-    for child, _, _ in _CHILDREN.values():
+def _stop_children(tmp: Path):
+    for child, out, err in _CHILDREN.values():
         if child.poll() is None:
             child.kill()
             child.wait()
+        out.close()
+        err.close()
+    # The children's Triton caches hold about 100 MB of compiled kernels.
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _result(name: str) -> dict:

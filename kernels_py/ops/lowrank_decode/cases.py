@@ -14,8 +14,7 @@ from kernels_py.ops.lowrank_decode.kernel import lowrank_decode, lowrank_decode_
 from kernels_py.tables import Column, table
 
 DECODE = ("_stage1_kernel", "_dense_segment_kernel", "_merge_rank_kernel", "_mass_kernel")
-ABSORBED = ("_query_dense_kernel", "_stage1_absorbed_kernel", "_merge_rank_kernel", "_mass_rank_kernel",
-            "_mass_kernel")
+ABSORBED = ("_query_dense_kernel", "_stage1_absorbed_kernel", "_merge_rank_kernel", "_mass_rank_kernel")
 
 
 def make_cache(*, batch, heads, kv_heads, head_dim, rank_k, rank_v, tokens, slots, comp_lens, dense_lens, queries,

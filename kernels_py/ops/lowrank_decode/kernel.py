@@ -60,7 +60,8 @@ from kernels_py.ops.lowrank_decode.contract import CompressedKV, DecodeOutput, D
 # natural-log LSE; `_mass_kernel` turns the stored logits into each token's
 # attention weight exp(logit - lse), averaged over heads and queries, and
 # `_mass_rank_kernel` recomputes the absorbed kernel's compressed tokens'
-# scores in rank space instead (stage 1 stores no logit of theirs).
+# scores in rank space instead (stage 1 stores no logit of theirs) and
+# takes its dense tokens' stored logits in the same launch.
 #
 # Dot operand dtypes: the loads are cast to constexpr dtypes chosen by the
 # launcher (QK_DT for q against keys and p against values, UW_DT for U
@@ -852,26 +853,34 @@ def _mass_kernel(
     N_QUERIES: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_T: tl.constexpr,
-    DENSE_ONLY: tl.constexpr,
 ):
     """Per-token attention weight exp(logit - lse), averaged over the n_rows =
     heads x queries rows, for a block of columns of [compressed | dense],
-    from the logits stage 1 stored. DENSE_ONLY (the absorbed kernel): stage
-    1 stored the dense columns only, and the blocks cover those (the
-    compressed ones are _mass_rank_kernel's)."""
+    from the logits the fused stage 1 stored (_stored_masses)."""
     b = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
-    if DENSE_ONLY:
-        cols += n_comp
+    _stored_masses(Logits, Lse, MassC, MassD, CLen, DLen, b, cols, cols,
+                   stride_lb, stride_lh, stride_lm, stride_ln, stride_sb, stride_sh, stride_sm,
+                   stride_cb, stride_cn, stride_db, stride_dn, stride_clb, stride_dlb,
+                   n_comp, n_cols, n_rows, inv_rows, N_QUERIES, BLOCK_R)
+
+
+@triton.jit
+def _stored_masses(Logits, Lse, MassC, MassD, CLen, DLen, b, cols, logit_cols,
+                   stride_lb, stride_lh, stride_lm, stride_ln, stride_sb, stride_sh, stride_sm,
+                   stride_cb, stride_cn, stride_db, stride_dn, stride_clb, stride_dlb,
+                   n_comp, n_cols, n_rows, inv_rows, N_QUERIES: tl.constexpr, BLOCK_R: tl.constexpr):
+    """The masses of columns `cols` of [compressed | dense] of sequence b
+    from stored logits (at `logit_cols` of Logits: the absorbed kernel's
+    hold the dense columns only), BLOCK_R rows' loads in flight at once."""
     c_len = tl.load(CLen + b * stride_clb).to(tl.int32)
     d_len = tl.load(DLen + b * stride_dlb).to(tl.int32)
     valid_c = cols < c_len
     valid_d = (cols >= n_comp) & (cols - n_comp < d_len)
     # Only columns of real tokens were written by stage 1; padding is never read.
-    logit_cols = cols - n_comp if DENSE_ONLY else cols
     valid = valid_c | valid_d
-    total = tl.zeros([BLOCK_T], dtype=tl.float32)
-    for r0 in range(0, n_rows, BLOCK_R):  # BLOCK_R rows' loads in flight at once
+    total = tl.zeros(cols.shape, dtype=tl.float32)
+    for r0 in range(0, n_rows, BLOCK_R):
         rows = r0 + tl.arange(0, BLOCK_R)
         row_mask = rows < n_rows
         head = rows // N_QUERIES
@@ -889,8 +898,40 @@ def _mass_kernel(
 
 
 @triton.jit
+def _mass_rank_tile(q_rank, lse2, q_pos, q_pos0, row_mask, UK_b, RankK_b, tok_pos, cols, valid, offs_rk, rank_k_max,
+                    qk_scale, inv_rows, stride_ukn, stride_ukr, stride_rkn, UW_DT: tl.constexpr,
+                    ONE_QUERY: tl.constexpr, RAGGED: tl.constexpr):
+    """The masses of one tile's tokens, as _absorbed_tile scores them: the
+    tokens _whole_chunks accepts from the U_k tile as loaded (RAGGED=False),
+    or the others, each token's columns past its rank zeroed (RAGGED=True).
+    Returns the masses (0 for the tokens this pass does not take) and the
+    tokens _whole_chunks refused. With one query token every row sees the
+    same columns, so the causal mask is applied once a column, after the
+    sum over rows (rows past the real ones have an LSE of +inf and weigh
+    nothing): one FMA and one exp2 an entry."""
+    rank = _load_per_token(RankK_b, cols, valid, stride_rkn)
+    top = tl.max(rank, 0)
+    whole = _whole_chunks(rank, top, rank_k_max)
+    if RAGGED:
+        mine = valid & ~whole
+        uk = _load_rank_rows(UK_b, cols, mine, rank, offs_rk, rank_k_max, stride_ukn, stride_ukr, UW_DT)
+        s = tl.dot(q_rank, tl.trans(uk), input_precision="ieee")
+    else:
+        mine = valid & whole  # the refused tokens' rows load as zeros: no score of theirs to overflow
+        uk = _load_rank_chunks(UK_b, cols, mine, rank, offs_rk, rank_k_max, stride_ukn, stride_ukr).to(UW_DT)
+        s = tl.dot(tl.where(offs_rk[None, :] < top, q_rank, 0.0), tl.trans(uk), input_precision="ieee")
+    if ONE_QUERY:
+        mass = tl.sum(tl.exp2(s * qk_scale - lse2[:, None]), 0)
+        mass = tl.where(mine & (tok_pos <= q_pos0), mass * inv_rows, 0.0)
+    else:
+        s = _mask(s * qk_scale, tok_pos, mine, q_pos, row_mask)
+        mass = tl.sum(tl.exp2(s - lse2[:, None]), 0) * inv_rows
+    return mass, valid & ~whole
+
+
+@triton.jit
 def _mass_rank_kernel(
-    Lse, MassC, CLen, QRank, UK, RankK, CPos, QPos,
+    Lse, MassC, CLen, QRank, UK, RankK, CPos, QPos, Logits, MassD, DLen,
     stride_sb, stride_sh, stride_sm,
     stride_cb, stride_cn,
     stride_clb,
@@ -899,22 +940,58 @@ def _mass_rank_kernel(
     stride_rkb, stride_rkn,
     stride_cpb, stride_cpn,
     stride_pb, stride_pm,
-    n_comp, n_rows, inv_rows, qk_scale, rank_k_max,
+    stride_lb, stride_lh, stride_lm, stride_ln,
+    stride_db, stride_dn,
+    stride_dlb,
+    n_comp, n_cols, n_rows, inv_rows, qk_scale, rank_k_max,
     N_QUERIES: tl.constexpr,
     SPAN: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_RK: tl.constexpr,
     UW_DT: tl.constexpr,
+    DENSE_BLOCK_T: tl.constexpr,
+    DENSE_BLOCK_R: tl.constexpr,
 ):
-    """The absorbed kernel's compressed tokens' masses, recomputed in rank
-    space: row r's weight of token t is exp(q~_r . U_k[t, :r_t] * scale -
-    lse_r), averaged over the rows. A program walks SPAN columns in tiles of
-    BLOCK_T (q~ and the LSEs loaded once, U_k tiles 16 bytes wide and
-    pipelined), the cheaper choice than storing a float32 logit per row and
-    token in stage 1 and reading it back."""
+    """The absorbed kernel's masses in one launch: programs (b, i) for i
+    below the compressed segment's spans recompute its tokens' masses in
+    rank space (_rank_masses); the programs after them take the dense
+    tokens, DENSE_BLOCK_T columns each, from the logits _query_dense_kernel
+    stored (_stored_masses): a launch of their own cost a kernel's start
+    and its waits on memory for a few columns."""
     b = tl.program_id(0).to(tl.int64)
-    lo = tl.program_id(1) * SPAN
+    block = tl.program_id(1)
+    n_spans = tl.cdiv(n_comp, SPAN)
+    if block < n_spans:
+        _rank_masses(Lse, MassC, CLen, QRank, UK, RankK, CPos, QPos, b, block * SPAN,
+                     stride_sb, stride_sh, stride_sm, stride_cb, stride_cn, stride_clb, stride_xb, stride_xr,
+                     stride_xk, stride_ukb, stride_ukn, stride_ukr, stride_rkb, stride_rkn, stride_cpb, stride_cpn,
+                     stride_pb, stride_pm, n_comp, n_rows, inv_rows, qk_scale, rank_k_max,
+                     N_QUERIES, SPAN, BLOCK_T, BLOCK_ROWS, BLOCK_RK, UW_DT)
+    else:
+        cols = n_comp + (block - n_spans) * DENSE_BLOCK_T + tl.arange(0, DENSE_BLOCK_T)
+        _stored_masses(Logits, Lse, MassC, MassD, CLen, DLen, b, cols, cols - n_comp,
+                       stride_lb, stride_lh, stride_lm, stride_ln, stride_sb, stride_sh, stride_sm,
+                       stride_cb, stride_cn, stride_db, stride_dn, stride_clb, stride_dlb,
+                       n_comp, n_cols, n_rows, inv_rows, N_QUERIES, DENSE_BLOCK_R)
+
+
+@triton.jit
+def _rank_masses(Lse, MassC, CLen, QRank, UK, RankK, CPos, QPos, b, lo,
+                 stride_sb, stride_sh, stride_sm, stride_cb, stride_cn, stride_clb, stride_xb, stride_xr, stride_xk,
+                 stride_ukb, stride_ukn, stride_ukr, stride_rkb, stride_rkn, stride_cpb, stride_cpn, stride_pb,
+                 stride_pm, n_comp, n_rows, inv_rows, qk_scale, rank_k_max,
+                 N_QUERIES: tl.constexpr, SPAN: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+                 BLOCK_RK: tl.constexpr, UW_DT: tl.constexpr):
+    """The masses of compressed columns [lo, lo + SPAN) of sequence b,
+    recomputed in rank space: row r's weight of token t is exp(q~_r .
+    U_k[t, :r_t] * scale - lse_r), averaged over the rows, in tiles of
+    BLOCK_T (q~ and the LSEs loaded once, U_k tiles 16 bytes wide and
+    pipelined): cheaper than storing a float32 logit per row and token in
+    stage 1 and reading it back. Like _stage1_absorbed_kernel, a first loop
+    takes the tiles as loaded and a second the tokens that leaves inexact
+    (none in AttentionPack's groups of ranks that are multiples of 16); the
+    two store disjoint columns."""
     hi = tl.minimum(lo + SPAN, n_comp)
     c_len = tl.load(CLen + b * stride_clb).to(tl.int32)
     offs_row = tl.arange(0, BLOCK_ROWS)
@@ -923,21 +1000,41 @@ def _mass_rank_kernel(
     query_r = offs_row % N_QUERIES
     lse2 = tl.load(Lse + b * stride_sb + head_r * stride_sh + query_r * stride_sm, mask=row_mask,
                    other=0.0) * 1.4426950408889634
-    lse2 = tl.where(lse2 == float("-inf"), 0.0, lse2)
+    lse2 = tl.where(lse2 == float("-inf"), 0.0, lse2)  # a row that saw nothing: the column mask zeroes it
+    lse2 = tl.where(row_mask, lse2, float("inf"))
     q_pos = tl.load(QPos + b * stride_pb + query_r * stride_pm, mask=row_mask, other=-1).to(tl.int32)
+    q_pos0 = tl.load(QPos + b * stride_pb).to(tl.int32)  # every row's, with one query token
     offs_rk = tl.arange(0, BLOCK_RK)
     q_rank = tl.load(QRank + b * stride_xb + offs_row[:, None] * stride_xr + offs_rk[None, :] * stride_xk,
                      mask=row_mask[:, None] & (offs_rk[None, :] < rank_k_max), other=0.0).to(UW_DT)
     UK_b = UK + b * stride_ukb
+    RankK_b = RankK + b * stride_rkb
+    CPos_b = CPos + b * stride_cpb
+    MassC_b = MassC + b * stride_cb
+    ragged_lo = tl.zeros([BLOCK_T], dtype=tl.int32) + hi
+    ragged_hi = tl.zeros([BLOCK_T], dtype=tl.int32) + lo
+    # The positions are loaded a tile ahead, by hand: the compiler pipelines
+    # only the loads the MMAs' operands depend on, and a tile waited a
+    # memory latency for its positions.
+    next_cols = lo + tl.arange(0, BLOCK_T)
+    next_pos = _load_per_token(CPos_b, next_cols, next_cols < c_len, stride_cpn)
     for start in range(lo, hi, BLOCK_T):
         cols = start + tl.arange(0, BLOCK_T)
-        valid = cols < c_len
-        rank = tl.load(RankK + b * stride_rkb + cols * stride_rkn, mask=valid, other=0).to(tl.int32)
-        tok_pos = tl.load(CPos + b * stride_cpb + cols * stride_cpn, mask=valid, other=0).to(tl.int32)
-        uk = _load_rank_rows(UK_b, cols, valid, rank, offs_rk, rank_k_max, stride_ukn, stride_ukr, UW_DT)
-        s = _mask(tl.dot(q_rank, tl.trans(uk), input_precision="ieee") * qk_scale, tok_pos, valid, q_pos, row_mask)
-        mass = tl.sum(tl.exp2(s - lse2[:, None]), 0) * inv_rows
-        tl.store(MassC + b * stride_cb + cols * stride_cn, tl.where(valid, mass, 0.0), mask=cols < hi)
+        tok_pos = next_pos
+        next_pos = _load_per_token(CPos_b, cols + BLOCK_T, cols + BLOCK_T < tl.minimum(c_len, hi), stride_cpn)
+        mass, refused = _mass_rank_tile(
+            q_rank, lse2, q_pos, q_pos0, row_mask, UK_b, RankK_b, tok_pos, cols, cols < c_len, offs_rk, rank_k_max,
+            qk_scale, inv_rows, stride_ukn, stride_ukr, stride_rkn, UW_DT, N_QUERIES == 1, False)
+        tl.store(MassC_b + cols * stride_cn, mass, mask=(cols < hi) & ~refused)
+        ragged_lo, ragged_hi = _note_refused(ragged_lo, ragged_hi, refused, cols, lo, hi)
+    r_lo, r_hi = _ragged_range(ragged_lo, ragged_hi, lo, BLOCK_T)
+    for ragged_start in tl.range(r_lo, r_hi, BLOCK_T, num_stages=1):  # rare: not worth shared memory
+        cols = ragged_start + tl.arange(0, BLOCK_T)
+        tok_pos = _load_per_token(CPos_b, cols, cols < c_len, stride_cpn)
+        mass, refused = _mass_rank_tile(
+            q_rank, lse2, q_pos, q_pos0, row_mask, UK_b, RankK_b, tok_pos, cols, cols < c_len, offs_rk, rank_k_max,
+            qk_scale, inv_rows, stride_ukn, stride_ukr, stride_rkn, UW_DT, N_QUERIES == 1, True)
+        tl.store(MassC_b + cols * stride_cn, mass, mask=(cols < hi) & refused)
 
 
 # The autotuner's first config, by kernel (a pinned launch, block_n given
@@ -1204,7 +1301,7 @@ def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, wor
             *logits.stride(), *lse.stride(), *mass_comp.stride(), *mass_dense.stride(),
             *comp.length.stride(), *dense.length.stride(),
             tokens, tokens + slots, heads * queries, 1.0 / (heads * queries),
-            N_QUERIES=queries, BLOCK_R=MASS_BLOCK_R, BLOCK_T=MASS_BLOCK_T, DENSE_ONLY=False)
+            N_QUERIES=queries, BLOCK_R=MASS_BLOCK_R, BLOCK_T=MASS_BLOCK_T)
     return DecodeOutput(out, lse, mass_comp, mass_dense)
 
 
@@ -1277,27 +1374,24 @@ def dense_warps(elem_bytes: int, block_d: int) -> int:
 
 def _rank_space_masses(q_pos, comp, logits, lse, mass_comp, mass_dense, dense_length, q_rank, rows, queries, scale,
                        uw_dt) -> None:
-    """The absorbed kernel's masses: compressed tokens recomputed in rank
-    space, dense tokens from their stored logits."""
+    """The absorbed kernel's masses, one launch: compressed tokens
+    recomputed in rank space, dense tokens from their stored logits."""
     batch, tokens = mass_comp.shape
     slots = mass_dense.shape[1]
     block_t, warps = mass_rank_tile(common.block(rows), common.block(comp.uk.shape[2]), uw_dt)
-    if tokens:
-        span = mass_span(tokens, batch, splitk.sm_count(q_pos.device))
-        _mass_rank_kernel[(batch, triton.cdiv(tokens, span))](
-            lse, mass_comp, comp.length, q_rank, comp.uk, comp.rank_k, comp.pos, q_pos,
-            *lse.stride(), *mass_comp.stride(), *comp.length.stride(), *q_rank.stride(), *comp.uk.stride(),
-            *comp.rank_k.stride(), *comp.pos.stride(), *q_pos.stride(),
-            tokens, rows, 1.0 / rows, scale * common.LOG2E, comp.uk.shape[2],
-            N_QUERIES=queries, SPAN=span, BLOCK_T=block_t, BLOCK_ROWS=common.block(rows),
-            BLOCK_RK=common.block(comp.uk.shape[2]), UW_DT=uw_dt, num_warps=warps, num_stages=3)
-    if slots:
-        _mass_kernel[(batch, triton.cdiv(slots, MASS_BLOCK_T))](
-            logits, lse, mass_comp, mass_dense, comp.length, dense_length,
-            *logits.stride(), *lse.stride(), *mass_comp.stride(), *mass_dense.stride(),
-            *comp.length.stride(), *dense_length.stride(),
-            tokens, tokens + slots, rows, 1.0 / rows,
-            N_QUERIES=queries, BLOCK_R=MASS_BLOCK_R, BLOCK_T=MASS_BLOCK_T, DENSE_ONLY=True)
+    span = mass_span(tokens, batch, splitk.sm_count(q_pos.device))
+    blocks = triton.cdiv(tokens, span) + triton.cdiv(slots, MASS_BLOCK_T)
+    if not batch or not blocks:
+        return
+    _mass_rank_kernel[(batch, blocks)](
+        lse, mass_comp, comp.length, q_rank, comp.uk, comp.rank_k, comp.pos, q_pos, logits, mass_dense, dense_length,
+        *lse.stride(), *mass_comp.stride(), *comp.length.stride(), *q_rank.stride(), *comp.uk.stride(),
+        *comp.rank_k.stride(), *comp.pos.stride(), *q_pos.stride(), *logits.stride(), *mass_dense.stride(),
+        *dense_length.stride(),
+        tokens, tokens + slots, rows, 1.0 / rows, scale * common.LOG2E, comp.uk.shape[2],
+        N_QUERIES=queries, SPAN=span, BLOCK_T=block_t, BLOCK_ROWS=common.block(rows),
+        BLOCK_RK=common.block(comp.uk.shape[2]), UW_DT=uw_dt, DENSE_BLOCK_T=MASS_BLOCK_T, DENSE_BLOCK_R=MASS_BLOCK_R,
+        num_warps=warps, num_stages=3)
 
 
 def mass_span(tokens: int, batch: int, sms: int | None) -> int:

@@ -226,11 +226,13 @@ def _tile_chunks(c_lo, c_hi, full, block_n, rank_k, low_rank, block_r) -> float:
     return sum(chunks) / len(chunks)
 
 
-def _ragged_tiles(s: Step, c_lo: int, c_hi: int, block_n: int) -> int:
+def _ragged_tiles(s: Step, c_lo: int, c_hi: int, block_n: int, factors: tuple = ("keys", "values")) -> int:
     """Tiles of [c_lo, c_hi) the absorbed kernel takes a second time, token
     by token (kernel._whole_chunks): the one where the full-rank group (the
-    first tokens) meets the low one, when a low rank is no multiple of 16."""
-    lows = [s.low_rank(r) for r, f in ((s.rank_k, "keys"), (s.rank_v, "values")) if s.partial in (f, "both")]
+    first tokens) meets the low one, when a low rank of `factors` (the
+    rank-space mass kernel: keys only) is no multiple of 16."""
+    lows = [s.low_rank(r) for r, f in ((s.rank_k, "keys"), (s.rank_v, "values"))
+            if f in factors and s.partial in (f, "both")]
     full = s.full_tokens()
     meets = 0 < full < s.visual and full % block_n != 0 and c_lo <= full < c_hi
     return int(meets and any(low % 16 for low in lows))
@@ -335,7 +337,8 @@ def _work(s: Step, kernel_name: str, meta: dict, gpu, *, absorbed: bool, per_kv_
                              part_bytes + b * hq * (d * e + 4), {"PartO": small, "PartLse": small}, 0.0, tokens)
     if kernel_name == "_mass_kernel":
         # From stored logits: every column (the fused kernel, and both
-        # fbd0532 kernels), or today's absorbed kernel's dense columns only.
+        # fbd0532 kernels), or the absorbed kernel's dense columns only
+        # (before _mass_rank_kernel took them).
         cols = n if absorbed and rank_space_parts else t + n
         grid = b * -(-cols // kernel.MASS_BLOCK_T)
         levels = {"Lse": "l2", "CLen": "l2", "DLen": "l2"}
@@ -343,11 +346,22 @@ def _work(s: Step, kernel_name: str, meta: dict, gpu, *, absorbed: bool, per_kv_
                              levels, 0.0, tokens)
     if kernel_name == "_mass_rank_kernel":
         span = kernel.mass_span(t, b, gpu.sms)
-        programs = [estimate.Programs(b * (t // span), {"lo": 0, "hi": span})]
-        if t % span:
-            programs.append(estimate.Programs(b, {"lo": 0, "hi": t % span}))
-        levels = {"Lse": "l2", "QRank": "l2", "QPos": "l2", "CLen": "l2"}
-        return estimate.Work(tuple(programs), b * t * (mk * e + 8) + b * t * 4 + b * hq * s.rank_k * 4, levels,
+        block_t = int(meta["BLOCK_T"])
+        classes: dict = {}  # programs with the same trips: (columns, second-pass tiles)
+        for lo in range(0, t, span):
+            key = (min(span, t - lo), _ragged_tiles(s, lo, min(lo + span, t), block_t, ("keys",)))
+            classes[key] = classes.get(key, 0) + 1
+        # Both branches' loops are in the code every program runs through:
+        # each class gives the other's loops no trips.
+        programs = tuple(estimate.Programs(b * count, {"block": 0, "_rank_masses.hi": cols, "#ragged_start": ragged,
+                                                        "#r0": 0})
+                         for (cols, ragged), count in classes.items())
+        dense_blocks = -(-n // kernel.MASS_BLOCK_T)
+        if dense_blocks:  # the dense columns' programs: their stored logits read, their masses written
+            programs += (estimate.Programs(b * dense_blocks, {"#start": 0, "#ragged_start": 0, "n_rows": hq}),)
+        stored = b * hq * n * 4 + b * n * 4
+        levels = {"Lse": "l2", "QRank": "l2", "QPos": "l2", "CLen": "l2", "DLen": "l2"}
+        return estimate.Work(programs, b * t * (mk * e + 8) + b * t * 4 + b * hq * s.rank_k * 4 + stored, levels,
                              b * t * hq * 2 * s.rank_k, tokens)
     raise KeyError(f"the lowrank_decode model knows no kernel {kernel_name!r}")
 
