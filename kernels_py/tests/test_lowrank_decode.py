@@ -351,6 +351,38 @@ def test_absorbed_kernels_by_rank_layout(layout, device):
     check(got, want, q, comp, dense, torch.float32)
 
 
+@pytest.mark.parametrize("queries,interleave", [(1, False), (1, True), (3, True)])
+def test_absorbed_masses_over_many_tiles_spans_and_dense_programs(queries, interleave, device, monkeypatch):
+    """The interpreter's sizes (1,024-column spans, 128- or 256-column tiles)
+    make every other test's masses one tile of one span and one dense
+    program. With 32-column tiles, 64-column spans and 32-column dense
+    programs: several tiles a span (each one's positions loaded by the one
+    before, which queries among the tokens would show), several spans a
+    sequence, several dense programs, and groups of 64 / 13 meeting in a
+    later span's second tile (a second pass starting past the span's first
+    column). The masses start as NaN, so a column left unwritten shows."""
+    monkeypatch.setattr(kernel, "MASS_SPAN", 64)
+    monkeypatch.setattr(kernel, "MASS_BLOCK_T", 32)
+    tile = kernel.mass_rank_tile
+    monkeypatch.setattr(kernel, "mass_rank_tile", lambda rows, rk, dt: (32, tile(rows, rk, dt)[1]))
+    launch = kernel._rank_space_masses
+
+    def poisoned(q_pos, comp, logits, lse, mass_comp, mass_dense, *rest):
+        mass_comp.fill_(float("nan"))
+        mass_dense.fill_(float("nan"))
+        launch(q_pos, comp, logits, lse, mass_comp, mass_dense, *rest)
+
+    monkeypatch.setattr(kernel, "_rank_space_masses", poisoned)
+    q, q_pos, comp, dense = make_case(device, dtype=torch.float32, batch=3, queries=queries, interleave=interleave,
+                                      rank_k=64, rank_v=48, comp_lens=(200, 61, 0), dense_lens=(70, 0, 45))
+    shape = comp.rank_k.shape
+    first = torch.arange(shape[1], device=device).expand(shape) < 100  # 100 = span 1, tile 2, column 4
+    comp = CompressedKV(comp.uk, comp.wk, comp.uv, comp.wv, torch.where(first, 64, 13).to(torch.int32),
+                        torch.where(first, 48, 16).to(torch.int32), comp.pos, comp.length)
+    want = ref.lowrank_decode(q, q_pos, comp, dense, rope_base=None)
+    check(decode_absorbed(q, q_pos, comp, dense, num_splits=2), want, q, comp, dense, torch.float32)
+
+
 def test_the_model_counts_a_second_pass_where_groups_meet_off_chunk():
     """The estimate's absorbed stage 1 takes the tile where AttentionPack's
     full-rank group meets the low one a second time only when the low rank
@@ -486,14 +518,32 @@ def test_rows_that_see_nothing(device):
         assert torch.all(got.mass_comp[0] == 0) and torch.all(got.mass_dense[0] == 0)
         assert not got.out.isnan().any()
     check(decode(q, q_pos, comp, dense, rope_base=10000.0), want, q, comp, dense, torch.float32)
+    check(decode_absorbed(q, q_pos, comp, dense), ref.lowrank_decode(q, q_pos, comp, dense, rope_base=None), q, comp,
+          dense, torch.float32)
+    # Three query tokens, one of them before every token of its sequence.
+    q, q_pos, comp, dense = make_case(device, dtype=torch.float32, batch=3, queries=3, comp_lens=(20, 30, 0),
+                                      dense_lens=(5, 7, 0))
+    q_pos = q_pos.clone()
+    q_pos[0] = 0
+    q_pos[1, 0] = 0
+    for run, rope_base in ((lambda *a: decode(*a, rope_base=10000.0), 10000.0), (decode_absorbed, None)):
+        got = run(q, q_pos, comp, dense)
+        assert torch.all(got.lse[1, :, 0] == float("-inf")) and torch.all(got.lse[1, :, 1:] > float("-inf"))
+        check(got, ref.lowrank_decode(q, q_pos, comp, dense, rope_base=rope_base), q, comp, dense, torch.float32)
 
 
 def test_empty_segments(device):
-    """No compressed slots at all (T = 0), and no dense slots at all (S = 0)."""
+    """No compressed slots at all (T = 0), no dense slots at all (S = 0), and neither."""
     q, q_pos, comp, dense = make_case(device, dtype=torch.float32, comp_lens=(0, 0), dense_lens=(6, 3), pad=0)
     assert comp.uk.shape[1] == 0
     check(decode(q, q_pos, comp, dense, rope_base=10000.0),
           ref.lowrank_decode(q, q_pos, comp, dense, rope_base=10000.0), q, comp, dense, torch.float32)
+    check(decode_absorbed(q, q_pos, comp, dense),
+          ref.lowrank_decode(q, q_pos, comp, dense, rope_base=None), q, comp, dense, torch.float32)
+    q, q_pos, comp, dense = make_case(device, dtype=torch.float32, comp_lens=(0, 0), dense_lens=(0, 0), pad=0)
+    for got in (decode(q, q_pos, comp, dense, rope_base=10000.0), decode_absorbed(q, q_pos, comp, dense)):
+        assert got.mass_comp.shape == (2, 0) and got.mass_dense.shape == (2, 0)
+        assert torch.all(got.lse == float("-inf")) and torch.all(got.out == 0)
     q, q_pos, comp, dense = make_case(device, dtype=torch.float32, comp_lens=(12, 40), dense_lens=(0, 0), pad=0)
     assert dense.k.shape[2] == 0
     check(decode_absorbed(q, q_pos, comp, dense),

@@ -91,7 +91,7 @@ QUERY_DENSE_TILE = dict(BLOCK_N=64, num_warps=4, num_stages=3)
 MASS_BLOCK_T = 256  # columns of stored logits per mass program,
 MASS_BLOCK_R = 16  # read for this many rows at a time
 MASS_SPAN = 1024  # compressed columns per rank-space mass program at least (mass_span), in mass_rank_tile's tiles
-MASS_PROGRAMS_PER_SM = 2  # rank-space mass programs an SM holds (212 registers on 4 warps)
+MASS_PROGRAMS_PER_SM = 2  # rank-space mass programs an SM holds (216 registers on 4 warps)
 
 
 @triton.jit
@@ -856,7 +856,8 @@ def _mass_kernel(
 ):
     """Per-token attention weight exp(logit - lse), averaged over the n_rows =
     heads x queries rows, for a block of columns of [compressed | dense],
-    from the logits the fused stage 1 stored (_stored_masses)."""
+    from the logits the fused call's _stage1_kernel and _dense_segment_kernel
+    stored (_stored_masses)."""
     b = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
     _stored_masses(Logits, Lse, MassC, MassD, CLen, DLen, b, cols, cols,
@@ -983,7 +984,7 @@ def _rank_masses(Lse, MassC, CLen, QRank, UK, RankK, CPos, QPos, b, lo,
                  stride_pm, n_comp, n_rows, inv_rows, qk_scale, rank_k_max,
                  N_QUERIES: tl.constexpr, SPAN: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_ROWS: tl.constexpr,
                  BLOCK_RK: tl.constexpr, UW_DT: tl.constexpr):
-    """The masses of compressed columns [lo, lo + SPAN) of sequence b,
+    """The masses of compressed columns [lo, min(lo + SPAN, n_comp)) of sequence b,
     recomputed in rank space: row r's weight of token t is exp(q~_r .
     U_k[t, :r_t] * scale - lse_r), averaged over the rows, in tiles of
     BLOCK_T (q~ and the LSEs loaded once, U_k tiles 16 bytes wide and
@@ -991,7 +992,9 @@ def _rank_masses(Lse, MassC, CLen, QRank, UK, RankK, CPos, QPos, b, lo,
     stage 1 and reading it back. Like _stage1_absorbed_kernel, a first loop
     takes the tiles as loaded and a second the tokens that leaves inexact
     (none in AttentionPack's groups of ranks that are multiples of 16); the
-    two store disjoint columns."""
+    two store disjoint columns. The tiles are masked by the sequence's
+    length, not the span's end: SPAN is a multiple of BLOCK_T (mass_span),
+    so no tile crosses into the next span."""
     hi = tl.minimum(lo + SPAN, n_comp)
     c_len = tl.load(CLen + b * stride_clb).to(tl.int32)
     offs_row = tl.arange(0, BLOCK_ROWS)
@@ -1000,7 +1003,7 @@ def _rank_masses(Lse, MassC, CLen, QRank, UK, RankK, CPos, QPos, b, lo,
     query_r = offs_row % N_QUERIES
     lse2 = tl.load(Lse + b * stride_sb + head_r * stride_sh + query_r * stride_sm, mask=row_mask,
                    other=0.0) * 1.4426950408889634
-    lse2 = tl.where(lse2 == float("-inf"), 0.0, lse2)  # a row that saw nothing: the column mask zeroes it
+    lse2 = tl.where(lse2 == float("-inf"), 0.0, lse2)  # a row that saw nothing: the causal mask zeroes its entries
     lse2 = tl.where(row_mask, lse2, float("inf"))
     q_pos = tl.load(QPos + b * stride_pb + query_r * stride_pm, mask=row_mask, other=-1).to(tl.int32)
     q_pos0 = tl.load(QPos + b * stride_pb).to(tl.int32)  # every row's, with one query token
