@@ -216,7 +216,7 @@ class Lowrank(AttentionBenchmark):
                "compressed_bytes": read, "full_bytes": nbytes(full_k, full_v)}
         step = model.Step(batch=b, visual=n, dense=self.dense_len, heads=self.heads, kv_heads=self.kv_heads,
                           head_dim=self.head_dim, rank_k=rank, rank_v=rank, elem_bytes=dt.itemsize,
-                          low_share=1.0 - self.full_rank_share, partial=self.partial)
+                          low_share=1.0 - self.full_rank_share, partial=self.partial, splits=splits)
         costs = model.costs(step)
         peak = hbm_peak_gbps(device)
         for name, variant in (("fused", "fused (exact)"), ("absorbed", "absorbed (latent)")):

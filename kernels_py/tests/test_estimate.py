@@ -106,12 +106,25 @@ def test_split_helpers_match_the_stage1_kernels():
     assert sum(1 for lo, hi in ranges if lo == hi) == 7
     from kernels_py.ops.lowrank_decode import kernel as lowrank
 
-    # About 1,024 compressed tokens a split, while the grid fills two waves.
-    assert lowrank.split_count(32832, 64, 132) == 33  # cdiv(32832, 1024)
-    assert lowrank.split_count(200_000, 64, 132) == 64  # capped
-    assert lowrank.split_count(32768, 8, 132) == 33  # cdiv(2 * 132, 8)
-    assert lowrank.split_count(1088, 1, 132) == 17  # more splits while the grid is small: 64 tokens each
+    # On a GPU, the count whose waves (264 programs of 132 SMs) take least:
+    # 8 sequences of 256 tiles fill one wave with 32 splits of 8 tiles (33,
+    # the old rule's, left one split empty: 33 of 8 tiles cover 264).
+    assert lowrank.split_count(32768, 8, 132) == 32
+    # 64 sequences: one wave of 4 splits of 64 tiles (cost 65) before two
+    # waves of 8 of 32 (2 x 33 = 66); 257 tiles split in 4 of 65.
+    assert lowrank.split_count(32768, 64, 132) == 4
+    assert lowrank.split_count(32832, 64, 132) == 4
+    # 5 splits of 52 tiles would spill 56 programs into a second wave.
+    assert lowrank.split_count(32832, 64, 132) * 64 <= 264
+    assert lowrank.split_count(32768, 1, 132) == 64  # one sequence: at most DEFAULT_MAX_SPLITS
+    assert lowrank.split_count(1088, 1, 132) == 9  # never more splits than tiles: 9 of one tile
+    assert lowrank.split_count(0, 8, 132) == 1
     assert lowrank.split_count(1088, 1, None) == 2  # the interpreter: cdiv(1088, 1024)
+    for t in (100, 1088, 5000, 32768, 32832, 120_000):
+        for b in (1, 3, 8, 17, 64, 200):
+            n = lowrank.split_count(t, b, 132)
+            assert 1 <= n <= lowrank.DEFAULT_MAX_SPLITS
+            assert all(lo < hi for lo, hi in splitk.split_ranges(t, n, lowrank.SPLIT_TILE)), (t, b, n)  # none empty
 
 
 def _kernel(body, loads=None) -> estimate.Kernel:

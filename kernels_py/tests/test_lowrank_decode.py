@@ -402,6 +402,22 @@ def test_the_model_counts_a_second_pass_where_groups_meet_off_chunk():
     assert model._ragged_tiles(shifted, 0, after, 128) == 1
 
 
+def test_the_model_takes_the_split_count_a_point_ran_with():
+    """A measured point's shape records the split count its launch used
+    (the rule may change since); 0 is today's default, split_count's."""
+    from kernels_py.ops import estimate
+    from kernels_py.ops.lowrank_decode import model
+
+    def merge_trips(step):
+        work = model._work(step, "_merge_rank_kernel", {}, estimate.H100, absorbed=True)
+        return work.programs[0].values["n_splits"]
+
+    assert merge_trips(model.Step(batch=64, visual=32768)) == kernel.split_count(32768, 64, estimate.H100.sms) == 4
+    assert merge_trips(model.Step(batch=64, visual=32768, splits=32)) == 32
+    with pytest.raises(ValueError, match="splits=300"):
+        model.Step(batch=8, visual=32768, splits=300)
+
+
 def test_mass_programs_fill_one_wave():
     """The rank-space mass kernel's span: the shortest, from MASS_SPAN up by
     powers of two, whose grid fits one wave of MASS_PROGRAMS_PER_SM

@@ -72,11 +72,19 @@ from kernels_py.ops.lowrank_decode.contract import CompressedKV, DecodeOutput, D
 MAX_HEAD_DIM = 256
 MAX_ROWS = 128  # query heads x query tokens, one program's rows
 MAX_SPLITS = 256
-# Default split size (num_splits=None). A split's fixed cost (its first
-# tile's loads waited at HBM latency, its rank-space partial) is paid once
-# per split, so splits are long while the grid still fills the GPU.
+# Default split size (num_splits=None) on the interpreter; on a GPU the count
+# is chosen by waves (split_count). A split's fixed cost (its first tile's
+# loads waited at HBM latency, its rank-space partial) is paid once per
+# split, so splits are long while the grid still fills the GPU.
 TOKENS_PER_SPLIT = 1024
 DEFAULT_MAX_SPLITS = 64
+# On a GPU the split count is chosen by waves (split_count): tiles of the
+# largest BLOCK_N, two stage-1 programs an SM (the absorbed kernel's picked
+# configs; the fused kernel's hold one, and any whole number of waves of two
+# is one of one), and a split's fixed cost of about a tile.
+SPLIT_TILE = 128
+SPLIT_PROGRAMS_PER_SM = 2
+SPLIT_COST_TILES = 1
 MAX_BLOCK_R = 64  # default rank chunk of the key rebuild; larger ranks loop over chunks
 # Values stay in rank space, so a program holds a whole U_v row (and in the
 # absorbed kernel a whole U_k row): ranks up to this.
@@ -1101,8 +1109,8 @@ def lowrank_decode(q: torch.Tensor, q_pos: torch.Tensor, comp: CompressedKV, den
     comp.pos with this base. None: keys were decomposed after RoPE.
     sm_scale: softmax scale, default D ** -0.5.
     num_splits: sequence splits per (sequence, kv head); default from the
-    longest sequence (about TOKENS_PER_SPLIT tokens each, at most
-    DEFAULT_MAX_SPLITS).
+    longest sequence and the batch (split_count: on a GPU the fewest waves
+    of the longest splits, at most DEFAULT_MAX_SPLITS).
     check_values=False skips the input checks that wait for the device
     (lengths and ranks in range; see check_inputs); with num_splits given the
     call then never synchronises, e.g. in a timing loop over checked inputs.
@@ -1446,8 +1454,23 @@ def _num_splits(num_splits, comp: CompressedKV, dense: DenseKV, programs_per_spl
 def split_count(longest: int, programs_per_split: int, sms: int | None) -> int:
     """The default split count for the longest sequence's compressed tokens, with
     `programs_per_split` programs per split (the batch) on `sms` SMs (None:
-    the interpreter): about TOKENS_PER_SPLIT tokens each, at most
-    DEFAULT_MAX_SPLITS; on a GPU, more (down to 64 tokens each) while the
-    grid would not fill two waves of SMs."""
-    return splitk.split_count(longest, programs_per_split, per_split=TOKENS_PER_SPLIT, min_split=64,
-                              max_splits=DEFAULT_MAX_SPLITS, sms=sms)
+    the interpreter: about TOKENS_PER_SPLIT tokens each, at most
+    DEFAULT_MAX_SPLITS). On a GPU, the count whose grid takes the least
+    time by waves: a wave of SPLIT_PROGRAMS_PER_SM programs an SM takes as
+    long as its longest split, in SPLIT_TILE-token tiles, plus a split's
+    fixed cost (SPLIT_COST_TILES); splits hold whole tiles and none is
+    empty. The time of a grid is a whole number of waves, so a count that
+    spills a few programs into another wave is never chosen."""
+    if not sms:
+        return splitk.split_count(longest, programs_per_split, per_split=TOKENS_PER_SPLIT, min_split=64,
+                                  max_splits=DEFAULT_MAX_SPLITS, sms=None)
+    tiles = max(1, -(-longest // SPLIT_TILE))
+    slots = SPLIT_PROGRAMS_PER_SM * sms
+    best, best_cost = 1, None
+    for n in range(1, min(DEFAULT_MAX_SPLITS, tiles) + 1):
+        per_split = -(-tiles // n)
+        n = -(-tiles // per_split)  # the splits that hold tiles
+        cost = -(-programs_per_split * n // slots) * (per_split + SPLIT_COST_TILES)
+        if best_cost is None or cost < best_cost:  # ties keep the fewer splits (fewer partials to merge)
+            best, best_cost = n, cost
+    return best

@@ -60,10 +60,13 @@ class Step:
     elem_bytes: int = 2  # fp16/bf16 cache and factors
     low_share: float = 0.0  # share of the tokens decompressed at rank / 4
     partial: str = "values"  # which factors the low rank applies to: values, keys or both
+    splits: int = 0  # splits per sequence of today's kernels; 0: the launchers' default (kernel.split_count)
 
     def __post_init__(self):
         if self.partial not in CHOICES["partial"]:
             raise ValueError(f"partial={self.partial!r} must be one of {', '.join(CHOICES['partial'])}")
+        if not 0 <= self.splits <= kernel.MAX_SPLITS:
+            raise ValueError(f"splits={self.splits} must be in [0, {kernel.MAX_SPLITS}] (0: the default)")
 
     @staticmethod
     def low_rank(rank: int) -> int:
@@ -251,7 +254,7 @@ def _work(s: Step, kernel_name: str, meta: dict, gpu, *, absorbed: bool, per_kv_
     # fbd0532 kernels split [compressed | dense].
     rank_space_parts = not per_kv_head
     if rank_space_parts:
-        splits = kernel.split_count(t, programs_per_split, gpu.sms)
+        splits = s.splits or kernel.split_count(t, programs_per_split, gpu.sms)
     else:  # fbd0532's rule: about 256 of [compressed | dense] tokens a split
         splits = splitk.split_count(t + n, programs_per_split, per_split=FBD0532_TOKENS_PER_SPLIT, min_split=64,
                                     max_splits=kernel.DEFAULT_MAX_SPLITS, sms=gpu.sms)
