@@ -1467,10 +1467,10 @@ def split_count(longest: int, programs_per_split: int, sms: int | None) -> int:
     tiles = max(1, -(-longest // SPLIT_TILE))
     slots = SPLIT_PROGRAMS_PER_SM * sms
     best, best_cost = 1, None
-    for n in range(1, min(DEFAULT_MAX_SPLITS, tiles) + 1):
-        per_split = -(-tiles // n)
-        n = -(-tiles // per_split)  # the splits that hold tiles
-        cost = -(-programs_per_split * n // slots) * (per_split + SPLIT_COST_TILES)
+    for asked in range(1, min(DEFAULT_MAX_SPLITS, tiles) + 1):
+        per_split = -(-tiles // asked)
+        splits = -(-tiles // per_split)  # the splits that hold tiles
+        cost = -(-programs_per_split * splits // slots) * (per_split + SPLIT_COST_TILES)
         if best_cost is None or cost < best_cost:  # ties keep the fewer splits (fewer partials to merge)
-            best, best_cost = n, cost
+            best, best_cost = splits, cost
     return best
