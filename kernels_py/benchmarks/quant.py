@@ -161,7 +161,7 @@ class Quant(AttentionBenchmark):
         row["speedup_vs_sdpa"] = row["sdpa_ms"] / row["quant_ms"]
         row["compression_ratio"] = row["full_bytes"] / read
         step = model.Step(batch=b, context=n, dense=self.dense_len, heads=self.heads, kv_heads=self.kv_heads,
-                          head_dim=self.head_dim, hi_share=self.hi_share, group=self.group)
+                          head_dim=self.head_dim, hi_share=self.hi_share, group=self.group, splits=splits)
         estimate_beside(row, "quant", model, "quantized (4/2-bit)", step, row["quant_ms"],
                         (op.kernel._stage1_tuned,))
         return row

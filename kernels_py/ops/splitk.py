@@ -169,6 +169,29 @@ def split_count(longest: int, programs: int, *, per_split: int, min_split: int, 
     return max(1, min(splits, max_splits))
 
 
+def wave_split_count(longest: int, programs: int, *, tile: int, programs_per_sm: int, cost_tiles: float,
+                     max_splits: int, sms: int) -> int:
+    """Splits per sequence on a GPU of `sms` SMs: the count whose grid takes
+    the least time by waves. `programs` programs run per split (sequences x
+    kv heads), `programs_per_sm` of them at once on an SM; a wave takes as
+    long as its longest split, in `tile`-token tiles, plus a split's fixed
+    cost (its first tile's loads waited at HBM latency, its partial written
+    and merged) of `cost_tiles` tiles. Splits hold whole tiles and none is
+    empty; a grid's time is a whole number of waves, so a count that spills
+    a few programs into another wave is never chosen, and ties keep the
+    fewer splits (fewer partials to merge)."""
+    tiles = max(1, -(-longest // tile))
+    slots = programs_per_sm * sms
+    best, best_cost = 1, None
+    for asked in range(1, min(max_splits, tiles) + 1):
+        per_split = -(-tiles // asked)
+        splits = -(-tiles // per_split)  # the splits that hold tiles
+        cost = -(-max(programs, 1) * splits // slots) * (per_split + cost_tiles)
+        if best_cost is None or cost < best_cost:
+            best, best_cost = splits, cost
+    return best
+
+
 def sm_count(device) -> int | None:
     """SMs of a CUDA device a launch will run on; None on the CPU interpreter."""
     from kernels_py.runtime import interpreter_mode

@@ -158,3 +158,47 @@ def test_roofline_model_counts_the_bytes_of_the_layout():
                                        dense_lens=[1], queries=1, dtype=torch.float16)
     per_token_kv_head = segs[0].nbytes / (64 * 2)
     assert per_token_kv_head == model.per_token_bytes(model.Step(1, 1, kv_heads=1, hi_share=1.0))["quantized"] - 4
+
+
+def test_split_count_fills_whole_waves_on_a_gpu():
+    """On a GPU the default split count is the one whose grid (two programs
+    an SM, 264 on 132 SMs) takes the fewest waves times the longest split,
+    in whole 128-slot tiles with none empty; under the interpreter about
+    TOKENS_PER_SPLIT slots a split."""
+    from kernels_py.ops import splitk
+
+    # 32,768 quantized + 64 dense slots are 257 tiles. 8 sequences x 8 kv
+    # heads: 4 splits of 65 tiles are one wave of 256 programs (5 of 52
+    # would spill 56 programs into a second wave); the old rule's 64 splits
+    # of 512 slots took 15.5 waves.
+    assert qkernel.split_count(32832, 64, 132) == 4
+    # 64 x 8 programs: one split is two waves of 258 tiles' work (cost
+    # 2 x 258), two splits four waves of 130 (4 x 130).
+    assert qkernel.split_count(32832, 512, 132) == 1
+    # One program a split: at most DEFAULT_MAX_SPLITS, of whole tiles: 257 tiles in 52 splits of 5.
+    assert qkernel.split_count(32832, 1, 132) == 52
+    assert qkernel.split_count(0, 64, 132) == 1
+    assert qkernel.split_count(32832, 64, None) == 64  # the interpreter: cdiv(32832, 512), capped
+    assert qkernel.split_count(1000, 2, None) == 2
+    for slots in (100, 1088, 5000, 32832, 120_000):
+        for programs in (1, 8, 24, 64, 512):
+            n = qkernel.split_count(slots, programs, 132)
+            assert 1 <= n <= qkernel.DEFAULT_MAX_SPLITS
+            for tile in qkernel.TILES:  # the kernel rounds splits to its own tile: none empty either way
+                assert all(lo < hi for lo, hi in splitk.split_ranges(slots, n, tile)), (slots, programs, n, tile)
+
+
+def test_the_model_takes_the_split_count_a_point_ran_with():
+    """A measured point's shape records the split count its launch used (the
+    rule may change since); 0 is today's default, split_count's."""
+    from kernels_py.ops import estimate
+    from kernels_py.ops.quant_decode import model
+
+    def merge_trips(step):
+        return model._work(step, "_merge_kernel", {}, estimate.H100).programs[0].values["n_splits"]
+
+    hi, lo = model.segment_slots(model.Step(batch=8, context=32768))
+    assert merge_trips(model.Step(batch=8, context=32768)) == qkernel.split_count(hi + lo + 64, 64, 132) == 4
+    assert merge_trips(model.Step(batch=8, context=32768, splits=64)) == 64
+    with pytest.raises(ValueError, match="splits=300"):
+        model.Step(batch=8, context=32768, splits=300)

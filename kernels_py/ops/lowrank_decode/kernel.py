@@ -1455,22 +1455,12 @@ def split_count(longest: int, programs_per_split: int, sms: int | None) -> int:
     """The default split count for the longest sequence's compressed tokens, with
     `programs_per_split` programs per split (the batch) on `sms` SMs (None:
     the interpreter: about TOKENS_PER_SPLIT tokens each, at most
-    DEFAULT_MAX_SPLITS). On a GPU, the count whose grid takes the least
-    time by waves: a wave of SPLIT_PROGRAMS_PER_SM programs an SM takes as
-    long as its longest split, in SPLIT_TILE-token tiles, plus a split's
-    fixed cost (SPLIT_COST_TILES); splits hold whole tiles and none is
-    empty. The time of a grid is a whole number of waves, so a count that
-    spills a few programs into another wave is never chosen."""
+    DEFAULT_MAX_SPLITS). On a GPU, splitk.wave_split_count's: the fewest
+    waves of SPLIT_PROGRAMS_PER_SM programs an SM times the longest split,
+    in SPLIT_TILE-token tiles plus SPLIT_COST_TILES."""
     if not sms:
         return splitk.split_count(longest, programs_per_split, per_split=TOKENS_PER_SPLIT, min_split=64,
                                   max_splits=DEFAULT_MAX_SPLITS, sms=None)
-    tiles = max(1, -(-longest // SPLIT_TILE))
-    slots = SPLIT_PROGRAMS_PER_SM * sms
-    best, best_cost = 1, None
-    for asked in range(1, min(DEFAULT_MAX_SPLITS, tiles) + 1):
-        per_split = -(-tiles // asked)
-        splits = -(-tiles // per_split)  # the splits that hold tiles
-        cost = -(-programs_per_split * splits // slots) * (per_split + SPLIT_COST_TILES)
-        if best_cost is None or cost < best_cost:  # ties keep the fewer splits (fewer partials to merge)
-            best, best_cost = splits, cost
-    return best
+    return splitk.wave_split_count(longest, programs_per_split, tile=SPLIT_TILE,
+                                   programs_per_sm=SPLIT_PROGRAMS_PER_SM, cost_tiles=SPLIT_COST_TILES,
+                                   max_splits=DEFAULT_MAX_SPLITS, sms=sms)

@@ -43,8 +43,16 @@ from kernels_py.ops.quant_decode.contract import DenseKV, QuantDecodeOutput, che
 from kernels_py.ops.splitk import _attend_tile, _group_queries, _store_split
 
 MAX_ROWS = 128  # query heads per kv head x query tokens, one program's rows
-TOKENS_PER_SPLIT = 512
+TOKENS_PER_SPLIT = 512  # default split size under the interpreter
 DEFAULT_MAX_SPLITS = 64
+# On a GPU the split count is chosen by waves (split_count): 128-slot tiles
+# (the picked configs' TILE), two stage-1 programs an SM (the 4-warp config
+# without a register cap holds two; any whole number of waves of two is at
+# most as many of three), and a split's fixed cost of about a tile (its
+# queries, its first tile's loads waited at HBM latency, its partial).
+SPLIT_TILE = 128
+SPLIT_PROGRAMS_PER_SM = 2
+SPLIT_COST_TILES = 1
 TILES = (64, 128)  # slots per tile the autotuner tries (the launcher may cap them: tile_cap)
 DEFAULT_WARPS, DEFAULT_STAGES = 4, 1  # one stage: the loops prefetch the next tile into registers themselves
 WIDE_ROWS = 64  # more rows than this (e.g. 32 query heads per kv head x 4 tokens) run on 8 warps: 4 spill
@@ -225,10 +233,8 @@ _stage1_tuned = triton.autotune(
 
 
 def default_num_splits(segments, dense: DenseKV) -> int:
-    """Splits per (sequence, kv head): about TOKENS_PER_SPLIT slots each for the
-    longest sequence, at most DEFAULT_MAX_SPLITS; on a GPU more (down to 128
-    slots each) while (kv heads x sequences x splits) would not fill two
-    waves of SMs (FlashDecoding's rule). One host sync."""
+    """Splits per (sequence, kv head) for the longest sequence's slots
+    (split_count). One host sync."""
     lengths = dense.length.to(torch.int64) + sum(seg.length.to(torch.int64) for seg in segments)
     longest = int(lengths.max()) if lengths.numel() else 0
     return split_count(longest, lengths.numel() * segments[0].kv_heads, splitk.sm_count(dense.length.device))
@@ -237,9 +243,18 @@ def default_num_splits(segments, dense: DenseKV) -> int:
 def split_count(longest: int, programs_per_split: int, sms: int | None) -> int:
     """The default split count for the longest sequence's slots, with
     `programs_per_split` programs per split (kv heads x sequences) on `sms`
-    SMs (None: the interpreter)."""
-    return splitk.split_count(longest, programs_per_split, per_split=TOKENS_PER_SPLIT, min_split=128,
-                              max_splits=DEFAULT_MAX_SPLITS, sms=sms)
+    SMs. Under the interpreter (sms None) about TOKENS_PER_SPLIT slots each,
+    at most DEFAULT_MAX_SPLITS; on a GPU splitk.wave_split_count's, the
+    fewest waves of SPLIT_PROGRAMS_PER_SM programs an SM times the longest
+    split (SPLIT_TILE-slot tiles plus SPLIT_COST_TILES): at 32K slots, 8
+    kv heads and 8 sequences 4 splits in one wave, where 64 of 512 slots
+    took 15.5 waves."""
+    if not sms:
+        return splitk.split_count(longest, programs_per_split, per_split=TOKENS_PER_SPLIT, min_split=128,
+                                  max_splits=DEFAULT_MAX_SPLITS, sms=None)
+    return splitk.wave_split_count(longest, programs_per_split, tile=SPLIT_TILE,
+                                   programs_per_sm=SPLIT_PROGRAMS_PER_SM, cost_tiles=SPLIT_COST_TILES,
+                                   max_splits=DEFAULT_MAX_SPLITS, sms=sms)
 
 
 def tile_cap(segments) -> int:

@@ -40,6 +40,11 @@ class Step:
     hi_bits: int = 4
     lo_bits: int = 2
     group: int = 64
+    splits: int = 0  # splits per (sequence, kv head) the step ran with; 0: the launcher's default (kernel.split_count)
+
+    def __post_init__(self):
+        if not 0 <= self.splits <= splitk.MAX_SPLITS:
+            raise ValueError(f"splits={self.splits} must be in [0, {splitk.MAX_SPLITS}] (0: the default)")
 
 
 def per_token_bytes(s: Step) -> dict:
@@ -144,7 +149,7 @@ def _work(s: Step, kernel_name: str, meta: dict, gpu) -> estimate.Work:
     b, hq, hk, d = s.batch, s.heads, s.kv_heads, s.head_dim
     hi, lo = segment_slots(s)
     total = hi + lo + s.dense
-    splits = kernel.split_count(total, b * hk, gpu.sms)
+    splits = s.splits or kernel.split_count(total, b * hk, gpu.sms)
     tokens = b * (s.context + s.dense)
     part_bytes = b * hq * splits * (d + 1) * 4
     if kernel_name == "_stage1_kernel":
