@@ -37,7 +37,7 @@ def _group_queries(Q, QPos, kv_head, b, stride_qb, stride_qh, stride_qm, stride_
 
 @triton.jit
 def _attend_tile(q, k, v, pos, tok_mask, q_pos, row_mask, m_i, l_i, acc, qk_scale, QK_DT: tl.constexpr,
-                 q_pos0=0, ONE_QUERY: tl.constexpr = False):
+                 q_pos0=0, ONE_QUERY: tl.constexpr = False, K_TRANSPOSED: tl.constexpr = False):
     """One tile of grouped decode: the rows q [ROWS, D] score the tile's keys
     k [N, D] (a token is visible to a row at or after its position), and the
     online softmax takes in the values v [N, D]. Returns m_i, l_i, acc.
@@ -48,8 +48,12 @@ def _attend_tile(q, k, v, pos, tok_mask, q_pos, row_mask, m_i, l_i, acc, qk_scal
     multiply); rows past the real ones keep finite scores that
     _store_split never stores. A hidden key's score is added to -inf rather
     than replaced, so keys must be finite (dequantized codes and cached rows
-    are)."""
-    s = tl.dot(q, tl.trans(k.to(QK_DT)), input_precision="ieee")
+    are). K_TRANSPOSED: k is given as [D, N], the MMA's operand as it is
+    (no transpose, which Triton would fold into a shared-memory copy)."""
+    if K_TRANSPOSED:
+        s = tl.dot(q, k.to(QK_DT), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k.to(QK_DT)), input_precision="ieee")
     if ONE_QUERY:
         s = s * qk_scale + tl.where((pos <= q_pos0) & tok_mask, 0.0, float("-inf"))[None, :]
     else:

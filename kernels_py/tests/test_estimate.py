@@ -587,7 +587,7 @@ def test_the_quantized_decode_unpacks_without_shuffles(report):
     """The quantized decode's tiles unpack in the registers of the threads
     that loaded their words (kv_quant's channel-pair layout, rows in
     tile_slots order) and reach the MMAs through one vectorized store and
-    ldmatrix: at 32K tokens it issues under 400 warp-instructions a token
+    ldmatrix, or, keys in the KEY_OPERAND config, from registers: at 32K tokens it issues under 400 warp-instructions a token
     (609 when pairs were joined, permuted and stored to shared memory 16
     bits at a time) and under 50 of them shared-memory ones (79 then)."""
     estimates = [r for r in report["estimates"] if r["op"] == "quant_decode"]
@@ -598,6 +598,13 @@ def test_the_quantized_decode_unpacks_without_shuffles(report):
         picked = next(c for c in stage1["configs"] if c["picked"])
         assert picked["instructions_per_token"] < 400, picked["instructions_per_token"]
         assert picked["by_class_per_token"]["shared"] < 50, picked["by_class_per_token"]
+        # With its keys as the QK MMA's operand from registers, the 128-slot tile stores and reads no key
+        # through shared memory: 19 shared-memory instructions a token where the same tile staging its keys
+        # issues 29, and its load/store pipe's floor is a quarter lower.
+        configs = {c["config"]: c for c in stage1["configs"]}
+        staged, operand = configs["TILE=128 w4 s1"], configs["KEY_OPERAND=True TILE=128 w4 s1"]
+        assert operand["by_class_per_token"]["shared"] < 0.75 * staged["by_class_per_token"]["shared"]
+        assert operand["floors_us"]["load/store"] < 0.8 * staged["floors_us"]["load/store"]
 
 
 def test_the_fused_kernel_is_seen_as_its_code_stands(report):

@@ -11,8 +11,10 @@ import triton.language as tl
 from kernels_py.ops import common, kv_quant
 from kernels_py.ops.kv_quant import reference as ref
 from kernels_py.ops.kv_quant.cases import error_over_bound, random_kv
-from kernels_py.ops.kv_quant.kernel import (_field_masks, _shifted_copies, code_pairs, copy_fields, dequantize_keys,
-                                             dequantize_values, load_tile, tile_slots)
+from kernels_py.ops.kv_quant.kernel import (
+    OPERAND_TILE, _field_masks, _shifted_copies, code_pairs, copy_fields, dequantize_key_operand, dequantize_keys,
+    dequantize_values, key_operand_channels, key_operand_slots, load_key_operand, load_tile, load_value_scales,
+    load_value_words, operand_value_rows, tile_slots)
 
 FIELDS = ("k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero", "pos", "length")
 
@@ -241,22 +243,47 @@ def _decode_tile_kernel(KC, KS, KZ, VC, VS, VZ, KOut, VOut,
     tl.store(VOut + out, v.to(tl.float32))
 
 
+@triton.jit
+def _key_operand_kernel(KC, KS, KZ, VC, VS, VZ, KOut, VOut,
+                        stride_kcw, stride_kcd, stride_ksg, stride_ksd, stride_vcw, stride_vcd, stride_vsn,
+                        stride_vsg, head_dim, BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_D: tl.constexpr,
+                        DT: tl.constexpr, ON_GPU: tl.constexpr):
+    """The same for quant_decode's KEY_OPERAND tiles (128 slots):
+    load_key_operand and dequantize_key_operand's keys [k, columns] stored
+    at (slot, channel) (key_operand_slots, key_operand_channels), and the
+    value rows in operand_value_rows' order at their slots."""
+    start = tl.program_id(0) * 128
+    end = start + 128
+    k_words, k_scale, k_zero = load_key_operand(KC, KS, KZ, start, end, stride_kcw, stride_kcd, stride_ksg,
+                                                stride_ksd, head_dim, BITS, GROUP, BLOCK_D)
+    kt = dequantize_key_operand(k_words, k_scale, k_zero, BITS, BLOCK_D, DT, ON_GPU)
+    v_words = load_value_words(VC, start, end, stride_vcw, stride_vcd, head_dim, BITS, 128, BLOCK_D)
+    v_scale, v_zero = load_value_scales(VS, VZ, start, end, stride_vsn, stride_vsg, head_dim, BITS, GROUP, 128,
+                                        BLOCK_D)
+    v = operand_value_rows(dequantize_values(v_words, v_scale, v_zero, BITS, GROUP, 128, BLOCK_D, DT, ON_GPU),
+                           BITS, BLOCK_D)
+    slot = start + key_operand_slots(BITS)
+    tl.store(KOut + slot[None, :] * BLOCK_D + key_operand_channels(BLOCK_D)[:, None], kt.to(tl.float32))
+    tl.store(VOut + slot[:, None] * BLOCK_D + tl.arange(0, BLOCK_D)[None, :], v.to(tl.float32))
+
+
 # bf16 on a GPU only: the interpreter cannot build bf16 constants, and its
 # dots upcast bf16 to float32 (common.upcast_for_dot), so no bf16 tile is
 # ever made there.
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16]
                          + ([] if common.interpreter_mode() else [torch.bfloat16]), ids=str)
-@pytest.mark.parametrize("tile", ["in-group", 128])
+@pytest.mark.parametrize("tile", ["in-group", 128, "operand"])
 @pytest.mark.parametrize("group", [32, 64, 128])
 @pytest.mark.parametrize("bits", [2, 4])
 def test_decode_tiles_dequantize_as_the_reference(bits, group, tile, dtype, device):
     """The device functions quant_decode builds its tiles with (on a GPU its
     16-bit PTX), on tiles inside one key group (64 slots where the group
-    allows) and on 128-slot tiles spanning groups: the reference's float32
-    values exactly, every slot in the row tile_slots gives it, or within
-    the 16-bit roundings of the product and the sum."""
+    allows), on 128-slot tiles spanning groups and on KEY_OPERAND tiles
+    (keys transposed, channels permuted): the reference's float32 values
+    exactly, every slot and channel where the tile's order puts it, or
+    within the 16-bit roundings of the product and the sum."""
     head_dim = 96 if group == 32 else 128
-    block_n = min(64, group) if tile == "in-group" else tile
+    block_n = {"in-group": min(64, group), "operand": OPERAND_TILE}.get(tile, tile)
     slots = 2 * max(group, block_n)
     k, v, pos, length = random_kv(batch=1, kv_heads=1, slots=slots, head_dim=head_dim, lengths=[slots],
                                   dtype=torch.float32, seed=bits * group)
@@ -267,11 +294,15 @@ def test_decode_tiles_dequantize_as_the_reference(bits, group, tile, dtype, devi
     got_v = torch.full_like(got_k, float("nan"))
     first = lambda t: t[0, 0]  # noqa: E731
     dt = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}[dtype]
-    _decode_tile_kernel[(slots // block_n,)](
-        first(seg.k_codes), first(seg.k_scale), first(seg.k_zero), first(seg.v_codes), first(seg.v_scale),
-        first(seg.v_zero), got_k, got_v, *first(seg.k_codes).stride(), *first(seg.k_scale).stride(),
-        *first(seg.v_codes).stride(), *first(seg.v_scale).stride(), head_dim,
-        BITS=bits, GROUP=group, BLOCK_N=block_n, BLOCK_D=block_d, DT=dt, ON_GPU=got_k.is_cuda)
+    args = (first(seg.k_codes), first(seg.k_scale), first(seg.k_zero), first(seg.v_codes), first(seg.v_scale),
+            first(seg.v_zero), got_k, got_v, *first(seg.k_codes).stride(), *first(seg.k_scale).stride(),
+            *first(seg.v_codes).stride(), *first(seg.v_scale).stride(), head_dim)
+    if tile == "operand":
+        _key_operand_kernel[(slots // block_n,)](*args, BITS=bits, GROUP=group, BLOCK_D=block_d, DT=dt,
+                                                 ON_GPU=got_k.is_cuda)
+    else:
+        _decode_tile_kernel[(slots // block_n,)](*args, BITS=bits, GROUP=group, BLOCK_N=block_n, BLOCK_D=block_d,
+                                                 DT=dt, ON_GPU=got_k.is_cuda)
     zeros = (first(seg.k_zero).float().cpu().repeat_interleave(group, 0),
              first(seg.v_zero).float().cpu().repeat_interleave(group, 1))
     for got, want, zero in ((got_k, want_k, zeros[0]), (got_v, want_v, zeros[1])):

@@ -51,15 +51,17 @@ MATCH = [pytest.param(name, d.values[0], id=f"{d.id}-{name}") for name in sorted
 
 @pytest.mark.parametrize("name,dtype", MATCH)
 def test_matches_attention_over_the_dequantized_cache(name, dtype, device):
-    """The autotuner's pick on a GPU (None) and every tile size it may
-    pick (tile_cap lowers both to 32 slots in groups_32_64), one split or
+    """The autotuner's pick on a GPU (None) and every tile it may pick
+    (tile_cap lowers them to 32 slots in groups_32_64; 128-slot tiles with
+    their keys as the MMA operand from registers or not), one split or
     three (splits that start inside a segment, and segments whose last tile
     is partial)."""
     q, q_pos, segs, dense = case(device, dtype, name)
     want = op.reference.quant_decode(q, q_pos, segs, dense)
     for splits in (1, 3):
-        for tile in (None, *qkernel.TILES):
-            check(op.quant_decode(q, q_pos, segs, dense, num_splits=splits, tile=tile), want, dtype)
+        for tile, key_operand in ((None, None), (64, None), (128, True), (128, False)):
+            check(op.quant_decode(q, q_pos, segs, dense, num_splits=splits, tile=tile, key_operand=key_operand),
+                  want, dtype)
 
 
 def test_tiles_span_key_groups_only_from_a_group_start():

@@ -247,24 +247,45 @@ def load_tile(KC, KS, KZ, VC, VS, VZ, start, end, stride_kcw, stride_kcd, stride
     offs_j = tl.arange(0, BLOCK_D // 2)
     j_mask = (offs_j[None, :] < head_dim // 2) & (row * H < end)[:, None]
     k_words = tl.load(KC + word_offsets(row, offs_j, head_dim, stride_kcw, stride_kcd), mask=j_mask, other=0)
-    v_words = tl.load(VC + word_offsets(row, offs_j, head_dim, stride_vcw, stride_vcd), mask=j_mask, other=0)
+    v_words = load_value_words(VC, start, end, stride_vcw, stride_vcd, head_dim, BITS, BLOCK_N, BLOCK_D)
     offs_d = offs_j[:, None] * 2 + tl.arange(0, 2)[None, :]
     k_group = start // GROUP + tl.arange(0, KG)
     k_at = k_group[:, None, None] * stride_ksg + offs_d[None, :, :] * stride_ksd
     d_mask = (offs_d < head_dim)[None, :, :] & (k_group * GROUP < end)[:, None, None]
     k_scale = tl.load(KS + k_at, mask=d_mask, other=0.0)
     k_zero = tl.load(KZ + k_at, mask=d_mask, other=0.0)
-    slot = start + tl.arange(0, R)[:, None] * H + tl.arange(0, H)[None, :]
-    offs_g = tl.arange(0, BLOCK_D // GROUP)
-    v_at = slot[:, None, :] * stride_vsn + offs_g[None, :, None] * stride_vsg
-    s_mask = (offs_g[None, :, None] < head_dim // GROUP) & (slot < end)[:, None, :]
-    v_scale = tl.load(VS + v_at, mask=s_mask, other=0.0)
-    v_zero = tl.load(VZ + v_at, mask=s_mask, other=0.0)
+    v_scale, v_zero = load_value_scales(VS, VZ, start, end, stride_vsn, stride_vsg, head_dim, BITS, GROUP, BLOCK_N,
+                                        BLOCK_D)
     return k_words, k_scale, k_zero, v_words, v_scale, v_zero
 
 
 @triton.jit
-def copy_fields(BITS: tl.constexpr, DT: tl.constexpr):
+def load_value_words(VC, start, end, stride_vcw, stride_vcd, head_dim, BITS: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_D: tl.constexpr):
+    """load_tile's value words [BLOCK_N / H, BLOCK_D / 2]."""
+    H: tl.constexpr = 16 // BITS
+    R: tl.constexpr = BLOCK_N // H
+    row = start // H + tl.arange(0, R)
+    offs_j = tl.arange(0, BLOCK_D // 2)
+    j_mask = (offs_j[None, :] < head_dim // 2) & (row * H < end)[:, None]
+    return tl.load(VC + word_offsets(row, offs_j, head_dim, stride_vcw, stride_vcd), mask=j_mask, other=0)
+
+
+@triton.jit
+def load_value_scales(VS, VZ, start, end, stride_vsn, stride_vsg, head_dim, BITS: tl.constexpr, GROUP: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """load_tile's value scales and zeros [BLOCK_N / H, BLOCK_D / GROUP, H]."""
+    H: tl.constexpr = 16 // BITS
+    R: tl.constexpr = BLOCK_N // H
+    slot = start + tl.arange(0, R)[:, None] * H + tl.arange(0, H)[None, :]
+    offs_g = tl.arange(0, BLOCK_D // GROUP)
+    v_at = slot[:, None, :] * stride_vsn + offs_g[None, :, None] * stride_vsg
+    s_mask = (offs_g[None, :, None] < head_dim // GROUP) & (slot < end)[:, None, :]
+    return tl.load(VS + v_at, mask=s_mask, other=0.0), tl.load(VZ + v_at, mask=s_mask, other=0.0)
+
+
+@triton.jit
+def copy_fields(BITS: tl.constexpr, DT: tl.constexpr, COPIES: tl.constexpr = 0):
     """Each of a word's H = 16 / BITS copies (copy h unpacks bit field h of
     both halves, tile_slots' slot h of a word) for a tile in DT: how far it
     is shifted right and the bit where its field then starts, [H] each.
@@ -272,20 +293,21 @@ def copy_fields(BITS: tl.constexpr, DT: tl.constexpr):
     in fp16, 7 in bf16) stay where they are, the others move down in runs
     of F = FIT // BITS fields, so a word takes ceil(H / F) - 1 shifts (fp16:
     one, where a shift per field took H - 1: 7 for 2-bit codes, 3 for 4-bit
-    ones). float32 moves every field to bit 0."""
+    ones). float32 moves every field to bit 0. COPIES: the first COPIES
+    fields only (default all H; the key operand takes 4 of a 2-bit word's)."""
     FIT: tl.constexpr = 10 if DT == tl.float16 else (7 if DT == tl.bfloat16 else BITS)
     F: tl.constexpr = FIT // BITS
-    h = tl.arange(0, 16 // BITS)
+    h = tl.arange(0, COPIES if COPIES else 16 // BITS)
     return (h // F) * (F * BITS), (h % F) * BITS
 
 
 @triton.jit
-def _field_masks(BITS: tl.constexpr, DT: tl.constexpr):
+def _field_masks(BITS: tl.constexpr, DT: tl.constexpr, COPIES: tl.constexpr = 0):
     """Per copy h [H]: the mask of its field in both halves of a shifted
     word, and the 16-bit float 2^(M - at) (M mantissa bits, `at` where the
     field starts) in both halves, whose mantissa the field fills: OR-ed in,
     the half reads 2^(M - at) + code exactly."""
-    _, at = copy_fields(BITS, DT)
+    _, at = copy_fields(BITS, DT, COPIES)
     lanes = (tl.full(at.shape, (1 << BITS) - 1, tl.int32) << at) * 0x10001
     if DT == tl.float16:
         magic = ((15 + 10 - at) << 10) * 0x10001  # fp16: exponent bias 15, 10 mantissa bits
@@ -295,7 +317,7 @@ def _field_masks(BITS: tl.constexpr, DT: tl.constexpr):
 
 
 @triton.jit
-def code_pairs(shifted, BITS: tl.constexpr, DT: tl.constexpr):
+def code_pairs(shifted, BITS: tl.constexpr, DT: tl.constexpr, COPIES: tl.constexpr = 0):
     """Copies of packed words [..., H] (_shifted_copies, last axis the copy)
     -> [..., H, 2] DT (fp16 or bf16): the codes of each copy's field in the
     low and the high half, exactly. A mask and an OR put both codes in the
@@ -307,7 +329,7 @@ def code_pairs(shifted, BITS: tl.constexpr, DT: tl.constexpr):
     costs a conversion each. The layout keeps two neighbouring channels in
     a word's halves, so the pairs come out in the order the tile needs:
     nothing is permuted afterwards."""
-    lanes, magic = _field_masks(BITS, DT)
+    lanes, magic = _field_masks(BITS, DT, COPIES)
     t = (shifted & lanes) | magic
     powers = tl.join(magic & 0xFFFF, magic & 0xFFFF).to(tl.int16).to(DT, bitcast=True)  # [H, 2]
     pair = tl.join(t.to(tl.int16).to(DT, bitcast=True), (t >> 16).to(tl.int16).to(DT, bitcast=True))
@@ -315,13 +337,13 @@ def code_pairs(shifted, BITS: tl.constexpr, DT: tl.constexpr):
 
 
 @triton.jit
-def _pairs(shifted, BITS: tl.constexpr, DT: tl.constexpr):
+def _pairs(shifted, BITS: tl.constexpr, DT: tl.constexpr, COPIES: tl.constexpr = 0):
     """The channel pairs of shifted words in DT: float32 exactly as
     reference.dequantize converts codes, 16-bit by code_pairs."""
     if DT == tl.float32:
         return codes_to_float(split_pairs(shifted, BITS))
     else:
-        return code_pairs(shifted, BITS, DT)
+        return code_pairs(shifted, BITS, DT, COPIES)
 
 
 @triton.jit
@@ -341,7 +363,8 @@ def _shifted_copies(words, BITS: tl.constexpr, DT: tl.constexpr):
 
 
 @triton.jit
-def _scaled_pairs(shifted, scale, zero, BITS: tl.constexpr, DT: tl.constexpr, ON_GPU: tl.constexpr):
+def _scaled_pairs(shifted, scale, zero, BITS: tl.constexpr, DT: tl.constexpr, ON_GPU: tl.constexpr,
+                  COPIES: tl.constexpr = 0):
     """Copies of words [..., H] (_shifted_copies, last axis the copy) and
     the scales and zeros of their channel pairs [..., H, 2] (broadcastable)
     -> code * scale + zero [..., H, 2] in DT (float32: exactly
@@ -359,7 +382,7 @@ def _scaled_pairs(shifted, scale, zero, BITS: tl.constexpr, DT: tl.constexpr, ON
     moves instead of ldmatrix."""
     if ON_GPU and DT != tl.float32:
         words = tl.join(shifted, shifted)
-        lanes, magic = _field_masks(BITS, DT)
+        lanes, magic = _field_masks(BITS, DT, COPIES)
         args = [words, tl.broadcast_to(scale.to(DT), words.shape), tl.broadcast_to(zero.to(DT), words.shape),
                 tl.zeros(words.shape, tl.int32) + lanes[:, None], tl.zeros(words.shape, tl.int32) + magic[:, None]]
         # Two elements a call: $1 and $2 are the same shifted word, $3 and
@@ -381,7 +404,7 @@ def _scaled_pairs(shifted, scale, zero, BITS: tl.constexpr, DT: tl.constexpr, ON
                 "fma.rn.bf16x2 $0, t, $3, $4; }", "=r,r,r,r,r,r,r,r,r", args, dtype=tl.bfloat16, is_pure=False,
                 pack=2)
     else:
-        return _pairs(shifted, BITS, DT) * scale.to(DT) + zero.to(DT)
+        return _pairs(shifted, BITS, DT, COPIES) * scale.to(DT) + zero.to(DT)
 
 
 @triton.jit
@@ -414,6 +437,151 @@ def dequantize_values(v_words, v_scale, v_zero, BITS: tl.constexpr, GROUP: tl.co
     v = _scaled_pairs(shifted, v_scale[:, :, None, :, None], v_zero[:, :, None, :, None], BITS, DT, ON_GPU)
     v = tl.reshape(v, [R, BLOCK_D // 2, H, 2])
     return tl.reshape(tl.permute(v, (2, 0, 1, 3)), [BLOCK_N, BLOCK_D])
+
+
+# The key tile as the QK MMA's operand, straight from registers. Triton keeps
+# a dot operand in registers when the tile's layout is the operand's up to a
+# permutation of each thread's registers; otherwise it stages the tile in
+# shared memory (a store and an ldmatrix read of every element). The B
+# operand of mma.sync for 16-bit types, at the k-width Triton gives them
+# here (2: a register holds two neighbouring k of one column), with one
+# 16-row MMA tile and 4 warps side by side, is the keys transposed [k,
+# slots], the thread of warp w and lane l holding the columns 32i + 8w +
+# l // 4 (i < 4) and the k 8m + 2 (l % 4) + c (c < 2, m < BLOCK_D / 8). k
+# need not be the channel: attention is the same under any permutation of
+# the channels applied to queries and keys alike, so k 8m + 2 (l % 4) + c
+# is channel (BLOCK_D / 4) (l % 4) + 2m + c (key_operand_channels), and a
+# thread's channels are one contiguous run: its words (channel pairs) and
+# key scales load 16 bytes at a time. Its columns are the slots of one row
+# of words: all 4 of a 4-bit word's, 4 of a 2-bit word's 8 (fields
+# 4 (w // 2) + i; warps w and w + 2 load the same words). The tile holds
+# OPERAND_N slots and its dot runs on OPERAND_WARPS warps (others work,
+# staged through shared memory).
+OPERAND_TILE = 128
+OPERAND_N = tl.constexpr(OPERAND_TILE)  # the same, for the kernels
+OPERAND_WARPS = 4
+
+
+@triton.jit
+def _operand_rows(BITS: tl.constexpr):
+    """The key operand's word row (in the tile) of each thread, [1, 8 (l //
+    4), 4 (w), 1, 1], and the first of the thread's 4 fields in it [1, 1, 4,
+    1, 1] (load_key_operand's dims)."""
+    lh = tl.arange(0, 8)[None, :, None, None, None]
+    w = tl.arange(0, 4)[None, None, :, None, None]
+    if BITS == 4:
+        return 8 * w + lh, w * 0
+    else:
+        return 8 * (w % 2) + lh, 4 * (w // 2)
+
+
+@triton.jit
+def key_operand_slots(BITS: tl.constexpr):
+    """The slot (from the tile's first) of each column of the key operand
+    (dequantize_key_operand): column 32i + 8w + l//4 is field i of its
+    thread's word row. Positions, and the value tile's rows, are loaded in
+    this order (attention does not depend on slot order); for 4-bit codes
+    it is tile_slots'."""
+    H: tl.constexpr = 16 // BITS
+    n = tl.arange(0, OPERAND_N)
+    w = (n // 8) % 4
+    lh = n % 8
+    i = n // 32
+    if BITS == 4:
+        return H * (8 * w + lh) + i
+    else:
+        return H * (8 * (w % 2) + lh) + 4 * (w // 2) + i
+
+
+@triton.jit
+def key_operand_channels(BLOCK_D: tl.constexpr):
+    """The channel of each k (row) of the key operand [BLOCK_D]: k 8m + 2a + c
+    is channel (BLOCK_D / 4) a + 2m + c. The queries are loaded so."""
+    k = tl.arange(0, BLOCK_D)
+    return (BLOCK_D // 4) * ((k // 2) % 4) + 2 * (k // 8) + k % 2
+
+
+@triton.jit
+def load_key_operand(KC, KS, KZ, start, end, stride_kcw, stride_kcd, stride_ksg, stride_ksd, head_dim,
+                     BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The key words, scales and zeros of the OPERAND_N-slot tile at `start`
+    (a multiple of OPERAND_N, or of GROUP where that is smaller), each
+    thread's own (see OPERAND_N): words [4 (l % 4), 8 (l // 4), 4 (w), MH, 4]
+    int32, channel pairs (BLOCK_D / 8) (l % 4) + 4 mh + ml (MH = BLOCK_D /
+    32), and the scales and zeros of their channels [4, 8, 4, MH, 4, 2];
+    slots at or past `end` and channels past head_dim are not read. In this
+    order of dims Triton's coalescing gives each thread 4 contiguous words
+    (scales: 8 halves) a load, the lanes over (l % 4, l // 4) and the warps
+    over w."""
+    H: tl.constexpr = 16 // BITS
+    MH: tl.constexpr = BLOCK_D // 32
+    rows, _ = _operand_rows(BITS)
+    row = start // H + rows
+    ll = tl.arange(0, 4)[:, None, None, None, None]
+    pair = (BLOCK_D // 8) * ll + 4 * tl.arange(0, MH)[None, None, None, :, None] + tl.arange(0, 4)
+    mask = (pair < head_dim // 2) & (row * H < end)
+    at = (row // 2) * stride_kcw + ((row % 2) * (head_dim // 2) + pair) * stride_kcd
+    # Masked-off words are left unread: their scales and zeros are 0, so they
+    # dequantize to 0 whatever they hold (and no register is zeroed first).
+    words = tl.load(KC + at, mask=mask)
+    group = row * H // GROUP  # a word's slots lie in one group
+    channel = 2 * ((BLOCK_D // 8) * ll + 4 * tl.arange(0, MH)[None, None, None, :, None]) + tl.arange(0, 8)
+    s_at = group * stride_ksg + channel * stride_ksd
+    s_mask = (channel < head_dim) & (group * GROUP < end)
+    scale = tl.reshape(tl.load(KS + s_at, mask=s_mask, other=0.0), [4, 8, 4, MH, 4, 2])
+    zero = tl.reshape(tl.load(KZ + s_at, mask=s_mask, other=0.0), [4, 8, 4, MH, 4, 2])
+    return words, _pack_halves(scale), _pack_halves(zero)
+
+
+@triton.jit
+def _pack_halves(x):
+    """16-bit pairs [..., 2] -> int32 [...] holding them (low half first): a
+    prefetched tile's scales cross the loop as whole registers, not as
+    halves the compiler repacks every iteration."""
+    lo, hi = tl.split(x)
+    return (lo.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) | (hi.to(tl.int16, bitcast=True).to(tl.int32) << 16)
+
+
+@triton.jit
+def _unpack_halves(x, DT: tl.constexpr):
+    """_pack_halves undone: int32 [...] -> [..., 2] in DT (a 16-bit float)."""
+    lo = (x & 0xFFFF).to(tl.int16).to(DT, bitcast=True)
+    hi = (x >> 16).to(tl.int16).to(DT, bitcast=True)
+    return tl.join(lo, hi)
+
+
+@triton.jit
+def dequantize_key_operand(words, scale, zero, BITS: tl.constexpr, BLOCK_D: tl.constexpr, DT: tl.constexpr,
+                           ON_GPU: tl.constexpr):
+    """Keys transposed [BLOCK_D, OPERAND_N] in DT, rows in
+    key_operand_channels' order and columns in key_operand_slots', from
+    load_key_operand's words, scales and zeros: each thread unpacks its
+    words' 4 fields of its own slots in place (_scaled_pairs), and the dims
+    are only relabelled into [k, slots], so on 4 warps the tile is the QK
+    MMA's B operand as it lies in the registers."""
+    MH: tl.constexpr = BLOCK_D // 32
+    _, first = _operand_rows(BITS)
+    x = tl.join(tl.join(words, words), tl.join(words, words))
+    x = tl.reshape(x, [4, 8, 4, MH, 4, 4]) >> (BITS * first)[:, :, :, :, :, None]
+    shift, _ = copy_fields(BITS, DT, 4)
+    scale = _unpack_halves(scale, tl.float16)[:, :, :, :, :, None, :]
+    zero = _unpack_halves(zero, tl.float16)[:, :, :, :, :, None, :]
+    k = _scaled_pairs(x >> shift, scale, zero, BITS, DT, ON_GPU, 4)  # [l % 4, l // 4, w, mh, ml, i, c]
+    # k 8 (4 mh + ml) + 2 (l % 4) + c, slots 32i + 8w + l // 4
+    return tl.reshape(tl.permute(k, (3, 4, 0, 6, 5, 2, 1)), [BLOCK_D, OPERAND_N])
+
+
+@triton.jit
+def operand_value_rows(v, BITS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """A value tile of OPERAND_N rows in tile_slots' order (dequantize_values)
+    reordered to key_operand_slots' (the same for 4-bit codes)."""
+    if BITS == 4:
+        return v
+    else:
+        # tile_slots row 16h + r holds slot 8r + h; column 32i + 8w + l//4 holds
+        # slot 8r + h with r = 8 (w % 2) + l // 4, h = 4 (w // 2) + i.
+        v = tl.reshape(v, [2, 4, 2, 8, BLOCK_D])  # [w // 2, i, w % 2, l // 4]
+        return tl.reshape(tl.permute(v, (1, 0, 2, 3, 4)), [OPERAND_N, BLOCK_D])
 
 
 # ----------------------------------------------------------------------------

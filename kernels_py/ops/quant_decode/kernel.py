@@ -26,7 +26,11 @@ slots in a fixed permutation (kv_quant.kernel.tile_slots) so those
 registers are already the rows Triton lays the tile out in; positions load
 in the same order, and attention does not depend on slot order. The fp16
 tile then goes to the MMAs through one vectorized shared-memory store and
-ldmatrix. With one query token (decode) which slots the rows see is one
+ldmatrix; or, in the KEY_OPERAND config (128-slot tiles on 4 warps), the
+keys go to the QK MMA from registers, each thread having loaded exactly
+the words, key scales and zeros of its part of the operand, channels
+permuted in the queries and keys alike (kv_quant.kernel's
+load_key_operand). With one query token (decode) which slots the rows see is one
 column mask added to the scores (splitk._attend_tile's ONE_QUERY). Stage 2
 merges the splits (ops.splitk).
 
@@ -38,7 +42,10 @@ import triton
 import triton.language as tl
 
 from kernels_py.ops import common, splitk
-from kernels_py.ops.kv_quant.kernel import PAD, dequantize_keys, dequantize_values, load_tile, tile_slots
+from kernels_py.ops.kv_quant.kernel import (
+    OPERAND_N, OPERAND_TILE, OPERAND_WARPS, PAD, dequantize_key_operand, dequantize_keys, dequantize_values, key_operand_channels,
+    key_operand_slots, load_key_operand, load_tile, load_value_scales, load_value_words, operand_value_rows,
+    tile_slots)
 from kernels_py.ops.quant_decode.contract import DenseKV, QuantDecodeOutput, check_inputs
 from kernels_py.ops.splitk import _attend_tile, _group_queries, _store_split
 
@@ -67,22 +74,46 @@ def _segment_range(lo, hi, seg_start, seg_len):
 
 
 @triton.jit
+def _load_operand_tile(KC, KS, KZ, VC, VS, VZ, start, end, stride_kcw, stride_kcd, stride_ksg, stride_ksd,
+                       stride_vcw, stride_vcd, stride_vsn, stride_vsg, head_dim, BITS: tl.constexpr,
+                       GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """load_tile's tuple for a tile whose keys are the MMA operand:
+    load_key_operand's key words, scales and zeros, then the value ones."""
+    k_words, k_scale, k_zero = load_key_operand(KC, KS, KZ, start, end, stride_kcw, stride_kcd, stride_ksg,
+                                                stride_ksd, head_dim, BITS, GROUP, BLOCK_D)
+    v_words = load_value_words(VC, start, end, stride_vcw, stride_vcd, head_dim, BITS, BLOCK_N, BLOCK_D)
+    v_scale, v_zero = load_value_scales(VS, VZ, start, end, stride_vsn, stride_vsg, head_dim, BITS, GROUP, BLOCK_N,
+                                        BLOCK_D)
+    return k_words, k_scale, k_zero, v_words, v_scale, v_zero
+
+
+@triton.jit
 def _attend_quantized(q, q_pos, q_pos0, row_mask, m_i, l_i, acc, lo, hi,
                       KC, KS, KZ, VC, VS, VZ, Pos,
                       stride_kcw, stride_kcd, stride_ksg, stride_ksd, stride_vcw, stride_vcd, stride_vsn,
                       stride_vsg, stride_pn, qk_scale, head_dim,
                       BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                      QK_DT: tl.constexpr, ON_GPU: tl.constexpr, ONE_QUERY: tl.constexpr):
+                      QK_DT: tl.constexpr, ON_GPU: tl.constexpr, ONE_QUERY: tl.constexpr,
+                      KEY_OPERAND: tl.constexpr):
     """Online softmax over the slots [lo, hi) of one quantized segment (of one
     kv head of one sequence); lo starts a key group or is a multiple of
-    BLOCK_N (tile_cap), and hi is a multiple of 16 / BITS. A tile's rows are
-    its slots in kv_quant's tile_slots order, positions included. The next
-    tile's words are loaded before this tile is unpacked, so their latency
-    hides behind this tile's work (registers, not shared memory: a few words
-    a thread)."""
-    offs_t = tile_slots(BITS, BLOCK_N)
-    nxt = load_tile(KC, KS, KZ, VC, VS, VZ, lo, hi, stride_kcw, stride_kcd, stride_ksg, stride_ksd, stride_vcw,
-                    stride_vcd, stride_vsn, stride_vsg, head_dim, BITS, GROUP, BLOCK_N, BLOCK_D)
+    BLOCK_N (tile_cap), and hi is a multiple of 16 / BITS. The next tile's
+    words are loaded before this tile is unpacked, so their latency hides
+    behind this tile's work (registers, not shared memory: a few words a
+    thread). KEY_OPERAND (128-slot tiles): the keys are the QK MMA's operand
+    straight from registers (kv_quant's load_key_operand), q's channels in
+    key_operand_channels' order, the columns, the value tile's rows and the
+    positions in key_operand_slots'; otherwise keys and values unpack alike,
+    rows in tile_slots' order."""
+    if KEY_OPERAND:
+        offs_t = key_operand_slots(BITS)
+        nxt = _load_operand_tile(KC, KS, KZ, VC, VS, VZ, lo, hi, stride_kcw, stride_kcd, stride_ksg, stride_ksd,
+                                 stride_vcw, stride_vcd, stride_vsn, stride_vsg, head_dim, BITS, GROUP, BLOCK_N,
+                                 BLOCK_D)
+    else:
+        offs_t = tile_slots(BITS, BLOCK_N)
+        nxt = load_tile(KC, KS, KZ, VC, VS, VZ, lo, hi, stride_kcw, stride_kcd, stride_ksg, stride_ksd, stride_vcw,
+                        stride_vcd, stride_vsn, stride_vsg, head_dim, BITS, GROUP, BLOCK_N, BLOCK_D)
     pos_nxt = tl.load(Pos + (lo + offs_t) * stride_pn, mask=lo + offs_t < hi, other=PAD)
     for start in range(lo, hi, BLOCK_N):
         k_words, k_scale, k_zero, v_words, v_scale, v_zero = nxt
@@ -90,12 +121,20 @@ def _attend_quantized(q, q_pos, q_pos0, row_mask, m_i, l_i, acc, lo, hi,
         tok_mask = start + offs_t < hi
         ahead = start + BLOCK_N
         pos_nxt = tl.load(Pos + (ahead + offs_t) * stride_pn, mask=ahead + offs_t < hi, other=PAD)
-        nxt = load_tile(KC, KS, KZ, VC, VS, VZ, ahead, hi, stride_kcw, stride_kcd, stride_ksg, stride_ksd,
-                        stride_vcw, stride_vcd, stride_vsn, stride_vsg, head_dim, BITS, GROUP, BLOCK_N, BLOCK_D)
-        k = dequantize_keys(k_words, k_scale, k_zero, BITS, GROUP, BLOCK_N, BLOCK_D, QK_DT, ON_GPU)
-        v = dequantize_values(v_words, v_scale, v_zero, BITS, GROUP, BLOCK_N, BLOCK_D, QK_DT, ON_GPU)
+        if KEY_OPERAND:
+            nxt = _load_operand_tile(KC, KS, KZ, VC, VS, VZ, ahead, hi, stride_kcw, stride_kcd, stride_ksg,
+                                     stride_ksd, stride_vcw, stride_vcd, stride_vsn, stride_vsg, head_dim, BITS,
+                                     GROUP, BLOCK_N, BLOCK_D)
+            k = dequantize_key_operand(k_words, k_scale, k_zero, BITS, BLOCK_D, QK_DT, ON_GPU)
+            v = operand_value_rows(dequantize_values(v_words, v_scale, v_zero, BITS, GROUP, BLOCK_N, BLOCK_D, QK_DT,
+                                                     ON_GPU), BITS, BLOCK_D)
+        else:
+            nxt = load_tile(KC, KS, KZ, VC, VS, VZ, ahead, hi, stride_kcw, stride_kcd, stride_ksg, stride_ksd,
+                            stride_vcw, stride_vcd, stride_vsn, stride_vsg, head_dim, BITS, GROUP, BLOCK_N, BLOCK_D)
+            k = dequantize_keys(k_words, k_scale, k_zero, BITS, GROUP, BLOCK_N, BLOCK_D, QK_DT, ON_GPU)
+            v = dequantize_values(v_words, v_scale, v_zero, BITS, GROUP, BLOCK_N, BLOCK_D, QK_DT, ON_GPU)
         m_i, l_i, acc = _attend_tile(q, k, v, pos, tok_mask, q_pos, row_mask, m_i, l_i, acc, qk_scale, QK_DT,
-                                     q_pos0, ONE_QUERY)
+                                     q_pos0, ONE_QUERY, KEY_OPERAND)
     return m_i, l_i, acc
 
 
@@ -120,7 +159,7 @@ def _stage1_kernel(
     GROUP: tl.constexpr, N_QUERIES: tl.constexpr, TWO_SEGMENTS: tl.constexpr,
     BITS_A: tl.constexpr, GROUP_A: tl.constexpr, BITS_B: tl.constexpr, GROUP_B: tl.constexpr,
     BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, QK_DT: tl.constexpr, TILE: tl.constexpr,
-    TILE_MAX: tl.constexpr, ON_GPU: tl.constexpr,
+    TILE_MAX: tl.constexpr, ON_GPU: tl.constexpr, KEY_OPERAND: tl.constexpr = False,
 ):
     kv_head = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
@@ -133,6 +172,17 @@ def _stage1_kernel(
         Q, QPos, kv_head, b, stride_qb, stride_qh, stride_qm, stride_qd, stride_pb, stride_pm, head_dim,
         GROUP, N_QUERIES, BLOCK_ROWS, BLOCK_D, QK_DT)
 
+    # KEY_OPERAND: 128-slot tiles take their keys as the QK MMA's operand from
+    # registers, channels permuted (kv_quant's key_operand_channels): the
+    # queries too.
+    OPERAND: tl.constexpr = KEY_OPERAND and BLOCK_N == OPERAND_N and BLOCK_D >= 32
+    if OPERAND:
+        q_channel = key_operand_channels(BLOCK_D)
+        q_key = tl.load(Q + b * stride_qb + head[:, None] * stride_qh + query[:, None] * stride_qm
+                        + q_channel[None, :] * stride_qd, mask=row_mask[:, None] & (q_channel < head_dim)[None, :],
+                        other=0.0).to(QK_DT)
+    else:
+        q_key = q
     q_pos0 = tl.load(QPos + b * stride_pb).to(tl.int32)  # the query's position when ONE_QUERY
     a_len = tl.load(ALen + b * sa_lb).to(tl.int32)
     b_len = 0
@@ -150,20 +200,20 @@ def _stage1_kernel(
 
     a_lo, a_hi = _segment_range(lo, hi, 0, a_len)
     m_i, l_i, acc = _attend_quantized(
-        q, q_pos, q_pos0, row_mask, m_i, l_i, acc, a_lo, a_hi,
+        q_key, q_pos, q_pos0, row_mask, m_i, l_i, acc, a_lo, a_hi,
         AKC + b * sa_kcb + kv_head * sa_kch, AKS + b * sa_ksb + kv_head * sa_ksh, AKZ + b * sa_ksb + kv_head * sa_ksh,
         AVC + b * sa_vcb + kv_head * sa_vch, AVS + b * sa_vsb + kv_head * sa_vsh, AVZ + b * sa_vsb + kv_head * sa_vsh,
         APos + b * sa_pb, sa_kcw, sa_kcd, sa_ksg, sa_ksd, sa_vcw, sa_vcd, sa_vsn, sa_vsg, sa_pn,
-        qk_scale, head_dim, BITS_A, GROUP_A, BLOCK_N, BLOCK_D, QK_DT, ON_GPU, ONE_QUERY)
+        qk_scale, head_dim, BITS_A, GROUP_A, BLOCK_N, BLOCK_D, QK_DT, ON_GPU, ONE_QUERY, OPERAND)
     if TWO_SEGMENTS:
         b_lo, b_hi = _segment_range(lo, hi, a_len, b_len)
         m_i, l_i, acc = _attend_quantized(
-            q, q_pos, q_pos0, row_mask, m_i, l_i, acc, b_lo, b_hi,
+            q_key, q_pos, q_pos0, row_mask, m_i, l_i, acc, b_lo, b_hi,
             BKC + b * sb_kcb + kv_head * sb_kch, BKS + b * sb_ksb + kv_head * sb_ksh,
             BKZ + b * sb_ksb + kv_head * sb_ksh, BVC + b * sb_vcb + kv_head * sb_vch,
             BVS + b * sb_vsb + kv_head * sb_vsh, BVZ + b * sb_vsb + kv_head * sb_vsh,
             BPos + b * sb_pb, sb_kcw, sb_kcd, sb_ksg, sb_ksd, sb_vcw, sb_vcd, sb_vsn, sb_vsg, sb_pn,
-            qk_scale, head_dim, BITS_B, GROUP_B, BLOCK_N, BLOCK_D, QK_DT, ON_GPU, ONE_QUERY)
+            qk_scale, head_dim, BITS_B, GROUP_B, BLOCK_N, BLOCK_D, QK_DT, ON_GPU, ONE_QUERY, OPERAND)
 
     d_lo, d_hi = _segment_range(lo, hi, a_len + b_len, d_len)
     DK_h = DK + b * stride_dkb + kv_head * stride_dkh
@@ -195,22 +245,31 @@ def _stage1_kernel(
 # about 90 more registers), on 4 warps with or without a 168-register cap
 # (3 programs an SM), or on 8 warps, which the rows 4 cannot hold need (32
 # query heads per kv head x 4 tokens). One stage: the loops prefetch the
-# next tile into registers themselves. Under the interpreter the launcher
-# runs a pinned config (every config would run in Python).
+# next tile into registers themselves. And the 128-slot tile on 4 warps with
+# its keys as the QK MMA's operand from registers (KEY_OPERAND: no trip
+# through shared memory, but each thread's own key scales and twice the
+# 2-bit words loaded; by the estimate, fewer load/store cycles and barriers
+# for more instructions, so the GPU decides). Under the interpreter the
+# launcher runs a pinned config (every config would run in Python).
 STAGE1_CONFIGS = [triton.Config({"TILE": tile}, num_warps=DEFAULT_WARPS, num_stages=DEFAULT_STAGES, maxnreg=cap)
                   for tile in TILES for cap in (168, None)]
 STAGE1_CONFIGS += [triton.Config({"TILE": tile}, num_warps=2 * DEFAULT_WARPS, num_stages=DEFAULT_STAGES)
                    for tile in TILES]
+STAGE1_CONFIGS += [triton.Config({"TILE": TILES[-1], "KEY_OPERAND": True}, num_warps=OPERAND_WARPS,
+                                 num_stages=DEFAULT_STAGES)]
 _prune_spilling = common.prune_spilling(_stage1_kernel)
 
 
 def distinct_configs(configs, tile_max: int) -> list:
     """The configs that compile to different kernels under a launch capping
     the tile at tile_max (TILE > TILE_MAX runs the capped tile, the same
-    kernel as another config's): the first of each."""
+    kernel as another config's; KEY_OPERAND asks for nothing on smaller
+    tiles): the first of each."""
     seen, kept = set(), []
     for c in configs:
-        key = (min(c.kwargs["TILE"], tile_max), c.num_warps, c.num_stages, c.maxnreg)
+        tile = min(c.kwargs["TILE"], tile_max)
+        operand = bool(c.kwargs.get("KEY_OPERAND")) and tile == OPERAND_TILE
+        key = (tile, operand, c.num_warps, c.num_stages, c.maxnreg)
         if key not in seen:
             seen.add(key)
             kept.append(c)
@@ -271,7 +330,8 @@ def tile_cap(segments) -> int:
 
 def quant_decode(q: torch.Tensor, q_pos: torch.Tensor, segments, dense: DenseKV, *, sm_scale: float | None = None,
                  num_splits: int | None = None, workspace: splitk.Workspace | None = None,
-                 check_values: bool = True, tile: int | None = None) -> QuantDecodeOutput:
+                 check_values: bool = True, tile: int | None = None,
+                 key_operand: bool | None = None) -> QuantDecodeOutput:
     """One decode step over [segments[0] | segments[1] | dense].
 
     q: [B, Hq, M, D] fp16/bf16/fp32, M new query tokens per sequence;
@@ -286,7 +346,10 @@ def quant_decode(q: torch.Tensor, q_pos: torch.Tensor, segments, dense: DenseKV,
     the slots per tile (64 or 128, TILES; tile_cap may lower it) and then
     runs without the autotuner: 4 warps (8 for more than WIDE_ROWS rows), no
     register cap, no spill pruning. Default: the autotuner's pick on a GPU,
-    128 under the interpreter.
+    128 under the interpreter. key_operand, with a pinned tile: 128-slot
+    tiles on 4 warps take their keys as the QK MMA's operand from registers
+    (the KEY_OPERAND config; default True there, False elsewhere, where it
+    does nothing).
     Returns QuantDecodeOutput(out [B, Hq, M, D] q.dtype, lse [B, Hq, M] float32).
     """
     check_inputs(q, q_pos, segments, dense, check_values)
@@ -327,6 +390,7 @@ def quant_decode(q: torch.Tensor, q_pos: torch.Tensor, segments, dense: DenseKV,
     if tile is not None or common.interpreter_mode():
         wide = group * queries > WIDE_ROWS
         _stage1_kernel[grid](*args, **meta, TILE=tile or TILES[-1],
+                             KEY_OPERAND=not wide if key_operand is None else bool(key_operand),
                              num_warps=2 * DEFAULT_WARPS if wide else DEFAULT_WARPS, num_stages=DEFAULT_STAGES)
     else:
         _stage1_tuned[grid](*args, **meta)
