@@ -587,9 +587,10 @@ def test_the_quantized_decode_unpacks_without_shuffles(report):
     """The quantized decode's tiles unpack in the registers of the threads
     that loaded their words (kv_quant's channel-pair layout, rows in
     tile_slots order) and reach the MMAs through one vectorized store and
-    ldmatrix, or, keys in the KEY_OPERAND config, from registers: at 32K tokens it issues under 400 warp-instructions a token
-    (609 when pairs were joined, permuted and stored to shared memory 16
-    bits at a time) and under 50 of them shared-memory ones (79 then)."""
+    ldmatrix (the keys of the KEY_OPERAND config from registers): at 32K
+    tokens it issues under 400 warp-instructions a token (609 when pairs
+    were joined, permuted and stored to shared memory 16 bits at a time)
+    and under 50 of them shared-memory ones (79 then)."""
     estimates = [r for r in report["estimates"] if r["op"] == "quant_decode"]
     assert len(estimates) == 2
     for res in estimates:

@@ -30,9 +30,9 @@ ldmatrix; or, in the KEY_OPERAND config (128-slot tiles on 4 warps), the
 keys go to the QK MMA from registers, each thread having loaded exactly
 the words, key scales and zeros of its part of the operand, channels
 permuted in the queries and keys alike (kv_quant.kernel's
-load_key_operand). With one query token (decode) which slots the rows see is one
-column mask added to the scores (splitk._attend_tile's ONE_QUERY). Stage 2
-merges the splits (ops.splitk).
+load_key_operand). With one query token (decode) which slots the rows see
+is one column mask added to the scores (splitk._attend_tile's ONE_QUERY).
+Stage 2 merges the splits (ops.splitk).
 
 Reference: reference.py beside this file.
 """
@@ -43,9 +43,9 @@ import triton.language as tl
 
 from kernels_py.ops import common, splitk
 from kernels_py.ops.kv_quant.kernel import (
-    OPERAND_N, OPERAND_TILE, OPERAND_WARPS, PAD, dequantize_key_operand, dequantize_keys, dequantize_values, key_operand_channels,
-    key_operand_slots, load_key_operand, load_tile, load_value_scales, load_value_words, operand_value_rows,
-    tile_slots)
+    OPERAND_N, OPERAND_TILE, OPERAND_WARPS, PAD, dequantize_key_operand, dequantize_keys, dequantize_values,
+    key_operand_channels, key_operand_slots, load_key_operand, load_tile, load_value_scales, load_value_words,
+    operand_value_rows, tile_slots)
 from kernels_py.ops.quant_decode.contract import DenseKV, QuantDecodeOutput, check_inputs
 from kernels_py.ops.splitk import _attend_tile, _group_queries, _store_split
 
