@@ -174,16 +174,21 @@ def split_count(longest: int, programs: int, *, per_split: int, min_split: int, 
 
 
 def wave_split_count(longest: int, programs: int, *, tile: int, programs_per_sm: int, cost_tiles: float,
-                     max_splits: int, sms: int) -> int:
-    """Splits per sequence on a GPU of `sms` SMs: the count whose grid takes
-    the least time by waves. `programs` programs run per split (sequences x
-    kv heads), `programs_per_sm` of them at once on an SM; a wave takes as
+                     max_splits: int, interpreter_split: int, sms: int | None) -> int:
+    """Splits per sequence on a GPU of `sms` SMs (None, the interpreter:
+    about `interpreter_split` tokens each, at most `max_splits`): the count
+    whose grid takes the least time by waves. `programs` programs run per
+    split (sequences x kv heads), `programs_per_sm` of them at once on an
+    SM; a wave takes as
     long as its longest split, in `tile`-token tiles, plus a split's fixed
     cost (its first tile's loads waited at HBM latency, its partial written
     and merged) of `cost_tiles` tiles. Splits hold whole tiles and none is
     empty; a grid's time is a whole number of waves, so a count that spills
     a few programs into another wave is never chosen, and ties keep the
     fewer splits (fewer partials to merge)."""
+    if not sms:
+        return split_count(longest, programs, per_split=interpreter_split, min_split=tile, max_splits=max_splits,
+                           sms=None)
     tiles = max(1, -(-longest // tile))
     slots = programs_per_sm * sms
     best, best_cost = 1, None

@@ -1458,9 +1458,6 @@ def split_count(longest: int, programs_per_split: int, sms: int | None) -> int:
     DEFAULT_MAX_SPLITS). On a GPU, splitk.wave_split_count's: the fewest
     waves of SPLIT_PROGRAMS_PER_SM programs an SM times the longest split,
     in SPLIT_TILE-token tiles plus SPLIT_COST_TILES."""
-    if not sms:
-        return splitk.split_count(longest, programs_per_split, per_split=TOKENS_PER_SPLIT, min_split=64,
-                                  max_splits=DEFAULT_MAX_SPLITS, sms=None)
     return splitk.wave_split_count(longest, programs_per_split, tile=SPLIT_TILE,
                                    programs_per_sm=SPLIT_PROGRAMS_PER_SM, cost_tiles=SPLIT_COST_TILES,
-                                   max_splits=DEFAULT_MAX_SPLITS, sms=sms)
+                                   max_splits=DEFAULT_MAX_SPLITS, interpreter_split=TOKENS_PER_SPLIT, sms=sms)

@@ -308,12 +308,9 @@ def split_count(longest: int, programs_per_split: int, sms: int | None) -> int:
     split (SPLIT_TILE-slot tiles plus SPLIT_COST_TILES): at 32K slots, 8
     kv heads and 8 sequences 4 splits in one wave, where 64 of 512 slots
     took 15.5 waves."""
-    if not sms:
-        return splitk.split_count(longest, programs_per_split, per_split=TOKENS_PER_SPLIT, min_split=128,
-                                  max_splits=DEFAULT_MAX_SPLITS, sms=None)
     return splitk.wave_split_count(longest, programs_per_split, tile=SPLIT_TILE,
                                    programs_per_sm=SPLIT_PROGRAMS_PER_SM, cost_tiles=SPLIT_COST_TILES,
-                                   max_splits=DEFAULT_MAX_SPLITS, sms=sms)
+                                   max_splits=DEFAULT_MAX_SPLITS, interpreter_split=TOKENS_PER_SPLIT, sms=sms)
 
 
 def tile_cap(segments) -> int:
