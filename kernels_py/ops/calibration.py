@@ -100,11 +100,13 @@ def check(gpu: estimate.GPU = estimate.H100) -> list[dict]:
 # Measured points the band misses, with measured / conservative end as it
 # was found: a point may stay outside only by as much. Keys name the GPU: an
 # H200 point is estimated with the H200's bandwidth and the H100's latencies.
-# - The fused kernel runs one 8-warp program an SM with nothing to overlap;
-#   the conservative end is 9-10% short of it at batch 64 and 18-21% at
-#   batch 8 (also without the masses at batch 64, where the autotuner picks
-#   the same 8-warp config); why (wgmma or tensor-pipe latency, L2 misses on
-#   W) needs a profile.
+# - (No entry today.) The fused kernel's points (ac7c521, 08bf22f+) missed by
+#   9-10% at batch 64 and 18-21% at batch 8 (also without the masses at
+#   batch 64): one 8-warp program an SM with nothing to overlap; why (wgmma
+#   or tensor-pipe latency, L2 misses on W) needs a profile. They went stale
+#   when the merge (_merge_rank_kernel) began loading W_v before the splits'
+#   loop; until measured again, read the fused band's conservative end as
+#   that much short.
 # - The statistics kernels (two passes and a merge) take 1.34-1.37x the
 #   conservative end on both GPUs at both batches: something the model does
 #   not see, the same share at 1 and 8 prompts; unprofiled.
@@ -112,11 +114,6 @@ def check(gpu: estimate.GPU = estimate.H100) -> list[dict]:
 #   peak a streaming kernel sustained on the H100 (68%), which the H200
 #   takes unmeasured; at batch 64 it lies inside.
 KNOWN_MISSES = {
-    "lowrank_decode fused (exact), batch 64 on H100": 1.093,
-    "lowrank_decode fused (exact), batch 64 on H200": 1.103,
-    "lowrank_decode fused (exact), batch 8 on H100": 1.211,
-    "lowrank_decode fused (exact), batch 8 on H200": 1.180,
-    "lowrank_decode fused (exact), no mass, batch 64 on H100": 1.091,
     "attention_stats statistics (two passes), batch 1 on H100": 1.370,
     "attention_stats statistics (two passes), batch 8 on H100": 1.370,
     "attention_stats statistics (two passes), batch 1 on H200": 1.351,

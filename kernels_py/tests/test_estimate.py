@@ -469,6 +469,8 @@ def test_measured_points_lie_in_their_bands(report):
     # The absorbed kernel's 08bf22f+ points measured the code before its
     # loads kept whole 16-column chunks: stale until measured again.
     assert all(r["stale"] for r in rows if r["commit"] == "08bf22f+" and "absorbed" in r["point"])
+    # Every low-rank point measured the merge before it loaded W_v ahead of the splits' loop.
+    assert all(r["stale"] for r in rows if r["point"].startswith("lowrank_decode"))
     # The quantized decode's measured the code before codes were packed as
     # channel pairs; the config they measured is no config of today's kernel.
     quant = [r for r in rows if r["commit"] == "08bf22f+" and r["point"].startswith("quant_decode")]
@@ -623,6 +625,18 @@ def test_the_fused_kernel_is_seen_as_its_code_stands(report):
     assert picked["by_class_per_token"].get("ldg_narrow", 0) < 1
     assert fused["speedup_conservative"] < 3 and fused["ideal_us"] < fused["optimistic_us"]
     assert not any("scalar sub-32-bit global loads" in f for f in fused["flags"] if f.startswith("_stage1_kernel"))
+
+
+def test_the_merge_waits_for_w_v_under_its_loop_over_the_splits(report):
+    """The low-rank calls' merge loads W_v (and the dense segment's partial)
+    before its loop over the splits, so those loads' latency passes under
+    the loop's (loaded after it, they were 59% of a warp's time at batch 8)."""
+    for res in (r for r in report["estimates"] if r["op"] == "lowrank_decode"):
+        for impl in res["implementations"]:
+            merge = next(k for k in impl["kernels"] if k["kernel"] == "_merge_rank_kernel")
+            (row,) = merge["configs"]
+            assert row["waits"].get("global loads", 0) < 0.3, (res["shape"]["batch"], impl["implementation"],
+                                                              row["waits"])
 
 
 def test_the_statistics_passes_are_seen_as_their_code_stands(report):

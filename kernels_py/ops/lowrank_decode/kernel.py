@@ -826,6 +826,13 @@ def _merge_rank_kernel(
     part_rank = PartRank + b * stride_zb + head * stride_zh + query * stride_zm
     part_lse = PartLse + b * stride_sb + head * stride_sh + query * stride_sm
 
+    # What the splits' loop does not need is loaded first, so its waits overlap the loop's.
+    g = head // GROUP
+    wv = tl.load(WV + b * stride_wvb + offs_rv[:, None] * stride_wvr + (g * HEAD_DIM + offs_d[None, :]) * stride_wvc,
+                 mask=rv_mask[:, None] & d_mask[None, :], other=0.0)
+    lse_d = tl.load(part_lse + n_splits * stride_ss)
+    o_d = tl.load(PartO + b * stride_ob + head * stride_oh + query * stride_om + offs_d * stride_od, mask=d_mask,
+                  other=0.0)
     e_max = float("-inf")
     e_sum = 0.0
     acc_rank = tl.zeros([BLOCK_RV], dtype=tl.float32)
@@ -834,14 +841,9 @@ def _merge_rank_kernel(
         r_s = tl.load(part_rank + s * stride_zs + offs_rv * stride_zr, mask=rv_mask, other=0.0)
         old_scale, w, e_max, e_sum = _merge_weights(e_max, e_sum, lse_s)
         acc_rank = acc_rank * old_scale + w * r_s
-    lse_d = tl.load(part_lse + n_splits * stride_ss)
-    o_d = tl.load(PartO + b * stride_ob + head * stride_oh + query * stride_om + offs_d * stride_od, mask=d_mask,
-                  other=0.0)
     old_scale, w_d, e_max, e_sum = _merge_weights(e_max, e_sum, lse_d)
     inv = 1.0 / tl.where(e_sum > 0, e_sum, 1.0)
-    g = head // GROUP
-    wv = tl.load(WV + b * stride_wvb + offs_rv[:, None] * stride_wvr + (g * HEAD_DIM + offs_d[None, :]) * stride_wvc,
-                 mask=rv_mask[:, None] & d_mask[None, :], other=0.0).to(tl.float32)
+    wv = wv.to(tl.float32)
     out = (tl.sum((acc_rank * old_scale)[:, None] * wv, 0) + w_d * o_d) * inv
     lse = _merged_lse(e_max, e_sum)
     tl.store(Out + b * stride_yb + head * stride_yh + query * stride_ym + offs_d * stride_yd,
