@@ -639,6 +639,20 @@ def test_the_merge_waits_for_w_v_under_its_loop_over_the_splits(report):
                                                               row["waits"])
 
 
+def test_the_absorbed_tiles_load_under_one_bound_a_token(report):
+    """The absorbed stage 1 loads each U row under one bound of its own (its
+    rank rounded up to 16 and capped at the factor's width; rank 0 past the
+    segment), not a token mask, a chunk test and a width test a 16-byte
+    copy: under 30 warp-instructions a token at the benchmark shapes (30.4
+    at batch 8 with the three tests)."""
+    for res in (r for r in report["estimates"] if r["op"] == "lowrank_decode"):
+        absorbed = next(b for b in res["implementations"] if b["implementation"] == "absorbed (latent), no mass")
+        stage1 = next(k for k in absorbed["kernels"] if k["kernel"] == "_stage1_absorbed_kernel")
+        picked = next(c for c in stage1["configs"] if c["picked"])
+        assert picked["instructions_per_token"] < 30, (res["shape"]["batch"], picked["config"],
+                                                       picked["instructions_per_token"])
+
+
 def test_the_statistics_passes_are_seen_as_their_code_stands(report):
     """The statistics at 32K keys and 50 rows: the row pass split over the
     keys (so its merge runs at batch 8, not at 64, where the row tiles fill

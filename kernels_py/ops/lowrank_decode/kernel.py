@@ -482,15 +482,19 @@ def _chunk_ceil(rank):
 @triton.jit
 def _load_rank_chunks(U_b, offs_n, tok_mask, rank, offs_r, rank_max, stride_un, stride_ur):
     """A tile's U rows [BLOCK_N, BLOCK_R], each token's columns up to its
-    rank rounded up to 16 (and below rank_max), zeros past. The mask holds
-    for 16 columns at a time, so the loads are 16 bytes wide (with the row
-    stride and rank_max multiples of 8 elements) and the tile
-    goes from shared memory to the MMA as loaded: no select in registers
-    and no second trip through shared memory (_whole_chunks says for which
-    tokens that is exact)."""
-    chunks = offs_r[None, :] < _chunk_ceil(rank)[:, None]
-    return tl.load(U_b + offs_n[:, None] * stride_un + offs_r[None, :] * stride_ur,
-                   mask=tok_mask[:, None] & chunks & (offs_r[None, :] < rank_max), other=0.0)
+    rank rounded up to 16 (and below rank_max), zeros past, for the tokens
+    of tok_mask; with tok_mask None, for the tokens of nonzero rank (the
+    caller gives a token it does not want rank 0), each 16-byte copy then
+    testing one per-token bound. The mask holds for 16 columns at a time,
+    so the loads are 16 bytes wide (with the row stride and rank_max
+    multiples of 8 elements) and the tile goes from shared memory to the
+    MMA as loaded: no select in registers and no second trip through shared
+    memory (_whole_chunks says for which tokens that is exact)."""
+    if tok_mask is None:
+        mask = offs_r[None, :] < tl.minimum(_chunk_ceil(rank), rank_max)[:, None]
+    else:
+        mask = tok_mask[:, None] & (offs_r[None, :] < _chunk_ceil(rank)[:, None]) & (offs_r[None, :] < rank_max)
+    return tl.load(U_b + offs_n[:, None] * stride_un + offs_r[None, :] * stride_ur, mask=mask, other=0.0)
 
 
 @triton.jit
@@ -576,8 +580,9 @@ def _absorbed_tile(q_rank, q_pos, q_pos0, row_mask, UK_b, UV_b, CPos_b, RankK_b,
         s = tl.dot(q_rank, tl.trans(uk), input_precision="ieee")
     else:
         mine = tok_mask & whole
-        uk = _load_rank_chunks(UK_b, offs_n, tok_mask, rank_k, offs_rk, rank_k_max, stride_ukn, stride_ukr).to(UW_DT)
-        uv = _load_rank_chunks(UV_b, offs_n, tok_mask, rank_v, offs_rv, rank_v_max, stride_uvn, stride_uvr).to(UW_DT)
+        # Tokens past the segment have rank 0 (_load_per_token): they load nothing.
+        uk = _load_rank_chunks(UK_b, offs_n, None, rank_k, offs_rk, rank_k_max, stride_ukn, stride_ukr).to(UW_DT)
+        uv = _load_rank_chunks(UV_b, offs_n, None, rank_v, offs_rv, rank_v_max, stride_uvn, stride_uvr).to(UW_DT)
         s = tl.dot(tl.where(offs_rk[None, :] < top_k, q_rank, 0.0), tl.trans(uk), input_precision="ieee")
     if ONE_QUERY:
         s = s * qk_scale + tl.where((tok_pos <= q_pos0) & mine, 0.0, float("-inf"))[None, :]
