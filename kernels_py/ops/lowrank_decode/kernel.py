@@ -462,20 +462,21 @@ def _load_rank_rows(U_b, offs_n, tok_mask, rank, offs_r, rank_max, stride_un, st
 @triton.jit
 def _load_rank_tile(U_b, offs_n, tok_mask, rank, offs_r, rank_max, stride_un, stride_ur):
     """A tile's U rows [BLOCK_N, BLOCK_R] as stored. The load is masked by
-    token and by the tile's largest rank rounded up to 16 columns only, so
-    it vectorises to 16-byte accesses (and low-rank tiles still read only
-    their columns); each token's own rank prefix is applied in registers
-    (_keep_rank_prefix), where the loaded values are first used."""
-    tile_rank = tl.multiple_of((tl.max(rank, 0) + 15) // 16 * 16, 16)
+    token and by each token's rank rounded up to 16 columns (capped at the
+    factor's width) only, so it vectorises to 16-byte accesses and low-rank
+    tokens read only their chunks, with no reduction over the tile (its
+    largest rank, as before, cost an exchange between warps a tile); each
+    token's own rank prefix is applied in registers (_keep_rank_prefix),
+    where the loaded values are first used."""
     return tl.load(U_b + offs_n[:, None] * stride_un + offs_r[None, :] * stride_ur,
-                   mask=tok_mask[:, None] & (offs_r[None, :] < tile_rank) & (offs_r[None, :] < rank_max), other=0.0)
+                   mask=tok_mask[:, None] & (offs_r[None, :] < tl.minimum(_chunk_ceil(rank), rank_max)[:, None]),
+                   other=0.0)
 
 
 @triton.jit
 def _chunk_ceil(rank):
     """rank rounded up to a whole number of 16-column chunks (non-negative
-    ranks: a mask, where // 16 * 16 costs a signed division's fix-ups).
-    _load_rank_tile keeps // 16 * 16: the fused kernel's code as measured."""
+    ranks: a mask, where // 16 * 16 costs a signed division's fix-ups)."""
     return tl.multiple_of((rank + 15) & -16, 16)
 
 
