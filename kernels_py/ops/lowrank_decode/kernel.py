@@ -490,7 +490,10 @@ def _load_rank_chunks(U_b, offs_n, tok_mask, rank, offs_r, rank_max, stride_un, 
     so the loads are 16 bytes wide (with the row stride and rank_max
     multiples of 8 elements) and the tile goes from shared memory to the
     MMA as loaded: no select in registers and no second trip through shared
-    memory (_whole_chunks says for which tokens that is exact)."""
+    memory (_whole_chunks says for which tokens that is exact). The rows are
+    _load_rank_tile's either way; the masses' kernel passes tok_mask and
+    keeps three tests a copy because one bound (as _load_rank_tile) was
+    scheduled 2 us slower there at batch 64."""
     if tok_mask is None:
         mask = offs_r[None, :] < tl.minimum(_chunk_ceil(rank), rank_max)[:, None]
     else:
