@@ -29,6 +29,7 @@ band for it (kernels_py.ops.estimate) beside the measured time, and appends
 that calibration point to kernels_py/tests/fixtures/calibration.jsonl.
 """
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -106,7 +107,8 @@ class Lowrank(AttentionBenchmark):
         Column("rank_k", "", "key rank, and the value rank of the full-rank group (the ranks knob)", "rank"),
         Column("rank_v", "", "value rank of the full-rank group", show=False),
         Column("rank_v_low", "", "the lower rank of the other tokens", show=False),
-        Column("num_splits", "", "split-K splits per sequence (both kernels)", show=False),
+        Column("num_splits", "", "split-K splits per sequence of the fused kernel", show=False),
+        Column("absorbed_num_splits", "", "split-K splits per sequence of the absorbed kernel", show=False),
         Column("sdpa_backend", "", "SDPA backend of the baselines (flash where PyTorch has it)", show=False),
         Column("fused_ms", "ms", "the fused kernel (keys rebuilt and rotated, values in rank space), median", "fused"),
         Column("fused_gbps", "GB/s", "modeled bytes of the step (factors, dense, mass logits) / fused time", "GB/s"),
@@ -179,12 +181,13 @@ class Lowrank(AttentionBenchmark):
         # Rank-uniform tiles rebuild keys in chunks no larger than the low group's rank.
         chunk = min(64, max(16, 1 << (max(1, rank // 4) - 1).bit_length())) if self.partial != "values" else None
         op.check_inputs(q, q_pos, comp, dense, ROPE_BASE)  # once: the timed calls skip the value checks
-        splits = op.default_num_splits(comp, dense)
+        # Each kernel's default: an SM holds one fused program and two absorbed ones.
+        splits, absorbed_splits = op.default_num_splits(comp, dense), op.default_num_splits(comp, dense, absorbed=True)
         full_k = torch.randn(b, self.kv_heads, n + self.dense_len, self.head_dim, generator=g, device=device).to(dt)
         full_v = torch.randn_like(full_k)
         # Caller-owned workspaces: the timed calls allocate nothing and never wait for the host.
         fused_ws = op.make_workspace(q, comp, dense, splits)
-        absorbed_ws = op.make_workspace(q, comp, dense, splits, absorbed=True)
+        absorbed_ws = op.make_workspace(q, comp, dense, absorbed_splits, absorbed=True)
         fused = lambda: op.lowrank_decode(q, q_pos, comp, dense, rope_base=ROPE_BASE,  # noqa: E731
                                           workspace=fused_ws, check_values=False, rank_chunk=chunk)
         absorbed = lambda: op.lowrank_decode_absorbed(q, q_pos, comp, dense, workspace=absorbed_ws,  # noqa: E731
@@ -206,7 +209,7 @@ class Lowrank(AttentionBenchmark):
             timed[f"{name}_ms"] = time_median(call, self.repeat, cuda, graph=True) * 1e3
             picks[name] = picked(tuner)
         row = {"dense_len": self.dense_len, **self.shape(), "rank_v": rank,
-               "rank_v_low": max(1, rank // 4), "num_splits": splits,
+               "rank_v_low": max(1, rank // 4), "num_splits": splits, "absorbed_num_splits": absorbed_splits,
                "sdpa_backend": full()[1], **timed,
                "unfused_ms": time_median(unfused, self.repeat, cuda) * 1e3,
                "sdpa_ms": time_median(full, self.repeat, cuda, graph=True) * 1e3,
@@ -217,6 +220,7 @@ class Lowrank(AttentionBenchmark):
         step = model.Step(batch=b, visual=n, dense=self.dense_len, heads=self.heads, kv_heads=self.kv_heads,
                           head_dim=self.head_dim, rank_k=rank, rank_v=rank, elem_bytes=dt.itemsize,
                           low_share=1.0 - self.full_rank_share, partial=self.partial, splits=splits)
+        absorbed_step = dataclasses.replace(step, splits=absorbed_splits)
         costs = model.costs(step)
         peak = hbm_peak_gbps(device)
         for name, variant in (("fused", "fused (exact)"), ("absorbed", "absorbed (latent)")):
@@ -241,5 +245,6 @@ class Lowrank(AttentionBenchmark):
         for name, implementation in (("fused", "fused (exact)"), ("absorbed", "absorbed (latent)"),
                                      ("fused_no_mass", "fused (exact), no mass"),
                                      ("absorbed_no_mass", "absorbed (latent), no mass")):
-            estimate_beside(row, name, model, implementation, step, row[f"{name}_ms"], (picks[name],))
+            estimate_beside(row, name, model, implementation, absorbed_step if name.startswith("absorbed") else step,
+                            row[f"{name}_ms"], (picks[name],))
         return row

@@ -412,7 +412,7 @@ def test_the_model_takes_the_split_count_a_point_ran_with():
         work = model._work(step, "_merge_rank_kernel", {}, estimate.H100, absorbed=True)
         return work.programs[0].values["n_splits"]
 
-    assert merge_trips(model.Step(batch=64, visual=32768)) == kernel.split_count(32768, 64, estimate.H100.sms) == 4
+    assert merge_trips(model.Step(batch=64, visual=32768)) == kernel.split_count(32768, 64, estimate.H100.sms, absorbed=True) == 4
     assert merge_trips(model.Step(batch=64, visual=32768, splits=32)) == 32
     with pytest.raises(ValueError, match="splits=300"):
         model.Step(batch=8, visual=32768, splits=300)
@@ -584,12 +584,13 @@ def test_default_num_splits():
     cpu = torch.device("cpu")
     # The splits cover the compressed tokens (the dense segment has programs of its own).
     # About 1,024 tokens each.
-    assert kernel._num_splits(None, *lengths([100, 2100], [20, 64]), 8, cpu) == 3  # ceil(2100 / 1024)
-    assert kernel._num_splits(None, *lengths([0], [0]), 8, cpu) == 1
-    assert kernel._num_splits(None, *lengths([0], [70]), 8, cpu) == 1
-    assert kernel._num_splits(None, *lengths([200_000], [64]), 8, cpu) == kernel.DEFAULT_MAX_SPLITS
-    assert kernel._num_splits(5, *lengths([10], [0]), 8, cpu) == 5
+    assert kernel._num_splits(None, *lengths([100, 2100], [20, 64]), 8, cpu, False) == 3  # ceil(2100 / 1024)
+    assert kernel._num_splits(None, *lengths([0], [0]), 8, cpu, False) == 1
+    assert kernel._num_splits(None, *lengths([0], [70]), 8, cpu, False) == 1
+    assert kernel._num_splits(None, *lengths([200_000], [64]), 8, cpu, False) == kernel.DEFAULT_MAX_SPLITS
+    assert kernel._num_splits(5, *lengths([10], [0]), 8, cpu, False) == 5
     assert kernel.default_num_splits(*lengths([3000, 10], [5000, 0])) == 3  # ceil(3000 / 1024)
+    assert kernel.default_num_splits(*lengths([3000, 10], [5000, 0]), absorbed=True) == 3
 
 
 def test_workspace_holds_rank_space_partials(device):

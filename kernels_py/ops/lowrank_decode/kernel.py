@@ -79,11 +79,12 @@ MAX_SPLITS = 256
 TOKENS_PER_SPLIT = 1024
 DEFAULT_MAX_SPLITS = 64
 # On a GPU the split count is chosen by waves (split_count): tiles of the
-# largest BLOCK_N, two stage-1 programs an SM (the absorbed kernel's picked
-# configs; the fused kernel's hold one, and any whole number of waves of two
-# is one of one), and a split's fixed cost of about a tile.
+# largest BLOCK_N, stage-1 programs an SM as the kernel's picked configs
+# hold them (the absorbed kernel's two, the fused kernel's one: two waves of
+# one pay a split's fixed cost twice, where one wave of splits twice as long
+# pays it once), and a split's fixed cost of about a tile.
 SPLIT_TILE = 128
-SPLIT_PROGRAMS_PER_SM = 2
+SPLIT_PROGRAMS_PER_SM = {"fused": 1, "absorbed": 2}
 SPLIT_COST_TILES = 1
 MAX_BLOCK_R = 64  # default rank chunk of the key rebuild; larger ranks loop over chunks
 # Values stay in rank space, so a program holds a whole U_v row (and in the
@@ -354,8 +355,9 @@ def _stage1_kernel(
     WK_b = WK + b * stride_wkb
     # Triton pipelines innermost loops only, and the head loop is inside this
     # one, so the tile loop prefetches by hand: the next tile's positions
-    # are loaded a tile ahead, its ranks two (they mask the prefetch), and
-    # its U_k and U_v rows are requested into L2 without waiting. Holding
+    # are loaded a tile ahead, its ranks two (they mask the prefetch), each
+    # asked of L2 a tile before its load (_prefetch_per_token), and its U_k
+    # and U_v rows are requested into L2 without waiting. Holding
     # the next tile's U in registers instead would spill at 128 tokens on 8
     # warps.
     offs_rk = tl.arange(0, BLOCK_R)
@@ -366,6 +368,9 @@ def _stage1_kernel(
     rank_v_nx = _load_per_token(RankV_b, offs_n, offs_n < c_hi, stride_rvn)
     rank_k_nx2 = _load_per_token(RankK_b, offs_n + BLOCK_N, offs_n + BLOCK_N < c_hi, stride_rkn)
     rank_v_nx2 = _load_per_token(RankV_b, offs_n + BLOCK_N, offs_n + BLOCK_N < c_hi, stride_rvn)
+    _prefetch_per_token(CPos_b, offs_n + BLOCK_N, offs_n + BLOCK_N < c_hi, stride_cpn, ON_GPU)
+    _prefetch_per_token(RankK_b, offs_n + 2 * BLOCK_N, offs_n + 2 * BLOCK_N < c_hi, stride_rkn, ON_GPU)
+    _prefetch_per_token(RankV_b, offs_n + 2 * BLOCK_N, offs_n + 2 * BLOCK_N < c_hi, stride_rvn, ON_GPU)
     for start in range(c_lo, c_hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         tok_mask = offs_n < c_hi
@@ -379,6 +384,9 @@ def _stage1_kernel(
         tok_pos_nx = _load_per_token(CPos_b, offs_nx, offs_nx < c_hi, stride_cpn)
         rank_k_nx2 = _load_per_token(RankK_b, offs_nx + BLOCK_N, offs_nx + BLOCK_N < c_hi, stride_rkn)
         rank_v_nx2 = _load_per_token(RankV_b, offs_nx + BLOCK_N, offs_nx + BLOCK_N < c_hi, stride_rvn)
+        _prefetch_per_token(CPos_b, offs_nx + BLOCK_N, offs_nx + BLOCK_N < c_hi, stride_cpn, ON_GPU)
+        _prefetch_per_token(RankK_b, offs_nx + 2 * BLOCK_N, offs_nx + 2 * BLOCK_N < c_hi, stride_rkn, ON_GPU)
+        _prefetch_per_token(RankV_b, offs_nx + 2 * BLOCK_N, offs_nx + 2 * BLOCK_N < c_hi, stride_rvn, ON_GPU)
         tile_rank = tl.max(rank_k, 0)
         if ROPE:
             sin, cos = _rope_sincos(tok_pos, inv_freq, ON_GPU, tl.float32 if QK_DT == tl.float32 else tl.float16)
@@ -548,6 +556,19 @@ def _prefetch_rank_rows(U_b, offs_n, tok_mask, rank, stride_un, stride_ur, BLOCK
         wanted = (tok_mask[:, None] & (offs_l[None, :] < rank[:, None])).to(tl.int32)
         tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.b32 $0, 0; }",
                                   "=r,l,r", [ptrs, wanted], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _prefetch_per_token(X_b, offs_n, tok_mask, stride_xn, ON_GPU: tl.constexpr):
+    """Ask L2 for a later tile's per-token integers (positions, ranks), so
+    that their loads a tile later hit L2. Loaded from HBM, they hold the
+    scoreboard ptxas gives them and the tile's U loads alike, and a wait on
+    the U tile then lasts until the positions arrive. A no-op under the
+    interpreter."""
+    if ON_GPU:
+        tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.b32 $0, 0; }",
+                                  "=r,l,r", [X_b + offs_n * stride_xn, tok_mask.to(tl.int32)], dtype=tl.int32,
+                                  is_pure=False, pack=1)
 
 
 @triton.jit
@@ -1209,7 +1230,7 @@ def make_workspace(q: torch.Tensor, comp: CompressedKV, dense: DenseKV, num_spli
     """A workspace for calls of lowrank_decode (or, with absorbed=True,
     lowrank_decode_absorbed) with these shapes and num_splits splits (see
     default_num_splits), on q's device."""
-    num_splits = _num_splits(num_splits, comp, dense, 1, q.device)
+    num_splits = _num_splits(num_splits, comp, dense, comp.length.shape[0], q.device, absorbed)
     return Workspace(*(torch.empty(shape, dtype=torch.float32, device=q.device)
                        for shape in _workspace_shapes(q, comp, dense, num_splits, absorbed)))
 
@@ -1267,7 +1288,7 @@ def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, wor
     if workspace is not None:
         splits = _check_workspace(workspace, q, comp, dense, num_splits, absorbed)
     else:
-        splits = _num_splits(num_splits, comp, dense, batch, dev)
+        splits = _num_splits(num_splits, comp, dense, batch, dev, absorbed)
         shapes = list(_workspace_shapes(q, comp, dense, splits, absorbed))
         if not mass:  # no logits are written: no [B, Hq, M, T + S] float32 buffer either
             shapes[0] = (batch, heads, queries, 0)
@@ -1443,14 +1464,18 @@ def mass_rank_tile(block_rows: int, block_rk: int, uw_dt) -> tuple[int, int]:
     return block_t, warps
 
 
-def default_num_splits(comp: CompressedKV, dense: DenseKV) -> int:
-    """The num_splits a call with num_splits=None uses (one host sync); pass it
-    explicitly to keep repeated calls free of synchronisation. Both kernels
-    run one program per (sequence, split), with the same default."""
-    return _num_splits(None, comp, dense, comp.length.shape[0], comp.length.device)
+def default_num_splits(comp: CompressedKV, dense: DenseKV, *, absorbed: bool = False) -> int:
+    """The num_splits a call of lowrank_decode (absorbed=True:
+    lowrank_decode_absorbed) with num_splits=None uses (one host sync); pass
+    it explicitly to keep repeated calls free of synchronisation. Both
+    kernels run one program per (sequence, split); an SM holds two of the
+    absorbed kernel's and one of the fused kernel's, so their defaults may
+    differ."""
+    return _num_splits(None, comp, dense, comp.length.shape[0], comp.length.device, absorbed)
 
 
-def _num_splits(num_splits, comp: CompressedKV, dense: DenseKV, programs_per_split: int, device) -> int:
+def _num_splits(num_splits, comp: CompressedKV, dense: DenseKV, programs_per_split: int, device,
+                absorbed: bool) -> int:
     """Splits per sequence: num_splits checked, else split_count's default for
     the longest sequence."""
     if num_splits is not None:
@@ -1459,16 +1484,18 @@ def _num_splits(num_splits, comp: CompressedKV, dense: DenseKV, programs_per_spl
         return num_splits
     lengths = comp.length  # the splits cover the compressed segment (the dense one has its own programs)
     longest = int(lengths.max()) if lengths.numel() else 0  # one host sync
-    return split_count(longest, programs_per_split, splitk.sm_count(device))
+    return split_count(longest, programs_per_split, splitk.sm_count(device), absorbed=absorbed)
 
 
-def split_count(longest: int, programs_per_split: int, sms: int | None) -> int:
+def split_count(longest: int, programs_per_split: int, sms: int | None, *, absorbed: bool) -> int:
     """The default split count for the longest sequence's compressed tokens, with
     `programs_per_split` programs per split (the batch) on `sms` SMs (None:
     the interpreter: about TOKENS_PER_SPLIT tokens each, at most
     DEFAULT_MAX_SPLITS). On a GPU, splitk.wave_split_count's: the fewest
-    waves of SPLIT_PROGRAMS_PER_SM programs an SM times the longest split,
-    in SPLIT_TILE-token tiles plus SPLIT_COST_TILES."""
+    waves of the kernel's SPLIT_PROGRAMS_PER_SM programs an SM (absorbed or
+    fused) times the longest split, in SPLIT_TILE-token tiles plus
+    SPLIT_COST_TILES."""
+    per_sm = SPLIT_PROGRAMS_PER_SM["absorbed" if absorbed else "fused"]
     return splitk.wave_split_count(longest, programs_per_split, tile=SPLIT_TILE,
-                                   programs_per_sm=SPLIT_PROGRAMS_PER_SM, cost_tiles=SPLIT_COST_TILES,
+                                   programs_per_sm=per_sm, cost_tiles=SPLIT_COST_TILES,
                                    max_splits=DEFAULT_MAX_SPLITS, interpreter_split=TOKENS_PER_SPLIT, sms=sms)

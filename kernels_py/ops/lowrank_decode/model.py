@@ -254,7 +254,7 @@ def _work(s: Step, kernel_name: str, meta: dict, gpu, *, absorbed: bool, per_kv_
     # fbd0532 kernels split [compressed | dense].
     rank_space_parts = not per_kv_head
     if rank_space_parts:
-        splits = s.splits or kernel.split_count(t, programs_per_split, gpu.sms)
+        splits = s.splits or kernel.split_count(t, programs_per_split, gpu.sms, absorbed=absorbed)
     else:  # fbd0532's rule: about 256 of [compressed | dense] tokens a split
         splits = splitk.split_count(t + n, programs_per_split, per_split=FBD0532_TOKENS_PER_SPLIT, min_split=64,
                                     max_splits=kernel.DEFAULT_MAX_SPLITS, sms=gpu.sms)
@@ -312,11 +312,15 @@ def _work(s: Step, kernel_name: str, meta: dict, gpu, *, absorbed: bool, per_kv_
         if kernel_name == "_stage1_kernel" and not per_kv_head:
             # The fused kernel asks L2 for the next tile's U rows a tile ahead
             # (prefetch.global.L2, nothing waits for it): only a program's
-            # first tile reads U from HBM with its loads.
+            # first tile reads U from HBM with its loads. Its positions and
+            # ranks are asked for a tile before their loads, which run one
+            # and two tiles ahead: the loads before the loop and the first
+            # iteration's read HBM.
             tiles = sum(p.count * -(-p.values["c_hi"] // block_n) for p in programs)
             first = sum(p.count for p in programs if p.values["c_hi"] > 0) / max(1, tiles)
-            for name in ("UK", "UV"):
-                levels[name] = {"hbm": first, "l2": 1 - first}
+            for names, hbm in ((("UK", "UV"), first), (("CPos", "RankK", "RankV"), min(1.0, 2 * first))):
+                for name in names:
+                    levels[name] = {"hbm": hbm, "l2": 1 - hbm}
         if per_kv_head:
             # The kv heads' programs of a (sequence, split) are neighbours in
             # the grid and read the same U tiles at about the same time: at
