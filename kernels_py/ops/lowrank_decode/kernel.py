@@ -92,11 +92,10 @@ MAX_BLOCK_R = 64  # default rank chunk of the key rebuild; larger ranks loop ove
 MAX_RANK_SPACE = 256
 INTERPRET_BLOCK_N = 32  # fixed tile under the interpreter (no autotuning there)
 DENSE_BLOCK_N = 32  # tokens per tile of the dense segment (both calls)
-# The absorbed call's dense segment over a 16-bit cache, in _query_dense_kernel:
-# 64 tokens a tile on 4 warps (115 registers at head_dim 128), so a window of
-# 64 recent tokens is one tile and one wait on HBM, not two. The fused call's
-# _dense_segment_kernel keeps DENSE_BLOCK_N: its code is what was measured.
-QUERY_DENSE_TILE = dict(BLOCK_N=64, num_warps=4, num_stages=3)
+# The dense segment over a 16-bit cache (both calls): 64 tokens a tile on 4
+# warps (115 registers at head_dim 128 in _query_dense_kernel), so a window
+# of 64 recent tokens is one tile and one wait on HBM, not two.
+DENSE_TILE = dict(BLOCK_N=64, num_warps=4, num_stages=3)
 MASS_BLOCK_T = 256  # columns of stored logits per mass program,
 MASS_BLOCK_R = 16  # read for this many rows at a time
 MASS_SPAN = 1024  # compressed columns per rank-space mass program at least (mass_span), in mass_rank_tile's tiles
@@ -1381,6 +1380,8 @@ def _dense_segment(q, q_pos, comp, dense, dense_logits, part_o, part_lse, q_rank
     meta = dict(GROUP=group, N_QUERIES=queries, BLOCK_G=common.block(group * queries), BLOCK_D=shared["BLOCK_D"],
                 QK_DT=shared["QK_DT"], BLOCK_N=DENSE_BLOCK_N, STORE_LOGITS=store_logits,
                 num_warps=dense_warps(dense.k.element_size(), shared["BLOCK_D"]), num_stages=2)
+    if dense.k.element_size() == 2 and shared["BLOCK_D"] <= 128:
+        meta.update(DENSE_TILE)
     if q_rank.shape[2] == 0:
         _dense_segment_kernel[(batch, kv_heads)](*args, *strides, head_dim, splits, scale * common.LOG2E, **meta)
         return
@@ -1388,8 +1389,6 @@ def _dense_segment(q, q_pos, comp, dense, dense_logits, part_o, part_lse, q_rank
     # and W_k are 16-bit: such values are exact in tf32, so only the
     # accumulated rank-space values get rounded (like fp16).
     exact = all(t.dtype != torch.float32 for t in (q, comp.wk)) and not interpreter_mode()
-    if dense.k.element_size() == 2 and shared["BLOCK_D"] <= 128:
-        meta.update(QUERY_DENSE_TILE)
     _query_dense_kernel[(batch, kv_heads)](
         *args, comp.wk, q_rank, *strides, *comp.wk.stride(), *q_rank.stride(), head_dim, splits,
         scale * common.LOG2E, comp.uk.shape[2], **meta, BLOCK_RK=common.block(comp.uk.shape[2]),
