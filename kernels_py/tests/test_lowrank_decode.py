@@ -613,6 +613,27 @@ def test_workspace_holds_rank_space_partials(device):
         decode_absorbed(q, q_pos, comp, dense, workspace=fused)
 
 
+def test_default_workspace_takes_each_kernels_split_count(device, monkeypatch):
+    """make_workspace with num_splits=None makes the split count a call
+    without a workspace would use: the batch's programs on the GPU's SMs,
+    one fused program an SM and two absorbed ones (here a 132-SM GPU, as
+    split_count sees it; the launches are not run)."""
+    from kernels_py.ops import splitk
+
+    # 3 sequences of 32K tokens: 43 fused splits of 6 tiles (one wave of
+    # 129 programs), where counting one sequence gave 64 (DEFAULT_MAX_SPLITS).
+    q, q_pos, comp, dense = make_case(device, batch=3, head_dim=16, comp_lens=(32768, 100, 5), dense_lens=(4, 0, 2),
+                                      rank_k=4, rank_v=4, pad=0)
+    monkeypatch.setattr(splitk, "sm_count", lambda _device: 132)
+    counts = {}
+    for absorbed in (False, True):
+        want = kernel.split_count(32768, 3, 132, absorbed=absorbed)
+        assert kernel.default_num_splits(comp, dense, absorbed=absorbed) == want
+        assert kernel.make_workspace(q, comp, dense, None, absorbed=absorbed).splits == want
+        counts[absorbed] = want
+    assert counts == {False: 43, True: 64}
+
+
 def _replace(case, **changes):
     q, q_pos, comp, dense = case
     fields = {**comp.__dict__, **{k: v for k, v in changes.items() if k in comp.__dict__}}
