@@ -552,9 +552,7 @@ def _prefetch_rank_rows(U_b, offs_n, tok_mask, rank, stride_un, stride_ur, BLOCK
         LINES: tl.constexpr = (BLOCK_R + LINE - 1) // LINE
         offs_l = tl.arange(0, LINES) * LINE
         ptrs = U_b + offs_n[:, None] * stride_un + offs_l[None, :] * stride_ur
-        wanted = (tok_mask[:, None] & (offs_l[None, :] < rank[:, None])).to(tl.int32)
-        tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.b32 $0, 0; }",
-                                  "=r,l,r", [ptrs, wanted], dtype=tl.int32, is_pure=False, pack=1)
+        _prefetch_l2(ptrs, tok_mask[:, None] & (offs_l[None, :] < rank[:, None]))
 
 
 @triton.jit
@@ -565,9 +563,16 @@ def _prefetch_per_token(X_b, offs_n, tok_mask, stride_xn, ON_GPU: tl.constexpr):
     the U tile then lasts until the positions arrive. A no-op under the
     interpreter."""
     if ON_GPU:
-        tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.b32 $0, 0; }",
-                                  "=r,l,r", [X_b + offs_n * stride_xn, tok_mask.to(tl.int32)], dtype=tl.int32,
-                                  is_pure=False, pack=1)
+        _prefetch_l2(X_b + offs_n * stride_xn, tok_mask)
+
+
+@triton.jit
+def _prefetch_l2(ptrs, wanted):
+    """prefetch.global.L2 of each pointer where `wanted` holds (GPU only:
+    inline PTX). Nothing waits for it and it writes no register the kernel
+    reads."""
+    tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.b32 $0, 0; }",
+                              "=r,l,r", [ptrs, wanted.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
