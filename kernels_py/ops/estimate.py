@@ -16,8 +16,10 @@ Per program class (programs with the same loop trip counts):
   barrier costs latency["barrier"]. Loops run their first iterations and then
   their steady-state iteration times the remaining trips.
 
-Per launch, on one SM (programs spread evenly, the busiest SM's share):
-floors (HBM bytes at the peak, tensor FLOPs at the MMA peak, instruction
+Per launch, on the busiest SM: the first wave of programs goes out
+breadth-first, one an SM in turn, and each later one to the SM with the
+least work so far (the one that frees a slot first), so short programs
+after long ones fill the room the long ones leave. There, floors (HBM bytes at the peak, tensor FLOPs at the MMA peak, instruction
 issue at 4 a clock, the load/store pipe at 128 bytes a clock, the
 special-function units (MUFU: exp2, rcp, sin, ...) at 16 results a clock)
 and a latency term from the timeline. Co-resident programs hide some of
@@ -42,6 +44,7 @@ kernels.
 """
 
 import ast
+import heapq
 import math
 import re
 from dataclasses import dataclass, field
@@ -185,6 +188,10 @@ class Work:
     useful_flops: float = 0.0  # tensor-core FLOPs the math needs (0: not stated)
     tokens: int = 0  # cached tokens of the step (for per-token figures)
     notes: tuple = ()  # what the model knows about this launch, in words
+    # Launch order of the classes: one after another as listed (a grid whose
+    # slowest dimension picks the class, e.g. the split), or spread through
+    # the grid in proportion (the class is picked by a faster dimension).
+    interleaved: bool = False
 
 
 @dataclass(frozen=True)
@@ -229,6 +236,34 @@ def waves(programs: int, per_sm: int, gpu: GPU = H100) -> tuple[float, float]:
     full = programs / slots
     last = full - math.floor(full) if full != math.floor(full) else 1.0
     return full, last
+
+
+def dispatch(counts: list[int], costs: list[float], sms: int, per_sm: int = 1, interleaved: bool = False) -> list[tuple]:
+    """Programs of each class on each SM. In launch order, the first wave
+    goes breadth-first (program i of the first sms * per_sm to SM i mod
+    sms), and each later program to the SM with the least work so far, the
+    one that frees a slot first (costs: one program's work, per class). One
+    class: ceil or floor of its share on every SM."""
+    if len([c for c in counts if c > 0]) <= 1:
+        total = sum(counts)
+        return [tuple(c and (total // sms + (i < total % sms)) for c in counts) for i in range(sms)]
+    if interleaved:
+        order = [c for _, c in sorted(((k + 0.5) / n, c) for c, n in enumerate(counts) for k in range(n))]
+    else:
+        order = [c for c, n in enumerate(counts) for _ in range(n)]
+    held = [[0] * len(counts) for _ in range(sms)]
+    load = [0.0] * sms
+    first = min(len(order), sms * max(1, per_sm))
+    for j, c in enumerate(order[:first]):
+        held[j % sms][c] += 1
+        load[j % sms] += costs[c]
+    heap = [(w, i) for i, w in enumerate(load)]
+    heapq.heapify(heap)
+    for c in order[first:]:
+        w, i = heapq.heappop(heap)
+        held[i][c] += 1
+        heapq.heappush(heap, (w + costs[c], i))
+    return [tuple(h) for h in held]
 
 
 # ----------------------------------------------------------------------------
@@ -749,19 +784,18 @@ def estimate(kernel: Kernel, work: Work, *, warps: int, registers: int, shared: 
         raise ValueError(f"{kernel.name}: the model gives no program")
     n_waves, last = waves(programs, per_sm, gpu)
     clock = gpu.clock_hz
-    # The busiest SM gets ceil(programs / SMs) programs, at most per_sm of them at once.
-    share = math.ceil(programs / gpu.sms) / (programs / gpu.sms)
     resident = max(1, min(per_sm, math.ceil(programs / gpu.sms)))
-    issue = tensor = lsu = special = 0.0
-    lat_opt_sum = lat_cons = 0.0
-    longest = 0.0
     instructions = tensor_flops = local = outside = narrow = 0.0
+    longest = 0.0
     by_class: dict[str, float] = {}
     waits: dict[str, float] = {}
     cycles_total = 0.0
     notes: list[str] = []
     ends = {end: {p: (lv[i] if isinstance(lv, tuple) else lv) for p, lv in work.levels.items()}
             for i, end in enumerate(("optimistic", "conservative"))}
+    # Per class, what one program adds to its SM's terms (cycles).
+    terms: list[dict] = []
+    counts: list[int] = []
     for group in work.programs:
         if group.count <= 0:
             continue
@@ -770,15 +804,15 @@ def estimate(kernel: Kernel, work: Work, *, warps: int, registers: int, shared: 
         if ends["conservative"] != ends["optimistic"]:
             cons, _ = profile(kernel, group.values, ends["conservative"], gpu)
         notes += [n for n in loop_notes if n not in notes]
-        n = group.count * share / gpu.sms  # this class's programs on the busiest SM
-        issue += n * warps * prof.instructions / gpu.issue_per_clock
-        tensor += n * warps * prof.tensor_cycles
-        lsu += n * warps * prof.lsu_cycles
-        special += n * warps * prof.special_cycles
         siblings = max(0.0, warps / 4 - 1) * cons.instructions
         memory_wait = sum(cons.waits.get(k, 0.0) for k in MEMORY_WAITS)
-        lat_cons += n * (cons.cycles - memory_wait + siblings + memory_wait / resident)
-        lat_opt_sum += n * prof.cycles / per_sm
+        terms.append({
+            "issue": warps * prof.instructions / gpu.issue_per_clock, "tensor": warps * prof.tensor_cycles,
+            "load/store": warps * prof.lsu_cycles, "special": warps * prof.special_cycles,
+            "conservative": cons.cycles - memory_wait + siblings + memory_wait / resident,
+            "optimistic": prof.cycles / per_sm,
+        })
+        counts.append(group.count)
         longest = max(longest, prof.cycles)
         instructions += group.count * warps * prof.instructions
         tensor_flops += group.count * warps * prof.tensor_flops
@@ -790,6 +824,10 @@ def estimate(kernel: Kernel, work: Work, *, warps: int, registers: int, shared: 
         for k, v in cons.waits.items():
             waits[k] = waits.get(k, 0.0) + group.count * v
         cycles_total += group.count * cons.cycles
+    held = set(dispatch(counts, [t["conservative"] for t in terms], gpu.sms, per_sm, work.interleaved))
+    busiest = {k: max(sum(n * t[k] for n, t in zip(h, terms)) for h in held) for k in terms[0]}
+    issue, tensor, lsu, special = (busiest[k] for k in ("issue", "tensor", "load/store", "special"))
+    lat_cons, lat_opt_sum = busiest["conservative"], busiest["optimistic"]
     lat_opt = max(longest, lat_opt_sum)
     floors = {
         "memory": work.hbm_bytes / gpu.hbm_bytes_per_s * 1e6,

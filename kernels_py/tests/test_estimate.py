@@ -97,6 +97,55 @@ def test_waves():
     assert estimate.waves(264, 2) == (1.0, 1.0)
 
 
+def test_dispatch_hands_each_program_to_the_sm_that_frees_first():
+    """Launch order: the first wave breadth-first, one program an SM in turn;
+    then each program to the SM with the least work so far."""
+    one = estimate.dispatch([300], [1.0], 132, 2)
+    assert max(h[0] for h in one) == 3 and sum(h[0] for h in one) == 300
+    # Two long programs on 124 SMs and one on 8 (256), then 64 short ones:
+    # the 8 SMs with room take them all (8 of them in the first wave).
+    held = estimate.dispatch([256, 64], [10.0, 1.0], 132, 2)
+    assert sorted(set(held)) == [(1, 8), (2, 0)]
+    # Launched the other way round, the short ones take an SM each first,
+    # and 56 SMs end with two long ones after a short one.
+    back = estimate.dispatch([64, 256], [1.0, 10.0], 132, 2)
+    assert sorted(set(back)) == [(0, 2), (1, 1), (1, 2)] and back.count((1, 2)) == 56
+    # Interleaved classes, a long and a short program in turn: the first wave
+    # (two an SM) gives SM i programs i and i + 132, both of one class.
+    mixed = estimate.dispatch([132, 132], [10.0, 1.0], 132, 2, interleaved=True)
+    assert sorted(set(mixed)) == [(0, 2), (2, 0)]
+    # One an SM: the SMs that free first keep taking the next programs.
+    assert max(10 * a + b for a, b in estimate.dispatch([132, 132], [10.0, 1.0], 132, 1, interleaved=True)) == 18
+
+
+def test_short_programs_after_long_ones_are_charged_as_dispatched(monkeypatch):
+    """A grid of two classes (the masses' spans, then their dense columns)
+    costs the busiest SM's programs, not every SM's mean share rounded up
+    to whole programs of each class."""
+    import dataclasses
+
+    real = estimate.profile
+
+    def scaled(kernel, values, levels, gpu=H100):  # a class's timeline `values["n"]` times as long
+        prof, notes = real(kernel, values, levels, gpu)
+        return dataclasses.replace(prof, cycles=prof.cycles * values["n"], instructions=prof.instructions
+                                   * values["n"]), notes
+
+    monkeypatch.setattr(estimate, "profile", scaled)
+    k = _kernel([("FADD R3, R2, R2", {"stall": 15}), ("EXIT", {"stall": 1})])
+
+    def latency(*classes):
+        work = estimate.Work(tuple(estimate.Programs(c, {"n": n}) for c, n in classes), 0.0)
+        return estimate.estimate(k, work, warps=4, registers=32, shared=0).latency_us["conservative"]
+
+    per = latency((1, 1))
+    slots = estimate.ctas_per_sm(32, 4, 0)[0] * H100.sms
+    assert latency((slots, 10)) == pytest.approx(10 * per * slots / H100.sms)
+    # Half an SM's worth of short programs after a full grid of long ones:
+    # one more short program on half the SMs, not 1.5x of every SM's share.
+    assert latency((slots, 10), (H100.sms // 2, 1)) == pytest.approx((10 * slots / H100.sms + 1) * per)
+
+
 def test_split_helpers_match_the_stage1_kernels():
     """split_ranges rounds splits to whole tiles as the kernels do: 32,832
     tokens in 64 splits of 64-token tiles are 57 splits of 576 tokens and 7

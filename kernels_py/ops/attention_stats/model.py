@@ -126,7 +126,9 @@ def _work(s: Step, kernel_name: str, meta: dict, gpu) -> estimate.Work:
         # The row tiles of a kv head are the grid's fastest dimension: they run
         # together, and all but the first read each key tile from L2.
         levels = {"K": {"hbm": 1 / row_tiles, "l2": 1 - 1 / row_tiles}, "Q": "l2", "QPos": "l2"}
-        return estimate.Work(programs, k_bytes + b * hq * r * d * 2 + part_bytes, levels, flops, tokens)
+        # A kv head's splits follow each other in the grid (its fastest dimension the row tiles).
+        return estimate.Work(programs, k_bytes + b * hq * r * d * 2 + part_bytes, levels, flops, tokens,
+                             interleaved=True)
     if kernel_name == "_merge_rows_kernel":
         block_r = min(256, 1 << (r - 1).bit_length())
         return estimate.Work((estimate.Programs(b * hq * -(-r // block_r), {"n_splits": splits}),),
@@ -147,7 +149,8 @@ def _work(s: Step, kernel_name: str, meta: dict, gpu) -> estimate.Work:
                          for (mine, w, e), count in classes.items())
         results = b * n * (hq * 8 + hk * 4) + n * 4
         levels = {"Q": "l2", "QPos": "l2", "M": "l2", "L": "l2"}
-        return estimate.Work(programs, k_bytes + results, levels, flops, tokens)
+        # A kv head's programs, each class of them among them, follow each other in the grid.
+        return estimate.Work(programs, k_bytes + results, levels, flops, tokens, interleaved=True)
     raise KeyError(f"the attention_stats model knows no kernel {kernel_name!r}")
 
 
