@@ -786,7 +786,7 @@ def estimate(kernel: Kernel, work: Work, *, warps: int, registers: int, shared: 
     clock = gpu.clock_hz
     resident = max(1, min(per_sm, math.ceil(programs / gpu.sms)))
     instructions = tensor_flops = local = outside = narrow = 0.0
-    longest = 0.0
+    longest = longest_cons = 0.0
     by_class: dict[str, float] = {}
     waits: dict[str, float] = {}
     cycles_total = 0.0
@@ -814,6 +814,7 @@ def estimate(kernel: Kernel, work: Work, *, warps: int, registers: int, shared: 
         })
         counts.append(group.count)
         longest = max(longest, prof.cycles)
+        longest_cons = max(longest_cons, cons.cycles + siblings)  # one program alone on its SM
         instructions += group.count * warps * prof.instructions
         tensor_flops += group.count * warps * prof.tensor_flops
         local += group.count * warps * prof.local_bytes
@@ -827,7 +828,10 @@ def estimate(kernel: Kernel, work: Work, *, warps: int, registers: int, shared: 
     held = set(dispatch(counts, [t["conservative"] for t in terms], gpu.sms, per_sm, work.interleaved))
     busiest = {k: max(sum(n * t[k] for n, t in zip(h, terms)) for h in held) for k in terms[0]}
     issue, tensor, lsu, special = (busiest[k] for k in ("issue", "tensor", "load/store", "special"))
-    lat_cons, lat_opt_sum = busiest["conservative"], busiest["optimistic"]
+    # No SM is done before its longest program, whose own timeline the
+    # programs beside it can only lengthen (an SM may hold one long program
+    # among short ones, and then its waits overlap little).
+    lat_cons, lat_opt_sum = max(longest_cons, busiest["conservative"]), busiest["optimistic"]
     lat_opt = max(longest, lat_opt_sum)
     floors = {
         "memory": work.hbm_bytes / gpu.hbm_bytes_per_s * 1e6,

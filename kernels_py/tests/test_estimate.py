@@ -146,6 +146,31 @@ def test_short_programs_after_long_ones_are_charged_as_dispatched(monkeypatch):
     assert latency((slots, 10), (H100.sms // 2, 1)) == pytest.approx((10 * slots / H100.sms + 1) * per)
 
 
+def test_no_sm_is_done_before_its_longest_program(monkeypatch):
+    """A long program that waits on memory, beside short ones on its SM:
+    sharing its waits with them cannot make the SM finish before the long
+    program's own timeline does."""
+    import dataclasses
+
+    real = estimate.profile
+
+    def scaled(kernel, values, levels, gpu=H100):  # everything `values["n"]` times over
+        prof, notes = real(kernel, values, levels, gpu)
+        n = values["n"]
+        return dataclasses.replace(prof, cycles=prof.cycles * n, instructions=prof.instructions * n,
+                                   waits={k: v * n for k, v in prof.waits.items()}), notes
+
+    monkeypatch.setattr(estimate, "profile", scaled)
+    k = _kernel([("LDG.E R2, desc[UR4][R2.64]", {"stall": 1, "write": 0}),
+                 ("FADD R3, R2, R2", {"stall": 4, "wait": 0b1}),
+                 ("EXIT", {"stall": 1})])
+    work = estimate.Work((estimate.Programs(H100.sms, {"n": 10}), estimate.Programs(H100.sms, {"n": 1})), 0.0)
+    est = estimate.estimate(k, work, warps=4, registers=32, shared=0)
+    assert est.ctas_per_sm >= 2
+    assert est.latency_us["conservative"] == pytest.approx(10 * (H100.latency["hbm"] + 5) / H100.clock_hz * 1e6)
+    assert est.optimistic_us <= est.conservative_us
+
+
 def test_split_helpers_match_the_stage1_kernels():
     """split_ranges rounds splits to whole tiles as the kernels do: 32,832
     tokens in 64 splits of 64-token tiles are 57 splits of 576 tokens and 7
