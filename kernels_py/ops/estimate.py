@@ -16,10 +16,13 @@ Per program class (programs with the same loop trip counts):
   barrier costs latency["barrier"]. Loops run their first iterations and then
   their steady-state iteration times the remaining trips.
 
-Per launch, on the busiest SM: the first wave of programs goes out
+Per launch, on the SMs: the first wave of programs goes out
 breadth-first, one an SM in turn, and each later one to the SM with the
-least work so far (the one that frees a slot first), so short programs
-after long ones fill the room the long ones leave. There, floors (HBM bytes at the peak, tensor FLOPs at the MMA peak, instruction
+least work so far (the one that frees a slot first with one program an
+SM; close to it with more), so short programs after long ones fill the
+room the long ones leave. Each term is taken on the SM where it is
+largest, and no SM is done before its longest program's own timeline:
+floors (HBM bytes at the peak, tensor FLOPs at the MMA peak, instruction
 issue at 4 a clock, the load/store pipe at 128 bytes a clock, the
 special-function units (MUFU: exp2, rcp, sin, ...) at 16 results a clock)
 and a latency term from the timeline. Co-resident programs hide some of
@@ -238,12 +241,14 @@ def waves(programs: int, per_sm: int, gpu: GPU = H100) -> tuple[float, float]:
     return full, last
 
 
-def dispatch(counts: list[int], costs: list[float], sms: int, per_sm: int = 1, interleaved: bool = False) -> list[tuple]:
+def dispatch(counts: list[int], costs: list[float], sms: int, per_sm: int = 1,
+             interleaved: bool = False) -> list[tuple]:
     """Programs of each class on each SM. In launch order, the first wave
     goes breadth-first (program i of the first sms * per_sm to SM i mod
     sms), and each later program to the SM with the least work so far, the
-    one that frees a slot first (costs: one program's work, per class). One
-    class: ceil or floor of its share on every SM."""
+    one that frees a slot first (exactly so with one program an SM; costs:
+    one program's work, per class). One class: ceil or floor of its share
+    on every SM."""
     if len([c for c in counts if c > 0]) <= 1:
         total = sum(counts)
         return [tuple(c and (total // sms + (i < total % sms)) for c in counts) for i in range(sms)]

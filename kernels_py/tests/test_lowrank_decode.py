@@ -562,6 +562,8 @@ def test_empty_segments(device):
         assert torch.all(got.lse == float("-inf")) and torch.all(got.out == 0)
     q, q_pos, comp, dense = make_case(device, dtype=torch.float32, comp_lens=(12, 40), dense_lens=(0, 0), pad=0)
     assert dense.k.shape[2] == 0
+    check(decode(q, q_pos, comp, dense, rope_base=10000.0),
+          ref.lowrank_decode(q, q_pos, comp, dense, rope_base=10000.0), q, comp, dense, torch.float32)
     check(decode_absorbed(q, q_pos, comp, dense),
           ref.lowrank_decode(q, q_pos, comp, dense, rope_base=None), q, comp, dense, torch.float32)
 
