@@ -118,20 +118,27 @@ def test_dispatch_hands_each_program_to_the_sm_that_frees_first():
     assert max(10 * a + b for a, b in estimate.dispatch([132, 132], [10.0, 1.0], 132, 1, interleaved=True)) == 18
 
 
-def test_short_programs_after_long_ones_are_charged_as_dispatched(monkeypatch):
-    """A grid of two classes (the masses' spans, then their dense columns)
-    costs the busiest SM's programs, not every SM's mean share rounded up
-    to whole programs of each class."""
+def _scale_profiles(monkeypatch):
+    """Make each program class's profile `values["n"]` times its kernel's:
+    its timeline, instructions and waits."""
     import dataclasses
 
     real = estimate.profile
 
-    def scaled(kernel, values, levels, gpu=H100):  # a class's timeline `values["n"]` times as long
+    def scaled(kernel, values, levels, gpu=H100):
         prof, notes = real(kernel, values, levels, gpu)
-        return dataclasses.replace(prof, cycles=prof.cycles * values["n"], instructions=prof.instructions
-                                   * values["n"]), notes
+        n = values["n"]
+        return dataclasses.replace(prof, cycles=prof.cycles * n, instructions=prof.instructions * n,
+                                   waits={k: v * n for k, v in prof.waits.items()}), notes
 
     monkeypatch.setattr(estimate, "profile", scaled)
+
+
+def test_short_programs_after_long_ones_are_charged_as_dispatched(monkeypatch):
+    """A grid of two classes (the masses' spans, then their dense columns)
+    costs the busiest SM's programs, not every SM's mean share rounded up
+    to whole programs of each class."""
+    _scale_profiles(monkeypatch)
     k = _kernel([("FADD R3, R2, R2", {"stall": 15}), ("EXIT", {"stall": 1})])
 
     def latency(*classes):
@@ -150,17 +157,7 @@ def test_no_sm_is_done_before_its_longest_program(monkeypatch):
     """A long program that waits on memory, beside short ones on its SM:
     sharing its waits with them cannot make the SM finish before the long
     program's own timeline does."""
-    import dataclasses
-
-    real = estimate.profile
-
-    def scaled(kernel, values, levels, gpu=H100):  # everything `values["n"]` times over
-        prof, notes = real(kernel, values, levels, gpu)
-        n = values["n"]
-        return dataclasses.replace(prof, cycles=prof.cycles * n, instructions=prof.instructions * n,
-                                   waits={k: v * n for k, v in prof.waits.items()}), notes
-
-    monkeypatch.setattr(estimate, "profile", scaled)
+    _scale_profiles(monkeypatch)
     k = _kernel([("LDG.E R2, desc[UR4][R2.64]", {"stall": 1, "write": 0}),
                  ("FADD R3, R2, R2", {"stall": 4, "wait": 0b1}),
                  ("EXIT", {"stall": 1})])

@@ -94,8 +94,8 @@ INTERPRET_BLOCK_N = 32  # fixed tile under the interpreter (no autotuning there)
 DENSE_BLOCK_N = 32  # tokens per tile of the dense segment (both calls)
 # The dense segment over a 16-bit cache (both calls): 64 tokens a tile on 4
 # warps (148 registers at head_dim 128 in _query_dense_kernel, 115 when it
-# stores no logits), so a window
-# of 64 recent tokens is one tile and one wait on HBM, not two.
+# stores no logits), so a window of 64 recent tokens is one tile and one
+# wait on HBM, not two.
 DENSE_TILE = dict(BLOCK_N=64, num_warps=4, num_stages=3)
 MASS_BLOCK_T = 256  # columns of stored logits per mass program,
 MASS_BLOCK_R = 16  # read for this many rows at a time
