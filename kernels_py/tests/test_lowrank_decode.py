@@ -351,6 +351,24 @@ def test_absorbed_kernels_by_rank_layout(layout, device):
     check(got, want, q, comp, dense, torch.float32)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["float16", "float32"])
+@pytest.mark.parametrize("absorbed", [False, True], ids=["fused", "absorbed"])
+def test_merge_takes_a_kv_heads_rows_in_blocks(absorbed, dtype, device, monkeypatch):
+    """The merge maps a kv head's query rows by its W_v,g in one program,
+    at most MERGE_ROWS of them: with 16 a program, 8 heads of one kv head x
+    3 query tokens are two programs, the second one half empty; every row
+    equals the reference (an output left unwritten or mapped by another
+    head's W_v would not). The fp16 factors take the split fp16 MMAs, the
+    float32 ones a float32 dot."""
+    monkeypatch.setattr(kernel, "MERGE_ROWS", 16)
+    q, q_pos, comp, dense = make_case(device, dtype=dtype, heads=8, kv_heads=1, queries=3, comp_lens=(70, 33),
+                                      dense_lens=(9, 4))
+    assert q.shape[1] * q.shape[2] > kernel.MERGE_ROWS
+    run = decode_absorbed if absorbed else (lambda *a, **k: decode(*a, rope_base=None, **k))
+    check(run(q, q_pos, comp, dense, num_splits=3), ref.lowrank_decode(q, q_pos, comp, dense, rope_base=None),
+          q, comp, dense, dtype)
+
+
 @pytest.mark.parametrize("queries,interleave", [(1, False), (1, True), (3, True)])
 def test_absorbed_masses_over_many_tiles_spans_and_dense_programs(queries, interleave, device, monkeypatch):
     """The interpreter's sizes (1,024-column spans, 128- or 256-column tiles)

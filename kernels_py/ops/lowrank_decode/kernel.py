@@ -97,6 +97,8 @@ DENSE_BLOCK_N = 32  # tokens per tile of the dense segment (both calls)
 # stores no logits), so a window of 64 recent tokens is one tile and one
 # wait on HBM, not two.
 DENSE_TILE = dict(BLOCK_N=64, num_warps=4, num_stages=3)
+MERGE_ROWS = 32  # query rows of one kv head a merge program takes at most (their sums and outputs in registers)
+MERGE_RANK_CHUNK = 64  # columns of the rank-space sums the merge maps by W_v at a time
 MASS_BLOCK_T = 256  # columns of stored logits per mass program,
 MASS_BLOCK_R = 16  # read for this many rows at a time
 MASS_SPAN = 1024  # compressed columns per rank-space mass program at least (mass_span), in mass_rank_tile's tiles
@@ -494,11 +496,15 @@ def _load_rank_chunks(U_b, offs_n, tok_mask, rank, offs_r, rank_max, stride_un, 
     rank rounded up to 16 (and below rank_max), zeros past, for the tokens
     of tok_mask; with tok_mask None, for the tokens of nonzero rank (the
     caller gives a token it does not want rank 0), each 16-byte copy then
-    testing one per-token bound. The mask holds for 16 columns at a time,
-    so the loads are 16 bytes wide (with the row stride and rank_max
-    multiples of 8 elements) and the tile goes from shared memory to the
-    MMA as loaded: no select in registers and no second trip through shared
-    memory (_whole_chunks says for which tokens that is exact). The rows are
+    testing one per-token bound. Rows U_b + offs_n: the absorbed kernels
+    pass the tile's first row and offsets 0..BLOCK_N-1, the same every
+    tile, so the compiler keeps the per-copy address arithmetic out of the
+    loop (the absorbed stage 1 from 216 to 209 µs at batch 64). The mask
+    holds for 16 columns at a time, so the loads are 16 bytes wide (with
+    the row stride and rank_max multiples of 8 elements) and the tile goes
+    from shared memory to the MMA as loaded: no select in registers and no
+    second trip through shared memory (_whole_chunks says for which tokens
+    that is exact). The rows are
     _load_rank_tile's either way; the masses' kernel passes tok_mask and
     keeps three tests a copy because one bound (as _load_rank_tile) was
     scheduled 2 us slower there at batch 64."""
@@ -507,6 +513,14 @@ def _load_rank_chunks(U_b, offs_n, tok_mask, rank, offs_r, rank_max, stride_un, 
     else:
         mask = tok_mask[:, None] & (offs_r[None, :] < _chunk_ceil(rank)[:, None]) & (offs_r[None, :] < rank_max)
     return tl.load(U_b + offs_n[:, None] * stride_un + offs_r[None, :] * stride_ur, mask=mask, other=0.0)
+
+
+@triton.jit
+def _max_pair(a0, a1, b0, b1):
+    """Both maxima of a pair of vectors in one reduction (tl.reduce): one
+    exchange across the warps a tile for the top ranks of U_k and U_v, not
+    two (209 to 207 µs at batch 64)."""
+    return tl.maximum(a0, b0), tl.maximum(a1, b1)
 
 
 @triton.jit
@@ -583,7 +597,7 @@ def _load_per_token(X_b, offs_n, tok_mask, stride_xn):
 
 
 @triton.jit
-def _absorbed_tile(q_rank, q_pos, q_pos0, row_mask, UK_b, UV_b, CPos_b, RankK_b, RankV_b, offs_n, c_hi, offs_rk,
+def _absorbed_tile(q_rank, q_pos, q_pos0, row_mask, UK_b, UV_b, CPos_b, RankK_b, RankV_b, start, offs_n, c_hi, offs_rk,
                    offs_rv, rank_k_max, rank_v_max, qk_scale, m_i, l_i, acc_rank, stride_cpn, stride_rkn, stride_rvn,
                    stride_ukn, stride_ukr, stride_uvn, stride_uvr, UW_DT: tl.constexpr, ONE_QUERY: tl.constexpr,
                    RAGGED: tl.constexpr):
@@ -597,22 +611,23 @@ def _absorbed_tile(q_rank, q_pos, q_pos0, row_mask, UK_b, UV_b, CPos_b, RankK_b,
     column mask, added to the scores with their scale (one FMA an entry, no
     select); rows past the real ones then keep finite scores nobody stores."""
     tok_mask = offs_n < c_hi
+    # The tile's U rows from the tile's first row: offsets that do not change from tile to tile.
+    rows, UK_t, UV_t = tl.arange(0, offs_n.shape[0]), UK_b + start * stride_ukn, UV_b + start * stride_uvn
     tok_pos = _load_per_token(CPos_b, offs_n, tok_mask, stride_cpn)
     rank_k = _load_per_token(RankK_b, offs_n, tok_mask, stride_rkn)
     rank_v = _load_per_token(RankV_b, offs_n, tok_mask, stride_rvn)
-    top_k = tl.max(rank_k, 0)
-    top_v = tl.max(rank_v, 0)
+    top_k, top_v = tl.reduce((rank_k, rank_v), 0, _max_pair)
     whole = _whole_chunks(rank_k, top_k, rank_k_max) & _whole_chunks(rank_v, top_v, rank_v_max)
     if RAGGED:
         mine = tok_mask & ~whole
-        uk = _load_rank_rows(UK_b, offs_n, mine, rank_k, offs_rk, rank_k_max, stride_ukn, stride_ukr, UW_DT)
-        uv = _load_rank_rows(UV_b, offs_n, mine, rank_v, offs_rv, rank_v_max, stride_uvn, stride_uvr, UW_DT)
+        uk = _load_rank_rows(UK_t, rows, mine, rank_k, offs_rk, rank_k_max, stride_ukn, stride_ukr, UW_DT)
+        uv = _load_rank_rows(UV_t, rows, mine, rank_v, offs_rv, rank_v_max, stride_uvn, stride_uvr, UW_DT)
         s = tl.dot(q_rank, tl.trans(uk), input_precision="ieee")
     else:
         mine = tok_mask & whole
         # Tokens past the segment have rank 0 (_load_per_token): they load nothing.
-        uk = _load_rank_chunks(UK_b, offs_n, None, rank_k, offs_rk, rank_k_max, stride_ukn, stride_ukr).to(UW_DT)
-        uv = _load_rank_chunks(UV_b, offs_n, None, rank_v, offs_rv, rank_v_max, stride_uvn, stride_uvr).to(UW_DT)
+        uk = _load_rank_chunks(UK_t, rows, None, rank_k, offs_rk, rank_k_max, stride_ukn, stride_ukr).to(UW_DT)
+        uv = _load_rank_chunks(UV_t, rows, None, rank_v, offs_rv, rank_v_max, stride_uvn, stride_uvr).to(UW_DT)
         s = tl.dot(tl.where(offs_rk[None, :] < top_k, q_rank, 0.0), tl.trans(uk), input_precision="ieee")
     if ONE_QUERY:
         s = s * qk_scale + tl.where((tok_pos <= q_pos0) & mine, 0.0, float("-inf"))[None, :]
@@ -693,17 +708,17 @@ def _stage1_absorbed_kernel(
     for start in range(c_lo, c_hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         m_i, l_i, acc_rank, ragged = _absorbed_tile(
-            q_rank, q_pos, q_pos0, row_mask, UK_b, UV_b, CPos_b, RankK_b, RankV_b, offs_n, c_hi, offs_rk, offs_rv,
-            rank_k_max, rank_v_max, qk_scale, m_i, l_i, acc_rank, stride_cpn, stride_rkn, stride_rvn,
+            q_rank, q_pos, q_pos0, row_mask, UK_b, UV_b, CPos_b, RankK_b, RankV_b, start, offs_n, c_hi, offs_rk,
+            offs_rv, rank_k_max, rank_v_max, qk_scale, m_i, l_i, acc_rank, stride_cpn, stride_rkn, stride_rvn,
             stride_ukn, stride_ukr, stride_uvn, stride_uvr, UW_DT, N_QUERIES == 1, False)
         ragged_lo, ragged_hi = _note_refused(ragged_lo, ragged_hi, ragged, offs_n, c_lo, c_hi)
     r_lo, r_hi = _ragged_range(ragged_lo, ragged_hi, c_lo, BLOCK_N)
     for ragged_start in tl.range(r_lo, r_hi, BLOCK_N, num_stages=1):  # rare: not worth shared memory
         offs_n = ragged_start + tl.arange(0, BLOCK_N)
         m_i, l_i, acc_rank, refused = _absorbed_tile(
-            q_rank, q_pos, q_pos0, row_mask, UK_b, UV_b, CPos_b, RankK_b, RankV_b, offs_n, c_hi, offs_rk, offs_rv,
-            rank_k_max, rank_v_max, qk_scale, m_i, l_i, acc_rank, stride_cpn, stride_rkn, stride_rvn,
-            stride_ukn, stride_ukr, stride_uvn, stride_uvr, UW_DT, N_QUERIES == 1, True)
+            q_rank, q_pos, q_pos0, row_mask, UK_b, UV_b, CPos_b, RankK_b, RankV_b, ragged_start, offs_n, c_hi,
+            offs_rk, offs_rv, rank_k_max, rank_v_max, qk_scale, m_i, l_i, acc_rank, stride_cpn, stride_rkn,
+            stride_rvn, stride_ukn, stride_ukr, stride_uvn, stride_uvr, UW_DT, N_QUERIES == 1, True)
 
     rank_rows = b * stride_zb + head[:, None] * stride_zh + query[:, None] * stride_zm + split * stride_zs
     lse_rows = b * stride_sb + head * stride_sh + query * stride_sm + split * stride_ss
@@ -843,47 +858,75 @@ def _merge_rank_kernel(
     stride_lb, stride_lh, stride_lm,
     n_splits, rank_v_max,
     GROUP: tl.constexpr,
+    N_QUERIES: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_RV: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    UW_DT: tl.constexpr,
 ):
-    """Merge one query row's partials (as splitk's merge): the compressed
-    splits' rank-space sums and the dense segment's sum (slot n_splits),
-    mapping the merged rank-space sum by the row's W_v,g once per sequence:
-    o = o_dense + (sum_t p_t U_v[t]) W_v,g, normalised."""
+    """Merge the partials of BLOCK_G of one (sequence, kv head)'s GROUP x M
+    query rows (as splitk's merge): the compressed splits' rank-space sums
+    and the dense segment's sum (slot n_splits), mapping the merged
+    rank-space sums by the kv head's W_v,g once per sequence: o = o_dense +
+    (sum_t p_t U_v[t]) W_v,g, normalised. W_v,g is read once for the rows
+    (where a program per row read it once each: 11.7 to 7.3 µs at batch 64),
+    and the product is one MMA for them (the rows padded to BLOCK_G >= 16):
+    with 16-bit factors (UW_DT) the float32 sums enter as their 16-bit
+    rounding and the 16-bit rest, two MMAs whose float32 sum keeps 22 of the
+    sums' bits in fp16 (16 in bf16); float32 factors take a float32 dot."""
     b = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
-    query = tl.program_id(2)
+    g = tl.program_id(1)
+    offs_row = tl.program_id(2) * BLOCK_G + tl.arange(0, BLOCK_G)
+    row_mask = offs_row < GROUP * N_QUERIES
+    head = g * GROUP + offs_row // N_QUERIES
+    query = offs_row % N_QUERIES
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
-    offs_rv = tl.arange(0, BLOCK_RV)
-    rv_mask = offs_rv < rank_v_max
-    part_rank = PartRank + b * stride_zb + head * stride_zh + query * stride_zm
+    part_rank = PartRank + b * stride_zb + head[:, None] * stride_zh + query[:, None] * stride_zm
     part_lse = PartLse + b * stride_sb + head * stride_sh + query * stride_sm
+    rows_d = row_mask[:, None] & d_mask[None, :]
 
-    # What the splits' loop does not need is loaded first, so its waits overlap the loop's.
-    g = head // GROUP
-    wv = tl.load(WV + b * stride_wvb + offs_rv[:, None] * stride_wvr + (g * HEAD_DIM + offs_d[None, :]) * stride_wvc,
-                 mask=rv_mask[:, None] & d_mask[None, :], other=0.0)
-    lse_d = tl.load(part_lse + n_splits * stride_ss)
-    o_d = tl.load(PartO + b * stride_ob + head * stride_oh + query * stride_om + offs_d * stride_od, mask=d_mask,
-                  other=0.0)
-    e_max = float("-inf")
-    e_sum = 0.0
-    acc_rank = tl.zeros([BLOCK_RV], dtype=tl.float32)
-    for s in range(0, n_splits):
-        lse_s = tl.load(part_lse + s * stride_ss)
-        r_s = tl.load(part_rank + s * stride_zs + offs_rv * stride_zr, mask=rv_mask, other=0.0)
-        old_scale, w, e_max, e_sum = _merge_weights(e_max, e_sum, lse_s)
-        acc_rank = acc_rank * old_scale + w * r_s
-    old_scale, w_d, e_max, e_sum = _merge_weights(e_max, e_sum, lse_d)
-    inv = 1.0 / tl.where(e_sum > 0, e_sum, 1.0)
-    wv = wv.to(tl.float32)
-    out = (tl.sum((acc_rank * old_scale)[:, None] * wv, 0) + w_d * o_d) * inv
-    lse = _merged_lse(e_max, e_sum)
-    tl.store(Out + b * stride_yb + head * stride_yh + query * stride_ym + offs_d * stride_yd,
-             out.to(Out.dtype.element_ty), mask=d_mask)
-    tl.store(Lse + b * stride_lb + head * stride_lh + query * stride_lm, lse)
+    # The rows' largest LSE and their sum of 2^lse first (a few bytes a
+    # split), so that the rank-space sums can be weighed and mapped by W_v,g
+    # BLOCK_RV columns at a time: a float32 W_v,g of rank 72 or more, whole,
+    # spilled.
+    o_d = tl.load(PartO + b * stride_ob + head[:, None] * stride_oh + query[:, None] * stride_om
+                  + offs_d[None, :] * stride_od, mask=rows_d, other=0.0)
+    lse_d = tl.load(part_lse + n_splits * stride_ss, mask=row_mask, other=float("-inf"))
+    e_max = lse_d
+    for split in range(0, n_splits):
+        e_max = tl.maximum(e_max, tl.load(part_lse + split * stride_ss, mask=row_mask, other=float("-inf")))
+    ref = tl.where(e_max == float("-inf"), 0.0, e_max)  # a row that saw nothing: no inf - inf
+    w_d = tl.exp2(lse_d - ref)
+    e_sum = w_d
+    for split in range(0, n_splits):
+        e_sum += tl.exp2(tl.load(part_lse + split * stride_ss, mask=row_mask, other=float("-inf")) - ref)
+    mapped = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    for r0 in range(0, rank_v_max, BLOCK_RV):
+        offs_rv = r0 + tl.arange(0, BLOCK_RV)
+        rv_mask = offs_rv < rank_v_max
+        wv = tl.load(WV + b * stride_wvb + offs_rv[:, None] * stride_wvr
+                     + (g * HEAD_DIM + offs_d[None, :]) * stride_wvc, mask=rv_mask[:, None] & d_mask[None, :],
+                     other=0.0)
+        acc_rank = tl.zeros([BLOCK_G, BLOCK_RV], dtype=tl.float32)
+        for split in range(0, n_splits):
+            w = tl.exp2(tl.load(part_lse + split * stride_ss, mask=row_mask, other=float("-inf")) - ref)
+            r_s = tl.load(part_rank + split * stride_zs + offs_rv[None, :] * stride_zr,
+                          mask=row_mask[:, None] & rv_mask[None, :], other=0.0)
+            acc_rank += w[:, None] * r_s
+        if UW_DT == tl.float32:
+            mapped = tl.dot(acc_rank, wv.to(tl.float32), mapped, input_precision="ieee")
+        else:
+            wv = wv.to(UW_DT)
+            hi = acc_rank.to(UW_DT)
+            lo = (acc_rank - hi.to(tl.float32)).to(UW_DT)
+            mapped = tl.dot(hi, wv, tl.dot(lo, wv, mapped))
+    out = (mapped + w_d[:, None] * o_d) / tl.where(e_sum > 0, e_sum, 1.0)[:, None]
+    lse = _merged_lse(ref, e_sum)
+    tl.store(Out + b * stride_yb + head[:, None] * stride_yh + query[:, None] * stride_ym + offs_d[None, :] * stride_yd,
+             out.to(Out.dtype.element_ty), mask=rows_d)
+    tl.store(Lse + b * stride_lb + head * stride_lh + query * stride_lm, lse, mask=row_mask)
 
 
 @triton.jit
@@ -944,8 +987,8 @@ def _stored_masses(Logits, Lse, MassC, MassD, CLen, DLen, b, cols, logit_cols,
 
 
 @triton.jit
-def _mass_rank_tile(q_rank, lse2, q_pos, q_pos0, row_mask, UK_b, RankK_b, tok_pos, cols, valid, offs_rk, rank_k_max,
-                    qk_scale, inv_rows, stride_ukn, stride_ukr, stride_rkn, UW_DT: tl.constexpr,
+def _mass_rank_tile(q_rank, lse2, q_pos, q_pos0, row_mask, UK_b, RankK_b, tok_pos, start, cols, valid, offs_rk,
+                    rank_k_max, qk_scale, inv_rows, stride_ukn, stride_ukr, stride_rkn, UW_DT: tl.constexpr,
                     ONE_QUERY: tl.constexpr, RAGGED: tl.constexpr):
     """The masses of one tile's tokens, as _absorbed_tile scores them: the
     tokens _whole_chunks accepts from the U_k tile as loaded (RAGGED=False),
@@ -958,13 +1001,14 @@ def _mass_rank_tile(q_rank, lse2, q_pos, q_pos0, row_mask, UK_b, RankK_b, tok_po
     rank = _load_per_token(RankK_b, cols, valid, stride_rkn)
     top = tl.max(rank, 0)
     whole = _whole_chunks(rank, top, rank_k_max)
+    rows, UK_t = tl.arange(0, cols.shape[0]), UK_b + start * stride_ukn  # offsets from the tile's first row
     if RAGGED:
         mine = valid & ~whole
-        uk = _load_rank_rows(UK_b, cols, mine, rank, offs_rk, rank_k_max, stride_ukn, stride_ukr, UW_DT)
+        uk = _load_rank_rows(UK_t, rows, mine, rank, offs_rk, rank_k_max, stride_ukn, stride_ukr, UW_DT)
         s = tl.dot(q_rank, tl.trans(uk), input_precision="ieee")
     else:
         mine = valid & whole  # the refused tokens' rows load as zeros: no score of theirs to overflow
-        uk = _load_rank_chunks(UK_b, cols, mine, rank, offs_rk, rank_k_max, stride_ukn, stride_ukr).to(UW_DT)
+        uk = _load_rank_chunks(UK_t, rows, mine, rank, offs_rk, rank_k_max, stride_ukn, stride_ukr).to(UW_DT)
         s = tl.dot(tl.where(offs_rk[None, :] < top, q_rank, 0.0), tl.trans(uk), input_precision="ieee")
     if ONE_QUERY:
         mass = tl.sum(tl.exp2(s * qk_scale - lse2[:, None]), 0)
@@ -1071,8 +1115,8 @@ def _rank_masses(Lse, MassC, CLen, QRank, UK, RankK, CPos, QPos, b, lo,
         tok_pos = next_pos
         next_pos = _load_per_token(CPos_b, cols + BLOCK_T, cols + BLOCK_T < tl.minimum(c_len, hi), stride_cpn)
         mass, refused = _mass_rank_tile(
-            q_rank, lse2, q_pos, q_pos0, row_mask, UK_b, RankK_b, tok_pos, cols, cols < c_len, offs_rk, rank_k_max,
-            qk_scale, inv_rows, stride_ukn, stride_ukr, stride_rkn, UW_DT, N_QUERIES == 1, False)
+            q_rank, lse2, q_pos, q_pos0, row_mask, UK_b, RankK_b, tok_pos, start, cols, cols < c_len, offs_rk,
+            rank_k_max, qk_scale, inv_rows, stride_ukn, stride_ukr, stride_rkn, UW_DT, N_QUERIES == 1, False)
         tl.store(MassC_b + cols * stride_cn, mass, mask=(cols < hi) & ~refused)
         ragged_lo, ragged_hi = _note_refused(ragged_lo, ragged_hi, refused, cols, lo, hi)
     r_lo, r_hi = _ragged_range(ragged_lo, ragged_hi, lo, BLOCK_T)
@@ -1080,8 +1124,8 @@ def _rank_masses(Lse, MassC, CLen, QRank, UK, RankK, CPos, QPos, b, lo,
         cols = ragged_start + tl.arange(0, BLOCK_T)
         tok_pos = _load_per_token(CPos_b, cols, cols < c_len, stride_cpn)
         mass, refused = _mass_rank_tile(
-            q_rank, lse2, q_pos, q_pos0, row_mask, UK_b, RankK_b, tok_pos, cols, cols < c_len, offs_rk, rank_k_max,
-            qk_scale, inv_rows, stride_ukn, stride_ukr, stride_rkn, UW_DT, N_QUERIES == 1, True)
+            q_rank, lse2, q_pos, q_pos0, row_mask, UK_b, RankK_b, tok_pos, ragged_start, cols, cols < c_len,
+            offs_rk, rank_k_max, qk_scale, inv_rows, stride_ukn, stride_ukr, stride_rkn, UW_DT, N_QUERIES == 1, True)
         tl.store(MassC_b + cols * stride_cn, mass, mask=(cols < hi) & refused)
 
 
@@ -1406,11 +1450,14 @@ def _merge(comp, part_o, part_rank, part_lse, out, lse, shared) -> None:
     batch, heads, queries, head_dim = out.shape
     splits = part_rank.shape[3]
     part_dense = part_o[:, :, :, 0]
-    _merge_rank_kernel[(batch, heads, queries)](
+    group_rows = shared["GROUP"] * queries
+    block_g = max(16, min(MERGE_ROWS, common.block(group_rows)))
+    _merge_rank_kernel[(batch, shared["KV_HEADS"], triton.cdiv(group_rows, block_g))](
         part_dense, part_rank, part_lse, comp.wv, out, lse,
         *part_dense.stride(), *part_rank.stride(), *part_lse.stride(), *comp.wv.stride(), *out.stride(),
         *lse.stride(), splits, comp.uv.shape[2],
-        GROUP=shared["GROUP"], HEAD_DIM=head_dim, BLOCK_D=shared["BLOCK_D"], BLOCK_RV=common.block(comp.uv.shape[2]))
+        GROUP=shared["GROUP"], N_QUERIES=queries, HEAD_DIM=head_dim, BLOCK_D=shared["BLOCK_D"],
+        BLOCK_RV=min(MERGE_RANK_CHUNK, common.block(comp.uv.shape[2])), BLOCK_G=block_g, UW_DT=shared["UW_DT"])
 
 
 def dense_warps(elem_bytes: int, block_d: int) -> int:
