@@ -369,6 +369,24 @@ def test_merge_takes_a_kv_heads_rows_in_blocks(absorbed, dtype, device, monkeypa
           q, comp, dense, dtype)
 
 
+@pytest.mark.parametrize("absorbed", [False, True], ids=["fused", "absorbed"])
+def test_merge_maps_sums_near_the_fp16_limit(absorbed, device):
+    """U_v rows of 20,000 (fp16 holds up to 65,504), attention spread evenly
+    over 4 splits: the merge weighs the rank-space sums by each split's
+    share of the softmax, not by its share of the largest split's (which
+    sum to about 4 x 20,000 and overflow fp16 before the split MMAs), so
+    the output is finite and equals the reference."""
+    q, q_pos, comp, dense = make_case(device, dtype=torch.float16, comp_lens=(120, 90), dense_lens=(9, 4))
+    q = torch.zeros_like(q)  # every visible token weighs the same
+    comp = CompressedKV(comp.uk, comp.wk, torch.full_like(comp.uv, 20000.0), (comp.wv.float() / 20000.0).half(),
+                        comp.rank_k, comp.rank_v, comp.pos, comp.length)
+    run = decode_absorbed if absorbed else (lambda *a, **k: decode(*a, rope_base=None, **k))
+    got = run(q, q_pos, comp, dense, num_splits=4)
+    want = ref.lowrank_decode(q, q_pos, comp, dense, rope_base=None)
+    assert torch.isfinite(got.out).all()
+    torch.testing.assert_close(got.out.float(), want.out.float(), atol=2e-2, rtol=2e-2)
+
+
 @pytest.mark.parametrize("queries,interleave", [(1, False), (1, True), (3, True)])
 def test_absorbed_masses_over_many_tiles_spans_and_dense_programs(queries, interleave, device, monkeypatch):
     """The interpreter's sizes (1,024-column spans, 128- or 256-column tiles)

@@ -902,6 +902,9 @@ def _merge_rank_kernel(
     e_sum = w_d
     for split in range(0, n_splits):
         e_sum += tl.exp2(tl.load(part_lse + split * stride_ss, mask=row_mask, other=float("-inf")) - ref)
+    # Weights normalised before the sums: each sum is then a convex mix of
+    # U_v's rows, so its 16-bit rounding below cannot overflow.
+    inv = 1.0 / tl.where(e_sum > 0, e_sum, 1.0)
     mapped = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
     for r0 in range(0, rank_v_max, BLOCK_RV):
         offs_rv = r0 + tl.arange(0, BLOCK_RV)
@@ -911,7 +914,7 @@ def _merge_rank_kernel(
                      other=0.0)
         acc_rank = tl.zeros([BLOCK_G, BLOCK_RV], dtype=tl.float32)
         for split in range(0, n_splits):
-            w = tl.exp2(tl.load(part_lse + split * stride_ss, mask=row_mask, other=float("-inf")) - ref)
+            w = tl.exp2(tl.load(part_lse + split * stride_ss, mask=row_mask, other=float("-inf")) - ref) * inv
             r_s = tl.load(part_rank + split * stride_zs + offs_rv[None, :] * stride_zr,
                           mask=row_mask[:, None] & rv_mask[None, :], other=0.0)
             acc_rank += w[:, None] * r_s
@@ -922,7 +925,7 @@ def _merge_rank_kernel(
             hi = acc_rank.to(UW_DT)
             lo = (acc_rank - hi.to(tl.float32)).to(UW_DT)
             mapped = tl.dot(hi, wv, tl.dot(lo, wv, mapped))
-    out = (mapped + w_d[:, None] * o_d) / tl.where(e_sum > 0, e_sum, 1.0)[:, None]
+    out = mapped + (w_d * inv)[:, None] * o_d
     lse = _merged_lse(ref, e_sum)
     tl.store(Out + b * stride_yb + head[:, None] * stride_yh + query[:, None] * stride_ym + offs_d[None, :] * stride_yd,
              out.to(Out.dtype.element_ty), mask=rows_d)
