@@ -24,7 +24,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from kernels_py.ops import common, splitk
-from kernels_py.ops.splitk import _merge_weights, _merged_lse, _online_softmax, _store_split
+from kernels_py.ops.splitk import _merged_lse, _online_softmax, _store_split
 from kernels_py.runtime import interpreter_mode
 from kernels_py.ops.lowrank_decode.contract import CompressedKV, DecodeOutput, DenseKV, check_inputs
 
@@ -1453,14 +1453,22 @@ def _merge(comp, part_o, part_rank, part_lse, out, lse, shared) -> None:
     batch, heads, queries, head_dim = out.shape
     splits = part_rank.shape[3]
     part_dense = part_o[:, :, :, 0]
-    group_rows = shared["GROUP"] * queries
-    block_g = max(16, min(MERGE_ROWS, common.block(group_rows)))
-    _merge_rank_kernel[(batch, shared["KV_HEADS"], triton.cdiv(group_rows, block_g))](
+    block_g, row_blocks = merge_row_blocks(shared["GROUP"] * queries)
+    _merge_rank_kernel[(batch, shared["KV_HEADS"], row_blocks)](
         part_dense, part_rank, part_lse, comp.wv, out, lse,
         *part_dense.stride(), *part_rank.stride(), *part_lse.stride(), *comp.wv.stride(), *out.stride(),
         *lse.stride(), splits, comp.uv.shape[2],
         GROUP=shared["GROUP"], N_QUERIES=queries, HEAD_DIM=head_dim, BLOCK_D=shared["BLOCK_D"],
         BLOCK_RV=min(MERGE_RANK_CHUNK, common.block(comp.uv.shape[2])), BLOCK_G=block_g, UW_DT=shared["UW_DT"])
+
+
+def merge_row_blocks(group_rows: int) -> tuple[int, int]:
+    """Rows a merge program takes (a power of two, at least tl.dot's 16, at
+    most MERGE_ROWS) and the programs per (sequence, kv head) for a kv
+    head's group_rows query rows. The launcher and the op's model both ask
+    here."""
+    block_g = min(MERGE_ROWS, common.block(group_rows))
+    return block_g, -(-group_rows // block_g)
 
 
 def dense_warps(elem_bytes: int, block_d: int) -> int:

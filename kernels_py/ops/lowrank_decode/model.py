@@ -270,8 +270,8 @@ def _work(s: Step, kernel_name: str, meta: dict, gpu, *, absorbed: bool, per_kv_
     else:
         part_bytes = b * hq * splits * (d + 1) * 4
     small = "l2" if part_bytes < gpu.l2_bytes / 2 else "hbm"
-    if kernel_name == "_merge_rank_kernel":  # a program per (sequence, kv head, up to MERGE_ROWS of its rows)
-        return estimate.Work((estimate.Programs(b * hk * -(-(hq // hk) // kernel.MERGE_ROWS),
+    if kernel_name == "_merge_rank_kernel":  # a program per (sequence, kv head, block of its rows)
+        return estimate.Work((estimate.Programs(b * hk * kernel.merge_row_blocks(hq // hk)[1],
                                                 {"n_splits": splits, "rank_v_max": s.rank_v}),),
                              part_bytes + b * s.rank_v * hk * d * e + b * hq * (d * e + 4),
                              {"PartO": small, "PartRank": small, "PartLse": small, "WV": "l2"}, 0.0, tokens)
