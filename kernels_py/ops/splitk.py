@@ -18,12 +18,13 @@ import triton.language as tl
 @triton.jit
 def _group_queries(Q, QPos, kv_head, b, stride_qb, stride_qh, stride_qm, stride_qd, stride_pb, stride_pm, head_dim,
                    GROUP: tl.constexpr, N_QUERIES: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
-                   QK_DT: tl.constexpr):
+                   QK_DT: tl.constexpr, row0=0):
     """The query rows of one kv head's program (grouped decode): row r is query
-    token r % M of query head kv_head * GROUP + r // M, padded to BLOCK_ROWS.
-    Returns head, query, row_mask, each row's position, the channel offsets
-    and mask, and q [BLOCK_ROWS, BLOCK_D] in the dot dtype."""
-    offs_row = tl.arange(0, BLOCK_ROWS)
+    token r % M of query head kv_head * GROUP + r // M, padded to BLOCK_ROWS;
+    a program taking a block of the rows starts at row0. Returns head,
+    query, row_mask, each row's position, the channel offsets and mask, and
+    q [BLOCK_ROWS, BLOCK_D] in the dot dtype."""
+    offs_row = row0 + tl.arange(0, BLOCK_ROWS)
     row_mask = offs_row < GROUP * N_QUERIES
     head = kv_head * GROUP + offs_row // N_QUERIES
     query = offs_row % N_QUERIES
@@ -79,13 +80,18 @@ def _online_softmax(s, m_i, l_i, AXIS: tl.constexpr = 1):
 
 
 @triton.jit
-def _store_split(PartO_rows, PartLse_rows, acc, m_i, l_i, offs_d, d_mask, row_mask, stride_od):
-    """The split's normalised output and log2-sum-exp (-inf, output 0 when the
+def _split_partial(acc, m_i, l_i):
+    """A split's normalised output and log2-sum-exp (-inf, output 0 when the
     row saw no token in this split)."""
     seen = l_i > 0
     safe_l = tl.where(seen, l_i, 1.0)
-    o = acc / safe_l[:, None]
-    lse2 = tl.where(seen, m_i + tl.log2(safe_l), float("-inf"))
+    return acc / safe_l[:, None], tl.where(seen, m_i + tl.log2(safe_l), float("-inf"))
+
+
+@triton.jit
+def _store_split(PartO_rows, PartLse_rows, acc, m_i, l_i, offs_d, d_mask, row_mask, stride_od):
+    """The split's partial (_split_partial) stored."""
+    o, lse2 = _split_partial(acc, m_i, l_i)
     tl.store(PartO_rows + offs_d[None, :] * stride_od, o, mask=row_mask[:, None] & d_mask[None, :])
     tl.store(PartLse_rows, lse2, mask=row_mask)
 

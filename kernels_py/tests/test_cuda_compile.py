@@ -219,8 +219,11 @@ def test_specializations_are_the_gpu_ones(compiled):
     assert _constexprs(compiled, "absorbed-bf16-d64-r256x200-m3", "_query_dense_kernel")["RANK_PREC"] == "tf32"
     assert _constexprs(compiled, "absorbed-fp32-d80-r32-block32", "_query_dense_kernel")["RANK_PREC"] == "ieee"
     # Both calls' dense segments take a 16-bit cache 64 tokens a tile (the benchmark's window in one wait).
-    assert _constexprs(compiled, "decode-fp16-d128-rope-r64-h32kv8", "_dense_segment_kernel")["BLOCK_N"] == "64"
-    assert _constexprs(compiled, "decode-fp32-d80-rope-r16x72-block32", "_dense_segment_kernel")["BLOCK_N"] == "32"
+    # The fused call's merge attends it (DENSE); the absorbed call's merge reads its partial.
+    fused_merge = _constexprs(compiled, "decode-fp16-d128-rope-r64-h32kv8", "_merge_rank_kernel")
+    assert (fused_merge["BLOCK_N"], fused_merge["DENSE"]) == ("64", "True")
+    assert _constexprs(compiled, "decode-fp32-d80-rope-r16x72-block32", "_merge_rank_kernel")["BLOCK_N"] == "32"
+    assert _constexprs(compiled, "absorbed-bf16-d64-r256x200-m3", "_merge_rank_kernel")["DENSE"] == "False"
 
 
 @pytest.mark.parametrize("target", cc.TARGETS, ids=lambda t: f"sm{t}")

@@ -194,7 +194,7 @@ def test_split_helpers_match_the_stage1_kernels():
     assert lowrank.split_count(32768, 8, 132, absorbed=False) == 16
     assert lowrank.split_count(32768, 64, 132, absorbed=False) == 2
     for absorbed in (False, True):
-        assert lowrank.split_count(32768, 1, 132, absorbed=absorbed) == 64  # one sequence: at most DEFAULT_MAX_SPLITS
+        assert lowrank.split_count(32768, 1, 132, absorbed=absorbed) == 128  # one sequence: at most DEFAULT_MAX_SPLITS
         assert lowrank.split_count(1088, 1, 132, absorbed=absorbed) == 9  # never more splits than tiles: 9 of one
         assert lowrank.split_count(0, 8, 132, absorbed=absorbed) == 1
         assert lowrank.split_count(1088, 1, None, absorbed=absorbed) == 2  # the interpreter: cdiv(1088, 1024)

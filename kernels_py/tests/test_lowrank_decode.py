@@ -459,10 +459,12 @@ def test_mass_programs_fill_one_wave():
     powers of two, whose grid fits one wave of MASS_PROGRAMS_PER_SM
     programs an SM (132 SMs: 264 programs); MASS_SPAN on the interpreter."""
     assert kernel.MASS_PROGRAMS_PER_SM == 2
+    assert kernel.MASS_SPAN == 512
+    assert kernel.mass_span(32768, 1, 132) == 512  # one sequence: 64 programs at the shortest span
     assert kernel.mass_span(32768, 8, 132) == 1024  # 256 programs
     assert kernel.mass_span(32768, 64, 132) == 8192  # 2048 at 1024 columns, 256 at 8192
     assert kernel.mass_span(32768, 64, None) == kernel.MASS_SPAN
-    assert kernel.mass_span(100, 512, 132) == 1024  # never past the tokens
+    assert kernel.mass_span(100, 512, 132) == kernel.MASS_SPAN  # never past the tokens
     assert kernel.mass_span(0, 8, 132) == kernel.MASS_SPAN
 
 
@@ -632,10 +634,11 @@ def test_default_num_splits():
 
 
 def test_workspace_holds_rank_space_partials(device):
-    """Both kernels' workspaces: a rank-space partial per split, one dense
-    partial, one more LSE slot (the dense segment's); only the absorbed
-    kernel's has rank-space queries. A workspace made for the other kernel
-    is refused with the call that makes the right one."""
+    """Both kernels' workspaces: a rank-space partial per split and one more
+    LSE slot (the dense segment's); only the absorbed kernel's has a dense
+    partial and rank-space queries (the fused kernel's merge attends the
+    dense segment itself). A workspace made for the other kernel is refused
+    with the call that makes the right one."""
     q, q_pos, comp, dense = make_case(device, rank_k=16, rank_v=8)
     ws = kernel.make_workspace(q, comp, dense, 3, absorbed=True)
     assert ws.splits == 3
@@ -643,6 +646,7 @@ def test_workspace_holds_rank_space_partials(device):
     assert ws.part_lse.shape == (2, 4, 1, 4) and ws.q_rank.shape == (2, 4, 16)
     fused = kernel.make_workspace(q, comp, dense, 3)
     assert fused.splits == 3 and fused.q_rank.numel() == 0 and fused.part_rank.shape == ws.part_rank.shape
+    assert fused.part_o.numel() == 0  # its merge attends the dense segment itself
     assert fused.logits.shape[3] == comp.uk.shape[1] + dense.k.shape[2]  # every column: the masses read them
     check(decode_absorbed(q, q_pos, comp, dense, workspace=ws), ref.lowrank_decode(q, q_pos, comp, dense,
                                                                                    rope_base=None),
@@ -659,7 +663,8 @@ def test_default_workspace_takes_each_kernels_split_count(device, monkeypatch):
     from kernels_py.ops import splitk
 
     # 3 sequences of 32K tokens: 43 fused splits of 6 tiles (one wave of
-    # 129 programs), where counting one sequence gave 64 (DEFAULT_MAX_SPLITS).
+    # 129 programs) and 86 absorbed ones of 3 (258 programs, two an SM),
+    # where counting one sequence gave 128 (DEFAULT_MAX_SPLITS).
     q, q_pos, comp, dense = make_case(device, batch=3, head_dim=16, comp_lens=(32768, 100, 5), dense_lens=(4, 0, 2),
                                       rank_k=4, rank_v=4, pad=0)
     monkeypatch.setattr(splitk, "sm_count", lambda _device: 132)
@@ -669,7 +674,7 @@ def test_default_workspace_takes_each_kernels_split_count(device, monkeypatch):
         assert kernel.default_num_splits(comp, dense, absorbed=absorbed) == want
         assert kernel.make_workspace(q, comp, dense, None, absorbed=absorbed).splits == want
         counts[absorbed] = want
-    assert counts == {False: 43, True: 64}
+    assert counts == {False: 43, True: 86}
 
 
 def _replace(case, **changes):

@@ -13,7 +13,7 @@ from kernels_py.ops.lowrank_decode.contract import CompressedKV, DenseKV
 from kernels_py.ops.lowrank_decode.kernel import lowrank_decode, lowrank_decode_absorbed
 from kernels_py.tables import Column, table
 
-DECODE = ("_stage1_kernel", "_dense_segment_kernel", "_merge_rank_kernel", "_mass_kernel")
+DECODE = ("_stage1_kernel", "_merge_rank_kernel", "_mass_kernel")
 ABSORBED = ("_query_dense_kernel", "_stage1_absorbed_kernel", "_merge_rank_kernel", "_mass_rank_kernel")
 
 

@@ -49,12 +49,12 @@ from kernels_py.ops.lowrank_decode.contract import CompressedKV, DecodeOutput, D
 # range of the compressed tokens; an online softmax (base 2) keeps the
 # running max, sum and sum_t p_t U_v[t] (rank space), stored normalised
 # with the split's log2-sum-exp.
-# The dense segment: `_dense_rows`, grouped decode per (sequence, kv head),
-# its logits and partial in one more slot; its kernel is
-# `_dense_segment_kernel` for the fused kernel and `_query_dense_kernel`
-# (which makes q~ first) for the absorbed one. Apart, so the
-# compressed segment's kernels keep their registers (a dense loop inside
-# them put both at 255 and one CTA per SM).
+# The dense segment: `_dense_attend`, grouped decode per (sequence, kv
+# head), its logits stored for the masses; the absorbed call attends it in
+# `_query_dense_kernel` (after making q~) and stores its partial in one more
+# slot, the fused call in its merge's programs (one launch fewer). Apart
+# from stage 1, so the compressed segment's kernels keep their registers (a
+# dense loop inside them put both at 255 and one CTA per SM).
 # Stage 2: `_merge_rank_kernel` merges the partials of each query row, maps
 # the rank-space sum by the row's W_v once and writes the output and the
 # natural-log LSE; `_mass_kernel` turns the stored logits into each token's
@@ -77,7 +77,7 @@ MAX_SPLITS = 256
 # loads waited at HBM latency, its rank-space partial) is paid once per
 # split, so splits are long while the grid still fills the GPU.
 TOKENS_PER_SPLIT = 1024
-DEFAULT_MAX_SPLITS = 64
+DEFAULT_MAX_SPLITS = 128
 # On a GPU the split count is chosen by waves (split_count): tiles of the
 # largest BLOCK_N, stage-1 programs an SM as the kernel's picked configs
 # hold them (the absorbed kernel's two, the fused kernel's one: two waves of
@@ -98,10 +98,11 @@ DENSE_BLOCK_N = 32  # tokens per tile of the dense segment (both calls)
 # wait on HBM, not two.
 DENSE_TILE = dict(BLOCK_N=64, num_warps=4, num_stages=3)
 MERGE_ROWS = 32  # query rows of one kv head a merge program takes at most (their sums and outputs in registers)
-MERGE_RANK_CHUNK = 64  # columns of the rank-space sums the merge maps by W_v at a time
+MERGE_RANK_CHUNK = 64  # columns of the rank-space sums the merge maps by W_v at a time,
+MERGE_RANK_CHUNK_F32 = 32  # with float32 factors (64 spilled beside a float32 cache's dense segment)
 MASS_BLOCK_T = 256  # columns of stored logits per mass program,
 MASS_BLOCK_R = 16  # read for this many rows at a time
-MASS_SPAN = 1024  # compressed columns per rank-space mass program at least (mass_span), in mass_rank_tile's tiles
+MASS_SPAN = 512  # compressed columns per rank-space mass program at least (mass_span), in mass_rank_tile's tiles
 MASS_PROGRAMS_PER_SM = 2  # rank-space mass programs an SM holds (216 registers on 4 warps)
 
 
@@ -322,8 +323,8 @@ def _stage1_kernel(
     rebuilt: sum_t p_t U_v[t, :r_t] stays in rank space, one MMA for all
     rows, and the split stores it normalised; the merge maps it by each
     row's W_v,g once per sequence, which is exact (o = (sum_t p_t U_v[t])
-    W_v). The splits cover the compressed segment; the dense one is
-    _dense_segment_kernel's."""
+    W_v). The splits cover the compressed segment; the merge attends the
+    dense one."""
     b = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     n_splits = tl.num_programs(1)
@@ -727,26 +728,25 @@ def _stage1_absorbed_kernel(
 
 
 @triton.jit
-def _dense_rows(Q, QPos, DK, DV, DPos, DLen, Logits, PartO, PartLse, b, g,
-                stride_qb, stride_qh, stride_qm, stride_qd,
-                stride_pb, stride_pm,
-                stride_dkb, stride_dkh, stride_dkn, stride_dkd,
-                stride_dvb, stride_dvh, stride_dvn, stride_dvd,
-                stride_dpb, stride_dpn,
-                stride_dlb,
-                stride_lb, stride_lh, stride_lm, stride_ln,
-                stride_ob, stride_oh, stride_om, stride_od,
-                stride_sb, stride_sh, stride_sm, stride_ss,
-                head_dim, dense_slot, qk_scale,
-                GROUP: tl.constexpr, N_QUERIES: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-                QK_DT: tl.constexpr, BLOCK_N: tl.constexpr, STORE_LOGITS: tl.constexpr):
-    """The dense segment of both kernels: grouped decode of one (sequence,
-    kv head) over its uncompressed tokens, storing their logits for the
-    masses (STORE_LOGITS), the normalised sum in part_o and the log2-sum-exp
-    in the partials' slot `dense_slot` (after the compressed splits')."""
+def _dense_attend(Q, QPos, DK, DV, DPos, DLen, Logits, b, g, row0,
+                  stride_qb, stride_qh, stride_qm, stride_qd,
+                  stride_pb, stride_pm,
+                  stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+                  stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+                  stride_dpb, stride_dpn,
+                  stride_dlb,
+                  stride_lb, stride_lh, stride_lm, stride_ln,
+                  head_dim, qk_scale,
+                  GROUP: tl.constexpr, N_QUERIES: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+                  QK_DT: tl.constexpr, BLOCK_N: tl.constexpr, STORE_LOGITS: tl.constexpr):
+    """The dense segment of both calls: grouped decode of BLOCK_G of one
+    (sequence, kv head)'s query rows, from row0, over its uncompressed
+    tokens, storing their logits for the masses (STORE_LOGITS). Returns the
+    rows' head, query, mask, the channel offsets and mask, and the online
+    softmax's acc, m_i and l_i."""
     head, query, row_mask, q_pos, offs_d, d_mask, q = splitk._group_queries(
         Q, QPos, g, b, stride_qb, stride_qh, stride_qm, stride_qd, stride_pb, stride_pm, head_dim,
-        GROUP, N_QUERIES, BLOCK_G, BLOCK_D, QK_DT)
+        GROUP, N_QUERIES, BLOCK_G, BLOCK_D, QK_DT, row0)
     d_len = tl.load(DLen + b * stride_dlb).to(tl.int32)
     logit_rows = Logits + b * stride_lb + head[:, None] * stride_lh + query[:, None] * stride_lm
     DK_g = DK + b * stride_dkb + g * stride_dkh
@@ -768,41 +768,7 @@ def _dense_rows(Q, QPos, DK, DV, DPos, DLen, Logits, PartO, PartLse, b, g,
             s = _mask(s * qk_scale, tok_pos, tok_mask, q_pos, row_mask)
         p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i)
         acc = acc * alpha[:, None] + tl.dot(p.to(QK_DT), v.to(QK_DT), input_precision="ieee")
-    part_rows = b * stride_ob + head[:, None] * stride_oh + query[:, None] * stride_om
-    lse_rows = b * stride_sb + head * stride_sh + query * stride_sm + dense_slot * stride_ss
-    _store_split(PartO + part_rows, PartLse + lse_rows, acc, m_i, l_i, offs_d, d_mask, row_mask, stride_od)
-
-
-@triton.jit
-def _dense_segment_kernel(
-    Q, QPos, DK, DV, DPos, DLen, Logits, PartO, PartLse,
-    stride_qb, stride_qh, stride_qm, stride_qd,
-    stride_pb, stride_pm,
-    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
-    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
-    stride_dpb, stride_dpn,
-    stride_dlb,
-    stride_lb, stride_lh, stride_lm, stride_ln,
-    stride_ob, stride_oh, stride_om, stride_od,
-    stride_sb, stride_sh, stride_sm, stride_ss,
-    head_dim, dense_slot, qk_scale,
-    GROUP: tl.constexpr,
-    N_QUERIES: tl.constexpr,
-    BLOCK_G: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    QK_DT: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    STORE_LOGITS: tl.constexpr,
-):
-    """The fused kernel's dense segment (_dense_rows), one program per
-    (sequence, kv head). Apart from the compressed segment's kernels, so
-    their registers stay low."""
-    _dense_rows(Q, QPos, DK, DV, DPos, DLen, Logits, PartO, PartLse, tl.program_id(0).to(tl.int64), tl.program_id(1),
-                stride_qb, stride_qh, stride_qm, stride_qd, stride_pb, stride_pm,
-                stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh, stride_dvn, stride_dvd,
-                stride_dpb, stride_dpn, stride_dlb, stride_lb, stride_lh, stride_lm, stride_ln,
-                stride_ob, stride_oh, stride_om, stride_od, stride_sb, stride_sh, stride_sm, stride_ss,
-                head_dim, dense_slot, qk_scale, GROUP, N_QUERIES, BLOCK_G, BLOCK_D, QK_DT, BLOCK_N, STORE_LOGITS)
+    return head, query, row_mask, offs_d, d_mask, acc, m_i, l_i
 
 
 @triton.jit
@@ -833,30 +799,42 @@ def _query_dense_kernel(
 ):
     """The absorbed kernel's first launch, one program per (sequence, kv
     head): its rows' rank-space queries (_rank_query), which stage 1 needs,
-    then the dense segment (_dense_rows). One launch for both."""
+    then the dense segment (_dense_attend), its partial in the slot
+    dense_slot after the splits'. One launch for both."""
     b = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1)
     _rank_query(Q, WK, QRank, b, g, stride_qb, stride_qh, stride_qm, stride_qd, stride_wkb, stride_wkr, stride_wkc,
                 stride_xb, stride_xr, stride_xk, rank_k_max, head_dim, GROUP, N_QUERIES, BLOCK_G, BLOCK_D, BLOCK_RK,
                 UW_DT, RANK_PREC)
-    _dense_rows(Q, QPos, DK, DV, DPos, DLen, Logits, PartO, PartLse, b, g,
-                stride_qb, stride_qh, stride_qm, stride_qd, stride_pb, stride_pm,
-                stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh, stride_dvn, stride_dvd,
-                stride_dpb, stride_dpn, stride_dlb, stride_lb, stride_lh, stride_lm, stride_ln,
-                stride_ob, stride_oh, stride_om, stride_od, stride_sb, stride_sh, stride_sm, stride_ss,
-                head_dim, dense_slot, qk_scale, GROUP, N_QUERIES, BLOCK_G, BLOCK_D, QK_DT, BLOCK_N, STORE_LOGITS)
+    head, query, row_mask, offs_d, d_mask, acc, m_i, l_i = _dense_attend(
+        Q, QPos, DK, DV, DPos, DLen, Logits, b, g, 0,
+        stride_qb, stride_qh, stride_qm, stride_qd, stride_pb, stride_pm,
+        stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+        stride_dpb, stride_dpn, stride_dlb, stride_lb, stride_lh, stride_lm, stride_ln,
+        head_dim, qk_scale, GROUP, N_QUERIES, BLOCK_G, BLOCK_D, QK_DT, BLOCK_N, STORE_LOGITS)
+    part_rows = b * stride_ob + head[:, None] * stride_oh + query[:, None] * stride_om
+    lse_rows = b * stride_sb + head * stride_sh + query * stride_sm + dense_slot * stride_ss
+    _store_split(PartO + part_rows, PartLse + lse_rows, acc, m_i, l_i, offs_d, d_mask, row_mask, stride_od)
 
 
 @triton.jit
 def _merge_rank_kernel(
     PartO, PartRank, PartLse, WV, Out, Lse,
+    Q, QPos, DK, DV, DPos, DLen, Logits,
     stride_ob, stride_oh, stride_om, stride_od,
     stride_zb, stride_zh, stride_zm, stride_zs, stride_zr,
     stride_sb, stride_sh, stride_sm, stride_ss,
     stride_wvb, stride_wvr, stride_wvc,
     stride_yb, stride_yh, stride_ym, stride_yd,
     stride_lb, stride_lh, stride_lm,
-    n_splits, rank_v_max,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_pb, stride_pm,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    stride_dpb, stride_dpn,
+    stride_dlb,
+    stride_gb, stride_gh, stride_gm, stride_gn,
+    n_splits, rank_v_max, qk_scale,
     GROUP: tl.constexpr,
     N_QUERIES: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -864,6 +842,10 @@ def _merge_rank_kernel(
     BLOCK_RV: tl.constexpr,
     BLOCK_G: tl.constexpr,
     UW_DT: tl.constexpr,
+    DENSE: tl.constexpr,
+    QK_DT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    STORE_LOGITS: tl.constexpr,
 ):
     """Merge the partials of BLOCK_G of one (sequence, kv head)'s GROUP x M
     query rows (as splitk's merge): the compressed splits' rank-space sums
@@ -874,34 +856,52 @@ def _merge_rank_kernel(
     and the product is one MMA for them (the rows padded to BLOCK_G >= 16):
     with 16-bit factors (UW_DT) the float32 sums enter as their 16-bit
     rounding and the 16-bit rest, two MMAs whose float32 sum keeps 22 of the
-    sums' bits in fp16 (16 in bf16); float32 factors take a float32 dot."""
+    sums' bits in fp16 (16 in bf16); float32 factors take a float32 dot.
+
+    DENSE (the fused call): the program first attends its rows over the
+    dense segment itself (_dense_attend: one launch fewer, the dense
+    partial never stored); otherwise (the absorbed call, whose first launch
+    attends it) that partial is read from PartO and slot n_splits."""
     b = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1)
-    offs_row = tl.program_id(2) * BLOCK_G + tl.arange(0, BLOCK_G)
+    row0 = tl.program_id(2) * BLOCK_G
+    offs_row = row0 + tl.arange(0, BLOCK_G)
     row_mask = offs_row < GROUP * N_QUERIES
     head = g * GROUP + offs_row // N_QUERIES
     query = offs_row % N_QUERIES
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
+    rows_d = row_mask[:, None] & d_mask[None, :]
     part_rank = PartRank + b * stride_zb + head[:, None] * stride_zh + query[:, None] * stride_zm
     part_lse = PartLse + b * stride_sb + head * stride_sh + query * stride_sm
-    rows_d = row_mask[:, None] & d_mask[None, :]
 
-    # The rows' largest LSE and their sum of 2^lse first (a few bytes a
-    # split), so that the rank-space sums can be weighed and mapped by W_v,g
-    # BLOCK_RV columns at a time: a float32 W_v,g of rank 72 or more, whole,
-    # spilled.
-    o_d = tl.load(PartO + b * stride_ob + head[:, None] * stride_oh + query[:, None] * stride_om
-                  + offs_d[None, :] * stride_od, mask=rows_d, other=0.0)
-    lse_d = tl.load(part_lse + n_splits * stride_ss, mask=row_mask, other=float("-inf"))
-    e_max = lse_d
+    # The splits' largest LSE and sum of 2^lse (a few bytes a split) come
+    # first: they need no dense result, so their waits and the dense
+    # segment's overlap.
+    s_max = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+    s_sum = tl.zeros([BLOCK_G], dtype=tl.float32)
     for split in range(0, n_splits):
-        e_max = tl.maximum(e_max, tl.load(part_lse + split * stride_ss, mask=row_mask, other=float("-inf")))
+        lse_s = tl.load(part_lse + split * stride_ss, mask=row_mask, other=float("-inf"))
+        new_max = tl.maximum(s_max, lse_s)
+        ref_s = tl.where(new_max == float("-inf"), 0.0, new_max)  # no split seen yet: no inf - inf
+        s_sum = s_sum * tl.exp2(s_max - ref_s) + tl.exp2(lse_s - ref_s)
+        s_max = new_max
+    if DENSE:
+        _, _, _, _, _, acc_d, m_d, l_d = _dense_attend(
+            Q, QPos, DK, DV, DPos, DLen, Logits, b, g, row0,
+            stride_qb, stride_qh, stride_qm, stride_qd, stride_pb, stride_pm,
+            stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+            stride_dpb, stride_dpn, stride_dlb, stride_gb, stride_gh, stride_gm, stride_gn,
+            HEAD_DIM, qk_scale, GROUP, N_QUERIES, BLOCK_G, BLOCK_D, QK_DT, BLOCK_N, STORE_LOGITS)
+        o_d, lse_d = splitk._split_partial(acc_d, m_d, l_d)
+    else:
+        o_d = tl.load(PartO + b * stride_ob + head[:, None] * stride_oh + query[:, None] * stride_om
+                      + offs_d[None, :] * stride_od, mask=rows_d, other=0.0)
+        lse_d = tl.load(part_lse + n_splits * stride_ss, mask=row_mask, other=float("-inf"))
+    e_max = tl.maximum(s_max, lse_d)
     ref = tl.where(e_max == float("-inf"), 0.0, e_max)  # a row that saw nothing: no inf - inf
     w_d = tl.exp2(lse_d - ref)
-    e_sum = w_d
-    for split in range(0, n_splits):
-        e_sum += tl.exp2(tl.load(part_lse + split * stride_ss, mask=row_mask, other=float("-inf")) - ref)
+    e_sum = s_sum * tl.exp2(s_max - ref) + w_d
     # Weights normalised before the sums: each sum is then a convex mix of
     # U_v's rows, so its 16-bit rounding below cannot overflow.
     inv = 1.0 / tl.where(e_sum > 0, e_sum, 1.0)
@@ -909,6 +909,7 @@ def _merge_rank_kernel(
     for r0 in range(0, rank_v_max, BLOCK_RV):
         offs_rv = r0 + tl.arange(0, BLOCK_RV)
         rv_mask = offs_rv < rank_v_max
+        # W_v,g BLOCK_RV rows at a time: a float32 W_v,g of rank 72, whole, spilled.
         wv = tl.load(WV + b * stride_wvb + offs_rv[:, None] * stride_wvr
                      + (g * HEAD_DIM + offs_d[None, :]) * stride_wvc, mask=rv_mask[:, None] & d_mask[None, :],
                      other=0.0)
@@ -947,8 +948,8 @@ def _mass_kernel(
 ):
     """Per-token attention weight exp(logit - lse), averaged over the n_rows =
     heads x queries rows, for a block of columns of [compressed | dense],
-    from the logits the fused call's _stage1_kernel and _dense_segment_kernel
-    stored (_stored_masses)."""
+    from the logits the fused call's _stage1_kernel and merge stored
+    (_stored_masses)."""
     b = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
     _stored_masses(Logits, Lse, MassC, MassD, CLen, DLen, b, cols, cols,
@@ -1258,13 +1259,14 @@ class Workspace:
     """What one call writes and reads besides its outputs, float32: the
     scaled logits of every (query row, token) for the masses [B, Hq, M, T + S]
     (the absorbed kernel: of the dense tokens only, [B, Hq, M, S]), each
-    split's partial output [B, Hq, M, splits, D] and log2-sum-exp [B, Hq, M,
-    splits], the absorbed kernel's rank-space queries [B, Hq * M, Rk] and
-    each split's rank-space partial sum [B, Hq, M, splits, Rv] (there part_o
-    [B, Hq, M, 1, D] is the dense segment's sum and part_lse has one more
-    slot, the dense segment's; the fused kernel's q_rank and part_rank are
-    empty). Made once by make_workspace for a kernel, a cache's shapes and a
-    split count; the same one serves every step while the shapes stay."""
+    split's rank-space partial sum [B, Hq, M, splits, Rv] and the
+    log2-sum-exp of each split and of the dense segment [B, Hq, M, splits +
+    1], the dense segment's sum [B, Hq, M, 1, D] and the rank-space queries
+    [B, Hq * M, Rk] (the absorbed kernel's; the fused kernel's merge attends
+    the dense segment itself: its part_o and q_rank are empty, and the last
+    LSE slot unused).
+    Made once by make_workspace for a kernel, a cache's shapes and a split
+    count; the same one serves every step while the shapes stay."""
 
     logits: torch.Tensor
     part_o: torch.Tensor
@@ -1290,8 +1292,10 @@ def make_workspace(q: torch.Tensor, comp: CompressedKV, dense: DenseKV, num_spli
 def _workspace_shapes(q, comp, dense, splits: int, absorbed: bool):
     batch, heads, queries, head_dim = q.shape
     cols = dense.k.shape[2] + (0 if absorbed else comp.uk.shape[1])
-    # The compressed splits' rank-space partials, then one slot for the dense segment.
-    return ((batch, heads, queries, cols), (batch, heads, queries, 1, head_dim), (batch, heads, queries, splits + 1),
+    # The compressed splits' rank-space partials, then one slot for the dense
+    # segment (the fused call's merge keeps its sum in registers).
+    return ((batch, heads, queries, cols), (batch, heads, queries, int(absorbed), head_dim),
+            (batch, heads, queries, splits + 1),
             (batch, heads * queries, comp.uk.shape[2] if absorbed else 0), (batch, heads, queries, splits,
                                                                              comp.uv.shape[2]))
 
@@ -1363,9 +1367,8 @@ def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, wor
     grid = (batch, splits)
     # The dense tokens' logits: columns [T, T + S) of the fused kernel's, all of the absorbed kernel's.
     dense_logits = logits if absorbed else logits[..., tokens:]
-    if absorbed:  # the dense segment first: it makes q~ for stage 1
-        _dense_segment(q, q_pos, comp, dense, dense_logits, part_o, part_lse, q_rank, shared, scale,
-                       store_logits=mass)
+    if absorbed:  # the dense segment first: its launch makes q~ for stage 1
+        _query_dense(q, q_pos, comp, dense, dense_logits, part_o, part_lse, q_rank, shared, scale, store_logits=mass)
         _absorbed_stage1(q_pos, comp, part_rank, part_lse, q_rank, shared, scale, tune, grid, block_n)
     else:
         rope_step = 0.0 if rope_base is None else -2.0 * math.log2(rope_base) / head_dim
@@ -1384,9 +1387,9 @@ def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, wor
                                  num_warps=DEFAULT_WARPS["_stage1_kernel"], num_stages=DEFAULT_STAGES)
         else:
             _stage1_tuned[grid](*args, **meta)
-        _dense_segment(q, q_pos, comp, dense, dense_logits, part_o, part_lse, q_rank, shared, scale,
-                       store_logits=mass)
-    _merge(comp, part_o, part_rank, part_lse, out, lse, shared)
+    # The fused call's merge attends the dense segment itself (one launch fewer).
+    _merge(q, q_pos, comp, dense, dense_logits, part_o, part_rank, part_lse, out, lse, shared, scale,
+           dense_in_merge=not absorbed, store_logits=mass)
     if mass and absorbed:
         _rank_space_masses(q_pos, comp, logits, lse, mass_comp, mass_dense, dense.length, q_rank, heads * queries,
                            queries, scale, shared["UW_DT"])
@@ -1418,48 +1421,58 @@ def _absorbed_stage1(q_pos, comp, part_rank, part_lse, q_rank, shared, scale, tu
         _stage1_absorbed_tuned[grid](*args, **meta)
 
 
-def _dense_segment(q, q_pos, comp, dense, dense_logits, part_o, part_lse, q_rank, shared, scale, *,
-                   store_logits: bool) -> None:
-    """The dense segment (its partial in the last slot; its logits for the
-    masses when store_logits), and for the absorbed kernel (q_rank has
-    columns) the rank-space queries in the same launch."""
-    batch, heads, queries, head_dim = q.shape
-    kv_heads, group = shared["KV_HEADS"], shared["GROUP"]
-    splits = part_lse.shape[3] - 1
-    part_dense = part_o[:, :, :, 0]
-    args = [q, q_pos, dense.k, dense.v, dense.pos, dense.length, dense_logits, part_dense, part_lse]
-    strides = [*q.stride(), *q_pos.stride(), *dense.k.stride(), *dense.v.stride(), *dense.pos.stride(),
-               *dense.length.stride(), *dense_logits.stride(), *part_dense.stride(), *part_lse.stride()]
-    meta = dict(GROUP=group, N_QUERIES=queries, BLOCK_G=common.block(group * queries), BLOCK_D=shared["BLOCK_D"],
-                QK_DT=shared["QK_DT"], BLOCK_N=DENSE_BLOCK_N, STORE_LOGITS=store_logits,
+def _dense_meta(dense: DenseKV, shared: dict, store_logits: bool) -> dict:
+    """The dense segment's constexprs and launch shape, in either call's launch."""
+    meta = dict(QK_DT=shared["QK_DT"], BLOCK_N=DENSE_BLOCK_N, STORE_LOGITS=store_logits,
                 num_warps=dense_warps(dense.k.element_size(), shared["BLOCK_D"]), num_stages=2)
     if dense.k.element_size() == 2 and shared["BLOCK_D"] <= 128:
         meta.update(DENSE_TILE)
-    if q_rank.shape[2] == 0:
-        _dense_segment_kernel[(batch, kv_heads)](*args, *strides, head_dim, splits, scale * common.LOG2E, **meta)
-        return
+    return meta
+
+
+def _query_dense(q, q_pos, comp, dense, dense_logits, part_o, part_lse, q_rank, shared, scale, *,
+                 store_logits: bool) -> None:
+    """The absorbed call's first launch: the rank-space queries, then the
+    dense segment (its partial in the last slot; its logits for the masses
+    when store_logits)."""
+    batch, heads, queries, head_dim = q.shape
+    splits = part_lse.shape[3] - 1
+    part_dense = part_o[:, :, :, 0]
     # The float32 products into rank space may use tf32 tensor cores when q
     # and W_k are 16-bit: such values are exact in tf32, so only the
     # accumulated rank-space values get rounded (like fp16).
     exact = all(t.dtype != torch.float32 for t in (q, comp.wk)) and not interpreter_mode()
-    _query_dense_kernel[(batch, kv_heads)](
-        *args, comp.wk, q_rank, *strides, *comp.wk.stride(), *q_rank.stride(), head_dim, splits,
-        scale * common.LOG2E, comp.uk.shape[2], **meta, BLOCK_RK=common.block(comp.uk.shape[2]),
-        UW_DT=shared["UW_DT"], RANK_PREC="tf32" if exact else "ieee")
+    _query_dense_kernel[(batch, shared["KV_HEADS"])](
+        q, q_pos, dense.k, dense.v, dense.pos, dense.length, dense_logits, part_dense, part_lse, comp.wk, q_rank,
+        *q.stride(), *q_pos.stride(), *dense.k.stride(), *dense.v.stride(), *dense.pos.stride(),
+        *dense.length.stride(), *dense_logits.stride(), *part_dense.stride(), *part_lse.stride(),
+        *comp.wk.stride(), *q_rank.stride(), head_dim, splits, scale * common.LOG2E, comp.uk.shape[2],
+        GROUP=shared["GROUP"], N_QUERIES=queries, BLOCK_G=common.block(shared["GROUP"] * queries),
+        BLOCK_D=shared["BLOCK_D"], **_dense_meta(dense, shared, store_logits),
+        BLOCK_RK=common.block(comp.uk.shape[2]), UW_DT=shared["UW_DT"], RANK_PREC="tf32" if exact else "ieee")
 
 
-def _merge(comp, part_o, part_rank, part_lse, out, lse, shared) -> None:
-    """Every partial merged, W_v applied once per sequence."""
+def _merge(q, q_pos, comp, dense, dense_logits, part_o, part_rank, part_lse, out, lse, shared, scale, *,
+           dense_in_merge: bool, store_logits: bool) -> None:
+    """Every partial merged, W_v applied once per sequence; with
+    dense_in_merge (the fused call) the dense segment attended in the same
+    programs, its logits stored for the masses when store_logits."""
     batch, heads, queries, head_dim = out.shape
     splits = part_rank.shape[3]
-    part_dense = part_o[:, :, :, 0]
+    part_dense = out if dense_in_merge else part_o[:, :, :, 0]  # not read with dense_in_merge
     block_g, row_blocks = merge_row_blocks(shared["GROUP"] * queries)
+    launch = _dense_meta(dense, shared, store_logits) if dense_in_merge else \
+        dict(QK_DT=shared["QK_DT"], BLOCK_N=DENSE_BLOCK_N, STORE_LOGITS=False)
     _merge_rank_kernel[(batch, shared["KV_HEADS"], row_blocks)](
         part_dense, part_rank, part_lse, comp.wv, out, lse,
+        q, q_pos, dense.k, dense.v, dense.pos, dense.length, dense_logits,
         *part_dense.stride(), *part_rank.stride(), *part_lse.stride(), *comp.wv.stride(), *out.stride(),
-        *lse.stride(), splits, comp.uv.shape[2],
+        *lse.stride(), *q.stride(), *q_pos.stride(), *dense.k.stride(), *dense.v.stride(), *dense.pos.stride(),
+        *dense.length.stride(), *dense_logits.stride(), splits, comp.uv.shape[2], scale * common.LOG2E,
         GROUP=shared["GROUP"], N_QUERIES=queries, HEAD_DIM=head_dim, BLOCK_D=shared["BLOCK_D"],
-        BLOCK_RV=min(MERGE_RANK_CHUNK, common.block(comp.uv.shape[2])), BLOCK_G=block_g, UW_DT=shared["UW_DT"])
+        BLOCK_RV=min(MERGE_RANK_CHUNK_F32 if shared["UW_DT"] == tl.float32 else MERGE_RANK_CHUNK,
+                     common.block(comp.uv.shape[2])), BLOCK_G=block_g,
+        UW_DT=shared["UW_DT"], DENSE=dense_in_merge, **launch)
 
 
 def merge_row_blocks(group_rows: int) -> tuple[int, int]:
@@ -1472,7 +1485,7 @@ def merge_row_blocks(group_rows: int) -> tuple[int, int]:
 
 
 def dense_warps(elem_bytes: int, block_d: int) -> int:
-    """Warps of a _dense_segment_kernel program: its K and V tiles
+    """Warps of a program attending the dense segment: its K and V tiles
     [DENSE_BLOCK_N, block_d] live in registers, so tiles wider than a 16-bit
     [32, 128] pair get 8 (float32 rows of head_dim 80 spill on 4)."""
     return 8 if elem_bytes * block_d * DENSE_BLOCK_N > 2 * 128 * 32 else 4

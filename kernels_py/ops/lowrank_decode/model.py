@@ -161,7 +161,8 @@ def report(shapes=SHAPES) -> dict:
 # (kernels_py.ops.estimate; `workbench kernels report --estimate`)
 # ----------------------------------------------------------------------------
 
-FBD0532_TOKENS_PER_SPLIT = 256  # the calibration kernels' default split size
+FBD0532_TOKENS_PER_SPLIT = 256  # the calibration kernels' default split size,
+FBD0532_MAX_SPLITS = 64  # and their most splits
 # Arguments every program of a sequence re-reads (L2 after the first): the
 # queries, W (one SVD per sequence, read by each of its splits), the lengths.
 _SHARED = {"Q": "l2", "QPos": "l2", "WK": "l2", "WV": "l2", "CLen": "l2", "DLen": "l2"}
@@ -257,7 +258,7 @@ def _work(s: Step, kernel_name: str, meta: dict, gpu, *, absorbed: bool, per_kv_
         splits = s.splits or kernel.split_count(t, programs_per_split, gpu.sms, absorbed=absorbed)
     else:  # fbd0532's rule: about 256 of [compressed | dense] tokens a split
         splits = splitk.split_count(t + n, programs_per_split, per_split=FBD0532_TOKENS_PER_SPLIT, min_split=64,
-                                    max_splits=kernel.DEFAULT_MAX_SPLITS, sms=gpu.sms)
+                                    max_splits=FBD0532_MAX_SPLITS, sms=gpu.sms)
     tokens = b * (t + n)
     w_bytes = b * (s.rank_k + s.rank_v) * hk * d * e
     # W in stage 1: both at fbd0532, W_k in today's fused kernel (W_v is the merge's).
@@ -270,19 +271,28 @@ def _work(s: Step, kernel_name: str, meta: dict, gpu, *, absorbed: bool, per_kv_
     else:
         part_bytes = b * hq * splits * (d + 1) * 4
     small = "l2" if part_bytes < gpu.l2_bytes / 2 else "hbm"
+    # The dense segment: its K, V and positions read, its logits written for
+    # the masses; in the absorbed call's first launch, which also makes q~
+    # (W_k read once, q~ written) and stores the dense partial, or in the
+    # fused call's merge.
+    dense_read = dense_bytes + b * n * 4 + b * hq * n * 4 * _stores_logits(meta)
+    dense_flops = b * hq * n * 4 * d
+    dense_levels = {"Q": "l2", "QPos": "l2", "DLen": "l2"}
     if kernel_name == "_merge_rank_kernel":  # a program per (sequence, kv head, block of its rows)
-        return estimate.Work((estimate.Programs(b * hk * kernel.merge_row_blocks(hq // hk)[1],
-                                                {"n_splits": splits, "rank_v_max": s.rank_v}),),
-                             part_bytes + b * s.rank_v * hk * d * e + b * hq * (d * e + 4),
-                             {"PartO": small, "PartRank": small, "PartLse": small, "WV": "l2"}, 0.0, tokens)
-    if kernel_name in ("_dense_segment_kernel", "_query_dense_kernel"):
-        # _query_dense_kernel (the absorbed kernel's) also makes q~: W_k read once, q~ written.
-        rank_query = kernel_name == "_query_dense_kernel"
-        q_rank_bytes = b * s.rank_k * hk * d * e + b * hq * s.rank_k * 4 if rank_query else 0
+        dense_in_merge = not absorbed
+        values = {"n_splits": splits, "rank_v_max": s.rank_v}
+        if dense_in_merge:
+            values["d_len"] = n
+        return estimate.Work((estimate.Programs(b * hk * kernel.merge_row_blocks(hq // hk)[1], values),),
+                             part_bytes - (b * hq * d * 4 if dense_in_merge else 0) + b * s.rank_v * hk * d * e
+                             + b * hq * (d * e + 4) + (dense_read if dense_in_merge else 0),
+                             {"PartO": small, "PartRank": small, "PartLse": small, "WV": "l2",
+                              **(dense_levels if dense_in_merge else {})},
+                             dense_flops if dense_in_merge else 0.0, tokens)
+    if kernel_name == "_query_dense_kernel":
         return estimate.Work((estimate.Programs(b * hk, {"d_len": n}),),
-                             dense_bytes + b * n * 4 + b * hq * n * 4 * _stores_logits(meta) + b * hq * (d + 1) * 4
-                             + q_rank_bytes, {"Q": "l2", "QPos": "l2", "DLen": "l2", "WK": "hbm"},
-                             b * hq * n * 4 * d + (b * hq * 2 * d * s.rank_k if rank_query else 0), tokens)
+                             dense_read + b * hq * (d + 1) * 4 + b * s.rank_k * hk * d * e + b * hq * s.rank_k * 4,
+                             {**dense_levels, "WK": "hbm"}, dense_flops + b * hq * 2 * d * s.rank_k, tokens)
     if kernel_name in ("_stage1_kernel", "_stage1_absorbed_kernel"):
         block_n = int(meta["BLOCK_N"])
         low_rank = s.low_rank(s.rank_k) if s.partial in ("keys", "both") else s.rank_k
@@ -306,7 +316,7 @@ def _work(s: Step, kernel_name: str, meta: dict, gpu, *, absorbed: bool, per_kv_
         logits = b * hq * (t + n) * 4  # fbd0532: every column
         q_rank = b * hq * s.rank_k * 4 if absorbed and per_kv_head else 0  # today's: read from L2
         levels = dict(_SHARED, QRank="l2")
-        if rank_space_parts:  # the dense segment is _dense_segment_kernel's
+        if rank_space_parts:  # the dense segment is another launch's
             dense_bytes, index_bytes = 0, b * t * 12
             part_bytes = b * hq * splits * (s.rank_v + 1) * 4
             logits = 0 if absorbed else b * hq * t * 4 * _stores_logits(meta)
