@@ -222,7 +222,9 @@ def test_specializations_are_the_gpu_ones(compiled):
     # The fused call's merge attends it (DENSE); the absorbed call's merge reads its partial.
     fused_merge = _constexprs(compiled, "decode-fp16-d128-rope-r64-h32kv8", "_merge_rank_kernel")
     assert (fused_merge["BLOCK_N"], fused_merge["DENSE"]) == ("64", "True")
-    assert _constexprs(compiled, "decode-fp32-d80-rope-r16x72-block32", "_merge_rank_kernel")["BLOCK_N"] == "32"
+    fp32_merge = _constexprs(compiled, "decode-fp32-d80-rope-r16x72-block32", "_merge_rank_kernel")
+    assert (fp32_merge["BLOCK_N"], fp32_merge["BLOCK_RV"]) == ("32", "32")  # float32 factors: 32 rank columns a dot
+    assert fused_merge["BLOCK_RV"] == "64"
     assert _constexprs(compiled, "absorbed-bf16-d64-r256x200-m3", "_merge_rank_kernel")["DENSE"] == "False"
 
 

@@ -706,9 +706,11 @@ def test_the_fused_kernel_is_seen_as_its_code_stands(report):
 
 
 def test_the_merge_waits_for_w_v_under_its_loop_over_the_splits(report):
-    """The low-rank calls' merge loads W_v (and the dense segment's partial)
-    before its loop over the splits, so those loads' latency passes under
-    the loop's (loaded after it, they were 59% of a warp's time at batch 8)."""
+    """The low-rank calls' merge loads each chunk of W_v before its loop over
+    the splits, so those loads' latency passes under the loop's (loaded
+    after it, they were 59% of a warp's time at batch 8); the fused call's
+    merge loads the splits' LSEs before it attends the dense tokens, so
+    those waits overlap too."""
     for res in (r for r in report["estimates"] if r["op"] == "lowrank_decode"):
         for impl in res["implementations"]:
             merge = next(k for k in impl["kernels"] if k["kernel"] == "_merge_rank_kernel")

@@ -237,6 +237,9 @@ def test_a_step_without_masses_attends_the_same(absorbed, device):
     torch.testing.assert_close(without.out, with_mass.out, atol=1e-6, rtol=1e-6)  # other code, same arithmetic
     torch.testing.assert_close(without.lse, with_mass.lse, atol=1e-6, rtol=1e-6)
     assert bool((ws.logits == 7.0).all())  # nothing written for the masses
+    bare = run(q, q_pos, comp, dense, num_splits=3, mass=False)  # its own workspace: no logits columns at all
+    torch.testing.assert_close(bare.out, with_mass.out, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(bare.lse, with_mass.lse, atol=1e-6, rtol=1e-6)
     with pytest.raises(TypeError, match="mass must be True or False"):
         run(q, q_pos, comp, dense, mass=1)
     via = lowrank_decode.compute(q, q_pos, comp, dense, rope_base=None, absorbed=absorbed, backend="torch",
@@ -369,6 +372,20 @@ def test_merge_takes_a_kv_heads_rows_in_blocks(absorbed, dtype, device, monkeypa
           q, comp, dense, dtype)
 
 
+@pytest.mark.parametrize("interleave", [False, True], ids=["recent", "interleaved"])
+def test_fused_merge_attends_the_dense_segment_in_each_row_block(interleave, device):
+    """The fused call's merge attends the dense tokens for its block of rows
+    itself: 40 query heads of one kv head are two programs at the real
+    MERGE_ROWS (32 rows and 8), one sequence has no dense token, and with
+    interleaved positions some rows see only some of them; every row and
+    every mass equals the reference."""
+    q, q_pos, comp, dense = make_case(device, heads=40, kv_heads=1, comp_lens=(50, 29), dense_lens=(11, 0),
+                                      interleave=interleave)
+    assert kernel.merge_row_blocks(q.shape[1] * q.shape[2]) == (32, 2)
+    check(decode(q, q_pos, comp, dense, rope_base=None, num_splits=2),
+          ref.lowrank_decode(q, q_pos, comp, dense, rope_base=None), q, comp, dense, q.dtype)
+
+
 @pytest.mark.parametrize("absorbed", [False, True], ids=["fused", "absorbed"])
 def test_merge_maps_sums_near_the_fp16_limit(absorbed, device):
     """U_v rows of 20,000 (fp16 holds up to 65,504), attention spread evenly
@@ -450,6 +467,16 @@ def test_the_model_takes_the_split_count_a_point_ran_with():
 
     assert merge_trips(model.Step(batch=64, visual=32768)) == kernel.split_count(32768, 64, estimate.H100.sms, absorbed=True) == 4
     assert merge_trips(model.Step(batch=64, visual=32768, splits=32)) == 32
+    # The fused call's merge also attends the dense segment: its tokens'
+    # trips, K, V and positions read, logits written; no dense partial read.
+    step = model.Step(batch=8, visual=32768, splits=16)  # the same splits for both
+    fused = model._work(step, "_merge_rank_kernel", {}, estimate.H100, absorbed=False)
+    absorbed = model._work(step, "_merge_rank_kernel", {}, estimate.H100, absorbed=True)
+    assert fused.programs[0].values["d_len"] == step.dense and "d_len" not in absorbed.programs[0].values
+    b, n, hq, hk, d = step.batch, step.dense, step.heads, step.kv_heads, step.head_dim
+    dense_read = b * n * 2 * hk * d * step.elem_bytes + b * n * 4 + b * hq * n * 4  # K, V, positions, logits
+    partial = b * hq * (d + 1) * 4  # the dense sum and LSE the absorbed merge reads
+    assert fused.hbm_bytes == pytest.approx(absorbed.hbm_bytes - partial + dense_read)
     with pytest.raises(ValueError, match="splits=300"):
         model.Step(batch=8, visual=32768, splits=300)
 

@@ -94,12 +94,12 @@ INTERPRET_BLOCK_N = 32  # fixed tile under the interpreter (no autotuning there)
 DENSE_BLOCK_N = 32  # tokens per tile of the dense segment (both calls)
 # The dense segment over a 16-bit cache (both calls): 64 tokens a tile on 4
 # warps (148 registers at head_dim 128 in _query_dense_kernel, 115 when it
-# stores no logits), so a window of 64 recent tokens is one tile and one
-# wait on HBM, not two.
+# stores no logits; the fused call's merge takes the same tile), so a
+# window of 64 recent tokens is one tile and one wait on HBM, not two.
 DENSE_TILE = dict(BLOCK_N=64, num_warps=4, num_stages=3)
 MERGE_ROWS = 32  # query rows of one kv head a merge program takes at most (their sums and outputs in registers)
 MERGE_RANK_CHUNK = 64  # columns of the rank-space sums the merge maps by W_v at a time,
-MERGE_RANK_CHUNK_F32 = 32  # with float32 factors (64 spilled beside a float32 cache's dense segment)
+MERGE_RANK_CHUNK_F32 = 32  # with float32 factors, both calls (64 spilled beside a float32 cache's dense segment)
 MASS_BLOCK_T = 256  # columns of stored logits per mass program,
 MASS_BLOCK_R = 16  # read for this many rows at a time
 MASS_SPAN = 512  # compressed columns per rank-space mass program at least (mass_span), in mass_rank_tile's tiles

@@ -249,10 +249,11 @@ def _work(s: Step, kernel_name: str, meta: dict, gpu, *, absorbed: bool, per_kv_
     b, t, n, hq, hk, d, e = s.batch, s.visual, s.dense, s.heads, s.kv_heads, s.head_dim, s.elem_bytes
     mk, mv = s.mean_ranks()
     programs_per_split = b * hk if per_kv_head else b
-    # Today's kernels split the compressed tokens only (the dense segment
-    # has a kernel of its own), keep their partials in rank space and apply
-    # W_v in the merge; the absorbed one makes q~ once per sequence. The
-    # fbd0532 kernels split [compressed | dense].
+    # Today's kernels split the compressed tokens only (the dense segment is
+    # attended in the merge's launch, or with q~ in the absorbed call's
+    # first), keep their partials in rank space and apply W_v in the merge;
+    # the absorbed one makes q~ once per sequence. The fbd0532 kernels split
+    # [compressed | dense].
     rank_space_parts = not per_kv_head
     if rank_space_parts:
         splits = s.splits or kernel.split_count(t, programs_per_split, gpu.sms, absorbed=absorbed)
@@ -279,12 +280,15 @@ def _work(s: Step, kernel_name: str, meta: dict, gpu, *, absorbed: bool, per_kv_
     dense_flops = b * hq * n * 4 * d
     dense_levels = {"Q": "l2", "QPos": "l2", "DLen": "l2"}
     if kernel_name == "_merge_rank_kernel":  # a program per (sequence, kv head, block of its rows)
+        # The fused call's merge attends the dense segment and reads no dense
+        # partial. Where a kv head's rows take more than one block, each block
+        # reads the dense K and V again, from L2 after the first: counted once.
         dense_in_merge = not absorbed
         values = {"n_splits": splits, "rank_v_max": s.rank_v}
         if dense_in_merge:
             values["d_len"] = n
         return estimate.Work((estimate.Programs(b * hk * kernel.merge_row_blocks(hq // hk)[1], values),),
-                             part_bytes - (b * hq * d * 4 if dense_in_merge else 0) + b * s.rank_v * hk * d * e
+                             part_bytes - (b * hq * (d + 1) * 4 if dense_in_merge else 0) + b * s.rank_v * hk * d * e
                              + b * hq * (d * e + 4) + (dense_read if dense_in_merge else 0),
                              {"PartO": small, "PartRank": small, "PartLse": small, "WV": "l2",
                               **(dense_levels if dense_in_merge else {})},
