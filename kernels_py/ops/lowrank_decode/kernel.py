@@ -24,7 +24,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from kernels_py.ops import common, splitk
-from kernels_py.ops.splitk import _merged_lse, _online_softmax, _store_split
+from kernels_py.ops.splitk import _merge_weights, _merged_lse, _online_softmax, _store_split
 from kernels_py.runtime import interpreter_mode
 from kernels_py.ops.lowrank_decode.contract import CompressedKV, DecodeOutput, DenseKV, check_inputs
 
@@ -882,10 +882,7 @@ def _merge_rank_kernel(
     s_sum = tl.zeros([BLOCK_G], dtype=tl.float32)
     for split in range(0, n_splits):
         lse_s = tl.load(part_lse + split * stride_ss, mask=row_mask, other=float("-inf"))
-        new_max = tl.maximum(s_max, lse_s)
-        ref_s = tl.where(new_max == float("-inf"), 0.0, new_max)  # no split seen yet: no inf - inf
-        s_sum = s_sum * tl.exp2(s_max - ref_s) + tl.exp2(lse_s - ref_s)
-        s_max = new_max
+        _, _, s_max, s_sum = _merge_weights(s_max, s_sum, lse_s)
     if DENSE:
         _, _, _, _, _, acc_d, m_d, l_d = _dense_attend(
             Q, QPos, DK, DV, DPos, DLen, Logits, b, g, row0,
@@ -898,10 +895,8 @@ def _merge_rank_kernel(
         o_d = tl.load(PartO + b * stride_ob + head[:, None] * stride_oh + query[:, None] * stride_om
                       + offs_d[None, :] * stride_od, mask=rows_d, other=0.0)
         lse_d = tl.load(part_lse + n_splits * stride_ss, mask=row_mask, other=float("-inf"))
-    e_max = tl.maximum(s_max, lse_d)
+    _, w_d, e_max, e_sum = _merge_weights(s_max, s_sum, lse_d)
     ref = tl.where(e_max == float("-inf"), 0.0, e_max)  # a row that saw nothing: no inf - inf
-    w_d = tl.exp2(lse_d - ref)
-    e_sum = s_sum * tl.exp2(s_max - ref) + w_d
     # Weights normalised before the sums: each sum is then a convex mix of
     # U_v's rows, so its 16-bit rounding below cannot overflow.
     inv = 1.0 / tl.where(e_sum > 0, e_sum, 1.0)
@@ -927,7 +922,7 @@ def _merge_rank_kernel(
             lo = (acc_rank - hi.to(tl.float32)).to(UW_DT)
             mapped = tl.dot(hi, wv, tl.dot(lo, wv, mapped))
     out = mapped + (w_d * inv)[:, None] * o_d
-    lse = _merged_lse(ref, e_sum)
+    lse = _merged_lse(e_max, e_sum)
     tl.store(Out + b * stride_yb + head[:, None] * stride_yh + query[:, None] * stride_ym + offs_d[None, :] * stride_yd,
              out.to(Out.dtype.element_ty), mask=rows_d)
     tl.store(Lse + b * stride_lb + head * stride_lh + query * stride_lm, lse, mask=row_mask)
