@@ -23,8 +23,9 @@ def test_smoke_run_reports_every_path():
         assert r["speedup_vs_sdpa"] == pytest.approx(r["sdpa_ms"] / r["fused_ms"])
         assert r["absorbed_vs_sdpa"] == pytest.approx(r["sdpa_ms"] / r["absorbed_ms"])
         # The step's modeled bytes: the compressed cache read once (U_v of the
-        # 75% low-rank tokens only up to rank / 4), plus the float32 logits
-        # written and re-read for the masses (8 bytes a head and token).
+        # 75% low-rank tokens only up to rank / 4), plus the logits written
+        # and re-read for the masses (float32 over this float32 cache: 8
+        # bytes a head and token).
         elem, rank, b_, h = 4, r["rank_k"], r["batch"], r["heads"]
         read = r["compressed_bytes"] - b_ * r["visual_len"] * 0.75 * (rank - rank // 4) * elem
         assert r["model_bytes"] == pytest.approx(read + b_ * h * (r["visual_len"] + r["dense_len"]) * 8)

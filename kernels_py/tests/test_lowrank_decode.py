@@ -93,6 +93,18 @@ def make_case(device, *, batch=2, heads=4, kv_heads=2, queries=1, head_dim=64, c
     return q.to(device, dtype), q_pos.to(device), comp, dense
 
 
+def logit_rounding(want, q, comp, dense) -> float:
+    """How far float16 logits (kernel.logits_dtype, the fused call over a
+    16-bit cache) may move a row's weights' sum: each logit s (log2 units)
+    within 2^-11 |s| of itself, so a weight within ln 2 2^-11 |s| of itself
+    (relative), and sum_t p_t |s_t| <= |lse| + log2(tokens) (log2 units)."""
+    if kernel.logits_dtype(q, dense, absorbed=False) != torch.float16:
+        return 0.0
+    lse2 = (want.lse[want.lse > float("-inf")] * math.log2(math.e)).abs()
+    top = float(lse2.max()) if lse2.numel() else 0.0
+    return math.log(2) * 2.0 ** -11 * (top + math.log2(comp.uk.shape[1] + dense.k.shape[2]))
+
+
 def check(got, want, q, comp, dense, dtype):
     batch, heads, queries, head_dim = q.shape
     atol_o, atol_l, atol_m = TOL[dtype]
@@ -107,7 +119,7 @@ def check(got, want, q, comp, dense, dtype):
     # Each query row's weights sum to 1 over the tokens it sees; padding gets none.
     seen = (want.lse > float("-inf")).float().mean(dim=(1, 2))
     total = got.mass_comp.sum(1) + got.mass_dense.sum(1)
-    torch.testing.assert_close(total, seen, atol=2e-5, rtol=0)
+    torch.testing.assert_close(total, seen, atol=2e-5 + logit_rounding(want, q, comp, dense), rtol=0)
     ar_c = torch.arange(comp.uk.shape[1], device=q.device)[None, :]
     ar_d = torch.arange(dense.pos.shape[1], device=q.device)[None, :]
     assert torch.all(got.mass_comp[ar_c >= comp.length[:, None]] == 0)
@@ -415,7 +427,7 @@ def test_absorbed_masses_over_many_tiles_spans_and_dense_programs(queries, inter
     later span's second tile (a second pass starting past the span's first
     column). The masses start as NaN, so a column left unwritten shows."""
     monkeypatch.setattr(kernel, "MASS_SPAN", 64)
-    monkeypatch.setattr(kernel, "MASS_BLOCK_T", 32)
+    monkeypatch.setattr(kernel, "MASS_DENSE_BLOCK_T", 32)
     tile = kernel.mass_rank_tile
     monkeypatch.setattr(kernel, "mass_rank_tile", lambda rows, rk, dt: (32, tile(rows, rk, dt)[1]))
     launch = kernel._rank_space_masses
@@ -474,7 +486,7 @@ def test_the_model_takes_the_split_count_a_point_ran_with():
     absorbed = model._work(step, "_merge_rank_kernel", {}, estimate.H100, absorbed=True)
     assert fused.programs[0].values["d_len"] == step.dense and "d_len" not in absorbed.programs[0].values
     b, n, hq, hk, d = step.batch, step.dense, step.heads, step.kv_heads, step.head_dim
-    dense_read = b * n * 2 * hk * d * step.elem_bytes + b * n * 4 + b * hq * n * 4  # K, V, positions, logits
+    dense_read = b * n * 2 * hk * d * step.elem_bytes + b * n * 4 + b * hq * n * 2  # K, V, positions, fp16 logits
     partial = b * hq * (d + 1) * 4  # the dense sum and LSE the absorbed merge reads
     assert fused.hbm_bytes == pytest.approx(absorbed.hbm_bytes - partial + dense_read)
     with pytest.raises(ValueError, match="splits=300"):
@@ -682,6 +694,69 @@ def test_workspace_holds_rank_space_partials(device):
         decode_absorbed(q, q_pos, comp, dense, workspace=fused)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["float16", "float32"])
+def test_fused_masses_ignore_what_padding_columns_hold(dtype, device, monkeypatch):
+    """The mass kernel loads whole columns of the logits buffer, padding
+    included (a mask by each sequence's lengths would keep its loads
+    scalar), and drops the padding's sums: a buffer filled with NaN and
+    infinities before the call, 32-column mass programs (several a
+    sequence, some all padding), ragged lengths."""
+    monkeypatch.setattr(kernel, "MASS_BLOCK_T", 32)
+    q, q_pos, comp, dense = make_case(device, dtype=dtype, **CASES["ragged"])
+    ws = kernel.make_workspace(q, comp, dense, 2)
+    garbage = torch.tensor([float("nan"), float("inf"), -float("inf"), 3.0e4], device=device)
+    ws.logits.copy_(garbage[torch.arange(ws.logits.numel(), device=device) % 4].view(ws.logits.shape))
+    got = decode(q, q_pos, comp, dense, rope_base=10000.0, workspace=ws)
+    check(got, ref.lowrank_decode(q, q_pos, comp, dense, rope_base=10000.0), q, comp, dense, dtype)
+
+
+def test_fused_logits_are_float16_and_token_major_over_a_16bit_cache(device):
+    """The fused call stores the masses' logits in float16 over a 16-bit
+    cache (float32 over a float32 one), a token's rows side by side; the
+    absorbed call's dense logits stay float32. A workspace whose logits have
+    the other dtype is refused with the call that makes the right one."""
+    q, q_pos, comp, dense = make_case(device, dtype=torch.float16)
+    ws = kernel.make_workspace(q, comp, dense, 3)
+    heads, queries = q.shape[1], q.shape[2]
+    assert ws.logits.dtype == torch.float16 and ws.logits.shape[3] == comp.uk.shape[1] + dense.k.shape[2]
+    assert ws.logits.stride(3) == heads * queries and ws.logits.stride(2) == 1  # token-major
+    assert kernel.make_workspace(q, comp, dense, 3, absorbed=True).logits.dtype == torch.float32
+    q32, pos32, comp32, dense32 = make_case(device, dtype=torch.float32)
+    ws32 = kernel.make_workspace(q32, comp32, dense32, 3)
+    assert ws32.logits.dtype == torch.float32 and ws32.logits.shape == ws.logits.shape
+    with pytest.raises(ValueError, match=r"workspace.logits is torch.float32 .* needs float16 .*make_workspace"):
+        decode(q, q_pos, comp, dense, rope_base=None, workspace=ws32)
+
+
+def test_float16_logits_move_each_mass_within_their_rounding(device, monkeypatch):
+    """Float16 logits change the fused call's masses only by their
+    rounding: each weight 2^(s - lse) within ln 2 * 2^-11 |s| of itself
+    (relative), so each token's mass within the mean over rows of that,
+    taken from the same call with float32 logits. Logits up to about 46
+    (log2 units; q scaled by 4), where the rounding is coarsest."""
+    q, q_pos, comp, dense = make_case(device, dtype=torch.float16, heads=8, kv_heads=2, comp_lens=(120, 77),
+                                      dense_lens=(9, 4), rank_k=32, rank_v=32)
+    q = (q.float() * 4).to(torch.float16)
+    got = decode(q, q_pos, comp, dense, rope_base=10000.0, num_splits=3)
+    monkeypatch.setattr(kernel, "logits_dtype", lambda *args, **kw: torch.float32)
+    ws = kernel.make_workspace(q, comp, dense, 3)
+    exact = decode(q, q_pos, comp, dense, rope_base=10000.0, workspace=ws)
+    assert torch.equal(got.out, exact.out) and torch.equal(got.lse, exact.lse)  # the logits feed the masses only
+    s = ws.logits.float()  # [B, H, M, T + S], log2 units, -inf where not seen
+    assert float(s[s > float("-inf")].abs().max()) > 32  # the rounding's step is 2^-5 or coarser there
+    lse2 = exact.lse[..., None] * math.log2(math.e)
+    weight = torch.exp2(s - lse2).nan_to_num(0.0)
+    bound = (weight * s.abs().nan_to_num(0.0, posinf=0.0)).mean(dim=(1, 2)) * math.log(2) * 2.0 ** -11 * 1.01
+    tokens = comp.uk.shape[1]
+    valid = torch.cat([torch.arange(tokens, device=device)[None, :] < comp.length[:, None],
+                       torch.arange(dense.k.shape[2], device=device)[None, :] < dense.length[:, None]], 1)
+    for part, (a, b) in enumerate(((got.mass_comp, exact.mass_comp), (got.mass_dense, exact.mass_dense))):
+        cols = slice(0, tokens) if part == 0 else slice(tokens, None)
+        err = (a - b).abs()[valid[:, cols]]
+        assert bool((err <= bound[:, cols][valid[:, cols]] + 1e-9).all())
+    assert float((got.mass_comp - exact.mass_comp).abs().max()) > 0  # the rounding is there to bound
+
+
 def test_default_workspace_takes_each_kernels_split_count(device, monkeypatch):
     """make_workspace with num_splits=None makes the split count a call
     without a workspace would use: the batch's programs on the GPU's SMs,
@@ -786,7 +861,9 @@ def test_roofline_model_counts_the_bytes_of_the_issue():
     w_bytes = 64 * (64 + 64) * 8 * 128 * 2
     dense_bytes = 64 * 64 * 4096
     assert c["absorbed (latent)"]["bytes"] == 64 * 32768 * 256 + w_bytes + dense_bytes
-    assert c["fused (exact)"]["mass_bytes"] == 64 * 32 * (32768 + 64) * 8  # float32 logits, out and back
+    assert c["fused (exact)"]["mass_bytes"] == 64 * 32 * (32768 + 64) * 4  # float16 logits, out and back
+    f32 = model.costs(model.Step(batch=64, visual=32768, dense=64, elem_bytes=4))
+    assert f32["fused (exact)"]["mass_bytes"] == 64 * 32 * (32768 + 64) * 8  # float32 over a float32 cache
     # The absorbed kernel's masses: dense logits out and back, U_k read again, q~ out and back.
     assert c["absorbed (latent)"]["mass_bytes"] == 64 * 32 * 64 * 8 + 64 * 32768 * 128 + 64 * 32 * 64 * 8
     flash_us, bound = model.roofline_us(c["flash, full cache"])

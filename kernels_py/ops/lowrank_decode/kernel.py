@@ -100,8 +100,17 @@ DENSE_TILE = dict(BLOCK_N=64, num_warps=4, num_stages=3)
 MERGE_ROWS = 32  # query rows of one kv head a merge program takes at most (their sums and outputs in registers)
 MERGE_RANK_CHUNK = 64  # columns of the rank-space sums the merge maps by W_v at a time,
 MERGE_RANK_CHUNK_F32 = 32  # with float32 factors, both calls (64 spilled beside a float32 cache's dense segment)
-MASS_BLOCK_T = 256  # columns of stored logits per mass program,
-MASS_BLOCK_R = 16  # read for this many rows at a time
+# The fused call's masses: columns of stored logits per program, read for
+# MASS_BLOCK_R rows at a time (16-bit logits; float32 ones take half as many
+# rows, the same bytes in flight): 16 KB a load keeps the kernel near its
+# memory floor (at 256 columns the programs' fixed work set the time; 1,024
+# spilled where a token's rows are not 16-byte aligned and load one by one).
+MASS_BLOCK_T = 512
+MASS_BLOCK_R = 16
+# The absorbed call's dense columns in _mass_rank_kernel (a 64-token window
+# is one program a sequence; wider blocks would only raise its registers).
+MASS_DENSE_BLOCK_T = 256
+MASS_DENSE_BLOCK_R = 16
 MASS_SPAN = 512  # compressed columns per rank-space mass program at least (mass_span), in mass_rank_tile's tiles
 MASS_PROGRAMS_PER_SM = 2  # rank-space mass programs an SM holds (216 registers on 4 warps)
 
@@ -960,7 +969,8 @@ def _stored_masses(Logits, Lse, MassC, MassD, CLen, DLen, b, cols, logit_cols,
                    n_comp, n_cols, n_rows, inv_rows, N_QUERIES: tl.constexpr, BLOCK_R: tl.constexpr):
     """The masses of columns `cols` of [compressed | dense] of sequence b
     from stored logits (at `logit_cols` of Logits: the absorbed kernel's
-    hold the dense columns only), BLOCK_R rows' loads in flight at once."""
+    hold the dense columns only; 16-bit or float32), BLOCK_R rows' loads in
+    flight at once."""
     c_len = tl.load(CLen + b * stride_clb).to(tl.int32)
     d_len = tl.load(DLen + b * stride_dlb).to(tl.int32)
     valid_c = cols < c_len
@@ -976,9 +986,13 @@ def _stored_masses(Logits, Lse, MassC, MassD, CLen, DLen, b, cols, logit_cols,
         lse2 = tl.load(Lse + b * stride_sb + head * stride_sh + query * stride_sm, mask=row_mask,
                        other=0.0) * 1.4426950408889634
         lse2 = tl.where(lse2 == float("-inf"), 0.0, lse2)  # a row that saw nothing has only -inf logits
+        # Loaded under the buffer's width, not under `valid` (a length read
+        # from memory): that mask would keep the loads scalar. Padding
+        # columns hold whatever was there, set aside in registers.
         logit = tl.load(Logits + b * stride_lb + head[:, None] * stride_lh + query[:, None] * stride_lm
-                        + logit_cols[None, :] * stride_ln, mask=row_mask[:, None] & valid[None, :],
-                        other=float("-inf"))
+                        + logit_cols[None, :] * stride_ln, mask=row_mask[:, None] & (cols < n_cols)[None, :],
+                        other=float("-inf")).to(tl.float32)
+        logit = tl.where(valid[None, :], logit, float("-inf"))
         total += tl.sum(tl.exp2(logit - lse2[:, None]), 0)
     mass = tl.where(valid, total * inv_rows, 0.0)
     tl.store(MassC + b * stride_cb + cols * stride_cn, mass, mask=cols < n_comp)
@@ -1251,9 +1265,11 @@ def check_mass(mass) -> bool:
 
 @dataclass(frozen=True)
 class Workspace:
-    """What one call writes and reads besides its outputs, float32: the
-    scaled logits of every (query row, token) for the masses [B, Hq, M, T + S]
-    (the absorbed kernel: of the dense tokens only, [B, Hq, M, S]), each
+    """What one call writes and reads besides its outputs: the scaled
+    logits of every (query row, token) for the masses [B, Hq, M, T + S]
+    (float16 and stored token-major where the keys are rebuilt in a 16-bit
+    dtype, see logits_dtype; the absorbed kernel: float32, of the dense
+    tokens only, [B, Hq, M, S]) and, float32, each
     split's rank-space partial sum [B, Hq, M, splits, Rv] and the
     log2-sum-exp of each split and of the dense segment [B, Hq, M, splits +
     1], the dense segment's sum [B, Hq, M, 1, D] and the rank-space queries
@@ -1280,8 +1296,33 @@ def make_workspace(q: torch.Tensor, comp: CompressedKV, dense: DenseKV, num_spli
     lowrank_decode_absorbed) with these shapes and num_splits splits (see
     default_num_splits), on q's device."""
     num_splits = _num_splits(num_splits, comp, dense, comp.length.shape[0], q.device, absorbed)
-    return Workspace(*(torch.empty(shape, dtype=torch.float32, device=q.device)
-                       for shape in _workspace_shapes(q, comp, dense, num_splits, absorbed)))
+    return _new_workspace(_workspace_shapes(q, comp, dense, num_splits, absorbed), q, dense, absorbed)
+
+
+def logits_dtype(q: torch.Tensor, dense: DenseKV, absorbed: bool) -> torch.dtype:
+    """The dtype the masses' logits are stored in. The fused kernel scores
+    keys rounded to a 16-bit dtype where q and the dense cache have one
+    (QK_DT); that rounding may move a logit s by up to 2^-11 sum_i |q_i k_i|
+    (at least 2^-11 |s|), and rounding s itself to float16 moves it by at
+    most 2^-11 |s| (a weight by ln 2 times that, relative): on random fp16
+    caches the masses move about as much from either (tests). It halves the
+    bytes written and read back for the masses. Float32 otherwise, and for
+    the absorbed kernel's few dense logits."""
+    if absorbed or common.dot_dtype(q.dtype, dense.k.dtype, dense.v.dtype) == tl.float32:
+        return torch.float32
+    return torch.float16
+
+
+def _new_workspace(shapes, q: torch.Tensor, dense: DenseKV, absorbed: bool) -> Workspace:
+    (batch, heads, queries, cols), *rest = shapes
+    logits_dt, dev = logits_dtype(q, dense, absorbed), q.device
+    if logits_dt == torch.float16:  # token-major: a token's rows side by side, as stage 1's
+        # transposed score tile holds them, so the mass kernel sums a token's rows from 16-byte loads
+        logits = torch.empty((batch, cols, heads, queries), dtype=logits_dt, device=dev).permute(0, 2, 3, 1)
+    else:  # float32 (a float32 cache, or the absorbed call's dense logits): row-major, where the
+        # fused merge's float32 dense segment does not spill
+        logits = torch.empty((batch, heads, queries, cols), dtype=logits_dt, device=dev)
+    return Workspace(logits, *(torch.empty(shape, dtype=torch.float32, device=dev) for shape in rest))
 
 
 def _workspace_shapes(q, comp, dense, splits: int, absorbed: bool):
@@ -1301,12 +1342,14 @@ def _check_workspace(ws: Workspace, q, comp, dense, num_splits, absorbed: bool) 
         raise TypeError(f"workspace must be a Workspace (make_workspace), got {type(ws).__name__}")
     if num_splits is not None and num_splits != ws.splits:
         raise ValueError(f"num_splits={num_splits} but the workspace was made for {ws.splits} splits")
-    for name, t, shape in zip(("logits", "part_o", "part_lse", "q_rank", "part_rank"),
-                              (ws.logits, ws.part_o, ws.part_lse, ws.q_rank, ws.part_rank),
-                              _workspace_shapes(q, comp, dense, ws.splits, absorbed)):
-        if tuple(t.shape) != shape or t.dtype != torch.float32 or t.device != q.device:
+    dtypes = (logits_dtype(q, dense, absorbed),) + (torch.float32,) * 4
+    for name, t, shape, dt in zip(("logits", "part_o", "part_lse", "q_rank", "part_rank"),
+                                  (ws.logits, ws.part_o, ws.part_lse, ws.q_rank, ws.part_rank),
+                                  _workspace_shapes(q, comp, dense, ws.splits, absorbed), dtypes):
+        if tuple(t.shape) != shape or t.dtype != dt or t.device != q.device:
+            dt_name = str(dt).removeprefix("torch.")
             raise ValueError(f"workspace.{name} is {t.dtype} {tuple(t.shape)} on {t.device}; this call needs "
-                             f"float32 {shape} on {q.device}: make it with make_workspace(q, comp, dense, "
+                             f"{dt_name} {shape} on {q.device}: make it with make_workspace(q, comp, dense, "
                              f"num_splits={ws.splits}, absorbed={absorbed}) for these shapes and this kernel")
     return ws.splits
 
@@ -1341,9 +1384,9 @@ def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, wor
     else:
         splits = _num_splits(num_splits, comp, dense, batch, dev, absorbed)
         shapes = list(_workspace_shapes(q, comp, dense, splits, absorbed))
-        if not mass:  # no logits are written: no [B, Hq, M, T + S] float32 buffer either
+        if not mass:  # no logits are written: no [B, Hq, M, T + S] buffer either
             shapes[0] = (batch, heads, queries, 0)
-        workspace = Workspace(*(torch.empty(shape, dtype=torch.float32, device=dev) for shape in shapes))
+        workspace = _new_workspace(shapes, q, dense, absorbed)
     # Scaled logits (log2 units) of every (row, token) for the masses; columns
     # [0, T) are the compressed tokens, [T, T + S) the dense ones (the
     # absorbed kernel: the dense ones only). Only real tokens' columns are
@@ -1394,7 +1437,7 @@ def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, wor
             *logits.stride(), *lse.stride(), *mass_comp.stride(), *mass_dense.stride(),
             *comp.length.stride(), *dense.length.stride(),
             tokens, tokens + slots, heads * queries, 1.0 / (heads * queries),
-            N_QUERIES=queries, BLOCK_R=MASS_BLOCK_R, BLOCK_T=MASS_BLOCK_T)
+            N_QUERIES=queries, BLOCK_R=MASS_BLOCK_R * 2 // logits.element_size(), BLOCK_T=MASS_BLOCK_T)
     return DecodeOutput(out, lse, mass_comp, mass_dense)
 
 
@@ -1494,7 +1537,7 @@ def _rank_space_masses(q_pos, comp, logits, lse, mass_comp, mass_dense, dense_le
     slots = mass_dense.shape[1]
     block_t, warps = mass_rank_tile(common.block(rows), common.block(comp.uk.shape[2]), uw_dt)
     span = mass_span(tokens, batch, splitk.sm_count(q_pos.device))
-    blocks = triton.cdiv(tokens, span) + triton.cdiv(slots, MASS_BLOCK_T)
+    blocks = triton.cdiv(tokens, span) + triton.cdiv(slots, MASS_DENSE_BLOCK_T)
     if not batch or not blocks:
         return
     _mass_rank_kernel[(batch, blocks)](
@@ -1504,7 +1547,8 @@ def _rank_space_masses(q_pos, comp, logits, lse, mass_comp, mass_dense, dense_le
         *dense_length.stride(),
         tokens, tokens + slots, rows, 1.0 / rows, scale * common.LOG2E, comp.uk.shape[2],
         N_QUERIES=queries, SPAN=span, BLOCK_T=block_t, BLOCK_ROWS=common.block(rows),
-        BLOCK_RK=common.block(comp.uk.shape[2]), UW_DT=uw_dt, DENSE_BLOCK_T=MASS_BLOCK_T, DENSE_BLOCK_R=MASS_BLOCK_R,
+        BLOCK_RK=common.block(comp.uk.shape[2]), UW_DT=uw_dt, DENSE_BLOCK_T=MASS_DENSE_BLOCK_T,
+        DENSE_BLOCK_R=MASS_DENSE_BLOCK_R,
         num_warps=warps, num_stages=3)
 
 

@@ -23,8 +23,9 @@ absorbed kernel scores and sums in rank space: 2 * (R_k + R_v) per row and
 token.
 
 For the per-token attention mass (AttentionPack Eq. 1) the fused kernel
-writes each (query head, token) logit in float32 and reads it back, 8 bytes
-per head and token; the absorbed kernel does so for the dense tokens only
+writes each (query head, token) logit and reads it back, 4 bytes per head
+and token over a 16-bit cache (float16 logits; 8 in float32, as at
+fbd0532); the absorbed kernel does so for the dense tokens only
 and recomputes the compressed tokens' scores in rank space, reading U_k
 again (2 * rank_k bytes a token). Counted apart, as "mass" bytes.
 
@@ -99,7 +100,7 @@ def costs(s: Step) -> dict[str, dict]:
     dense_bytes = b * n * 2 * hk * d * e
     dense_flops = b * hk * max(16, hq // hk) * n * 4 * d  # each kv head's rows, padded to 16
     factors = b * t * per_token_bytes(s)["factors"] + b * (rk + rv) * hk * d * e  # U once, W once
-    logits = b * hq * (t + n) * 4 * 2  # float32, written then read for the masses
+    logits = b * hq * (t + n) * _logit_bytes(s) * 2  # written, then read for the masses
     rank_space_mass = b * hq * n * 4 * 2 + b * t * mk * e + b * hq * rk * 4 * 2  # dense logits, U_k again, q~
     absorbed_flops = b * hq * t * 2 * (rk + rv) + b * hq * 2 * d * rk + dense_flops
     fused_flops = b * t * hk * 2 * mk * d + b * t * hk * hq * 2 * d + b * hq * t * 2 * rv + dense_flops
@@ -119,7 +120,8 @@ COLUMNS = (
     Column("batch", "", "sequences"),
     Column("variant", "", "implementation"),
     Column("gbytes", "", "HBM gigabytes one step must read (the factors once, W, the dense segment)", "GB"),
-    Column("mass_gbytes", "", "gigabytes more for the per-token masses: float32 logits written and re-read (the "
+    Column("mass_gbytes", "", "gigabytes more for the per-token masses: logits written and re-read (float16 "
+           "over a 16-bit cache; the "
            "absorbed kernel: of the dense tokens, plus U_k read again)", "+mass GB"),
     Column("tflop", "", "tensor-core teraFLOPs of one step", "TFLOP"),
     Column("roofline_us", "", "microseconds: max(bytes / 3.35 TB/s, FLOPs / 989 TFLOP/s), masses included",
@@ -276,7 +278,7 @@ def _work(s: Step, kernel_name: str, meta: dict, gpu, *, absorbed: bool, per_kv_
     # the masses; in the absorbed call's first launch, which also makes q~
     # (W_k read once, q~ written) and stores the dense partial, or in the
     # fused call's merge.
-    dense_read = dense_bytes + b * n * 4 + b * hq * n * 4 * _stores_logits(meta)
+    dense_read = dense_bytes + b * n * 4 + b * hq * n * (4 if absorbed else _logit_bytes(s)) * _stores_logits(meta)
     dense_flops = b * hq * n * 4 * d
     dense_levels = {"Q": "l2", "QPos": "l2", "DLen": "l2"}
     if kernel_name == "_merge_rank_kernel":  # a program per (sequence, kv head, block of its rows)
@@ -323,7 +325,7 @@ def _work(s: Step, kernel_name: str, meta: dict, gpu, *, absorbed: bool, per_kv_
         if rank_space_parts:  # the dense segment is another launch's
             dense_bytes, index_bytes = 0, b * t * 12
             part_bytes = b * hq * splits * (s.rank_v + 1) * 4
-            logits = 0 if absorbed else b * hq * t * 4 * _stores_logits(meta)
+            logits = 0 if absorbed else b * hq * t * _logit_bytes(s) * _stores_logits(meta)
         if kernel_name == "_stage1_kernel" and not per_kv_head:
             # The fused kernel asks L2 for the next tile's U rows a tile ahead
             # (prefetch.global.L2, nothing waits for it): only a program's
@@ -364,8 +366,9 @@ def _work(s: Step, kernel_name: str, meta: dict, gpu, *, absorbed: bool, per_kv_
         cols = n if absorbed and rank_space_parts else t + n
         grid = b * -(-cols // kernel.MASS_BLOCK_T)
         levels = {"Lse": "l2", "CLen": "l2", "DLen": "l2"}
-        return estimate.Work((estimate.Programs(grid, {"n_rows": hq}),), b * hq * cols * 4 + b * cols * 4 + b * hq * 4,
-                             levels, 0.0, tokens)
+        logit_bytes = _logit_bytes(s) if rank_space_parts and not absorbed else 4  # fbd0532's: float32
+        return estimate.Work((estimate.Programs(grid, {"n_rows": hq}),),
+                             b * hq * cols * logit_bytes + b * cols * 4 + b * hq * 4, levels, 0.0, tokens)
     if kernel_name == "_mass_rank_kernel":
         span = kernel.mass_span(t, b, gpu.sms)
         block_t = int(meta["BLOCK_T"])
@@ -378,7 +381,7 @@ def _work(s: Step, kernel_name: str, meta: dict, gpu, *, absorbed: bool, per_kv_
         programs = tuple(estimate.Programs(b * count, {"block": 0, "_rank_masses.hi": cols, "#ragged_start": ragged,
                                                         "#r0": 0})
                          for (cols, ragged), count in classes.items())
-        dense_blocks = -(-n // kernel.MASS_BLOCK_T)
+        dense_blocks = -(-n // kernel.MASS_DENSE_BLOCK_T)
         if dense_blocks:  # the dense columns' programs: their stored logits read, their masses written
             programs += (estimate.Programs(b * dense_blocks, {"#start": 0, "#ragged_start": 0, "n_rows": hq}),)
         stored = b * hq * n * 4 + b * n * 4
@@ -390,6 +393,12 @@ def _work(s: Step, kernel_name: str, meta: dict, gpu, *, absorbed: bool, per_kv_
 
 def _key(s: Step) -> tuple:
     return (s.heads, s.kv_heads, s.head_dim, s.rank_k, s.rank_v, s.elem_bytes, _rank_chunk(s))
+
+
+def _logit_bytes(s: Step) -> int:
+    """Bytes of one logit the fused call stores for the masses
+    (kernel.logits_dtype: float16 over a 16-bit cache)."""
+    return 2 if s.elem_bytes == 2 else 4
 
 
 def _stores_logits(meta: dict) -> int:
