@@ -21,8 +21,8 @@ baselines). Every sequence of a batch has the full length.
 Bytes and FLOPs (for GB/s, % of the HBM peak and TFLOP/s) are those the
 step must move and compute, from kernels_py/ops/lowrank_decode/model.py:
 U_k, U_v, W_k, W_v and the dense K/V read once, plus the logits each kernel
-writes and re-reads for the per-token masses (float16 over a 16-bit cache,
-float32 over a float32 one; the absorbed kernel's: float32, of the dense
+writes and re-reads for the per-token masses (float16 over an fp16 cache,
+float32 otherwise; the absorbed kernel's: float32, of the dense
 tokens, and U_k read again) (the per-token ranks and
 positions, 12 bytes a token, are left out); the full cache's K/V for SDPA.
 Compression ratio: full K/V cache bytes / (U + W + dense K/V bytes). On a

@@ -94,8 +94,8 @@ def make_case(device, *, batch=2, heads=4, kv_heads=2, queries=1, head_dim=64, c
 
 
 def logit_rounding(want, q, comp, dense) -> float:
-    """How far float16 logits (kernel.logits_dtype, the fused call over a
-    16-bit cache) may move a row's weights' sum: each logit s (log2 units)
+    """How far float16 logits (kernel.logits_dtype, the fused call over
+    an fp16 cache) may move a row's weights' sum: each logit s (log2 units)
     within 2^-11 |s| of itself, so a weight within ln 2 2^-11 |s| of itself
     (relative), and sum_t p_t |s_t| <= |lse| + log2(tokens) (log2 units)."""
     if kernel.logits_dtype(q, dense, absorbed=False) != torch.float16:
@@ -710,22 +710,53 @@ def test_fused_masses_ignore_what_padding_columns_hold(dtype, device, monkeypatc
     check(got, ref.lowrank_decode(q, q_pos, comp, dense, rope_base=10000.0), q, comp, dense, dtype)
 
 
-def test_fused_logits_are_float16_and_token_major_over_a_16bit_cache(device):
-    """The fused call stores the masses' logits in float16 over a 16-bit
-    cache (float32 over a float32 one), a token's rows side by side; the
-    absorbed call's dense logits stay float32. A workspace whose logits have
-    the other dtype is refused with the call that makes the right one."""
-    q, q_pos, comp, dense = make_case(device, dtype=torch.float16)
+@pytest.mark.parametrize("heads,queries", [(4, 1), (7, 3)])
+def test_fused_logits_are_float16_and_token_major_over_an_fp16_cache(heads, queries, device):
+    """The fused call stores the masses' logits in float16 over an fp16
+    cache (float32 over a bf16 or float32 one), a token's rows side by side
+    and padded to 16 of them; the absorbed call's dense logits stay float32.
+    A workspace whose logits have the other dtype is refused with the call
+    that makes the right one."""
+    case = dict(heads=heads, kv_heads=1, queries=queries)
+    q, q_pos, comp, dense = make_case(device, dtype=torch.float16, **case)
     ws = kernel.make_workspace(q, comp, dense, 3)
-    heads, queries = q.shape[1], q.shape[2]
-    assert ws.logits.dtype == torch.float16 and ws.logits.shape[3] == comp.uk.shape[1] + dense.k.shape[2]
-    assert ws.logits.stride(3) == heads * queries and ws.logits.stride(2) == 1  # token-major
+    cols = comp.uk.shape[1] + dense.k.shape[2]
+    assert ws.logits.dtype == torch.float16 and ws.logits.shape == (q.shape[0], heads, queries, cols)
+    assert ws.logits.stride()[1:] == (queries, 1, -(-heads * queries // 16) * 16)  # token-major, rows padded to 16
     assert kernel.make_workspace(q, comp, dense, 3, absorbed=True).logits.dtype == torch.float32
-    q32, pos32, comp32, dense32 = make_case(device, dtype=torch.float32)
+    assert kernel.logits_dtype(q.bfloat16(), DenseKV(dense.k.bfloat16(), dense.v.bfloat16(), dense.pos, dense.length),
+                               absorbed=False) == torch.float32
+    q32, pos32, comp32, dense32 = make_case(device, dtype=torch.float32, **case)
     ws32 = kernel.make_workspace(q32, comp32, dense32, 3)
     assert ws32.logits.dtype == torch.float32 and ws32.logits.shape == ws.logits.shape
     with pytest.raises(ValueError, match=r"workspace.logits is torch.float32 .* needs float16 .*make_workspace"):
         decode(q, q_pos, comp, dense, rope_base=None, workspace=ws32)
+    check(decode(q, q_pos, comp, dense, rope_base=None, workspace=ws),
+          ref.lowrank_decode(q, q_pos, comp, dense, rope_base=None), q, comp, dense, torch.float16)
+    if queries > 1:  # the mass kernels address row h * M + m with one stride
+        apart = torch.empty((q.shape[0], queries, heads, cols), dtype=torch.float16, device=device).transpose(1, 2)
+        with pytest.raises(ValueError, match=r"heads and queries must be one run of rows"):
+            decode(q, q_pos, comp, dense, rope_base=None,
+                   workspace=kernel.Workspace(apart, ws.part_o, ws.part_lse, ws.q_rank, ws.part_rank))
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # the interpreter's, storing it
+def test_fused_masses_take_a_logit_past_float16s_range_as_its_rows_lse(device):
+    """A dense key of kv head 0 along its query, scaled so that the logit
+    (log2 units) passes 65504, float16's largest: stored as +inf, its
+    weight is 1 (the row's LSE), as the reference has it. (Finite logits
+    that large would keep nothing of their weights: a float16 logit is
+    within 2^-11 |s| of itself, 16 at |s| = 32768.)"""
+    q, q_pos, comp, dense = make_case(device, dtype=torch.float16, heads=2, kv_heads=2, dense_lens=(9, 3))
+    k = dense.k.clone()
+    k[:, 0, 0, :] = q[:, 0, 0, :].float() * 6000.0
+    dense = DenseKV(k, dense.v, dense.pos, dense.length)
+    got = decode(q, q_pos, comp, dense, rope_base=None)
+    want = ref.lowrank_decode(q, q_pos, comp, dense, rope_base=None)
+    assert float(want.lse[:, 0, 0].min()) * math.log2(math.e) > 65504  # past float16's range
+    assert torch.isfinite(got.mass_dense).all() and torch.isfinite(got.mass_comp).all()
+    torch.testing.assert_close(got.mass_dense, want.mass_dense, atol=1e-3, rtol=1e-2)
+    torch.testing.assert_close(got.mass_comp, want.mass_comp, atol=1e-3, rtol=1e-2)
 
 
 def test_float16_logits_move_each_mass_within_their_rounding(device, monkeypatch):

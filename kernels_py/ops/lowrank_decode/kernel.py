@@ -940,12 +940,12 @@ def _merge_rank_kernel(
 @triton.jit
 def _mass_kernel(
     Logits, Lse, MassC, MassD, CLen, DLen,
-    stride_lb, stride_lh, stride_lm, stride_ln,
+    stride_lb, stride_lr, stride_ln,
     stride_sb, stride_sh, stride_sm,
     stride_cb, stride_cn,
     stride_db, stride_dn,
     stride_clb, stride_dlb,
-    n_comp, n_cols, n_rows, inv_rows,
+    n_comp, n_cols, n_rows, row_width, inv_rows,
     N_QUERIES: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_T: tl.constexpr,
@@ -957,25 +957,26 @@ def _mass_kernel(
     b = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
     _stored_masses(Logits, Lse, MassC, MassD, CLen, DLen, b, cols, cols,
-                   stride_lb, stride_lh, stride_lm, stride_ln, stride_sb, stride_sh, stride_sm,
+                   stride_lb, stride_lr, stride_ln, stride_sb, stride_sh, stride_sm,
                    stride_cb, stride_cn, stride_db, stride_dn, stride_clb, stride_dlb,
-                   n_comp, n_cols, n_rows, inv_rows, N_QUERIES, BLOCK_R)
+                   n_comp, n_cols, n_rows, row_width, inv_rows, N_QUERIES, BLOCK_R)
 
 
 @triton.jit
 def _stored_masses(Logits, Lse, MassC, MassD, CLen, DLen, b, cols, logit_cols,
-                   stride_lb, stride_lh, stride_lm, stride_ln, stride_sb, stride_sh, stride_sm,
+                   stride_lb, stride_lr, stride_ln, stride_sb, stride_sh, stride_sm,
                    stride_cb, stride_cn, stride_db, stride_dn, stride_clb, stride_dlb,
-                   n_comp, n_cols, n_rows, inv_rows, N_QUERIES: tl.constexpr, BLOCK_R: tl.constexpr):
+                   n_comp, n_cols, n_rows, row_width, inv_rows, N_QUERIES: tl.constexpr, BLOCK_R: tl.constexpr):
     """The masses of columns `cols` of [compressed | dense] of sequence b
     from stored logits (at `logit_cols` of Logits: the absorbed kernel's
-    hold the dense columns only; 16-bit or float32), BLOCK_R rows' loads in
-    flight at once."""
+    hold the dense columns only; float16 or float32; row r = head * M +
+    query at r * stride_lr, the first row_width >= n_rows of them in
+    bounds), BLOCK_R rows' loads in flight at once."""
     c_len = tl.load(CLen + b * stride_clb).to(tl.int32)
     d_len = tl.load(DLen + b * stride_dlb).to(tl.int32)
     valid_c = cols < c_len
     valid_d = (cols >= n_comp) & (cols - n_comp < d_len)
-    # Only columns of real tokens were written by stage 1; padding is never read.
+    # Only real tokens' columns of real rows were written (by stage 1 and the merge).
     valid = valid_c | valid_d
     total = tl.zeros(cols.shape, dtype=tl.float32)
     for r0 in range(0, n_rows, BLOCK_R):
@@ -986,13 +987,16 @@ def _stored_masses(Logits, Lse, MassC, MassD, CLen, DLen, b, cols, logit_cols,
         lse2 = tl.load(Lse + b * stride_sb + head * stride_sh + query * stride_sm, mask=row_mask,
                        other=0.0) * 1.4426950408889634
         lse2 = tl.where(lse2 == float("-inf"), 0.0, lse2)  # a row that saw nothing has only -inf logits
-        # Loaded under the buffer's width, not under `valid` (a length read
-        # from memory): that mask would keep the loads scalar. Padding
-        # columns hold whatever was there, set aside in registers.
-        logit = tl.load(Logits + b * stride_lb + head[:, None] * stride_lh + query[:, None] * stride_lm
-                        + logit_cols[None, :] * stride_ln, mask=row_mask[:, None] & (cols < n_cols)[None, :],
-                        other=float("-inf")).to(tl.float32)
-        logit = tl.where(valid[None, :], logit, float("-inf"))
+        # Loaded under the buffer's extent, not under `valid` and row_mask
+        # (lengths not known to be multiples of 16): those masks would keep
+        # token-major loads scalar. What padding rows and columns hold is set
+        # aside here, before any arithmetic. A logit is at most its row's LSE
+        # (only a float16 rounding puts it above, or past float16's range at
+        # +inf, where the weight is 1).
+        logit = tl.load(Logits + b * stride_lb + rows[:, None] * stride_lr + logit_cols[None, :] * stride_ln,
+                        mask=(rows < row_width)[:, None] & (cols < n_cols)[None, :], other=float("-inf"))
+        logit = tl.where(row_mask[:, None] & valid[None, :], tl.minimum(logit.to(tl.float32), lse2[:, None]),
+                         float("-inf"))
         total += tl.sum(tl.exp2(logit - lse2[:, None]), 0)
     mass = tl.where(valid, total * inv_rows, 0.0)
     tl.store(MassC + b * stride_cb + cols * stride_cn, mass, mask=cols < n_comp)
@@ -1043,10 +1047,10 @@ def _mass_rank_kernel(
     stride_rkb, stride_rkn,
     stride_cpb, stride_cpn,
     stride_pb, stride_pm,
-    stride_lb, stride_lh, stride_lm, stride_ln,
+    stride_lb, stride_lr, stride_ln,
     stride_db, stride_dn,
     stride_dlb,
-    n_comp, n_cols, n_rows, inv_rows, qk_scale, rank_k_max,
+    n_comp, n_cols, n_rows, row_width, inv_rows, qk_scale, rank_k_max,
     N_QUERIES: tl.constexpr,
     SPAN: tl.constexpr,
     BLOCK_T: tl.constexpr,
@@ -1074,9 +1078,9 @@ def _mass_rank_kernel(
     else:
         cols = n_comp + (block - n_spans) * DENSE_BLOCK_T + tl.arange(0, DENSE_BLOCK_T)
         _stored_masses(Logits, Lse, MassC, MassD, CLen, DLen, b, cols, cols - n_comp,
-                       stride_lb, stride_lh, stride_lm, stride_ln, stride_sb, stride_sh, stride_sm,
+                       stride_lb, stride_lr, stride_ln, stride_sb, stride_sh, stride_sm,
                        stride_cb, stride_cn, stride_db, stride_dn, stride_clb, stride_dlb,
-                       n_comp, n_cols, n_rows, inv_rows, N_QUERIES, DENSE_BLOCK_R)
+                       n_comp, n_cols, n_rows, row_width, inv_rows, N_QUERIES, DENSE_BLOCK_R)
 
 
 @triton.jit
@@ -1220,7 +1224,8 @@ def lowrank_decode(q: torch.Tensor, q_pos: torch.Tensor, comp: CompressedKV, den
     importance groups) save rebuild work in proportion to their rank when
     the chunk is no larger than the low groups' rank.
     mass=False skips the per-token attention masses: no logits are written
-    or read back (256 bytes a token at 32 query heads, as much as U itself)
+    or read back (128 bytes a token at 32 query heads over an fp16 cache,
+    half as much as U; 256 in float32)
     and the mass kernel does not run; for the steps that do not update
     AttentionPack's importance (its `importance_every` knob).
     Returns DecodeOutput(out [B, Hq, M, D] q.dtype, lse [B, Hq, M] float32,
@@ -1300,15 +1305,18 @@ def make_workspace(q: torch.Tensor, comp: CompressedKV, dense: DenseKV, num_spli
 
 
 def logits_dtype(q: torch.Tensor, dense: DenseKV, absorbed: bool) -> torch.dtype:
-    """The dtype the masses' logits are stored in. The fused kernel scores
-    keys rounded to a 16-bit dtype where q and the dense cache have one
-    (QK_DT); that rounding may move a logit s by up to 2^-11 sum_i |q_i k_i|
-    (at least 2^-11 |s|), and rounding s itself to float16 moves it by at
-    most 2^-11 |s| (a weight by ln 2 times that, relative): on random fp16
-    caches the masses move about as much from either (tests). It halves the
-    bytes written and read back for the masses. Float32 otherwise, and for
-    the absorbed kernel's few dense logits."""
-    if absorbed or common.dot_dtype(q.dtype, dense.k.dtype, dense.v.dtype) == tl.float32:
+    """The dtype the masses' logits are stored in: float16 where the fused
+    kernel scores keys rounded to float16 (q and the dense cache in fp16,
+    QK_DT), float32 otherwise (a bf16 cache's values may pass float16's
+    range) and for the absorbed kernel's few dense logits. The keys'
+    rounding may already move a logit s by up to 2^-11 sum_i |q_i k_i|;
+    storing s in float16 moves it by at most 2^-11 |s| more (a weight by
+    ln 2 times that, relative; test_float16_logits_move_each_mass_within_
+    their_rounding), and halves the bytes written and read back for the
+    masses. Past float16's range a logit stores as an infinity: the mass
+    kernels take +inf as the row's LSE (weight 1).
+    """
+    if absorbed or common.dot_dtype(q.dtype, dense.k.dtype, dense.v.dtype) != tl.float16:
         return torch.float32
     return torch.float16
 
@@ -1317,8 +1325,11 @@ def _new_workspace(shapes, q: torch.Tensor, dense: DenseKV, absorbed: bool) -> W
     (batch, heads, queries, cols), *rest = shapes
     logits_dt, dev = logits_dtype(q, dense, absorbed), q.device
     if logits_dt == torch.float16:  # token-major: a token's rows side by side, as stage 1's
-        # transposed score tile holds them, so the mass kernel sums a token's rows from 16-byte loads
-        logits = torch.empty((batch, cols, heads, queries), dtype=logits_dt, device=dev).permute(0, 2, 3, 1)
+        # transposed score tile holds them, so the mass kernel sums a token's rows from 16-byte loads;
+        # each token's rows padded to 16, so every token starts 32-byte aligned
+        rows = heads * queries
+        padded = torch.empty((batch, cols, -(-rows // 16) * 16), dtype=logits_dt, device=dev)
+        logits = padded[..., :rows].unflatten(2, (heads, queries)).permute(0, 2, 3, 1)
     else:  # float32 (a float32 cache, or the absorbed call's dense logits): row-major, where the
         # fused merge's float32 dense segment does not spill
         logits = torch.empty((batch, heads, queries, cols), dtype=logits_dt, device=dev)
@@ -1336,6 +1347,22 @@ def _workspace_shapes(q, comp, dense, splits: int, absorbed: bool):
                                                                              comp.uv.shape[2]))
 
 
+def _logit_row_stride(logits: torch.Tensor) -> int:
+    """The stride of row h * M + m of logits [B, H, M, cols] (its heads and
+    queries one run of rows, as _new_workspace makes them: _check_workspace)."""
+    return logits.stride(2) if logits.shape[2] > 1 else logits.stride(1)
+
+
+def _logit_row_width(logits: torch.Tensor) -> int:
+    """How many rows of a token the mass kernels may load: token-major
+    logits are padded to whole 16-row runs, which loads of 16 rows need to
+    stay vectorized; other layouts give their rows only."""
+    rows = logits.shape[1] * logits.shape[2]
+    if logits.dim() == 4 and logits.shape[3] and _logit_row_stride(logits) == 1 and logits.stride(3) >= rows:
+        return logits.stride(3)
+    return rows
+
+
 def _check_workspace(ws: Workspace, q, comp, dense, num_splits, absorbed: bool) -> int:
     """The workspace's split count, after checking it fits this call."""
     if not isinstance(ws, Workspace):
@@ -1351,6 +1378,10 @@ def _check_workspace(ws: Workspace, q, comp, dense, num_splits, absorbed: bool) 
             raise ValueError(f"workspace.{name} is {t.dtype} {tuple(t.shape)} on {t.device}; this call needs "
                              f"{dt_name} {shape} on {q.device}: make it with make_workspace(q, comp, dense, "
                              f"num_splits={ws.splits}, absorbed={absorbed}) for these shapes and this kernel")
+    _, heads, queries, _ = ws.logits.shape
+    if heads > 1 and queries > 1 and ws.logits.stride(1) != queries * ws.logits.stride(2):
+        raise ValueError(f"workspace.logits has strides {ws.logits.stride()}: its heads and queries must be one run of "
+                         f"rows (stride(1) == M * stride(2)), as make_workspace makes them")
     return ws.splits
 
 
@@ -1390,7 +1421,7 @@ def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, wor
     # Scaled logits (log2 units) of every (row, token) for the masses; columns
     # [0, T) are the compressed tokens, [T, T + S) the dense ones (the
     # absorbed kernel: the dense ones only). Only real tokens' columns are
-    # written and read.
+    # written; the mass kernels load whole runs and set the padding aside.
     logits, part_o, part_lse, q_rank = workspace.logits, workspace.part_o, workspace.part_lse, workspace.q_rank
     part_rank = workspace.part_rank
 
@@ -1434,9 +1465,9 @@ def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, wor
     elif mass and tokens + slots:
         _mass_kernel[(batch, triton.cdiv(tokens + slots, MASS_BLOCK_T))](
             logits, lse, mass_comp, mass_dense, comp.length, dense.length,
-            *logits.stride(), *lse.stride(), *mass_comp.stride(), *mass_dense.stride(),
-            *comp.length.stride(), *dense.length.stride(),
-            tokens, tokens + slots, heads * queries, 1.0 / (heads * queries),
+            logits.stride(0), _logit_row_stride(logits), logits.stride(3), *lse.stride(), *mass_comp.stride(),
+            *mass_dense.stride(), *comp.length.stride(), *dense.length.stride(),
+            tokens, tokens + slots, heads * queries, _logit_row_width(logits), 1.0 / (heads * queries),
             N_QUERIES=queries, BLOCK_R=MASS_BLOCK_R * 2 // logits.element_size(), BLOCK_T=MASS_BLOCK_T)
     return DecodeOutput(out, lse, mass_comp, mass_dense)
 
@@ -1543,9 +1574,9 @@ def _rank_space_masses(q_pos, comp, logits, lse, mass_comp, mass_dense, dense_le
     _mass_rank_kernel[(batch, blocks)](
         lse, mass_comp, comp.length, q_rank, comp.uk, comp.rank_k, comp.pos, q_pos, logits, mass_dense, dense_length,
         *lse.stride(), *mass_comp.stride(), *comp.length.stride(), *q_rank.stride(), *comp.uk.stride(),
-        *comp.rank_k.stride(), *comp.pos.stride(), *q_pos.stride(), *logits.stride(), *mass_dense.stride(),
-        *dense_length.stride(),
-        tokens, tokens + slots, rows, 1.0 / rows, scale * common.LOG2E, comp.uk.shape[2],
+        *comp.rank_k.stride(), *comp.pos.stride(), *q_pos.stride(), logits.stride(0), _logit_row_stride(logits),
+        logits.stride(3), *mass_dense.stride(), *dense_length.stride(),
+        tokens, tokens + slots, rows, _logit_row_width(logits), 1.0 / rows, scale * common.LOG2E, comp.uk.shape[2],
         N_QUERIES=queries, SPAN=span, BLOCK_T=block_t, BLOCK_ROWS=common.block(rows),
         BLOCK_RK=common.block(comp.uk.shape[2]), UW_DT=uw_dt, DENSE_BLOCK_T=MASS_DENSE_BLOCK_T,
         DENSE_BLOCK_R=MASS_DENSE_BLOCK_R,

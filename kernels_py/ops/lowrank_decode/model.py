@@ -24,7 +24,7 @@ token.
 
 For the per-token attention mass (AttentionPack Eq. 1) the fused kernel
 writes each (query head, token) logit and reads it back, 4 bytes per head
-and token over a 16-bit cache (float16 logits; 8 in float32, as at
+and token over an fp16 cache (float16 logits; 8 in float32, as at
 fbd0532); the absorbed kernel does so for the dense tokens only
 and recomputes the compressed tokens' scores in rank space, reading U_k
 again (2 * rank_k bytes a token). Counted apart, as "mass" bytes.
@@ -121,7 +121,7 @@ COLUMNS = (
     Column("variant", "", "implementation"),
     Column("gbytes", "", "HBM gigabytes one step must read (the factors once, W, the dense segment)", "GB"),
     Column("mass_gbytes", "", "gigabytes more for the per-token masses: logits written and re-read (float16 "
-           "over a 16-bit cache; the "
+           "over an fp16 cache; the "
            "absorbed kernel: of the dense tokens, plus U_k read again)", "+mass GB"),
     Column("tflop", "", "tensor-core teraFLOPs of one step", "TFLOP"),
     Column("roofline_us", "", "microseconds: max(bytes / 3.35 TB/s, FLOPs / 989 TFLOP/s), masses included",
@@ -397,7 +397,7 @@ def _key(s: Step) -> tuple:
 
 def _logit_bytes(s: Step) -> int:
     """Bytes of one logit the fused call stores for the masses
-    (kernel.logits_dtype: float16 over a 16-bit cache)."""
+    (kernel.logits_dtype: float16 over an fp16 cache, the model's 2-byte one)."""
     return 2 if s.elem_bytes == 2 else 4
 
 
