@@ -1272,8 +1272,8 @@ def check_mass(mass) -> bool:
 class Workspace:
     """What one call writes and reads besides its outputs: the scaled
     logits of every (query row, token) for the masses [B, Hq, M, T + S]
-    (float16 and stored token-major where the keys are rebuilt in a 16-bit
-    dtype, see logits_dtype; the absorbed kernel: float32, of the dense
+    (float16 and stored token-major where the keys are rebuilt in fp16,
+    see logits_dtype; the absorbed kernel: float32, of the dense
     tokens only, [B, Hq, M, S]) and, float32, each
     split's rank-space partial sum [B, Hq, M, splits, Rv] and the
     log2-sum-exp of each split and of the dense segment [B, Hq, M, splits +
@@ -1358,7 +1358,7 @@ def _logit_row_width(logits: torch.Tensor) -> int:
     logits are padded to whole 16-row runs, which loads of 16 rows need to
     stay vectorized; other layouts give their rows only."""
     rows = logits.shape[1] * logits.shape[2]
-    if logits.dim() == 4 and logits.shape[3] and _logit_row_stride(logits) == 1 and logits.stride(3) >= rows:
+    if logits.shape[3] and _logit_row_stride(logits) == 1 and logits.stride(3) >= rows:
         return logits.stride(3)
     return rows
 
