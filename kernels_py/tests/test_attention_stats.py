@@ -132,6 +132,24 @@ def test_matches_reference(heads, kv_heads, keys, kind, rows, head_dim, dtype, k
     check_against_reference(got, want, q, k, q_pos, 0.01, dtype)
 
 
+@pytest.mark.parametrize("p", [0.01, 0.0, -0.0])
+def test_threshold_over_blocks_every_row_sees_whole(p, device):
+    """The key blocks every selected row sees whole count the entries below
+    the cut on the floats' bits (kernel._count_below), the others with a
+    float compare: both agree with the reference, and -0.0 counts nothing,
+    as 0.0 does (compared on its bits it would count every entry; the
+    launcher passes 0.0. Triton's interpreter hands a kernel -0.0 as 0.0
+    anyway, so only a GPU run tests that)."""
+    q, k = make(4, 2, 100, 8, 64, torch.float32, device, seed=2)
+    q_pos = torch.arange(92, 100, device=device)  # blocks of 32 keys (fp32): keys 0..63 seen whole by every row
+    got = kernel.attention_stats(q, k, q_pos, p=p)
+    check_against_reference(got, ref.attention_stats(q, k, q_pos, p=p), q, k, q_pos, p, torch.float32)
+    if p == 0.0:
+        assert int(got.below.sum()) == 0
+    else:
+        assert int(got.below[:, :64].sum()) > 0  # the whole blocks hold entries below the cut
+
+
 @pytest.mark.parametrize("p,scale", [(0.1, None), (0.002, 0.05), (0.0, None)])
 def test_threshold_and_scale(p, scale, device):
     q, k = make(4, 2, 100, 9, 64, torch.float32, device, seed=1)

@@ -194,21 +194,20 @@ def _merge_rows_kernel(
 
 
 @triton.jit
-def _count_below(below, e, threshold, ON_GPU: tl.constexpr):
-    """below + (e < threshold), int32. On a GPU the comparison is one PTX
-    set (all ones where true) taken off the count: two instructions a
-    probability, where Triton's compare-and-add compiles to three (compare,
-    add, a predicated move back)."""
-    if ON_GPU:
-        return below - tl.inline_asm_elementwise("set.lt.u32.f32 $0, $1, $2;", "=r,r,r", [e, threshold],
-                                                 dtype=tl.int32, is_pure=True, pack=1)
-    else:
-        return below + (e < threshold).to(tl.int32)
+def _count_below(below, e, threshold):
+    """below + (e < threshold), int32, for e >= 0 and threshold >= 0 (a
+    probability and VL-Cache's p; the launcher turns a threshold of -0.0
+    into 0.0). The comparison is on the floats' bits, which order
+    non-negative floats as integers do: the sign bit of bits(e) -
+    bits(threshold) is added to the count, a VIADD and a LEA.HI a
+    probability on sm_90, where a float compare compiles to three
+    (FSETP, a SEL of all ones or of one, the addition)."""
+    diff = e.to(tl.int32, bitcast=True) - tl.cast(threshold, tl.float32).to(tl.int32, bitcast=True)
+    return below + (diff.to(tl.uint32, bitcast=True) >> 31).to(tl.int32, bitcast=True)
 
 
 @triton.jit
-def _column_tile(q, kt, m_i, inv_l, qk_scale, threshold, attn, below, offs_n, q_pos, n_keys, MASKED: tl.constexpr,
-                 ON_GPU: tl.constexpr):
+def _column_tile(q, kt, m_i, inv_l, qk_scale, threshold, attn, below, offs_n, q_pos, n_keys, MASKED: tl.constexpr):
     """One row tile of a key block: its probabilities (A_ij * l_i, 1 at the
     row max) added to the per-row sums and counts. Blocks every selected row
     sees whole skip the causal mask (MASKED=False)."""
@@ -218,7 +217,7 @@ def _column_tile(q, kt, m_i, inv_l, qk_scale, threshold, attn, below, offs_n, q_
         e = tl.where(visible, e, 0.0)
         below += (visible & (e < threshold)).to(tl.int32)
     else:
-        below = _count_below(below, e, threshold, ON_GPU)  # rows that are not real have e = 1: never below
+        below = _count_below(below, e, threshold)  # rows that are not real have e = 1: never below
     return attn + e * inv_l[:, None], below
 
 
@@ -255,7 +254,6 @@ def _column_stats_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     UPCAST: tl.constexpr,
-    ON_GPU: tl.constexpr,
 ):
     kv_head = tl.program_id(1)
     BLOCK_M: tl.constexpr = GROUP_PAD * ROWS
@@ -293,13 +291,13 @@ def _column_stats_kernel(
                 Q, M, L, QPos, first_row, kv_head, n_rows, offs_d, d_mask, stride_qh, stride_qm, stride_qd,
                 stride_mh, stride_mr, stride_lh, stride_lr, stride_p, GROUP, ROWS, BLOCK_M, UPCAST)
             attn, below = _column_tile(q, kt, m_i, inv_l, qk_scale, threshold, attn, below, offs_n, q_pos, n_keys,
-                                       False, ON_GPU)
+                                       False)
         for first_edge in range(whole_rows, whole_rows + edge_rows, ROWS):
             q, m_i, inv_l, q_pos, counted = _column_rows(
                 Q, M, L, QPos, first_edge, kv_head, n_rows, offs_d, d_mask, stride_qh, stride_qm, stride_qd,
                 stride_mh, stride_mr, stride_lh, stride_lr, stride_p, GROUP, ROWS, BLOCK_M, UPCAST)
             attn, below = _column_tile(q, kt, m_i, inv_l, qk_scale, threshold, attn, below, offs_n, q_pos, n_keys,
-                                       True, ON_GPU)
+                                       True)
             nonzero += tl.sum(((offs_n[None, :] <= q_pos[:, None]) & counted[:, None]).to(tl.int32), 0)
 
         attn_g = _per_head(attn, GROUP_PAD, ROWS, BLOCK_N)
@@ -444,7 +442,7 @@ def column_stats(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, row_max:
     block_m, block_n, warps = _tile(COLUMN_TILE, q, block_m, block_n)
     common.check_block("block_m", block_m)
     common.check_block("block_n", block_n)
-    p = check_threshold(p)
+    p = check_threshold(p) + 0.0  # -0.0 as 0.0: the kernel compares the threshold's bits (_count_below)
     check_row_stats(q, row_max, row_sumexp)
     heads, n_rows, head_dim = q.shape
     kv_heads, n_keys, _ = k.shape
@@ -477,7 +475,6 @@ def column_stats(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, row_max:
             BLOCK_N=block_n,
             BLOCK_D=common.block(head_dim),
             UPCAST=common.upcast_for_dot(q.dtype),
-            ON_GPU=not common.interpreter_mode(),
             num_warps=warps,
         )
     return ReducedStats(attn, below, nonzero.expand(heads, n_keys), attn_kv)
