@@ -20,9 +20,12 @@ import math
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from kernels_py.attention import Spans
 from kernels_py.ops import attention_stats as kernel
+from kernels_py.ops.attention_stats import kernel as stats_kernel
 from kernels_py.ops.attention_stats import reference as ref
 
 SPREAD = 2.5
@@ -148,6 +151,53 @@ def test_threshold_over_blocks_every_row_sees_whole(p, device):
         assert int(got.below.sum()) == 0
     else:
         assert int(got.below[:, :64].sum()) > 0  # the whole blocks hold entries below the cut
+
+
+@triton.jit
+def _count_below_each(E, Out, p, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    tl.store(Out + offs, stats_kernel._count_below(tl.zeros([N], tl.int32), tl.load(E + offs), p))
+
+
+def test_count_below_on_the_bits_is_a_float_compare(device):
+    """_count_below's integer compare of the floats' bits against a float
+    compare, for every threshold the launcher passes on its edges (0, the
+    smallest denormal, the smallest normal, 1) and probabilities around
+    each: zero, denormals, one ulp either side of p, 1 (the value of rows
+    that are not real, never below even at p = 1), past 1 and +inf."""
+    ps = [0.0, 1e-45, 1e-40, 1.17549435e-38, 0.01, 0.5, 0.99999994, 1.0]
+    for p in ps:
+        pt = torch.tensor(p, dtype=torch.float32)
+        near = [torch.nextafter(pt, torch.tensor(-1.0)), pt, torch.nextafter(pt, torch.tensor(2.0))]
+        e = torch.tensor([0.0, 1e-45, 1e-40, 1.1754942e-38, 1e-30, 0.99999994, 1.0, 1.0000001, 3e38,
+                          float("inf")] + [float(x) for x in near], dtype=torch.float32)
+        e = e[e >= 0]
+        e = torch.cat([e, torch.zeros(32 - e.numel())]).to(device)
+        out = torch.empty(32, dtype=torch.int32, device=device)
+        _count_below_each[(1,)](e, out, float(pt), N=32)
+        assert torch.equal(out.cpu(), (e.cpu() < pt).to(torch.int32)), f"p={p}"
+
+
+def test_column_pass_passes_a_negative_zero_threshold_as_zero(device, monkeypatch):
+    """The kernel compares the threshold's bits, and -0.0's would count
+    every entry: the launcher passes +0.0 (Triton's interpreter turns a
+    kernel's -0.0 into 0.0 itself, so the kernel's own result cannot show
+    this off a GPU)."""
+    names = stats_kernel._column_stats_kernel.arg_names
+    passed = {}
+
+    class Launch:
+        def __getitem__(self, grid):
+            def run(*args, **meta):
+                passed.update(zip(names, args))
+            return run
+
+    monkeypatch.setattr(stats_kernel, "_column_stats_kernel", Launch())
+    q, k = make(2, 1, 40, 3, 64, torch.float32, device)
+    q_pos = torch.arange(37, 40, device=device)
+    row_max, row_sumexp = torch.zeros(2, 3, device=device), torch.ones(2, 3, device=device)
+    stats_kernel.column_stats(q, k, q_pos, row_max, row_sumexp, -0.0)
+    assert passed["threshold"] == 0.0 and math.copysign(1.0, passed["threshold"]) == 1.0
 
 
 @pytest.mark.parametrize("p,scale", [(0.1, None), (0.002, 0.05), (0.0, None)])

@@ -549,6 +549,8 @@ def test_measured_points_lie_in_their_bands(report):
     assert all(r["stale"] for r in rows if r["commit"] == "08bf22f+" and "absorbed" in r["point"])
     # Every low-rank point measured the merge before it loaded W_v ahead of the splits' loop.
     assert all(r["stale"] for r in rows if r["point"].startswith("lowrank_decode"))
+    # Every statistics point measured the column pass before it counted on the floats' bits.
+    assert all(r["stale"] for r in rows if r["point"].startswith("attention_stats"))
     # The quantized decode's measured the code before codes were packed as
     # channel pairs; the config they measured is no config of today's kernel.
     quant = [r for r in rows if r["commit"] == "08bf22f+" and r["point"].startswith("quant_decode")]

@@ -28,9 +28,20 @@ def _id(case: dict) -> str:
 # float16 workloads run through the CPU's vectorized half-precision kernels,
 # whose summation order depends on the instruction set (AVX2, AVX-512): the
 # same code gives metrics a few 1e-6 apart on two machines (vlcache's
-# rel_err_mean, 2.2e-6 on an AMD EPYC). Far below anything a change of a
-# method does, and far above float32's agreement.
-REL_TOL = {"float16": 2e-5}
+# rel_err_mean, 2.2e-6 on an AMD EPYC; zipvl_fixed's rel_err_max, 1.9e-5 on
+# an AVX-512 Xeon). float32 agrees to a few 1e-7, and to 1.4e-6 where a
+# quantizer's rounding meets it (kivi's rel_err_last_step on that Xeon).
+# Far below anything a change of a method does.
+REL_TOL = {"float16": 2e-5, "float32": 5e-6}
+# AttentionPack keeps each group's leading singular directions up to an
+# explained-variance cut. On random synthetic data the singular values near
+# the cut lie close together, so the directions kept there turn with the
+# LAPACK build's code path for the instruction set (MKL's AVX-512 one
+# against the recording machine's), and its error metrics move by up to
+# 1e-3 relative (9.7e-4 in float16 and 5.2e-4 in float32 on the AVX-512
+# Xeon, deterministic there): still far below what a change of the method
+# does, which moves them by percents.
+METHOD_REL_TOL = {"attentionpack": 3e-3}
 # The results were recorded on the CPU. On a GPU, tensor-core products,
 # cuSOLVER's SVD and atomic adds move metrics by up to ~1% (AttentionPack's
 # explained variance, 0.645 -> 0.640 on an H100): the comparison there only
@@ -42,7 +53,8 @@ ON_GPU = runtime.device().type == "cuda"
 @pytest.mark.parametrize("case", RECORDED, ids=_id)
 def test_results_equal_the_recorded_ones(case):
     result = ablation.run(case["method"], case["params"], case["workload"])
-    rel_tol = GPU_REL_TOL if ON_GPU else REL_TOL.get(case["workload"].get("dtype", DEFAULT_DTYPE), 1e-6)
+    rel_tol = GPU_REL_TOL if ON_GPU else max(REL_TOL[case["workload"].get("dtype", DEFAULT_DTYPE)],
+                                             METHOD_REL_TOL.get(case["method"], 0.0))
     abs_tol = GPU_ABS_TOL if ON_GPU else 1e-9
     for kind in ("metrics", "per_layer"):
         assert set(result[kind]) == set(case[kind]), kind

@@ -200,8 +200,14 @@ def _count_below(below, e, threshold):
     into 0.0). The comparison is on the floats' bits, which order
     non-negative floats as integers do: the sign bit of bits(e) -
     bits(threshold) is added to the count, a VIADD and a LEA.HI a
-    probability on sm_90, where a float compare compiles to three
-    (FSETP, a SEL of all ones or of one, the addition)."""
+    probability on sm_90, where a float compare compiles to three (an
+    FSETP, the add and a predicated move back; a PTX set, to an FSETP, a
+    SEL of all ones and the subtraction). A NaN e (from inf or NaN
+    inputs) counts as a float compare would only with its sign bit clear,
+    as the GPU's arithmetic makes it; numpy's, under the interpreter, may
+    set it."""
+    # The cast: the interpreter types a Python float below 2^-126 as a
+    # float64, whose bits are no int32.
     diff = e.to(tl.int32, bitcast=True) - tl.cast(threshold, tl.float32).to(tl.int32, bitcast=True)
     return below + (diff.to(tl.uint32, bitcast=True) >> 31).to(tl.int32, bitcast=True)
 
