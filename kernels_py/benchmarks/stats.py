@@ -7,7 +7,8 @@ that end the prompt: it would spare under rows / keys of the work).
 
 Batch is folded into the heads (head b*H + h reads kv head b*H_kv + h // group),
 so one launch covers the batch. Rows are the last `rows` prompt positions (the
-post-vision span of a VL-Cache prompt).
+post-vision span of a VL-Cache prompt), or with `spread` that many of them drawn
+from the positions before the others instead (ZipVL's random probe rows).
 """
 
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from kernels_py.benchmarks.base import (
     percent_of, sdpa, time_median,
 )
 from kernels_py.attention import expand_kv
-from kernels_py.ops.attention_stats import attention_stats, model, recent_rows
+from kernels_py.ops.attention_stats import attention_stats, model, probe_rows
 from kernels_py.params import Rule, knob
 from kernels_py.tables import Column
 
@@ -57,6 +58,7 @@ class Stats(AttentionBenchmark):
         Column("prompt_len", "", "keys (prompt tokens)", "prompt"),
         Column("batch", "", "sequences, folded into the heads"),
         Column("rows", "", "selected query rows", show=False),
+        Column("spread", "", "of the rows, how many are drawn from before the last ones", show=False),
         *AttentionBenchmark.SHAPE_COLUMNS,
         Column("stats_seconds", "s", "the statistics call (row pass, merge where split, column pass), median", "stats"),
         Column("stats_gbps", "GB/s", "K bytes the pipeline must read (twice) / time", "GB/s"),
@@ -81,23 +83,29 @@ class Stats(AttentionBenchmark):
                           max=1 << 24)
     batches: tuple = knob("ints", (1, 4, 16), "batch sizes", min=1, max=4096)
     rows: int = knob("int", 50, "selected query rows (the last ones of the prompt)", min=1, max=1 << 20)
+    spread: int = knob("int", 0, "of the rows, how many are drawn at random (seed 0) from the positions before the "
+                       "others (ZipVL's random probe rows; 0: the last rows only)", min=0, max=1 << 20,
+                       ref="ZipVL appendix A")
     p: float = knob("float", 0.01, "ThresholdFilter threshold", min=0.0, max=1.0, ref="VL-Cache Eq. 1")
 
-    RULES = (Rule("rows <= min(lengths)", "rows ({rows}) exceed the shortest prompt length in lengths={lengths}"),)
+    RULES = (Rule("rows <= min(lengths)", "rows ({rows}) exceed the shortest prompt length in lengths={lengths}"),
+             Rule("spread <= rows", "spread ({spread}) exceeds rows ({rows}): it is how many of the rows are drawn "
+                                    "from before the last ones"))
 
     def measure(self, case):
         x = self.inputs(case)
         n, b, device, cuda = x.tokens, x.batch, x.device, x.cuda
-        q_pos = recent_rows(n, self.rows, device=device)
+        q_pos = probe_rows(n, recent=self.rows - self.spread, random=self.spread)
         q = torch.randn(b * self.heads, self.rows, self.head_dim, generator=x.generator, device=device).to(x.dtype)
         k = torch.randn(b * self.kv_heads, n, self.head_dim, generator=x.generator, device=device).to(x.dtype)
         v = torch.randn_like(k)
-        # The rows are the last ones: their range is known, so the call never waits for the host.
-        known = (max(0, n - self.rows), n - 1)
+        # The rows are chosen here: their range is known, so the call never waits for the host.
+        known = (int(q_pos.min()), int(q_pos.max()))
+        q_pos = q_pos.to(device)
         stats = lambda: attention_stats(q, k, q_pos, self.p, pos_range=known)  # noqa: E731
         mat = lambda: _materialize(q, k, q_pos, self.p)  # noqa: E731
         full = lambda: sdpa(q[None], k[None], v[None])  # noqa: E731
-        row = {"rows": self.rows, **self.shape(), "sdpa_backend": full()[1],
+        row = {"rows": self.rows, "spread": self.spread, **self.shape(), "sdpa_backend": full()[1],
                "stats_seconds": time_median(stats, self.repeat, cuda, graph=True),
                "materialize_seconds": time_median(mat, self.repeat, cuda),
                "sdpa_seconds": time_median(full, self.repeat, cuda, graph=True),
@@ -109,8 +117,8 @@ class Stats(AttentionBenchmark):
         row["stats_hbm_pct"] = percent_of(row["stats_gbps"], hbm_peak_gbps(device))
         row["stats_vs_sdpa"] = row["stats_seconds"] / row["sdpa_seconds"]
         row["materialize_vs_stats"] = row["materialize_seconds"] / row["stats_seconds"]
-        step = model.Step(batch=b, context=n, rows=self.rows, heads=self.heads, kv_heads=self.kv_heads,
-                          head_dim=self.head_dim)
+        step = model.Step(batch=b, context=n, rows=self.rows, spread=self.spread, heads=self.heads,
+                          kv_heads=self.kv_heads, head_dim=self.head_dim)
         if self.dtype == "float16":
             estimate_beside(row, "stats", model, "statistics (two passes)", step, row["stats_seconds"] * 1e3)
         return row

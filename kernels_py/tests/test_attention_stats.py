@@ -200,6 +200,99 @@ def test_column_pass_passes_a_negative_zero_threshold_as_zero(device, monkeypatc
     assert passed["threshold"] == 0.0 and math.copysign(1.0, passed["threshold"]) == 1.0
 
 
+@triton.jit
+def _block_rows_each(QPos, Out, n_rows, n_keys, min_pos, max_pos, BLOCK_N: tl.constexpr,
+                     BOUND_ROWS: tl.constexpr):
+    first_key = tl.program_id(0) * BLOCK_N
+    seen, partial_end = stats_kernel._block_rows(QPos, 1, n_rows, first_key,
+                                                 tl.minimum(first_key + BLOCK_N, n_keys) - 1, min_pos, max_pos,
+                                                 BOUND_ROWS)
+    tl.store(Out + 2 * tl.program_id(0), seen)
+    tl.store(Out + 2 * tl.program_id(0) + 1, partial_end)
+
+
+def spread_rows(order, n, r, seed=0):
+    """r rows spread over a prompt of n keys (ZipVL's probe rows: a few
+    recent, the rest drawn from before them), in position order, reversed,
+    or shuffled with some repeated."""
+    pos = kernel.probe_rows(n, recent=r // 8, random=r - r // 8, seed=seed)
+    if order == "reversed":
+        return pos.flip(0)
+    if order == "shuffled":
+        g = torch.Generator().manual_seed(seed)
+        pos = pos[torch.randperm(r, generator=g)]
+        pos[: r // 10] = pos[r // 2: r // 2 + r // 10]  # duplicates
+        return pos
+    return pos
+
+
+@pytest.mark.parametrize("order", ["sorted", "reversed", "shuffled"])
+def test_block_rows_bound_each_key_block(order, device):
+    """_block_rows over more rows than one scan holds (BOUND_ROWS): the rows
+    before `seen` see no key of the block and those from `partial_end` on
+    see all of it, the longest such prefix and suffix in any order; in
+    position order the rows between are exactly those whose positions fall
+    inside the block (the rest are skipped or run unmasked)."""
+    n, r, block_n, bound = 400, 150, 16, 64
+    pos = spread_rows(order, n, r, seed=3)
+    blocks = -(-n // block_n)
+    out = torch.empty(2 * blocks, dtype=torch.int32, device=device)
+    _block_rows_each[(blocks,)](pos.to(device), out, r, n, int(pos.min()), int(pos.max()), BLOCK_N=block_n,
+                                BOUND_ROWS=bound)
+    bounds = out.view(blocks, 2).cpu().tolist()
+    rows = pos.tolist()
+    for b, (seen, partial_end) in enumerate(bounds):
+        first, last = b * block_n, min((b + 1) * block_n, n) - 1
+        assert all(p < first for p in rows[:seen]) and all(p >= last for p in rows[partial_end:]), b
+        # the longest such prefix and suffix (all rows whole before the
+        # smallest position, none after the largest: no scan)
+        want_seen = 0 if last <= min(rows) else next((i for i, p in enumerate(rows) if p >= first), r)
+        want_end = max(want_seen, max((i + 1 for i, p in enumerate(rows) if p < last), default=0))
+        if first > max(rows):
+            want_end = want_seen = r
+        assert (seen, partial_end) == (want_seen, want_end), b
+        if order == "sorted":
+            assert list(range(seen, partial_end)) == [i for i, p in enumerate(rows) if first <= p < last], b
+    if order == "sorted":
+        assert sum(seen for seen, _ in bounds) > 0 and sum(r - end for _, end in bounds) > 0
+
+
+def test_model_counts_the_row_tiles_the_column_pass_runs(device):
+    """The op's model (what the estimate charges each key block: unmasked
+    and masked row tiles, scans of the positions) against the bounds the
+    kernel computes, over rows spread as ZipVL's probe rows are."""
+    from kernels_py.ops.attention_stats import model
+
+    n, r, block_n, per_tile = 400, 150, 16, 8
+    pos = kernel.probe_rows(n, recent=20, random=r - 20, seed=3)
+    blocks = -(-n // block_n)
+    out = torch.empty(2 * blocks, dtype=torch.int32, device=device)
+    _block_rows_each[(blocks,)](pos.to(device), out, r, n, int(pos.min()), int(pos.max()), BLOCK_N=block_n,
+                                BOUND_ROWS=stats_kernel.BOUND_ROWS)
+    want = []
+    for seen, partial_end in out.view(blocks, 2).cpu().tolist():
+        whole = seen + -(-(partial_end - seen) // per_tile) * per_tile
+        scans = 0 if (seen, partial_end) in ((0, 0), (r, r)) else -(-r // stats_kernel.BOUND_ROWS)
+        want.append((-(-max(0, r - whole) // per_tile), (whole - seen) // per_tile, scans))
+    got = model._column_trips(tuple(pos.tolist()), n, block_n, per_tile)
+    assert got == want
+    # a block masks the tiles its own rows fall in (about 5 rows a block here), and skips the rows before them
+    assert max(t[1] for t in got) <= 2
+    assert sum(t[0] + t[1] for t in got) < 0.7 * blocks * -(-r // per_tile)
+
+
+@pytest.mark.parametrize("order", ["sorted", "reversed", "shuffled"])
+def test_column_pass_over_spread_rows(order, device):
+    """Rows spread over the prompt, more than one bounds scan, with small
+    tiles: key blocks skip the rows before any that sees them and run
+    unmasked from the last that does not see them whole, in position
+    order or not, and agree with the reference."""
+    q_pos = spread_rows(order, 300, 140, seed=1).to(device)
+    q, k = make(4, 2, 300, 140, 16, torch.float16, device, seed=1)
+    got = kernel.attention_stats(q, k, q_pos, block_m=16, block_n=16, key_splits=2)
+    check_against_reference(got, ref.attention_stats(q, k, q_pos), q, k, q_pos, 0.01, torch.float16)
+
+
 @pytest.mark.parametrize("p,scale", [(0.1, None), (0.002, 0.05), (0.0, None)])
 def test_threshold_and_scale(p, scale, device):
     q, k = make(4, 2, 100, 9, 64, torch.float32, device, seed=1)

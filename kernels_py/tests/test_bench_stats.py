@@ -38,6 +38,7 @@ def test_baselines_compute_what_the_kernels_compute(device, chunk_bytes, monkeyp
     ({"dtype": "int8"}, "dtype"),
     ({"heads": 6, "kv_heads": 4}, "multiple"),
     ({"lengths": [8], "rows": 16}, "exceed"),
+    ({"rows": 8, "spread": 9}, r"spread \(9\) exceeds rows \(8\)"),
 ])
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -56,6 +57,28 @@ def test_the_interpreter_shrinks_only_what_the_user_left_unset(monkeypatch):
     # A user's lengths do not take the smoke rows with them: rows must fit the length the user chose.
     with pytest.raises(ValueError, match=r"rows \(50\) exceed the shortest prompt length in lengths=\[8\]"):
         benchmarks.run("stats", {"lengths": [8]})
+
+
+def test_spread_rows_are_zipvl_probe_rows(monkeypatch):
+    """--spread draws that many of the rows from before the others (ZipVL's
+    random probe rows, seed 0): the kernels get them with their range, and
+    the estimate beside the time is for the same rows."""
+    from kernels_py.ops.attention_stats import probe_rows
+
+    seen = []
+    real = stats.attention_stats
+
+    def record(q, k, q_pos, p, pos_range=None):
+        seen.append((q_pos.tolist(), pos_range))
+        return real(q, k, q_pos, p, pos_range=pos_range)
+
+    monkeypatch.setattr(stats, "attention_stats", record)
+    sizes = dict(stats.Stats.smoke_sizes(), lengths=[200], rows=12, spread=8, repeat=1)
+    result = benchmarks.run("stats", sizes)
+    want = probe_rows(200, recent=4, random=8).tolist()
+    assert seen and all(pos == want and rng == (min(want), max(want)) for pos, rng in seen)
+    assert want[:8] != list(range(188, 196)) and want[-4:] == [196, 197, 198, 199]
+    assert result["rows"][0]["spread"] == 8 and result["rows"][0]["rows"] == 12
 
 
 def test_every_row_has_every_column():

@@ -196,3 +196,14 @@ def test_kernel_and_reference_statistics_keep_the_same_tokens(name, params):
         kept[backend] = kept_sets(method.prefill_all(w.q, w.k, w.v, w.spans))
     for a, b in zip(kept["triton"], kept["torch"]):
         assert len(a) == len(b) and len(set(a) ^ set(b)) <= 2 * max(1, math.ceil(0.02 * len(a)))
+
+
+def test_method_statistics_pass_the_rows_range_to_the_kernel(monkeypatch):
+    """The selectors' rows are on the host, so a method's statistics hand the
+    kernel their range: it never reads the positions back from the device
+    (a sync each layer on a GPU), and the result is the one without it."""
+    w = generate(TINY)
+    method = make_method("zipvl_evict", {"tau": 0.9, "probe_recent": 8, "probe_random": 8, "backend": "triton"})
+    want = kept_sets(method.prefill_all(w.q, w.k, w.v, w.spans))
+    monkeypatch.setattr(torch, "aminmax", lambda *a, **kw: pytest.fail("the rows' range read from the device"))
+    assert kept_sets(method.prefill_all(w.q, w.k, w.v, w.spans)) == want

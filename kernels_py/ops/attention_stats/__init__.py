@@ -20,12 +20,13 @@ from kernels_py.ops.common import use_triton
 
 
 def compute(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, p: float = 0.01, *,
-            backend: str = "auto") -> AttentionStats:
+            backend: str = "auto", pos_range: tuple[int, int] | None = None) -> AttentionStats:
     """Statistics of the query rows q [H, R, d] at positions q_pos [R] over the
     keys k [H_kv, N, d], from the kernel or the reference as `backend` says
-    (ops.common.BACKENDS)."""
-    impl = attention_stats if use_triton(backend, q.device) else reference.attention_stats
-    return impl(q, k, q_pos, p)
+    (ops.common.BACKENDS); pos_range as kernel.attention_stats takes it."""
+    if use_triton(backend, q.device):
+        return attention_stats(q, k, q_pos, p, pos_range=pos_range)
+    return reference.attention_stats(q, k, q_pos, p)
 
 
 __all__ = [

@@ -14,9 +14,12 @@ loaded once for every head that reads it, and the tile has block_m rows
    a few row tiles alone would not fill the GPU). Writes m, l [H, R] float32.
 2. `column_stats`: one program per (a few consecutive blocks of BLOCK_N keys,
    kv head; column_blocks_per_program) loads each block's key tile once,
-   the next one while this one's rows run, walks every selected row a tile
-   at a time, recomputes the
-   probabilities from m and l and reduces them over each head's rows:
+   the next one while this one's rows run, walks the selected rows a tile
+   at a time (`_block_rows`: the rows before the first that sees the block
+   are skipped, and from the last that does not see it whole on the causal
+   mask is too, so rows spread over the prompt, ZipVL's probe rows, cost
+   what they see), recomputes the probabilities from m and 1 / l (divided
+   once per call) and reduces them over each head's rows:
    attention sum and count below the ThresholdFilter per head, their sum
    over the group (attn_sum_kv), and the count of rows that see each key
    (written once, by kv head 0: it depends on the positions only). Each key
@@ -43,6 +46,7 @@ MAX_TILE_ELEMENTS = 128 * 128  # keys x head_dim of a default key tile (register
 COLUMN_BLOCKS_PER_PROGRAM = 8  # consecutive key blocks a column-pass program walks, at most
 MIN_SPLIT_BLOCKS = 8  # a row-pass key split walks at least this many key tiles
 MAX_SPLITS = 64
+BOUND_ROWS = 128  # row positions a column-pass program scans at once for a block's bounds
 PROGRAMS_PER_SM = 4  # programs to aim for on each SM (waits on HBM overlap across them)
 
 # ----------------------------------------------------------------------------
@@ -228,26 +232,48 @@ def _column_tile(q, kt, m_i, inv_l, qk_scale, threshold, attn, below, offs_n, q_
 
 
 @triton.jit
-def _column_rows(Q, M, L, QPos, first_row, kv_head, n_rows, offs_d, d_mask,
-                 stride_qh, stride_qm, stride_qd, stride_mh, stride_mr, stride_lh, stride_lr, stride_p,
+def _column_rows(Q, M, InvL, QPos, first_row, kv_head, n_rows, offs_d, d_mask,
+                 stride_qh, stride_qm, stride_qd, stride_mh, stride_mr, stride_ih, stride_ir, stride_p,
                  GROUP: tl.constexpr, ROWS: tl.constexpr, BLOCK_M: tl.constexpr, UPCAST: tl.constexpr):
     """A row tile's queries, row max, 1 / row sum (0 for rows that are not
-    real, so they weigh nothing) and positions."""
+    real, so they weigh nothing), positions, and which rows count once
+    (real, the group's first head)."""
     head, row, real, q_pos = _group_rows(QPos, first_row, kv_head, n_rows, stride_p, GROUP, ROWS, BLOCK_M)
     q = _load_group_q(Q, head, row, real, offs_d, stride_qh, stride_qm, stride_qd, d_mask, UPCAST)
     m_i = tl.load(M + head * stride_mh + row * stride_mr, mask=real, other=0.0)
-    inv_l = tl.where(real, 1.0 / tl.load(L + head * stride_lh + row * stride_lr, mask=real, other=1.0), 0.0)
+    inv_l = tl.load(InvL + head * stride_ih + row * stride_ir, mask=real, other=0.0)
     return q, m_i, inv_l, q_pos, real & (head == kv_head * GROUP)
 
 
 @triton.jit
+def _block_rows(QPos, stride_p, n_rows, first_key, last_key, min_pos, max_pos, BOUND_ROWS: tl.constexpr):
+    """(seen, partial_end) for the key block [first_key, last_key]: rows
+    before `seen` see none of its keys and rows from `partial_end` on see
+    all of them, in any row order (rows in position order, as the
+    selectors give them, leave between the two only those whose positions
+    fall inside the block). The rows are scanned only for a block inside
+    [min_pos, max_pos]; every row sees a block before it whole, none a block
+    after it."""
+    all_see = last_key <= min_pos
+    seen = tl.where(all_see, 0, n_rows)
+    partial_end = seen * 0
+    for first_scan in range(0, tl.where(all_see | (first_key > max_pos), 0, n_rows), BOUND_ROWS):
+        offs = first_scan + tl.arange(0, BOUND_ROWS)
+        real = offs < n_rows
+        pos = tl.load(QPos + offs * stride_p, mask=real, other=-1).to(tl.int32)
+        seen = tl.minimum(seen, tl.min(tl.where(pos >= first_key, offs, n_rows), 0))
+        partial_end = tl.maximum(partial_end, tl.max(tl.where(real & (pos < last_key), offs + 1, 0), 0))
+    return seen, tl.maximum(partial_end, seen)
+
+
+@triton.jit
 def _column_stats_kernel(
-    Q, K, QPos, M, L, Attn, Below, Nonzero, AttnKV,
+    Q, K, QPos, M, InvL, Attn, Below, Nonzero, AttnKV,
     stride_qh, stride_qm, stride_qd,
     stride_kh, stride_kn, stride_kd,
     stride_p,
     stride_mh, stride_mr,
-    stride_lh, stride_lr,
+    stride_ih, stride_ir,
     stride_ah, stride_an,
     stride_bh, stride_bn,
     stride_zn,
@@ -260,6 +286,7 @@ def _column_stats_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     UPCAST: tl.constexpr,
+    BOUND_ROWS: tl.constexpr,
 ):
     kv_head = tl.program_id(1)
     BLOCK_M: tl.constexpr = GROUP_PAD * ROWS
@@ -282,26 +309,27 @@ def _column_stats_kernel(
         kt = kt_next
         kt_next = _load_kt(K_head, offs_n + BLOCK_N, offs_d, stride_kn, stride_kd,
                            tl.minimum(n_keys, end_block * BLOCK_N), d_mask, UPCAST)
-        # Every selected row sees this block whole (no mask), or some rows see
-        # part of it (masked), or none sees any of it (nothing to add).
-        whole_rows = tl.where(tl.minimum(first_key + BLOCK_N, n_keys) - 1 <= min_pos, n_rows, 0)
-        edge_rows = tl.where(first_key <= max_pos, n_rows - whole_rows, 0)
+        # Rows before `seen` see no key of this block and rows from `whole`
+        # on see all of it (no mask); the tiles between them are masked.
+        seen, partial_end = _block_rows(QPos, stride_p, n_rows, first_key, tl.minimum(first_key + BLOCK_N, n_keys) - 1,
+                                        min_pos, max_pos, BOUND_ROWS)
+        whole = seen + tl.cdiv(partial_end - seen, ROWS) * ROWS
 
         # Sums over the rows stay per tile row until the block ends: one
         # cross-thread reduction per block instead of one per row tile.
         attn = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         below = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
-        nonzero = tl.zeros([BLOCK_N], dtype=tl.int32) + whole_rows
-        for first_row in range(0, whole_rows, ROWS):
+        nonzero = tl.zeros([BLOCK_N], dtype=tl.int32) + tl.maximum(n_rows - whole, 0)
+        for first_row in range(whole, n_rows, ROWS):
             q, m_i, inv_l, q_pos, counted = _column_rows(
-                Q, M, L, QPos, first_row, kv_head, n_rows, offs_d, d_mask, stride_qh, stride_qm, stride_qd,
-                stride_mh, stride_mr, stride_lh, stride_lr, stride_p, GROUP, ROWS, BLOCK_M, UPCAST)
+                Q, M, InvL, QPos, first_row, kv_head, n_rows, offs_d, d_mask, stride_qh, stride_qm, stride_qd,
+                stride_mh, stride_mr, stride_ih, stride_ir, stride_p, GROUP, ROWS, BLOCK_M, UPCAST)
             attn, below = _column_tile(q, kt, m_i, inv_l, qk_scale, threshold, attn, below, offs_n, q_pos, n_keys,
                                        False)
-        for first_edge in range(whole_rows, whole_rows + edge_rows, ROWS):
+        for first_edge in range(seen, whole, ROWS):
             q, m_i, inv_l, q_pos, counted = _column_rows(
-                Q, M, L, QPos, first_edge, kv_head, n_rows, offs_d, d_mask, stride_qh, stride_qm, stride_qd,
-                stride_mh, stride_mr, stride_lh, stride_lr, stride_p, GROUP, ROWS, BLOCK_M, UPCAST)
+                Q, M, InvL, QPos, first_edge, kv_head, n_rows, offs_d, d_mask, stride_qh, stride_qm, stride_qd,
+                stride_mh, stride_mr, stride_ih, stride_ir, stride_p, GROUP, ROWS, BLOCK_M, UPCAST)
             attn, below = _column_tile(q, kt, m_i, inv_l, qk_scale, threshold, attn, below, offs_n, q_pos, n_keys,
                                        True)
             nonzero += tl.sum(((offs_n[None, :] <= q_pos[:, None]) & counted[:, None]).to(tl.int32), 0)
@@ -455,20 +483,23 @@ def column_stats(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, row_max:
     qk_scale = common.softmax_scale(scale, head_dim) * common.LOG2E
     group_pad, rows = group_tile(heads, kv_heads, block_m)
     dev = q.device
-    attn = torch.zeros((heads, n_keys), dtype=torch.float32, device=dev)
-    below = torch.zeros((heads, n_keys), dtype=torch.int32, device=dev)
-    nonzero = torch.zeros((n_keys,), dtype=torch.int32, device=dev)
-    attn_kv = torch.zeros((kv_heads, n_keys), dtype=torch.float32, device=dev)
-    if n_rows and n_keys:
+    run = n_rows > 0 and n_keys > 0
+    alloc = torch.empty if run else torch.zeros  # the kernel writes every key (no fill to launch)
+    attn = alloc((heads, n_keys), dtype=torch.float32, device=dev)
+    below = alloc((heads, n_keys), dtype=torch.int32, device=dev)
+    nonzero = alloc((n_keys,), dtype=torch.int32, device=dev)
+    attn_kv = alloc((kv_heads, n_keys), dtype=torch.float32, device=dev)
+    if run:
         blocks = triton.cdiv(n_keys, block_n)
+        inv_l = 1.0 / row_sumexp  # once per call, so no row tile of a key block divides
         per_program = column_blocks_per_program(blocks, kv_heads, splitk.sm_count(dev))
         _column_stats_kernel[(triton.cdiv(blocks, per_program), kv_heads)](
-            q, k, q_pos, row_max, row_sumexp, attn, below, nonzero, attn_kv,
+            q, k, q_pos, row_max, inv_l, attn, below, nonzero, attn_kv,
             q.stride(0), q.stride(1), q.stride(2),
             k.stride(0), k.stride(1), k.stride(2),
             q_pos.stride(0),
             row_max.stride(0), row_max.stride(1),
-            row_sumexp.stride(0), row_sumexp.stride(1),
+            inv_l.stride(0), inv_l.stride(1),
             attn.stride(0), attn.stride(1),
             below.stride(0), below.stride(1),
             nonzero.stride(0),
@@ -481,6 +512,7 @@ def column_stats(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, row_max:
             BLOCK_N=block_n,
             BLOCK_D=common.block(head_dim),
             UPCAST=common.upcast_for_dot(q.dtype),
+            BOUND_ROWS=BOUND_ROWS,
             num_warps=warps,
         )
     return ReducedStats(attn, below, nonzero.expand(heads, n_keys), attn_kv)

@@ -17,26 +17,41 @@ results, so even at the same share of the HBM peak the statistics take
 about 7% longer than FlashAttention's forward.
 """
 
+import bisect
+import functools
 from dataclasses import dataclass
 
 from kernels_py.ops import estimate, splitk
 from kernels_py.ops.attention_stats import kernel
+from kernels_py.ops.attention_stats.contract import probe_rows
 from kernels_py.ops.estimate import H100
 from kernels_py.tables import Column, table
 
 
 @dataclass(frozen=True)
 class Step:
-    """Statistics of the last `rows` rows of a prompt of `context` tokens
-    (the post-vision rows of a VL-Cache prompt), batch folded into the heads
-    as `bench stats` folds it."""
+    """Statistics of `rows` rows of a prompt of `context` tokens, batch
+    folded into the heads as `bench stats` folds it: the last rows (the
+    post-vision rows of a VL-Cache prompt), of which `spread` are drawn
+    from the positions before the others instead (ZipVL's random probe
+    rows, `probe_rows` with seed 0)."""
 
     batch: int
     context: int
     rows: int = 50
+    spread: int = 0
     heads: int = 32
     kv_heads: int = 8
     head_dim: int = 128
+
+
+@functools.lru_cache(maxsize=16)
+def positions(s: Step) -> tuple:
+    """The step's row positions, sorted, as `bench stats` selects them."""
+    if not 0 <= s.spread <= s.rows <= s.context:
+        raise ValueError(f"the statistics' shape needs 0 <= spread <= rows <= context, got spread={s.spread}, "
+                         f"rows={s.rows}, context={s.context}")
+    return tuple(probe_rows(s.context, s.rows - s.spread, s.spread).tolist())
 
 
 def costs(s: Step) -> dict[str, dict]:
@@ -106,6 +121,28 @@ def _call(s: Step):
     kernel.attention_stats(q, k, torch.arange(keys - rows, keys), key_splits=2 if _tiles(s)[1] > 1 else 1)
 
 
+def _column_trips(pos: tuple, n: int, block_n: int, per_tile: int) -> list[tuple]:
+    """Each key block's loops in the column pass, as `_block_rows` bounds
+    them: (unmasked row tiles, masked row tiles, scans of the positions),
+    for rows at the sorted positions `pos`."""
+    r, least, most = len(pos), pos[0], pos[-1]
+    scans = -(-r // kernel.BOUND_ROWS)
+    out = []
+    for first_key in range(0, n, block_n):
+        last_key = min(first_key + block_n, n) - 1
+        if last_key <= least:
+            seen, partial_end, scanned = 0, 0, 0
+        elif first_key > most:
+            seen, partial_end, scanned = r, r, 0
+        else:
+            seen = bisect.bisect_left(pos, first_key)  # the first row that sees the block
+            partial_end = max(seen, bisect.bisect_left(pos, last_key))  # past the last that does not see it whole
+            scanned = scans
+        whole = seen + -(-(partial_end - seen) // per_tile) * per_tile
+        out.append((-(-max(0, r - whole) // per_tile), (whole - seen) // per_tile, scanned))
+    return out
+
+
 def _work(s: Step, kernel_name: str, meta: dict, gpu) -> estimate.Work:
     b, hq, hk, d, n, r = s.batch, s.heads, s.kv_heads, s.head_dim, s.context, s.rows
     row_tiles, splits = _tiles(s)
@@ -114,14 +151,18 @@ def _work(s: Step, kernel_name: str, meta: dict, gpu) -> estimate.Work:
     flops = 2 * b * hq * r * n * d
     part_bytes = 2 * splits * b * hq * r * 4
     if kernel_name == "_row_stats_kernel":
-        block_n = int(meta["BLOCK_N"])
-        whole = (n - r + 1) // block_n * block_n  # tiles every row sees whole end here (rows: the last ones)
+        block_n, per_tile = int(meta["BLOCK_N"]), int(meta["ROWS"])
+        pos = positions(s)
         classes: dict = {}
         for lo, hi in splitk.split_ranges(n, splits, block_n):
-            mid = max(lo, min(hi, whole))
-            key = (-(-(mid - lo) // block_n), -(-(hi - mid) // block_n))
-            classes[key] = classes.get(key, 0) + 1  # splits with the same unmasked and masked tiles
-        programs = tuple(estimate.Programs(count * row_tiles * b * hk, {"#start_n": full, "#start_edge": edge})
+            for t in range(0, r, per_tile):
+                # As the kernel bounds a split: up to the tile's largest
+                # position, unmasked up to the last whole tile its smallest sees.
+                top = min(hi, pos[min(t + per_tile, r) - 1] + 1)
+                whole = max(min(top, (pos[t] + 1) // block_n * block_n), lo)
+                key = (-(-max(0, whole - lo) // block_n), -(-max(0, top - whole) // block_n))
+                classes[key] = classes.get(key, 0) + 1  # programs with the same unmasked and masked tiles
+        programs = tuple(estimate.Programs(count * b * hk, {"#start_n": full, "#start_edge": edge})
                          for (full, edge), count in classes.items())
         # The row tiles of a kv head are the grid's fastest dimension: they run
         # together, and all but the first read each key tile from L2.
@@ -137,18 +178,21 @@ def _work(s: Step, kernel_name: str, meta: dict, gpu) -> estimate.Work:
         block_n = int(meta["BLOCK_N"])
         blocks = -(-n // block_n)
         per = kernel.column_blocks_per_program(blocks, b * hk, gpu.sms)
-        whole = min(blocks, (n - r + 1) // block_n)  # blocks every row sees whole
-        row_tiles = -(-r // int(meta["ROWS"]))
+        trips = _column_trips(positions(s), n, block_n, int(meta["ROWS"]))
         classes: dict = {}
         for first in range(0, blocks, per):
             mine = min(per, blocks - first)
-            edge = max(0, first + mine - max(first, whole))
-            key = (mine, row_tiles * (mine - edge) / mine, row_tiles * edge / mine)
-            classes[key] = classes.get(key, 0) + 1
-        programs = tuple(estimate.Programs(count * b * hk, {"#block": mine, "#first_row": w, "#first_edge": e})
-                         for (mine, w, e), count in classes.items())
+            key = (mine, *(sum(t[i] for t in trips[first:first + mine]) / mine for i in range(3)))
+            classes[key] = classes.get(key, 0) + 1  # programs whose blocks run the same loops
+        programs = tuple(estimate.Programs(count * b * hk, {"#block": mine, "#first_row": whole, "#first_edge": edge,
+                                                            "#first_scan": scan})
+                         for (mine, whole, edge, scan), count in classes.items())
         results = b * n * (hq * 8 + hk * 4) + n * 4
-        levels = {"Q": "l2", "QPos": "l2", "M": "l2", "L": "l2"}
+        # Every block of a program re-reads the same rows. The row loops'
+        # starts move with the block, so the source does not show the
+        # re-reads, and they are taken from L2: measured, these kernels ran
+        # 34-37% past the conservative end (ac7c521), nothing to say L1 serves them.
+        levels = {"Q": "l2", "QPos": "l2", "M": "l2", "InvL": "l2"}
         # A kv head's programs, each class of them among them, follow each other in the grid.
         return estimate.Work(programs, k_bytes + results, levels, flops, tokens, interleaved=True)
     raise KeyError(f"the attention_stats model knows no kernel {kernel_name!r}")
