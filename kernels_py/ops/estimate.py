@@ -634,7 +634,6 @@ class _Timeline:
                 lv = self.levels.get(p, "hbm")
                 mix = lv if isinstance(lv, dict) else {lv: 1.0}
                 for k, v in mix.items():
-                    k = "l2" if bypass and k == "l1" else k  # .cg loads skip L1
                     shares[k] = shares.get(k, 0.0) + v / len(info.pointers)
             return sum(self.lat[k] * v for k, v in shares.items())
         return self.lat[level]

@@ -214,7 +214,10 @@ def _block_rows_each(QPos, Out, n_rows, n_keys, min_pos, max_pos, BLOCK_N: tl.co
 def spread_rows(order, n, r, seed=0):
     """r rows spread over a prompt of n keys (ZipVL's probe rows: a few
     recent, the rest drawn from before them), in position order, reversed,
-    or shuffled with some repeated."""
+    or shuffled with some repeated; "middle": in position order within the
+    middle half of the prompt (key blocks before and after every row)."""
+    if order == "middle":
+        return n // 4 + kernel.probe_rows(n // 2, recent=r // 8, random=r - r // 8, seed=seed)
     pos = kernel.probe_rows(n, recent=r // 8, random=r - r // 8, seed=seed)
     if order == "reversed":
         return pos.flip(0)
@@ -226,7 +229,7 @@ def spread_rows(order, n, r, seed=0):
     return pos
 
 
-@pytest.mark.parametrize("order", ["sorted", "reversed", "shuffled"])
+@pytest.mark.parametrize("order", ["sorted", "reversed", "shuffled", "middle"])
 def test_block_rows_bound_each_key_block(order, device):
     """_block_rows over more rows than one scan holds (BOUND_ROWS): the rows
     before `seen` see no key of the block and those from `partial_end` on
@@ -251,16 +254,20 @@ def test_block_rows_bound_each_key_block(order, device):
         if first > max(rows):
             want_end = want_seen = r
         assert (seen, partial_end) == (want_seen, want_end), b
-        if order == "sorted":
+        if order in ("sorted", "middle"):
             assert list(range(seen, partial_end)) == [i for i, p in enumerate(rows) if first <= p < last], b
-    if order == "sorted":
+    if order != "reversed":
         assert sum(seen for seen, _ in bounds) > 0 and sum(r - end for _, end in bounds) > 0
+    if order == "middle":  # blocks before every row and after every row take no scan
+        assert bounds[0] == [0, 0] and bounds[-1] == [r, r]
 
 
 def test_model_counts_the_row_tiles_the_column_pass_runs(device):
     """The op's model (what the estimate charges each key block: unmasked
     and masked row tiles, scans of the positions) against the bounds the
-    kernel computes, over rows spread as ZipVL's probe rows are."""
+    kernel computes, over rows spread as ZipVL's probe rows are. The tiles
+    follow from the bounds as the kernel's loops take them (the masked rows
+    rounded up to whole tiles); that step is the model's formula restated."""
     from kernels_py.ops.attention_stats import model
 
     n, r, block_n, per_tile = 400, 150, 16, 8
@@ -281,15 +288,24 @@ def test_model_counts_the_row_tiles_the_column_pass_runs(device):
     assert sum(t[0] + t[1] for t in got) < 0.7 * blocks * -(-r // per_tile)
 
 
-@pytest.mark.parametrize("order", ["sorted", "reversed", "shuffled"])
-def test_column_pass_over_spread_rows(order, device):
+@pytest.mark.parametrize("order", ["sorted", "reversed", "shuffled", "middle"])
+def test_column_pass_over_spread_rows(order, device, monkeypatch):
     """Rows spread over the prompt, more than one bounds scan, with small
     tiles: key blocks skip the rows before any that sees them and run
-    unmasked from the last that does not see them whole, in position
-    order or not, and agree with the reference."""
+    unmasked after the last that sees only part of them, in position order
+    or not, and agree with the reference. The outputs start as garbage
+    (the launcher does not fill them), so a key left unwritten shows."""
+    empty = torch.empty
+
+    def garbage(*args, **kwargs):
+        t = empty(*args, **kwargs)
+        return t.fill_(float("nan") if t.dtype.is_floating_point else -7)
+
     q_pos = spread_rows(order, 300, 140, seed=1).to(device)
     q, k = make(4, 2, 300, 140, 16, torch.float16, device, seed=1)
+    monkeypatch.setattr(torch, "empty", garbage)
     got = kernel.attention_stats(q, k, q_pos, block_m=16, block_n=16, key_splits=2)
+    monkeypatch.undo()
     check_against_reference(got, ref.attention_stats(q, k, q_pos), q, k, q_pos, 0.01, torch.float16)
 
 

@@ -62,8 +62,8 @@ def test_the_interpreter_shrinks_only_what_the_user_left_unset(monkeypatch):
 def test_spread_rows_are_zipvl_probe_rows(monkeypatch):
     """--spread draws that many of the rows from before the others (ZipVL's
     random probe rows, seed 0): the kernels get them with their range, and
-    the estimate beside the time is for the same rows."""
-    from kernels_py.ops.attention_stats import probe_rows
+    the op's model (the estimate beside the time on a GPU) takes the same rows."""
+    from kernels_py.ops.attention_stats import model, probe_rows
 
     seen = []
     real = stats.attention_stats
@@ -79,6 +79,7 @@ def test_spread_rows_are_zipvl_probe_rows(monkeypatch):
     assert seen and all(pos == want and rng == (min(want), max(want)) for pos, rng in seen)
     assert want[:8] != list(range(188, 196)) and want[-4:] == [196, 197, 198, 199]
     assert result["rows"][0]["spread"] == 8 and result["rows"][0]["rows"] == 12
+    assert model.positions(model.Step(batch=1, context=200, rows=12, spread=8)) == tuple(want)
 
 
 def test_every_row_has_every_column():

@@ -202,8 +202,13 @@ def test_method_statistics_pass_the_rows_range_to_the_kernel(monkeypatch):
     """The selectors' rows are on the host, so a method's statistics hand the
     kernel their range: it never reads the positions back from the device
     (a sync each layer on a GPU), and the result is the one without it."""
+    from kernels_py.methods import prompt
+
     w = generate(TINY)
     method = make_method("zipvl_evict", {"tau": 0.9, "probe_recent": 8, "probe_random": 8, "backend": "triton"})
-    want = kept_sets(method.prefill_all(w.q, w.k, w.v, w.spans))
+    compute = prompt.attention_stats.compute
+    with monkeypatch.context() as m:  # the kernel reading the range itself
+        m.setattr(prompt.attention_stats, "compute", lambda *a, pos_range=None, **kw: compute(*a, **kw))
+        want = kept_sets(method.prefill_all(w.q, w.k, w.v, w.spans))
     monkeypatch.setattr(torch, "aminmax", lambda *a, **kw: pytest.fail("the rows' range read from the device"))
     assert kept_sets(method.prefill_all(w.q, w.k, w.v, w.spans)) == want

@@ -16,9 +16,9 @@ loaded once for every head that reads it, and the tile has block_m rows
    kv head; column_blocks_per_program) loads each block's key tile once,
    the next one while this one's rows run, walks the selected rows a tile
    at a time (`_block_rows`: the rows before the first that sees the block
-   are skipped, and from the last that does not see it whole on the causal
-   mask is too, so rows spread over the prompt, ZipVL's probe rows, cost
-   what they see), recomputes the probabilities from m and 1 / l (divided
+   are skipped, and the rows after the last that sees only part of it run
+   unmasked, so rows spread over the prompt in position order, ZipVL's probe
+   rows, cost what they see), recomputes the probabilities from m and 1 / l (divided
    once per call) and reduces them over each head's rows:
    attention sum and count below the ThresholdFilter per head, their sum
    over the group (attn_sum_kv), and the count of rows that see each key
@@ -219,8 +219,8 @@ def _count_below(below, e, threshold):
 @triton.jit
 def _column_tile(q, kt, m_i, inv_l, qk_scale, threshold, attn, below, offs_n, q_pos, n_keys, MASKED: tl.constexpr):
     """One row tile of a key block: its probabilities (A_ij * l_i, 1 at the
-    row max) added to the per-row sums and counts. Blocks every selected row
-    sees whole skip the causal mask (MASKED=False)."""
+    row max) added to the per-row sums and counts. Tiles whose rows all see
+    the block whole skip the causal mask (MASKED=False)."""
     e = tl.exp2(tl.dot(q, kt, input_precision="ieee") * qk_scale - m_i[:, None])
     if MASKED:
         visible = (offs_n[None, :] <= q_pos[:, None]) & (offs_n[None, :] < n_keys)
@@ -396,7 +396,8 @@ def attention_stats(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, p: fl
     pos_range: (smallest, largest) of q_pos, where the caller knows them (it
     chose the rows): the call then never waits for the device (the check
     reads them otherwise) and can be captured in a CUDA graph. They are
-    checked against the keys, not against q_pos.
+    checked against the keys, not against q_pos: a range wider than the
+    rows' costs only time, a narrower one gives wrong statistics.
     """
     m, l = row_stats(q, k, q_pos, scale, block_m=block_m, block_n=block_n, key_splits=key_splits,
                      pos_range=pos_range)
