@@ -105,13 +105,9 @@ def _per_head(x, GROUP_PAD: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.conste
 
 
 @triton.jit
-def _row_tile(q, kt, m_i, l_i, qk_scale, offs_n, q_pos, n_keys, MASKED: tl.constexpr):
-    """One key tile of the online softmax, m_i in raw score units (the scale
-    folds into each score's exponent FMA). Tiles every real row sees whole
-    skip the causal mask (MASKED=False)."""
-    s = tl.dot(q, kt, input_precision="ieee")
-    if MASKED:
-        s = tl.where((offs_n[None, :] <= q_pos[:, None]) & (offs_n[None, :] < n_keys), s, float("-inf"))
+def _softmax_step(s, m_i, l_i, qk_scale):
+    """One key tile's raw scores folded into the online softmax, m_i in raw
+    score units (the scale folds into each score's exponent FMA)."""
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_scaled = m_new * qk_scale
     # The rescale subtracts before it scales: as m_i * qk_scale - m_scaled the
@@ -119,6 +115,14 @@ def _row_tile(q, kt, m_i, l_i, qk_scale, offs_n, q_pos, n_keys, MASKED: tl.const
     # that has seen no key yet) is ~1e22, exp2 of which is inf and 0 * inf NaN.
     l_i = l_i * tl.exp2((m_i - m_new) * qk_scale) + tl.sum(tl.exp2(s * qk_scale - m_scaled[:, None]), 1)
     return m_new, l_i
+
+
+@triton.jit
+def _masked_row_tile(q, kt, m_i, l_i, qk_scale, offs_n, q_pos, n_keys):
+    """A key tile some real rows see only part of: the causal mask, then the step."""
+    s = tl.dot(q, kt, input_precision="ieee")
+    s = tl.where((offs_n[None, :] <= q_pos[:, None]) & (offs_n[None, :] < n_keys), s, float("-inf"))
+    return _softmax_step(s, m_i, l_i, qk_scale)
 
 
 @triton.jit
@@ -158,14 +162,32 @@ def _row_stats_kernel(
     # keeps l = 0 and weighs nothing in the merge, with no inf - inf.
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for start_n in range(lo, whole, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
+    # Tiles every real row sees whole, software-pipelined: each tile's scores
+    # are issued (an asynchronous wgmma) before the previous tile's softmax,
+    # so the tensor cores work under its exponentials, and two tiles an
+    # iteration so the carried scores need no copies at the back edge. The
+    # first step folds in a tile of -inf, which changes nothing.
+    s = tl.full([BLOCK_M, BLOCK_N], float("-inf"), dtype=tl.float32)
+    pairs_end = lo + (whole - lo) // (2 * BLOCK_N) * (2 * BLOCK_N)
+    for start_pair in range(lo, pairs_end, 2 * BLOCK_N):
+        offs_n = start_pair + tl.arange(0, BLOCK_N)
         kt = _load_kt(K_head, offs_n, offs_d, stride_kn, stride_kd, n_keys, d_mask, UPCAST)
-        m_i, l_i = _row_tile(q, kt, m_i, l_i, qk_scale, offs_n, q_pos, n_keys, False)
+        s_first = tl.dot(q, kt, input_precision="ieee")
+        m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale)
+        kt = _load_kt(K_head, offs_n + BLOCK_N, offs_d, stride_kn, stride_kd, n_keys, d_mask, UPCAST)
+        s = tl.dot(q, kt, input_precision="ieee")
+        m_i, l_i = _softmax_step(s_first, m_i, l_i, qk_scale)
+    for start_last in range(pairs_end, whole, BLOCK_N):  # an odd count's last tile
+        offs_n = start_last + tl.arange(0, BLOCK_N)
+        kt = _load_kt(K_head, offs_n, offs_d, stride_kn, stride_kd, n_keys, d_mask, UPCAST)
+        s_last = tl.dot(q, kt, input_precision="ieee")
+        m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale)
+        s = s_last
+    m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale)
     for start_edge in range(whole, hi, BLOCK_N):
         offs_n = start_edge + tl.arange(0, BLOCK_N)
         kt = _load_kt(K_head, offs_n, offs_d, stride_kn, stride_kd, n_keys, d_mask, UPCAST)
-        m_i, l_i = _row_tile(q, kt, m_i, l_i, qk_scale, offs_n, q_pos, n_keys, True)
+        m_i, l_i = _masked_row_tile(q, kt, m_i, l_i, qk_scale, offs_n, q_pos, n_keys)
 
     tl.store(PartM + split * stride_ms + head * stride_mh + row * stride_mr, m_i * qk_scale, mask=real)
     tl.store(PartL + split * stride_ls + head * stride_lh + row * stride_lr, l_i, mask=real)
