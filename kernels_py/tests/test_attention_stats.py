@@ -320,6 +320,33 @@ def test_threshold_and_scale(p, scale, device):
         assert int(got.below.sum()) == 0  # nothing is below zero
 
 
+@pytest.mark.parametrize("first", [70, 88], ids=["4 whole tiles", "5 whole tiles"])
+def test_row_pass_with_and_without_the_mma_overlap(first, device, monkeypatch):
+    """The row pass issuing each tile's scores before the previous tile's
+    softmax (16-bit inputs on sm_90, and the interpreter's default) and not
+    (sm_80; float32 inputs, which the other tests run) takes the
+    same steps in the same order, so the same m and l bit for bit, over even
+    and odd counts of whole tiles, split or not, and both equal the
+    reference's."""
+    from kernels_py.ops import common
+
+    if torch.device(device).type == "cuda":
+        pytest.skip("a GPU takes the path of its own architecture")
+    q, k = make(4, 2, 100, 12, 32, torch.float16, device, seed=6)
+    q_pos = torch.arange(first, first + 12, device=device)
+    want = ref.attention_stats(q, k, q_pos)
+    for splits in (1, 2):
+        assert stats_kernel.overlap_mma(device, q.dtype) and not stats_kernel.overlap_mma(device, torch.float32)
+        m, l = kernel.row_stats(q, k, q_pos, block_n=16, key_splits=splits)
+        monkeypatch.setattr(common, "_compile_target", 80)
+        assert not stats_kernel.overlap_mma(device, q.dtype)
+        m80, l80 = kernel.row_stats(q, k, q_pos, block_n=16, key_splits=splits)
+        monkeypatch.undo()
+        assert torch.equal(m, m80) and torch.equal(l, l80)
+        torch.testing.assert_close(m, want.row_max, atol=1e-3, rtol=1e-3)
+        torch.testing.assert_close(l, want.row_sumexp, atol=1e-3, rtol=1e-3)
+
+
 def test_stages_compose(device):
     """The two passes by hand: the row pass split over the keys (merged) equals
     it unsplit, and the column pass on its output is the whole call."""

@@ -9,8 +9,9 @@ loaded once for every head that reads it, and the tile has block_m rows
 (ROWS = block_m // the group padded to a power of two).
 
 1. `row_stats`: one program per (row tile, split of the keys, kv head) walks
-   its split's keys with the online softmax and writes its rows' max and sum
-   of exp; `_merge_rows_kernel` merges the splits (FlashDecoding's split-K:
+   its split's keys with the online softmax (each tile's scores issued before
+   the previous tile's softmax, so the two overlap) and writes its rows' max
+   and sum of exp; `_merge_rows_kernel` merges the splits (FlashDecoding's split-K:
    a few row tiles alone would not fill the GPU). Writes m, l [H, R] float32.
 2. `column_stats`: one program per (a few consecutive blocks of BLOCK_N keys,
    kv head; column_blocks_per_program) loads each block's key tile once,
@@ -141,6 +142,7 @@ def _row_stats_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     UPCAST: tl.constexpr,
+    OVERLAP_MMA: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     split = tl.program_id(1)
@@ -162,28 +164,33 @@ def _row_stats_kernel(
     # keeps l = 0 and weighs nothing in the merge, with no inf - inf.
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    # Tiles every real row sees whole, software-pipelined: each tile's scores
-    # are issued (an asynchronous wgmma) before the previous tile's softmax,
-    # so the tensor cores work under its exponentials, and two tiles an
-    # iteration so the carried scores need no copies at the back edge. The
-    # first step folds in a tile of -inf, which changes nothing.
-    s = tl.full([BLOCK_M, BLOCK_N], float("-inf"), dtype=tl.float32)
-    pairs_end = lo + (whole - lo) // (2 * BLOCK_N) * (2 * BLOCK_N)
-    for start_pair in range(lo, pairs_end, 2 * BLOCK_N):
-        offs_n = start_pair + tl.arange(0, BLOCK_N)
-        kt = _load_kt(K_head, offs_n, offs_d, stride_kn, stride_kd, n_keys, d_mask, UPCAST)
-        s_first = tl.dot(q, kt, input_precision="ieee")
+    if OVERLAP_MMA:
+        # Tiles every real row sees whole, software-pipelined: each tile's
+        # scores are issued (an asynchronous wgmma) before the previous
+        # tile's softmax, so the tensor cores work under its exponentials,
+        # two tiles an iteration so the carried scores need no copies at the
+        # back edge (an odd count's first tile alone, before them). The
+        # first step folds in a tile of -inf, which changes nothing.
+        s = tl.full([BLOCK_M, BLOCK_N], float("-inf"), dtype=tl.float32)
+        pairs_start = lo + (whole - lo) // BLOCK_N % 2 * BLOCK_N
+        for start_odd in range(lo, pairs_start, BLOCK_N):
+            offs_n = start_odd + tl.arange(0, BLOCK_N)
+            s = tl.dot(q, _load_kt(K_head, offs_n, offs_d, stride_kn, stride_kd, n_keys, d_mask, UPCAST),
+                       input_precision="ieee")
+        for start_pair in range(pairs_start, whole, 2 * BLOCK_N):
+            offs_n = start_pair + tl.arange(0, BLOCK_N)
+            kt = _load_kt(K_head, offs_n, offs_d, stride_kn, stride_kd, n_keys, d_mask, UPCAST)
+            s_first = tl.dot(q, kt, input_precision="ieee")
+            m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale)
+            kt = _load_kt(K_head, offs_n + BLOCK_N, offs_d, stride_kn, stride_kd, n_keys, d_mask, UPCAST)
+            s = tl.dot(q, kt, input_precision="ieee")
+            m_i, l_i = _softmax_step(s_first, m_i, l_i, qk_scale)
         m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale)
-        kt = _load_kt(K_head, offs_n + BLOCK_N, offs_d, stride_kn, stride_kd, n_keys, d_mask, UPCAST)
-        s = tl.dot(q, kt, input_precision="ieee")
-        m_i, l_i = _softmax_step(s_first, m_i, l_i, qk_scale)
-    for start_last in range(pairs_end, whole, BLOCK_N):  # an odd count's last tile
-        offs_n = start_last + tl.arange(0, BLOCK_N)
-        kt = _load_kt(K_head, offs_n, offs_d, stride_kn, stride_kd, n_keys, d_mask, UPCAST)
-        s_last = tl.dot(q, kt, input_precision="ieee")
-        m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale)
-        s = s_last
-    m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale)
+    else:
+        for start_n in range(lo, whole, BLOCK_N):
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            kt = _load_kt(K_head, offs_n, offs_d, stride_kn, stride_kd, n_keys, d_mask, UPCAST)
+            m_i, l_i = _softmax_step(tl.dot(q, kt, input_precision="ieee"), m_i, l_i, qk_scale)
     for start_edge in range(whole, hi, BLOCK_N):
         offs_n = start_edge + tl.arange(0, BLOCK_N)
         kt = _load_kt(K_head, offs_n, offs_d, stride_kn, stride_kd, n_keys, d_mask, UPCAST)
@@ -370,6 +377,16 @@ def _column_stats_kernel(
 # ----------------------------------------------------------------------------
 
 
+def overlap_mma(device, dtype: torch.dtype) -> bool:
+    """Whether the row pass overlaps each tile's scores with the previous
+    tile's softmax: for 16-bit inputs on sm_90's asynchronous wgmma (and in
+    the interpreter, so the tests run that code), not on sm_80's mma.sync
+    nor for float32's FMA products, which gain nothing from it and spill
+    for their second tile of scores."""
+    cc = common.capability(device)
+    return (cc is None or cc >= 90) and dtype.itemsize == 2
+
+
 def group_tile(heads: int, kv_heads: int, block_m: int) -> tuple[int, int]:
     """(GROUP_PAD, ROWS): the group padded to a power of two and the selected
     rows of a tile of block_m MMA rows (at least one row: a group wider than
@@ -468,6 +485,7 @@ def row_stats(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, scale: floa
         BLOCK_N=block_n,
         BLOCK_D=common.block(head_dim),
         UPCAST=common.upcast_for_dot(q.dtype),
+        OVERLAP_MMA=overlap_mma(q.device, q.dtype),
         num_warps=warps,
     )
     if key_splits == 1:
