@@ -9,18 +9,19 @@ loaded once for every head that reads it, and the tile has block_m rows
 (ROWS = block_m // the group padded to a power of two).
 
 1. `row_stats`: one program per (row tile, split of the keys, kv head) walks
-   its split's keys with the online softmax (each tile's scores issued before
-   the previous tile's softmax, so the two overlap) and writes its rows' max
-   and sum of exp; `_merge_rows_kernel` merges the splits (FlashDecoding's split-K:
-   a few row tiles alone would not fill the GPU). Writes m, l [H, R] float32.
+   its split's keys with the online softmax (on sm_90 each tile's scores
+   issued before the previous tile's softmax, so the two overlap) and writes
+   its rows' max and sum of exp; `_merge_rows_kernel` merges the splits
+   (FlashDecoding's split-K: a few row tiles alone would not fill the GPU).
+   Writes m, l [H, R] float32.
 2. `column_stats`: one program per (a few consecutive blocks of BLOCK_N keys,
    kv head; column_blocks_per_program) loads each block's key tile once,
    the next one while this one's rows run, walks the selected rows a tile
    at a time (`_block_rows`: the rows before the first that sees the block
    are skipped, and the rows after the last that sees only part of it run
-   unmasked, so rows spread over the prompt in position order, ZipVL's probe
-   rows, cost what they see), recomputes the probabilities from m and 1 / l (divided
-   once per call) and reduces them over each head's rows:
+   unmasked, so rows spread over the prompt in position order, ZipVL's
+   probe rows, cost what they see), recomputes the probabilities from m and
+   1 / l (divided once per call) and reduces them over each head's rows:
    attention sum and count below the ThresholdFilter per head, their sum
    over the group (attn_sum_kv), and the count of rows that see each key
    (written once, by kv head 0: it depends on the positions only). Each key

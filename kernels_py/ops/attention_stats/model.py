@@ -162,8 +162,10 @@ def _work(s: Step, kernel_name: str, meta: dict, gpu) -> estimate.Work:
                 whole = max(min(top, (pos[t] + 1) // block_n * block_n), lo)
                 key = (-(-max(0, whole - lo) // block_n), -(-max(0, top - whole) // block_n))
                 classes[key] = classes.get(key, 0) + 1  # programs with the same unmasked and masked tiles
-        programs = tuple(estimate.Programs(count * b * hk, {"#start_n": full, "#start_odd": full % 2, "#start_pair": full // 2,
-                                                            "#start_edge": edge})
+        # The whole tiles' loops: sm_90's pairs after an odd count's first
+        # tile (kernel.overlap_mma), or sm_80's one tile an iteration.
+        programs = tuple(estimate.Programs(count * b * hk, {"#start_odd": full % 2, "#start_pair": full // 2,
+                                                            "#start_n": full, "#start_edge": edge})
                          for (full, edge), count in classes.items())
         # The row tiles of a kv head are the grid's fastest dimension: they run
         # together, and all but the first read each key tile from L2.
