@@ -309,6 +309,21 @@ def test_column_pass_over_spread_rows(order, device, monkeypatch):
     check_against_reference(got, ref.attention_stats(q, k, q_pos), q, k, q_pos, 0.01, torch.float16)
 
 
+def test_column_pass_counts_packed_or_not(device, monkeypatch):
+    """Up to PACKED_COUNTS_MAX rows of 16-bit inputs the column pass sums
+    two keys' counts in one int32 word, past it one each: the same counts
+    either way (both halves holding sums of many rows), and the
+    reference's."""
+    q_pos = spread_rows("sorted", 300, 140, seed=3).to(device)
+    q, k = make(4, 2, 300, 140, 16, torch.float16, device, seed=3)
+    packed = kernel.attention_stats(q, k, q_pos, block_m=16, block_n=16)
+    monkeypatch.setattr(stats_kernel, "PACKED_COUNTS_MAX", 0)
+    plain = kernel.attention_stats(q, k, q_pos, block_m=16, block_n=16)
+    assert torch.equal(packed.below, plain.below)
+    assert int(packed.below[:, 0::2].max()) > 1 and int(packed.below[:, 1::2].max()) > 1
+    check_against_reference(packed, ref.attention_stats(q, k, q_pos), q, k, q_pos, 0.01, torch.float16)
+
+
 @pytest.mark.parametrize("p,scale", [(0.1, None), (0.002, 0.05), (0.0, None)])
 def test_threshold_and_scale(p, scale, device):
     q, k = make(4, 2, 100, 9, 64, torch.float32, device, seed=1)

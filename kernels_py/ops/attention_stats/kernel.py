@@ -49,6 +49,9 @@ COLUMN_BLOCKS_PER_PROGRAM = 8  # consecutive key blocks a column-pass program wa
 MIN_SPLIT_BLOCKS = 8  # a row-pass key split walks at least this many key tiles
 MAX_SPLITS = 64
 BOUND_ROWS = 128  # row positions a column-pass program scans at once for a block's bounds
+# The most rows whose counts the column pass sums two keys to an int32 (16
+# bits each, signed), for 16-bit inputs.
+PACKED_COUNTS_MAX = 32767
 PROGRAMS_PER_SM = 4  # programs to aim for on each SM (waits on HBM overlap across them)
 
 # ----------------------------------------------------------------------------
@@ -317,6 +320,7 @@ def _column_stats_kernel(
     BLOCK_D: tl.constexpr,
     UPCAST: tl.constexpr,
     BOUND_ROWS: tl.constexpr,
+    PACK_COUNTS: tl.constexpr,
 ):
     kv_head = tl.program_id(1)
     BLOCK_M: tl.constexpr = GROUP_PAD * ROWS
@@ -367,8 +371,15 @@ def _column_stats_kernel(
         attn_g = _per_head(attn, GROUP_PAD, ROWS, BLOCK_N)
         out_mask = (offs_g < GROUP)[:, None] & key_mask[None, :]
         tl.store(Attn + heads[:, None] * stride_ah + offs_n[None, :] * stride_an, attn_g, mask=out_mask)
-        tl.store(Below + heads[:, None] * stride_bh + offs_n[None, :] * stride_bn,
-                 _per_head(below, GROUP_PAD, ROWS, BLOCK_N), mask=out_mask)
+        if PACK_COUNTS:
+            # Two keys' counts to an int32 (each at most n_rows), so the sum
+            # over the rows moves half the words across threads.
+            lo, hi = tl.split(tl.reshape(below, (BLOCK_M, BLOCK_N // 2, 2)))
+            packed = _per_head(lo + (hi << 16), GROUP_PAD, ROWS, BLOCK_N // 2)
+            below_g = tl.reshape(tl.join(packed & 0xFFFF, packed >> 16), (GROUP_PAD, BLOCK_N))
+        else:
+            below_g = _per_head(below, GROUP_PAD, ROWS, BLOCK_N)
+        tl.store(Below + heads[:, None] * stride_bh + offs_n[None, :] * stride_bn, below_g, mask=out_mask)
         tl.store(AttnKV + kv_head * stride_kvh + offs_n * stride_kvn, tl.sum(attn_g, 0), mask=key_mask)
         tl.store(Nonzero + offs_n * stride_zn, nonzero, mask=key_mask & (kv_head == 0))
 
@@ -555,6 +566,7 @@ def column_stats(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, row_max:
             BLOCK_D=common.block(head_dim),
             UPCAST=common.upcast_for_dot(q.dtype),
             BOUND_ROWS=BOUND_ROWS,
+            PACK_COUNTS=n_rows <= PACKED_COUNTS_MAX and q.element_size() < 4,  # float32's spilled (28 bytes, sm_90)
             num_warps=warps,
         )
     return ReducedStats(attn, below, nonzero.expand(heads, n_keys), attn_kv)
