@@ -143,7 +143,7 @@ def test_bad_settings_get_clear_errors(workload):
 
 
 def test_sparse_prefill_attends_among_important_tokens_only(workload):
-    from kernels_py.methods.sparse_prefill import flops_saved, sparse_prefill
+    from kernels_py.methods.sparse_prefill import flops_saved, prefill_error, sparse_prefill
 
     q, k, v = (t[0].float() for t in (workload.q, workload.k, workload.v))
     important = torch.tensor([[0, 3, 5, 40], [1, 2, 3, 87]], device=q.device)
@@ -157,9 +157,14 @@ def test_sparse_prefill_attends_among_important_tokens_only(workload):
         others[idx] = False
         assert (out[head, others] == 0).all()
     assert flops_saved(88, 88) == 0.0 and flops_saved(88, 44) == pytest.approx(1 - 44 * 45 / (88 * 89))
+    # At the important rows the error is what they lose of the keys they see in full (row 3 of kv head 0 sees
+    # 0 and 3, not 1 and 2); a causal prefix loses none, so there it is rounding only (0 on a GPU).
+    every, at_important = prefill_error(q, k, v, important)
+    assert 1e-2 < at_important < every
+    assert prefill_error(q, k, v, torch.arange(4, device=q.device).expand(2, -1))[1] < 1e-6
     with pytest.raises(ValueError, match="strictly ascending"):
         sparse_prefill(q, k, v, important.flip(1))
     method = make_method("zipvl", {"tau": 0.9})
     m = method.layer_metrics(0, method.prefill(0, workload.q[0], workload.k[0], workload.v[0], workload.spans))
     assert m["sparse_prefill_flops_saved"] == pytest.approx(flops_saved(PROMPT, round(m["important_ratio"] * PROMPT)))
-    assert 0 < m["sparse_prefill_error"] < 1
+    assert 0 <= m["sparse_prefill_error_important"] < m["sparse_prefill_error"] < 1

@@ -95,7 +95,10 @@ def test_zipvl_sparse_prefill_runs_inside_the_model(tiny):
     report = ablation.run("zipvl", {"group": 32, "tau": 0.5}, {"model": str(vlm.path), "images": str(image),
                                                                 "prompt": PROMPT, "decode_steps": 2}, "vlm")
     m = report["metrics"]
-    assert 0 < m["sparse_prefill_error_important"] < m["sparse_prefill_error"] <= 1
+    # The tiny model's random attention is near uniform, so each layer's important tokens (the highest mean
+    # attention over the rows that see them) are the prompt's first ones: among a causal prefix the sparse
+    # prefill is exact, and at those rows the error is rounding only (0.0 on a GPU, ~1e-7 on the CPU).
+    assert 0 <= m["sparse_prefill_error_important"] < 1e-5 < m["sparse_prefill_error"] <= 1
     assert 0 < m["sparse_prefill_flops_saved"] < 1
 
 
