@@ -5,7 +5,7 @@ reports every method against the full cache (its timings are not checked)."""
 import pytest
 import torch
 
-from kernels_py import benchmarks
+from kernels_py import benchmarks, runtime
 from kernels_py.benchmarks import generate
 from kernels_py.models import sized, spans_from_ids
 
@@ -182,17 +182,24 @@ def test_profile_steps_count_what_a_decode_step_asks_of_the_host():
     """With profile_steps each row says what one decode step runs on the
     host (the difference of two profiled runs, so the prefill cancels); on
     the CPU no kernel is launched and nothing waits for a GPU, and the GPU
-    columns stay out of the table. Without it, no profile column at all."""
+    columns stay out of the table; on a GPU a step launches kernels and
+    the GPU columns follow. Without it, no profile column at all."""
     sizes = dict(generate.Generate.smoke_sizes(), methods="vlcache", batches=[1])
     plain = benchmarks.run("generate", sizes)
     assert not {c["name"] for c in plain["columns"]} & {c.name for c in generate.Generate.optional_columns}
     result = benchmarks.run("generate", dict(sizes, profile_steps=2))
     names = [c["name"] for c in result["columns"]]
-    assert names[-3:] == ["step_ops", "step_launches", "step_syncs"]
+    on_gpu = runtime.device().type == "cuda"
+    profiled = ["step_ops", "step_launches", "step_syncs"] + (["step_gpu_ms", "gpu_busy", "gpu_step_speedup"]
+                                                              if on_gpu else [])
+    assert names[-len(profiled):] == profiled
     for r in result["rows"]:
         # A step of a 2-layer model runs dozens of ops: the layers' projections, norms, attention, the head.
         assert r["step_ops"] > 20 and r["step_ops"] == int(r["step_ops"])
-        assert r["step_launches"] == 0 and r["step_syncs"] == 0
+        if on_gpu:
+            assert r["step_launches"] > 0 and r["step_gpu_ms"] > 0 and r["gpu_busy"] > 0
+        else:
+            assert r["step_launches"] == 0 and r["step_syncs"] == 0
     described = {c["name"] for c in generate.Generate.describe()["columns"]}
     assert {"step_gpu_ms", "gpu_busy"} <= described  # --help lists them
 

@@ -56,10 +56,11 @@ def by_hand(replies: list[str], answers: list[str]) -> dict[str, float]:
 
 
 def transformers_replies(path, task, docs) -> list[str]:
-    """transformers' own greedy generate on each document's prompt, cut as the task says."""
-    from kernels_py import models
+    """transformers' own greedy generate on each document's prompt, cut as the task says, on the device the
+    workload runs its model on (a tiny random model's near-ties could break differently on another)."""
+    from kernels_py import models, runtime
 
-    vlm = models.load(path)
+    vlm = models.load(path, device=runtime.device())
     gen = task.config.generation_kwargs
     replies = []
     for doc_id in docs:
