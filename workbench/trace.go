@@ -37,7 +37,8 @@ func newTraceCaptureCmd(a *app) *cobra.Command {
 		Short: "Run a local VLM with the full cache and record every layer's Q/K/V",
 		Long: `capture loads a Hugging Face VLM from a local directory (see README "Use your own
 model" for the families and which take images, several images or video;
-nothing is downloaded), runs the prompt with its images and videos and a
+nothing is downloaded) on the --device (a GPU where there is one) in its
+checkpoint's dtype, runs the prompt with its images and videos and a
 greedy generation of --decode-steps + 1 tokens with the full cache, and
 writes every language-model layer's Q/K/V (keys both before and after
 RoPE) for the prompt and each decode step, with the RoPE positions (3-D on

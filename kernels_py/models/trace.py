@@ -213,7 +213,9 @@ def main(argv=None) -> int:
         if not opts.image and not opts.video:
             raise ModelError("give at least one --image or --video")
         videos = [load_video(v, opts.frames, opts.fps) for v in opts.video]
-        vlm = load(opts.model)
+        from kernels_py import runtime
+
+        vlm = load(opts.model, device=runtime.device())
         tensors, meta = capture(vlm, opts.image, opts.prompt, opts.decode_steps, videos)
     except (ModelError, ValueError) as err:
         print(f"trace capture: {err}", file=sys.stderr)

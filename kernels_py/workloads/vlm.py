@@ -59,10 +59,11 @@ class VLMConfig(WorkloadConfig):
 
 @functools.lru_cache(maxsize=2)
 def _load(path: str):
-    """A worker loads a model once for all the jobs on it."""
+    """A worker loads a model once for all the jobs on it, on the worker's device (a GPU where it has one)."""
+    from kernels_py import runtime
     from kernels_py.models import load
 
-    return load(path)
+    return load(path, device=runtime.device())
 
 
 @functools.lru_cache(maxsize=8)
