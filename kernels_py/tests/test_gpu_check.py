@@ -22,7 +22,8 @@ def gpu_check(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("args, said", [
     (["--bogus"], "unknown flag --bogus"),
-    (["--tests-seconds", "5m"], "--tests-seconds must be a whole number of seconds, got '5m'"),
+    (["--tests-seconds", "5m"], "--tests-seconds must be a whole number, got '5m'"),
+    (["--workers", "-2"], "--workers must be a whole number, got '-2'"),
 ])
 def test_bad_flags_are_refused_with_the_usage(args, said):
     done = gpu_check(*args)
@@ -32,7 +33,7 @@ def test_bad_flags_are_refused_with_the_usage(args, said):
 def test_help_lists_the_flags():
     done = gpu_check("--help")
     assert done.returncode == 0
-    for flag in ("--python", "--out", "--tests-seconds", "--tests", "--skip-bench", "--skip-tests", "--generate"):
+    for flag in ("--python", "--out", "--tests-seconds", "--tests", "--workers", "--skip-bench", "--skip-tests", "--generate"):
         assert flag in done.stdout
 
 
