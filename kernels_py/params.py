@@ -37,6 +37,9 @@ class ParamSpec:
     pattern: str = ""  # str knobs: a regular expression the whole value must match (Go RE2 and Python re alike)
     # At its default the knob is left out of job ids: a knob added after runs existed keeps their jobs' ids.
     id_omits_default: bool = False
+    # str knobs: a file or folder, or several comma-separated; an experiment script's relative ones are
+    # resolved against the script's folder when it is planned (gohost/expt), so a job holds absolute paths.
+    paths: bool = False
 
     def check(self, owner: str, name: str, value: Any) -> Any:
         """Return `value` in the parameter's Python type, or raise TypeError
@@ -86,25 +89,31 @@ class ParamSpec:
             entry["pattern"] = self.pattern
         if self.id_omits_default:
             entry["id_omits_default"] = True
+        if self.paths:
+            entry["paths"] = True
         return entry
 
 
 def knob(type: str, default: Any, doc: str, *, min=None, max=None, choices=None, ref: str = "", pattern: str = "",
-         id_omits_default: bool = False):
+         id_omits_default: bool = False, paths: bool = False):
     """A dataclass field whose default, documentation, paper reference and
     bounds live in one place. `id_omits_default`: the job id leaves the knob
     out while it holds its default, so adding it to a workload or method that
-    runs already existed for keeps those runs' job ids (and their resumes)."""
+    runs already existed for keeps those runs' job ids (and their resumes).
+    `paths`: the value is a file or folder, or comma-separated ones, which an
+    experiment script may give relative to its own folder."""
     if type not in TYPE_NAMES:
         raise ValueError(f"parameter type {type!r} is not one of {TYPE_NAMES}")
     if pattern and type != "str":
         raise ValueError("only str parameters take a pattern")
+    if paths and type != "str":
+        raise ValueError("only str parameters hold paths")
     if id_omits_default and type == "ints":
         raise ValueError("a list knob cannot leave job ids at its default")
     if type == "ints":
         default = tuple(default)
     spec = ParamSpec(type, default, doc, min, max, None if choices is None else tuple(choices), ref, pattern,
-                     id_omits_default)
+                     id_omits_default, paths)
     return dataclasses.field(default=default, metadata={"spec": spec})
 
 

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -111,6 +112,9 @@ func (l *loader) workload(thread *starlark.Thread, _ *starlark.Builtin, args sta
 		if err != nil {
 			return nil, l.pos.errorf(thread, path{name}, "workload: param %q: %v (%s: %s)", name, err, name, p.Describe())
 		}
+		if p.Paths {
+			v = ResolvePaths(v.(string), l.dir)
+		}
 		vals[name] = v
 	}
 	msg, err := l.schema.Workloads[kind].Rules.Violated(vals)
@@ -121,6 +125,22 @@ func (l *loader) workload(thread *starlark.Thread, _ *starlark.Builtin, args sta
 		return nil, l.pos.errorf(thread, nil, "workload %q: %s", kind, msg)
 	}
 	return newWorkloadValue(kind, vals), nil
+}
+
+// ResolvePaths returns v, a path or comma-separated paths, with each
+// relative one joined to dir. Absolute ones and the separators stay as
+// written, so a value without a relative path is unchanged, and so are the
+// ids of the jobs that hold it.
+func ResolvePaths(v, dir string) string {
+	parts := strings.Split(v, ",")
+	for i, part := range parts {
+		p := strings.TrimSpace(part)
+		if p == "" || filepath.IsAbs(p) {
+			continue
+		}
+		parts[i] = strings.Replace(part, p, filepath.Join(dir, p), 1)
+	}
+	return strings.Join(parts, ",")
 }
 
 // grid(**lists) returns {name: list} in argument order: a way to write a

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
 	"go.starlark.net/starlark"
@@ -87,21 +88,31 @@ var fileOptions = &syntax.FileOptions{
 }
 
 // Load reads and evaluates the script at path. Positions in errors name
-// the file as path is written.
+// the file as path is written; relative paths in workload knobs
+// (Param.Paths) are taken from the script's folder.
 func Load(ctx context.Context, path string, schema *Schema) (*Plan, error) {
 	src, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("expt: read script: %w", err)
 	}
-	return load(ctx, path, src, schema)
+	dir, err := filepath.Abs(filepath.Dir(path))
+	if err != nil {
+		return nil, fmt.Errorf("expt: the script's folder: %w", err)
+	}
+	return load(ctx, path, dir, src, schema)
 }
 
-// LoadSource evaluates src as if read from filename.
+// LoadSource evaluates src as if read from filename, taking relative paths
+// in workload knobs from the working directory.
 func LoadSource(filename string, src []byte, schema *Schema) (*Plan, error) {
-	return load(context.Background(), filename, src, schema)
+	dir, err := os.Getwd()
+	if err != nil {
+		return nil, fmt.Errorf("expt: the working directory: %w", err)
+	}
+	return load(context.Background(), filename, dir, src, schema)
 }
 
-func load(ctx context.Context, filename string, src []byte, schema *Schema) (*Plan, error) {
+func load(ctx context.Context, filename, dir string, src []byte, schema *Schema) (*Plan, error) {
 	if schema == nil {
 		return nil, errors.New("expt: no schema")
 	}
@@ -122,6 +133,7 @@ func load(ctx context.Context, filename string, src []byte, schema *Schema) (*Pl
 		pos:    indexCalls(f),
 		plan:   plan,
 		names:  make(map[string]string),
+		dir:    dir,
 	}
 	predeclared := l.builtins()
 	prog, err := starlark.FileProgram(f, predeclared.Has)
@@ -183,6 +195,7 @@ type loader struct {
 	plan   *Plan
 	names  map[string]string // experiment name -> position of its declaration
 	jobs   int               // jobs expanded so far, for MaxJobs
+	dir    string            // absolute folder relative paths in workload knobs start from
 }
 
 func (l *loader) builtins() starlark.StringDict {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -801,5 +802,67 @@ func TestPressesFailThePlan(t *testing.T) {
 		if _, err := LoadSource("x.star", []byte(src), s); err != nil {
 			t.Errorf("%s: %v", src, err)
 		}
+	}
+}
+
+func TestResolvePaths(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{"", ""},
+		{"cat.png", "/s/cat.png"},
+		{"/abs/cat.png", "/abs/cat.png"},
+		{"a.png, /b.png,c/d.png", "/s/a.png, /b.png,/s/c/d.png"}, // separators and spaces kept
+		{"/a.png, /b.png", "/a.png, /b.png"},                     // nothing relative: unchanged, byte for byte
+		{"../models/llava", "/models/llava"},
+		{"a.png,,b.png", "/s/a.png,,/s/b.png"},
+	}
+	for _, tt := range tests {
+		if got := ResolvePaths(tt.in, "/s"); got != tt.want {
+			t.Errorf("ResolvePaths(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}
+
+// A workload's file and folder knobs given relative to the script are the
+// script's neighbours, wherever workbench runs from: jobs hold absolute
+// paths. Other str knobs (the prompt) are left as written.
+func TestRelativePathsStartFromTheScriptsFolder(t *testing.T) {
+	s, err := LoadSchema("../../kernels_py/schema.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	script := filepath.Join(dir, "sub", "own.star")
+	if err := os.MkdirAll(filepath.Dir(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	src := `experiment(name = "own", methods = ["full"], workloads = [
+    workload("vlm", model = "../llava", images = "cat.png, /data/dog.png", prompt = "a/b <image>"),
+    workload("trace", path = "cat.safetensors"),
+])`
+	if err := os.WriteFile(script, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	plan, err := Load(context.Background(), script, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	jobs := plan.Experiments[0].Jobs
+	want := []map[string]any{
+		{"model": filepath.Join(dir, "llava"), "images": filepath.Join(dir, "sub", "cat.png") + ", /data/dog.png",
+			"prompt": "a/b <image>"},
+		{"path": filepath.Join(dir, "sub", "cat.safetensors")},
+	}
+	for i, w := range want {
+		for k, v := range w {
+			if got := jobs[i].Workload[k]; got != v {
+				t.Errorf("job %d: %s = %q, want %q", i, k, got, v)
+			}
+		}
+	}
+	if p := s.Workloads["vlm"].Params["images"]; !p.Paths || !strings.Contains(p.Describe(), "relative paths: from the script's folder") {
+		t.Errorf("images: Paths %v, described as %q", p.Paths, p.Describe())
+	}
+	if s.Workloads["vlm"].Params["prompt"].Paths {
+		t.Error("prompt is not a path")
 	}
 }

@@ -146,6 +146,10 @@ type Param struct {
 	// (Job.CanonicalJSON), so adding it to a workload or method kept the ids
 	// of every job planned before it.
 	IDOmitsDefault bool
+	// Paths: a str parameter holding a file or folder, or comma-separated
+	// ones; the ones a script gives relative are resolved against its
+	// folder (ResolvePaths).
+	Paths bool
 }
 
 // LoadSchema reads and parses a schema file.
@@ -211,6 +215,8 @@ type (
 		Pattern string       `json:"pattern"`
 		// IDOmitsDefault is Param.IDOmitsDefault.
 		IDOmitsDefault bool `json:"id_omits_default"`
+		// Paths is Param.Paths.
+		Paths bool `json:"paths"`
 	}
 )
 
@@ -393,7 +399,7 @@ func parseParams(in map[string]paramJSON, lists bool) (Params, error) {
 }
 
 func parseParam(name string, pj paramJSON) (*Param, error) {
-	p := &Param{Name: name, Doc: pj.Doc, Ref: pj.Ref, Type: pj.Type, IDOmitsDefault: pj.IDOmitsDefault}
+	p := &Param{Name: name, Doc: pj.Doc, Ref: pj.Ref, Type: pj.Type, IDOmitsDefault: pj.IDOmitsDefault, Paths: pj.Paths}
 	switch pj.Type {
 	case TypeInt, TypeFloat, TypeStr, TypeBool, TypeInts:
 	case "":
@@ -423,6 +429,9 @@ func parseParam(name string, pj paramJSON) (*Param, error) {
 	}
 	if p.Min != nil && p.Max != nil && *p.Min > *p.Max {
 		return nil, fmt.Errorf("min %v is above max %v", *p.Min, *p.Max)
+	}
+	if pj.Paths && pj.Type != TypeStr {
+		return nil, errors.New(`"paths" is only for str params`)
 	}
 	if pj.Pattern != "" {
 		if pj.Type != TypeStr {
@@ -697,6 +706,9 @@ func (p *Param) describe(withDefault bool) string {
 	}
 	if p.Ref != "" {
 		b.WriteString(" [" + p.Ref + "]")
+	}
+	if p.Paths {
+		b.WriteString(" (relative paths: from the script's folder)")
 	}
 	return b.String()
 }

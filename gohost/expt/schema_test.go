@@ -134,6 +134,7 @@ func TestParseSchemaErrors(t *testing.T) {
 		{"rule broken by defaults", `{"methods": {"m": {"params": {"x": {"type": "int", "default": 1}}, "rules": [{"check": "x % 2 == 0", "message": "x={x} must be even"}]}}, ` + oneWorkload + `}`, `expt: schema: method "m": rules[0]: the defaults break it: x=1 must be even`},
 		{"rule without message", `{"methods": {"m": {"rules": [{"check": "True"}]}}, ` + oneWorkload + `}`, `expt: schema: method "m": rules[0]: want a check and a message`},
 		{"pattern on int", method(`"x": {"type": "int", "default": 1, "pattern": "[0-9]+"}`), `expt: schema: method "m": param "x": "pattern" is only for str params`},
+		{"paths on float", method(`"x": {"type": "float", "default": 1, "paths": true}`), `expt: schema: method "m": param "x": "paths" is only for str params`},
 		{"bad pattern", method(`"x": {"type": "str", "default": "a", "pattern": "(a"}`), "expt: schema: method \"m\": param \"x\": pattern: error parsing regexp: missing closing ): `^(?:(a)$`"},
 		{"default breaks pattern", method(`"x": {"type": "str", "default": "b", "pattern": "a+"}`), `expt: schema: method "m": param "x": default: "b" is not well-formed`},
 		{"unknown protocol", `{"methods": {"m": {"params": {"x": {"type": "int", "default": 1}}, "protocols": {"q": {"x": 2}}}}, "protocols": {"p": "d"}, ` + oneWorkload + `}`, `expt: schema: method "m": protocol "q" is not one of the schema's protocols (p)`},

@@ -307,8 +307,9 @@ def check_params(schema_params: dict, dataclass_type) -> None:
             assert entry["default"] == field.default and type(entry["default"]) is field.type
         assert {"type", "default", "min", "max", "doc"} <= set(entry) <= {"type", "default", "min", "max", "doc",
                                                                           "choices", "ref", "pattern",
-                                                                          "id_omits_default"}
+                                                                          "id_omits_default", "paths"}
         assert entry.get("id_omits_default", True) is True  # written only where set
+        assert entry.get("paths", True) is True and ("paths" not in entry or entry["type"] == "str")
         if "pattern" in entry:
             assert entry["type"] == "str" and re.fullmatch(entry["pattern"], entry["default"])
         assert entry["doc"], f"{name} has no doc"

@@ -43,6 +43,18 @@ def test_pattern_checks_the_whole_value():
         knob("int", 1, "n", pattern=r"\d+")
 
 
+def test_path_knobs_say_so_in_the_schema():
+    """The Go host resolves the relative paths a script gives these knobs
+    against the script's folder; it learns which knobs hold paths here."""
+    from kernels_py.workloads import WORKLOADS
+
+    with pytest.raises(ValueError, match="only str parameters hold paths"):
+        knob("int", 1, "n", paths=True)
+    holding = {(w, name) for w, cls in WORKLOADS.items() for name, entry in cls.schema().items() if entry.get("paths")}
+    assert holding == {("vlm", "model"), ("vlm", "images"), ("vlm", "videos"), ("trace", "path"),
+                       ("lmms", "model"), ("lmms", "include_path"), ("lmms", "data")}
+
+
 def test_rules_use_only_what_both_languages_have():
     with pytest.raises(NameError):
         Rule("__import__('os') is None", "no").holds({})

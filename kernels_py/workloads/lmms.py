@@ -48,7 +48,7 @@ class LmmsConfig(WorkloadConfig):
                   "0..shards-1 itself, leave shard out"),)
 
     model: str = knob("str", "", "local model directory (config.json, weights, processor files; nothing is "
-                      "downloaded)")
+                      "downloaded)", paths=True)
     tasks: str = knob("str", "", "lmms-eval task names, comma-separated (one job per task), e.g. "
                       "\"docvqa_val,chartqa\"; tasks scored by log-likelihood are refused")
     limit: int = knob("int", 200, "score the first `limit` documents of each task's evaluation split", min=1,
@@ -59,9 +59,10 @@ class LmmsConfig(WorkloadConfig):
     shard: int = knob("int", 0, "this job's shard, 0..shards-1: set by the plan from shards", min=0, max=4095)
     batch: int = knob("int", 1, "documents generated together (each keeps its own method caches; the batch "
                       "decodes until its longest answer ends); kvpress presses run one at a time", min=1, max=256)
-    include_path: str = knob("str", "", "a directory of extra task YAML files (lmms-eval's --include_path)")
+    include_path: str = knob("str", "", "a directory of extra task YAML files (lmms-eval's --include_path)",
+                             paths=True)
     data: str = knob("str", "", "directory of downloaded datasets, each at DATA/<hub id> (e.g. "
-                     "DATA/lmms-lab-encoder/DocVQA); empty: the local Hugging Face cache")
+                     "DATA/lmms-lab-encoder/DocVQA); empty: the local Hugging Face cache", paths=True)
     frames: int = knob("int", 8, "frames sampled from each video of a video task (at most, with fps): spread "
                        "uniformly over the whole video, first and last included", min=1, max=4096,
                        id_omits_default=True)

@@ -21,11 +21,12 @@ class VLMConfig(WorkloadConfig):
     name = "vlm"
 
     model: str = knob("str", "", "local model directory (config.json, weights, processor files; nothing is "
-                      "downloaded)")
-    images: str = knob("str", "", "image files, comma-separated, one per image placeholder in the prompt")
+                      "downloaded)", paths=True)
+    images: str = knob("str", "", "image files, comma-separated, one per image placeholder in the prompt",
+                       paths=True)
     # The video knobs are left out of job ids at their defaults, so runs planned before them keep their ids.
     videos: str = knob("str", "", "video files or directories of frame images, comma-separated, one per video "
-                       "placeholder in the prompt", id_omits_default=True)
+                       "placeholder in the prompt", id_omits_default=True, paths=True)
     frames: int = knob("int", 8, "frames sampled from each video (with fps: at most this many)", min=1, max=4096,
                        id_omits_default=True)
     fps: float = knob("float", 0.0, "sample each video at this rate, frames a second (0: frames spread evenly over "
