@@ -118,7 +118,12 @@ workload("trace", path = "FILE.safetensors").`,
 			}
 			fmt.Fprintf(a.stdout, "wrote %s: %d layers, %d prompt tokens, %d decode steps, %s\n", res.Out, res.Layers,
 				res.PromptTokens, res.DecodeSteps, humanBytes(res.Bytes))
-			fmt.Fprintf(a.stdout, "replay it in an experiment: workload(\"trace\", path = %q)\n", res.Out)
+			// Absolute, so the line works in a script anywhere (a script's relative paths start from its folder).
+			suggested := res.Out
+			if abs, err := filepath.Abs(res.Out); err == nil {
+				suggested = abs
+			}
+			fmt.Fprintf(a.stdout, "replay it in an experiment: workload(\"trace\", path = %q)\n", suggested)
 			return nil
 		},
 	}

@@ -242,6 +242,10 @@ def _open_images(images):
     loaded = []
     for image in images:
         if isinstance(image, (str, Path)):
+            if not Path(image).is_file():
+                what = "is a directory, not an image file" if Path(image).is_dir() else "does not exist"
+                raise ModelError(f"image {image} {what}: give the path of a PNG, JPEG or another image file "
+                                 f"Pillow reads")
             try:
                 with Image.open(image) as im:
                     image = im.convert("RGB")

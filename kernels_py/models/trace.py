@@ -207,14 +207,17 @@ def main(argv=None) -> int:
 
     hf_logging.set_verbosity_error()  # no progress bars or backend notes between the user and the answer
     hf_logging.disable_progress_bar()
+    from kernels_py import runtime
+
+    if unusable := runtime.unusable_device():  # before the model loads, which takes a while
+        print(f"trace capture: {unusable}", file=sys.stderr)
+        return 2
     try:
         from kernels_py.models.video import load_video
 
         if not opts.image and not opts.video:
             raise ModelError("give at least one --image or --video")
         videos = [load_video(v, opts.frames, opts.fps) for v in opts.video]
-        from kernels_py import runtime
-
         vlm = load(opts.model, device=runtime.device())
         tensors, meta = capture(vlm, opts.image, opts.prompt, opts.decode_steps, videos)
     except (ModelError, ValueError) as err:

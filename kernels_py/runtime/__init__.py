@@ -26,6 +26,15 @@ def device() -> torch.device:
     return torch.device(device_kind())
 
 
+def unusable_device() -> str:
+    """Why the device asked for cannot be used ("" when it can): cuda where torch sees no GPU."""
+    if device_kind() == "cuda" and not torch.cuda.is_available():
+        return ("device cuda was requested but torch sees no CUDA device "
+                f"(torch {torch.__version__}, built for CUDA {torch.version.cuda}); "
+                "check the driver and CUDA_VISIBLE_DEVICES, or run with --device cpu")
+    return ""
+
+
 def interpreter_mode() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 

@@ -107,12 +107,8 @@ def hello(tracker=None) -> dict:
     device = {"kind": kind, "cuda_available": cuda_ok, "torch_cuda": torch.version.cuda, "names": []}
     if cuda_ok:
         device["names"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    if kind == "cuda" and not cuda_ok:
-        info["error"] = (
-            "device cuda was requested but torch sees no CUDA device "
-            f"(torch {torch.__version__}, built for CUDA {torch.version.cuda}); "
-            "check the driver and CUDA_VISIBLE_DEVICES, or run with --device cpu"
-        )
+    if unusable := runtime.unusable_device():
+        info["error"] = unusable
     info["device"] = device
     if tracker is not None:
         tracker.rescan()  # as late as can be: what no import has read yet is hashed as it is now

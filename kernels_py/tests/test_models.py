@@ -134,6 +134,10 @@ def test_unsupported_inputs_get_clear_errors(tiny, tmp_path):
     broken.write_bytes(b"not an image")
     with pytest.raises(models.ModelError, match="cannot be decoded"):
         models.prompt_inputs(vlm, [broken], PROMPT)
+    with pytest.raises(models.ModelError, match="nocat.png does not exist: give the path of a PNG"):
+        models.prompt_inputs(vlm, [tmp_path / "nocat.png"], PROMPT)
+    with pytest.raises(models.ModelError, match="is a directory, not an image file"):
+        models.prompt_inputs(vlm, [tmp_path], PROMPT)
     with pytest.raises(models.ModelError, match="0 image placeholder"):
         models.prompt_inputs(vlm, [image], "USER : describe the picture ASSISTANT :")
 
@@ -174,6 +178,19 @@ def test_trace_capture_says_why_it_cannot_write(tiny, tmp_path, capsys):
                        "--decode-steps", "1"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"trace capture: cannot write {out}: ") and "\n" not in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_trace_capture_on_a_missing_gpu_says_so_before_loading(tiny, tmp_path, capsys, monkeypatch):
+    from kernels_py.models import trace
+
+    _, image, root = tiny
+    monkeypatch.setenv("VLKV_DEVICE", "cuda")
+    assert trace.main(["--model", str(root / "llava"), "--image", str(image), "--prompt", PROMPT, "--out",
+                       str(tmp_path / "t.safetensors")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("trace capture: device cuda was requested but torch sees no CUDA device")
+    assert err.endswith("or run with --device cpu") and not (tmp_path / "t.safetensors").exists()
 
 
 def test_a_trace_replays_as_a_workload(tiny, tmp_path):
