@@ -29,6 +29,27 @@ def own_model_run(root):
     return run
 
 
+def two_models_and_a_trace_run(root):
+    """An own_model run over two models and a replayed trace: the trace's rows have no in-model metrics."""
+    run = root / "own_model" / "20260101-000000-bbbbbb"
+    run.mkdir(parents=True)
+    (run / "manifest.json").write_text(json.dumps({"experiment": "own_model", "jobs": 5}))
+    nan = float("nan")
+    pd.DataFrame({
+        "job_id": list("abcde"), "method": ["full", "h2o", "full", "h2o", "full"], "status": ["ok"] * 5,
+        "workload": ["vlm", "vlm", "vlm", "vlm", "trace"],
+        "workload_model": ["/m/llava", "/m/llava", "/m/qwen", "/m/qwen", None],
+        "param_budget": [None, 0.2, None, 0.2, None],
+        "metric_token_agreement": [1.0, 0.75, 1.0, 0.5, nan], "metric_kl_mean": [0.0, 0.1, 0.0, 0.3, nan],
+        "metric_kl_max": [0.0, 0.3, 0.0, 0.6, nan],
+        # qwen's h2o holds more bytes than llava's full cache, less than its own (the notebook asserts <= 1).
+        "metric_model_cache_bytes": [1000.0, 200.0, 5000.0, 1500.0, nan],
+        "metric_prefill_seconds": [0.1] * 4 + [nan], "metric_decode_seconds": [0.2] * 4 + [nan],
+        "extra_per_layer_rel_err": ["[0, 0]", "[0.1, 0.2]", "[0, 0]", "[0.2, 0.3]", "[0, 0]"],
+    }).to_parquet(run / "results.parquet")
+    return run
+
+
 def outputs(nb) -> str:
     return "\n".join("".join(o.get("text", "")) for c in nb.cells for o in c.get("outputs", []))
 
@@ -41,6 +62,14 @@ def test_own_model_draws_a_run_with_kvpress_rows(tmp_path):
     text = page.read_text()
     assert (run / "own_model.ipynb").exists() and text.count('<img src="data:image/png;base64,') == 2
     assert "<h1>Methods inside your own model</h1>" in text and "kvpress SnapKVPress 0.5" in text
+
+
+def test_own_model_compares_each_model_with_its_own_full_cache(tmp_path):
+    run = two_models_and_a_trace_run(tmp_path)
+    nb = notebooks.execute(notebooks.find("own_model"), env=notebooks.run_env([run]))
+    assert "1 rows of replayed workloads (no in-model metrics) left out" in outputs(nb)
+    page = notebooks.write(nb, run / "own_model.ipynb", "own_model").read_text()
+    assert "llava: h2o 0.2" in page and "qwen: h2o 0.2" in page
 
 
 def test_find_names_the_notebooks():
