@@ -1,9 +1,12 @@
 package expt
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"math"
+	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -114,6 +117,9 @@ func (l *loader) workload(thread *starlark.Thread, _ *starlark.Builtin, args sta
 		}
 		if p.Paths {
 			v = ResolvePaths(v.(string), l.dir)
+			for _, missing := range missingPaths(v.(string)) {
+				l.warn(thread, path{name}, "workload %q: %s: %s does not exist here: a job that reads it will fail", kind, name, missing)
+			}
 		}
 		vals[name] = v
 	}
@@ -141,6 +147,19 @@ func ResolvePaths(v, dir string) string {
 		parts[i] = strings.Replace(part, p, filepath.Join(dir, p), 1)
 	}
 	return strings.Join(parts, ",")
+}
+
+// missingPaths returns the paths of v (comma-separated) that do not exist
+// on this machine.
+func missingPaths(v string) []string {
+	var missing []string
+	for _, part := range strings.Split(v, ",") {
+		p := strings.TrimSpace(part)
+		if _, err := os.Stat(p); p != "" && errors.Is(err, fs.ErrNotExist) {
+			missing = append(missing, p)
+		}
+	}
+	return missing
 }
 
 // grid(**lists) returns {name: list} in argument order: a way to write a

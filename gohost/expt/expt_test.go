@@ -865,4 +865,26 @@ func TestRelativePathsStartFromTheScriptsFolder(t *testing.T) {
 	if s.Workloads["vlm"].Params["prompt"].Paths {
 		t.Error("prompt is not a path")
 	}
+	// None of those files exists: each is a warning at its knob (the plan still stands: the files may
+	// appear before the jobs run, or live only where they run).
+	missing := []string{
+		`own.star:2:21: workload "vlm": model: ` + filepath.Join(dir, "llava") + " does not exist here",
+		`own.star:2:41: workload "vlm": images: ` + filepath.Join(dir, "sub", "cat.png") + " does not exist here",
+		`own.star:2:41: workload "vlm": images: /data/dog.png does not exist here`,
+		`own.star:3:23: workload "trace": path: ` + filepath.Join(dir, "sub", "cat.safetensors") + " does not exist here",
+	}
+	if len(plan.Warnings) != len(missing) {
+		t.Fatalf("warnings %q, want %d", plan.Warnings, len(missing))
+	}
+	for i, w := range missing {
+		if !strings.HasSuffix(plan.Warnings[i], "a job that reads it will fail") || !strings.Contains(plan.Warnings[i], w) {
+			t.Errorf("warning %d = %q, want it to hold %q", i, plan.Warnings[i], w)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "sub", "cat.safetensors"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if plan, err = Load(context.Background(), script, s); err != nil || len(plan.Warnings) != 3 {
+		t.Errorf("with the trace there: %v, warnings %q", err, plan.Warnings)
+	}
 }
