@@ -134,7 +134,8 @@ func (l *loader) workload(thread *starlark.Thread, _ *starlark.Builtin, args sta
 }
 
 // ResolvePaths returns v, a path or comma-separated paths, with each
-// relative one joined to dir. Absolute ones and the separators stay as
+// relative one joined to dir and a leading ~/ made the home folder (no
+// shell expands it in a script). Absolute ones and the separators stay as
 // written, so a value without a relative path is unchanged, and so are the
 // ids of the jobs that hold it.
 func ResolvePaths(v, dir string) string {
@@ -144,7 +145,11 @@ func ResolvePaths(v, dir string) string {
 		if p == "" || filepath.IsAbs(p) {
 			continue
 		}
-		parts[i] = strings.Replace(part, p, filepath.Join(dir, p), 1)
+		base := dir
+		if home, err := os.UserHomeDir(); err == nil && (p == "~" || strings.HasPrefix(p, "~/")) {
+			base, p = home, strings.TrimPrefix(strings.TrimPrefix(p, "~"), "/")
+		}
+		parts[i] = strings.Replace(part, strings.TrimSpace(part), filepath.Join(base, p), 1)
 	}
 	return strings.Join(parts, ",")
 }

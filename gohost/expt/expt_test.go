@@ -806,7 +806,10 @@ func TestPressesFailThePlan(t *testing.T) {
 }
 
 func TestResolvePaths(t *testing.T) {
+	t.Setenv("HOME", "/h")
 	tests := []struct{ in, want string }{
+		{"~/models/llava, ~", "/h/models/llava, /h"},
+		{"~x/a.png", "/s/~x/a.png"}, // another user's home is not guessed
 		{"", ""},
 		{"cat.png", "/s/cat.png"},
 		{"/abs/cat.png", "/abs/cat.png"},
