@@ -14,6 +14,7 @@ import difflib
 import math
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Mapping
 
 # "ints" (a list of ints) is for benchmark sizes; job parameters are scalars.
@@ -37,8 +38,8 @@ class ParamSpec:
     pattern: str = ""  # str knobs: a regular expression the whole value must match (Go RE2 and Python re alike)
     # At its default the knob is left out of job ids: a knob added after runs existed keeps their jobs' ids.
     id_omits_default: bool = False
-    # str knobs: a file or folder, or several comma-separated; an experiment script's relative ones are
-    # resolved against the script's folder when it is planned (gohost/expt), so a job holds absolute paths.
+    # str knobs: a file or folder, or several comma-separated (a relative one is from the kernels root, where
+    # workers run); the Go host warns at plan time of one that does not exist.
     paths: bool = False
 
     def check(self, owner: str, name: str, value: Any) -> Any:
@@ -100,8 +101,8 @@ def knob(type: str, default: Any, doc: str, *, min=None, max=None, choices=None,
     bounds live in one place. `id_omits_default`: the job id leaves the knob
     out while it holds its default, so adding it to a workload or method that
     runs already existed for keeps those runs' job ids (and their resumes).
-    `paths`: the value is a file or folder, or comma-separated ones, which an
-    experiment script may give relative to its own folder."""
+    `paths`: the value is a file or folder, or comma-separated ones, which
+    `workbench plan` checks exist."""
     if type not in TYPE_NAMES:
         raise ValueError(f"parameter type {type!r} is not one of {TYPE_NAMES}")
     if pattern and type != "str":
@@ -115,6 +116,14 @@ def knob(type: str, default: Any, doc: str, *, min=None, max=None, choices=None,
     spec = ParamSpec(type, default, doc, min, max, None if choices is None else tuple(choices), ref, pattern,
                      id_omits_default, paths)
     return dataclasses.field(default=default, metadata={"spec": spec})
+
+
+def where(path) -> str:
+    """A path knob's value in an error: as given and, for a relative one, where
+    it was looked for (a worker runs in the kernels root, not where the
+    script is)."""
+    p = Path(path)
+    return str(p) if p.is_absolute() else f"{p} (looked for at {p.absolute()})"
 
 
 @dataclass(frozen=True)

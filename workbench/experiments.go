@@ -57,7 +57,45 @@ func (a *app) loadPlan(ctx context.Context, file string) (*expt.Plan, pyrt.Kerne
 	for _, w := range plan.Warnings {
 		a.log.Warn().Msg(w)
 	}
+	for _, w := range missingPathWarnings(plan, kernels) {
+		a.log.Warn().Msg(w)
+	}
 	return plan, kernels, nil
+}
+
+// missingPathWarnings says, once each, which files and folders the plan's
+// workloads name (their Paths knobs) do not exist here, relative ones looked
+// for in the kernels root, where workers run. Warnings, not errors: jobs on
+// a cluster may see files the planning machine does not.
+func missingPathWarnings(plan *expt.Plan, kernels pyrt.KernelsRoot) []string {
+	relative := " (a relative path is from the kernels root, where workers run)"
+	if kernels.Source == "embedded" {
+		relative = " (a relative path is from the kernels root, where workers run: outside a checkout, workbench's own copy; write an absolute path)"
+	}
+	var warnings []string
+	seen := make(map[string]bool)
+	for _, e := range plan.Experiments {
+		for _, j := range e.Jobs {
+			params := plan.Schema.Workloads[j.WorkloadName].Params
+			for _, name := range params.Names() {
+				v, ok := j.Workload[name].(string)
+				if !params[name].Paths || !ok {
+					continue
+				}
+				for _, missing := range expt.MissingPaths(v, kernels.Dir) {
+					w := fmt.Sprintf("experiment %s: workload %q: %s = %q: %s does not exist here: its jobs will fail", e.Name, j.WorkloadName, name, v, missing)
+					if !strings.Contains(v, missing) { // joined to the kernels root: say so
+						w += relative
+					}
+					if !seen[w] {
+						seen[w] = true
+						warnings = append(warnings, w)
+					}
+				}
+			}
+		}
+	}
+	return warnings
 }
 
 func (a *app) kernelsRoot() (pyrt.KernelsRoot, error) {

@@ -3,8 +3,12 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/vlkv/vlkv/gohost/expt"
+	"github.com/vlkv/vlkv/gohost/pyrt"
 )
 
 // An lmms workload spreads over a job per task and shard, and a run on an
@@ -51,4 +55,40 @@ func TestLmmsWorkloadPlansAndNeedsItsGroup(t *testing.T) {
 func firstLines(s string, n int) string {
 	lines := strings.SplitN(s, "\n", n+1)
 	return strings.Join(lines[:min(n, len(lines))], "\n")
+}
+
+// A workload's files and folders that do not exist here are a warning at
+// plan time, once each, a relative one looked for in the kernels root
+// (where workers run); the jobs keep the paths as written.
+func TestMissingWorkloadPathsAreWarnedOfAtPlanTime(t *testing.T) {
+	schema, err := expt.LoadSchema("../kernels_py/schema.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := t.TempDir()
+	if err := os.WriteFile(filepath.Join(root, "cat.png"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	plan, err := expt.LoadSource("x.star", []byte(`experiment(name = "own", methods = ["full", "h2o"], workloads = [
+    workload("vlm", model = "llava", images = "cat.png, /nowhere/dog.png", prompt = "<image>"),
+    workload("trace", path = "`+filepath.Join(root, "cat.png")+`"),
+])`), schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := plan.Experiments[0].Jobs[0].Workload["model"]; got != "llava" {
+		t.Errorf("model = %q, want it as written", got)
+	}
+	got := missingPathWarnings(plan, pyrt.KernelsRoot{Dir: root, Source: "checkout"})
+	want := []string{
+		`experiment own: workload "vlm": images = "cat.png, /nowhere/dog.png": /nowhere/dog.png does not exist here: its jobs will fail`,
+		`experiment own: workload "vlm": model = "llava": ` + filepath.Join(root, "llava") + ` does not exist here: its jobs will fail (a relative path is from the kernels root, where workers run)`,
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("warnings\n%q\nwant\n%q", got, want)
+	}
+	embedded := missingPathWarnings(plan, pyrt.KernelsRoot{Dir: root, Source: "embedded"})
+	if len(embedded) != 2 || !strings.HasSuffix(embedded[1], "outside a checkout, workbench's own copy; write an absolute path)") {
+		t.Errorf("outside a checkout: %q", embedded)
+	}
 }

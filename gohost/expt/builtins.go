@@ -1,13 +1,9 @@
 package expt
 
 import (
-	"errors"
 	"fmt"
-	"io/fs"
 	"maps"
 	"math"
-	"os"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -115,12 +111,6 @@ func (l *loader) workload(thread *starlark.Thread, _ *starlark.Builtin, args sta
 		if err != nil {
 			return nil, l.pos.errorf(thread, path{name}, "workload: param %q: %v (%s: %s)", name, err, name, p.Describe())
 		}
-		if p.Paths {
-			v = ResolvePaths(v.(string), l.dir)
-			for _, missing := range missingPaths(v.(string)) {
-				l.warn(thread, path{name}, "workload %q: %s: %s does not exist here: a job that reads it will fail", kind, name, missing)
-			}
-		}
 		vals[name] = v
 	}
 	msg, err := l.schema.Workloads[kind].Rules.Violated(vals)
@@ -131,40 +121,6 @@ func (l *loader) workload(thread *starlark.Thread, _ *starlark.Builtin, args sta
 		return nil, l.pos.errorf(thread, nil, "workload %q: %s", kind, msg)
 	}
 	return newWorkloadValue(kind, vals), nil
-}
-
-// ResolvePaths returns v, a path or comma-separated paths, with each
-// relative one joined to dir and a leading ~/ made the home folder (no
-// shell expands it in a script). Absolute ones and the separators stay as
-// written, so a value without a relative path is unchanged, and so are the
-// ids of the jobs that hold it.
-func ResolvePaths(v, dir string) string {
-	parts := strings.Split(v, ",")
-	for i, part := range parts {
-		p := strings.TrimSpace(part)
-		if p == "" || filepath.IsAbs(p) {
-			continue
-		}
-		base := dir
-		if home, err := os.UserHomeDir(); err == nil && (p == "~" || strings.HasPrefix(p, "~/")) {
-			base, p = home, strings.TrimPrefix(strings.TrimPrefix(p, "~"), "/")
-		}
-		parts[i] = strings.Replace(part, strings.TrimSpace(part), filepath.Join(base, p), 1)
-	}
-	return strings.Join(parts, ",")
-}
-
-// missingPaths returns the paths of v (comma-separated) that do not exist
-// on this machine.
-func missingPaths(v string) []string {
-	var missing []string
-	for _, part := range strings.Split(v, ",") {
-		p := strings.TrimSpace(part)
-		if _, err := os.Stat(p); p != "" && errors.Is(err, fs.ErrNotExist) {
-			missing = append(missing, p)
-		}
-	}
-	return missing
 }
 
 // grid(**lists) returns {name: list} in argument order: a way to write a

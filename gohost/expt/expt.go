@@ -16,7 +16,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"time"
 
 	"go.starlark.net/starlark"
@@ -88,31 +87,21 @@ var fileOptions = &syntax.FileOptions{
 }
 
 // Load reads and evaluates the script at path. Positions in errors name
-// the file as path is written; relative paths in workload knobs
-// (Param.Paths) are taken from the script's folder.
+// the file as path is written.
 func Load(ctx context.Context, path string, schema *Schema) (*Plan, error) {
 	src, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("expt: read script: %w", err)
 	}
-	dir, err := filepath.Abs(filepath.Dir(path))
-	if err != nil {
-		return nil, fmt.Errorf("expt: the script's folder: %w", err)
-	}
-	return load(ctx, path, dir, src, schema)
+	return load(ctx, path, src, schema)
 }
 
-// LoadSource evaluates src as if read from filename, taking relative paths
-// in workload knobs from the working directory.
+// LoadSource evaluates src as if read from filename.
 func LoadSource(filename string, src []byte, schema *Schema) (*Plan, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return nil, fmt.Errorf("expt: the working directory: %w", err)
-	}
-	return load(context.Background(), filename, dir, src, schema)
+	return load(context.Background(), filename, src, schema)
 }
 
-func load(ctx context.Context, filename, dir string, src []byte, schema *Schema) (*Plan, error) {
+func load(ctx context.Context, filename string, src []byte, schema *Schema) (*Plan, error) {
 	if schema == nil {
 		return nil, errors.New("expt: no schema")
 	}
@@ -133,7 +122,6 @@ func load(ctx context.Context, filename, dir string, src []byte, schema *Schema)
 		pos:    indexCalls(f),
 		plan:   plan,
 		names:  make(map[string]string),
-		dir:    dir,
 	}
 	predeclared := l.builtins()
 	prog, err := starlark.FileProgram(f, predeclared.Has)
@@ -195,7 +183,6 @@ type loader struct {
 	plan   *Plan
 	names  map[string]string // experiment name -> position of its declaration
 	jobs   int               // jobs expanded so far, for MaxJobs
-	dir    string            // absolute folder relative paths in workload knobs start from
 }
 
 func (l *loader) builtins() starlark.StringDict {

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -802,92 +801,5 @@ func TestPressesFailThePlan(t *testing.T) {
 		if _, err := LoadSource("x.star", []byte(src), s); err != nil {
 			t.Errorf("%s: %v", src, err)
 		}
-	}
-}
-
-func TestResolvePaths(t *testing.T) {
-	t.Setenv("HOME", "/h")
-	tests := []struct{ in, want string }{
-		{"~/models/llava, ~", "/h/models/llava, /h"},
-		{"~x/a.png", "/s/~x/a.png"}, // another user's home is not guessed
-		{"", ""},
-		{"cat.png", "/s/cat.png"},
-		{"/abs/cat.png", "/abs/cat.png"},
-		{"a.png, /b.png,c/d.png", "/s/a.png, /b.png,/s/c/d.png"}, // separators and spaces kept
-		{"/a.png, /b.png", "/a.png, /b.png"},                     // nothing relative: unchanged, byte for byte
-		{"../models/llava", "/models/llava"},
-		{"a.png,,b.png", "/s/a.png,,/s/b.png"},
-	}
-	for _, tt := range tests {
-		if got := ResolvePaths(tt.in, "/s"); got != tt.want {
-			t.Errorf("ResolvePaths(%q) = %q, want %q", tt.in, got, tt.want)
-		}
-	}
-}
-
-// A workload's file and folder knobs given relative to the script are the
-// script's neighbours, wherever workbench runs from: jobs hold absolute
-// paths. Other str knobs (the prompt) are left as written.
-func TestRelativePathsStartFromTheScriptsFolder(t *testing.T) {
-	s, err := LoadSchema("../../kernels_py/schema.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	script := filepath.Join(dir, "sub", "own.star")
-	if err := os.MkdirAll(filepath.Dir(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	src := `experiment(name = "own", methods = ["full"], workloads = [
-    workload("vlm", model = "../llava", images = "cat.png, /data/dog.png", prompt = "a/b <image>"),
-    workload("trace", path = "cat.safetensors"),
-])`
-	if err := os.WriteFile(script, []byte(src), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	plan, err := Load(context.Background(), script, s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	jobs := plan.Experiments[0].Jobs
-	want := []map[string]any{
-		{"model": filepath.Join(dir, "llava"), "images": filepath.Join(dir, "sub", "cat.png") + ", /data/dog.png",
-			"prompt": "a/b <image>"},
-		{"path": filepath.Join(dir, "sub", "cat.safetensors")},
-	}
-	for i, w := range want {
-		for k, v := range w {
-			if got := jobs[i].Workload[k]; got != v {
-				t.Errorf("job %d: %s = %q, want %q", i, k, got, v)
-			}
-		}
-	}
-	if p := s.Workloads["vlm"].Params["images"]; !p.Paths || !strings.Contains(p.Describe(), "relative paths: from the script's folder") {
-		t.Errorf("images: Paths %v, described as %q", p.Paths, p.Describe())
-	}
-	if s.Workloads["vlm"].Params["prompt"].Paths {
-		t.Error("prompt is not a path")
-	}
-	// None of those files exists: each is a warning at its knob (the plan still stands: the files may
-	// appear before the jobs run, or live only where they run).
-	missing := []string{
-		`own.star:2:21: workload "vlm": model: ` + filepath.Join(dir, "llava") + " does not exist here",
-		`own.star:2:41: workload "vlm": images: ` + filepath.Join(dir, "sub", "cat.png") + " does not exist here",
-		`own.star:2:41: workload "vlm": images: /data/dog.png does not exist here`,
-		`own.star:3:23: workload "trace": path: ` + filepath.Join(dir, "sub", "cat.safetensors") + " does not exist here",
-	}
-	if len(plan.Warnings) != len(missing) {
-		t.Fatalf("warnings %q, want %d", plan.Warnings, len(missing))
-	}
-	for i, w := range missing {
-		if !strings.HasSuffix(plan.Warnings[i], "a job that reads it will fail") || !strings.Contains(plan.Warnings[i], w) {
-			t.Errorf("warning %d = %q, want it to hold %q", i, plan.Warnings[i], w)
-		}
-	}
-	if err := os.WriteFile(filepath.Join(dir, "sub", "cat.safetensors"), nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if plan, err = Load(context.Background(), script, s); err != nil || len(plan.Warnings) != 3 {
-		t.Errorf("with the trace there: %v, warnings %q", err, plan.Warnings)
 	}
 }

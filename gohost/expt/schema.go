@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -147,9 +149,29 @@ type Param struct {
 	// of every job planned before it.
 	IDOmitsDefault bool
 	// Paths: a str parameter holding a file or folder, or comma-separated
-	// ones; the ones a script gives relative are resolved against its
-	// folder (ResolvePaths).
+	// ones. Workers run in the kernels root, so a relative one is from
+	// there (MissingPaths checks them before a run).
 	Paths bool
+}
+
+// MissingPaths returns the paths of v, a path or comma-separated paths of a
+// Paths parameter, that do not exist on this machine, each as it was
+// looked for: a relative one joined to root, the folder workers run in.
+func MissingPaths(v, root string) []string {
+	var missing []string
+	for _, part := range strings.Split(v, ",") {
+		p := strings.TrimSpace(part)
+		if p == "" {
+			continue
+		}
+		if !filepath.IsAbs(p) {
+			p = filepath.Join(root, p)
+		}
+		if _, err := os.Stat(p); errors.Is(err, fs.ErrNotExist) {
+			missing = append(missing, p)
+		}
+	}
+	return missing
 }
 
 // LoadSchema reads and parses a schema file.
@@ -708,7 +730,7 @@ func (p *Param) describe(withDefault bool) string {
 		b.WriteString(" [" + p.Ref + "]")
 	}
 	if p.Paths {
-		b.WriteString(" (relative paths: from the script's folder)")
+		b.WriteString(" (relative paths: from the kernels root, the checkout)")
 	}
 	return b.String()
 }

@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from kernels_py.attention import Rope, Spans
 from kernels_py.methods.caches import KeptTokens
 from kernels_py.models.families import FAMILIES, Family, supported
+from kernels_py.params import where
 
 ATTENTION = "vlkv"
 EAGER_ROOM = 128  # tokens a batch reserves per sequence beyond its longest when steps run eagerly
@@ -125,8 +126,8 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.d
     path = Path(path)
     config_file = path / "config.json"
     if not path.is_dir():
-        raise ModelError(f"model directory {path} does not exist: give a local directory holding config.json, the "
-                         f"weights and the processor files (save_pretrained writes them)")
+        raise ModelError(f"model directory {where(path)} does not exist: give a local directory holding "
+                         f"config.json, the weights and the processor files (save_pretrained writes them)")
     if not config_file.is_file():
         raise ModelError(f"{path} has no config.json: it is not a saved transformers model")
     try:
@@ -244,7 +245,7 @@ def _open_images(images):
         if isinstance(image, (str, Path)):
             if not Path(image).is_file():
                 what = "is a directory, not an image file" if Path(image).is_dir() else "does not exist"
-                raise ModelError(f"image {image} {what}: give the path of a PNG, JPEG or another image file "
+                raise ModelError(f"image {where(image)} {what}: give the path of a PNG, JPEG or another image file "
                                  f"Pillow reads")
             try:
                 with Image.open(image) as im:

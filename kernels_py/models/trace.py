@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from kernels_py.attention import Rope, Spans
+from kernels_py.params import where
 
 FORMAT = "vlkv-trace/1"
 
@@ -166,7 +167,7 @@ def read(path: str | Path) -> tuple[dict, dict]:
 
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"trace {path} does not exist: capture one with `workbench trace capture`")
+        raise ValueError(f"trace {where(path)} does not exist: capture one with `workbench trace capture`")
     try:
         with safe_open(str(path), framework="pt") as f:
             metadata = f.metadata() or {}

@@ -120,6 +120,9 @@ def test_unsupported_inputs_get_clear_errors(tiny, tmp_path):
     vlm, image, root = tiny
     with pytest.raises(models.ModelError, match="does not exist"):
         models.load(tmp_path / "nowhere")
+    # A relative path says where it was looked for: a worker runs in the kernels root, not where the script is.
+    with pytest.raises(models.ModelError, match=r"model directory no/llava \(looked for at /.+/no/llava\) does not"):
+        models.load("no/llava")
     text_only = tmp_path / "llama"
     text_only.mkdir()
     (text_only / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 8}))

@@ -44,8 +44,8 @@ def test_pattern_checks_the_whole_value():
 
 
 def test_path_knobs_say_so_in_the_schema():
-    """The Go host resolves the relative paths a script gives these knobs
-    against the script's folder; it learns which knobs hold paths here."""
+    """The Go host warns at plan time of a missing file or folder in these
+    knobs; it learns which knobs hold paths here."""
     from kernels_py.workloads import WORKLOADS
 
     with pytest.raises(ValueError, match="only str parameters hold paths"):

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from kernels_py.params import Rule, closest, knob
+from kernels_py.params import Rule, closest, knob, where
 from kernels_py.workloads.base import Workload, WorkloadConfig
 
 # Metrics that write a file for a test server instead of scoring (TextVQA's, OK-VQA's): not aggregated.
@@ -194,7 +194,7 @@ def evaluate(config: LmmsConfig, method) -> dict:
     if not config.model:
         raise TaskError("workload 'lmms' needs model=: a local model directory")
     if not Path(config.model).is_dir():
-        raise TaskError(f"model directory {config.model} does not exist: give a local directory holding "
+        raise TaskError(f"model directory {where(config.model)} does not exist: give a local directory holding "
                         f"config.json, the weights and the processor files")
     task = load_task(config.tasks, config.include_path, config.data)
     if config.shard >= config.shards:
