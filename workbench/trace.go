@@ -118,7 +118,7 @@ workload("trace", path = "FILE.safetensors").`,
 			}
 			fmt.Fprintf(a.stdout, "wrote %s: %d layers, %d prompt tokens, %d decode steps, %s\n", res.Out, res.Layers,
 				res.PromptTokens, res.DecodeSteps, humanBytes(res.Bytes))
-			// Absolute, so the line works in a script anywhere (a script's relative paths start from its folder).
+			// Absolute, so the line works in any script (a relative path would be taken from the kernels root).
 			suggested := res.Out
 			if abs, err := filepath.Abs(res.Out); err == nil {
 				suggested = abs
