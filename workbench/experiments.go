@@ -73,23 +73,27 @@ func missingPathWarnings(plan *expt.Plan, kernels pyrt.KernelsRoot) []string {
 		relative = " (a relative path is from the kernels root, where workers run: outside a checkout, workbench's own copy; write an absolute path)"
 	}
 	var warnings []string
-	seen := make(map[string]bool)
+	checked := make(map[string]bool) // experiment, workload, knob and value: jobs share their workloads
 	for _, e := range plan.Experiments {
 		for _, j := range e.Jobs {
 			params := plan.Schema.Workloads[j.WorkloadName].Params
 			for _, name := range params.Names() {
 				v, ok := j.Workload[name].(string)
-				if !params[name].Paths || !ok {
+				key := strings.Join([]string{e.Name, j.WorkloadName, name, v}, "\x00")
+				if !params[name].Paths || !ok || checked[key] {
 					continue
 				}
-				for _, missing := range expt.MissingPaths(v, kernels.Dir) {
-					w := fmt.Sprintf("experiment %s: workload %q: %s = %q: %s does not exist here: its jobs will fail", e.Name, j.WorkloadName, name, v, missing)
-					if !strings.Contains(v, missing) { // joined to the kernels root: say so
-						w += relative
+				checked[key] = true
+				for _, part := range strings.Split(v, ",") {
+					p, note := strings.TrimSpace(part), ""
+					if p == "" {
+						continue
 					}
-					if !seen[w] {
-						seen[w] = true
-						warnings = append(warnings, w)
+					if !filepath.IsAbs(p) {
+						p, note = filepath.Join(kernels.Dir, p), relative
+					}
+					if _, err := os.Stat(p); errors.Is(err, fs.ErrNotExist) {
+						warnings = append(warnings, fmt.Sprintf("experiment %s: workload %q: %s = %q: %s does not exist here: its jobs will fail%s", e.Name, j.WorkloadName, name, v, p, note))
 					}
 				}
 			}

@@ -5,10 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"math"
 	"os"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -150,28 +148,8 @@ type Param struct {
 	IDOmitsDefault bool
 	// Paths: a str parameter holding a file or folder, or comma-separated
 	// ones. Workers run in the kernels root, so a relative one is from
-	// there (MissingPaths checks them before a run).
+	// there (plan warns of missing ones).
 	Paths bool
-}
-
-// MissingPaths returns the paths of v, a path or comma-separated paths of a
-// Paths parameter, that do not exist on this machine, each as it was
-// looked for: a relative one joined to root, the folder workers run in.
-func MissingPaths(v, root string) []string {
-	var missing []string
-	for _, part := range strings.Split(v, ",") {
-		p := strings.TrimSpace(part)
-		if p == "" {
-			continue
-		}
-		if !filepath.IsAbs(p) {
-			p = filepath.Join(root, p)
-		}
-		if _, err := os.Stat(p); errors.Is(err, fs.ErrNotExist) {
-			missing = append(missing, p)
-		}
-	}
-	return missing
 }
 
 // LoadSchema reads and parses a schema file.
