@@ -49,6 +49,9 @@ from kernels_py.params import where
 ATTENTION = "vlkv"
 EAGER_ROOM = 128  # tokens a batch reserves per sequence beyond its longest when steps run eagerly
 TESTED_TRANSFORMERS = "5.23.0"
+# transformers before this rounds Qwen2.5-VL's seconds per temporal step down to whole seconds
+# (get_rope_index's int(second_per_grid_ts)), so frames under a second apart share their positions.
+WHOLE_SECOND_STEPS_BEFORE = "5.18.0"
 
 
 class ModelError(ValueError):
@@ -205,6 +208,7 @@ def _processed(vlm: VLM, entries: list[tuple[list, str, list]]) -> Inputs:
     processed = vlm.processor(text=texts if len(texts) > 1 else texts[0], padding=len(texts) > 1,
                               return_tensors="pt", **kwargs)
     tensors = {k: v.to(vlm.model.device) if isinstance(v, torch.Tensor) else v for k, v in processed.items()}
+    _check_temporal_steps(tensors.get("second_per_grid_ts"))
     frames = _frames_per_video(tensors) or [int(v.frames.shape[0]) for v in videos]
     layout = []
     for _, prompt, _ in entries:
@@ -212,6 +216,26 @@ def _processed(vlm: VLM, entries: list[tuple[list, str, list]]) -> Inputs:
                        + [(i, "video") for i in _occurrences(prompt, vlm.spec.video_placeholder)])
         layout.append([(kind, 1 if kind == "image" else frames.pop(0)) for _, kind in order])
     return Inputs(tensors, layout)
+
+
+def _check_temporal_steps(seconds_per_step, version: str | None = None) -> None:
+    """Refuse a video whose temporal steps the installed transformers would
+    misplace (WHOLE_SECOND_STEPS_BEFORE): a wrong position, not an error,
+    is what the model would otherwise get."""
+    if seconds_per_step is None:
+        return
+    from packaging.version import Version
+    import transformers
+
+    version = version or transformers.__version__
+    steps = [float(s) for s in torch.as_tensor(seconds_per_step).flatten().tolist()]
+    if Version(version) >= Version(WHOLE_SECOND_STEPS_BEFORE) or all(s == int(s) for s in steps):
+        return
+    raise ModelError(f"transformers {version} rounds a video's seconds per temporal step (here "
+                     f"{', '.join(f'{s:g}' for s in sorted(set(steps)))} s) down to whole seconds, so its "
+                     f"frames would take wrong M-RoPE positions; install transformers >= "
+                     f"{WHOLE_SECOND_STEPS_BEFORE} (tested: {TESTED_TRANSFORMERS}) in the runtime's Python, "
+                     f"or sample the video so that a step is whole seconds (each step is two frames: fps 2 or 1)")
 
 
 def _occurrences(text: str, placeholder: str | None) -> list[int]:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from kernels_py import models
+from kernels_py.models import adapter
 from kernels_py.methods import make_method
 from kernels_py.models.video import load_video
 from kernels_py.tests import tiny_vlm
@@ -190,6 +191,10 @@ def test_qwen_video_tokens_take_temporal_positions_from_the_sampling(tmp_path, m
 
     _, clip = media  # 8 frames at 4 a second
     vlm = models.load(tiny_vlm.save_tiny_qwen2_vl(tmp_path / "qwen2.5", version="2.5"))
+    if not _places_fractional_steps():  # 8 frames make half-second steps, which it would round to 0
+        with pytest.raises(models.ModelError, match="rounds a video's seconds per temporal step"):
+            trace.capture(vlm, [], _prompt(vlm, videos=1), decode_steps=1, videos=[load_video(clip, frames=8)])
+        return
     steps = []
     for frames in (8, 4):
         video = load_video(clip, frames=frames)
@@ -201,6 +206,30 @@ def test_qwen_video_tokens_take_temporal_positions_from_the_sampling(tmp_path, m
         assert len(set(b - a for a, b in zip(starts, starts[1:]))) == 1
         steps.append(starts[1] - starts[0])
     assert steps[1] == 2 * steps[0] > 0
+
+
+def _places_fractional_steps() -> bool:
+    import transformers
+    from packaging.version import Version
+
+    return Version(transformers.__version__) >= Version(adapter.WHOLE_SECOND_STEPS_BEFORE)
+
+
+@pytest.mark.parametrize("version, seconds, refused", [
+    ("5.17.0", [0.5, 0.5], True),
+    ("5.17.0", [1.0, 2.0], False),
+    ("5.18.0", [0.5], False),
+    ("5.23.0", [0.25], False),
+])
+def test_transformers_that_round_temporal_steps_are_refused_only_where_it_matters(version, seconds, refused):
+    """transformers before 5.18 turns Qwen2.5-VL's seconds per temporal step
+    into an int: half-second steps would give a video's frames one position."""
+    if refused:
+        with pytest.raises(models.ModelError, match=f"transformers {version} rounds .* 0.5 s"):
+            adapter._check_temporal_steps(torch.tensor(seconds), version)
+    else:
+        adapter._check_temporal_steps(torch.tensor(seconds), version)
+    adapter._check_temporal_steps(None, version)  # no video, nothing to check
 
 
 def test_kvpress_presses_run_on_the_families_without_sliding_layers(family):
