@@ -164,6 +164,9 @@ def merge(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, lse: 
 
 
 MAX_SPLITS = 256
+# Splits a selftest forces on one of its cases: the interpreter's default count for a selftest's
+# few tokens is one split, which would leave the splits' bounds and the merge untested.
+SELFTEST_SPLITS = 3
 
 
 def split_count(longest: int, programs: int, *, per_split: int, min_split: int, max_splits: int,

@@ -18,9 +18,36 @@ def test_attention_stats_selftest_finds_the_salient_tokens():
 def test_lowrank_decode_selftest_checks_every_kernel():
     result = OPS["lowrank_decode"].cases.selftest(heads=4, kv_heads=2, rank=16, visual_tokens=40, text_tokens=8)
     assert result["ok"], result
-    assert [r["variant"] for r in result["rows"]] == ["fused, keys rotated after rebuild", "fused, keys as cached",
-                                                      "absorbed (rank space)"]
+    assert [(r["variant"], r["splits"]) for r in result["rows"]] == [
+        ("fused, keys rotated after rebuild", "default"), ("fused, keys rotated after rebuild", 3),
+        ("fused, keys as cached", "default"), ("absorbed (rank space)", "default"), ("absorbed (rank space)", 3)]
     assert all(r["out_err"] < 1e-4 for r in result["rows"])
+
+
+@pytest.mark.parametrize("op", ["gather_decode", "fp8_decode", "quant_decode", "lowrank_decode"])
+def test_split_k_selftests_catch_a_merge_that_keeps_one_split(op, monkeypatch):
+    """The interpreter's default for a selftest's few tokens is one split, so
+    each split-K op forces SELFTEST_SPLITS on a case: a merge that reads only
+    the first split passes the default rows and fails those."""
+    from kernels_py.ops import splitk
+    from kernels_py.ops.lowrank_decode import kernel as lowrank
+
+    merge, lowrank_merge = splitk.merge, lowrank._merge
+
+    def first_split(part_o, part_lse, out, lse):
+        merge(part_o[:, :, :, :1], part_lse[:, :, :, :1], out, lse)
+
+    def first_split_lowrank(q, q_pos, comp, dense, dense_logits, part_o, part_rank, part_lse, *rest, **kw):
+        part_lse[:, :, :, 1:-1] = float("-inf")  # [B, H, M, splits + 1]: the splits after the first as if empty
+        lowrank_merge(q, q_pos, comp, dense, dense_logits, part_o, part_rank, part_lse, *rest, **kw)
+
+    monkeypatch.setattr(splitk, "merge", first_split)
+    monkeypatch.setattr(lowrank, "_merge", first_split_lowrank)
+    small = dict(heads=4, kv_heads=2, rank=16, visual_tokens=64, text_tokens=8) if op == "lowrank_decode" else \
+        dict(heads=4, kv_heads=2, head_dim=128 if op == "quant_decode" else 32)  # KIVI's rows: groups of 128
+    rows = OPS[op].cases.selftest(**small)["rows"]
+    assert [r["splits"] == splitk.SELFTEST_SPLITS for r in rows] == [not r["ok"] for r in rows], rows
+    assert any(not r["ok"] for r in rows)
 
 
 def test_run_covers_the_registry_and_rejects_unknown_ops():

@@ -6,7 +6,7 @@ from functools import partial
 import torch
 
 from kernels_py import runtime
-from kernels_py.ops import CompileCase, common
+from kernels_py.ops import CompileCase, common, splitk
 from kernels_py.ops.fp8_decode import codec, reference
 from kernels_py.ops.fp8_decode.kernel import fp8_decode
 from kernels_py.tables import Column, table
@@ -64,6 +64,7 @@ TOLERANCE = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 2.5e-2}
 COLUMNS = (
     Column("cache", "", "fp8 format and scale granularity"),
     Column("conversion", "", "how the kernel turns codes into 16-bit values"),
+    Column("splits", "", "splits per (sequence, kv head): the default for the input, or forced to run the merge"),
     Column("out_err", "", "largest |kernel - reference| of the output, relative to 1 + |reference|", "out err"),
     Column("lse_err", "", "largest |kernel - reference| of the log-sum-exp", "lse err"),
     Column("seconds", "s", "kernel time, first call (compiles on a GPU)", "kernel"),
@@ -75,11 +76,12 @@ def selftest(seed: int = 0, dtype: str = "float16", heads: int = 8, kv_heads: in
              slots: int = 512) -> dict:
     """One decode step over an fp8 cache per format and scale granularity,
     the kernel against the reference over the same codes (each conversion
-    the device runs)."""
+    the device runs; per-token scales also in SELFTEST_SPLITS splits)."""
     torch_dtype = common.dtype(dtype)
     device = runtime.device()
     rows = []
-    for fmt, granularity in (("e4m3", "tensor"), ("e4m3", "head"), ("e4m3", "token"), ("e5m2", "tensor")):
+    for fmt, granularity, splits in (("e4m3", "tensor", None), ("e4m3", "head", None), ("e4m3", "token", None),
+                                     ("e4m3", "token", splitk.SELFTEST_SPLITS), ("e5m2", "tensor", None)):
         case = [t.to(device) for t in make_case(batch=1, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
                                                  slots=slots, dtype=torch_dtype, granularity=granularity, fmt=fmt,
                                                  seed=seed)]
@@ -89,14 +91,15 @@ def selftest(seed: int = 0, dtype: str = "float16", heads: int = 8, kv_heads: in
             conversions = ["native"]
         for conversion in conversions:
             t0 = time.perf_counter()
-            got = fp8_decode(*case, conversion=conversion)
+            got = fp8_decode(*case, conversion=conversion, num_splits=splits)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             seconds = time.perf_counter() - t0
             out_err = ((got.out.float() - want.out.float()).abs() / (1 + want.out.float().abs())).max().item()
             lse_err = (got.lse - want.lse).abs().max().item()
             tol = TOLERANCE[torch_dtype]
-            rows.append({"cache": f"{fmt}, per {granularity}", "conversion": conversion, "out_err": out_err,
+            rows.append({"cache": f"{fmt}, per {granularity}", "splits": splits or "default", "conversion": conversion,
+                         "out_err": out_err,
                          "lse_err": lse_err, "seconds": seconds,
                          "ok": out_err <= tol and lse_err <= tol})
     return {

@@ -6,7 +6,7 @@ from functools import partial
 import torch
 
 from kernels_py import runtime
-from kernels_py.ops import CompileCase, common
+from kernels_py.ops import CompileCase, common, splitk
 from kernels_py.ops.gather_decode import reference
 from kernels_py.ops.gather_decode.kernel import gather_decode
 from kernels_py.tables import Column, table
@@ -52,6 +52,7 @@ COMPILE_CASES = [
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 2.5e-2}
 COLUMNS = (
     Column("lists", "", "index lists"),
+    Column("splits", "", "splits per (sequence, kv head): the default for the input, or forced to run the merge"),
     Column("out_err", "", "largest |kernel - reference| of the output, relative to 1 + |reference|", "out err"),
     Column("lse_err", "", "largest |kernel - reference| of the log-sum-exp", "lse err"),
     Column("seconds", "s", "kernel time, first call (compiles on a GPU)", "kernel"),
@@ -62,16 +63,18 @@ COLUMNS = (
 def selftest(seed: int = 0, dtype: str = "float16", heads: int = 8, kv_heads: int = 2, head_dim: int = 128,
              slots: int = 512) -> dict:
     """One decode step over 30% of a cache's rows (A-VL's core share), sorted
-    and unsorted lists, against the reference over the gathered rows."""
+    and unsorted lists (the unsorted also in SELFTEST_SPLITS splits), against
+    the reference over the gathered rows."""
     torch_dtype = common.dtype(dtype)
     device = runtime.device()
     rows = []
-    for name, sort in (("sorted", True), ("unsorted", False)):
+    for name, sort, splits in (("sorted", True, None), ("unsorted", False, None),
+                               ("unsorted", False, splitk.SELFTEST_SPLITS)):
         case = [t.to(device) for t in make_case(batch=1, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
                                                  slots=slots, counts=[[int(0.3 * slots)] * kv_heads],
                                                  dtype=torch_dtype, seed=seed, sort=sort)]
         t0 = time.perf_counter()
-        got = gather_decode(*case)
+        got = gather_decode(*case, num_splits=splits)
         if device.type == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - t0
@@ -79,7 +82,7 @@ def selftest(seed: int = 0, dtype: str = "float16", heads: int = 8, kv_heads: in
         out_err = ((got.out.float() - want.out.float()).abs() / (1 + want.out.float().abs())).max().item()
         lse_err = (got.lse - want.lse).abs().max().item()
         tol = TOLERANCE[torch_dtype]
-        rows.append({"lists": f"30% of {slots} rows, {name}", "out_err": out_err, "lse_err": lse_err,
+        rows.append({"lists": f"30% of {slots} rows, {name}", "splits": splits or "default", "out_err": out_err, "lse_err": lse_err,
                      "seconds": seconds, "ok": out_err <= tol and lse_err <= tol})
     return {
         "title": f"one decode step over selected rows ({heads} heads, {kv_heads} kv heads, head_dim {head_dim}, "

@@ -7,7 +7,7 @@ from functools import partial
 import torch
 
 from kernels_py import runtime
-from kernels_py.ops import CompileCase, common
+from kernels_py.ops import CompileCase, common, splitk
 from kernels_py.ops.lowrank_decode import reference
 from kernels_py.ops.lowrank_decode.contract import CompressedKV, DenseKV
 from kernels_py.ops.lowrank_decode.kernel import lowrank_decode, lowrank_decode_absorbed
@@ -102,6 +102,7 @@ COMPILE_CASES = [
 TOLERANCE = {torch.float32: (1e-4, 1e-5), torch.float16: (4e-3, 5e-4), torch.bfloat16: (2.5e-2, 3e-3)}
 COLUMNS = (
     Column("variant", "", "kernel and how its keys were decomposed"),
+    Column("splits", "", "splits per (sequence, kv head): the default for the input, or forced to run the merge"),
     Column("out_err", "", "largest |kernel - reference| of the output, relative to 1 + |reference|", "out err"),
     Column("lse_err", "", "largest |kernel - reference| of the log-sum-exp", "lse err"),
     Column("mass_err", "", "largest |kernel - reference| of a token's attention mass", "mass err"),
@@ -115,7 +116,8 @@ def selftest(seed: int = 0, dtype: str = "float32", heads: int = 8, kv_heads: in
     """One decode step over a synthetic AttentionPack cache (visual tokens as
     rank-`rank` factors, a quarter at full rank and the rest at rank / 4;
     text tokens uncompressed): the fused kernel (keys rotated after rebuild)
-    and the rank-space kernel against the reference."""
+    and the rank-space kernel against the reference, each also in
+    SELFTEST_SPLITS splits."""
     torch_dtype = common.dtype(dtype)
     device = runtime.device()
     q, q_pos, comp, dense = make_cache(
@@ -128,10 +130,14 @@ def selftest(seed: int = 0, dtype: str = "float32", heads: int = 8, kv_heads: in
     q, q_pos, comp, dense = _to(device, q, q_pos, comp, dense)
     out_tol, mass_tol = TOLERANCE[torch_dtype]
     rows, worst = [], 0.0
-    for variant, rope_base, kernel in (("fused, keys rotated after rebuild", 10000.0, lowrank_decode),
-                                       ("fused, keys as cached", None, lowrank_decode),
-                                       ("absorbed (rank space)", None, lowrank_decode_absorbed)):
-        kwargs = {} if kernel is lowrank_decode_absorbed else {"rope_base": rope_base}
+    forced = splitk.SELFTEST_SPLITS
+    for variant, rope_base, kernel, splits in (("fused, keys rotated after rebuild", 10000.0, lowrank_decode, None),
+                                               ("fused, keys rotated after rebuild", 10000.0, lowrank_decode, forced),
+                                               ("fused, keys as cached", None, lowrank_decode, None),
+                                               ("absorbed (rank space)", None, lowrank_decode_absorbed, None),
+                                               ("absorbed (rank space)", None, lowrank_decode_absorbed, forced)):
+        kwargs = {"num_splits": splits} if kernel is lowrank_decode_absorbed else {"rope_base": rope_base,
+                                                                                  "num_splits": splits}
         t0 = time.perf_counter()
         got = kernel(q, q_pos, comp, dense, **kwargs)
         if device.type == "cuda":
@@ -144,7 +150,7 @@ def selftest(seed: int = 0, dtype: str = "float32", heads: int = 8, kv_heads: in
                        (got.mass_dense - want.mass_dense).abs().max().item())
         ok = out_err <= out_tol and lse_err <= out_tol and mass_err <= mass_tol
         worst = max(worst, out_err / out_tol, lse_err / out_tol, mass_err / mass_tol)
-        rows.append({"variant": variant, "out_err": out_err, "lse_err": lse_err, "mass_err": mass_err,
+        rows.append({"variant": variant, "splits": splits or "default", "out_err": out_err, "lse_err": lse_err, "mass_err": mass_err,
                      "seconds": seconds, "ok": ok})
     return {
         "title": f"one decode step over {visual_tokens} compressed (rank {rank}) + {text_tokens} uncompressed tokens "

@@ -6,7 +6,7 @@ from functools import partial
 import torch
 
 from kernels_py import runtime
-from kernels_py.ops import CompileCase, common
+from kernels_py.ops import CompileCase, common, splitk
 from kernels_py.ops.kv_quant.cases import random_kv
 from kernels_py.ops.kv_quant.kernel import quantize
 from kernels_py.ops.quant_decode import reference
@@ -71,6 +71,7 @@ COMPILE_CASES = [
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 2.5e-2}
 COLUMNS = (
     Column("cache", "", "quantized segments of the cache"),
+    Column("splits", "", "splits per (sequence, kv head): the default for the input, or forced to run the merge"),
     Column("out_err", "", "largest |kernel - reference| of the output, relative to 1 + |reference|", "out err"),
     Column("lse_err", "", "largest |kernel - reference| of the log-sum-exp", "lse err"),
     Column("seconds", "s", "kernel time, first call (compiles on a GPU)", "kernel"),
@@ -80,18 +81,20 @@ COLUMNS = (
 
 def selftest(seed: int = 0, dtype: str = "float16", heads: int = 8, kv_heads: int = 2, head_dim: int = 128) -> dict:
     """One decode step over a ZipVL-shaped cache (25% of the tokens in 4-bit,
-    75% in 2-bit, 32 recent in fp16) and a KIVI-shaped one, against the
-    reference over the dequantized cache."""
+    75% in 2-bit, 32 recent in fp16; also in SELFTEST_SPLITS splits) and a
+    KIVI-shaped one, against the reference over the dequantized cache."""
     torch_dtype = common.dtype(dtype)
     device = runtime.device()
     rows = []
-    for name, segments in (("4-bit 64 + 2-bit 192 slots", [(4, 32, 64, [64]), (2, 32, 192, [192])]),
-                           ("2-bit 256 slots (KIVI)", [(2, 128, 256, [256])])):
+    zipvl = [(4, 32, 64, [64]), (2, 32, 192, [192])]
+    for name, segments, splits in (("4-bit 64 + 2-bit 192 slots", zipvl, None),
+                                   ("4-bit 64 + 2-bit 192 slots", zipvl, splitk.SELFTEST_SPLITS),
+                                   ("2-bit 256 slots (KIVI)", [(2, 128, 256, [256])], None)):
         q, q_pos, segs, dense = make_cache(batch=1, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
                                            segments=segments, dense_lens=[32], queries=1, dtype=torch_dtype, seed=seed,
                                            device=device)
         t0 = time.perf_counter()
-        got = quant_decode(q, q_pos, segs, dense)
+        got = quant_decode(q, q_pos, segs, dense, num_splits=splits)
         if device.type == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - t0
@@ -99,7 +102,7 @@ def selftest(seed: int = 0, dtype: str = "float16", heads: int = 8, kv_heads: in
         out_err = ((got.out.float() - want.out.float()).abs() / (1 + want.out.float().abs())).max().item()
         lse_err = (got.lse - want.lse).abs().max().item()
         tol = TOLERANCE[torch_dtype]
-        rows.append({"cache": name, "out_err": out_err, "lse_err": lse_err, "seconds": seconds,
+        rows.append({"cache": name, "splits": splits or "default", "out_err": out_err, "lse_err": lse_err, "seconds": seconds,
                      "ok": out_err <= tol and lse_err <= tol})
     return {
         "title": f"one decode step over a quantized cache + 32 fp16 tokens ({heads} heads, {kv_heads} kv heads, "
