@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"strings"
@@ -43,11 +44,13 @@ and every autotune config) for sm_80 or sm_90 with Triton's own ptxas, on
 any machine, and prints one row per compiled kernel and config: registers
 per thread, bytes spilled (ptxas -v), shared memory, and the tensor-core
 instructions its dots lowered to (mma.sync; wgmma on sm_90). All cases take
-about a minute per target; --case picks some. --json adds each kernel's
-stack frame (spills, or libdevice's sin/cos table) and compile errors.
-Then the ideal: the bytes and FLOPs one decode step must move and the time
-they take at the H100's peaks (kernels_py/ops/<op>/model.py). The peaks are
-not reached: the ideal is a bound, never a prediction.
+about a minute per target; --case picks some. A kernel config that does
+not compile is printed with its file:line, the compiler's message and the
+line, and the command exits 1. --json adds each kernel's stack frame
+(spills, or libdevice's sin/cos table) and the errors. Then, for each op
+shown, the ideal: the bytes and FLOPs one decode step must move and the
+time they take at the H100's peaks (kernels_py/ops/<op>/model.py). The
+peaks are not reached: the ideal is a bound, never a prediction.
 
 --estimate compiles every config the autotuner may choose at each op's
 benchmark shapes (fp16, 32 query / 8 kv heads, head_dim 128, batch 8 and
@@ -131,22 +134,26 @@ seconds, e.g.
 			a.log.Info().Str("arch", arch.value).Msg(what)
 			if err := c.Run(); err != nil {
 				msg := strings.TrimSpace(errOut.String())
-				if ee, ok := err.(*exec.ExitError); ok && ee.ExitCode() == 2 {
-					return &usageError{fmt.Errorf("kernels report: %s", msg)}
+				if ee, ok := err.(*exec.ExitError); ok && msg != "" {
+					if ee.ExitCode() == 2 {
+						return &usageError{fmt.Errorf("kernels report: %s", msg)}
+					}
+					return fmt.Errorf("kernels report: %s", msg) // the report's own message says it all
 				}
 				return fmt.Errorf("kernels report: %w\n%s", err, msg)
 			}
 			a.stderr.Write(errOut.Bytes()) // warnings, if any
-			if asJSON {
-				_, err := a.stdout.Write(out.Bytes())
-				return err
-			}
 			if estimate {
+				if asJSON {
+					_, err := a.stdout.Write(out.Bytes())
+					return err
+				}
 				return printEstimate(a, out.Bytes())
 			}
 			var res struct {
 				Title string `json:"title"`
 				table
+				Errors []compileError `json:"errors"`
 				Models []struct {
 					Title string `json:"title"`
 					table
@@ -155,17 +162,23 @@ seconds, e.g.
 			if err := json.Unmarshal(out.Bytes(), &res); err != nil {
 				return fmt.Errorf("kernels report returned an unexpected result: %w", err)
 			}
-			fmt.Fprintln(a.stdout, res.Title)
-			if err := res.table.print(a.stdout); err != nil {
-				return err
-			}
-			for _, m := range res.Models {
-				fmt.Fprintf(a.stdout, "\n%s\n", m.Title)
-				if err := m.table.print(a.stdout); err != nil {
+			if asJSON {
+				if _, err := a.stdout.Write(out.Bytes()); err != nil {
 					return err
 				}
+			} else {
+				fmt.Fprintln(a.stdout, res.Title)
+				if err := res.table.print(a.stdout); err != nil {
+					return err
+				}
+				for _, m := range res.Models {
+					fmt.Fprintf(a.stdout, "\n%s\n", m.Title)
+					if err := m.table.print(a.stdout); err != nil {
+						return err
+					}
+				}
 			}
-			return nil
+			return compileErrors(a.stderr, res.Errors)
 		},
 	}
 	cmd.Flags().Var(&arch, "arch", "GPU target to compile for")
@@ -178,6 +191,48 @@ seconds, e.g.
 	cmd.Flags().StringArrayVar(&impls, "impl", nil, "with --estimate: only this implementation, by its name in the implementation column (repeatable; no calibration)")
 	cmd.Flags().StringArrayVar(&configs, "config", nil, "with --estimate: KERNEL:CONFIG, only this config of an autotuned kernel, as the config column prints it (repeatable; no calibration)")
 	return cmd
+}
+
+// compileError is one kernel config (or one case's launcher) that did not
+// compile: where in kernels_py and why.
+type compileError struct {
+	Case    string `json:"case"`
+	Kernel  string `json:"kernel"`
+	Config  string `json:"config"`
+	At      string `json:"at"`
+	Message string `json:"message"`
+	Source  string `json:"source"`
+}
+
+// compileErrors prints each compile error, its file:line first, and makes
+// them the command's error: a kernel that does not compile must not pass
+// for a row of empty columns.
+func compileErrors(w io.Writer, errs []compileError) error {
+	if len(errs) == 0 {
+		return nil
+	}
+	for _, e := range errs {
+		what := e.Case
+		if e.Kernel != "" {
+			what += " " + e.Kernel
+		}
+		if e.Config != "" {
+			what += " (" + e.Config + ")"
+		}
+		at := e.At
+		if at == "" {
+			at = "error"
+		}
+		fmt.Fprintf(w, "%s: %s: %s\n", at, what, e.Message)
+		if src := strings.TrimSpace(e.Source); src != "" {
+			fmt.Fprintf(w, "    %s\n", src)
+		}
+	}
+	noun := "kernel config"
+	if len(errs) > 1 {
+		noun += "s"
+	}
+	return fmt.Errorf("kernels report: %d %s did not compile (above)", len(errs), noun)
 }
 
 // printEstimate prints the tables of kernels report --estimate, each with

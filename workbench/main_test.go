@@ -287,9 +287,8 @@ func TestKernelsReport(t *testing.T) {
 	if err := json.Unmarshal([]byte(stdout), &res); err != nil || !strings.Contains(res.Title, "sm_90") {
 		t.Fatalf("%v\n%s", err, stdout)
 	}
-	if len(res.Models) != 4 || !strings.Contains(res.Models[0].Title, "U_k + U_v") ||
-		!strings.Contains(res.Models[1].Title, "quantized cache") || !strings.Contains(res.Models[2].Title, "of the rows") ||
-		!strings.Contains(res.Models[3].Title, "attention statistics") {
+	// The ideal of the case's op only.
+	if len(res.Models) != 1 || !strings.Contains(res.Models[0].Title, "U_k + U_v") {
 		t.Errorf("models: %+v", res.Models)
 	}
 	stage1 := 0
@@ -340,7 +339,8 @@ func TestKernelsReportEstimate(t *testing.T) {
 			}
 		}
 	}
-	if err := json.Unmarshal([]byte(stdout), &res); err != nil || len(res.Estimates) != 2 {
+	// batch=16 makes the two benchmark shapes (batch 8 and 64) one: estimated once.
+	if err := json.Unmarshal([]byte(stdout), &res); err != nil || len(res.Estimates) != 1 {
 		t.Fatalf("%v\n%s", err, stdout)
 	}
 	for _, e := range res.Estimates {
@@ -383,6 +383,9 @@ func TestKernelsReportEstimate(t *testing.T) {
 		{"--estimate --shape bach=8", `no op's shape has a field 'bach' (did you mean 'batch'?)`},
 		{"--estimate --shape batch", `'batch' is not KEY=VALUE`},
 		{"--estimate --shape batch=2.5", "batch must be a whole number"},
+		{"--estimate --shape batch=0", "batch must be at least 1, got 0"},
+		{"--estimate --op gather_decode --shape share=1.5", "share is a share of the tokens, in [0, 1]; got 1.5"},
+		{"--estimate --op gather_decode --shape heads=30", "heads=30 must be a multiple of kv_heads=8"},
 		{"--estimate --op nope", `--op: 'nope' is unknown`},
 		{"--shape batch=8", "--shape, --op, --impl and --config go with --estimate"},
 		{"--estimate --case decode-fp16-d128-rope-r64-h32kv8", "--estimate takes --op"},

@@ -44,37 +44,59 @@ COLUMNS = (
 
 
 def report(target: int, names: list[str] | None = None) -> dict:
-    """Compile the chosen cases (all when names is empty) for sm_<target>."""
+    """Compile the chosen cases (all when names is empty) for sm_<target>;
+    `errors` lists what did not compile, where and why, and `models` each
+    op's ideal (its model.py's report()) for the ops of the cases chosen."""
+    from kernels_py.ops import OPS
+
+    rows, errors, chosen = [], [], []
+    for op in OPS.values():
+        for case in op.cases.COMPILE_CASES:
+            if names and case.name not in names:
+                continue
+            if op not in chosen:
+                chosen.append(op)
+            _compile_rows(case, target, rows, errors)
+    return {"title": f"Triton kernels compiled for sm_{target} (no GPU needed)", "target": target,
+            **table(COLUMNS, rows), "errors": errors, "models": ideals(chosen)}
+
+
+def ideals(ops) -> list[dict]:
+    """The ideal table of each op whose model.py has a report()."""
+    return [op.model.report() for op in ops if op.model is not None and hasattr(op.model, "report")]
+
+
+def compile_error(entry: dict) -> dict:
+    """Where and why an entry (a compiled config, or a case whose launcher
+    failed) did not compile: {"at": "file:line" or "", "message", "source"}."""
+    at = entry.get("error_at") or {}
+    lines = [line for line in (entry.get("error") or "").splitlines() if line.strip()]
+    return {"at": f"{at['file']}:{at['line']}" if at else "", "message": at.get("message") or (lines[-1] if lines
+            else "unknown error"), "source": at.get("source") or ""}
+
+
+def _compile_rows(case, target: int, rows: list, errors: list) -> None:
     from kernels_py.ops import compile as cc
 
-    rows = []
-    for case in cc.cases():
-        if names and case.name not in names:
-            continue
-        result = cc.compile_case(case, target)
-        if result["error"]:
-            rows.append({"case": case.name, "kernel": "", "error": result["error"].splitlines()[-1]})
-        for e in result["compiled"]:
-            config = e.get("config")
-            rows.append({
-                "case": case.name, "kernel": e["kernel"],
-                "block_n": dict(config[0]).get("BLOCK_N") if config else None,
-                "num_warps": e.get("num_warps"), "num_stages": e.get("num_stages"), "maxnreg": e.get("maxnreg"),
-                "registers": e.get("registers"), "spill_stores": e.get("spill_stores"),
-                "stack_bytes": e.get("stack_bytes"), "shared": e.get("shared"),
-                "sass_instructions": e.get("sass_instructions"),
-                "mma_sync": e.get("mma_sync"), "wgmma": e.get("wgmma"),
-                "tensor_cores": (e.get("mma_sync") or 0) + (e.get("wgmma") or 0) > 0 if "mma_sync" in e else None,
-                "error": (e.get("error") or "").splitlines()[-1] if e.get("error") else None,
-            })
-    from kernels_py.ops.attention_stats import model as stats_model
-    from kernels_py.ops.gather_decode import model as gather_model
-    from kernels_py.ops.lowrank_decode import model as lowrank_model
-    from kernels_py.ops.quant_decode import model as quant_model
-
-    models = [lowrank_model.report(), quant_model.report(), gather_model.report(), stats_model.report()]
-    return {"title": f"Triton kernels compiled for sm_{target} (no GPU needed)", "target": target,
-            **table(COLUMNS, rows), "models": models}
+    result = cc.compile_case(case, target)
+    if result["error"]:
+        rows.append({"case": case.name, "kernel": "", "error": result["error"].splitlines()[-1]})
+        errors.append({"case": case.name, "kernel": "", "config": "", **compile_error(result)})
+    for e in result["compiled"]:
+        if e.get("error"):
+            errors.append({"case": case.name, "kernel": e["kernel"], "config": config_label(e), **compile_error(e)})
+        config = e.get("config")
+        rows.append({
+            "case": case.name, "kernel": e["kernel"],
+            "block_n": dict(config[0]).get("BLOCK_N") if config else None,
+            "num_warps": e.get("num_warps"), "num_stages": e.get("num_stages"), "maxnreg": e.get("maxnreg"),
+            "registers": e.get("registers"), "spill_stores": e.get("spill_stores"),
+            "stack_bytes": e.get("stack_bytes"), "shared": e.get("shared"),
+            "sass_instructions": e.get("sass_instructions"),
+            "mma_sync": e.get("mma_sync"), "wgmma": e.get("wgmma"),
+            "tensor_cores": (e.get("mma_sync") or 0) + (e.get("wgmma") or 0) > 0 if "mma_sync" in e else None,
+            "error": (e.get("error") or "").splitlines()[-1] if e.get("error") else None,
+        })
 
 
 # ----------------------------------------------------------------------------
@@ -187,9 +209,16 @@ def estimate_implementation(impl, step, compiled: Compiled, gpu, flash_us: float
         if not candidates:
             spilled = [r["config"] for r in rows if r.get("pruned")]
             failed = [r["config"] for r in rows if r.get("error")]
+            why = ""
+            first = next((entry for entry, binary in compiled.entries if entry["kernel"] == name
+                          and (entry.get("error") or binary is None)), None)
+            if first is not None:
+                err = compile_error(first)
+                why = f"\n{err['at'] or name}: {err['message']}" + (f"\n    {err['source'].strip()}"
+                                                                     if err["source"] else "")
             raise NoUsableConfig(f"{impl.name}: no config of {name} compiled without spills at this shape (spilled, "
                                f"which the autotuner prunes: {', '.join(spilled) or 'none'}; failed to compile: "
-                               f"{', '.join(failed) or 'none'})")
+                               f"{', '.join(failed) or 'none'}){why}")
         choice = estimate.pick(candidates)
         for row in rows:
             row["picked"] = row.get("config") == choice.config
@@ -244,10 +273,14 @@ def estimate_report(target: int, overrides: dict | None = None, ops: list[str] |
                 if word and hasattr(model, "CHOICES") and v not in model.CHOICES.get(k, (v,)):
                     raise ValueError(f"--shape: {k} must be one of {', '.join(model.CHOICES[k])}, got {v!r}"
                                      f"{closest(v, model.CHOICES[k])}")
-                if not word and isinstance(getattr(base, k), int) and v != int(v):
-                    raise ValueError(f"--shape: {k} must be a whole number, got {v}")
-            steps.append((op, model, dataclasses.replace(base, **{k: type(getattr(base, k))(v)
-                                                                  for k, v in mine.items()})))
+                if not word:
+                    _check_number(k, v, getattr(base, k))
+            step = dataclasses.replace(base, **{k: type(getattr(base, k))(v) for k, v in mine.items()})
+            if getattr(step, "heads", 0) % max(getattr(step, "kv_heads", 1), 1):
+                raise ValueError(f"--shape: heads={step.heads} must be a multiple of kv_heads={step.kv_heads} "
+                                 f"(each kv head serves a group of query heads)")
+            if (op, model, step) not in steps:  # a field set in every shape can make two shapes one
+                steps.append((op, model, step))
     if configs:  # named kernels checked before anything compiles (recording a launcher takes no time)
         from kernels_py.ops import compile as cc
 
@@ -287,6 +320,24 @@ def estimate_report(target: int, overrides: dict | None = None, ops: list[str] |
             out["calibration"] = rows
     out["tables"] = _tables(out)
     return out
+
+
+# Shape fields that may be 0: the uncompressed tail, the default split count, rows taken from the end.
+MAY_BE_ZERO = {"dense", "splits", "spread"}
+
+
+def _check_number(name: str, value, default) -> None:
+    """A --shape number: a share lies in [0, 1]; a count is a whole number,
+    at least 1 (0 where MAY_BE_ZERO)."""
+    if isinstance(default, float):
+        if not 0 <= value <= 1:
+            raise ValueError(f"--shape: {name} is a share of the tokens, in [0, 1]; got {value}")
+        return
+    if value != int(value):
+        raise ValueError(f"--shape: {name} must be a whole number, got {value}")
+    least = 0 if name in MAY_BE_ZERO else 1
+    if value < least:
+        raise ValueError(f"--shape: {name} must be at least {least}, got {value:g}")
 
 
 def _check_configs(configs: dict[str, set[str]], launched: list[str], tuned: dict[str, list[str]]) -> None:

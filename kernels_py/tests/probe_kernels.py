@@ -69,6 +69,17 @@ def _mma_kernel(A, B, C, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_
 MMA = {"M": 64, "N": 64, "K": 1024, "BLOCK_K": 32}
 
 
+@triton.jit
+def _odd_tile_kernel(X, BLOCK: tl.constexpr):
+    """Does not compile for BLOCK=3 (tl.arange needs a power of two): what a
+    compile error is reported as."""
+    tl.store(X + tl.arange(0, BLOCK), 1.0)
+
+
+def _launch_odd_tile():
+    _odd_tile_kernel[(1,)](torch.zeros(4), BLOCK=3)
+
+
 def _launch_loads():
     x, y = torch.zeros(2 * N, dtype=torch.float16), torch.zeros(BLOCK, dtype=torch.float32)
     _wide_load_kernel[(1,)](x, y, N, BLOCK=BLOCK, num_warps=4)
@@ -90,7 +101,9 @@ VALUES = {"_wide_load_kernel": {"n": N}, "_strided_load_kernel": {"n": N},
 
 def probe(target: int) -> dict:
     """Per kernel: the instructions per warp by class, tensor FLOPs per
-    program, the loops (source line, trips, unroll) and the warp timeline."""
+    program, the loops (source line, trips, unroll) and the warp timeline;
+    and "compile_error", what report.compile_error says of a kernel that
+    does not compile."""
     from kernels_py.ops import compile as cc
     from kernels_py.ops import estimate, report
 
@@ -113,6 +126,8 @@ def probe(target: int) -> dict:
                           for header, info in kernel.loops.items()],
                 "loads": sorted({p for site in kernel.loads.values() for p in site.pointers}),
             }
+    _, _, (failed,) = cc.compile_launches(_launch_odd_tile, target)
+    out["compile_error"] = report.compile_error(failed[0])
     return out
 
 

@@ -510,8 +510,25 @@ def test_probe_kernels_count_what_they_issue(target):
     per_warp_mma = m["K"] // 16 if target == 90 else (m["M"] // 16) * (m["N"] // 8) * (m["K"] // 16) // 4
     assert mma["by_class"]["mma"] == per_warp_mma
     assert mma["loads"] == ["A", "B"] and wide["loads"] == ["X"]
-    for k in got.values():  # a warp's timeline is at least one cycle per instruction
-        assert k["cycles"] >= k["instructions"] > 0
+    for name, k in got.items():  # a warp's timeline is at least one cycle per instruction
+        if name != "compile_error":
+            assert k["cycles"] >= k["instructions"] > 0
+
+
+@pytest.mark.parametrize("target", [90, 80])
+def test_a_kernel_that_does_not_compile_is_reported_at_its_line(target):
+    """What `kernels report` prints of a compile error (and exits 1 on):
+    the kernel's file:line, the compiler's message and the line itself."""
+    import inspect
+
+    from kernels_py.tests import probe_kernels as pk
+
+    err = _result(f"probe{target}")["compile_error"]
+    lines, first = inspect.getsourcelines(pk._odd_tile_kernel.fn if hasattr(pk._odd_tile_kernel, "fn")
+                                          else pk._odd_tile_kernel)
+    line = first + next(i for i, text in enumerate(lines) if "tl.arange(0, BLOCK)" in text)
+    assert err["at"] == f"kernels_py/tests/probe_kernels.py:{line}", err
+    assert "power of 2" in err["message"] and "tl.arange(0, BLOCK)" in err["source"], err
 
 
 def test_calibration_bands_contain_the_measured_times(report):
