@@ -23,6 +23,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/vlkv/vlkv/gohost/compare"
+	"github.com/vlkv/vlkv/gohost/expt"
 	"github.com/vlkv/vlkv/gohost/pyrt"
 	"github.com/vlkv/vlkv/gohost/results"
 	"github.com/vlkv/vlkv/gohost/runner"
@@ -52,7 +53,9 @@ modules and checks the op again: its selftest (every kernel against the
 PyTorch reference on the op's test shapes, with the largest error), on a
 machine without a GPU a real compile of its first compile case for sm_90
 (the interpreter compiles nothing: compile time, registers, spills), and
-with --bench on a GPU its benchmark (--size knob=value,... picks the size).
+with --bench on a GPU its benchmark (--size picks the size with the
+benchmark's own knobs, as workbench bench NAME --help lists them: e.g.
+--size batches=8,lengths=4096,16384 for gather_decode).
 Each iteration prints one screen, with each figure's change against the
 previous iteration and the first one. A kernel that does not import,
 interpret or compile is shown as its source line and the error, and the
@@ -80,14 +83,19 @@ metrics that changed.`,
 			case cmd.Flags().Changed("out"):
 				return &usageError{errors.New("--out applies to watch --experiment")}
 			case len(args) == 0:
-				return &usageError{errors.New("give the op to watch (workbench selftest lists them) or --experiment FILE.star")}
+				ops := "kernels_py/ops/<op>"
+				if s, _, err := a.schema(); err == nil {
+					ops = "one of " + strings.Join(s.OpNames(), ", ")
+				}
+				return &usageError{fmt.Errorf("give the op to watch (%s) or --experiment FILE.star", ops)}
 			}
 			return a.watchOp(cmd.Context(), args[0], f)
 		},
 	}
 	fl := cmd.Flags()
 	fl.BoolVar(&f.bench, "bench", false, "also time the op with its benchmark (needs a GPU)")
-	fl.StringSliceVar(&f.size, "size", nil, "benchmark knobs for --bench, e.g. batch=8,context=4096")
+	fl.StringArrayVar(&f.size, "size", nil, "benchmark knobs for --bench, KNOB=VALUE,... (a list knob takes several values: "+
+		"batches=8,lengths=4096,16384; repeatable)")
 	fl.Var(&f.dtype, "dtype", "dtype of the selftest inputs")
 	fl.IntVar(&f.seed, "seed", 0, "seed of the selftest inputs")
 	fl.BoolVar(&f.noCompile, "no-compile", false, "skip the sm_90 compile on a machine without a GPU")
@@ -273,14 +281,24 @@ func (h *watchHistory) first() *watchEntry {
 }
 
 func (a *app) watchOp(ctx context.Context, op string, f watchFlags) error {
-	if err := a.checkOps([]string{op}); err != nil {
+	schema, _, err := a.schema()
+	if err != nil {
 		return err
+	}
+	if _, ok := schema.Ops[op]; !ok {
+		return &usageError{fmt.Errorf("op %s", expt.UnknownName(op, schema.OpNames()))}
 	}
 	if f.target != 80 && f.target != 90 {
 		return &usageError{fmt.Errorf("--target must be 80 or 90, got %d", f.target)}
 	}
 	if len(f.size) > 0 && !f.bench {
 		return &usageError{errors.New("--size sets the benchmark's knobs: add --bench")}
+	}
+	var params map[string]any
+	if f.bench {
+		if params, err = watchBenchParams(schema, op, f.size); err != nil {
+			return &usageError{err}
+		}
 	}
 	s, err := a.newSession(ctx)
 	if err != nil {
@@ -291,10 +309,6 @@ func (a *app) watchOp(ctx context.Context, op string, f watchFlags) error {
 		if s.device != worker.CUDA {
 			return errors.New("--bench times the op on a GPU, and this run has none (the Triton interpreter's " +
 				"timings mean nothing); watch without --bench checks correctness and compiles for sm_90")
-		}
-		params, err := parseKnobs(f.size)
-		if err != nil {
-			return &usageError{err}
 		}
 		args["bench"] = map[string]any{"params": params}
 	}
@@ -387,23 +401,108 @@ func firstLine(s string) string {
 	return line
 }
 
-// parseKnobs reads knob=value pairs, numbers as numbers.
-func parseKnobs(pairs []string) (map[string]any, error) {
-	out := map[string]any{}
-	for _, p := range pairs {
-		k, v, ok := strings.Cut(p, "=")
-		if !ok || k == "" {
-			return nil, fmt.Errorf("--size %q: want knob=value, e.g. batch=8", p)
+// watchBenchParams reads --size against the knobs of the benchmark that times op:
+// KNOB=VALUE items separated by commas, where a value with no "=" belongs
+// to the list knob before it (batches=8,lengths=4096,16384), each checked
+// as `workbench bench NAME` checks its flags.
+func watchBenchParams(schema *expt.Schema, op string, items []string) (map[string]any, error) {
+	name := schema.Ops[op].Benchmark
+	b := schema.Benchmarks[name]
+	if b == nil {
+		return nil, fmt.Errorf("--bench: no registered benchmark times %s", op)
+	}
+	values := map[string][]string{}
+	var order []string
+	last := ""
+	for _, item := range items {
+		for _, part := range strings.Split(item, ",") {
+			part = strings.TrimSpace(part)
+			k, v, ok := strings.Cut(part, "=")
+			switch {
+			case ok && k != "":
+				if _, seen := values[k]; seen {
+					return nil, fmt.Errorf("--size: %s is given twice", k)
+				}
+				last = k
+				order = append(order, k)
+				values[k] = []string{v}
+			case last != "" && part != "":
+				values[last] = append(values[last], part)
+			default:
+				return nil, fmt.Errorf("--size %q: want KNOB=VALUE,..., e.g. --size %s", item, sizeExample(b))
+			}
 		}
-		if i, err := strconv.Atoi(v); err == nil {
-			out[k] = i
-		} else if x, err := strconv.ParseFloat(v, 64); err == nil {
-			out[k] = x
-		} else {
-			out[k] = v
+	}
+	out := map[string]any{}
+	for _, k := range order {
+		p := b.Params[k]
+		if p == nil {
+			return nil, fmt.Errorf("--size: benchmark %s (which times %s): knob %s", name, op,
+				expt.UnknownName(k, b.Params.Names()))
+		}
+		raw, err := knobValue(p, values[k])
+		if err == nil {
+			out[k], err = p.Check(raw)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("--size %s: %v (%s)", k, err, p.Describe())
 		}
 	}
 	return out, nil
+}
+
+// knobValue is what Param.Check takes for the texts given: a list for a
+// list knob, else one number, bool or word.
+func knobValue(p *expt.Param, texts []string) (any, error) {
+	if p.Type == expt.TypeInts {
+		out := make([]int64, len(texts))
+		for i, t := range texts {
+			x, err := strconv.ParseInt(t, 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("%q is not a whole number", t)
+			}
+			out[i] = x
+		}
+		return out, nil
+	}
+	if len(texts) != 1 {
+		return nil, fmt.Errorf("takes one value, got %d (%s)", len(texts), strings.Join(texts, ","))
+	}
+	t := texts[0]
+	switch p.Type {
+	case expt.TypeInt:
+		x, err := strconv.ParseInt(t, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("%q is not a whole number", t)
+		}
+		return x, nil
+	case expt.TypeFloat:
+		x, err := strconv.ParseFloat(t, 64)
+		if err != nil {
+			return nil, fmt.Errorf("%q is not a number", t)
+		}
+		return x, nil
+	case expt.TypeBool:
+		x, err := strconv.ParseBool(t)
+		if err != nil {
+			return nil, fmt.Errorf("%q is not true or false", t)
+		}
+		return x, nil
+	}
+	return t, nil
+}
+
+// sizeExample is a --size for benchmark b from its first list knobs.
+func sizeExample(b *expt.Benchmark) string {
+	var parts []string
+	for _, n := range b.Params.Names() {
+		if p := b.Params[n]; p.Type == expt.TypeInts && len(parts) < 2 {
+			if def, ok := p.Default.([]int64); ok && len(def) > 0 {
+				parts = append(parts, fmt.Sprintf("%s=%d", n, def[0]))
+			}
+		}
+	}
+	return strings.Join(parts, ",")
 }
 
 func printWatchScreen(w io.Writer, op string, iteration int, e watchEntry, r watchResult, prev, first *watchEntry, took time.Duration) {

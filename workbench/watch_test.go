@@ -7,12 +7,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/vlkv/vlkv/gohost/compare"
+	"github.com/vlkv/vlkv/gohost/expt"
 	"github.com/vlkv/vlkv/gohost/results"
 	"github.com/vlkv/vlkv/gohost/testpy"
 )
@@ -122,7 +124,7 @@ func TestWatchAnOpWhileItsKernelIsEdited(t *testing.T) {
 	at = waitOutput(t, out, at, 120*time.Second, "iteration 3 · ", "selftest (cpu, Triton interpreter): MISMATCH",
 		"false", "FAILING; watching")
 	screen := out.String()[at-2000:]
-	if !strings.Contains(screen, "max error") || !strings.Contains(screen, "failed shapes  2") {
+	if !strings.Contains(screen, "max error") || !strings.Contains(screen, "failed shapes  3") { // the sorted, the unsorted and the unsorted in 3 splits
 		t.Errorf("the mismatch's figures:\n%s", screen)
 	}
 
@@ -280,5 +282,38 @@ func TestPrintRerunComparesWithTheLastGoodRow(t *testing.T) {
 				t.Errorf("want %q and no %q:\n%s", tc.want, tc.absent, out.String())
 			}
 		})
+	}
+}
+
+// watch --bench --size speaks the benchmark's own knobs, checked as
+// `workbench bench NAME` checks its flags, lists included.
+func TestWatchBenchSizeIsCheckedAgainstTheBenchmark(t *testing.T) {
+	schema, err := expt.LoadSchema("../kernels_py/schema.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := watchBenchParams(schema, "gather_decode", []string{"batches=8,lengths=4096,16384", "dtype=bfloat16"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]any{"batches": []int64{8}, "lengths": []int64{4096, 16384}, "dtype": "bfloat16"}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got %v, want %v", got, want)
+	}
+	for _, tc := range []struct {
+		size []string
+		want string
+	}{
+		{[]string{"batch=8,context=4096"}, `benchmark gather (which times gather_decode): knob "batch" is unknown (known: batches,`},
+		{[]string{"lengths=abc"}, `--size lengths: "abc" is not a whole number (ints in [1,`},
+		{[]string{"lengths=0"}, "--size lengths:"},
+		{[]string{"batches=8", "batches=4"}, "--size: batches is given twice"},
+		{[]string{"8"}, `--size "8": want KNOB=VALUE,..., e.g. --size batches=1,lengths=2048`},
+		{[]string{"repeat=3,4"}, "--size repeat: takes one value, got 2"},
+		{[]string{"dtype=float64"}, "--size dtype:"},
+	} {
+		if _, err := watchBenchParams(schema, "gather_decode", tc.size); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want %q", tc.size, err, tc.want)
+		}
 	}
 }
