@@ -50,9 +50,9 @@ def run(name: str, params: dict | None = None) -> dict:
     if interpreter:
         shrunk = {k: v for group in cls.smoke if not set(group) & set(params) for k, v in group.items()}
         params.update(shrunk)
-        if shrunk:
-            notes.append(f"CPU interpreter: tiny sizes for {', '.join(sorted(shrunk))} show the benchmark works; "
-                         f"its timings are not kernel speed")
+        sizes = f"tiny sizes for {', '.join(sorted(shrunk))} show the benchmark works; " if shrunk else ""
+        notes.append(f"CPU interpreter: {sizes}its timings are the interpreter's, not kernel speed, and its speedups "
+                     f"mean nothing (time it on a GPU)")
     try:
         bench = cls.from_dict(params)
     except (TypeError, ValueError) as err:
