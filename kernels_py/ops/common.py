@@ -45,6 +45,18 @@ def capability(device) -> int | None:
     return _compile_target
 
 
+def check_launchable(t: torch.Tensor, name: str = "q") -> None:
+    """Triton runs the kernels on a CUDA device, and on the CPU only under
+    its interpreter (or while ops.compile records launches): say so, where
+    Triton would fail with "0 active drivers"."""
+    if t.device.type == "cuda" or interpreter_mode() or _compile_target is not None:
+        return
+    raise ValueError(f"{name} is on {t.device}: the Triton kernels run on a CUDA device, or on the CPU under "
+                     f"Triton's interpreter (TRITON_INTERPRET=1, set before kernels_py is imported; `workbench "
+                     f"python` sets it where there is no GPU); the op's compute(..., backend='auto') runs its "
+                     f"PyTorch reference on CPU tensors instead")
+
+
 def dtype(name: str) -> torch.dtype:
     """The torch dtype a name in DTYPES stands for."""
     if name not in DTYPES:

@@ -72,3 +72,28 @@ def test_every_op_says_per_row_whether_it_is_within_tolerance():
         assert "ok" in [c.name for c in op.cases.COLUMNS], f"op {name}'s selftest table has no ok column"
     result = OPS["attention_stats"].cases.selftest(heads=4, kv_heads=2, visual_tokens=64, text_tokens=16)
     assert [r["ok"] for r in result["rows"]] == [True, True, True]
+
+
+def test_launchers_given_cpu_tensors_without_the_interpreter_say_what_to_do(monkeypatch):
+    """Triton alone fails such a launch with "0 active drivers"; the
+    launchers name the tensor and the two ways to run (common.check_launchable)."""
+    import torch
+
+    from kernels_py.ops.attention_stats import row_stats
+    from kernels_py.ops.gather_decode import cases as gather_cases
+    from kernels_py.ops.gather_decode import gather_decode
+    from kernels_py.ops.kv_quant import quantize
+    from kernels_py.ops.kv_quant.cases import random_kv
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    calls = {
+        "gather_decode": lambda: gather_decode(*gather_cases.make_case(batch=1, heads=4, kv_heads=2, head_dim=32,
+                                                                        slots=64, counts=[[16, 16]])),
+        "row_stats": lambda: row_stats(torch.randn(4, 3, 32), torch.randn(2, 10, 32), torch.arange(3)),
+        "quantize": lambda: quantize(*random_kv(batch=1, kv_heads=2, slots=64, head_dim=32, lengths=[64],
+                                                dtype=torch.float32), bits=4, group=32),
+    }
+    for name, call in calls.items():
+        with pytest.raises(ValueError, match=r"is on cpu: the Triton kernels run on a CUDA device, or on the CPU "
+                                             r"under Triton's interpreter \(TRITON_INTERPRET=1"):
+            call()

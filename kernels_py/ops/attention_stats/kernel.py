@@ -464,6 +464,7 @@ def row_stats(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, scale: floa
     causal scores of each selected row, each float32 [heads, rows]. Tiles
     default to ROW_TILE for the dtype; pos_range as attention_stats."""
     check_inputs(q, k, q_pos, pos_range)
+    common.check_launchable(q)
     block_m, block_n, warps = _tile(ROW_TILE, q, block_m, block_n)
     common.check_block("block_m", block_m)
     common.check_block("block_n", block_n)
@@ -526,6 +527,7 @@ def column_stats(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, row_max:
     [kv_heads, keys]. Tiles default to COLUMN_TILE for the dtype;
     pos_range as attention_stats."""
     min_pos, max_pos = check_inputs(q, k, q_pos, pos_range)
+    common.check_launchable(q)
     block_m, block_n, warps = _tile(COLUMN_TILE, q, block_m, block_n)
     common.check_block("block_m", block_m)
     common.check_block("block_n", block_n)

@@ -203,6 +203,7 @@ def fp8_decode(q, q_pos, k, v, k_scale, v_scale, pos, *, sm_scale: float | None 
     Returns Fp8DecodeOutput(out [B, Hq, M, D] q.dtype, lse [B, Hq, M] float32).
     """
     check_inputs(q, q_pos, k, v, k_scale, v_scale, pos)
+    common.check_launchable(q)
     batch, heads, queries, head_dim = q.shape
     kv_heads, slots = k.shape[1], k.shape[2]
     group = heads // kv_heads

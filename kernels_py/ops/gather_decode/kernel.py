@@ -127,6 +127,7 @@ def gather_decode(q, q_pos, k, v, pos, index, count, *, sm_scale: float | None =
     Returns GatherDecodeOutput(out [B, Hq, M, D] q.dtype, lse [B, Hq, M] float32).
     """
     check_inputs(q, q_pos, k, v, pos, index, count, check_values)
+    common.check_launchable(q)
     batch, heads, queries, head_dim = q.shape
     kv_heads = k.shape[1]
     group = heads // kv_heads

@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels_py.ops import common
 from kernels_py.ops.kv_quant.contract import PAD_POS, QuantKV, check_segment, shapes
 from kernels_py.ops.kv_quant.reference import check_kv
 
@@ -599,6 +600,7 @@ def quantize(k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, length: torch.
     length[b], and slots whose pos is PAD_POS, are padding (code 0, pos
     PAD_POS). Same result, byte for byte, as reference.quantize."""
     check_kv(k, v, pos, length, bits, group)
+    common.check_launchable(k, "k")
     batch, heads, slots, dim = k.shape
     want = shapes(batch, heads, slots, dim, bits, group)
     dev = k.device
@@ -624,6 +626,7 @@ def dequantize(seg: QuantKV) -> tuple[torch.Tensor, torch.Tensor]:
     """K, V [B, H, T, D] float32 of a segment (0 in padding slots), loaded
     and unpacked as a decode kernel does it, in float32."""
     check_segment(seg, check_values=False)
+    common.check_launchable(seg.pos, "seg")
     batch, heads, _, dim = seg.k_codes.shape
     slots = seg.slots
     k = torch.empty((batch, heads, slots, dim), dtype=torch.float32, device=seg.pos.device)

@@ -1233,6 +1233,7 @@ def lowrank_decode(q: torch.Tensor, q_pos: torch.Tensor, comp: CompressedKV, den
     with mass=False).
     """
     check_inputs(q, q_pos, comp, dense, rope_base, check_values)
+    common.check_launchable(q)
     if rank_chunk is not None:
         common.check_block("rank_chunk", rank_chunk)
     if comp.uv.shape[2] > MAX_RANK_SPACE:
@@ -1255,6 +1256,7 @@ def lowrank_decode_absorbed(q: torch.Tensor, q_pos: torch.Tensor, comp: Compress
     16-column chunk are read (and multiplied by zero): they must be finite.
     Shapes, outputs and the other arguments as lowrank_decode."""
     check_inputs(q, q_pos, comp, dense, None, check_values)
+    common.check_launchable(q)
     for name, u in (("uk", comp.uk), ("uv", comp.uv)):
         if u.shape[2] > MAX_RANK_SPACE:
             raise ValueError(f"{name} has rank {u.shape[2]}; the absorbed kernel supports up to {MAX_RANK_SPACE}")

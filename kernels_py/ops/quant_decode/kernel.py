@@ -350,6 +350,7 @@ def quant_decode(q: torch.Tensor, q_pos: torch.Tensor, segments, dense: DenseKV,
     Returns QuantDecodeOutput(out [B, Hq, M, D] q.dtype, lse [B, Hq, M] float32).
     """
     check_inputs(q, q_pos, segments, dense, check_values)
+    common.check_launchable(q)
     batch, heads, queries, head_dim = q.shape
     kv_heads = segments[0].kv_heads
     group = heads // kv_heads
