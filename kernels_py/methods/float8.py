@@ -4,8 +4,8 @@ codes with float32 scales, the way serving engines store an fp8 KV cache
 v_scale, or per attention head from calibration; FlashInfer's decode takes
 the same scalar scales; per token is finer than either ships), and the
 knobs every token-keeping method gets for it (TokenSelection's kv_dtype and
-fp8_scale), so an eviction method over an FP8 cache is one setting:
-method("snapkv", budget=0.5, kv_dtype="fp8_e4m3").
+fp8_scale), so an eviction method over an FP8 cache is one setting, in
+a script's extra: {"method": "snapkv", "budget": 0.5, "kv_dtype": "fp8_e4m3"}.
 
 Codes and scales come from ops.fp8_decode.codec: the scale is amax / the
 format's largest value over what it covers; a per-tensor or per-head scale

@@ -4,8 +4,8 @@ scales per tensor (vLLM's k_scale/v_scale, the default), per kv head or per
 token; decoding converts the codes in registers (ops.fp8_decode). Half the
 bytes of the 16-bit cache plus the scales: the baseline a compression
 method must beat at equal bytes. Every token-keeping method takes the same
-two knobs (kv_dtype, fp8_scale), so "SnapKV at 50% + FP8" is
-method("snapkv", budget=0.5, kv_dtype="fp8_e4m3")."""
+two knobs (kv_dtype, fp8_scale), so "SnapKV at 50% + FP8" is, in a
+script's extra, {"method": "snapkv", "budget": 0.5, "kv_dtype": "fp8_e4m3"}."""
 
 from dataclasses import dataclass
 
@@ -37,6 +37,7 @@ class FP8(TokenSelection):
                 "per-tensor scales, 1.94x at per-token scales with head_dim 128",
                 "a per-tensor or per-head scale is fixed from the prompt (amax / the format's largest value); "
                 "generated tokens beyond it saturate, as with an engine's static scale",
-                "combine with any token-keeping method: method(\"snapkv\", budget=0.5, kv_dtype=\"fp8_e4m3\")",
+                "combine with any token-keeping method, e.g. in a script's extra: {\"method\": \"snapkv\", \"budget\": 0.5, "
+                "\"kv_dtype\": \"fp8_e4m3\"}",
                 "attention=\"sdpa\" decodes with the fused fp8 kernel (ops/fp8_decode) on a GPU; float32 (default) "
                 "attends over the dequantized cache in float32"]
