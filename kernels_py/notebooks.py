@@ -143,8 +143,8 @@ def main(argv: list[str]) -> int:
 
     notebook, out, runs = Path(argv[0]), Path(argv[1]), argv[2:]
     failed = None
-    try:
-        nb = execute(notebook, env=run_env(runs))
+    try:  # the notebook's figures go beside what it writes, not into the runs it reads
+        nb = execute(notebook, env={**run_env(runs), "VLKV_FIGURES_DIR": str(out.parent.resolve())})
     except CellExecutionError as err:
         nb, failed = err.notebook, err
     page = write(nb, out, f"{notebook.stem}: {', '.join(Path(r).name for r in runs)}")

@@ -76,3 +76,14 @@ def test_find_names_the_notebooks():
     assert notebooks.find("compare").name == "compare.ipynb"
     with pytest.raises(FileNotFoundError, match="notebooks/ has .*own_model"):
         notebooks.find("nosuch")
+
+
+def test_figures_go_beside_the_written_notebook_not_into_the_run(tmp_path):
+    """`workbench notebook NAME RUN --out DIR` writes its figures into DIR: a
+    shared results folder may be read-only, and the run keeps only what ran."""
+    run = own_model_run(tmp_path / "results")
+    out = tmp_path / "report"
+    out.mkdir()
+    assert notebooks.main([str(notebooks.find("own_model")), str(out / "own_model.ipynb"), str(run)]) == 0
+    assert sorted(p.name for p in out.glob("*.png")) == ["own_model_agreement.png", "own_model_layers.png"]
+    assert not list(run.glob("*.png"))
