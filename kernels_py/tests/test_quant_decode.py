@@ -129,6 +129,8 @@ def test_bad_inputs_get_clear_errors(device):
     q, q_pos, segs, dense = case(device, torch.float16, "zipvl_gqa4")
     with pytest.raises(ValueError, match="segments must be a list of 1 to 2 QuantKV"):
         op.quant_decode(q, q_pos, segs * 2, dense)
+    with pytest.raises(TypeError, match=r"got one QuantKV: pass \[segment\]"):
+        op.quant_decode(q, q_pos, segs[0], dense)
     with pytest.raises(ValueError, match=r"q must be \[batch, heads, queries, head_dim\]"):
         op.quant_decode(q[0], q_pos, segs, dense)
     with pytest.raises(ValueError, match=r"segments\[0\] holds 2 sequences of head_dim 64"):

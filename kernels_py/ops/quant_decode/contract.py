@@ -37,6 +37,8 @@ def check_inputs(q: torch.Tensor, q_pos: torch.Tensor, segments, dense: DenseKV,
     if q.dtype not in FLOAT_DTYPES:
         raise TypeError(f"q has dtype {q.dtype}; supported: fp16, bf16, fp32")
     batch, heads, queries, head_dim = q.shape
+    if isinstance(segments, QuantKV):
+        raise TypeError("segments must be a list of QuantKV (one per bit width), got one QuantKV: pass [segment]")
     if not isinstance(segments, (list, tuple)) or not 1 <= len(segments) <= MAX_SEGMENTS:
         raise ValueError(f"segments must be a list of 1 to {MAX_SEGMENTS} QuantKV, got {segments!r:.80}")
     for i, seg in enumerate(segments):
