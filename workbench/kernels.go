@@ -171,6 +171,7 @@ seconds, e.g.
 				if err := res.table.print(a.stdout); err != nil {
 					return err
 				}
+				fmt.Fprintf(a.stdout, "\n%s", res.table.legend())
 				for _, m := range res.Models {
 					fmt.Fprintf(a.stdout, "\n%s\n", m.Title)
 					if err := m.table.print(a.stdout); err != nil {

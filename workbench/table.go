@@ -44,6 +44,23 @@ func (t table) print(w io.Writer) error {
 	return tw.Flush()
 }
 
+// legend says what each column the text table shows means, by the label
+// it is shown under: for tables whose short labels need it.
+func (t table) legend() string {
+	var b strings.Builder
+	for _, c := range t.Columns {
+		if !c.Show {
+			continue
+		}
+		label := c.Label
+		if label == "" {
+			label = c.Name
+		}
+		fmt.Fprintf(&b, "  %s: %s\n", label, c.Doc)
+	}
+	return b.String()
+}
+
 // columnDocs lists the columns and what they mean, for --help.
 func columnDocs(cols []expt.Column) string {
 	var b strings.Builder

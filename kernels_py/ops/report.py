@@ -27,10 +27,10 @@ COLUMNS = (
     Column("case", "", "compile case (kernels_py/ops/<op>/cases.py): the launcher call whose specialization is "
            "compiled"),
     Column("kernel", "", "the @triton.jit kernel"),
-    Column("block_n", "", "the autotuned token tile of this config (empty: a plain launch)", "tile"),
+    Column("block_n", "", "the autotuned token tile of this config (-: a plain launch)", "tile"),
     Column("num_warps", "", "warps per program", "warps"),
     Column("num_stages", "", "software pipelining stages", "stages"),
-    Column("maxnreg", "", "the config's register cap (ptx .maxnreg; empty: none)", "cap"),
+    Column("maxnreg", "", "the config's register cap (ptx .maxnreg; -: none)", "cap"),
     Column("registers", "", "registers per thread (255 is the most a thread may have)", "regs"),
     Column("spill_stores", "", "bytes of registers spilled to local memory per thread (ptxas -v)", "spill"),
     Column("stack_bytes", "", "stack frame per thread: spills, or libdevice's sin/cos table", "stack", show=False),
