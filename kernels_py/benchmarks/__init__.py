@@ -12,7 +12,7 @@ import pkgutil
 import torch
 
 from kernels_py import runtime
-from kernels_py.benchmarks.base import Benchmark
+from kernels_py.benchmarks.base import OUTPUT_TOLERANCE, Benchmark
 from kernels_py.params import BadKnobs
 from kernels_py.tables import Column, table
 
@@ -71,6 +71,13 @@ def run(name: str, params: dict | None = None) -> dict:
                 torch.cuda.empty_cache()
         # Each row as it is measured: a long run shows where it is, and a killed one leaves its rows in the log.
         runtime.progress(f"bench {name}: row {i} of {len(cases)}: {json.dumps(rows[-1], default=str)}")
+    tolerance = OUTPUT_TOLERANCE.get(getattr(bench, "dtype", None))
+    for i, row in enumerate(rows, 1):
+        err = row.get("output_err")
+        if tolerance is not None and err is not None and not err <= tolerance:
+            notes.append(f"row {i}: the kernel's output is {err:.3g} from its unfused baseline's (tolerance "
+                         f"{tolerance:g} in {bench.dtype}): its times are of a wrong result (workbench selftest "
+                         f"checks the kernels against their references)")
     filled = {key for r in rows for key in r}
     columns = cls.columns + tuple(c for c in cls.optional_columns if c.name in filled) + \
         ((SKIPPED,) if "skipped" in filled else ())

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import torch
 
 from kernels_py.benchmarks.base import (
-    ESTIMATE_ERROR, AttentionBenchmark, estimate_beside, estimate_columns, hbm_peak_gbps, nbytes, percent_of, sdpa,
-    time_median,
+    ESTIMATE_ERROR, OUTPUT_ERROR, AttentionBenchmark, estimate_beside, estimate_columns, hbm_peak_gbps, nbytes,
+    output_error, percent_of, sdpa, time_median,
 )
 from kernels_py.ops import fp8_decode as op
 from kernels_py.ops.fp8_decode import codec, model
@@ -81,6 +81,7 @@ class FP8(AttentionBenchmark):
         Column("compression_ratio", "x", "K/V bytes in the inputs' dtype / fp8 codes and scales", "compression"),
         *estimate_columns("fp8", "the fp8 decode call"),
         ESTIMATE_ERROR,
+        OUTPUT_ERROR,
     )
     smoke = ({"lengths": (96,)}, {"batches": (1,)}, {"heads": 4, "kv_heads": 2, "head_dim": 64},
              {"dtype": "float32"}, {"repeat": 1})
@@ -112,8 +113,9 @@ class FP8(AttentionBenchmark):
                "read_bytes": read, "full_bytes": nbytes(full_k, full_v)}
         del full_k, full_v  # room for the dequantized copy
         try:
-            row["dequant_ms"] = time_median(lambda: _dequantize_then_attend(q, k_codes, v_codes, k_scale, v_scale, dt),
-                                            self.repeat, cuda) * 1e3
+            dequant = lambda: _dequantize_then_attend(q, k_codes, v_codes, k_scale, v_scale, dt)  # noqa: E731
+            row["output_err"] = output_error(fp8().out, dequant())
+            row["dequant_ms"] = time_median(dequant, self.repeat, cuda) * 1e3
             row["speedup_vs_dequant"] = row["dequant_ms"] / row["fp8_ms"]
         except torch.cuda.OutOfMemoryError:  # the baseline's dequantized copy alone does not fit
             row["dequant_ms"] = row["speedup_vs_dequant"] = None

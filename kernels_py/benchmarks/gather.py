@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import torch
 
 from kernels_py.benchmarks.base import (
-    ESTIMATE_ERROR, AttentionBenchmark, estimate_beside, estimate_columns, hbm_peak_gbps, percent_of, sdpa,
-    time_median,
+    ESTIMATE_ERROR, OUTPUT_ERROR, AttentionBenchmark, estimate_beside, estimate_columns, hbm_peak_gbps,
+    output_error, percent_of, sdpa, time_median,
 )
 from kernels_py.ops import gather_decode as op
 from kernels_py.ops.gather_decode import model
@@ -70,6 +70,7 @@ class Gather(AttentionBenchmark):
         Column("read_bytes", "bytes", "bytes the kernel reads", show=False),
         *estimate_columns("gather", "the selected-row call"),
         ESTIMATE_ERROR,
+        OUTPUT_ERROR,
     )
     smoke = ({"lengths": (96,)}, {"batches": (1,)}, {"heads": 4, "kv_heads": 2, "head_dim": 64},
              {"dtype": "float32"}, {"repeat": 1}, {"percents": (30,)})
@@ -101,6 +102,7 @@ class Gather(AttentionBenchmark):
                "slice_ms": time_median(lambda: _slice_then_attend(q, k, v, index), self.repeat, cuda) * 1e3,
                "sdpa_ms": time_median(full, self.repeat, cuda, graph=True) * 1e3, "read_bytes": read}
         peak = hbm_peak_gbps(x.device)
+        row["output_err"] = output_error(gather().out, _slice_then_attend(q, k, v, index))
         row["gather_gbps"] = read / (row["gather_ms"] / 1e3) / 1e9
         row["gather_hbm_pct"] = percent_of(row["gather_gbps"], peak)
         row["speedup_vs_slice"] = row["slice_ms"] / row["gather_ms"]

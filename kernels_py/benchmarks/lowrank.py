@@ -37,8 +37,8 @@ from dataclasses import dataclass
 import torch
 
 from kernels_py.benchmarks.base import (
-    ESTIMATE_ERROR, AttentionBenchmark, estimate_beside, estimate_columns, hbm_peak_gbps, nbytes, peak_bytes,
-    percent_of, picked, sdpa, time_median,
+    ESTIMATE_ERROR, OUTPUT_ERROR, AttentionBenchmark, estimate_beside, estimate_columns, hbm_peak_gbps, nbytes,
+    peak_bytes, output_error, percent_of, picked, sdpa, time_median,
 )
 from kernels_py.attention import apply_rope
 from kernels_py.ops import lowrank_decode as op
@@ -148,6 +148,7 @@ class Lowrank(AttentionBenchmark):
         *estimate_columns("fused_no_mass", "the fused call without masses"),
         *estimate_columns("absorbed_no_mass", "the absorbed call without masses"),
         ESTIMATE_ERROR,
+        OUTPUT_ERROR,
     )
     smoke = ({"lengths": (96,)}, {"batches": (1,)}, {"heads": 4, "kv_heads": 2, "head_dim": 64, "ranks": (16,)},
              {"dense_len": 8}, {"dtype": "float32"}, {"repeat": 1})
@@ -218,7 +219,10 @@ class Lowrank(AttentionBenchmark):
                "fused_peak_bytes": peak_bytes(fused, cuda),
                "unfused_peak_bytes": peak_bytes(unfused, cuda),
                "sdpa_peak_bytes": peak_bytes(full, cuda),
-               "compressed_bytes": read, "full_bytes": nbytes(full_k, full_v)}
+               "compressed_bytes": read, "full_bytes": nbytes(full_k, full_v),
+               # the fused call rebuilds and rotates keys as the unfused path does (the absorbed one attends
+               # in rank space, keys as cached: another computation)
+               "output_err": output_error(fused().out, unfused())}
         step = model.Step(batch=b, visual=n, dense=self.dense_len, heads=self.heads, kv_heads=self.kv_heads,
                           head_dim=self.head_dim, rank_k=rank, rank_v=rank, elem_bytes=dt.itemsize,
                           low_share=1.0 - self.full_rank_share, partial=self.partial, splits=splits)

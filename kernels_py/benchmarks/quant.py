@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import torch
 
 from kernels_py.benchmarks.base import (
-    ESTIMATE_ERROR, AttentionBenchmark, estimate_beside, estimate_columns, hbm_peak_gbps, nbytes, percent_of, sdpa,
-    time_median,
+    ESTIMATE_ERROR, OUTPUT_ERROR, AttentionBenchmark, estimate_beside, estimate_columns, hbm_peak_gbps, nbytes,
+    output_error, percent_of, sdpa, time_median,
 )
 from kernels_py.ops import kv_quant, quant_decode as op
 from kernels_py.ops.quant_decode import model
@@ -112,6 +112,7 @@ class Quant(AttentionBenchmark):
         Column("compression_ratio", "x", "full K/V bytes / quantized cache bytes", "compression"),
         *estimate_columns("quant", "the quantized decode call"),
         ESTIMATE_ERROR,
+        OUTPUT_ERROR,
     )
     smoke = ({"lengths": (96,)}, {"batches": (1,)}, {"heads": 4, "kv_heads": 2, "head_dim": 64},
              {"group": 32}, {"dense_len": 8}, {"dtype": "float32"}, {"repeat": 1})
@@ -149,8 +150,9 @@ class Quant(AttentionBenchmark):
                "quantize_ms": time_median(requantize, self.repeat, cuda) * 1e3,
                "read_bytes": read, "full_bytes": nbytes(full_k, full_v)}
         try:
-            row["dequant_ms"] = time_median(lambda: _dequantize_then_attend(q, segments, dense, dt), self.repeat,
-                                            cuda) * 1e3
+            dequant = lambda: _dequantize_then_attend(q, segments, dense, dt)  # noqa: E731
+            row["output_err"] = output_error(quant().out, dequant())
+            row["dequant_ms"] = time_median(dequant, self.repeat, cuda) * 1e3
             row["speedup_vs_dequant"] = row["dequant_ms"] / row["quant_ms"]
         except torch.cuda.OutOfMemoryError:  # the baseline's dequantized copy alone does not fit
             row["dequant_ms"] = row["speedup_vs_dequant"] = None

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 
 from kernels_py.benchmarks.base import (
-    ESTIMATE_ERROR, AttentionBenchmark, estimate_beside, estimate_columns, hbm_peak_gbps, nbytes, peak_bytes,
-    percent_of, sdpa, time_median,
+    ESTIMATE_ERROR, OUTPUT_ERROR, AttentionBenchmark, estimate_beside, estimate_columns, hbm_peak_gbps, nbytes,
+    peak_bytes, output_error, percent_of, sdpa, time_median,
 )
 from kernels_py.attention import expand_kv
 from kernels_py.ops.attention_stats import attention_stats, model, probe_rows
@@ -75,6 +75,7 @@ class Stats(AttentionBenchmark):
         Column("sdpa_peak_bytes", "bytes", "extra device memory of SDPA", show=False),
         *estimate_columns("stats", "the statistics call (float16 only: the model's dtype)"),
         ESTIMATE_ERROR,
+        OUTPUT_ERROR,
     )
     smoke = ({"lengths": (256,), "rows": 16}, {"batches": (1,)}, {"heads": 4, "kv_heads": 2, "head_dim": 64},
              {"dtype": "float32"}, {"repeat": 2})
@@ -113,6 +114,8 @@ class Stats(AttentionBenchmark):
                "materialize_peak_bytes": peak_bytes(mat, cuda),
                "sdpa_peak_bytes": peak_bytes(full, cuda)}
         # K is read twice (row stats, column stats): the bytes the pipeline must move.
+        # What the kernels compute that the materialised matrix gives: each key's attention over the rows.
+        row["output_err"] = output_error(stats().attn_sum, mat()[0])
         row["stats_gbps"] = 2 * nbytes(k) / row["stats_seconds"] / 1e9
         row["stats_hbm_pct"] = percent_of(row["stats_gbps"], hbm_peak_gbps(device))
         row["stats_vs_sdpa"] = row["stats_seconds"] / row["sdpa_seconds"]

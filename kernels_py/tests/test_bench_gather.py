@@ -17,6 +17,7 @@ def test_smoke_run_reports_every_path():
     for r in result["rows"]:
         for key in ("gather_ms", "slice_ms", "sdpa_ms", "gather_gbps"):
             assert r[key] > 0
+        assert 0 <= r["output_err"] < 1e-3  # float32 smoke sizes: rounding; OUTPUT_TOLERANCE warns past 2e-3
         rows = r["batch"] * r["kv_heads"] * round(r["percent"] / 100 * r["context"])
         assert r["read_bytes"] == rows * (2 * r["head_dim"] * 4 + 8)  # float32 K and V, index and position
         assert r["speedup_vs_slice"] == pytest.approx(r["slice_ms"] / r["gather_ms"])
@@ -26,6 +27,22 @@ def test_smoke_run_reports_every_path():
         assert "tiny sizes" not in result["notes"][0]
     else:
         assert result["notes"] == []
+
+
+def test_a_kernel_off_its_baseline_is_said_to_time_a_wrong_result(monkeypatch):
+    """A kernel edited into a wrong result still times: the run says so."""
+    right = op.gather_decode
+
+    def wrong(*args, **kwargs):
+        got = right(*args, **kwargs)
+        return type(got)(got.out * 1.5, got.lse)
+
+    monkeypatch.setattr(op, "gather_decode", wrong)
+    result = benchmarks.run("gather", dict(gather.Gather.smoke_sizes(), lengths=[64], percents=[50], repeat=1))
+    (row,) = result["rows"]
+    assert row["output_err"] > 0.1
+    assert any(n.startswith("row 1: the kernel's output is ") and "its times are of a wrong result" in n
+               for n in result["notes"]), result["notes"]
 
 
 def test_baselines_compute_what_the_kernel_computes(device):

@@ -19,6 +19,7 @@ def test_smoke_run_reports_every_path():
     for r in result["rows"]:
         for key in ("fused_ms", "absorbed_ms", "unfused_ms", "sdpa_ms", "fused_gbps"):
             assert r[key] > 0
+        assert 0 <= r["output_err"] < 1e-3  # float32 smoke sizes: rounding; OUTPUT_TOLERANCE warns past 2e-3
         assert r["speedup_vs_unfused"] == pytest.approx(r["unfused_ms"] / r["fused_ms"])
         assert r["speedup_vs_sdpa"] == pytest.approx(r["sdpa_ms"] / r["fused_ms"])
         assert r["absorbed_vs_sdpa"] == pytest.approx(r["sdpa_ms"] / r["absorbed_ms"])

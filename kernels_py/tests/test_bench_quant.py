@@ -17,6 +17,7 @@ def test_smoke_run_reports_every_path():
     for r in result["rows"]:
         for key in ("quant_ms", "dequant_ms", "sdpa_ms", "quantize_ms", "quant_gbps"):
             assert r[key] > 0
+        assert 0 <= r["output_err"] < 1e-3  # float32 smoke sizes: rounding; OUTPUT_TOLERANCE warns past 2e-3
         assert r["speedup_vs_sdpa"] == pytest.approx(r["sdpa_ms"] / r["quant_ms"])
         assert r["quant_gbps"] == pytest.approx(r["read_bytes"] / r["quant_ms"] / 1e6)
         # Smoke sizes: float32 inputs, head_dim 64, group 32, 8 dense tokens, a quarter of the tokens in 4 bits.
