@@ -28,6 +28,7 @@ notebooks/quickstart.ipynb plots them.`,
 			if err := o.check(); err != nil {
 				return err
 			}
+			o.rerun = a.rerunCommand(cmd, nil, o.out)
 			kernels, err := a.kernelsRoot()
 			if err != nil {
 				return err

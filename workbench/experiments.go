@@ -10,9 +10,11 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	vlkv "github.com/vlkv/vlkv"
 	"github.com/vlkv/vlkv/gohost/expt"
@@ -47,7 +49,7 @@ func (a *app) loadPlan(ctx context.Context, file string) (*expt.Plan, pyrt.Kerne
 	} else if plan, err = expt.Load(ctx, file, schema); err != nil {
 		var se *expt.ScriptError
 		if errors.As(err, &se) && strings.Contains(se.Msg, "is unknown") {
-			se.Msg += staleSchemaHint(kernels)
+			se.Msg += staleSchemaHint(kernels, se.Msg)
 		}
 		return nil, kernels, err
 	}
@@ -181,7 +183,7 @@ script are reported as file:line:col. No Python is started.`,
 				if e.Protocol != "" && e.Protocol != expt.DefaultProtocol {
 					protocol = ", protocol " + e.Protocol
 				}
-				fmt.Fprintf(a.stdout, "experiment %s: %d jobs (timeout %v each%s)%s\n", e.Name, len(e.Jobs), e.Timeout, protocol, shared)
+				fmt.Fprintf(a.stdout, "experiment %s: %s (timeout %v each%s)%s\n", e.Name, plural(len(e.Jobs), "job"), e.Timeout, protocol, shared)
 				tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
 				for _, j := range e.Jobs {
 					fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", j.ID, j.Method, formatParams(j.Params), workloads[j.ID])
@@ -246,6 +248,9 @@ type runOptions struct {
 	retryFailed     bool
 	allowCodeChange bool
 	slurm           slurmFlags // run only
+	// rerun is the command line that runs the same again, without the
+	// flags that say how this call resumes: messages append them.
+	rerun string
 }
 
 // addRunFlags registers the flags run and demo share.
@@ -271,7 +276,68 @@ func (o *runOptions) check() error {
 	case o.allowCodeChange && !o.resume:
 		return &usageError{errors.New("--allow-code-change only applies to a resumed run: add --resume")}
 	}
+	return checkOutDir(o.out)
+}
+
+// checkOutDir refuses an --out that no run can be written under: a file,
+// or a path through one.
+func checkOutDir(out string) error {
+	info, err := os.Stat(out)
+	switch {
+	case err == nil && !info.IsDir():
+		return &usageError{fmt.Errorf("--out %s is a file: give the results root, a directory (default: results)", out)}
+	case errors.Is(err, syscall.ENOTDIR):
+		return &usageError{fmt.Errorf("--out %s: part of that path is a file: give the results root, a directory (default: results)", out)}
+	}
 	return nil
+}
+
+// plural is n and noun, in the plural unless n is 1.
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}
+
+// rerunCommand is the command line of cmd with args and the flags given,
+// --out always (it says where the run is), less the flags that say how
+// this call resumes or submits and those that only change logging: what a
+// message tells the user to run, with --resume and the like appended.
+func (a *app) rerunCommand(cmd *cobra.Command, args []string, out string) string {
+	words := append([]string{a.prog}, strings.Fields(strings.TrimPrefix(cmd.CommandPath(), cmd.Root().Name()))...)
+	words = append(words, args...)
+	words = append(words, "--out", out)
+	skip := map[string]bool{"out": true, "resume": true, "retry-failed": true, "allow-code-change": true,
+		"dry-run": true, "detach": true, "log-format": true, "verbose": true}
+	cmd.Flags().Visit(func(f *pflag.Flag) {
+		if skip[f.Name] {
+			return
+		}
+		values := []string{f.Value.String()}
+		if sv, ok := f.Value.(pflag.SliceValue); ok {
+			values = sv.GetSlice()
+		}
+		for _, v := range values {
+			if f.Value.Type() == "bool" && v == "true" {
+				words = append(words, "--"+f.Name)
+				continue
+			}
+			words = append(words, "--"+f.Name, v)
+		}
+	})
+	for i, w := range words {
+		words[i] = shellQuote(w)
+	}
+	return strings.Join(words, " ")
+}
+
+// shellQuote quotes w for a POSIX shell when it needs it.
+func shellQuote(w string) string {
+	if w != "" && strings.Trim(w, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./:=@%+,") == "" {
+		return w
+	}
+	return "'" + strings.ReplaceAll(w, "'", `'\''`) + "'"
 }
 
 func newRunCmd(a *app) *cobra.Command {
@@ -281,8 +347,10 @@ func newRunCmd(a *app) *cobra.Command {
 		Short: "Run an experiment script's jobs on workers and write results files",
 		Long: `run expands an experiment script (as plan does), runs every job on a pool of
 workers and writes, per experiment, OUT/<experiment>/<run-id>/ with:
-  manifest.json    the script and its hash, git commit (modified, untracked), hashes
-                   of the kernels_py sources, versions, device, start/end
+  manifest.json    the script and its hash (each resume's too), git commit (modified,
+                   untracked), hashes of the kernels_py sources, versions, device,
+                   start/end
+  jobs.json        the job ids of the newest run's or resume's plan
   journal.jsonl    one line per finished job, fsync'd: the source of truth
   results.parquet  one row per job: params, workload, metrics, status, error,
                    duration_seconds (the job's own time), wall_seconds
@@ -295,10 +363,13 @@ started again with backoff; after 3 failures in a row its slot gives up and
 the job it held goes back to the other slots. With no slot left (always so
 with one worker) the run stops, and --resume runs every job it did not finish. A job over its timeout fails; the run goes on.
 Ctrl-C stops at once: finished jobs stay in the journal, and --resume
-continues the newest run of each experiment without redoing them. A resume is
-refused while another workbench writes the run, and when kernels_py changed
-since the run's rows were computed (unless --allow-code-change); a worker
-that would start on edited kernels_py mid-run is refused the same way.
+continues the newest run of each experiment without redoing them (the
+message gives the command). A resume is refused while another workbench
+writes the run, and when kernels_py changed since the run's rows were
+computed (unless --allow-code-change; a run without rows resumes on them); a
+worker that would start on edited kernels_py mid-run is refused the same way.
+The command exits 1 while a job of the plan has a failed row, one left by an
+earlier run or resume too; --resume --retry-failed runs them again.
 
 --executor slurm runs the jobs as one Slurm job array instead (sbatch
 --array, one task per shard, each running "workbench shard" on its node) and
@@ -317,6 +388,7 @@ checks).`,
 			if err := o.slurm.check(cmd); err != nil {
 				return err
 			}
+			o.rerun = a.rerunCommand(cmd, args, o.out)
 			_, err := a.runExperiments(cmd.Context(), args[0], o)
 			return err
 		},
@@ -370,13 +442,13 @@ func (a *app) runExperiments(ctx context.Context, file string, o runOptions) ([]
 			Out: o.out, Experiment: e.Name, Protocol: e.Protocol, File: plan.File, FileHash: plan.Hash, Jobs: runnerJobs(e),
 			KernelsDir: kernels.Dir, Device: device, Version: version,
 			Resume: o.resume, RetryFailed: o.retryFailed, AllowCodeChange: o.allowCodeChange,
-			Executor: executor, Progress: a.console, Log: a.log,
+			Continue: o.rerun + " --resume", Executor: executor, Progress: a.console, Log: a.log,
 		})
 		if sum.Dir != "" {
 			dirs = append(dirs, sum.Dir)
 		}
 		if sum.Ended {
-			fmt.Fprintf(a.stdout, "%s: %d jobs, %d failed -> %s\n", e.Name, sum.Rows, sum.Failed, filepath.Join(sum.Dir, results.ParquetFile))
+			fmt.Fprintf(a.stdout, "%s: %s -> %s\n", e.Name, describeSummary(sum), filepath.Join(sum.Dir, results.ParquetFile))
 		}
 		// A dry run printed this experiment's script, a detached one submitted its array: on to the next.
 		var detached *slurm.DetachedError
@@ -392,9 +464,28 @@ func (a *app) runExperiments(ctx context.Context, file string, o runOptions) ([]
 		failed += sum.Failed
 	}
 	if failed > 0 {
-		return dirs, fmt.Errorf("%d jobs failed (see the error column of results.parquet; rerun with --resume --retry-failed)", failed)
+		return dirs, fmt.Errorf("%s failed (see the error column of results.parquet); to run the failed jobs again: %s --resume --retry-failed",
+			plural(failed, "job"), o.rerun)
 	}
 	return dirs, nil
+}
+
+// describeSummary says how a run stands after a run or resume: its plan's
+// jobs and failures (those left from before this resume too, which make
+// the command fail as well), and the rows of jobs its plan lacks.
+func describeSummary(sum runner.Summary) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s, %d failed", plural(sum.Done, "job"), sum.Failed)
+	if sum.FailedBefore > 0 {
+		fmt.Fprintf(&b, " (%d before this resume)", sum.FailedBefore)
+	}
+	if sum.Unplanned > 0 {
+		fmt.Fprintf(&b, "; the run holds %d rows, %d not in this script's plan", sum.Rows, sum.Unplanned)
+		if sum.UnplannedFailed > 0 {
+			fmt.Fprintf(&b, " (%d of them failed)", sum.UnplannedFailed)
+		}
+	}
+	return b.String()
 }
 
 // planWorkloads names the workloads the experiments' jobs use.

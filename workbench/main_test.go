@@ -42,6 +42,10 @@ func TestUsageErrors(t *testing.T) {
 		{"empty out of demo", []string{"demo", "--out", " "}, 2, "--out must name a directory"},
 		{"retry without resume", []string{"run", "--retry-failed", "../experiments/quickstart.star"}, 2, "--retry-failed only applies to a resumed run: add --resume"},
 		{"missing script of watch", []string{"watch", "--experiment", "/nonexistent.star"}, 1, "--experiment /nonexistent.star: no such file or directory"},
+		{"out is a file", []string{"run", "--out", "../go.mod", "../experiments/quickstart.star"}, 2, "--out ../go.mod is a file: give the results root, a directory"},
+		{"out through a file", []string{"demo", "--out", "../go.mod/results"}, 2, "--out ../go.mod/results: part of that path is a file"},
+		{"missing script", []string{"run", "/nonexistent.star"}, 1, "script /nonexistent.star does not exist"},
+		{"missing script of plan", []string{"plan", "/nonexistent.star"}, 1, "script /nonexistent.star does not exist"},
 		{"code change without resume", []string{"run", "--allow-code-change", "../experiments/quickstart.star"}, 2, "--allow-code-change only applies to a resumed run"},
 	}
 	for _, tc := range tests {

@@ -15,7 +15,6 @@ import (
 
 	vlkv "github.com/vlkv/vlkv"
 	"github.com/vlkv/vlkv/gohost/pyrt"
-	"github.com/vlkv/vlkv/gohost/results"
 	"github.com/vlkv/vlkv/gohost/worker"
 )
 
@@ -33,6 +32,9 @@ directory, or --out DIR:
   workbench notebook quickstart results/quickstart/20261123-101500-aaaaaa
   workbench notebook compare results/quickstart/OLD results/quickstart/NEW
 
+Each run's results.parquet is first rebuilt from its journal, as status
+does, so a run that was killed is read as far as it got (a run another
+workbench is writing is read as its table last stood).
 A cell that fails exits 1; the notebook up to it is still written, with
 the error. workbench lab opens the notebooks in JupyterLab instead.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -59,7 +61,7 @@ the error. workbench lab opens the notebooks in JupyterLab instead.`,
 					map[bool]string{true: "y", false: "ies"}[want == 1], len(runs))}
 			}
 			for _, run := range runs {
-				if err := checkRunDir(run); err != nil {
+				if err := a.syncForReading(run); err != nil {
 					return err
 				}
 			}
@@ -143,23 +145,6 @@ func notebookRuns(nb []byte) int {
 		return 1
 	}
 	return meta.Metadata.Vlkv.Runs
-}
-
-// checkRunDir says, before any Python starts, when dir is not a finished run.
-func checkRunDir(dir string) error {
-	info, err := os.Stat(dir)
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-		return fmt.Errorf("run directory %s does not exist: give OUT/<experiment>/<run-id>", dir)
-	case err != nil:
-		return fmt.Errorf("run directory %s: %w", dir, err)
-	case !info.IsDir():
-		return fmt.Errorf("%s is not a run directory: give OUT/<experiment>/<run-id>", dir)
-	}
-	if _, err := os.Stat(filepath.Join(dir, results.ParquetFile)); err != nil {
-		return fmt.Errorf("%s has no %s: not a finished run (give OUT/<experiment>/<run-id>)", dir, results.ParquetFile)
-	}
-	return nil
 }
 
 func newLabCmd(a *app) *cobra.Command {

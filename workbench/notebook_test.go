@@ -17,24 +17,49 @@ func TestNotebookArguments(t *testing.T) {
 	if _, err := results.BuildParquet(run); err != nil {
 		t.Fatal(err)
 	}
+	// Killed runs: one before its table was first written, one after it
+	// (the journal has a row more than the table).
 	unfinished := writeRun(t, filepath.Join(dir, "unfinished"), results.Record{JobID: "a", Method: "full"})
+	stale := writeRun(t, filepath.Join(dir, "exp", "stale"), results.Record{JobID: "a", Method: "full"})
+	if _, err := results.BuildParquet(stale); err != nil {
+		t.Fatal(err)
+	}
+	writeRun(t, stale, results.Record{JobID: "a", Method: "full"}, results.Record{JobID: "b", Method: "full"})
+	written := writeRun(t, filepath.Join(dir, "written"), results.Record{JobID: "a", Method: "full"})
+	hold, err := results.Open(written)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Close()
+	noPython := []string{"--python", "/nonexistent"} // fails once the runs are checked, before any Python
 	for _, tc := range []struct {
-		name string
-		args []string
-		code int
-		msg  string
+		name      string
+		global    []string
+		args      []string
+		code      int
+		msg       string
+		table     string // a run whose results.parquet must then have rows rows
+		tableRows int
 	}{
-		{"no notebook", nil, 2, "give a notebook (accuracy, attentionpack, compare,"},
-		{"unknown notebook", []string{"nosuch", run}, 2, `no notebook "nosuch": notebooks/ has accuracy, attentionpack, compare,`},
-		{"no run", []string{"quickstart"}, 2, "notebook quickstart reads 1 run directory, got 0"},
-		{"one run for compare", []string{"compare", run}, 2, "notebook compare reads 2 run directories, got 1"},
-		{"missing run", []string{"quickstart", filepath.Join(dir, "nowhere")}, 1, "nowhere does not exist"},
-		{"unfinished run", []string{"quickstart", unfinished}, 1, "has no results.parquet: not a finished run"},
+		{"no notebook", nil, nil, 2, "give a notebook (accuracy, attentionpack, compare,", "", 0},
+		{"unknown notebook", nil, []string{"nosuch", run}, 2, `no notebook "nosuch": notebooks/ has accuracy, attentionpack, compare,`, "", 0},
+		{"no run", nil, []string{"quickstart"}, 2, "notebook quickstart reads 1 run directory, got 0", "", 0},
+		{"one run for compare", nil, []string{"compare", run}, 2, "notebook compare reads 2 run directories, got 1", "", 0},
+		{"missing run", nil, []string{"quickstart", filepath.Join(dir, "nowhere")}, 1, "nowhere does not exist", "", 0},
+		{"experiment folder", nil, []string{"quickstart", filepath.Join(dir, "exp")}, 1, "an experiment's folder: give one of its runs", "", 0},
+		{"killed run without a table", noPython, []string{"quickstart", unfinished}, 1, "/nonexistent (from --python) does not exist", unfinished, 1},
+		{"killed run with a stale table", noPython, []string{"quickstart", stale}, 1, "/nonexistent (from --python) does not exist", stale, 2},
+		{"run being written, no table", nil, []string{"quickstart", written}, 1, "is being written by workbench process", "", 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			code, _, stderr := runCLI(t, append([]string{"notebook"}, tc.args...)...)
+			code, _, stderr := runCLI(t, append(append(tc.global, "notebook"), tc.args...)...)
 			if code != tc.code || !strings.Contains(stderr, tc.msg) {
 				t.Errorf("exit %d, want %d with %q; stderr:\n%s", code, tc.code, tc.msg, stderr)
+			}
+			if tc.table != "" {
+				if rows := parquetRows(t, filepath.Join(tc.table, results.ParquetFile)); len(rows) != tc.tableRows {
+					t.Errorf("results.parquet has %d rows, want %d", len(rows), tc.tableRows)
+				}
 			}
 		})
 	}

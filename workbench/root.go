@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"os"
 	"runtime"
 	"runtime/debug"
 	"slices"
@@ -47,6 +48,8 @@ type globalFlags struct {
 }
 
 type app struct {
+	// prog is how messages name this program in commands to run.
+	prog   string
 	flags  globalFlags
 	stdout io.Writer
 	stderr io.Writer
@@ -62,7 +65,7 @@ type app struct {
 // newRootCmd builds the command tree for the command line args (the
 // benchmarks `bench` offers depend on the kernels root they name).
 func newRootCmd(stdout, stderr io.Writer, args []string) *cobra.Command {
-	a := &app{stdout: stdout, stderr: stderr, console: stderr}
+	a := &app{prog: progName(os.Args[0]), stdout: stdout, stderr: stderr, console: stderr}
 	if sched.IsTerminal(stderr) {
 		a.console = sched.NewTerminal(stderr)
 	}
@@ -112,6 +115,15 @@ checkout the command runs in, else from the copy embedded in this binary.`,
 		newTensorsCmd(a), newPlanCmd(a), newRunCmd(a), newMethodsCmd(a), newSchemaCmd(a), newKernelsCmd(a),
 		newTraceCmd(a), newShardCmd(a), newStatusCmd(a), newCompareCmd(a), newWatchCmd(a), newNotebookCmd(a), newLabCmd(a))
 	return root
+}
+
+// progName is how to run this binary again from here: as it was started,
+// unless that was a build's temporary file (go run, go test).
+func progName(arg0 string) string {
+	if arg0 == "" || strings.Contains(arg0, "go-build") {
+		return "workbench"
+	}
+	return arg0
 }
 
 func newLogger(w io.Writer, format string, verbose bool) zerolog.Logger {

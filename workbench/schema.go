@@ -10,7 +10,9 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
@@ -45,31 +47,57 @@ func loadSchema(kernels pyrt.KernelsRoot) (*expt.Schema, error) {
 	return s, nil
 }
 
-// staleSchemaHint says how to fix an unknown name in a script when
-// kernels_py changed after schema.json was written (a method just added,
-// say), else "".
-func staleSchemaHint(kernels pyrt.KernelsRoot) string {
-	st, err := os.Stat(filepath.Join(kernels.Dir, schemaFile))
+// unknownNameRE finds the name an "is unknown" error of a script is about.
+var unknownNameRE = regexp.MustCompile(`("(?:[^"\\]|\\.)*") is unknown`)
+
+// staleSchemaHint says how to fix an unknown name in a script (the error's
+// msg) when the kernels_py sources name it but schema.json does not: a
+// method, workload or knob added in Python after the schema was last
+// regenerated; else "". It compares contents (modification times say
+// nothing after a checkout); reading the sources is cheap enough on an
+// error path.
+func staleSchemaHint(kernels pyrt.KernelsRoot, msg string) string {
+	m := unknownNameRE.FindStringSubmatch(msg)
+	if m == nil {
+		return ""
+	}
+	name, err := strconv.Unquote(m[1])
 	if err != nil {
 		return ""
 	}
-	newer := false
-	filepath.WalkDir(filepath.Join(kernels.Dir, "kernels_py"), func(p string, d fs.DirEntry, err error) error {
-		if err != nil || newer {
+	schema, err := os.ReadFile(filepath.Join(kernels.Dir, schemaFile))
+	if err != nil || bytes.Contains(schema, []byte(strconv.Quote(name))) {
+		return ""
+	}
+	if !sourcesName(filepath.Join(kernels.Dir, "kernels_py"), name) {
+		return ""
+	}
+	return fmt.Sprintf(" (kernels_py names %q but kernels_py/schema.json does not: if you added or changed a method, "+
+		"workload or knob, run `workbench schema`)", name)
+}
+
+// sourcesName says whether a Python source under dir (tests left out)
+// holds name as a string literal.
+func sourcesName(dir, name string) bool {
+	literals := [][]byte{[]byte(`"` + name + `"`), []byte(`'` + name + `'`)}
+	found := false
+	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		switch {
+		case err != nil:
+			return nil
+		case d.IsDir() && (d.Name() == "tests" || d.Name() == "__pycache__"):
 			return filepath.SkipDir
+		case d.IsDir() || !strings.HasSuffix(p, ".py"):
+			return nil
 		}
-		if d.IsDir() && (d.Name() == "tests" || d.Name() == "__pycache__") {
-			return filepath.SkipDir
-		}
-		if info, err := d.Info(); err == nil && !d.IsDir() && strings.HasSuffix(p, ".py") && info.ModTime().After(st.ModTime()) {
-			newer = true
+		src, err := os.ReadFile(p)
+		if err == nil && (bytes.Contains(src, literals[0]) || bytes.Contains(src, literals[1])) {
+			found = true
+			return filepath.SkipAll
 		}
 		return nil
 	})
-	if !newer {
-		return ""
-	}
-	return " (kernels_py changed after kernels_py/schema.json was written: if you added or changed a method, workload or knob, run `workbench schema`)"
+	return found
 }
 
 // benchmarkList is the schema `workbench bench` builds its subcommands from,

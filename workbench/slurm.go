@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -187,13 +186,16 @@ func newStatusCmd(a *app) *cobra.Command {
 	var noFollow bool
 	cmd := &cobra.Command{
 		Use:   "status RUN_DIR",
-		Short: "How far a run got; follow its Slurm array if it still runs",
-		Long: `status reports a run directory: jobs done and failed out of the plan's.
-For a run on Slurm it also shows the tasks of its newest array, journals
-what the tasks recorded in their segments, and, while the array still
-runs, follows it until it ends (Ctrl-C asks whether to cancel it), then
-rebuilds results.parquet. With --no-follow, or while another workbench
-writes the run, it only reports.`,
+		Short: "How far a run got; rebuild its results.parquet; follow its Slurm array if it still runs",
+		Long: `status reports a run directory: jobs done and failed out of the plan of its
+newest run or resume, and the rows of jobs only an earlier script planned.
+It rebuilds results.parquet from the journal (which a killed run leaves
+ahead of the table), for a local run as for one on Slurm. For a run on
+Slurm it also shows the tasks of its newest array, journals what the tasks
+recorded in their segments, and, while the array still runs, follows it
+until it ends (Ctrl-C asks whether to cancel it). With --no-follow it does
+not follow the array; while another workbench writes the run, it only
+reports. Given an experiment's folder, it lists its runs.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.status(cmd.Context(), args[0], !noFollow)
@@ -204,16 +206,13 @@ writes the run, it only reports.`,
 }
 
 func (a *app) status(ctx context.Context, dir string, follow bool) error {
-	if _, err := os.Stat(filepath.Join(dir, results.ManifestFile)); err != nil {
-		if _, jerr := os.Stat(filepath.Join(dir, results.JournalFile)); jerr != nil {
-			return fmt.Errorf("%s is not a run directory (no %s or %s): give OUT/<experiment>/<run-id>", dir,
-				results.ManifestFile, results.JournalFile)
-		}
+	if err := checkRunPath(dir); err != nil {
+		return err
 	}
 	run, err := results.Open(dir)
 	var locked *results.LockedError
 	if errors.As(err, &locked) {
-		fmt.Fprintf(a.stdout, "%s is being written by another workbench (it follows the run); reporting only\n", dir)
+		fmt.Fprintln(a.stdout, beingWritten(dir, locked))
 		return a.report(ctx, dir, nil)
 	}
 	if err != nil {
@@ -249,15 +248,8 @@ func (a *app) status(ctx context.Context, dir string, follow bool) error {
 			return err
 		}
 	}
-	rows, err := results.BuildParquet(dir)
-	if err != nil {
+	if _, err := syncRun(run); err != nil {
 		return err
-	}
-	if m := run.Manifest(); m.Ended == nil && m.Jobs > 0 && rows >= m.Jobs {
-		end := time.Now()
-		if err := run.UpdateManifest(func(m *results.Manifest) { m.Ended = &end }); err != nil {
-			return err
-		}
 	}
 	return a.report(ctx, dir, run)
 }
@@ -321,13 +313,6 @@ func (a *app) followArray(ctx context.Context, run *results.Run, sub slurm.Submi
 	return f.Run(ctx)
 }
 
-// manifestJobs is the job count a manifest records.
-func manifestJobs(data []byte) int {
-	var m results.Manifest
-	json.Unmarshal(data, &m)
-	return m.Jobs
-}
-
 // report prints what a run has done, and its arrays' tasks.
 func (a *app) report(ctx context.Context, dir string, run *results.Run) error {
 	recs, err := results.ReadJournal(dir)
@@ -348,17 +333,7 @@ func (a *app) report(ctx context.Context, dir string, run *results.Run) error {
 			}
 		}
 	}
-	failed := 0
-	for _, rec := range last {
-		if rec.Status != results.StatusOK {
-			failed++
-		}
-	}
-	total := 0
-	if data, err := os.ReadFile(filepath.Join(dir, results.ManifestFile)); err == nil {
-		total = manifestJobs(data)
-	}
-	fmt.Fprintf(a.stdout, "%s: %d of %d jobs done, %d failed", dir, len(last), total, failed)
+	fmt.Fprint(a.stdout, describeRows(dir, last))
 	if unmerged > 0 {
 		fmt.Fprintf(a.stdout, " (%d recorded by tasks, not journaled yet)", unmerged)
 	}

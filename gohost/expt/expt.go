@@ -15,6 +15,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"time"
 
@@ -90,11 +91,24 @@ var fileOptions = &syntax.FileOptions{
 // the file as path is written.
 func Load(ctx context.Context, path string, schema *Schema) (*Plan, error) {
 	src, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, &missingScriptError{path: path, err: err}
+	}
 	if err != nil {
-		return nil, fmt.Errorf("expt: read script: %w", err)
+		return nil, fmt.Errorf("read script %s: %w", path, err)
 	}
 	return load(ctx, path, src, schema)
 }
+
+// missingScriptError is a script path with nothing there: said plainly,
+// and still an fs.ErrNotExist to errors.Is.
+type missingScriptError struct {
+	path string
+	err  error
+}
+
+func (e *missingScriptError) Error() string { return "script " + e.path + " does not exist" }
+func (e *missingScriptError) Unwrap() error { return e.err }
 
 // LoadSource evaluates src as if read from filename.
 func LoadSource(filename string, src []byte, schema *Schema) (*Plan, error) {

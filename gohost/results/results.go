@@ -31,6 +31,9 @@ const (
 	ParquetFile  = "results.parquet"
 	TensorsDir   = "tensors"
 	LockFile     = "run.lock"
+	// JobsFile lists the job ids of the plan the run's newest run or resume
+	// ran: rows of other jobs come from an earlier script.
+	JobsFile = "jobs.json"
 )
 
 // Manifest describes a run: what ran, on what, when.
@@ -59,10 +62,30 @@ type Manifest struct {
 	Started  time.Time   `json:"started"`
 	Ended    *time.Time  `json:"ended,omitempty"`
 	Resumed  []time.Time `json:"resumed,omitempty"`
+	// Scripts are the scripts the run and each resume of it planned from,
+	// oldest first (File and FileHash are the first's): a resume may run an
+	// edited script, or another one.
+	Scripts []Script `json:"scripts,omitempty"`
 	// Rebuilt is set when manifest.json was lost and rebuilt from the
 	// journal: the script, git state and source hashes are then unknown,
 	// and Started is the first row's finish time.
 	Rebuilt *time.Time `json:"rebuilt,omitempty"`
+}
+
+// Script is the experiment script a run or resume planned from.
+type Script struct {
+	At       time.Time `json:"at"`
+	File     string    `json:"file"`
+	FileHash string    `json:"file_sha256"`
+	Jobs     int       `json:"jobs"` // in its plan
+}
+
+// CurrentScript is the script the run's newest run or resume planned from.
+func (m Manifest) CurrentScript() Script {
+	if n := len(m.Scripts); n > 0 {
+		return m.Scripts[n-1]
+	}
+	return Script{At: m.Started, File: m.File, FileHash: m.FileHash, Jobs: m.Jobs}
 }
 
 // CodeChange is a resume (or a worker) on kernels_py sources other than
@@ -216,25 +239,37 @@ func Create(root string, m Manifest) (*Run, error) {
 // Latest returns the newest run directory of an experiment under root, or
 // "". A run counts once it has a manifest or a journal.
 func Latest(root, experiment string) (string, error) {
-	entries, err := os.ReadDir(filepath.Join(root, experiment))
+	runs, err := Runs(filepath.Join(root, experiment))
+	if err != nil || len(runs) == 0 {
+		return "", err
+	}
+	return runs[len(runs)-1], nil
+}
+
+// Runs lists the run directories in an experiment's folder, oldest first
+// (run ids sort by start time); none when the folder does not exist.
+func Runs(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
-		return "", nil
+		return nil, nil
 	}
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	var runs []string
 	for _, e := range entries {
-		dir := filepath.Join(root, experiment, e.Name())
-		if e.IsDir() && (fileExists(filepath.Join(dir, ManifestFile)) || fileExists(filepath.Join(dir, JournalFile))) {
-			runs = append(runs, e.Name())
+		run := filepath.Join(dir, e.Name())
+		if e.IsDir() && IsRun(run) {
+			runs = append(runs, run)
 		}
 	}
-	if len(runs) == 0 {
-		return "", nil
-	}
 	sort.Strings(runs)
-	return filepath.Join(root, experiment, runs[len(runs)-1]), nil
+	return runs, nil
+}
+
+// IsRun says whether dir holds a run: a manifest or a journal.
+func IsRun(dir string) bool {
+	return fileExists(filepath.Join(dir, ManifestFile)) || fileExists(filepath.Join(dir, JournalFile))
 }
 
 // Open locks an existing run to resume it (a *LockedError when another
@@ -333,6 +368,80 @@ func (r *Run) writeManifest() error {
 		return err
 	}
 	return writeAtomic(filepath.Join(r.Dir, ManifestFile), append(data, '\n'))
+}
+
+// WriteJobs records the job ids of the plan this run or resume runs
+// (JobsFile), rewriting it atomically.
+func (r *Run) WriteJobs(ids []string) error {
+	if ids == nil {
+		ids = []string{}
+	}
+	data, err := json.Marshal(ids)
+	if err != nil {
+		return err
+	}
+	if err := writeAtomic(filepath.Join(r.Dir, JobsFile), append(data, '\n')); err != nil {
+		return fmt.Errorf("record the plan's jobs: %w", err)
+	}
+	return nil
+}
+
+// ReadJobs returns the job ids of the plan the run's newest run or resume
+// ran, as a set; nil when the run does not record them (a run from before
+// it did).
+func ReadJobs(dir string) (map[string]bool, error) {
+	data, err := os.ReadFile(filepath.Join(dir, JobsFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	if err := json.Unmarshal(data, &ids); err != nil {
+		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, JobsFile), err)
+	}
+	set := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		set[id] = true
+	}
+	return set, nil
+}
+
+// Tally counts a run's rows (the last record of each job) against the plan
+// of one run or resume.
+type Tally struct {
+	Done         int // jobs of the plan with a row
+	Failed       int // of those, rows that failed
+	FailedBefore int // of Failed, rows not journaled by the call counting
+	// Unplanned counts rows of jobs not in the plan (an earlier script's),
+	// UnplannedFailed those of them that failed.
+	Unplanned, UnplannedFailed int
+}
+
+// Count tallies rows (by job id) against plan's job ids; ranNow names the
+// jobs the caller journaled itself (nil: none).
+func Count(rows map[string]Record, plan map[string]bool, ranNow map[string]bool) Tally {
+	var t Tally
+	for id, rec := range rows {
+		failed := rec.Status != StatusOK
+		switch {
+		case !plan[id]:
+			t.Unplanned++
+			if failed {
+				t.UnplannedFailed++
+			}
+		case failed:
+			t.Done++
+			t.Failed++
+			if !ranNow[id] {
+				t.FailedBefore++
+			}
+		default:
+			t.Done++
+		}
+	}
+	return t
 }
 
 // Append journals one finished job: one line, then fsync, so a crash right
@@ -442,7 +551,7 @@ func removeTemps(dir string) error {
 		return fmt.Errorf("open run %s: %w", dir, err)
 	}
 	for _, e := range entries {
-		for _, base := range []string{ManifestFile, ParquetFile} {
+		for _, base := range []string{ManifestFile, ParquetFile, JobsFile} {
 			name := e.Name()
 			if !strings.HasPrefix(name, "."+base+".tmp-") && !strings.HasPrefix(name, base+".tmp-") {
 				continue

@@ -332,3 +332,58 @@ func TestOpenRemovesInterruptedWrites(t *testing.T) {
 		}
 	}
 }
+
+// Count tallies the last record of each job against a plan: failures
+// whenever they ran, those from before the caller's own, and rows of jobs
+// the plan lacks.
+func TestCount(t *testing.T) {
+	rec := func(id, status string) Record { return Record{JobID: id, Status: status} }
+	rows := map[string]Record{"a": rec("a", StatusOK), "b": rec("b", StatusFailed), "c": rec("c", StatusFailed), "x": rec("x", StatusFailed)}
+	tests := []struct {
+		name   string
+		plan   []string
+		ranNow []string
+		want   Tally
+	}{
+		{"every row planned, all run now", []string{"a", "b", "c", "x"}, []string{"a", "b", "c", "x"}, Tally{Done: 4, Failed: 3}},
+		{"failures from before", []string{"a", "b", "c", "x"}, []string{"a", "c"}, Tally{Done: 4, Failed: 3, FailedBefore: 2}},
+		{"rows of another plan", []string{"a", "b", "d"}, nil, Tally{Done: 2, Failed: 1, FailedBefore: 1, Unplanned: 2, UnplannedFailed: 2}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			set := func(ids []string) map[string]bool {
+				m := map[string]bool{}
+				for _, id := range ids {
+					m[id] = true
+				}
+				return m
+			}
+			if got := Count(rows, set(tc.plan), set(tc.ranNow)); got != tc.want {
+				t.Errorf("got %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+// Runs lists an experiment's runs oldest first; Latest is the last.
+func TestRunsAndLatest(t *testing.T) {
+	root := t.TempDir()
+	exp := filepath.Join(root, "exp")
+	for _, name := range []string{"20260102-000000-bbbbbb", "20260101-000000-aaaaaa", "not-a-run"} {
+		os.MkdirAll(filepath.Join(exp, name), 0o755)
+		if name != "not-a-run" {
+			os.WriteFile(filepath.Join(exp, name, JournalFile), nil, 0o644)
+		}
+	}
+	runs, err := Runs(exp)
+	want := []string{filepath.Join(exp, "20260101-000000-aaaaaa"), filepath.Join(exp, "20260102-000000-bbbbbb")}
+	if err != nil || fmt.Sprint(runs) != fmt.Sprint(want) {
+		t.Errorf("runs %v, %v; want %v", runs, err, want)
+	}
+	if latest, err := Latest(root, "exp"); err != nil || latest != want[1] {
+		t.Errorf("latest %q, %v", latest, err)
+	}
+	if runs, err := Runs(filepath.Join(root, "none")); err != nil || runs != nil {
+		t.Errorf("no folder: %v, %v", runs, err)
+	}
+}

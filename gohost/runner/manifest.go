@@ -24,6 +24,7 @@ func newManifest(o Options, now time.Time, kernels map[string]string, digest str
 		Experiment: o.Experiment, RunID: results.NewRunID(now), File: o.File, FileHash: o.FileHash,
 		Git: gitState(o.KernelsDir), KernelsHash: kernels, KernelsDigest: digest, Device: o.Device,
 		Jobs: len(o.Jobs), Started: now, Protocol: o.Protocol, Dtypes: workloadDtypes(o.Jobs),
+		Scripts:  []results.Script{{At: now, File: o.File, FileHash: o.FileHash, Jobs: len(o.Jobs)}},
 		Versions: map[string]string{"workbench": o.Version, "go": runtime.Version()},
 	}
 }

@@ -125,16 +125,31 @@ type Options struct {
 	// `workbench watch --experiment` does after an edit).
 	RerunStale bool
 
+	// Continue is the command line that resumes this run, for the
+	// messages that say how to go on; "" says only "--resume".
+	Continue string
+
 	Executor Executor  // runs the jobs; required
 	Progress io.Writer // progress lines, a redrawn bar on a terminal; nil: none
 	Log      zerolog.Logger
 }
 
+// continueCommand is how the messages of o's run say to resume it.
+func (o Options) continueCommand() string {
+	if o.Continue == "" {
+		return "--resume"
+	}
+	return o.Continue
+}
+
 // Summary is how far a run got.
 type Summary struct {
-	Dir    string // the run directory; "" when none was opened
-	Rows   int    // rows of results.parquet: the jobs the journal has
-	Failed int    // jobs that failed in this call
+	Dir  string // the run directory; "" when none was opened
+	Rows int    // rows of results.parquet: the jobs the journal has
+	// Tally counts the rows against this plan; its Failed counts the
+	// plan's failed rows, whichever call ran them: a resume that leaves an
+	// earlier failure in place has not succeeded either.
+	results.Tally
 	// Ended is set when every job has run and the manifest records the end
 	// time (results.parquet may still have failed to build).
 	Ended bool
@@ -142,8 +157,9 @@ type Summary struct {
 
 // Run runs the jobs of o.Experiment that its run has not done yet. A failed
 // job is journaled as failed and the run goes on; Summary.Failed counts
-// them. When ctx ends, the jobs journaled so far stay done and the error
-// says how to continue (it unwraps to ctx's error).
+// the plan's failed rows, this call's and earlier ones'. When ctx ends, the
+// jobs journaled so far stay done and the error says how to continue (it
+// unwraps to ctx's error).
 //
 // A new run's directory is created only once a worker is ready (or a job
 // has finished): a run that cannot start leaves nothing behind for
@@ -172,7 +188,10 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 
 	var todo []sched.Job
 	jobs := map[string]Job{}
+	planned := make(map[string]bool, len(o.Jobs))
+	ranNow := map[string]bool{} // jobs journaled by this call
 	for _, j := range o.Jobs {
+		planned[j.ID] = true
 		if rec, ok := done[j.ID]; ok && !(o.RetryFailed && rec.Status == results.StatusFailed) &&
 			!(o.RerunStale && rec.KernelsDigest != digest) {
 			continue
@@ -186,7 +205,7 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 				return Summary{}, err
 			}
 		}
-		if err := run.markResumed(len(o.Jobs)); err != nil {
+		if err := run.markResumed(o); err != nil {
 			return Summary{}, err
 		}
 	}
@@ -242,12 +261,12 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 			if err != nil {
 				return err
 			}
+			ranNow[rec.JobID] = true
 			finished := out.Outcome
 			if out.Record != nil {
 				finished = outcomeOf(rec, jobs[rec.JobID])
 			}
 			if rec.Status == results.StatusFailed {
-				sum.Failed++
 				log.Warn().Str("job", rec.JobID).Str("error", firstLine(rec.Error)).Msg("job failed")
 				if finished.Err == nil { // no metrics, or its tensors could not be saved
 					finished.Err = errors.New(rec.Error)
@@ -279,13 +298,19 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 	if perr != nil {
 		log.Error().Err(perr).Msg("results.parquet not written; the journal has every finished job")
 	}
+	last, terr := results.Finished(run.dir)
+	if terr != nil && err == nil {
+		err = terr
+	}
+	sum.Tally = results.Count(last, planned, ranNow)
 	if err != nil {
 		var nw *sched.NoWorkerError
 		switch {
 		case errors.Is(err, context.Canceled):
-			return sum, &interruptedError{done: rows, total: len(o.Jobs), dir: run.dir, err: err}
+			return sum, &interruptedError{done: sum.Done, total: len(o.Jobs), dir: run.dir, resume: o.continueCommand(), err: err}
 		case errors.As(err, &nw):
-			return sum, fmt.Errorf("%w. %d of %d jobs are done in %s; fix the cause and continue with --resume", err, rows, len(o.Jobs), run.dir)
+			return sum, fmt.Errorf("%w. %d of %d jobs are done in %s; fix the cause and continue with: %s",
+				err, sum.Done, len(o.Jobs), run.dir, o.continueCommand())
 		}
 		return sum, err
 	}
@@ -317,11 +342,12 @@ func checkOut(out string) error {
 type interruptedError struct {
 	done, total int
 	dir         string
+	resume      string // the command that continues the run
 	err         error
 }
 
 func (e *interruptedError) Error() string {
-	return fmt.Sprintf("interrupted: %d of %d jobs are done in %s; continue with --resume", e.done, e.total, e.dir)
+	return fmt.Sprintf("interrupted: %d of %d jobs are done in %s; continue with: %s", e.done, e.total, e.dir, e.resume)
 }
 
 func (e *interruptedError) Unwrap() error { return e.err }
@@ -366,11 +392,15 @@ type lazyRun struct {
 	// results.LockNewRun) once the run exists; nil when not held.
 	unlockNew func()
 
-	mu      sync.Mutex
-	run     *results.Run
-	err     error
-	resumed bool // the run existed before this call
-	rows    int  // rows this call journaled
+	// jobs are the ids of the plan this call runs, which the run records.
+	jobs []string
+
+	mu        sync.Mutex
+	run       *results.Run
+	err       error
+	resumed   bool // the run existed before this call
+	journaled int  // rows the run had before this call
+	rows      int  // rows this call journaled
 }
 
 func (l *lazyRun) get(log zerolog.Logger) (*results.Run, error) {
@@ -384,6 +414,7 @@ func (l *lazyRun) getLocked(log zerolog.Logger) (*results.Run, error) {
 		if l.run, l.err = results.Create(l.root, l.pending); l.err == nil {
 			log.Info().Str("run", l.dir).Msg("run directory created")
 			l.releaseNew()
+			l.err = l.run.WriteJobs(l.jobs)
 		}
 	}
 	return l.run, l.err
@@ -426,13 +457,23 @@ func (l *lazyRun) currentLocked() (string, map[string]string) {
 	return l.run.Manifest().CurrentKernels()
 }
 
-// markResumed records in the manifest that a resume goes on with jobs jobs.
-func (l *lazyRun) markResumed(jobs int) error {
-	return l.run.UpdateManifest(func(m *results.Manifest) {
-		m.Resumed = append(m.Resumed, time.Now())
+// markResumed records that a resume goes on with o's plan: when, from
+// which script, and its jobs.
+func (l *lazyRun) markResumed(o Options) error {
+	now := time.Now()
+	err := l.run.UpdateManifest(func(m *results.Manifest) {
+		if len(m.Scripts) == 0 && m.File != "" && m.Rebuilt == nil { // a run from before scripts were recorded: its first one
+			m.Scripts = append(m.Scripts, m.CurrentScript())
+		}
+		m.Resumed = append(m.Resumed, now)
+		m.Scripts = append(m.Scripts, results.Script{At: now, File: o.File, FileHash: o.FileHash, Jobs: len(o.Jobs)})
 		m.Ended = nil
-		m.Jobs = jobs
+		m.Jobs = len(o.Jobs)
 	})
+	if err != nil {
+		return err
+	}
+	return l.run.WriteJobs(l.jobs)
 }
 
 // checkCode refuses kernels_py sources other than those of the run's
@@ -451,6 +492,16 @@ func (l *lazyRun) checkCodeLocked(o Options, log zerolog.Logger, kernels map[str
 	var changed []string
 	if len(files) > 0 {
 		changed = results.ChangedFiles(files, kernels)
+	}
+	if l.resumed && l.journaled == 0 && l.rows == 0 {
+		// No row yet, so nothing computed on the earlier sources can mix
+		// with what this resume computes: go on, and record the change.
+		log.Info().Str("run", l.dir).Str("was", short(recorded)).Str("now", short(digest)).Strs("changed", changed).
+			Msg("kernels_py changed since this run started, but it has no rows yet: going on with today's sources")
+		return l.run.UpdateManifest(func(m *results.Manifest) {
+			m.CodeChanges = append(m.CodeChanges, results.CodeChange{At: time.Now(), KernelsDigest: digest,
+				Changed: changed, KernelsHash: kernels, Git: gitState(o.KernelsDir)})
+		})
 	}
 	if !l.resumed && l.rows == 0 {
 		// No row yet: the run is on the sources its workers loaded, which
@@ -542,7 +593,11 @@ func openRun(ctx context.Context, o Options, kernels map[string]string, digest s
 		if dir != "" {
 			return openExisting(o, dir)
 		}
-		o.Log.Info().Str("experiment", o.Experiment).Msg("nothing to resume: starting a new run")
+		// Most often a mistake (another --out, a renamed experiment): say where.
+		o.Log.Warn().Str("experiment", o.Experiment).Msgf("nothing to resume: %s holds no run of %s; starting a new run there "+
+			"(if the run to resume is elsewhere, stop and give its results root with --out)", absPath(filepath.Join(o.Out, o.Experiment)), o.Experiment)
+	} else {
+		warnUnfinished(o)
 	}
 	m := newManifest(o, time.Now(), kernels, digest)
 	dir, err := results.RunDir(o.Out, m)
@@ -552,7 +607,46 @@ func openRun(ctx context.Context, o Options, kernels map[string]string, digest s
 		}
 		return nil, nil, err
 	}
-	return &lazyRun{dir: dir, root: o.Out, pending: m, unlockNew: unlockNew}, nil, nil
+	return &lazyRun{dir: dir, root: o.Out, pending: m, unlockNew: unlockNew, jobs: jobIDs(o.Jobs)}, nil, nil
+}
+
+// warnUnfinished warns, before a new run starts, when the newest run of
+// the experiment did not finish: resuming it was most likely meant. Only a
+// warning: a fresh start is a choice too.
+func warnUnfinished(o Options) {
+	dir, err := results.Latest(o.Out, o.Experiment)
+	if err != nil || dir == "" {
+		return
+	}
+	data, err := os.ReadFile(filepath.Join(dir, results.ManifestFile))
+	var m results.Manifest
+	if err == nil && json.Unmarshal(data, &m) == nil && m.Ended != nil {
+		return
+	}
+	done, _ := results.Finished(dir)
+	progress := fmt.Sprintf("%d of %d jobs done", len(done), m.Jobs)
+	if m.Jobs == 0 { // no manifest: the plan's size is unknown
+		progress = fmt.Sprintf("%d jobs done", len(done))
+	}
+	o.Log.Warn().Str("experiment", o.Experiment).Msgf("the newest run of %s, %s, is unfinished (%s); "+
+		"this starts a new run beside it. To continue that one instead, stop and run: %s",
+		o.Experiment, dir, progress, o.continueCommand())
+}
+
+func jobIDs(jobs []Job) []string {
+	ids := make([]string, len(jobs))
+	for i, j := range jobs {
+		ids[i] = j.ID
+	}
+	return ids
+}
+
+// absPath is p made absolute where it can be, for messages.
+func absPath(p string) string {
+	if abs, err := filepath.Abs(p); err == nil {
+		return abs
+	}
+	return p
 }
 
 // openExisting opens the run in dir to resume it.
@@ -590,10 +684,11 @@ func openExisting(o Options, dir string) (*lazyRun, map[string]results.Record, e
 	if err != nil {
 		return fail(err)
 	}
-	if m.FileHash != "" && m.FileHash != o.FileHash {
-		o.Log.Warn().Str("run", dir).Msg("the script changed since this run started; jobs whose ids changed run again")
+	if prev := m.CurrentScript(); prev.FileHash != "" && prev.FileHash != o.FileHash {
+		o.Log.Warn().Str("run", dir).Str("was", prev.File).Str("now", o.File).
+			Msg("the script changed since this run's last start; jobs whose ids changed run again, and rows of jobs not in this plan stay in the run")
 	}
-	return &lazyRun{dir: dir, root: o.Out, run: run, resumed: true}, done, nil
+	return &lazyRun{dir: dir, root: o.Out, run: run, resumed: true, journaled: len(done), jobs: jobIDs(o.Jobs)}, done, nil
 }
 
 // mergeSegments journals what tasks of the run recorded in their segments

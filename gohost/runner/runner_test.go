@@ -179,20 +179,23 @@ func TestFreshRunJournalsEveryJob(t *testing.T) {
 }
 
 // Resuming reruns what the journal lacks, and with RetryFailed what it
-// has as failed; without Resume every job runs again in a new run.
+// has as failed; without Resume every job runs again in a new run. A
+// failure left from before the resume still counts: the run did not
+// succeed.
 func TestResume(t *testing.T) {
 	tests := []struct {
-		name        string
-		resume      bool
-		retryFailed bool
-		wantRan     []string
-		wantJournal []string
-		wantFailed  int
+		name             string
+		resume           bool
+		retryFailed      bool
+		wantRan          []string
+		wantJournal      []string
+		wantFailed       int
+		wantFailedBefore int
 	}{
-		{"resume", true, false, []string{"d"}, []string{"a:ok", "b:failed", "c:ok", "d:ok"}, 0},
-		{"resume and retry failed", true, true, []string{"b", "d"}, []string{"a:ok", "b:failed", "c:ok", "b:ok", "d:ok"}, 0},
-		{"new run", false, false, []string{"a", "b", "c", "d"}, []string{"a:ok", "b:ok", "c:ok", "d:ok"}, 0},
-		{"retry failed without resume", false, true, []string{"a", "b", "c", "d"}, []string{"a:ok", "b:ok", "c:ok", "d:ok"}, 0},
+		{"resume", true, false, []string{"d"}, []string{"a:ok", "b:failed", "c:ok", "d:ok"}, 1, 1},
+		{"resume and retry failed", true, true, []string{"b", "d"}, []string{"a:ok", "b:failed", "c:ok", "b:ok", "d:ok"}, 0, 0},
+		{"new run", false, false, []string{"a", "b", "c", "d"}, []string{"a:ok", "b:ok", "c:ok", "d:ok"}, 0, 0},
+		{"retry failed without resume", false, true, []string{"a", "b", "c", "d"}, []string{"a:ok", "b:ok", "c:ok", "d:ok"}, 0, 0},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -218,8 +221,8 @@ func TestResume(t *testing.T) {
 			if got := ids(journal(t, sum.Dir)); !reflect.DeepEqual(got, tc.wantJournal) {
 				t.Errorf("journal %v, want %v", got, tc.wantJournal)
 			}
-			if sum.Rows != 4 || sum.Failed != tc.wantFailed || !sum.Ended {
-				t.Errorf("summary %+v", sum)
+			if sum.Rows != 4 || sum.Done != 4 || sum.Failed != tc.wantFailed || sum.FailedBefore != tc.wantFailedBefore || !sum.Ended {
+				t.Errorf("summary %+v, want %d failed, %d of them before", sum, tc.wantFailed, tc.wantFailedBefore)
 			}
 			m := manifest(t, sum.Dir)
 			if m.Jobs != 4 || m.Ended == nil || (len(m.Resumed) == 1) != tc.resume {
@@ -239,7 +242,7 @@ func TestResumeWarnsWhenTheScriptChanged(t *testing.T) {
 	if _, err := Run(context.Background(), o); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(log.String(), "the script changed since this run started") {
+	if !strings.Contains(log.String(), "the script changed since this run's last start") {
 		t.Errorf("log:\n%s", log.String())
 	}
 }
@@ -297,8 +300,9 @@ func TestCancelKeepsFinishedJobs(t *testing.T) {
 		}
 	}}
 	o := testOptions(t, ex, testJobs("a", "b", "c", "d"))
+	o.Continue = "workbench run exp.star --out " + o.Out + " --resume"
 	sum, err := Run(ctx, o)
-	want := fmt.Sprintf("interrupted: 2 of 4 jobs are done in %s; continue with --resume", sum.Dir)
+	want := fmt.Sprintf("interrupted: 2 of 4 jobs are done in %s; continue with: workbench run exp.star --out %s --resume", sum.Dir, o.Out)
 	if err == nil || err.Error() != want {
 		t.Fatalf("got %v, want %q", err, want)
 	}
@@ -380,8 +384,9 @@ func TestNoWorkerMidRunSaysHowToResume(t *testing.T) {
 		return &sched.NoWorkerError{Tries: 3, NotRun: 2, Err: errors.New("killed")}
 	})
 	o := testOptions(t, ex, testJobs("a", "b", "c"))
+	o.Continue = "workbench run exp.star --out results --resume"
 	sum, err := Run(context.Background(), o)
-	if err == nil || !strings.Contains(err.Error(), "1 of 3 jobs are done in "+sum.Dir) || !strings.Contains(err.Error(), "--resume") {
+	if err == nil || !strings.Contains(err.Error(), "1 of 3 jobs are done in "+sum.Dir) || !strings.Contains(err.Error(), "continue with: "+o.Continue) {
 		t.Fatalf("got %v", err)
 	}
 	if got := ids(journal(t, sum.Dir)); !reflect.DeepEqual(got, []string{"a:ok"}) {
@@ -810,5 +815,158 @@ func TestConcurrentResumesStartOneRun(t *testing.T) {
 	}
 	if len(dirs) != 1 || dirs[0] != filepath.Base(sum.Dir) {
 		t.Errorf("run directories %v; want only %s", dirs, filepath.Base(sum.Dir))
+	}
+}
+
+// A resume with another script, or an edited one: the manifest records each
+// script, the run its plan's job ids, and the summary counts the rows of
+// jobs the new plan lacks apart from the plan's.
+func TestResumeWithAnotherScript(t *testing.T) {
+	tests := []struct {
+		name          string
+		file, hash    string
+		jobs          []string
+		wantDone      int
+		wantUnplanned int
+		wantUnplFail  int
+	}{
+		{"same script", "exp.star", "hash1", []string{"a", "b", "c"}, 3, 0, 0},
+		{"edited script", "exp.star", "hash2", []string{"a", "d"}, 2, 2, 1},
+		{"another script", "other.star", "hash3", []string{"d", "e"}, 2, 3, 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			o := testOptions(t, &fakeExecutor{fail: map[string]error{"b": errors.New("boom")}}, testJobs("a", "b", "c"))
+			first, err := Run(context.Background(), o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			o.Executor, o.Resume, o.File, o.FileHash, o.Jobs = &fakeExecutor{}, true, tc.file, tc.hash, testJobs(tc.jobs...)
+			sum, err := Run(context.Background(), o)
+			if err != nil || sum.Dir != first.Dir {
+				t.Fatalf("resume: %+v, %v", sum, err)
+			}
+			if sum.Done != tc.wantDone || sum.Unplanned != tc.wantUnplanned || sum.UnplannedFailed != tc.wantUnplFail ||
+				sum.Rows != tc.wantDone+tc.wantUnplanned {
+				t.Errorf("summary %+v, want %d done, %d unplanned (%d failed)", sum, tc.wantDone, tc.wantUnplanned, tc.wantUnplFail)
+			}
+			m := manifest(t, sum.Dir)
+			if len(m.Scripts) != 2 || m.Scripts[0].File != "exp.star" || m.Scripts[0].FileHash != "hash1" || m.Scripts[0].Jobs != 3 ||
+				m.Scripts[1].File != tc.file || m.Scripts[1].FileHash != tc.hash || m.Scripts[1].Jobs != len(tc.jobs) ||
+				m.File != "exp.star" || m.FileHash != "hash1" {
+				t.Errorf("manifest file %s %s, scripts %+v", m.File, m.FileHash, m.Scripts)
+			}
+			planned, err := results.ReadJobs(sum.Dir)
+			if err != nil || len(planned) != len(tc.jobs) {
+				t.Fatalf("jobs.json %v, %v", planned, err)
+			}
+			for _, id := range tc.jobs {
+				if !planned[id] {
+					t.Errorf("jobs.json lacks %s: %v", id, planned)
+				}
+			}
+		})
+	}
+}
+
+// A run that holds no row yet (its first start stopped before any job
+// finished) resumes on edited kernels_py without --allow-code-change: no
+// rows can mix. The change is recorded all the same. With a row, the
+// resume is refused.
+func TestResumeWithoutRowsAllowsCodeChange(t *testing.T) {
+	tests := []struct {
+		name    string
+		rows    int
+		refused bool
+	}{
+		{"no rows", 0, false},
+		{"one row", 1, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			start := executorFunc(func(ctx context.Context, b Batch) error {
+				if err := b.Open(); err != nil {
+					return err
+				}
+				for _, j := range b.Jobs[:tc.rows] {
+					b.Done(Outcome{Outcome: sched.Outcome{Job: j, Attempts: 1, Result: json.RawMessage(`{"metrics": {"x": 1}}`)}})
+				}
+				cancel()
+				return ctx.Err()
+			})
+			o := testOptions(t, start, testJobs("a", "b"))
+			first, err := Run(ctx, o)
+			if !errors.Is(err, context.Canceled) || first.Dir == "" || first.Rows != tc.rows {
+				t.Fatalf("first start: %+v, %v", first, err)
+			}
+			os.WriteFile(filepath.Join(o.KernelsDir, "kernels_py", "method.py"), []byte("x = 2\n"), 0o644)
+			ex := &fakeExecutor{}
+			o.Executor, o.Resume = ex, true
+			sum, err := Run(context.Background(), o)
+			var ce *CodeChangedError
+			if errors.As(err, &ce) != tc.refused {
+				t.Fatalf("resume: %v, want refused %v", err, tc.refused)
+			}
+			if tc.refused {
+				return
+			}
+			if err != nil || sum.Dir != first.Dir || len(ex.ran) != 2 {
+				t.Fatalf("resume: %+v, %v, ran %v", sum, err, ex.ran)
+			}
+			m := manifest(t, sum.Dir)
+			now, _ := KernelsDigestOf(o.KernelsDir)
+			if len(m.CodeChanges) != 1 || m.CodeChanges[0].KernelsDigest != now ||
+				!reflect.DeepEqual(m.CodeChanges[0].Changed, []string{"method.py"}) {
+				t.Errorf("code changes %+v", m.CodeChanges)
+			}
+			for _, rec := range journal(t, sum.Dir) {
+				if rec.KernelsDigest != now {
+					t.Errorf("row %s on %s, want %s", rec.JobID, rec.KernelsDigest, now)
+				}
+			}
+		})
+	}
+}
+
+// Where a resume finds nothing, or a new run starts beside an unfinished
+// one, the log says where it looked and how to resume instead.
+func TestStartWarnings(t *testing.T) {
+	tests := []struct {
+		name      string
+		unfinish  bool // the earlier run is interrupted
+		earlier   bool // there is an earlier run
+		resume    bool
+		want      string
+		wantNoLog string
+	}{
+		{"resume finds no run", false, false, true, "nothing to resume: %OUT%/exp holds no run of exp", ""},
+		{"new run beside an unfinished one", true, true, false, "is unfinished (1 of 2 jobs done); this starts a new run beside it. To continue that one instead, stop and run: workbench run exp.star --resume", ""},
+		{"new run beside a finished one", false, true, false, "", "unfinished"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			o := testOptions(t, &fakeExecutor{}, testJobs("a", "b"))
+			o.Continue = "workbench run exp.star --resume"
+			if tc.earlier {
+				ctx, cancel := context.WithCancel(context.Background())
+				o.Executor = &fakeExecutor{after: func(int) {
+					if tc.unfinish {
+						cancel()
+					}
+				}}
+				Run(ctx, o)
+				cancel()
+			}
+			var log bytes.Buffer
+			o.Executor, o.Resume, o.Log = &fakeExecutor{}, tc.resume, zerolog.New(&log)
+			if _, err := Run(context.Background(), o); err != nil {
+				t.Fatal(err)
+			}
+			want := strings.ReplaceAll(tc.want, "%OUT%", o.Out)
+			if !strings.Contains(log.String(), want) || (tc.wantNoLog != "" && strings.Contains(log.String(), tc.wantNoLog)) {
+				t.Errorf("log lacks %q (or has %q):\n%s", want, tc.wantNoLog, log.String())
+			}
+		})
 	}
 }

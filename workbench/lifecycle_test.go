@@ -1,0 +1,169 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/vlkv/vlkv/gohost/results"
+	"github.com/vlkv/vlkv/gohost/runner"
+	"github.com/vlkv/vlkv/gohost/testpy"
+)
+
+// planRun writes a run directory holding recs, whose manifest plans jobs
+// jobs and, when ids is not nil, records their ids.
+func planRun(t *testing.T, dir string, jobs int, ids []string, recs ...results.Record) string {
+	t.Helper()
+	writeRun(t, dir, recs...)
+	manifest, _ := json.Marshal(results.Manifest{Experiment: "sweep", Jobs: jobs})
+	if err := os.WriteFile(filepath.Join(dir, results.ManifestFile), manifest, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if ids != nil {
+		data, _ := json.Marshal(ids)
+		if err := os.WriteFile(filepath.Join(dir, results.JobsFile), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// status reports a run against the plan of its newest run or resume,
+// rebuilds results.parquet for a local run, says who writes a run it
+// cannot open, and what a path that is not a run is.
+func TestStatusReports(t *testing.T) {
+	dir := t.TempDir()
+	ok := func(id string) results.Record { return results.Record{JobID: id, Method: "full"} }
+	failed := results.Record{JobID: "c", Method: "full", Status: results.StatusFailed, Error: "boom"}
+	killed := planRun(t, filepath.Join(dir, "sweep", "20260101-000000-aaaaaa"), 3, []string{"a", "b", "c"}, ok("a"), ok("b"))
+	replanned := planRun(t, filepath.Join(dir, "re", "run"), 2, []string{"a", "b"}, ok("a"), ok("b"), failed)
+	legacy := planRun(t, filepath.Join(dir, "legacy", "run"), 1, nil, ok("a"), ok("b"))
+	locked := planRun(t, filepath.Join(dir, "locked", "run"), 2, []string{"a", "b"}, ok("a"))
+	tests := []struct {
+		name      string
+		dir       string
+		code      int
+		want      string
+		wantTable int // rows of results.parquet afterwards; -1: not checked
+	}{
+		{"killed local run", killed, 0, killed + ": 2 of 3 jobs done, 0 failed\n", 2},
+		{"rows of an earlier script", replanned, 0,
+			replanned + ": 2 of 2 jobs done, 0 failed; the run holds 3 rows, 1 not in its latest script's plan (1 of them failed)\n", 3},
+		{"no job ids, more rows than jobs", legacy, 0, legacy + ": 2 rows for a plan of 1 job (some are of jobs an earlier script planned), 0 failed\n", 2},
+		{"run being written here", locked, 0, fmt.Sprintf("%s is being written by workbench process %d on ", locked, os.Getpid()), -1},
+		{"missing path", filepath.Join(dir, "nowhere"), 1, "run directory " + filepath.Join(dir, "nowhere") + " does not exist", -1},
+		{"experiment folder", filepath.Join(dir, "sweep"), 1, "is not a run directory but an experiment's folder: give one of its runs:\n  " + killed + " (the newest)", -1},
+	}
+	hold, err := results.Open(locked)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Close()
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			code, stdout, stderr := runCLI(t, "status", tc.dir)
+			if code != tc.code || !strings.Contains(stdout+stderr, tc.want) || strings.Contains(stdout, "follows the run") {
+				t.Errorf("exit %d, want %d with %q:\n%s%s", code, tc.code, tc.want, stdout, stderr)
+			}
+			if tc.wantTable >= 0 {
+				if rows := parquetRows(t, filepath.Join(tc.dir, results.ParquetFile)); len(rows) != tc.wantTable {
+					t.Errorf("results.parquet has %d rows, want %d", len(rows), tc.wantTable)
+				}
+			}
+		})
+	}
+}
+
+// The summary of a run or resume counts the plan's failures whenever they
+// ran, and the rows of jobs the plan lacks.
+func TestDescribeSummary(t *testing.T) {
+	tests := []struct {
+		name string
+		sum  runner.Summary
+		want string
+	}{
+		{"clean", runner.Summary{Rows: 3, Tally: results.Tally{Done: 3}}, "3 jobs, 0 failed"},
+		{"one job", runner.Summary{Rows: 1, Tally: results.Tally{Done: 1, Failed: 1}}, "1 job, 1 failed"},
+		{"failure left from before", runner.Summary{Rows: 3, Tally: results.Tally{Done: 3, Failed: 1, FailedBefore: 1}},
+			"3 jobs, 1 failed (1 before this resume)"},
+		{"rows of another plan", runner.Summary{Rows: 25, Tally: results.Tally{Done: 17, Unplanned: 8, UnplannedFailed: 2}},
+			"17 jobs, 0 failed; the run holds 25 rows, 8 not in this script's plan (2 of them failed)"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := describeSummary(tc.sum); got != tc.want {
+				t.Errorf("got %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// Messages that say how to go on give the whole command: script, --out,
+// the flags given, not those of how this call resumed.
+func TestRerunCommand(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"plain", []string{"run", "x.star"}, "workbench run x.star --out results"},
+		{"flags", []string{"--python", "/my py", "--device", "cpu", "run", "x.star", "--out", "o", "--experiment", "e",
+			"--workers", "2", "--resume", "--retry-failed", "--allow-code-change", "-v"},
+			"workbench run x.star --out o --device cpu --experiment e --python '/my py' --workers 2"},
+		{"slurm", []string{"run", "x.star", "--executor", "slurm", "--sbatch-line", "--qos=high", "--sbatch-line", "--x=y z", "--detach"},
+			"workbench run x.star --out results --executor slurm --sbatch-line --qos=high --sbatch-line '--x=y z'"},
+		{"demo", []string{"demo", "--out", "r"}, "workbench demo --out r"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			root := newRootCmd(io.Discard, io.Discard, tc.args)
+			cmd, rest, err := root.Find(tc.args)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cmd.ParseFlags(rest); err != nil {
+				t.Fatal(err)
+			}
+			out, _ := cmd.Flags().GetString("out")
+			if got := (&app{prog: "workbench"}).rerunCommand(cmd, cmd.Flags().Args(), out); got != tc.want {
+				t.Errorf("got  %s\nwant %s", got, tc.want)
+			}
+		})
+	}
+}
+
+// A resume that leaves a failed job in place fails too, saying how many
+// failed before it and the command that runs them again.
+func TestResumeCountsEarlierFailures(t *testing.T) {
+	py := testpy.Python(t)
+	dir := t.TempDir()
+	script := filepath.Join(dir, "fails.star")
+	// KIVI's group of 128 does not fit 64-token images: the job fails at once.
+	os.WriteFile(script, []byte(`experiment(name = "fails", methods = ["kivi"], grid = {"group": [128]},
+    workloads = [workload(decode_steps = 4, layers = 2, tokens_per_image = 64)])
+`), 0o644)
+	out := filepath.Join(dir, "out")
+	base := []string{"--python", py, "--device", "cpu", "run", script, "--out", out}
+	again := "workbench run " + script + " --out " + out + " --device cpu --python " + py + " --resume --retry-failed"
+	tests := []struct {
+		name  string
+		extra []string
+		want  string
+	}{
+		{"run", nil, "fails: 1 job, 1 failed -> "},
+		{"resume", []string{"--resume"}, "fails: 1 job, 1 failed (1 before this resume) -> "},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			code, stdout, stderr := runCLI(t, append(base, tc.extra...)...)
+			if code != 1 || !strings.Contains(stdout, tc.want) ||
+				!strings.Contains(stderr, "1 job failed (see the error column of results.parquet); to run the failed jobs again: "+again) {
+				t.Errorf("exit %d, want 1 with %q and the command %q:\n%s%s", code, tc.want, again, stdout, stderr)
+			}
+		})
+	}
+}

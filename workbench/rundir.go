@@ -1,0 +1,167 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/vlkv/vlkv/gohost/results"
+	"github.com/vlkv/vlkv/gohost/slurm"
+)
+
+// checkRunPath says, when dir is not a run directory, what it is instead
+// and what to give: nothing there, a file, an experiment's folder (its runs
+// listed) or something else.
+func checkRunPath(dir string) error {
+	info, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("run directory %s does not exist: give OUT/<experiment>/<run-id>", dir)
+	case err != nil:
+		return fmt.Errorf("run directory %s: %w", dir, err)
+	case !info.IsDir():
+		return fmt.Errorf("%s is not a run directory but a file: give OUT/<experiment>/<run-id>", dir)
+	case results.IsRun(dir):
+		return nil
+	}
+	runs, err := results.Runs(dir)
+	if err != nil {
+		return fmt.Errorf("run directory %s: %w", dir, err)
+	}
+	if len(runs) == 0 {
+		return fmt.Errorf("%s is not a run directory (no %s or %s): give OUT/<experiment>/<run-id>", dir,
+			results.ManifestFile, results.JournalFile)
+	}
+	runs[len(runs)-1] += " (the newest)"
+	return fmt.Errorf("%s is not a run directory but an experiment's folder: give one of its runs:\n  %s", dir,
+		strings.Join(runs, "\n  "))
+}
+
+// syncRun brings the results.parquet of a run this process holds in step
+// with its journal, which a killed run leaves ahead of the table (or
+// without one): it journals what Slurm tasks recorded in segments, rebuilds
+// the table, and records the run's end once every job of its plan has a
+// row. It returns the rows.
+func syncRun(run *results.Run) (int, error) {
+	if err := mergeSegments(run); err != nil {
+		return 0, err
+	}
+	rows, err := results.BuildParquet(run.Dir)
+	if err != nil {
+		return 0, err
+	}
+	complete, err := runComplete(run, rows)
+	if err != nil || !complete {
+		return rows, err
+	}
+	end := time.Now()
+	return rows, run.UpdateManifest(func(m *results.Manifest) { m.Ended = &end })
+}
+
+// runComplete says whether a run without an end has a row for every job of
+// its newest plan (the job ids it records, else as many rows as jobs).
+func runComplete(run *results.Run, rows int) (bool, error) {
+	m := run.Manifest()
+	if m.Ended != nil || m.Jobs == 0 {
+		return false, nil
+	}
+	planned, err := results.ReadJobs(run.Dir)
+	if err != nil || planned == nil {
+		return rows >= m.Jobs, err
+	}
+	last, err := results.Finished(run.Dir)
+	if err != nil {
+		return false, err
+	}
+	return results.Count(last, planned, nil).Done == len(planned), nil
+}
+
+// syncForReading brings a run's results.parquet in step with its journal
+// before something reads the table (a notebook). A run another workbench is
+// writing cannot be rebuilt here: its table is read as it is, with a
+// warning, or, with none yet, refused.
+func (a *app) syncForReading(dir string) error {
+	if err := checkRunPath(dir); err != nil {
+		return err
+	}
+	run, err := results.Open(dir)
+	if err == nil {
+		defer run.Close()
+		if _, err := syncRun(run); err != nil {
+			return fmt.Errorf("rebuild %s from the journal: %w", filepath.Join(dir, results.ParquetFile), err)
+		}
+		return nil
+	}
+	_, perr := os.Stat(filepath.Join(dir, results.ParquetFile))
+	hasTable := perr == nil
+	var locked *results.LockedError
+	switch {
+	case errors.As(err, &locked) && hasTable:
+		a.log.Warn().Str("run", dir).Msgf("%s is being written by %s: reading its %s as last rebuilt, which may lack jobs its journal has",
+			dir, writerName(locked), results.ParquetFile)
+		return nil
+	case errors.As(err, &locked):
+		return fmt.Errorf("%s is being written by %s and has no %s yet: wait for it to end (workbench status %s says how far it got)",
+			dir, writerName(locked), results.ParquetFile, dir)
+	case hasTable:
+		a.log.Warn().Str("run", dir).Err(err).Msgf("cannot rebuild %s from the journal: reading it as it is", results.ParquetFile)
+		return nil
+	}
+	return fmt.Errorf("%s has no %s, and it cannot be rebuilt from the journal: %w", dir, results.ParquetFile, err)
+}
+
+// writerName names the process that holds a run's lock.
+func writerName(locked *results.LockedError) string {
+	if locked.Holder.PID > 0 {
+		return fmt.Sprintf("workbench process %d on %s", locked.Holder.PID, locked.Holder.Host)
+	}
+	return "another workbench"
+}
+
+// beingWritten is what status says of a run another workbench holds.
+func beingWritten(dir string, locked *results.LockedError) string {
+	if subs, _ := slurm.Submissions(dir); len(subs) > 0 {
+		return fmt.Sprintf("%s is being written by %s (it follows the run's Slurm array); reporting only", dir, writerName(locked))
+	}
+	return fmt.Sprintf("%s is being written by %s (a run or resume of it is under way); reporting only, "+
+		"from the journal (results.parquet is rebuilt when that ends)", dir, writerName(locked))
+}
+
+// describeRows is status's line on a run's rows against its newest plan:
+// jobs done and failed, and the rows of jobs an earlier script planned.
+func describeRows(dir string, last map[string]results.Record) string {
+	total := 0
+	if data, err := os.ReadFile(filepath.Join(dir, results.ManifestFile)); err == nil {
+		var m results.Manifest
+		json.Unmarshal(data, &m)
+		total = m.Jobs
+	}
+	planned, _ := results.ReadJobs(dir)
+	if planned == nil { // a run from before job ids were recorded: counts only
+		failed := 0
+		for _, rec := range last {
+			if rec.Status != results.StatusOK {
+				failed++
+			}
+		}
+		if total > 0 && len(last) > total {
+			return fmt.Sprintf("%s: %d rows for a plan of %s (some are of jobs an earlier script planned), %d failed",
+				dir, len(last), plural(total, "job"), failed)
+		}
+		return fmt.Sprintf("%s: %d of %d jobs done, %d failed", dir, len(last), total, failed)
+	}
+	t := results.Count(last, planned, nil)
+	line := fmt.Sprintf("%s: %d of %d jobs done, %d failed", dir, t.Done, len(planned), t.Failed)
+	if t.Unplanned > 0 {
+		line += fmt.Sprintf("; the run holds %d rows, %d not in its latest script's plan", len(last), t.Unplanned)
+		if t.UnplannedFailed > 0 {
+			line += fmt.Sprintf(" (%d of them failed)", t.UnplannedFailed)
+		}
+	}
+	return line
+}
