@@ -73,7 +73,7 @@ func newKernelBenchCmd(a *app, b *expt.Benchmark) *cobra.Command {
 			return a.withWorker(cmd.Context(), func(_ *session, w *worker.Worker) error {
 				raw, err := w.Run(cmd.Context(), worker.Job{Fn: "kernels_py.benchmarks:run", Args: map[string]any{"name": b.Name, "params": params}})
 				if err != nil {
-					return jobFailed("benchmark "+b.Name, err)
+					return a.jobFailed("benchmark "+b.Name, err)
 				}
 				var res struct {
 					table

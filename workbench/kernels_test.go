@@ -2,8 +2,13 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"strings"
 	"testing"
+
+	"github.com/rs/zerolog"
+
+	"github.com/vlkv/vlkv/gohost/worker"
 )
 
 // A kernel that does not compile is printed at its file:line with the
@@ -49,6 +54,49 @@ func TestCompileErrorsArePrintedAndFail(t *testing.T) {
 				if !strings.Contains(out.String(), w) {
 					t.Errorf("printed %q, want %q", out.String(), w)
 				}
+			}
+		})
+	}
+}
+
+// A job's error from a kernels_py line is shown at that line, its
+// traceback logged with -v; other errors keep their traceback, and bad
+// knobs are a usage error.
+func TestJobFailedShowsTheKernelsLine(t *testing.T) {
+	at := &worker.SourceLine{File: "kernels_py/ops/gather_decode/kernel.py", Line: 72,
+		Source: "        offs_n = start + tl.arange(0, 3)", Message: "ValueError: arange's range must be a power of 2"}
+	tests := []struct {
+		name      string
+		err       error
+		want      string
+		usage     bool
+		debugged  bool
+		notInText string
+	}{
+		{name: "at a line", err: &worker.JobError{Type: "triton.runtime.errors.InterpreterError", Message: "x",
+			Traceback: "Traceback (most recent call last): ...", At: at},
+			want: "selftest job failed at kernels_py/ops/gather_decode/kernel.py:72\n    offs_n = start + tl.arange(0, 3)\n" +
+				"  ValueError: arange's range must be a power of 2\n(the traceback: add -v)",
+			debugged: true, notInText: "Traceback"},
+		{name: "no line", err: &worker.JobError{Type: "ValueError", Message: "boom", Traceback: "Traceback ...\nValueError: boom"},
+			want: "selftest job failed: ValueError: boom\nTraceback ...\nValueError: boom"},
+		{name: "bad knobs", err: &worker.JobError{Type: badKnobs, Message: "heads must divide", At: at},
+			want: "heads must divide", usage: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var logged bytes.Buffer
+			a := &app{log: zerolog.New(&logged).Level(zerolog.DebugLevel)}
+			err := a.jobFailed("selftest job", tc.err)
+			var ue *usageError
+			if err == nil || err.Error() != tc.want || errors.As(err, &ue) != tc.usage {
+				t.Fatalf("got %v (usage %v), want %q", err, errors.As(err, &ue), tc.want)
+			}
+			if tc.notInText != "" && strings.Contains(err.Error(), tc.notInText) {
+				t.Errorf("%q in %q", tc.notInText, err.Error())
+			}
+			if got := strings.Contains(logged.String(), "Traceback"); got != tc.debugged {
+				t.Errorf("traceback logged: %v, want %v (%s)", got, tc.debugged, logged.String())
 			}
 		})
 	}

@@ -144,6 +144,22 @@ func TestSelftestPicksUpKernelEdits(t *testing.T) {
 		t.Fatalf("edited selftest: exit %d, want 1 with a mismatch\n%s", code, out)
 	}
 
+	// A kernel the interpreter rejects: shown at its line, without Triton's traceback.
+	const tile = "offs_n = start_n + tl.arange(0, BLOCK_N)"
+	at := bytes.Index(orig, []byte(tile))
+	if at < 0 {
+		t.Fatalf("kernel source no longer contains %q; update this test", tile)
+	}
+	lineNo := bytes.Count(orig[:at], []byte("\n")) + 1
+	if err := os.WriteFile(kernel, bytes.Replace(orig, []byte(tile), []byte("offs_n = start_n + tl.arange(0, 3)"), 1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out = demo()
+	want := fmt.Sprintf("selftest job failed at kernels_py/ops/attention_stats/kernel.py:%d\n    offs_n = start_n + tl.arange(0, 3)\n", lineNo)
+	if code != 1 || !strings.Contains(out, want) || !strings.Contains(out, "power of 2") || strings.Contains(out, "Traceback") {
+		t.Fatalf("selftest of a kernel that does not interpret: exit %d, want 1 with %q\n%s", code, want, out)
+	}
+
 	if err := os.WriteFile(kernel, orig, 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -146,7 +146,7 @@ says whether the file is up to date (exit 1 when it is not).`,
 			return a.withWorker(cmd.Context(), func(s *session, w *worker.Worker) error {
 				raw, err := w.Run(cmd.Context(), worker.Job{Fn: "kernels_py.schema:text"})
 				if err != nil {
-					return jobFailed("schema", err)
+					return a.jobFailed("schema", err)
 				}
 				var text string
 				if err := json.Unmarshal(raw, &text); err != nil {
@@ -350,12 +350,18 @@ func writeSchemaJSON(w io.Writer, s *expt.Schema, methods []string, withWorkload
 // of knobs that cannot work together: the caller's mistake, not a bug.
 const badKnobs = "kernels_py.params.BadKnobs"
 
-// jobFailed wraps a worker job's failure, with the Python traceback when
-// there is one; BadKnobs is a usage error and needs none.
-func jobFailed(what string, err error) error {
+// jobFailed wraps a worker job's failure: at the kernels_py line it comes
+// from where there is one (an edited kernel that does not interpret, say),
+// its traceback through Triton's internals then logged with -v only; else
+// with the traceback. BadKnobs is a usage error and needs neither.
+func (a *app) jobFailed(what string, err error) error {
 	var je *worker.JobError
 	if errors.As(err, &je) && je.Type == badKnobs { // its message names what it is about
 		return &usageError{errors.New(je.Message)}
+	}
+	if errors.As(err, &je) && je.At != nil && je.At.File != "" {
+		a.log.Debug().Msg(je.Traceback)
+		return fmt.Errorf("%s failed at %s\n(the traceback: add -v)", what, je.At.Format())
 	}
 	if errors.As(err, &je) && je.Traceback != "" {
 		return fmt.Errorf("%s failed: %w\n%s", what, err, je.Traceback)

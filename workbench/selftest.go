@@ -57,7 +57,7 @@ Triton interpreter.`,
 				}
 				raw, err := w.Run(cmd.Context(), worker.Job{Fn: "kernels_py.selftest:run", Args: args})
 				if err != nil {
-					return jobFailed("selftest job", err)
+					return a.jobFailed("selftest job", err)
 				}
 				var r selftestResult
 				if err := json.Unmarshal(raw, &r); err != nil {

@@ -138,21 +138,7 @@ type watchResult struct {
 }
 
 // sourceError is an error at a kernels_py line (kernels_py.runtime.errors).
-type sourceError struct {
-	Message string `json:"message"`
-	File    string `json:"file"`
-	Line    int    `json:"line"`
-	Source  string `json:"source"`
-	Kind    string `json:"kind"`
-}
-
-func (e *sourceError) print(w io.Writer) {
-	if e.File != "" {
-		fmt.Fprintf(w, "ERROR %s:%d\n    %s\n  %s\n", e.File, e.Line, strings.TrimSpace(e.Source), e.Message)
-		return
-	}
-	fmt.Fprintf(w, "ERROR %s\n", e.Message)
-}
+type sourceError = worker.SourceLine
 
 // figures are the numbers of an iteration that get compared.
 func (r watchResult) figures() map[string]float64 {
@@ -545,7 +531,7 @@ func printWatchScreen(w io.Writer, op string, iteration int, e watchEntry, r wat
 		r.Bench.print(w)
 	}
 	if e.Error != nil {
-		e.Error.print(w)
+		fmt.Fprintf(w, "ERROR %s\n", e.Error.Format())
 	}
 	if len(e.Figures) > 0 {
 		names := make([]string, 0, len(e.Figures))
@@ -694,7 +680,7 @@ func (a *app) watchExperiment(ctx context.Context, f watchFlags) error {
 			}
 			var se *sourceError
 			if errors.As(err, &se) {
-				se.print(a.stdout)
+				fmt.Fprintf(a.stdout, "ERROR %s\n", se.Format())
 				fmt.Fprintln(a.stdout, "no job rerun: the run's rows are kept until the sources import")
 			} else {
 				fmt.Fprintf(a.stdout, "ERROR %v\n", err)
@@ -707,13 +693,6 @@ func (a *app) watchExperiment(ctx context.Context, f watchFlags) error {
 		case changed = <-changes:
 		}
 	}
-}
-
-func (e *sourceError) Error() string {
-	if e.File != "" {
-		return fmt.Sprintf("%s:%d: %s", e.File, e.Line, e.Message)
-	}
-	return e.Message
 }
 
 // checkSources imports the kernels_py sources in a fresh worker: a

@@ -7,12 +7,40 @@ import (
 
 // JobError is a Python exception raised by a job, as the worker reported it.
 type JobError struct {
-	Type      string `json:"type"`
-	Message   string `json:"message"`
-	Traceback string `json:"traceback"`
+	Type      string      `json:"type"`
+	Message   string      `json:"message"`
+	Traceback string      `json:"traceback"`
+	At        *SourceLine `json:"at,omitempty"` // the kernels_py line it comes from, if any
 }
 
 func (e *JobError) Error() string { return e.Type + ": " + e.Message }
+
+// SourceLine is an error at the kernels_py line it comes from, as
+// kernels_py.runtime.errors.locate finds it: what a researcher editing a
+// kernel needs first, where a traceback runs through Triton's internals.
+type SourceLine struct {
+	Message string `json:"message"`
+	File    string `json:"file"`
+	Line    int    `json:"line"`
+	Source  string `json:"source"`
+	Kind    string `json:"kind"`
+}
+
+func (s *SourceLine) Error() string {
+	if s.File != "" {
+		return fmt.Sprintf("%s:%d: %s", s.File, s.Line, s.Message)
+	}
+	return s.Message
+}
+
+// Format is the error as a block: its file:line, the line itself and the
+// message under it (the message alone without a line).
+func (s *SourceLine) Format() string {
+	if s.File == "" {
+		return s.Message
+	}
+	return fmt.Sprintf("%s:%d\n    %s\n  %s", s.File, s.Line, strings.TrimSpace(s.Source), s.Message)
+}
 
 // ExitError reports a worker that ended while the host expected an answer.
 type ExitError struct {

@@ -13,7 +13,7 @@ Messages from the host:   {"type": "run", "id": N, "job": {"fn": "kernels_py.mod
                           {"type": "reload", "id": N}
                           {"type": "shutdown", "id": N}
 Replies:                  {"type": "result", "id": N, "result": ...}
-                          {"type": "error", "id": N, "error": {"type", "message", "traceback"}}
+                          {"type": "error", "id": N, "error": {"type", "message", "traceback", "at"}}
 The worker speaks first with {"type": "hello", ...} once it is ready; the hello's "kernels" holds the
 digest and per-file hashes of the kernels_py sources it runs (kernels_py.runtime.sources). Replies to
 "run" carry "kernels_digest", the digest as of that job's end, and "kernels_sha256" when it differs
@@ -246,10 +246,17 @@ class Reloader:
 def error_payload(exc: BaseException) -> dict:
     cls = type(exc)
     name = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    try:  # the kernels_py line it comes from (an interpreted kernel's own line, not Triton's frames)
+        from kernels_py.runtime.errors import locate
+
+        at = locate(exc)
+    except Exception:  # noqa: BLE001 - a report that fails must not hide the error it reports
+        at = None
     return {
         "type": name,
         "message": str(exc),
         "traceback": "".join(traceback.format_exception(cls, exc, exc.__traceback__)),
+        "at": at,
     }
 
 

@@ -110,6 +110,19 @@ def test_structured_errors(shared_worker, job, error_type, match):
     assert worker.call("run", job={"fn": "kernels_py.runtime.diag:echo"})["type"] == "result"
 
 
+def test_an_error_from_kernels_py_code_names_its_line(shared_worker):
+    """The host shows a job's error at the kernels_py line it comes from (an
+    edited kernel, a method), not at the worker's own frames."""
+    reply = shared_worker.call("run", job={"fn": "kernels_py.ops.attention_stats:compute",
+                                           "args": {"q": 1, "k": 2, "q_pos": 3}})
+    at = reply["error"]["at"]
+    assert at["file"] == "kernels_py/ops/attention_stats/__init__.py" and "q.device" in at["source"], at
+    assert at["line"] > 0 and "AttributeError" in at["message"]
+    # The worker's own frames (plumbing) are no such line.
+    reply = shared_worker.call("run", job={"fn": "kernels_py.runtime.diag:fail", "args": {"message": "boom"}})
+    assert reply["error"]["at"] is None
+
+
 def test_unknown_message_type(shared_worker):
     reply = shared_worker.call("frobnicate")
     assert reply["type"] == "error" and "unknown message type" in reply["error"]["message"]
