@@ -44,7 +44,7 @@ and every autotune config) for sm_80 or sm_90 with Triton's own ptxas, on
 any machine, and prints one row per compiled kernel and config: registers
 per thread, bytes spilled (ptxas -v), shared memory, and the tensor-core
 instructions its dots lowered to (mma.sync; wgmma on sm_90). All cases take
-about a minute per target; --case picks some. A kernel config that does
+about two minutes per target on 2 cores; --case picks some. A kernel config that does
 not compile is printed with its file:line, the compiler's message and the
 line, and the command exits 1. --json adds each kernel's stack frame
 (spills, or libdevice's sin/cos table) and the errors. Then, for each op
@@ -124,7 +124,7 @@ seconds, e.g.
 			c.Env = withoutEnv(worker.Environment(os.Environ(), kernels.Dir, worker.CPU), "TRITON_INTERPRET")
 			var out, errOut bytes.Buffer
 			c.Stdout, c.Stderr = &out, &errOut
-			what := "compiling the registered kernels (about a minute for all cases)"
+			what := "compiling the registered kernels (about two minutes on 2 cores for all cases)"
 			if estimate {
 				what = "compiling every config at the benchmark shapes and estimating (a few minutes)"
 				if len(impls) > 0 || len(configs) > 0 {
