@@ -43,14 +43,14 @@ kernels_py/ops/<op>/cases.py, with the specializations their launchers use
 and every autotune config) for sm_80 or sm_90 with Triton's own ptxas, on
 any machine, and prints one row per compiled kernel and config: registers
 per thread, bytes spilled (ptxas -v), shared memory, and the tensor-core
-instructions its dots lowered to (mma.sync; wgmma on sm_90). All cases take
-about two minutes per target on 2 cores; --case picks some. A kernel config that does
-not compile is printed with its file:line, the compiler's message and the
-line, and the command exits 1. --json adds each kernel's stack frame
-(spills, or libdevice's sin/cos table) and the errors. Then, for each op
-shown, the ideal: the bytes and FLOPs one decode step must move and the
-time they take at the H100's peaks (kernels_py/ops/<op>/model.py). The
-peaks are not reached: the ideal is a bound, never a prediction.
+instructions its dots lowered to (mma.sync; wgmma on sm_90). All cases
+take about two minutes per target on 2 cores; --case picks some. A kernel
+config that does not compile is printed with its file:line, the compiler's
+message and the line, and the command exits 1. --json adds each kernel's
+stack frame (spills, or libdevice's sin/cos table) and the errors. Then,
+for each op shown, the ideal: the bytes and FLOPs one decode step must move
+and the time they take at the H100's peaks (kernels_py/ops/<op>/model.py).
+The peaks are not reached: the ideal is a bound, never a prediction.
 
 --estimate compiles every config the autotuner may choose at each op's
 benchmark shapes (fp16, 32 query / 8 kv heads, head_dim 128, batch 8 and
