@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vlkv/vlkv/gohost/results"
 	"github.com/vlkv/vlkv/gohost/runner"
@@ -163,6 +164,69 @@ func TestResumeCountsEarlierFailures(t *testing.T) {
 			if code != 1 || !strings.Contains(stdout, tc.want) ||
 				!strings.Contains(stderr, "1 job failed (see the error column of results.parquet); to run the failed jobs again: "+again) {
 				t.Errorf("exit %d, want 1 with %q and the command %q:\n%s%s", code, tc.want, again, stdout, stderr)
+			}
+		})
+	}
+}
+
+// Before a notebook reads a run, its table is brought in step with its
+// journal only where it is behind: a finished run, or a table without a
+// journal, is read without a write (a shared results folder may be
+// read-only), and a journal behind its table never shrinks it.
+func TestSyncForReadingWritesOnlyWhatIsBehind(t *testing.T) {
+	ok := func(id string) results.Record { return results.Record{JobID: id, Method: "full"} }
+	dir := t.TempDir()
+	ended := func(run string) {
+		var m results.Manifest
+		data, _ := os.ReadFile(filepath.Join(run, results.ManifestFile))
+		json.Unmarshal(data, &m)
+		now := time.Now()
+		m.Ended = &now
+		data, _ = json.Marshal(m)
+		os.WriteFile(filepath.Join(run, results.ManifestFile), data, 0o644)
+	}
+	finished := planRun(t, filepath.Join(dir, "finished"), 2, []string{"a", "b"}, ok("a"), ok("b"))
+	if _, err := results.BuildParquet(finished); err != nil {
+		t.Fatal(err)
+	}
+	ended(finished)
+	tableOnly := planRun(t, filepath.Join(dir, "table-only"), 2, []string{"a", "b"}, ok("a"), ok("b"))
+	results.BuildParquet(tableOnly)
+	os.Remove(filepath.Join(tableOnly, results.JournalFile))
+	shortJournal := planRun(t, filepath.Join(dir, "short-journal"), 2, []string{"a", "b"}, ok("a"), ok("b"))
+	results.BuildParquet(shortJournal)
+	os.WriteFile(filepath.Join(shortJournal, results.JournalFile), nil, 0o644)
+	killed := planRun(t, filepath.Join(dir, "killed"), 3, []string{"a", "b", "c"}, ok("a"), ok("b"))
+	results.BuildParquet(killed)
+	line, _ := json.Marshal(results.Record{JobID: "c", Method: "full", Status: results.StatusOK})
+	f, _ := os.OpenFile(filepath.Join(killed, results.JournalFile), os.O_APPEND|os.O_WRONLY, 0)
+	f.Write(append(line, '\n'))
+	f.Close()
+
+	tests := []struct {
+		name     string
+		dir      string
+		rows     int
+		unopened bool // no lock file made: nothing was opened for writing
+	}{
+		{"finished run", finished, 2, true},
+		{"table without a journal", tableOnly, 2, true},
+		{"journal behind its table", shortJournal, 2, false},
+		{"killed run, journal ahead", killed, 3, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			a := &app{stdout: io.Discard, stderr: io.Discard}
+			if err := a.syncForReading(tc.dir); err != nil {
+				t.Fatal(err)
+			}
+			rows, _, err := results.ParquetRows(tc.dir)
+			if err != nil || rows != tc.rows {
+				t.Errorf("results.parquet holds %d rows (%v), want %d", rows, err, tc.rows)
+			}
+			_, err = os.Stat(filepath.Join(tc.dir, results.LockFile))
+			if unopened := os.IsNotExist(err); unopened != tc.unopened {
+				t.Errorf("lock file absent: %v, want %v", unopened, tc.unopened)
 			}
 		})
 	}

@@ -32,9 +32,10 @@ directory, or --out DIR:
   workbench notebook quickstart results/quickstart/20261123-101500-aaaaaa
   workbench notebook compare results/quickstart/OLD results/quickstart/NEW
 
-Each run's results.parquet is first rebuilt from its journal, as status
-does, so a run that was killed is read as far as it got (a run another
-workbench is writing is read as its table last stood).
+A run whose journal is ahead of its results.parquet has the table rebuilt
+first, as status does, so a run that was killed is read as far as it got;
+a finished run is only read (a run another workbench is writing is read as
+its table last stood).
 A cell that fails exits 1; the notebook up to it is still written, with
 the error. workbench lab opens the notebooks in JupyterLab instead.`,
 		RunE: func(cmd *cobra.Command, args []string) error {

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"github.com/vlkv/vlkv/gohost/results"
 	"github.com/vlkv/vlkv/gohost/slurm"
 )
@@ -47,9 +49,19 @@ func checkRunPath(dir string) error {
 // without one): it journals what Slurm tasks recorded in segments, rebuilds
 // the table, and records the run's end once every job of its plan has a
 // row. It returns the rows.
-func syncRun(run *results.Run) (int, error) {
+func syncRun(run *results.Run, log zerolog.Logger) (int, error) {
 	if err := mergeSegments(run); err != nil {
 		return 0, err
+	}
+	last, err := results.Finished(run.Dir)
+	if err != nil {
+		return 0, err
+	}
+	// A journal behind its table (lost, or cut short in a copy) must not shrink it.
+	if had, exists, err := results.ParquetRows(run.Dir); err == nil && exists && len(last) < had {
+		log.Warn().Str("run", run.Dir).Msgf("the journal has %d jobs and %s %d rows: the table is kept as it is",
+			len(last), results.ParquetFile, had)
+		return had, nil
 	}
 	rows, err := results.BuildParquet(run.Dir)
 	if err != nil {
@@ -89,10 +101,13 @@ func (a *app) syncForReading(dir string) error {
 	if err := checkRunPath(dir); err != nil {
 		return err
 	}
+	if tableCurrent(dir) {
+		return nil // a finished run is only read: nothing written into it, which may be read-only
+	}
 	run, err := results.Open(dir)
 	if err == nil {
 		defer run.Close()
-		if _, err := syncRun(run); err != nil {
+		if _, err := syncRun(run, a.log); err != nil {
 			return fmt.Errorf("rebuild %s from the journal: %w", filepath.Join(dir, results.ParquetFile), err)
 		}
 		return nil
@@ -113,6 +128,26 @@ func (a *app) syncForReading(dir string) error {
 		return nil
 	}
 	return fmt.Errorf("%s has no %s, and it cannot be rebuilt from the journal: %w", dir, results.ParquetFile, err)
+}
+
+// tableCurrent says whether dir's results.parquet already holds what its
+// journal has: a finished run with a row per journaled job, or a table
+// without a journal beside it (a run copied as its table).
+func tableCurrent(dir string) bool {
+	rows, exists, err := results.ParquetRows(dir)
+	if err != nil || !exists {
+		return false
+	}
+	if _, err := os.Stat(filepath.Join(dir, results.JournalFile)); errors.Is(err, fs.ErrNotExist) {
+		return true
+	}
+	var m results.Manifest
+	data, err := os.ReadFile(filepath.Join(dir, results.ManifestFile))
+	if err != nil || json.Unmarshal(data, &m) != nil || m.Ended == nil {
+		return false
+	}
+	last, err := results.Finished(dir)
+	return err == nil && len(last) == rows
 }
 
 // writerName names the process that holds a run's lock.

@@ -248,7 +248,7 @@ func (a *app) status(ctx context.Context, dir string, follow bool) error {
 			return err
 		}
 	}
-	if _, err := syncRun(run); err != nil {
+	if _, err := syncRun(run, a.log); err != nil {
 		return err
 	}
 	return a.report(ctx, dir, run)

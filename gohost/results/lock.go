@@ -89,3 +89,27 @@ func LockNewRun(ctx context.Context, root, experiment string, waiting func()) (u
 	}
 	return func() { l.Unlock() }, nil
 }
+
+// Writer says whether another process holds dir's lock, and who, without
+// taking it for more than a moment or creating anything: a run with no
+// lock file has no writer.
+func Writer(dir string) (Holder, bool) {
+	path := filepath.Join(dir, LockFile)
+	if _, err := os.Stat(path); err != nil {
+		return Holder{}, false
+	}
+	l := flock.New(path)
+	ok, err := l.TryLock()
+	if err != nil {
+		return Holder{}, false
+	}
+	if ok {
+		l.Unlock()
+		return Holder{}, false
+	}
+	var h Holder
+	if data, err := os.ReadFile(path); err == nil {
+		json.Unmarshal(data, &h)
+	}
+	return h, true
+}

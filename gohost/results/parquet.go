@@ -3,7 +3,10 @@ package results
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"path/filepath"
 	"sort"
 
@@ -214,4 +217,26 @@ func convert(v any, kind string) any {
 		return string(b)
 	}
 	return v
+}
+
+// ParquetRows is how many rows dir's results.parquet holds, read from its
+// footer; exists is false when there is none.
+func ParquetRows(dir string) (rows int, exists bool, err error) {
+	f, err := os.Open(filepath.Join(dir, ParquetFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, err
+	}
+	defer f.Close()
+	info, err := f.Stat()
+	if err != nil {
+		return 0, true, err
+	}
+	pf, err := parquet.OpenFile(f, info.Size())
+	if err != nil {
+		return 0, true, fmt.Errorf("read %s: %w", filepath.Join(dir, ParquetFile), err)
+	}
+	return int(pf.NumRows()), true, nil
 }
