@@ -73,11 +73,18 @@ func TestJobFailedShowsTheKernelsLine(t *testing.T) {
 		debugged  bool
 		notInText string
 	}{
-		{name: "at a line", err: &worker.JobError{Type: "triton.runtime.errors.InterpreterError", Message: "x",
+		{name: "at a line", err: &worker.JobError{Type: "triton.runtime.errors.InterpreterError", Message: `ValueError("arange's range must be a power of 2")`,
 			Traceback: "Traceback (most recent call last): ...", At: at},
 			want: "selftest job failed at kernels_py/ops/gather_decode/kernel.py:72\n    offs_n = start + tl.arange(0, 3)\n" +
 				"  ValueError: arange's range must be a power of 2\n(the traceback: add -v)",
 			debugged: true, notInText: "Traceback"},
+		{name: "raised as an error that says more", err: &worker.JobError{Type: "RuntimeError",
+			Message: "the step cannot be captured in a CUDA graph: does it wait for the host?", Traceback: "tb",
+			At: &worker.SourceLine{File: "kernels_py/benchmarks/base.py", Line: 160, Source: "graph.replay()",
+				Message: "RuntimeError: operation not permitted when stream is capturing"}},
+			want: "selftest job failed at kernels_py/benchmarks/base.py:160\n    graph.replay()\n" +
+				"  RuntimeError: operation not permitted when stream is capturing\n(raised as RuntimeError: the step " +
+				"cannot be captured in a CUDA graph: does it wait for the host?)\n(the traceback: add -v)"},
 		{name: "no line", err: &worker.JobError{Type: "ValueError", Message: "boom", Traceback: "Traceback ...\nValueError: boom"},
 			want: "selftest job failed: ValueError: boom\nTraceback ...\nValueError: boom"},
 		{name: "bad knobs", err: &worker.JobError{Type: badKnobs, Message: "heads must divide", At: at},

@@ -361,7 +361,12 @@ func (a *app) jobFailed(what string, err error) error {
 	}
 	if errors.As(err, &je) && je.At != nil && je.At.File != "" {
 		a.log.Debug().Msg(je.Traceback)
-		return fmt.Errorf("%s failed at %s\n(the traceback: add -v)", what, je.At.Format())
+		raised := ""
+		_, core, _ := strings.Cut(je.At.Message, ": ")
+		if !strings.Contains(je.Message, core) { // raised as another error, whose words say more
+			raised = fmt.Sprintf("\n(raised as %s)", je)
+		}
+		return fmt.Errorf("%s failed at %s%s\n(the traceback: add -v)", what, je.At.Format(), raised)
 	}
 	if errors.As(err, &je) && je.Traceback != "" {
 		return fmt.Errorf("%s failed: %w\n%s", what, err, je.Traceback)

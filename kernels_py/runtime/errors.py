@@ -16,7 +16,8 @@ def _chain(err: BaseException) -> list[BaseException]:
     out = []
     while err is not None and err not in out and len(out) < 20:
         out.append(err)
-        err = err.__cause__ or err.__context__
+        # `raise ... from None` hides the context: the error meant is the new one
+        err = err.__cause__ or (None if err.__suppress_context__ else err.__context__)
     return out
 
 

@@ -67,3 +67,15 @@ def test_nothing_of_kernels_py(kernels):
         int("x")
     except ValueError as err:
         assert errors.locate(err) is None
+
+
+def test_an_error_raised_from_none_is_the_one_located(kernels):
+    """`raise ... from None` hides the error it replaces: the new one, with
+    the words its author chose, is what the user is shown."""
+    (kernels / "parse.py").write_text("def parse(text):\n    try:\n        return float(text)\n    except ValueError:\n"
+                                      "        raise ValueError(f'{text!r} is neither a number nor a word') from None\n")
+    module = load(kernels / "parse.py")
+    with pytest.raises(ValueError) as info:
+        module.parse("#x")
+    where = errors.locate(info.value)
+    assert where["line"] == 5 and where["message"] == "ValueError: '#x' is neither a number nor a word", where
