@@ -241,6 +241,8 @@ func TestUnknownNameHintsAtStaleSchema(t *testing.T) {
 		{"method added in Python", "mine", `NAME = "mine"` + "\n", time.Hour, true},
 		{"method added in Python, older schema", "mine", "NAME = 'mine'\n", -time.Hour, true},
 		{"misspelt method", "h2oo", "", -time.Hour, false},
+		{"knob added in Python", "full", "class Mine:\n    newknob: int = 2\n", time.Hour, true},
+		{"misspelt knob", "full", "", time.Hour, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -252,13 +254,19 @@ func TestUnknownNameHintsAtStaleSchema(t *testing.T) {
 				os.WriteFile(filepath.Join(root, "kernels_py", "methods", "mine.py"), []byte(tc.added), 0o644)
 			}
 			script := filepath.Join(root, "x.star")
-			os.WriteFile(script, []byte(`experiment(name = "x", methods = ["`+tc.method+`"])`+"\n"), 0o644)
+			unknown := `method "` + tc.method + `" is unknown`
+			if tc.method == "full" { // a knob of the full cache, "newknob"
+				os.WriteFile(script, []byte(`experiment(name = "x", methods = ["full"], extra = [{"method": "full", "newknob": 2}])`+"\n"), 0o644)
+				unknown = `param "newknob" is unknown for method "full"`
+			} else {
+				os.WriteFile(script, []byte(`experiment(name = "x", methods = ["`+tc.method+`"])`+"\n"), 0o644)
+			}
 			when := time.Now().Add(tc.age)
 			if err := os.Chtimes(filepath.Join(root, "kernels_py", "schema.json"), when, when); err != nil {
 				t.Fatal(err)
 			}
 			code, _, stderr := runCLI(t, "--kernels", root, "plan", script)
-			if code != 1 || !strings.Contains(stderr, `method "`+tc.method+`" is unknown`) || strings.Contains(stderr, "run `workbench schema`") != tc.hint {
+			if code != 1 || !strings.Contains(stderr, unknown) || strings.Contains(stderr, "run `workbench schema`") != tc.hint {
 				t.Errorf("exit %d, hint wanted %v:\n%s", code, tc.hint, stderr)
 			}
 		})

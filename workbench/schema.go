@@ -77,9 +77,11 @@ func staleSchemaHint(kernels pyrt.KernelsRoot, msg string) string {
 }
 
 // sourcesName says whether a Python source under dir (tests left out)
-// holds name as a string literal.
+// holds name as a string literal (a method's or workload's registered
+// name) or declares it as a field (a knob: `name: float = knob(...)`).
 func sourcesName(dir, name string) bool {
 	literals := [][]byte{[]byte(`"` + name + `"`), []byte(`'` + name + `'`)}
+	field := regexp.MustCompile(`(?m)^[ \t]+` + regexp.QuoteMeta(name) + `[ \t]*:`)
 	found := false
 	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		switch {
@@ -91,7 +93,7 @@ func sourcesName(dir, name string) bool {
 			return nil
 		}
 		src, err := os.ReadFile(p)
-		if err == nil && (bytes.Contains(src, literals[0]) || bytes.Contains(src, literals[1])) {
+		if err == nil && (bytes.Contains(src, literals[0]) || bytes.Contains(src, literals[1]) || field.Match(src)) {
 			found = true
 			return filepath.SkipAll
 		}
