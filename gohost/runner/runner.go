@@ -460,8 +460,14 @@ func (l *lazyRun) currentLocked() (string, map[string]string) {
 // markResumed records that a resume goes on with o's plan: when, from
 // which script, and its jobs.
 func (l *lazyRun) markResumed(o Options) error {
+	// The plan's ids first: stopped between the two writes, the run then
+	// holds the new plan's ids beside the old job count, which is judged
+	// by the ids (a complete run is one with a row for each).
+	if err := l.run.WriteJobs(l.jobs); err != nil {
+		return err
+	}
 	now := time.Now()
-	err := l.run.UpdateManifest(func(m *results.Manifest) {
+	return l.run.UpdateManifest(func(m *results.Manifest) {
 		if len(m.Scripts) == 0 && m.File != "" && m.Rebuilt == nil { // a run from before scripts were recorded: its first one
 			m.Scripts = append(m.Scripts, m.CurrentScript())
 		}
@@ -470,10 +476,6 @@ func (l *lazyRun) markResumed(o Options) error {
 		m.Ended = nil
 		m.Jobs = len(o.Jobs)
 	})
-	if err != nil {
-		return err
-	}
-	return l.run.WriteJobs(l.jobs)
 }
 
 // checkCode refuses kernels_py sources other than those of the run's
@@ -616,6 +618,15 @@ func openRun(ctx context.Context, o Options, kernels map[string]string, digest s
 func warnUnfinished(o Options) {
 	dir, err := results.Latest(o.Out, o.Experiment)
 	if err != nil || dir == "" {
+		return
+	}
+	if h, writing := results.Writer(dir); writing { // not unfinished: under way elsewhere
+		who := "another workbench"
+		if h.PID > 0 {
+			who = fmt.Sprintf("workbench process %d on %s", h.PID, h.Host)
+		}
+		o.Log.Warn().Str("experiment", o.Experiment).Msgf("the newest run of %s, %s, is being written by %s; "+
+			"this starts a new run beside it", o.Experiment, dir, who)
 		return
 	}
 	data, err := os.ReadFile(filepath.Join(dir, results.ManifestFile))

@@ -943,6 +943,8 @@ func TestStartWarnings(t *testing.T) {
 		{"resume finds no run", false, false, true, "nothing to resume: %OUT%/exp holds no run of exp", ""},
 		{"new run beside an unfinished one", true, true, false, "is unfinished (1 of 2 jobs done); this starts a new run beside it. To continue that one instead, stop and run: workbench run exp.star --resume", ""},
 		{"new run beside a finished one", false, true, false, "", "unfinished"},
+		{"new run beside one being written", true, true, false, fmt.Sprintf("is being written by workbench process %d on ", os.Getpid()) +
+			"%HOST%; this starts a new run beside it", "unfinished"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -955,15 +957,23 @@ func TestStartWarnings(t *testing.T) {
 						cancel()
 					}
 				}}
-				Run(ctx, o)
+				sum, _ := Run(ctx, o)
 				cancel()
+				if strings.Contains(tc.name, "being written") { // another writer holds it while the new run starts
+					run, err := results.Open(sum.Dir)
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer run.Close()
+				}
 			}
 			var log bytes.Buffer
 			o.Executor, o.Resume, o.Log = &fakeExecutor{}, tc.resume, zerolog.New(&log)
 			if _, err := Run(context.Background(), o); err != nil {
 				t.Fatal(err)
 			}
-			want := strings.ReplaceAll(tc.want, "%OUT%", o.Out)
+			host, _ := os.Hostname()
+			want := strings.NewReplacer("%OUT%", o.Out, "%HOST%", host).Replace(tc.want)
 			if !strings.Contains(log.String(), want) || (tc.wantNoLog != "" && strings.Contains(log.String(), tc.wantNoLog)) {
 				t.Errorf("log lacks %q (or has %q):\n%s", want, tc.wantNoLog, log.String())
 			}
