@@ -229,11 +229,7 @@ func compileErrors(w io.Writer, errs []compileError) error {
 			fmt.Fprintf(w, "    %s\n", src)
 		}
 	}
-	noun := "kernel config"
-	if len(errs) > 1 {
-		noun += "s"
-	}
-	return fmt.Errorf("kernels report: %d %s did not compile (above)", len(errs), noun)
+	return fmt.Errorf("kernels report: %s (above)", plural(len(errs), "compile error"))
 }
 
 // printEstimate prints the tables of kernels report --estimate, each with

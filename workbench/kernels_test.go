@@ -28,13 +28,13 @@ func TestCompileErrorsArePrintedAndFail(t *testing.T) {
 				Source: "        offs_n = start + tl.arange(0, 3)"}},
 			want: []string{"kernels_py/ops/gather_decode/kernel.py:72: gather-fp16-d128-gqa4 _stage1_kernel (w8 s3): " +
 				"arange's range must be a power of 2\n    offs_n = start + tl.arange(0, 3)\n"},
-			wantErr: "1 kernel config did not compile",
+			wantErr: "kernels report: 1 compile error (above)",
 		},
 		{
 			name:    "a launcher and a config",
 			errs:    []compileError{{Case: "a", Message: "launcher failed"}, {Case: "b", Kernel: "_k", At: "x.py:3", Message: "m"}},
 			want:    []string{"error: a: launcher failed\n", "x.py:3: b _k: m\n"},
-			wantErr: "2 kernel configs did not compile",
+			wantErr: "kernels report: 2 compile errors (above)",
 		},
 	}
 	for _, tc := range tests {

@@ -55,7 +55,8 @@ machine without a GPU a real compile of its first compile case for sm_90
 (the interpreter compiles nothing: compile time, registers, spills), and
 with --bench on a GPU its benchmark (--size picks the size with the
 benchmark's own knobs, as workbench bench NAME --help lists them: e.g.
---size batches=8,lengths=4096,16384 for gather_decode).
+--size batches=8,lengths=4096,16384 for gather_decode; kv-heads or
+kv_heads alike).
 Each iteration prints one screen, with each figure's change against the
 previous iteration and the first one. A kernel that does not import,
 interpret or compile is shown as its source line and the error, and the
@@ -404,6 +405,7 @@ func watchBenchParams(schema *expt.Schema, op string, items []string) (map[strin
 		for _, part := range strings.Split(item, ",") {
 			part = strings.TrimSpace(part)
 			k, v, ok := strings.Cut(part, "=")
+			k = strings.ReplaceAll(k, "-", "_") // bench NAME's flag spelling (--kv-heads) or the knob's (kv_heads)
 			switch {
 			case ok && k != "":
 				if _, seen := values[k]; seen {

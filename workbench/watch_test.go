@@ -292,11 +292,11 @@ func TestWatchBenchSizeIsCheckedAgainstTheBenchmark(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := watchBenchParams(schema, "gather_decode", []string{"batches=8,lengths=4096,16384", "dtype=bfloat16"})
+	got, err := watchBenchParams(schema, "gather_decode", []string{"batches=8,lengths=4096,16384", "dtype=bfloat16", "kv-heads=4"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]any{"batches": []int64{8}, "lengths": []int64{4096, 16384}, "dtype": "bfloat16"}
+	want := map[string]any{"batches": []int64{8}, "lengths": []int64{4096, 16384}, "dtype": "bfloat16", "kv_heads": int64(4)}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("got %v, want %v", got, want)
 	}
