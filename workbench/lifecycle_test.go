@@ -149,7 +149,8 @@ func TestResumeCountsEarlierFailures(t *testing.T) {
 `), 0o644)
 	out := filepath.Join(dir, "out")
 	base := []string{"--python", py, "--device", "cpu", "run", script, "--out", out}
-	again := "workbench run " + script + " --out " + out + " --device cpu --python " + py + " --resume --retry-failed"
+	again := strings.Join([]string{"workbench", "run", shellQuote(script), "--out", shellQuote(out), "--device", "cpu",
+		"--python", shellQuote(py), "--resume", "--retry-failed"}, " ")
 	tests := []struct {
 		name  string
 		extra []string
