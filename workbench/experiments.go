@@ -479,13 +479,22 @@ func describeSummary(sum runner.Summary) string {
 	if sum.FailedBefore > 0 {
 		fmt.Fprintf(&b, " (%d before this resume)", sum.FailedBefore)
 	}
-	if sum.Unplanned > 0 {
-		fmt.Fprintf(&b, "; the run holds %d rows, %d not in this script's plan", sum.Rows, sum.Unplanned)
-		if sum.UnplannedFailed > 0 {
-			fmt.Fprintf(&b, " (%d of them failed)", sum.UnplannedFailed)
-		}
-	}
+	b.WriteString(unplannedRows(sum.Rows, sum.Tally, "this script's plan"))
 	return b.String()
+}
+
+// unplannedRows is what a run's rows of jobs its plan lacks add to a line
+// on it (a resume with an edited or another script keeps them): "" when
+// there are none.
+func unplannedRows(rows int, t results.Tally, plan string) string {
+	if t.Unplanned == 0 {
+		return ""
+	}
+	note := fmt.Sprintf("; the run holds %d rows, %d not in %s", rows, t.Unplanned, plan)
+	if t.UnplannedFailed > 0 {
+		note += fmt.Sprintf(" (%d of them failed)", t.UnplannedFailed)
+	}
+	return note
 }
 
 // planWorkloads names the workloads the experiments' jobs use.

@@ -191,12 +191,6 @@ func describeRows(dir string, last map[string]results.Record) string {
 		return fmt.Sprintf("%s: %d of %d jobs done, %d failed", dir, len(last), total, failed)
 	}
 	t := results.Count(last, planned, nil)
-	line := fmt.Sprintf("%s: %d of %d jobs done, %d failed", dir, t.Done, len(planned), t.Failed)
-	if t.Unplanned > 0 {
-		line += fmt.Sprintf("; the run holds %d rows, %d not in its latest script's plan", len(last), t.Unplanned)
-		if t.UnplannedFailed > 0 {
-			line += fmt.Sprintf(" (%d of them failed)", t.UnplannedFailed)
-		}
-	}
-	return line
+	return fmt.Sprintf("%s: %d of %d jobs done, %d failed", dir, t.Done, len(planned), t.Failed) +
+		unplannedRows(len(last), t, "its latest script's plan")
 }
