@@ -48,10 +48,26 @@ if _MISSING:
     pytest.skip(_MISSING, allow_module_level=True)
 
 
+def selected_cases(items) -> list[str]:
+    """The compile cases this file's selected tests of compiled results ask
+    for by their `case` parameter, so `-k NAME` compiles those alone; []
+    (every case) when a selected one reads them all."""
+    names = set()
+    for item in items:
+        if Path(item.path).resolve() != Path(__file__).resolve() or "compiled" not in item.fixturenames:
+            continue
+        case = getattr(item, "callspec", None) and item.callspec.params.get("case")
+        if case is None:
+            return []
+        names.add(case if isinstance(case, str) else case.name)
+    return sorted(names)
+
+
 @pytest.fixture(scope="module")
-def compiled(tmp_path_factory):
+def compiled(tmp_path_factory, request):
     """{(case name, target): that case's result} from one child per target."""
     tmp = tmp_path_factory.mktemp("cuda_compile")
+    chosen = selected_cases(request.session.items)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     children = {}
@@ -59,7 +75,8 @@ def compiled(tmp_path_factory):
         for target in cc.TARGETS:
             out = tmp / f"sm{target}.json"
             child_env = dict(env, TRITON_CACHE_DIR=str(tmp / f"cache{target}"))
-            cmd = [sys.executable, "-m", "kernels_py.ops.compile", "--target", str(target), "--out", str(out)]
+            cmd = [sys.executable, "-m", "kernels_py.ops.compile", "--target", str(target), "--out", str(out),
+                   *chosen]
             children[target] = out, subprocess.Popen(cmd, cwd=ROOT, env=child_env, stdout=subprocess.PIPE,
                                                      stderr=subprocess.STDOUT, text=True)
         results = {}
