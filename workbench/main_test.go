@@ -249,7 +249,7 @@ func TestBenchFlagsAreChecked(t *testing.T) {
 		}
 	}
 	code, stdout, _ := runCLI(t, "bench", "lowrank", "--help")
-	if code != 0 || !strings.Contains(stdout, "--kv-heads") || !strings.Contains(stdout, "speedup_vs_sdpa [x]: SDPA time / fused time") {
+	if code != 0 || !strings.Contains(stdout, "--kv-heads") || !strings.Contains(stdout, `speedup_vs_sdpa [x] ("SDPA/fused" in the table): SDPA time / fused time`) {
 		t.Errorf("bench lowrank --help: exit %d\n%s", code, stdout)
 	}
 }

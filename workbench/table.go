@@ -69,7 +69,11 @@ func columnDocs(cols []expt.Column) string {
 		if c.Unit != "" {
 			unit = " [" + c.Unit + "]"
 		}
-		fmt.Fprintf(&b, "  %s%s: %s\n", c.Name, unit, c.Doc)
+		shown := ""
+		if c.Show && c.Label != "" && c.Label != c.Name {
+			shown = fmt.Sprintf(" (%q in the table)", c.Label)
+		}
+		fmt.Fprintf(&b, "  %s%s%s: %s\n", c.Name, unit, shown, c.Doc)
 	}
 	return b.String()
 }
