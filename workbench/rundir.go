@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -67,7 +66,7 @@ func syncRun(run *results.Run, log zerolog.Logger) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	complete, err := runComplete(run, rows)
+	complete, err := runComplete(run, rows, last)
 	if err != nil || !complete {
 		return rows, err
 	}
@@ -76,8 +75,9 @@ func syncRun(run *results.Run, log zerolog.Logger) (int, error) {
 }
 
 // runComplete says whether a run without an end has a row for every job of
-// its newest plan (the job ids it records, else as many rows as jobs).
-func runComplete(run *results.Run, rows int) (bool, error) {
+// its newest plan (the job ids it records, else as many rows as jobs); last
+// is each job's last journaled record.
+func runComplete(run *results.Run, rows int, last map[string]results.Record) (bool, error) {
 	m := run.Manifest()
 	if m.Ended != nil || m.Jobs == 0 {
 		return false, nil
@@ -85,10 +85,6 @@ func runComplete(run *results.Run, rows int) (bool, error) {
 	planned, err := results.ReadJobs(run.Dir)
 	if err != nil || planned == nil {
 		return rows >= m.Jobs, err
-	}
-	last, err := results.Finished(run.Dir)
-	if err != nil {
-		return false, err
 	}
 	return results.Count(last, planned, nil).Done == len(planned), nil
 }
@@ -118,11 +114,11 @@ func (a *app) syncForReading(dir string) error {
 	switch {
 	case errors.As(err, &locked) && hasTable:
 		a.log.Warn().Str("run", dir).Msgf("%s is being written by %s: reading its %s as last rebuilt, which may lack jobs its journal has",
-			dir, writerName(locked), results.ParquetFile)
+			dir, locked.Holder.Name(), results.ParquetFile)
 		return nil
 	case errors.As(err, &locked):
 		return fmt.Errorf("%s is being written by %s and has no %s yet: wait for it to end (workbench status %s says how far it got)",
-			dir, writerName(locked), results.ParquetFile, dir)
+			dir, locked.Holder.Name(), results.ParquetFile, dir)
 	case hasTable:
 		a.log.Warn().Str("run", dir).Err(err).Msgf("cannot rebuild %s from the journal: reading it as it is", results.ParquetFile)
 		return nil
@@ -141,41 +137,27 @@ func tableCurrent(dir string) bool {
 	if _, err := os.Stat(filepath.Join(dir, results.JournalFile)); errors.Is(err, fs.ErrNotExist) {
 		return true
 	}
-	var m results.Manifest
-	data, err := os.ReadFile(filepath.Join(dir, results.ManifestFile))
-	if err != nil || json.Unmarshal(data, &m) != nil || m.Ended == nil {
+	if m, err := results.ReadManifest(dir); err != nil || m.Ended == nil {
 		return false
 	}
 	last, err := results.Finished(dir)
 	return err == nil && len(last) == rows
 }
 
-// writerName names the process that holds a run's lock.
-func writerName(locked *results.LockedError) string {
-	if locked.Holder.PID > 0 {
-		return fmt.Sprintf("workbench process %d on %s", locked.Holder.PID, locked.Holder.Host)
-	}
-	return "another workbench"
-}
-
 // beingWritten is what status says of a run another workbench holds.
 func beingWritten(dir string, locked *results.LockedError) string {
 	if subs, _ := slurm.Submissions(dir); len(subs) > 0 {
-		return fmt.Sprintf("%s is being written by %s (it follows the run's Slurm array); reporting only", dir, writerName(locked))
+		return fmt.Sprintf("%s is being written by %s (it follows the run's Slurm array); reporting only", dir, locked.Holder.Name())
 	}
 	return fmt.Sprintf("%s is being written by %s (a run or resume of it is under way); reporting only, "+
-		"from the journal (results.parquet is rebuilt when that ends)", dir, writerName(locked))
+		"from the journal (results.parquet is rebuilt when that ends)", dir, locked.Holder.Name())
 }
 
 // describeRows is status's line on a run's rows against its newest plan:
 // jobs done and failed, and the rows of jobs an earlier script planned.
 func describeRows(dir string, last map[string]results.Record) string {
-	total := 0
-	if data, err := os.ReadFile(filepath.Join(dir, results.ManifestFile)); err == nil {
-		var m results.Manifest
-		json.Unmarshal(data, &m)
-		total = m.Jobs
-	}
+	m, _ := results.ReadManifest(dir) // none: a plan of unknown size
+	total := m.Jobs
 	planned, _ := results.ReadJobs(dir)
 	if planned == nil { // a run from before job ids were recorded: counts only
 		failed := 0

@@ -33,6 +33,15 @@ type Holder struct {
 	Since time.Time `json:"since"`
 }
 
+// Name is the holder as messages name it: "workbench process PID on HOST",
+// or "another workbench" when the lock file did not say.
+func (h Holder) Name() string {
+	if h.PID > 0 {
+		return fmt.Sprintf("workbench process %d on %s", h.PID, h.Host)
+	}
+	return "another workbench"
+}
+
 // lockDir takes the exclusive lock of a run directory, without waiting. The
 // kernel releases it when the process ends, however it ends.
 func lockDir(dir string) (*flock.Flock, error) {

@@ -386,6 +386,20 @@ func (r *Run) WriteJobs(ids []string) error {
 	return nil
 }
 
+// ReadManifest reads dir's manifest as it stands, without opening the run
+// (no lock, nothing written): for reports on runs another process may hold.
+func ReadManifest(dir string) (Manifest, error) {
+	var m Manifest
+	data, err := os.ReadFile(filepath.Join(dir, ManifestFile))
+	if err != nil {
+		return m, err
+	}
+	if err := json.Unmarshal(data, &m); err != nil {
+		return m, fmt.Errorf("%s: %w", filepath.Join(dir, ManifestFile), err)
+	}
+	return m, nil
+}
+
 // ReadJobs returns the job ids of the plan the run's newest run or resume
 // ran, as a set; nil when the run does not record them (a run from before
 // it did).

@@ -621,17 +621,12 @@ func warnUnfinished(o Options) {
 		return
 	}
 	if h, writing := results.Writer(dir); writing { // not unfinished: under way elsewhere
-		who := "another workbench"
-		if h.PID > 0 {
-			who = fmt.Sprintf("workbench process %d on %s", h.PID, h.Host)
-		}
 		o.Log.Warn().Str("experiment", o.Experiment).Msgf("the newest run of %s, %s, is being written by %s; "+
-			"this starts a new run beside it", o.Experiment, dir, who)
+			"this starts a new run beside it", o.Experiment, dir, h.Name())
 		return
 	}
-	data, err := os.ReadFile(filepath.Join(dir, results.ManifestFile))
-	var m results.Manifest
-	if err == nil && json.Unmarshal(data, &m) == nil && m.Ended != nil {
+	m, err := results.ReadManifest(dir)
+	if err == nil && m.Ended != nil {
 		return
 	}
 	done, _ := results.Finished(dir)

@@ -208,7 +208,7 @@ def _processed(vlm: VLM, entries: list[tuple[list, str, list]]) -> Inputs:
     processed = vlm.processor(text=texts if len(texts) > 1 else texts[0], padding=len(texts) > 1,
                               return_tensors="pt", **kwargs)
     tensors = {k: v.to(vlm.model.device) if isinstance(v, torch.Tensor) else v for k, v in processed.items()}
-    _check_temporal_steps(tensors.get("second_per_grid_ts"))
+    _check_temporal_steps(processed.get("second_per_grid_ts"))  # as the processor made it, on the host
     frames = _frames_per_video(tensors) or [int(v.frames.shape[0]) for v in videos]
     layout = []
     for _, prompt, _ in entries:
@@ -228,8 +228,10 @@ def _check_temporal_steps(seconds_per_step, version: str | None = None) -> None:
     import transformers
 
     version = version or transformers.__version__
+    if Version(version) >= Version(WHOLE_SECOND_STEPS_BEFORE):
+        return
     steps = [float(s) for s in torch.as_tensor(seconds_per_step).flatten().tolist()]
-    if Version(version) >= Version(WHOLE_SECOND_STEPS_BEFORE) or all(s == int(s) for s in steps):
+    if all(s == int(s) for s in steps):
         return
     raise ModelError(f"transformers {version} rounds a video's seconds per temporal step (here "
                      f"{', '.join(f'{s:g}' for s in sorted(set(steps)))} s) down to whole seconds, so its "
