@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 
-from kernels_py.runtime.errors import locate
+from kernels_py.runtime.errors import compile_failure, locate
 
 
 def check(op: str, dtype: str = "float32", seed: int = 0, compile_target: int | None = None,
@@ -118,21 +118,14 @@ def compile_op(op: str, target: int) -> dict:
             result = json.load(f)[0]
     kernels, error = [], None
     if result.get("error"):
-        error = _compile_error(result)
+        error = compile_failure(result)
     for entry in result["compiled"]:
         spill = sum(entry.get(k) or 0 for k in ("spill_stores", "spill_loads"))
         kernels.append({"kernel": entry["kernel"], "seconds": entry.get("seconds"),
                         "registers": entry.get("registers"), "spill_bytes": spill})
         if entry.get("error") and error is None:
-            error = _compile_error(entry)
+            error = compile_failure(entry)
     return {"case": case, "target": target, "seconds": seconds, "kernels": kernels, "error": error}
-
-
-def _compile_error(entry: dict) -> dict:
-    where = entry.get("error_at") or {}
-    first = entry["error"].splitlines()[0] if entry.get("error") else "compile failed"
-    return {"message": where.get("message") or first, "file": where.get("file"), "line": where.get("line"),
-            "source": where.get("source"), "kind": where.get("kind", "CompilationError")}
 
 
 def _die_with_parent():

@@ -133,6 +133,9 @@ seconds, e.g.
 			}
 			a.log.Info().Str("arch", arch.value).Msg(what)
 			if err := c.Run(); err != nil {
+				if ue := noUsableConfig(out.Bytes()); ue != nil {
+					return ue
+				}
 				msg := strings.TrimSpace(errOut.String())
 				if ee, ok := err.(*exec.ExitError); ok && msg != "" {
 					if ee.ExitCode() == 2 {
@@ -197,39 +200,52 @@ seconds, e.g.
 // compileError is one kernel config (or one case's launcher) that did not
 // compile: where in kernels_py and why.
 type compileError struct {
-	Case    string `json:"case"`
-	Kernel  string `json:"kernel"`
-	Config  string `json:"config"`
-	At      string `json:"at"`
-	Message string `json:"message"`
-	Source  string `json:"source"`
+	Case   string `json:"case"`
+	Kernel string `json:"kernel"`
+	Config string `json:"config"`
+	worker.SourceLine
 }
 
-// compileErrors prints each compile error, its file:line first, and makes
-// them the command's error: a kernel that does not compile must not pass
-// for a row of empty columns.
+// what names the config (or the case's launcher) that failed.
+func (e compileError) what() string {
+	what := e.Case
+	if e.Kernel != "" {
+		what += " " + e.Kernel
+	}
+	if e.Config != "" {
+		what += " (" + e.Config + ")"
+	}
+	return what
+}
+
+// compileErrors prints each compile error at its file:line and makes them
+// the command's error: a kernel that does not compile must not pass for a
+// row of empty columns.
 func compileErrors(w io.Writer, errs []compileError) error {
 	if len(errs) == 0 {
 		return nil
 	}
 	for _, e := range errs {
-		what := e.Case
-		if e.Kernel != "" {
-			what += " " + e.Kernel
-		}
-		if e.Config != "" {
-			what += " (" + e.Config + ")"
-		}
-		at := e.At
-		if at == "" {
-			at = "error"
-		}
-		fmt.Fprintf(w, "%s: %s: %s\n", at, what, e.Message)
-		if src := strings.TrimSpace(e.Source); src != "" {
-			fmt.Fprintf(w, "    %s\n", src)
-		}
+		fmt.Fprintln(w, e.Describe(e.what()+" failed to compile"))
 	}
 	return fmt.Errorf("kernels report: %s (above)", plural(len(errs), "compile error"))
+}
+
+// noUsableConfig is the estimate's error where every config of a kernel
+// spilled or failed to compile: the report's message, and the first
+// failure at its line as a compile error's.
+func noUsableConfig(raw []byte) error {
+	var res struct {
+		Error string        `json:"error"`
+		At    *compileError `json:"at"`
+	}
+	if json.Unmarshal(raw, &res) != nil || res.Error == "" {
+		return nil
+	}
+	if res.At == nil {
+		return fmt.Errorf("kernels report: %s", res.Error)
+	}
+	return fmt.Errorf("kernels report: %s\n%s", res.Error, res.At.Describe(res.At.what()+" failed to compile"))
 }
 
 // printEstimate prints the tables of kernels report --estimate, each with

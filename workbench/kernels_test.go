@@ -24,16 +24,18 @@ func TestCompileErrorsArePrintedAndFail(t *testing.T) {
 		{
 			name: "one config",
 			errs: []compileError{{Case: "gather-fp16-d128-gqa4", Kernel: "_stage1_kernel", Config: "w8 s3",
-				At: "kernels_py/ops/gather_decode/kernel.py:72", Message: "arange's range must be a power of 2",
-				Source: "        offs_n = start + tl.arange(0, 3)"}},
-			want: []string{"kernels_py/ops/gather_decode/kernel.py:72: gather-fp16-d128-gqa4 _stage1_kernel (w8 s3): " +
-				"arange's range must be a power of 2\n    offs_n = start + tl.arange(0, 3)\n"},
+				SourceLine: worker.SourceLine{File: "kernels_py/ops/gather_decode/kernel.py", Line: 72,
+					Message: "arange's range must be a power of 2", Source: "        offs_n = start + tl.arange(0, 3)"}}},
+			want: []string{"gather-fp16-d128-gqa4 _stage1_kernel (w8 s3) failed to compile at " +
+				"kernels_py/ops/gather_decode/kernel.py:72\n    offs_n = start + tl.arange(0, 3)\n" +
+				"  arange's range must be a power of 2\n"},
 			wantErr: "kernels report: 1 compile error (above)",
 		},
 		{
-			name:    "a launcher and a config",
-			errs:    []compileError{{Case: "a", Message: "launcher failed"}, {Case: "b", Kernel: "_k", At: "x.py:3", Message: "m"}},
-			want:    []string{"error: a: launcher failed\n", "x.py:3: b _k: m\n"},
+			name: "a launcher and a config",
+			errs: []compileError{{Case: "a", SourceLine: worker.SourceLine{Message: "launcher failed"}},
+				{Case: "b", Kernel: "_k", SourceLine: worker.SourceLine{File: "x.py", Line: 3, Message: "m"}}},
+			want:    []string{"a failed to compile: launcher failed\n", "b _k failed to compile at x.py:3\n  m\n"},
 			wantErr: "kernels report: 2 compile errors (above)",
 		},
 	}
@@ -104,6 +106,43 @@ func TestJobFailedShowsTheKernelsLine(t *testing.T) {
 			}
 			if got := strings.Contains(logged.String(), "Traceback"); got != tc.debugged {
 				t.Errorf("traceback logged: %v, want %v (%s)", got, tc.debugged, logged.String())
+			}
+		})
+	}
+}
+
+// The estimate's error where no config of a kernel is usable names the
+// first failure as a compile error is named; output that is no such error
+// is left to the caller.
+func TestNoUsableConfigNamesTheFirstFailure(t *testing.T) {
+	tests := []struct {
+		name string
+		raw  string
+		want string
+	}{
+		{name: "a config that does not compile",
+			raw: `{"error": "gather: no config of _stage1_kernel compiled without spills at this shape (...)", "at": ` +
+				`{"case": "gather", "kernel": "_stage1_kernel", "config": "w8 s3", "file": "kernels_py/ops/gather_decode/kernel.py", ` +
+				`"line": 72, "source": "  offs_n = tl.arange(0, 3)", "message": "arange's range must be a power of 2"}}`,
+			want: "kernels report: gather: no config of _stage1_kernel compiled without spills at this shape (...)\n" +
+				"gather _stage1_kernel (w8 s3) failed to compile at kernels_py/ops/gather_decode/kernel.py:72\n" +
+				"    offs_n = tl.arange(0, 3)\n  arange's range must be a power of 2"},
+		{name: "every config spilled", raw: `{"error": "gather: no config ... (spilled: w4 s2)", "at": null}`,
+			want: "kernels report: gather: no config ... (spilled: w4 s2)"},
+		{name: "a report", raw: `{"title": "estimate", "tables": []}`},
+		{name: "not JSON", raw: "Traceback ..."},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := noUsableConfig([]byte(tc.raw))
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("got %v, want none", err)
+				}
+				return
+			}
+			if err == nil || err.Error() != tc.want {
+				t.Fatalf("got %v, want %q", err, tc.want)
 			}
 		})
 	}

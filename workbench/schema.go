@@ -368,7 +368,7 @@ func (a *app) jobFailed(what string, err error) error {
 		if !strings.Contains(je.Message, core) { // raised as another error, whose words say more
 			raised = fmt.Sprintf("\n(raised as %s)", je)
 		}
-		return fmt.Errorf("%s failed at %s%s\n(the traceback: add -v)", what, je.At.Format(), raised)
+		return fmt.Errorf("%s%s\n(the traceback: add -v)", je.At.Describe(what+" failed"), raised)
 	}
 	if errors.As(err, &je) && je.Traceback != "" {
 		return fmt.Errorf("%s failed: %w\n%s", what, err, je.Traceback)

@@ -34,12 +34,27 @@ func (s *SourceLine) Error() string {
 }
 
 // Format is the error as a block: its file:line, the line itself and the
-// message under it (the message alone without a line).
+// message under it (the message alone without a line; no source line
+// where the source is not known).
 func (s *SourceLine) Format() string {
 	if s.File == "" {
 		return s.Message
 	}
-	return fmt.Sprintf("%s:%d\n    %s\n  %s", s.File, s.Line, strings.TrimSpace(s.Source), s.Message)
+	if src := strings.TrimSpace(s.Source); src != "" {
+		return fmt.Sprintf("%s:%d\n    %s\n  %s", s.File, s.Line, src, s.Message)
+	}
+	return fmt.Sprintf("%s:%d\n  %s", s.File, s.Line, s.Message)
+}
+
+// Describe puts a failure ("selftest job failed", "X failed to compile")
+// before where it happened: "FAILURE at" its block (Format), or
+// "FAILURE: message" without a line. One form for a job's error, a config
+// that does not compile and an estimate without a usable config.
+func (s *SourceLine) Describe(failure string) string {
+	if s.File == "" {
+		return failure + ": " + s.Message
+	}
+	return failure + " at " + s.Format()
 }
 
 // ExitError reports a worker that ended while the host expected an answer.

@@ -21,6 +21,7 @@ import sys
 
 from kernels_py.ops import sass
 from kernels_py.params import closest
+from kernels_py.runtime.errors import compile_failure
 from kernels_py.tables import Column, table
 
 COLUMNS = (
@@ -66,25 +67,16 @@ def ideals(ops) -> list[dict]:
     return [op.model.report() for op in ops if op.model is not None and hasattr(op.model, "report")]
 
 
-def compile_error(entry: dict) -> dict:
-    """Where and why an entry (a compiled config, or a case whose launcher
-    failed) did not compile: {"at": "file:line" or "", "message", "source"}."""
-    at = entry.get("error_at") or {}
-    lines = [line for line in (entry.get("error") or "").splitlines() if line.strip()]
-    return {"at": f"{at['file']}:{at['line']}" if at else "", "message": at.get("message") or (lines[-1] if lines
-            else "unknown error"), "source": at.get("source") or ""}
-
-
 def _compile_rows(case, target: int, rows: list, errors: list) -> None:
     from kernels_py.ops import compile as cc
 
     result = cc.compile_case(case, target)
     if result["error"]:
         rows.append({"case": case.name, "kernel": "", "error": result["error"].splitlines()[-1]})
-        errors.append({"case": case.name, "kernel": "", "config": "", **compile_error(result)})
+        errors.append({"case": case.name, "kernel": "", "config": "", **compile_failure(result)})
     for e in result["compiled"]:
         if e.get("error"):
-            errors.append({"case": case.name, "kernel": e["kernel"], "config": config_label(e), **compile_error(e)})
+            errors.append({"case": case.name, "kernel": e["kernel"], "config": config_label(e), **compile_failure(e)})
         config = e.get("config")
         rows.append({
             "case": case.name, "kernel": e["kernel"],
@@ -146,7 +138,13 @@ def parse_configs(texts: list[str]) -> dict[str, set[str]]:
 
 
 class NoUsableConfig(RuntimeError):
-    """Every config of a kernel (or every one --config kept) spills or failed to compile."""
+    """Every config of a kernel (or every one --config kept) spills or failed
+    to compile; `at` is the first failure (compile.failure's, with its kernel
+    and config), None when every config spilled."""
+
+    def __init__(self, message: str, at: dict | None = None):
+        super().__init__(message)
+        self.at = at
 
 
 def spills(entry: dict) -> bool:
@@ -209,16 +207,13 @@ def estimate_implementation(impl, step, compiled: Compiled, gpu, flash_us: float
         if not candidates:
             spilled = [r["config"] for r in rows if r.get("pruned")]
             failed = [r["config"] for r in rows if r.get("error")]
-            why = ""
             first = next((entry for entry, binary in compiled.entries if entry["kernel"] == name
                           and (entry.get("error") or binary is None)), None)
-            if first is not None:
-                err = compile_error(first)
-                why = f"\n{err['at'] or name}: {err['message']}" + (f"\n    {err['source'].strip()}"
-                                                                     if err["source"] else "")
+            at = None if first is None else {"case": impl.name, "kernel": name, "config": config_label(first),
+                                             **compile_failure(first)}
             raise NoUsableConfig(f"{impl.name}: no config of {name} compiled without spills at this shape (spilled, "
-                               f"which the autotuner prunes: {', '.join(spilled) or 'none'}; failed to compile: "
-                               f"{', '.join(failed) or 'none'}){why}")
+                                 f"which the autotuner prunes: {', '.join(spilled) or 'none'}; failed to compile: "
+                                 f"{', '.join(failed) or 'none'})", at=at)
         choice = estimate.pick(candidates)
         for row in rows:
             row["picked"] = row.get("config") == choice.config
@@ -523,8 +518,9 @@ def main(argv=None) -> int:
         except ValueError as err:
             print(str(err), file=sys.stderr)
             return 2
-        except NoUsableConfig as err:
-            print(str(err), file=sys.stderr)
+        except NoUsableConfig as err:  # the host prints it, the failure at its line as a compile error's
+            json.dump({"error": str(err), "at": err.at}, sys.stdout)
+            sys.stdout.write("\n")
             return 1
         json.dump(result, sys.stdout)
         sys.stdout.write("\n")

@@ -85,3 +85,14 @@ def locate(err: BaseException) -> dict | None:
 def _ours(filename: str) -> bool:
     path = Path(filename).resolve()
     return path.is_relative_to(KERNELS) and not any(path == p or path.is_relative_to(p) for p in _PLUMBING)
+
+
+def compile_failure(entry: dict) -> dict:
+    """Where and why an entry of kernels_py.ops.compile (a compiled config,
+    or a case whose launcher failed) did not compile, in locate's shape:
+    "file" is "" and "line" 0 where no kernels_py line is known."""
+    at = entry.get("error_at") or {}
+    lines = [line for line in (entry.get("error") or "").splitlines() if line.strip()]
+    return {"file": at.get("file") or "", "line": at.get("line") or 0, "source": at.get("source") or "",
+            "message": at.get("message") or (lines[-1] if lines else "unknown error"),
+            "kind": at.get("kind") or "CompilationError"}

@@ -102,10 +102,11 @@ VALUES = {"_wide_load_kernel": {"n": N}, "_strided_load_kernel": {"n": N},
 def probe(target: int) -> dict:
     """Per kernel: the instructions per warp by class, tensor FLOPs per
     program, the loops (source line, trips, unroll) and the warp timeline;
-    and "compile_error", what report.compile_error says of a kernel that
-    does not compile."""
+    and "compile_error", what runtime.errors.compile_failure says of a
+    kernel that does not compile."""
     from kernels_py.ops import compile as cc
     from kernels_py.ops import estimate, report
+    from kernels_py.runtime.errors import compile_failure
 
     gpu = estimate.GPUS[target]
     out = {}
@@ -127,7 +128,7 @@ def probe(target: int) -> dict:
                 "loads": sorted({p for site in kernel.loads.values() for p in site.pointers}),
             }
     _, _, (failed,) = cc.compile_launches(_launch_odd_tile, target)
-    out["compile_error"] = report.compile_error(failed[0])
+    out["compile_error"] = compile_failure(failed[0])
     return out
 
 
