@@ -367,7 +367,8 @@ ESTIMATE_COLUMNS = (
     Column("speedup_optimistic", "x", "the same at the optimistic time", "vs FA (opt.)"),
     Column("ideal_ms", "ms", "the bytes/FLOPs roofline (model.py): what the peaks would allow", "ideal"),
     Column("instructions_per_token", "", "warp-instructions issued per cached token, all launches", "instr/token"),
-    Column("picked", "", "the configs the autotuner is predicted to choose (smallest band)", "configs"),
+    Column("picked", "", "the configs the autotuner is predicted to choose (smallest band); \"not autotuned\" "
+           "where every kernel has one config", "configs"),
 )
 CONFIG_COLUMNS = (
     Column("kernel", "", "the @triton.jit kernel"),
@@ -427,7 +428,7 @@ def _tables(report: dict) -> list[dict]:
                          "ideal_ms": band["ideal_us"] / 1e3 if band.get("ideal_us") else None,
                          "instructions_per_token": band["instructions_per_token"],
                          "picked": "; ".join(f"{k['kernel']} {k['picked']}" for k in band["kernels"]
-                                             if k["autotuned"])})
+                                             if k["autotuned"]) or "not autotuned"})
             for k in band["kernels"]:
                 for c in k["configs"]:
                     if "error" in c:
