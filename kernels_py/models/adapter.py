@@ -124,13 +124,20 @@ class VLM:
         return tuple(i for i in range(self.layers) if i not in sliding)
 
 
+def model_dir(path: str | Path) -> Path:
+    """The model directory, or a ModelError saying what the path is instead."""
+    path = Path(path)
+    if not path.is_dir():
+        what = "is a file, not a directory" if path.exists() else "does not exist"
+        raise ModelError(f"model directory {where(path)} {what}: give a local directory holding config.json, the "
+                         f"weights and the processor files (save_pretrained writes them)")
+    return path
+
+
 def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> VLM:
     """Load a VLM and its processor from a local directory (nothing is downloaded)."""
-    path = Path(path)
+    path = model_dir(path)
     config_file = path / "config.json"
-    if not path.is_dir():
-        raise ModelError(f"model directory {where(path)} does not exist: give a local directory holding "
-                         f"config.json, the weights and the processor files (save_pretrained writes them)")
     if not config_file.is_file():
         raise ModelError(f"{path} has no config.json: it is not a saved transformers model")
     try:

@@ -166,6 +166,11 @@ def test_bad_input_is_one_line_error(root, tmp_path):
         (knobs(root, tasks="tiny_group"), "is a group of lmms-eval tasks: name its tasks in tasks= (one job each), "
                                           "e.g. tiny_shapes"),
         (knobs(root, model=str(tmp_path / "nowhere")), "model directory"),
+        (knobs(root, model=str(root / "llava" / "config.json")), "is a file, not a directory"),
+        # lmms-eval pads an empty rank with document 0, which must not be scored again.
+        (knobs(root, limit=2, shards=4, shard=3), "shard 3 of 4 holds none of the first 2 documents"),
+        (knobs(root, tasks="tiny_shapes_missing_module"), "imports the module 'vlkv_tests_no_such_module', which "
+                                                          "this Python lacks"),
         (knobs(root, include_path=str(tmp_path / "nowhere")), "include_path"),
     ]
     for workload, message in cases:
@@ -217,6 +222,8 @@ def test_shards_of_a_metric_not_aggregated_by_a_mean_are_aggregated_by_the_task(
     merged = merge_shards([row(0, [1, 9, 8]), row(1, [2, 7])], task=Task())
     assert merged["score"] == 7.0 and merged["documents"] == 5
     assert merge_shards([row(0, [1, 9, 8])])["score"] == -1.0  # the job's own value
+    # A NaN stderr (a custom aggregation has none) comes back from the table as None.
+    assert math.isnan(merge_shards([row(0, [1, 9, 8]) | {"metric_score_stderr": None}])["score_stderr"])
 
 
 VIDEO = "<video>"

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from kernels_py.params import Rule, closest, knob, where
+from kernels_py.params import Rule, closest, knob
 from kernels_py.workloads.base import Workload, WorkloadConfig
 
 # Metrics that write a file for a test server instead of scoring (TextVQA's, OK-VQA's): not aggregated.
@@ -118,6 +118,15 @@ def _task_manager(include_path: str):
 @functools.lru_cache(maxsize=8)
 def load_task(name: str, include_path: str = "", data: str = ""):
     """lmms-eval's task object with its dataset loaded from local files."""
+    try:
+        return _load_task(name, include_path, data)
+    except ModuleNotFoundError as err:  # a task's own code may import what lmms-eval does not require
+        raise TaskError(f"task {name}: its lmms-eval code imports the module {err.name!r}, which this Python lacks "
+                        f"(lmms-eval's requirements leave it out): add its package to the lmms group of "
+                        f"pyproject.toml and run `uv lock`, or give --python an environment that has it") from None
+
+
+def _load_task(name: str, include_path: str, data: str):
     manager = _task_manager(include_path)
     if not name:
         raise TaskError("workload 'lmms' needs tasks=: lmms-eval task names, e.g. tasks=\"docvqa_val\"")
@@ -149,6 +158,8 @@ def load_task(name: str, include_path: str = "", data: str = ""):
 
     try:
         task = get_task_dict([update], manager)[name]
+    except ModuleNotFoundError:
+        raise
     except Exception as err:  # noqa: BLE001 - datasets raises many types for files it cannot read
         raise TaskError(f"task {name}: dataset {hub_id} cannot be read {'under ' + data if data else 'offline'} "
                         f"({_first_line(err)}); on a connected machine: "
@@ -193,9 +204,12 @@ def evaluate(config: LmmsConfig, method) -> dict:
     process_results, aggregation and stderr)."""
     if not config.model:
         raise TaskError("workload 'lmms' needs model=: a local model directory")
-    if not Path(config.model).is_dir():
-        raise TaskError(f"model directory {where(config.model)} does not exist: give a local directory holding "
-                        f"config.json, the weights and the processor files")
+    from kernels_py.models.adapter import ModelError, model_dir
+
+    try:
+        model_dir(config.model)  # before the task's dataset loads
+    except ModelError as err:
+        raise TaskError(str(err)) from None
     task = load_task(config.tasks, config.include_path, config.data)
     if config.shard >= config.shards:
         raise TaskError(f"shard {config.shard} is not below shards {config.shards}")
@@ -205,7 +219,9 @@ def evaluate(config: LmmsConfig, method) -> dict:
     model = VLKV(vlm=vlm, method=method, batch=config.batch, frames=config.frames, fps=config.fps or None)
     model.task_dict = {config.tasks: task.dataset}
     task.build_all_requests(limit=config.limit, rank=config.shard, world_size=config.shards)
-    requests = list(task.instances)
+    # lmms-eval pads a rank without documents with document 0 again (for its distributed gather), which a
+    # shard here must not score twice.
+    requests = [r for r in task.instances if not r.metadata.get("__padding_only__")]
     if not requests:
         raise TaskError(f"task {config.tasks}: shard {config.shard} of {config.shards} holds none of the first "
                         f"{config.limit} documents: use fewer shards")
@@ -317,7 +333,7 @@ def merge_shards(rows, task=None) -> dict[str, float]:
                 else math.nan
         elif len(rows) == 1 and f"metric_{metric}" in rows[0]:
             out[metric] = float(rows[0][f"metric_{metric}"])
-            out[f"{metric}_stderr"] = float(rows[0].get(f"metric_{metric}_stderr", math.nan))
+            out[f"{metric}_stderr"] = _float(rows[0].get(f"metric_{metric}_stderr"))
         else:
             task = task if task is not None else _task_of(rows[0])
             if task is not None:
@@ -331,6 +347,12 @@ def merge_shards(rows, task=None) -> dict[str, float]:
         out[name] = sum(c * float(r[f"metric_{name}"]) for c, r in zip(counts, rows)) / out["documents"]
     out["kv_fraction"] = out["kv_bytes_mean"] / out["full_kv_bytes_mean"]
     return out
+
+
+def _float(value) -> float:
+    """A metric as a float: a table reads a NaN metric (a custom
+    aggregation's stderr, say) back as None."""
+    return math.nan if value is None else float(value)
 
 
 def _task_of(row):
