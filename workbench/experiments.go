@@ -227,6 +227,40 @@ func describeWorkloads(s *expt.Schema, jobs []expt.Job) (perJob map[string]strin
 	return perJob, ""
 }
 
+// workloadLabels tells apart the workloads of an experiment's jobs in their
+// progress lines: "@NAME(knob=value ...)" with only the knobs whose values
+// differ between its jobs (an lmms workload's task and shard, say); none
+// when every job runs on one workload.
+func workloadLabels(jobs []expt.Job) map[string]string {
+	names := map[string]bool{}
+	values := map[string]map[string]bool{}
+	for _, j := range jobs {
+		names[j.WorkloadName] = true
+		for k, v := range j.Workload {
+			if values[k] == nil {
+				values[k] = map[string]bool{}
+			}
+			values[k][fmt.Sprint(v)] = true
+		}
+	}
+	labels := map[string]string{}
+	for _, j := range jobs {
+		varying := map[string]any{}
+		for k, v := range j.Workload {
+			if len(values[k]) > 1 {
+				varying[k] = v
+			}
+		}
+		switch {
+		case len(varying) > 0:
+			labels[j.ID] = "@" + j.WorkloadName + "(" + formatParams(varying) + ")"
+		case len(names) > 1:
+			labels[j.ID] = "@" + j.WorkloadName
+		}
+	}
+	return labels
+}
+
 func formatParams(p map[string]any) string {
 	keys := make([]string, 0, len(p))
 	for k := range p {
@@ -511,9 +545,11 @@ func planWorkloads(exps []expt.Experiment) []string {
 // runnerJobs turns an experiment's jobs into calls of the ablation entry point.
 func runnerJobs(e expt.Experiment) []runner.Job {
 	jobs := make([]runner.Job, len(e.Jobs))
+	workloads := workloadLabels(e.Jobs)
 	for i, j := range e.Jobs {
+		label := strings.TrimSpace(j.Method + " " + formatParams(j.Params) + " " + workloads[j.ID])
 		jobs[i] = runner.Job{
-			Job: sched.Job{ID: j.ID, Label: j.Method + " " + formatParams(j.Params), Timeout: j.Timeout,
+			Job: sched.Job{ID: j.ID, Label: label, Timeout: j.Timeout,
 				Spec: worker.Job{Fn: ablationFn, Args: map[string]any{"method": j.Method, "params": j.Params,
 					"workload_name": j.WorkloadName, "workload": j.Workload}}},
 			Method: j.Method, Params: j.Params, WorkloadName: j.WorkloadName, Workload: j.Workload,
