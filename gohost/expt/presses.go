@@ -2,6 +2,7 @@ package expt
 
 import (
 	"fmt"
+	"regexp"
 	"slices"
 	"strings"
 )
@@ -19,6 +20,17 @@ type Press struct {
 	Params   []string `json:"params"`   // every parameter it takes
 	Required []string `json:"required"` // those without a default
 	Wraps    string   `json:"wraps"`    // the parameter it takes other presses through; "" for none
+	// Types are the types of the parameters whose annotation press_args
+	// can give a value of (pressTypes); the others go unchecked.
+	Types    map[string]string `json:"types"`
+	Nullable []string          `json:"nullable"` // those of Types that also take none
+}
+
+// pressTypes name the types of Press.Types as the schema writes them, each
+// as an error says it.
+var pressTypes = map[string]string{
+	"int": "an int", "float": "a float", "bool": "a bool (true or false)", "str": "a str",
+	"ints": "a list of ints", "floats": "a list of floats", "bools": "a list of bools", "strs": "a list of strs",
 }
 
 // NoPress is the press value that runs no press (presses.NO_PRESS): the
@@ -52,6 +64,19 @@ func (ps Presses) parse(params Params) error {
 		if p.Wraps != "" && !slices.Contains(p.Params, p.Wraps) {
 			return fmt.Errorf("%s: wraps through %q, not one of its params", name, p.Wraps)
 		}
+		for _, param := range sortedKeys(p.Types) {
+			if !slices.Contains(p.Params, param) {
+				return fmt.Errorf("%s: type of %q, not one of its params", name, param)
+			}
+			if _, ok := pressTypes[p.Types[param]]; !ok {
+				return fmt.Errorf("%s: %q has type %q; want one of %s", name, param, p.Types[param], strings.Join(sortedKeys(pressTypes), ", "))
+			}
+		}
+		for _, n := range p.Nullable {
+			if _, ok := p.Types[n]; !ok {
+				return fmt.Errorf("%s: nullable %q has no type", name, n)
+			}
+		}
 	}
 	if msg := ps.Check(params.defaults()); msg != "" {
 		return fmt.Errorf("the defaults break it: %s", msg)
@@ -77,34 +102,51 @@ func (ps Presses) Check(params map[string]any) string {
 	name, _ := params["press"].(string)
 	args, _ := params["press_args"].(string)
 	inner, _ := params["inner_press"].(string)
-	if name == NoPress {
-		return ""
-	}
-	keys, err := pressArgNames(args)
+	// The job reads press_args whatever the press, so their form counts
+	// even where no press takes them.
+	parsed, err := parsePressArgs(args)
 	if err != nil {
 		return err.Error()
 	}
-	return ps.check(name, keys, inner, append(sortedKeys(ps), NoPress))
+	if name == NoPress {
+		return ""
+	}
+	return ps.check(name, parsed, inner, append(sortedKeys(ps), NoPress))
 }
 
-// check follows presses.make: a known press, parameters it takes, inner
-// presses where it wraps some, and every parameter without a default set.
-// known are the names an unknown name is told of.
-func (ps Presses) check(name string, args []string, inner string, known []string) string {
+// check follows presses.make: a known press, parameters it takes, none
+// that a knob sets, values of their types, inner presses where it wraps
+// some, and every parameter without a default set. known are the names an
+// unknown name is told of.
+func (ps Presses) check(name string, args []pressArg, inner string, known []string) string {
 	p, ok := ps[name]
 	if !ok {
 		return "press " + UnknownName(name, known)
 	}
+	var given []string
 	for _, a := range args {
-		if !slices.Contains(p.Params, a) {
+		if !slices.Contains(p.Params, a.name) {
+			if slices.Contains(pressParams, a.name) {
+				return fmt.Sprintf("press_args: %s takes no parameter %q: %s is a knob of the method, set it there (%s = %q)", name, a.name, a.name, a.name, a.value)
+			}
 			takes := strings.Join(p.Params, ", ")
 			if takes == "" {
 				takes = "nothing"
 			}
-			return fmt.Sprintf("press_args: %s takes no parameter %q%s; it takes: %s", name, a, Closest(a, p.Params), takes)
+			return fmt.Sprintf("press_args: %s takes no parameter %q%s; it takes: %s", name, a.name, Closest(a.name, p.Params), takes)
+		}
+		given = append(given, a.name)
+	}
+	for _, a := range args {
+		if msg := p.collides(name, a); msg != "" {
+			return msg
 		}
 	}
-	given := slices.Clone(args)
+	for _, a := range args {
+		if msg := p.checkType(name, a); msg != "" {
+			return msg
+		}
+	}
 	switch {
 	case p.Wraps != "" && inner != "":
 		for _, n := range strings.Split(inner, ",") {
@@ -140,20 +182,119 @@ func (ps Presses) check(name string, args []string, inner string, known []string
 	return ""
 }
 
-// pressArgNames are the names press_args sets, read as presses.parse_args
-// reads them: name=value pairs separated by commas.
-func pressArgNames(args string) ([]string, error) {
-	var names []string
+// collides says why press_args may not set a: the method's knobs set it,
+// and press_args would silently replace what they say (presses.make
+// refuses the same).
+func (p *Press) collides(name string, a pressArg) string {
+	switch {
+	case a.name == "compression_ratio":
+		// make gives the knob's value only where press_args have none, and
+		// the results record the knob's.
+		return fmt.Sprintf("press_args: set compression_ratio with the method's compression_ratio knob (compression_ratio = %s), not in press_args", a.value)
+	case a.name == p.Wraps:
+		// make puts inner_press's presses there; press_args can only give a
+		// string, never a press.
+		if a.name == "presses" {
+			return fmt.Sprintf("press_args: %s's presses are the presses it wraps: name them with inner_press (e.g. inner_press = \"SnapKVPress, KnormPress\"), not in press_args", name)
+		}
+		return fmt.Sprintf("press_args: %s's %s is the press it wraps: name it with inner_press (e.g. inner_press = \"SnapKVPress\"), not in press_args", name, a.name)
+	}
+	return ""
+}
+
+// checkType says why a's value is not of its parameter's type, as
+// presses.parse_args reads it; "" where it is or the type is unknown.
+func (p *Press) checkType(name string, a pressArg) string {
+	typ, ok := p.Types[a.name]
+	if !ok {
+		return ""
+	}
+	nullable := slices.Contains(p.Nullable, a.name)
+	elem, list := strings.CutSuffix(typ, "s")
+	kind := pyValueKind(a.value)
+	switch {
+	case nullable && kind == "none":
+		return ""
+	case list && strings.Contains(a.value, ";"):
+		if !slices.ContainsFunc(strings.Split(a.value, ";"), func(item string) bool { return !fitsType(elem, pyValueKind(item)) }) {
+			return ""
+		}
+	case !list && !strings.Contains(a.value, ";") && fitsType(typ, kind):
+		return ""
+	}
+	want := pressTypes[typ]
+	if list {
+		want += " (items separated by semicolons, e.g. 0.5;0.25)"
+	}
+	if nullable {
+		want += " or none"
+	}
+	why := ""
+	if typ == "str" && !strings.Contains(a.value, ";") {
+		// The one case where the value looks right: say what it is read as.
+		why = fmt.Sprintf(" (press_args reads it as %s)", strings.TrimSuffix(pressTypes[kind], " (true or false)"))
+		if kind == "none" {
+			why = " (press_args reads it as none)"
+		}
+	}
+	return fmt.Sprintf("press_args: %s's %s takes %s, not %q%s", name, a.name, want, a.value, why)
+}
+
+// fitsType reports whether a value presses.parse_args reads as kind suits
+// a parameter of type typ (an int where a float is wanted included, as
+// Python takes it).
+func fitsType(typ, kind string) bool {
+	return kind == typ || typ == "float" && kind == "int"
+}
+
+// pyDigits are the digits of a Python number: any decimal digit, single
+// underscores between them (PEP 515).
+const pyDigits = `\p{Nd}+(?:_\p{Nd}+)*`
+
+// Python's int() and float() literals, the values presses._value reads as
+// numbers.
+var (
+	pyInt   = regexp.MustCompile(`^[+-]?` + pyDigits + `$`)
+	pyFloat = regexp.MustCompile(`^[+-]?(?:(?:` + pyDigits + `(?:\.(?:` + pyDigits + `)?)?|\.` + pyDigits + `)(?:[eE][+-]?` + pyDigits + `)?|(?i:inf|infinity|nan))$`)
+)
+
+// pyValueKind is the type presses._value reads a value as: "bool", "none",
+// "int", "float" or "str".
+func pyValueKind(raw string) string {
+	raw = strings.TrimSpace(raw)
+	switch lower := strings.ToLower(raw); {
+	case lower == "true" || lower == "false":
+		return "bool"
+	case lower == "none":
+		return "none"
+	case pyInt.MatchString(raw):
+		return "int"
+	case pyFloat.MatchString(raw):
+		return "float"
+	}
+	return "str"
+}
+
+// pressArg is one name=value pair of press_args.
+type pressArg struct{ name, value string }
+
+// parsePressArgs reads press_args as presses.parse_args does: name=value
+// pairs separated by commas, each name once (a second would silently win).
+func parsePressArgs(args string) ([]pressArg, error) {
+	var out []pressArg
 	for _, part := range strings.Split(args, ",") {
 		if part = strings.TrimSpace(part); part == "" {
 			continue
 		}
-		key, _, eq := strings.Cut(part, "=")
+		key, value, eq := strings.Cut(part, "=")
 		if key = strings.TrimSpace(key); !eq || key == "" {
 			return nil, fmt.Errorf("press_args %q: want name=value pairs separated by commas, e.g. window_size=32 "+
 				"(a list: items separated by semicolons, e.g. compression_ratios=0.5;0.25)", args)
 		}
-		names = append(names, key)
+		if slices.ContainsFunc(out, func(a pressArg) bool { return a.name == key }) {
+			return nil, fmt.Errorf("press_args %q sets %s twice: keep one", args, key)
+		}
+		out = append(out, pressArg{key, strings.TrimSpace(value)})
 	}
-	return names, nil
+	return out, nil
 }

@@ -15,6 +15,8 @@ the bytes say so.
 
 import dataclasses
 import inspect
+import types
+import typing
 from contextlib import contextmanager
 
 import torch
@@ -82,17 +84,57 @@ def describe() -> str:
     return "; ".join(lines)
 
 
+# The annotations press_args can give a value of (parse_args reads each), by the schema's type names.
+_SCALARS = {int: "int", float: "float", bool: "bool", str: "str"}
+
+
+def _type(hint) -> tuple[str, bool]:
+    """(the schema's name of a parameter's annotation, whether it takes None): "int", "float", "bool", "str",
+    or "ints", "floats", ... for a list of one of them; "" for any other (a press, a Literal, a union of
+    several), which plan leaves unchecked."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        return (_type(rest[0])[0] if len(rest) == 1 else ""), True
+    if hint in _SCALARS:
+        return _SCALARS[hint], False
+    if typing.get_origin(hint) is list and len(args) == 1 and args[0] in _SCALARS:
+        return _SCALARS[args[0]] + "s", False
+    return "", False
+
+
+def types_of(cls) -> tuple[dict[str, str], list[str]]:
+    """({parameter: its type} for the parameters whose type plan checks (_type), those of them that take
+    None: Optional, or None by default)."""
+    try:
+        hints = typing.get_type_hints(cls.__init__)
+    except Exception:  # noqa: BLE001 - an annotation that does not resolve: nothing to check against
+        return {}, []
+    kinds, nullable = {}, []
+    for name, default in parameters(cls).items():
+        kind, takes_none = _type(hints.get(name))
+        if kind:
+            kinds[name] = kind
+            if takes_none or default is None:
+                nullable.append(name)
+    return kinds, nullable
+
+
 def schema() -> dict:
     """Every press's constructor for the schema the Go host reads, so that
     `workbench plan` refuses a press, press_args or inner_press that make()
-    would: {name: {"params": accepted names, "required": those without a
-    default, "wraps": the parameter it wraps other presses through, or ""}}."""
+    would, and a press_args value of the wrong type: {name: {"params":
+    accepted names, "required": those without a default, "wraps": the
+    parameter it wraps other presses through, or "", "types": {parameter:
+    int, float, bool, str, ints, floats, bools or strs} for those whose
+    annotation is one of them, "nullable": those of them that take none}}."""
     out = {}
     for name, cls in press_classes().items():
         accepted = parameters(cls)
+        kinds, nullable = types_of(cls)
         out[name] = {"params": list(accepted),
                      "required": [k for k, v in accepted.items() if v is inspect.Parameter.empty],
-                     "wraps": _wrapping(cls) or ""}
+                     "wraps": _wrapping(cls) or "", "types": kinds, "nullable": nullable}
     return out
 
 
@@ -112,13 +154,16 @@ def _value(raw: str) -> object:
 
 def parse_args(text: str) -> dict:
     """press_args "a=1,b=x,c=true,d=0.5;0.25" as {"a": 1, "b": "x", "c": True, "d": [0.5, 0.25]}:
-    pairs separated by commas, a list's items by semicolons."""
+    pairs separated by commas, a list's items by semicolons. A name set twice
+    is an error (one would silently win)."""
     out = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, eq, raw = part.partition("=")
         if not eq or not key.strip():
             raise PressError(f"press_args {text!r}: want name=value pairs separated by commas, e.g. window_size=32 "
                              f"(a list: items separated by semicolons, e.g. compression_ratios=0.5;0.25)")
+        if key.strip() in out:
+            raise PressError(f"press_args {text!r} sets {key.strip()} twice: keep one")
         out[key.strip()] = [_value(v) for v in raw.split(";")] if ";" in raw else _value(raw)
     return out
 
@@ -140,7 +185,9 @@ def make(name: str, compression_ratio: float, args: dict, inner: str = ""):
     """Build press `name` with its own parameters, checked against its
     constructor: an unknown press or parameter is a PressError naming what
     is accepted. compression_ratio goes to the press that takes it (the
-    inner one of a wrapper press)."""
+    inner one of a wrapper press); args may not set it, nor the press a
+    wrapper wraps (inner names it), since either would silently replace
+    what the caller's knobs say (and the results record)."""
     if name == NO_PRESS:
         return None
     classes = press_classes()
@@ -153,8 +200,17 @@ def make(name: str, compression_ratio: float, args: dict, inner: str = ""):
     if unknown:
         raise PressError(f"{name} takes no parameter {unknown[0]!r}; it takes: "
                          f"{', '.join(accepted) or 'nothing'}")
-    kwargs = dict(args)
+    if "compression_ratio" in args:
+        raise PressError(f"press_args: set compression_ratio with the kvpress method's compression_ratio knob "
+                         f"(compression_ratio={args['compression_ratio']!r}), not in press_args")
     wrapping = _wrapping(cls)
+    if wrapping == "presses" and wrapping in args:
+        raise PressError(f"press_args: {name}'s presses are the presses it wraps: name them with inner_press (e.g. "
+                         f"inner_press='SnapKVPress, KnormPress'), not in press_args")
+    if wrapping in args:
+        raise PressError(f"press_args: {name}'s {wrapping} is the press it wraps: name it with inner_press (e.g. "
+                         f"inner_press='SnapKVPress'), not in press_args")
+    kwargs = dict(args)
     if wrapping and inner:
         inner_presses = [make(n.strip(), compression_ratio, {}) for n in inner.split(",") if n.strip()]
         kwargs[wrapping] = inner_presses if wrapping == "presses" else inner_presses[0]

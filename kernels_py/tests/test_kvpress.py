@@ -174,6 +174,28 @@ def test_press_parameters_pass_through_and_are_checked(tiny):
         make_method("kvpress", {"inner_press": "KnormPress"}).make_press()
 
 
+@pytest.mark.parametrize("press, args, inner, match", [
+    ("SnapKVPress", "compression_ratio=0.9", "",
+     r"set compression_ratio with the kvpress method's compression_ratio knob \(compression_ratio=0.9\), not in"),
+    ("LUKVPress", "compression_ratio=0.3", "SnapKVPress", r"set compression_ratio with the kvpress method's"),
+    ("SnapKVPress", "window_size=32,window_size=64", "",
+     r"press_args 'window_size=32,window_size=64' sets window_size twice: keep one"),
+    ("AdaKVPress", "press=TOVAPress", "SnapKVPress",
+     r"AdaKVPress's press is the press it wraps: name it with inner_press \(e.g. inner_press='SnapKVPress'\)"),
+    ("KeyRerotationPress", "press=KnormPress", "", r"KeyRerotationPress's press is the press it wraps"),
+    ("DecodingPress", "base_press=KnormPress", "SnapKVPress", r"DecodingPress's base_press is the press it wraps"),
+    ("ComposedPress", "presses=KnormPress", "SnapKVPress", r"ComposedPress's presses are the presses it wraps: name them with inner_press"),
+])
+def test_press_args_may_not_replace_the_knobs(press, args, inner, match):
+    """press_args that would silently override compression_ratio or the
+    inner press (while the results record the knobs), or that set a name
+    twice (the last would win), are refused, as `workbench plan` refuses
+    them."""
+    method = make_method("kvpress", {"press": press, "press_args": args, "inner_press": inner})
+    with pytest.raises(presses.PressError, match=match):
+        method.make_press()
+
+
 def test_the_schema_says_what_make_refuses():
     """schema.json's presses are what `workbench plan` checks press,
     press_args and inner_press against: for every press, a job that sets
@@ -184,7 +206,15 @@ def test_the_schema_says_what_make_refuses():
     published = schema.document()["methods"]["kvpress"]["presses"]
     assert published == presses.schema() and set(published) == set(presses.press_classes())
     assert published["SnapKVPress"] == {"params": ["compression_ratio", "window_size", "kernel_size"],
-                                        "required": [], "wraps": ""}
+                                        "required": [], "wraps": "",
+                                        "types": {"compression_ratio": "float", "window_size": "int",
+                                                  "kernel_size": "int"}, "nullable": []}
+    # Only the types plan can check a value against: lists of one, Optional; not presses or Literals.
+    assert published["PerLayerCompressionPress"]["types"] == {"compression_ratios": "floats"}
+    assert (published["RandomPress"]["types"], published["RandomPress"]["nullable"]) == \
+        ({"compression_ratio": "float", "seed": "int"}, ["seed"])
+    assert published["FinchPress"]["nullable"] == ["chunk_length"]  # int, None by default
+    assert "model_type" not in published["KVzapPress"]["types"] and published["ComposedPress"]["types"] == {}
     for name, entry in published.items():
         missing = [r for r in entry["required"] if r != "compression_ratio"]
         try:

@@ -34,8 +34,10 @@ class VLMConfig(WorkloadConfig):
                       id_omits_default=True)
     prompt: str = knob("str", "", "the prompt, with one placeholder per image and per video, in order (LLaVA: "
                        "<image>; README lists each family's)")
-    decode_steps: int = knob("int", 16, "generated tokens scored (the full cache's greedy tokens are fed to every "
-                             "method, so all are compared on the same history)", min=1, max=4096)
+    decode_steps: int = knob("int", 16, "tokens decoded from each method's cache and scored, after the prefill's "
+                             "own token, which is scored too (only a method that changes the prefill, a sparse "
+                             "prefill, can change it); the full cache's greedy tokens are fed to every method, so "
+                             "all are compared on the same history", min=1, max=4096)
 
     def load(self):
         if not self.model or not (self.images or self.videos) or not self.prompt:
