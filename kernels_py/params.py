@@ -41,6 +41,9 @@ class ParamSpec:
     # str knobs: a file or folder, or several comma-separated (a relative one is from the kernels root, where
     # workers run); the Go host warns at plan time of one that does not exist.
     paths: bool = False
+    # str knobs: the default ("") is a placeholder a runnable value replaces (a model, a prompt); `workbench plan`
+    # refuses an experiment whose workload leaves it empty.
+    required: bool = False
 
     def check(self, owner: str, name: str, value: Any) -> Any:
         """Return `value` in the parameter's Python type, or raise TypeError
@@ -92,29 +95,34 @@ class ParamSpec:
             entry["id_omits_default"] = True
         if self.paths:
             entry["paths"] = True
+        if self.required:
+            entry["required"] = True
         return entry
 
 
 def knob(type: str, default: Any, doc: str, *, min=None, max=None, choices=None, ref: str = "", pattern: str = "",
-         id_omits_default: bool = False, paths: bool = False):
+         id_omits_default: bool = False, paths: bool = False, required: bool = False):
     """A dataclass field whose default, documentation, paper reference and
     bounds live in one place. `id_omits_default`: the job id leaves the knob
     out while it holds its default, so adding it to a workload or method that
     runs already existed for keeps those runs' job ids (and their resumes).
     `paths`: the value is a file or folder, or comma-separated ones, which
-    `workbench plan` checks exist."""
+    `workbench plan` checks exist. `required`: a str knob whose default ("")
+    only holds its place, which `workbench plan` refuses to run with."""
     if type not in TYPE_NAMES:
         raise ValueError(f"parameter type {type!r} is not one of {TYPE_NAMES}")
     if pattern and type != "str":
         raise ValueError("only str parameters take a pattern")
     if paths and type != "str":
         raise ValueError("only str parameters hold paths")
+    if required and (type != "str" or default != ""):
+        raise ValueError("only str parameters with the default \"\" are required")
     if id_omits_default and type == "ints":
         raise ValueError("a list knob cannot leave job ids at its default")
     if type == "ints":
         default = tuple(default)
     spec = ParamSpec(type, default, doc, min, max, None if choices is None else tuple(choices), ref, pattern,
-                     id_omits_default, paths)
+                     id_omits_default, paths, required)
     return dataclasses.field(default=default, metadata={"spec": spec})
 
 

@@ -26,12 +26,14 @@ def document() -> dict:
         "methods": {name: {"doc": cls.summary(), "paper": cls.paper, "params": cls.schema(),
                            "rules": cls.rules_schema(), **({"notes": cls.notes()} if cls.notes() else {}),
                            **({"presses": cls.presses()} if cls.presses() else {}),
+                           **({"in_model_only": True} if getattr(cls, "in_model_only", False) else {}),
                            **_protocols(cls, PROTOCOLS)}
                     for name, cls in METHODS.items()},
         "protocols": PROTOCOLS,
         "renamed_methods": {old: {"now": new, "why": why} for old, (new, why) in RENAMED.items()},
         "workloads": {name: {"doc": cls.summary(), "params": cls.schema(), "rules": cls.rules_schema(),
-                             **({"expand": cls.expand} if cls.expand else {})}
+                             **({"expand": cls.expand} if cls.expand else {}),
+                             **({"runs_model": True} if cls.runs_model else {})}
                       for name, cls in WORKLOADS.items()},
         "default_workload": DEFAULT_WORKLOAD,
         "benchmarks": {name: bench.describe() for name, bench in BENCHMARKS.items()},

@@ -6,6 +6,7 @@ import (
 	"math"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -106,6 +107,11 @@ func (l *loader) workload(thread *starlark.Thread, _ *starlark.Builtin, args sta
 		p, ok := params[name]
 		if !ok {
 			return nil, l.pos.errorf(thread, path{name}, "workload: param %s", UnknownName(name, params.Names()))
+		}
+		for from, how := range l.schema.Workloads[kind].Expand {
+			if how == "index:"+name { // the plan sets it in each job it spreads the workload over
+				return nil, l.pos.errorf(thread, path{name}, "workload: param %q is set by the plan from %s (one job for each of 0..%s-1): leave it out", name, from, from)
+			}
 		}
 		v, err := checkValue(p, kw[name])
 		if err != nil {
@@ -327,6 +333,9 @@ func (l *loader) experiment(thread *starlark.Thread, _ *starlark.Builtin, args s
 	}
 	extras, err := l.extras(kw, workloads[0], protocol, fail, warn)
 	if err != nil {
+		return nil, err
+	}
+	if err := l.checkRunnable(methods, workloads, extras, fail); err != nil {
 		return nil, err
 	}
 
@@ -634,6 +643,65 @@ func (l *loader) extras(kw map[string]starlark.Value, first *workloadValue, prot
 		out = append(out, p)
 	}
 	return out, nil
+}
+
+// checkRunnable refuses, before any job is planned, the jobs that could
+// only fail when they run: a workload with a required knob left empty (a
+// model, a prompt), and a method that runs only inside a model on a
+// workload without one.
+func (l *loader) checkRunnable(methods []*Method, workloads []*workloadValue, extras []point, fail failFunc) error {
+	for i, w := range workloads {
+		if msg := l.missingKnobs(w); msg != "" {
+			return fail(path{"workloads", i}, "workloads[%d]: %s", i, msg)
+		}
+		for _, m := range methods {
+			if msg := l.needsModel(m, w); msg != "" {
+				return fail(path{"workloads", i}, "workloads[%d]: %s (or pair them in extra: "+
+					`{"method": %q, "workload": workload("vlm", ...)})`, i, msg, m.Name)
+			}
+		}
+	}
+	for i, p := range extras {
+		if p.workload != workloads[0] {
+			if msg := l.missingKnobs(p.workload); msg != "" {
+				return fail(path{"extra", i}, "extra[%d]: %s", i, msg)
+			}
+		}
+		if msg := l.needsModel(p.method, p.workload); msg != "" {
+			return fail(path{"extra", i}, "extra[%d]: %s", i, msg)
+		}
+	}
+	return nil
+}
+
+// missingKnobs names the required knobs w leaves empty, "" for none.
+func (l *loader) missingKnobs(w *workloadValue) string {
+	params := l.schema.Workloads[w.name].Params
+	var missing []string
+	for _, name := range params.Names() {
+		if params[name].Required && w.vals[name] == "" {
+			missing = append(missing, fmt.Sprintf("%s= (%s)", name, params[name].Doc))
+		}
+	}
+	if len(missing) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("workload %q needs %s", w.name, strings.Join(missing, "; "))
+}
+
+// needsModel says why m cannot run on w, "" where it can.
+func (l *loader) needsModel(m *Method, w *workloadValue) string {
+	if !m.InModelOnly || l.schema.Workloads[w.name].RunsModel {
+		return ""
+	}
+	var with []string
+	for _, name := range l.schema.WorkloadNames() {
+		if l.schema.Workloads[name].RunsModel {
+			with = append(with, strconv.Quote(name))
+		}
+	}
+	return fmt.Sprintf("method %q runs only inside a model, and workload %q runs none: give it one that does (%s)",
+		m.Name, w.name, strings.Join(with, ", "))
 }
 
 // protocol reads experiment(protocol=...): one of the schema's protocols,

@@ -758,11 +758,13 @@ func TestPressesFailThePlan(t *testing.T) {
 	if len(s.Methods["kvpress"].Presses) == 0 {
 		t.Fatal("the schema lists no kvpress presses: regenerate it where kvpress imports (`workbench schema`)")
 	}
+	// A press runs inside a model: the experiments run on a vlm workload,
+	// given last so that the columns of the errors before it hold.
 	extra := func(fields string) string {
-		return `experiment(name = "a", methods = ["full"], extra = [{"method": "kvpress", ` + fields + `}])`
+		return `experiment(name = "a", methods = ["full"], extra = [{"method": "kvpress", ` + fields + `}], workloads = [` + vlmWorkload + `])`
 	}
 	tests := []struct{ name, src, want string }{
-		{"unknown press", `experiment(name = "a", methods = ["kvpress"], grid = {"press": ["SnapKVPress", "SnapKVPres"]})`,
+		{"unknown press", `experiment(name = "a", methods = ["kvpress"], grid = {"press": ["SnapKVPress", "SnapKVPres"]}, workloads = [` + vlmWorkload + `])`,
 			`x.star:1:47: experiment "a": method "kvpress" with press="SnapKVPres": press "SnapKVPres" is unknown (did you mean "SnapKVPress"?) (known: AdaKVPress, `},
 		{"unknown parameter", extra(`"press": "SnapKVPress", "press_args": "window=32"`),
 			`x.star:1:53: experiment "a": extra[0]: method "kvpress": press_args: SnapKVPress takes no parameter "window"; it takes: compression_ratio, window_size, kernel_size`},
@@ -791,12 +793,57 @@ func TestPressesFailThePlan(t *testing.T) {
 	// wrapper with its inner presses, and no press whatever press_args say
 	// (a grid may set them for the presses beside it).
 	for _, src := range []string{
-		`experiment(name = "a", methods = ["kvpress"])`,
+		`experiment(name = "a", methods = ["kvpress"], workloads = [` + vlmWorkload + `])`,
 		extra(`"press": "SnapKVPress", "press_args": "window_size=32, kernel_size=5"`),
 		extra(`"press": "AdaKVPress", "inner_press": "SnapKVPress", "press_args": "alpha_safeguard=0.1"`),
 		extra(`"press": "ComposedPress", "inner_press": "SnapKVPress, KnormPress"`),
 		extra(`"press": "PerLayerCompressionPress", "inner_press": "SnapKVPress", "press_args": "compression_ratios=0.5;0.25"`),
-		`experiment(name = "a", methods = ["kvpress"], grid = {"press": ["none", "SnapKVPress"], "press_args": ["window_size=8"]})`,
+		`experiment(name = "a", methods = ["kvpress"], grid = {"press": ["none", "SnapKVPress"], "press_args": ["window_size=8"]}, workloads = [` + vlmWorkload + `])`,
+	} {
+		if _, err := LoadSource("x.star", []byte(src), s); err != nil {
+			t.Errorf("%s: %v", src, err)
+		}
+	}
+}
+
+// A job that could only fail when it runs fails the plan instead: a
+// workload without the model or prompt it needs, a method that runs inside
+// a model on a workload without one, and a knob the plan itself sets.
+func TestJobsThatCouldOnlyFailAreRefused(t *testing.T) {
+	s, err := LoadSchema("../../kernels_py/schema.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct{ name, src, want string }{
+		{"lmms without a model", `experiment(name = "a", methods = ["full"], workloads = [workload("lmms", tasks = "chartqa")])`,
+			`x.star:1:57: experiment "a": workloads[0]: workload "lmms" needs model= (local model directory`},
+		{"lmms without tasks", `experiment(name = "a", methods = ["full"], workloads = [workload("lmms", model = "m")])`,
+			`workloads[0]: workload "lmms" needs tasks= (lmms-eval task names`},
+		{"vlm without model and prompt", `experiment(name = "a", methods = ["full"], workloads = [workload(), workload("vlm")])`,
+			`workloads[1]: workload "vlm" needs model= (local model directory (config.json, weights, processor files; nothing is downloaded)); prompt= (the prompt`},
+		{"a trace without its file in an extra", `experiment(name = "a", methods = ["full"], extra = [{"method": "h2o", "workload": workload("trace")}])`,
+			`x.star:1:53: experiment "a": extra[0]: workload "trace" needs path=`},
+		{"a press on the default workload", `experiment(name = "a", methods = ["full", "kvpress"])`,
+			`experiment "a": workloads[0]: method "kvpress" runs only inside a model, and workload "synthetic" runs none: give it one that does ("lmms", "vlm")`},
+		{"a press in an extra on a trace", `experiment(name = "a", methods = ["full"], workloads = [workload("trace", path = "t.safetensors")], extra = [{"method": "kvpress"}])`,
+			`extra[0]: method "kvpress" runs only inside a model, and workload "trace" runs none`},
+		{"the shard the plan sets", `experiment(name = "a", methods = ["full"], workloads = [workload("lmms", model = "m", tasks = "t", shards = 2, shard = 1)])`,
+			`x.star:1:112: workload: param "shard" is set by the plan from shards (one job for each of 0..shards-1): leave it out`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := LoadSource("x.star", []byte(tt.src), s)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("err = %v\nwant  %s", err, tt.want)
+			}
+		})
+	}
+	for _, src := range []string{
+		`experiment(name = "a", methods = ["full", "kvpress"], workloads = [` + vlmWorkload + `, workload("lmms", model = "m", tasks = "t", shards = 2)])`,
+		`experiment(name = "a", methods = ["full"], extra = [{"method": "kvpress", "workload": ` + vlmWorkload + `}])`,
+		// a base workload may leave its model to the ones built from it
+		"base = workload(\"vlm\", prompt = \"p\")\n" +
+			`experiment(name = "a", methods = ["full"], workloads = [workload(base, model = "m", images = "i.png")])`,
 	} {
 		if _, err := LoadSource("x.star", []byte(src), s); err != nil {
 			t.Errorf("%s: %v", src, err)

@@ -20,8 +20,11 @@ func pressSchema(t *testing.T) *Schema {
 
 // kvpressJob is an experiment with one kvpress job of the given fields.
 func kvpressJob(fields string) string {
-	return `experiment(name = "a", methods = ["full"], extra = [{"method": "kvpress", ` + fields + `}])`
+	return `experiment(name = "a", methods = ["full"], extra = [{"method": "kvpress", ` + fields + `}], workloads = [` + vlmWorkload + `])`
 }
+
+// vlmWorkload is a workload a press can run on (a model runs in it).
+const vlmWorkload = `workload("vlm", model = "m", images = "i.png", prompt = "p")`
 
 // press_args that the knobs set, that set a name twice or that hold a value
 // of the wrong type fail the plan: presses.make would override the knobs
@@ -91,7 +94,7 @@ func TestPressArgsThatFailThePlan(t *testing.T) {
 		})
 	}
 	// The grid's compression_ratio in press_args fails at the grid too.
-	src := `experiment(name = "x", methods = ["kvpress"], grid = {"press": ["SnapKVPress"], "press_args": ["compression_ratio=0.9"]})`
+	src := `experiment(name = "x", methods = ["kvpress"], grid = {"press": ["SnapKVPress"], "press_args": ["compression_ratio=0.9"]}, workloads = [` + vlmWorkload + `])`
 	if _, err := LoadSource("x.star", []byte(src), s); err == nil || !strings.Contains(err.Error(), `x.star:1:47: experiment "x": method "kvpress" with press_args="compression_ratio=0.9": press_args: set compression_ratio`) {
 		t.Errorf("err = %v", err)
 	}

@@ -82,6 +82,9 @@ type Method struct {
 	// Presses are the kvpress presses the method's press param may name
 	// (the kvpress method's); nil: none are checked.
 	Presses Presses
+	// InModelOnly: the method runs only inside a model (a kvpress press),
+	// so only on a workload that RunsModel.
+	InModelOnly bool
 }
 
 // ProtocolParams returns a copy of the params `protocol` sets on m (empty
@@ -104,6 +107,9 @@ type Workload struct {
 	// "each" (a comma-separated str: one job per item, holding that item) or
 	// "index:KNOB" (an int N: N jobs, KNOB = 0..N-1 in each).
 	Expand map[string]string
+	// RunsModel: a model runs in the workload, so methods that run only
+	// inside one (Method.InModelOnly) can run on it.
+	RunsModel bool
 }
 
 // Benchmark is one kernel benchmark: its parameters (command-line flags) and
@@ -150,6 +156,9 @@ type Param struct {
 	// ones. Workers run in the kernels root, so a relative one is from
 	// there (plan warns of missing ones).
 	Paths bool
+	// Required: a str parameter whose default ("") only holds its place (a
+	// model, a prompt); an experiment may not run with it empty.
+	Required bool
 }
 
 // LoadSchema reads and parses a schema file.
@@ -190,12 +199,16 @@ type (
 		Notes     []string                  `json:"notes"`
 		Protocols map[string]map[string]any `json:"protocols"`
 		Presses   Presses                   `json:"presses"`
+		// InModelOnly is Method.InModelOnly.
+		InModelOnly bool `json:"in_model_only"`
 	}
 	paramSetJSON struct {
 		Doc    string               `json:"doc"`
 		Params map[string]paramJSON `json:"params"`
 		Rules  []*Rule              `json:"rules"`
 		Expand map[string]string    `json:"expand"`
+		// RunsModel is Workload.RunsModel.
+		RunsModel bool `json:"runs_model"`
 	}
 	benchmarkJSON struct {
 		Doc     string               `json:"doc"`
@@ -217,6 +230,8 @@ type (
 		IDOmitsDefault bool `json:"id_omits_default"`
 		// Paths is Param.Paths.
 		Paths bool `json:"paths"`
+		// Required is Param.Required.
+		Required bool `json:"required"`
 	}
 )
 
@@ -292,7 +307,7 @@ func parseSchema(data []byte) (*Schema, error) {
 			return nil, fmt.Errorf("method %q: presses: %w", name, err)
 		}
 		s.Methods[name] = &Method{Name: name, Doc: mj.Doc, Paper: mj.Paper, Params: ps, Rules: rules, Notes: mj.Notes,
-			Protocols: protocols, Presses: mj.Presses}
+			Protocols: protocols, Presses: mj.Presses, InModelOnly: mj.InModelOnly}
 	}
 	for _, name := range sortedKeys(w.Workloads) {
 		if !methodRE.MatchString(name) {
@@ -310,7 +325,7 @@ func parseSchema(data []byte) (*Schema, error) {
 			return nil, fmt.Errorf("workload %q: %w", name, err)
 		}
 		s.Workloads[name] = &Workload{Name: name, Doc: w.Workloads[name].Doc, Params: ps, Rules: rules,
-			Expand: w.Workloads[name].Expand}
+			Expand: w.Workloads[name].Expand, RunsModel: w.Workloads[name].RunsModel}
 	}
 	if len(s.Workloads) == 0 {
 		return nil, errors.New(`"workloads" is missing or empty`)
@@ -399,7 +414,7 @@ func parseParams(in map[string]paramJSON, lists bool) (Params, error) {
 }
 
 func parseParam(name string, pj paramJSON) (*Param, error) {
-	p := &Param{Name: name, Doc: pj.Doc, Ref: pj.Ref, Type: pj.Type, IDOmitsDefault: pj.IDOmitsDefault, Paths: pj.Paths}
+	p := &Param{Name: name, Doc: pj.Doc, Ref: pj.Ref, Type: pj.Type, IDOmitsDefault: pj.IDOmitsDefault, Paths: pj.Paths, Required: pj.Required}
 	switch pj.Type {
 	case TypeInt, TypeFloat, TypeStr, TypeBool, TypeInts:
 	case "":
@@ -459,6 +474,9 @@ func parseParam(name string, pj paramJSON) (*Param, error) {
 	}
 	if p.Default, err = p.check(fromJSON(pj.Default)); err != nil {
 		return nil, fmt.Errorf("default: %w", err)
+	}
+	if p.Required && p.Default != "" {
+		return nil, errors.New(`"required" is only for str params whose default is ""`)
 	}
 	return p, nil
 }

@@ -52,6 +52,8 @@ class WorkloadConfig(Knobs):
     # Knobs one workload value spreads over several jobs (the plan expands them): "each" splits a
     # comma-separated str into one job per item; "index:KNOB" makes an int N into N jobs, KNOB = 0..N-1.
     expand: ClassVar[dict[str, str]] = {}
+    # A model runs in it, so methods that run only inside a model (Method.in_model_only) can run on it.
+    runs_model: ClassVar[bool] = False
 
     @classmethod
     def owner_name(cls) -> str:

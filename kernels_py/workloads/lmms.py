@@ -42,15 +42,16 @@ class LmmsConfig(WorkloadConfig):
     cache."""
 
     name = "lmms"
+    runs_model = True
     # One job per task of `tasks` and per shard of `shards` (the plan spreads them; `shard` is set there).
     expand: ClassVar[dict[str, str]] = {"tasks": "each", "shards": "index:shard"}
     RULES = (Rule("shard < shards", "shard {shard} is not below shards {shards}: the plan numbers the shards "
                   "0..shards-1 itself, leave shard out"),)
 
     model: str = knob("str", "", "local model directory (config.json, weights, processor files; nothing is "
-                      "downloaded)", paths=True)
+                      "downloaded)", paths=True, required=True)
     tasks: str = knob("str", "", "lmms-eval task names, comma-separated (one job per task), e.g. "
-                      "\"docvqa_val,chartqa\"; tasks scored by log-likelihood are refused")
+                      "\"docvqa_val,chartqa\"; tasks scored by log-likelihood are refused", required=True)
     limit: int = knob("int", 200, "score the first `limit` documents of each task's evaluation split", min=1,
                       max=10_000_000)
     shards: int = knob("int", 1, "split each task's documents over this many jobs (document i goes to shard "

@@ -17,7 +17,7 @@ class TraceConfig(WorkloadConfig):
 
     name = "trace"
 
-    path: str = knob("str", "", "the trace file (.safetensors) to replay", paths=True)
+    path: str = knob("str", "", "the trace file (.safetensors) to replay", paths=True, required=True)
 
     def build(self) -> Workload:
         from kernels_py.models.trace import read, spans_of

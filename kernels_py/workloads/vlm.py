@@ -19,9 +19,10 @@ class VLMConfig(WorkloadConfig):
     inside it."""
 
     name = "vlm"
+    runs_model = True
 
     model: str = knob("str", "", "local model directory (config.json, weights, processor files; nothing is "
-                      "downloaded)", paths=True)
+                      "downloaded)", paths=True, required=True)
     images: str = knob("str", "", "image files, comma-separated, one per image placeholder in the prompt",
                        paths=True)
     # The video knobs are left out of job ids at their defaults, so runs planned before them keep their ids.
@@ -33,7 +34,7 @@ class VLMConfig(WorkloadConfig):
                       "the whole video; a frame directory is read as fps frames a second)", min=0.0, max=1000.0,
                       id_omits_default=True)
     prompt: str = knob("str", "", "the prompt, with one placeholder per image and per video, in order (LLaVA: "
-                       "<image>; README lists each family's)")
+                       "<image>; README lists each family's)", required=True)
     decode_steps: int = knob("int", 16, "tokens decoded from each method's cache and scored, after the prefill's "
                              "own token, which is scored too (only a method that changes the prefill, a sparse "
                              "prefill, can change it); the full cache's greedy tokens are fed to every method, so "
