@@ -307,9 +307,10 @@ def check_params(schema_params: dict, dataclass_type) -> None:
             assert entry["default"] == field.default and type(entry["default"]) is field.type
         assert {"type", "default", "min", "max", "doc"} <= set(entry) <= {"type", "default", "min", "max", "doc",
                                                                           "choices", "ref", "pattern",
-                                                                          "id_omits_default", "paths"}
+                                                                          "id_omits_default", "paths", "required"}
         assert entry.get("id_omits_default", True) is True  # written only where set
         assert entry.get("paths", True) is True and ("paths" not in entry or entry["type"] == "str")
+        assert entry.get("required", True) is True and ("required" not in entry or entry["default"] == "")
         if "pattern" in entry:
             assert entry["type"] == "str" and re.fullmatch(entry["pattern"], entry["default"])
         assert entry["doc"], f"{name} has no doc"
@@ -334,6 +335,7 @@ def test_schema_matches_the_registries():
     assert list(document["methods"]) == list(METHODS)
     for name, cls in METHODS.items():
         assert document["methods"][name]["doc"]
+        assert document["methods"][name].get("in_model_only", False) is getattr(cls, "in_model_only", False)
         check_params(document["methods"][name]["params"], cls)
         defaults = {p: e["default"] for p, e in document["methods"][name]["params"].items()}
         make_method(name, defaults)
@@ -344,6 +346,9 @@ def test_schema_matches_the_registries():
     assert list(document["workloads"]) == list(WORKLOADS)
     for name, cls in WORKLOADS.items():
         check_params(document["workloads"][name]["params"], cls)
+        # plan pairs a method that runs only inside a model with workloads that run one, as ablation.run does
+        assert document["workloads"][name].get("runs_model", False) is cls.runs_model
+        assert cls.runs_model is (hasattr(cls, "image_list") or hasattr(cls, "evaluate")), name
     defaults = {p: e["default"] for p, e in document["workloads"]["synthetic"]["params"].items()}
     assert SyntheticConfig.from_dict(defaults) == SyntheticConfig()
     assert list(document["benchmarks"]) == list(BENCHMARKS)

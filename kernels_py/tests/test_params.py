@@ -55,6 +55,18 @@ def test_path_knobs_say_so_in_the_schema():
                        ("lmms", "model"), ("lmms", "include_path"), ("lmms", "data")}
 
 
+def test_required_knobs_say_so_in_the_schema():
+    """The Go host refuses an experiment whose workload leaves these empty."""
+    from kernels_py.workloads import WORKLOADS
+
+    for bad in (dict(type="int", default=0), dict(type="str", default="x")):
+        with pytest.raises(ValueError, match="only str parameters with the default"):
+            knob(bad["type"], bad["default"], "n", required=True)
+    required = {(w, name) for w, cls in WORKLOADS.items() for name, entry in cls.schema().items()
+                if entry.get("required")}
+    assert required == {("vlm", "model"), ("vlm", "prompt"), ("trace", "path"), ("lmms", "model"), ("lmms", "tasks")}
+
+
 def test_rules_use_only_what_both_languages_have():
     with pytest.raises(NameError):
         Rule("__import__('os') is None", "no").holds({})
