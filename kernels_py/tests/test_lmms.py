@@ -155,7 +155,9 @@ def test_two_shards_score_as_one(root):
         assert merged[name] == pytest.approx(one["metrics"][name]), name
 
 
-def test_bad_input_is_one_line_error(root, tmp_path):
+def test_bad_input_is_one_line_error(root, tmp_path, monkeypatch):
+    for key in ("OPENAI_API_KEY", "OPENAI_ADMIN_KEY"):  # the LLM judge's task must find no credentials
+        monkeypatch.delenv(key, raising=False)
     cases = [
         (knobs(root, tasks="tiny_shape"), "unknown lmms-eval task 'tiny_shape' (did you mean 'tiny_shapes'?)"),
         # Offline, with no local copy: the task, its hub id and how to fetch it.
@@ -171,6 +173,7 @@ def test_bad_input_is_one_line_error(root, tmp_path):
         (knobs(root, limit=2, shards=4, shard=3), "shard 3 of 4 holds none of the first 2 documents"),
         (knobs(root, tasks="tiny_shapes_missing_module"), "imports the module 'vlkv_tests_no_such_module', which "
                                                           "this Python lacks"),
+        (knobs(root, tasks="tiny_shapes_llm_judge"), "task tiny_shapes_llm_judge is scored by an LLM judge"),
         (knobs(root, include_path=str(tmp_path / "nowhere")), "include_path"),
     ]
     for workload, message in cases:

@@ -125,6 +125,13 @@ def load_task(name: str, include_path: str = "", data: str = ""):
         raise TaskError(f"task {name}: its lmms-eval code imports the module {err.name!r}, which this Python lacks "
                         f"(lmms-eval's requirements leave it out): add its package to the lmms group of "
                         f"pyproject.toml and run `uv lock`, or give --python an environment that has it") from None
+    except Exception as err:
+        if not type(err).__module__.startswith("openai"):
+            raise
+        # MathVista's code, say, sets up lmms-eval's LLM judge (an OpenAI client) as it loads.
+        raise TaskError(f"task {name} is scored by an LLM judge: its lmms-eval code sets up an OpenAI client as it "
+                        f"loads ({_first_line(err)}); set OPENAI_API_KEY, and give the workers the network, to "
+                        f"score it") from None
 
 
 def _load_task(name: str, include_path: str, data: str):
