@@ -226,8 +226,10 @@ func (a *app) status(ctx context.Context, dir string, follow bool) error {
 	if err != nil {
 		return err
 	}
+	var interrupted error
 	if follow && len(subs) > 0 {
-		err := a.followArray(ctx, run, subs[len(subs)-1])
+		sub := subs[len(subs)-1]
+		err := a.followArray(ctx, run, sub)
 		if merr := mergeSegments(run); err == nil { // what the tasks recorded while they stopped
 			err = merr
 		}
@@ -242,6 +244,10 @@ func (a *app) status(ctx context.Context, dir string, follow bool) error {
 		case errors.As(err, &detached): // the user chose to leave the array running: not a failure
 			fmt.Fprintln(a.stdout, detached.Error())
 			ctx, err = context.WithoutCancel(ctx), nil // the report still asks squeue after Ctrl-C
+		case errors.Is(err, context.Canceled) && ctx.Err() != nil: // cancelled on Ctrl-C: report, then say so
+			interrupted = fmt.Errorf("interrupted: Slurm array %s is cancelled; the jobs its tasks finished are kept; "+
+				"to submit the rest: %s", sub.ArrayJob, sub.ResumeCommand())
+			ctx, err = context.WithoutCancel(ctx), nil
 		}
 		if err != nil {
 			results.BuildParquet(dir)
@@ -251,7 +257,10 @@ func (a *app) status(ctx context.Context, dir string, follow bool) error {
 	if _, err := syncRun(run, a.log); err != nil {
 		return err
 	}
-	return a.report(ctx, dir, run)
+	if err := a.report(ctx, dir, run); err != nil {
+		return err
+	}
+	return interrupted
 }
 
 // mergeSegments journals what the tasks recorded in their segments and the
@@ -297,7 +306,9 @@ func (a *app) followArray(ctx context.Context, run *results.Run, sub slurm.Submi
 		}
 	}
 	m := run.Manifest()
-	progress := sched.NewProgress(a.console, sched.IsTerminal(a.console), m.Jobs, len(done))
+	// Counted from what is left: a job retried after failing has a record
+	// already, and must not count twice.
+	progress := sched.NewProgress(a.console, sched.IsTerminal(a.console), m.Jobs, max(0, m.Jobs-len(pending)))
 	defer progress.Close()
 	f := &slurm.Follow{RunDir: run.Dir, Submission: sub, Plan: plan, Pending: pending, Log: a.log, Interrupt: a.cancelArray,
 		Deliver: func(rec results.Record) error {
@@ -343,16 +354,23 @@ func (a *app) report(ctx context.Context, dir string, run *results.Run) error {
 		return err
 	}
 	sub := subs[len(subs)-1]
-	fmt.Fprintf(a.stdout, "slurm array %s (submitted %s, %d tasks, %d jobs): ", sub.ArrayJob,
-		sub.Submitted.Local().Format("2006-01-02 15:04:05"), sub.Tasks, sub.Jobs)
+	fmt.Fprintf(a.stdout, "slurm array %s (submitted %s, %s, %s): ", sub.ArrayJob,
+		sub.Submitted.Local().Format("2006-01-02 15:04:05"), plural(sub.Tasks, "task"), plural(sub.Jobs, "job"))
 	tasks, err := slurm.Tasks(ctx, sub.ArrayJob)
 	switch {
 	case err != nil:
 		fmt.Fprintf(a.stdout, "its tasks cannot be read: %v\n", err)
-	case len(tasks) == 0:
-		fmt.Fprintln(a.stdout, "no longer in the queue")
+	case len(tasks) == 0: // Slurm forgets an array soon after it ends: the tasks' own word remains
+		fmt.Fprintf(a.stdout, "no longer in the queue; %s\n", slurm.DescribeEnded(dir, sub))
 	default:
 		fmt.Fprintln(a.stdout, slurm.Describe(tasks))
+	}
+	ended := err == nil
+	for _, t := range tasks {
+		ended = ended && t.Terminal()
+	}
+	if planned, _ := results.ReadJobs(dir); ended && planned != nil && results.Count(last, planned, nil).Done < len(planned) {
+		fmt.Fprintf(a.stdout, "the array has ended short; to submit the rest: %s\n", sub.ResumeCommand())
 	}
 	return nil
 }

@@ -190,6 +190,20 @@ func TestSlurmTaskKilledMidRunThenResume(t *testing.T) {
 	if !strings.Contains(string(done), "stopped by a signal") || !strings.Contains(text, "stopped by a signal (scancel") {
 		t.Errorf("task 1's .done %q; the host said:\n%s", done, text)
 	}
+	// The host, and status after it, give the whole command that submits the rest.
+	resumes := func(text string) bool {
+		_, command, _ := strings.Cut(text, "to submit the rest: ")
+		command, _, _ = strings.Cut(command, "\n")
+		return strings.Contains(command, " run "+s.script+" --out "+out+" --executor slurm ") &&
+			strings.HasSuffix(command, " --shards 2 --resume")
+	}
+	if !resumes(text) {
+		t.Errorf("the host's message lacks the command to resume:\n%s", text)
+	}
+	if code, status := runProc(t, s.cmd(c, "status", "--no-follow", runDir)); code != 0 ||
+		!strings.Contains(status, "the array has ended short; ") || !resumes(status) {
+		t.Errorf("status after the kill: exit %d\n%s", code, status)
+	}
 	journal, _ := results.Finished(runDir)
 	if len(journal) >= 7 || len(journal) < len(before) {
 		t.Fatalf("journal has %d jobs after the kill", len(journal))

@@ -68,6 +68,9 @@ type Batch struct {
 	Details    map[string]Job
 	// KernelsDigest names the kernels_py sources the run's rows come from.
 	KernelsDigest string
+	// Continue is the command that resumes the run (Options.Continue), for
+	// an executor whose messages, or records, say how to go on.
+	Continue string
 	// Open creates the run directory now, if it does not exist yet: an
 	// executor whose tasks write into it calls it before they start.
 	Open func() error
@@ -224,6 +227,7 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 		Experiment:    o.Experiment,
 		Details:       jobs,
 		KernelsDigest: current,
+		Continue:      o.continueCommand(),
 		Open: func() error {
 			_, err := run.get(log)
 			return err

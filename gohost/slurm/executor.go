@@ -121,7 +121,8 @@ func (e *Executor) Run(ctx context.Context, b runner.Batch) error {
 	if err != nil {
 		return err
 	}
-	sub := Submission{ID: plan.Submission, ArrayJob: id, Tasks: len(plan.Shards), Jobs: len(jobs), Submitted: time.Now()}
+	sub := Submission{ID: plan.Submission, ArrayJob: id, Tasks: len(plan.Shards), Jobs: len(jobs), Submitted: time.Now(),
+		Resume: b.Continue}
 	if err := appendSubmission(b.Dir, sub); err != nil {
 		return fmt.Errorf("submitted array %s but could not record it (%w): scancel %s, then run again", id, err, id)
 	}

@@ -167,16 +167,29 @@ type IncompleteError struct {
 	ArrayJob string
 	Missing  int
 	Tasks    []string // what each task with missing jobs says of its end
+	Resume   string   // the command that resumes the run; "" when not known
 }
 
 func (e *IncompleteError) Error() string {
 	return fmt.Sprintf("Slurm array %s ended with %d job(s) not run: %s. The jobs its tasks finished are kept; "+
-		"`workbench run ... --resume` submits the rest", e.ArrayJob, e.Missing, strings.Join(e.Tasks, "; "))
+		"to submit the rest: %s", e.ArrayJob, e.Missing, strings.Join(e.Tasks, "; "), resumeCommand(e.Resume))
+}
+
+// ResumeCommand is how a message says to resume the submission's run.
+func (s Submission) ResumeCommand() string { return resumeCommand(s.Resume) }
+
+// resumeCommand is how a message says to resume a run: the command its
+// host was given where known.
+func resumeCommand(command string) string {
+	if command == "" || command == "--resume" {
+		return "`workbench run SCRIPT --out DIR --executor slurm ... --resume`, with the run's script and flags"
+	}
+	return command
 }
 
 // incomplete explains which tasks left jobs unrecorded, and why if known.
 func (f *Follow) incomplete(last map[int]TaskState) error {
-	e := &IncompleteError{ArrayJob: f.Submission.ArrayJob, Missing: len(f.Pending)}
+	e := &IncompleteError{ArrayJob: f.Submission.ArrayJob, Missing: len(f.Pending), Resume: f.Submission.Resume}
 	var shards []int
 	for i, jobs := range f.Plan.Shards {
 		for _, j := range jobs {

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/vlkv/vlkv/gohost/runner"
@@ -38,6 +39,9 @@ type Submission struct {
 	Tasks     int       `json:"tasks"`
 	Jobs      int       `json:"jobs"`
 	Submitted time.Time `json:"submitted"`
+	// Resume is the command that resumes the run, as its host was given
+	// it: what `workbench status` says to run once the array ends short.
+	Resume string `json:"resume,omitempty"`
 }
 
 const (
@@ -159,4 +163,45 @@ func readDone(runDir, submission string, task int) (taskDone, bool) {
 	}
 	var d taskDone
 	return d, json.Unmarshal(data, &d) == nil
+}
+
+// DescribeEnded says how the tasks of a submission ended by their own
+// word (task-<i>.done), for when Slurm no longer remembers them: those
+// that recorded all their jobs, each one that stopped with its reason, and
+// those that left no word (killed outright, or never started).
+func DescribeEnded(runDir string, sub Submission) string {
+	var finished, silent []int
+	var stopped []string
+	for i := 0; i < sub.Tasks; i++ {
+		d, ok := readDone(runDir, sub.ID, i)
+		switch {
+		case !ok:
+			silent = append(silent, i)
+		case d.Error != "":
+			stopped = append(stopped, fmt.Sprintf("task %d: %s", i, d.Error))
+		default:
+			finished = append(finished, i)
+		}
+	}
+	var parts []string
+	if len(finished) > 0 {
+		whose := "their"
+		if len(finished) == 1 {
+			whose = "its"
+		}
+		parts = append(parts, fmt.Sprintf("%s ran all %s jobs (%s)", plural(len(finished), "task"), whose, ranges(finished)))
+	}
+	parts = append(parts, stopped...)
+	if len(silent) > 0 {
+		parts = append(parts, fmt.Sprintf("%s left no word (%s: killed outright, or never started; see %s)",
+			plural(len(silent), "task"), ranges(silent), filepath.Join(runDir, Dir, sub.ID, "task-<i>.log")))
+	}
+	return strings.Join(parts, "; ")
+}
+
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }

@@ -155,6 +155,27 @@ func TestDescribe(t *testing.T) {
 	}
 }
 
+// Once Slurm forgets an array, its tasks' .done files say how each ended.
+func TestDescribeEnded(t *testing.T) {
+	dir := t.TempDir()
+	sub := Submission{ID: "s1", Tasks: 5}
+	if err := os.MkdirAll(filepath.Join(dir, Dir, sub.ID), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for i, d := range map[int]string{0: `{"jobs": 2, "recorded": 2}`, 1: `{"jobs": 2, "recorded": 2, "failed": 1}`,
+		3: `{"jobs": 2, "recorded": 1, "error": "stopped by a signal (scancel, its time limit or a preemption) after recording 1 of its 2 jobs"}`} {
+		if err := os.WriteFile(donePath(dir, sub.ID, i), []byte(d), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := "2 tasks ran all their jobs (0-1); task 3: stopped by a signal (scancel, its time limit or a preemption) after " +
+		"recording 1 of its 2 jobs; 2 tasks left no word (2,4: killed outright, or never started; see " +
+		filepath.Join(dir, Dir, "s1", "task-<i>.log") + ")"
+	if got := DescribeEnded(dir, sub); got != want {
+		t.Errorf("got  %q\nwant %q", got, want)
+	}
+}
+
 // A Slurm command without a configuration fails with what to do, in one
 // line, not with the search it made.
 func TestCommandWithoutConfiguration(t *testing.T) {
