@@ -464,11 +464,17 @@ func TestSlurmRetryFailed(t *testing.T) {
 		t.Fatalf("first run: exit %d\n%s", code, text)
 	}
 	os.Remove(flag)
-	code, text = runProc(t, s.cmd(c, "run", s.script, "--executor", "slurm", "--out", out, "--resume", "--retry-failed"))
-	if code != 0 || !strings.Contains(text, "sweep: 7 jobs, 0 failed") {
+	// Submitted and followed by status: the retried jobs count once each.
+	code, text = runProc(t, s.cmd(c, "run", s.script, "--executor", "slurm", "--out", out, "--resume", "--retry-failed", "--detach"))
+	if code != 0 {
 		t.Fatalf("retry: exit %d\n%s", code, text)
 	}
 	runDir, _ := results.Latest(out, "sweep")
+	code, text = runProc(t, s.cmd(c, "status", runDir))
+	if code != 0 || !strings.Contains(text, "7 of 7 jobs done, 0 failed") || !strings.Contains(text, "[7/7]") ||
+		strings.Contains(text, "[8/7]") {
+		t.Fatalf("status following the retry: exit %d\n%s", code, text)
+	}
 	recs, _ := results.ReadJournal(runDir)
 	if len(recs) != 9 {
 		t.Errorf("journal has %d lines, want 7 + the 2 retried", len(recs))
