@@ -200,6 +200,31 @@ func (m *Merger) Merge() ([]Record, error) {
 	return merged, readErr
 }
 
+// Recorded maps job ids to their last record in the run: the journal's,
+// then those of its segments the journal lacks, in the order a Merger
+// journals them. It reads and writes nothing else, so it tells what a run
+// holds while tasks still write or before anyone merged their segments.
+func Recorded(dir string) (map[string]Record, error) {
+	recs, err := ReadJournal(dir)
+	if err != nil {
+		return nil, err
+	}
+	done := make(map[string]Record, len(recs))
+	seen := make(map[string]bool, len(recs))
+	for _, rec := range recs {
+		done[rec.JobID] = rec
+		seen[recordKey(rec)] = true
+	}
+	segs, err := NewSegmentReader(dir).Read()
+	for _, rec := range segs {
+		if !seen[recordKey(rec)] {
+			done[rec.JobID] = rec
+			seen[recordKey(rec)] = true
+		}
+	}
+	return done, err
+}
+
 // SegmentPath is where the segment name of run dir lies.
 func SegmentPath(dir, name string) string {
 	return filepath.Join(dir, SegmentsDir, name+".jsonl")

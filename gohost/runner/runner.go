@@ -202,13 +202,8 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 		jobs[j.ID] = j
 		todo = append(todo, j.Job)
 	}
-	if run.exists() {
-		if len(todo) > 0 {
-			if err := run.checkCode(o, log, kernels, digest); err != nil {
-				return Summary{}, err
-			}
-		}
-		if err := run.markResumed(o); err != nil {
+	if run.exists() && len(todo) > 0 {
+		if err := run.checkCode(o, log, kernels, digest); err != nil {
 			return Summary{}, err
 		}
 	}
@@ -285,6 +280,17 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 		if _, err := run.get(log); err != nil { // nothing ran: the run still exists, complete
 			return sum, err
 		}
+	}
+	if run.untouched() {
+		// A resume whose executor wrote nothing (a dry run, a refused
+		// submission, a stop before any job): the run stays as it was.
+		sum.Dir = run.dir
+		sum.Tally = results.Count(done, planned, ranNow)
+		sum.Rows = len(done)
+		if errors.Is(err, context.Canceled) {
+			return sum, &interruptedError{done: sum.Done, total: len(o.Jobs), dir: run.dir, resume: o.continueCommand(), err: err}
+		}
+		return sum, err
 	}
 	if !run.exists() {
 		var nw *sched.NoWorkerError
@@ -399,12 +405,21 @@ type lazyRun struct {
 	// jobs are the ids of the plan this call runs, which the run records.
 	jobs []string
 
+	// opts are the options of the call, which a resume records.
+	opts Options
+
 	mu        sync.Mutex
 	run       *results.Run
 	err       error
 	resumed   bool // the run existed before this call
 	journaled int  // rows the run had before this call
 	rows      int  // rows this call journaled
+	// marked says a resumed run records this resume. Until its executor
+	// uses the run (Batch.Open, a job's row) the resume writes nothing: a
+	// dry run, or a resume refused before it ran anything, leaves the run
+	// as it was. changes are the code changes it records then.
+	marked  bool
+	changes []results.CodeChange
 }
 
 func (l *lazyRun) get(log zerolog.Logger) (*results.Run, error) {
@@ -421,7 +436,28 @@ func (l *lazyRun) getLocked(log zerolog.Logger) (*results.Run, error) {
 			l.err = l.run.WriteJobs(l.jobs)
 		}
 	}
+	if l.err == nil && l.resumed && !l.marked {
+		l.marked = true
+		l.err = l.markResumed(log)
+	}
 	return l.run, l.err
+}
+
+// untouched says whether this call resumed a run and wrote nothing to it.
+func (l *lazyRun) untouched() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.resumed && !l.marked
+}
+
+// recordChange records a code change in the manifest: at once, or, for a
+// resume that has not written the run yet, when it does.
+func (l *lazyRun) recordChangeLocked(c results.CodeChange) error {
+	if l.resumed && !l.marked {
+		l.changes = append(l.changes, c)
+		return nil
+	}
+	return l.run.UpdateManifest(func(m *results.Manifest) { m.CodeChanges = append(m.CodeChanges, c) })
 }
 
 func (l *lazyRun) releaseNew() {
@@ -461,22 +497,41 @@ func (l *lazyRun) currentLocked() (string, map[string]string) {
 	return l.run.Manifest().CurrentKernels()
 }
 
-// markResumed records that a resume goes on with o's plan: when, from
-// which script, and its jobs.
-func (l *lazyRun) markResumed(o Options) error {
+// markResumed records that a resume goes on with the call's plan: it
+// journals what the run's tasks recorded in their segments and no writer
+// merged yet, then records when, from which script, its jobs and the code
+// changes it found.
+func (l *lazyRun) markResumed(log zerolog.Logger) error {
+	o := l.opts
+	if err := mergeSegments(l.run, log); err != nil {
+		return err
+	}
 	// The plan's ids first: stopped between the two writes, the run then
 	// holds the new plan's ids beside the old job count, which is judged
 	// by the ids (a complete run is one with a row for each).
 	if err := l.run.WriteJobs(l.jobs); err != nil {
 		return err
 	}
-	now := time.Now()
+	var now results.Manifest
+	if m := l.run.Manifest(); m.Rebuilt != nil && m.File == "" {
+		// What this resume runs is known; the rebuilt manifest says so.
+		now = newManifest(o, m.Started, nil, "")
+	}
+	at := time.Now()
 	return l.run.UpdateManifest(func(m *results.Manifest) {
+		if now.File != "" {
+			m.File, m.FileHash, m.Device, m.Protocol, m.Dtypes = now.File, now.FileHash, now.Device, now.Protocol, now.Dtypes
+			if m.Versions == nil {
+				m.Versions = map[string]string{}
+			}
+			maps.Copy(m.Versions, now.Versions)
+		}
 		if len(m.Scripts) == 0 && m.File != "" && m.Rebuilt == nil { // a run from before scripts were recorded: its first one
 			m.Scripts = append(m.Scripts, m.CurrentScript())
 		}
-		m.Resumed = append(m.Resumed, now)
-		m.Scripts = append(m.Scripts, results.Script{At: now, File: o.File, FileHash: o.FileHash, Jobs: len(o.Jobs)})
+		m.Resumed = append(m.Resumed, at)
+		m.Scripts = append(m.Scripts, results.Script{At: at, File: o.File, FileHash: o.FileHash, Jobs: len(o.Jobs)})
+		m.CodeChanges = append(m.CodeChanges, l.changes...)
 		m.Ended = nil
 		m.Jobs = len(o.Jobs)
 	})
@@ -504,10 +559,8 @@ func (l *lazyRun) checkCodeLocked(o Options, log zerolog.Logger, kernels map[str
 		// with what this resume computes: go on, and record the change.
 		log.Info().Str("run", l.dir).Str("was", short(recorded)).Str("now", short(digest)).Strs("changed", changed).
 			Msg("kernels_py changed since this run started, but it has no rows yet: going on with today's sources")
-		return l.run.UpdateManifest(func(m *results.Manifest) {
-			m.CodeChanges = append(m.CodeChanges, results.CodeChange{At: time.Now(), KernelsDigest: digest,
-				Changed: changed, KernelsHash: kernels, Git: gitState(o.KernelsDir)})
-		})
+		return l.recordChangeLocked(results.CodeChange{At: time.Now(), KernelsDigest: digest,
+			Changed: changed, KernelsHash: kernels, Git: gitState(o.KernelsDir)})
 	}
 	if !l.resumed && l.rows == 0 {
 		// No row yet: the run is on the sources its workers loaded, which
@@ -525,10 +578,8 @@ func (l *lazyRun) checkCodeLocked(o Options, log zerolog.Logger, kernels map[str
 	}
 	if recorded == "" {
 		log.Warn().Str("run", l.dir).Msg("this run recorded no kernels digest: rows from before this resume cannot be told apart by code version")
-		return l.run.UpdateManifest(func(m *results.Manifest) {
-			m.CodeChanges = append(m.CodeChanges, results.CodeChange{At: time.Now(), KernelsDigest: digest,
-				KernelsHash: kernels, Git: gitState(o.KernelsDir)})
-		})
+		return l.recordChangeLocked(results.CodeChange{At: time.Now(), KernelsDigest: digest,
+			KernelsHash: kernels, Git: gitState(o.KernelsDir)})
 	}
 	e := &CodeChangedError{Dir: l.dir, Recorded: recorded, Now: digest, RecordedFilesSet: len(files) > 0, Changed: changed}
 	if !o.AllowCodeChange {
@@ -536,14 +587,8 @@ func (l *lazyRun) checkCodeLocked(o Options, log zerolog.Logger, kernels map[str
 	}
 	log.Warn().Str("run", l.dir).Str("was", short(recorded)).Str("now", short(digest)).Strs("changed", e.Changed).
 		Msg("kernels_py changed since this run's rows were computed; going on as --allow-code-change says (rows carry kernels_digest)")
-	run, err := l.getLocked(log)
-	if err != nil {
-		return err
-	}
-	return run.UpdateManifest(func(m *results.Manifest) {
-		m.CodeChanges = append(m.CodeChanges, results.CodeChange{At: time.Now(), KernelsDigest: digest,
-			Changed: e.Changed, KernelsHash: kernels, Git: gitState(o.KernelsDir)})
-	})
+	return l.recordChangeLocked(results.CodeChange{At: time.Now(), KernelsDigest: digest,
+		Changed: e.Changed, KernelsHash: kernels, Git: gitState(o.KernelsDir)})
 }
 
 // journal journals the record rec makes of a finished job that ran on
@@ -669,28 +714,13 @@ func openExisting(o Options, dir string) (*lazyRun, map[string]results.Record, e
 		run.Close()
 		return nil, nil, err
 	}
-	if err := mergeSegments(run, o.Log); err != nil {
-		return fail(err)
-	}
 	m := run.Manifest()
 	if m.Rebuilt != nil {
 		o.Log.Warn().Str("run", dir).Msg("manifest.json was missing: rebuilt from the journal (the git state and source hashes of the earlier jobs are unknown)")
-		if m.File == "" {
-			// What this resume runs is known; the rebuilt manifest says so.
-			now := newManifest(o, m.Started, nil, "")
-			err := run.UpdateManifest(func(m *results.Manifest) {
-				m.File, m.FileHash, m.Device, m.Protocol, m.Dtypes = now.File, now.FileHash, now.Device, now.Protocol, now.Dtypes
-				if m.Versions == nil {
-					m.Versions = map[string]string{}
-				}
-				maps.Copy(m.Versions, now.Versions)
-			})
-			if err != nil {
-				return fail(err)
-			}
-		}
 	}
-	done, err := results.Finished(dir)
+	// What the run holds, its tasks' segments included: the resume merges
+	// them into the journal once it writes the run.
+	done, err := results.Recorded(dir)
 	if err != nil {
 		return fail(err)
 	}
@@ -698,7 +728,7 @@ func openExisting(o Options, dir string) (*lazyRun, map[string]results.Record, e
 		o.Log.Warn().Str("run", dir).Str("was", prev.File).Str("now", o.File).
 			Msg("the script changed since this run's last start; jobs whose ids changed run again, and rows of jobs not in this plan stay in the run")
 	}
-	return &lazyRun{dir: dir, root: o.Out, run: run, resumed: true, journaled: len(done), jobs: jobIDs(o.Jobs)}, done, nil
+	return &lazyRun{dir: dir, root: o.Out, run: run, resumed: true, journaled: len(done), jobs: jobIDs(o.Jobs), opts: o}, done, nil
 }
 
 // mergeSegments journals what tasks of the run recorded in their segments

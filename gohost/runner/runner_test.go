@@ -980,3 +980,94 @@ func TestStartWarnings(t *testing.T) {
 		})
 	}
 }
+
+// snapshot is every file of a run directory but its lock (which names the
+// process holding it) by path, with its contents.
+func snapshot(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	files := map[string]string{}
+	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || d.Name() == results.LockFile {
+			return err
+		}
+		data, err := os.ReadFile(path)
+		rel, _ := filepath.Rel(dir, path)
+		files[rel] = string(data)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return files
+}
+
+// A resume whose executor writes nothing (a dry run that prints its
+// script, a submission refused, a stop before any job) leaves the run as
+// it was: no resume recorded, no new plan, its tasks' segments not merged,
+// results.parquet not rebuilt. The jobs it would run are those without a
+// row in the journal or a segment.
+func TestResumeThatWritesNothingLeavesTheRun(t *testing.T) {
+	dryRun := errors.New("dry run: nothing submitted")
+	refused := errors.New("sbatch: error: Memory specification can not be satisfied")
+	tests := []struct {
+		name string
+		run  func(ctx context.Context, cancel func(), b Batch) error
+		want error
+	}{
+		{"dry run", func(context.Context, func(), Batch) error { return dryRun }, dryRun},
+		{"refused", func(context.Context, func(), Batch) error { return refused }, refused},
+		{"interrupted", func(ctx context.Context, cancel func(), _ Batch) error { cancel(); return ctx.Err() }, context.Canceled},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			o := testOptions(t, &fakeExecutor{}, testJobs("a", "b"))
+			first, err := Run(context.Background(), o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// A task recorded a job of the run in its segment, which no host merged.
+			seg, err := results.CreateSegment(first.Dir, results.SegmentName("sub", 0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := seg.Append(results.Record{JobID: "c", Experiment: "exp", Status: results.StatusOK, Finished: time.Now()}); err != nil {
+				t.Fatal(err)
+			}
+			seg.Close()
+			before := snapshot(t, first.Dir)
+
+			var todo []string
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			o.Jobs, o.Resume, o.FileHash = testJobs("a", "b", "c", "d"), true, "hash2" // the script gained jobs
+			o.Executor = executorFunc(func(ctx context.Context, b Batch) error {
+				for _, j := range b.Jobs {
+					todo = append(todo, j.ID)
+				}
+				return tc.run(ctx, cancel, b)
+			})
+			sum, err := Run(ctx, o)
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("resume: %v, want %v", err, tc.want)
+			}
+			if !reflect.DeepEqual(todo, []string{"d"}) {
+				t.Errorf("the resume would run %v, want [d]", todo)
+			}
+			if sum.Dir != first.Dir || sum.Done != 3 {
+				t.Errorf("summary %+v: want 3 jobs done in %s", sum, first.Dir)
+			}
+			if after := snapshot(t, first.Dir); !reflect.DeepEqual(after, before) {
+				for path, data := range after {
+					if before[path] != data {
+						t.Errorf("%s changed:\n%s\nwas:\n%s", path, data, before[path])
+					}
+				}
+				for path := range before {
+					if _, ok := after[path]; !ok {
+						t.Errorf("%s removed", path)
+					}
+				}
+			}
+		})
+	}
+}

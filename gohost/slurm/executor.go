@@ -62,6 +62,10 @@ func (e *DetachedError) Error() string {
 // recorded or every task has ended.
 func (e *Executor) Run(ctx context.Context, b runner.Batch) error {
 	if len(b.Jobs) == 0 {
+		if e.DryRun { // returning nil would have the runner record a resume that ran nothing
+			fmt.Fprintf(e.Out, "# every job of experiment %s has a row in %s: nothing to submit\n", b.Experiment, b.Dir)
+			return ErrDryRun
+		}
 		return nil
 	}
 	if err := e.Options.Check(); err != nil {

@@ -2,13 +2,18 @@ package slurm
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/rs/zerolog"
+
+	"github.com/vlkv/vlkv/gohost/results"
 	"github.com/vlkv/vlkv/gohost/runner"
 	"github.com/vlkv/vlkv/gohost/sched"
 )
@@ -202,4 +207,82 @@ func TestCommandWithoutConfiguration(t *testing.T) {
 			t.Errorf("SLURM_CONF=%q: error %q does not name it", conf, msg)
 		}
 	}
+}
+
+// A dry run prints what it would submit and leaves a run it resumes as it
+// was, whether jobs are left to run or none.
+func TestDryRunResumeLeavesTheRun(t *testing.T) {
+	tests := []struct {
+		name string
+		jobs []string
+		want string // in what it prints
+	}{
+		{"jobs left", []string{"a", "b", "c"}, "#SBATCH --array=0-0\n"},
+		{"none left", []string{"a", "b"}, "nothing to submit"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			out := t.TempDir()
+			o := runner.Options{Out: out, Experiment: "exp", File: "exp.star", FileHash: "h", Jobs: testJobs("a", "b"),
+				KernelsDir: t.TempDir(), Executor: doneExecutor{}, Log: zerolog.Nop()}
+			first, err := runner.Run(context.Background(), o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			before := snapshot(t, first.Dir)
+			var printed strings.Builder
+			o.Jobs, o.Resume = testJobs(tc.jobs...), true
+			o.Executor = &Executor{DryRun: true, Out: &printed, Workbench: "/bin/workbench"}
+			if _, err := runner.Run(context.Background(), o); !errors.Is(err, ErrDryRun) {
+				t.Fatalf("dry run: %v, want ErrDryRun", err)
+			}
+			if !strings.Contains(printed.String(), tc.want) {
+				t.Errorf("dry run printed %q, want %q", printed.String(), tc.want)
+			}
+			if after := snapshot(t, first.Dir); !maps.Equal(after, before) {
+				t.Errorf("a dry run changed the run:\n%v\nwas\n%v", after, before)
+			}
+		})
+	}
+}
+
+func testJobs(ids ...string) []runner.Job {
+	jobs := make([]runner.Job, len(ids))
+	for i, id := range ids {
+		jobs[i] = runner.Job{Job: sched.Job{ID: id}, Method: "full"}
+	}
+	return jobs
+}
+
+// doneExecutor journals every job as done, without running it.
+type doneExecutor struct{}
+
+func (doneExecutor) Run(_ context.Context, b runner.Batch) error {
+	for _, j := range b.Jobs {
+		out := runner.Outcome{Outcome: sched.Outcome{Job: j, Attempts: 1, Result: json.RawMessage(`{"metrics": {"x": 1}}`)}}
+		if err := b.Done(out); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// snapshot is every file of a run directory but its lock (which names the
+// process holding it), by path, with its contents.
+func snapshot(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	files := map[string]string{}
+	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || d.Name() == results.LockFile {
+			return err
+		}
+		data, err := os.ReadFile(path)
+		rel, _ := filepath.Rel(dir, path)
+		files[rel] = string(data)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return files
 }
