@@ -102,6 +102,32 @@ type Executor interface {
 	Run(ctx context.Context, b Batch) error
 }
 
+// A Guard refuses to let a process write the run in dir while work it does
+// not control may still write there (a cluster's tasks), saying how to
+// follow or stop that work; it returns nil when none can.
+type Guard func(ctx context.Context, dir string) error
+
+// guards are registered as their packages initialise, before any run.
+var guards []Guard
+
+// RegisterGuard adds g to the checks every resume makes once it holds the
+// run's lock and before it writes anything. A package whose executor
+// leaves work running beyond the process that started it registers one
+// (package slurm: an array still queued), so that every writer of a run
+// (a local resume, a cluster's, watch's reruns) goes through it and no
+// job runs twice at once.
+func RegisterGuard(g Guard) { guards = append(guards, g) }
+
+// checkGuards refuses dir while a guard does.
+func checkGuards(ctx context.Context, dir string) error {
+	for _, g := range guards {
+		if err := g(ctx, dir); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // Options says what to run, where its results go and how to report.
 type Options struct {
 	Out        string // results root: a run is Out/<Experiment>/<run id>/
@@ -642,7 +668,7 @@ func openRun(ctx context.Context, o Options, kernels map[string]string, digest s
 			return nil, nil, err
 		}
 		if dir != "" {
-			return openExisting(o, dir)
+			return openExisting(ctx, o, dir)
 		}
 		// Most often a mistake (another --out, a renamed experiment): say where.
 		o.Log.Warn().Str("experiment", o.Experiment).Msgf("nothing to resume: %s holds no run of %s; starting a new run there "+
@@ -705,7 +731,7 @@ func absPath(p string) string {
 }
 
 // openExisting opens the run in dir to resume it.
-func openExisting(o Options, dir string) (*lazyRun, map[string]results.Record, error) {
+func openExisting(ctx context.Context, o Options, dir string) (*lazyRun, map[string]results.Record, error) {
 	run, err := results.Open(dir)
 	if err != nil {
 		return nil, nil, err
@@ -713,6 +739,10 @@ func openExisting(o Options, dir string) (*lazyRun, map[string]results.Record, e
 	fail := func(err error) (*lazyRun, map[string]results.Record, error) {
 		run.Close()
 		return nil, nil, err
+	}
+	// Under the run's lock, so no other resume submits work in between.
+	if err := checkGuards(ctx, dir); err != nil {
+		return fail(err)
 	}
 	m := run.Manifest()
 	if m.Rebuilt != nil {

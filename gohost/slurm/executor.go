@@ -79,10 +79,9 @@ func (e *Executor) Run(ctx context.Context, b runner.Batch) error {
 		if err := Installed(); err != nil {
 			return err
 		}
+		// An earlier array of a resumed run still queued was refused when
+		// the runner opened it (the guard checkNoneActive).
 		if err := CheckPartition(ctx, e.Options.Partition); err != nil {
-			return err
-		}
-		if err := checkNoneActive(ctx, b.Dir); err != nil {
 			return err
 		}
 	}
@@ -243,8 +242,12 @@ func notShared(runDir string) error {
 		"wrote did not appear here): give --out a directory on a filesystem the nodes share", runDir)
 }
 
-// checkNoneActive refuses a submission while an earlier array of the run
-// is still queued or running: two arrays would run the same jobs.
+func init() { runner.RegisterGuard(checkNoneActive) }
+
+// checkNoneActive refuses to write a run while an earlier array of it is
+// still queued or running: its tasks would run the same jobs as the
+// writer, locally or in another array. It asks squeue about every array
+// the run submitted; where it cannot, it refuses too, saying why.
 func checkNoneActive(ctx context.Context, runDir string) error {
 	subs, err := Submissions(runDir)
 	if err != nil {
@@ -253,15 +256,46 @@ func checkNoneActive(ctx context.Context, runDir string) error {
 	for _, sub := range subs {
 		tasks, err := Tasks(ctx, sub.ArrayJob)
 		if err != nil {
-			return err
+			return &UnknownStateError{Dir: runDir, ArrayJob: sub.ArrayJob, Err: err}
 		}
 		for _, t := range tasks {
 			if !t.Terminal() {
-				return fmt.Errorf("Slurm array %s of %s is still in the queue (%s): follow it with `workbench status "+
-					"%s`, or stop it (scancel %s) before submitting again", sub.ArrayJob, runDir, summarize(tasks),
-					runDir, sub.ArrayJob)
+				return &ActiveError{Dir: runDir, ArrayJob: sub.ArrayJob, Tasks: tasks}
 			}
 		}
 	}
 	return nil
 }
+
+// ActiveError is a run whose Slurm array is still queued or running.
+type ActiveError struct {
+	Dir      string
+	ArrayJob string
+	Tasks    []TaskState
+}
+
+func (e *ActiveError) Error() string {
+	return fmt.Sprintf("Slurm array %s of %s is still in the queue (%s): its tasks run the jobs it holds. Follow it "+
+		"with `workbench status %s`, or stop it (scancel %s) before running them again", e.ArrayJob, e.Dir,
+		summarize(e.Tasks), e.Dir, e.ArrayJob)
+}
+
+// UnknownStateError is a run with a Slurm array that squeue cannot be asked
+// about here (no Slurm commands, no configuration): it may still run.
+type UnknownStateError struct {
+	Dir      string
+	ArrayJob string
+	Err      error
+}
+
+func (e *UnknownStateError) Error() string {
+	why := e.Err.Error()
+	var missing *NotInstalledError
+	if errors.As(e.Err, &missing) { // its own text suggests the local executor, which is refused as well
+		why = "no " + missing.Command + " on PATH"
+	}
+	return fmt.Sprintf("%s ran as Slurm array %s, and whether that still runs cannot be told here (%s): resume it on "+
+		"a machine of the cluster (a login node), where squeue can say", e.Dir, e.ArrayJob, why)
+}
+
+func (e *UnknownStateError) Unwrap() error { return e.Err }

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/rs/zerolog"
 
@@ -224,7 +225,7 @@ func TestDryRunResumeLeavesTheRun(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			out := t.TempDir()
 			o := runner.Options{Out: out, Experiment: "exp", File: "exp.star", FileHash: "h", Jobs: testJobs("a", "b"),
-				KernelsDir: t.TempDir(), Executor: doneExecutor{}, Log: zerolog.Nop()}
+				KernelsDir: t.TempDir(), Executor: &doneExecutor{}, Log: zerolog.Nop()}
 			first, err := runner.Run(context.Background(), o)
 			if err != nil {
 				t.Fatal(err)
@@ -254,11 +255,12 @@ func testJobs(ids ...string) []runner.Job {
 	return jobs
 }
 
-// doneExecutor journals every job as done, without running it.
-type doneExecutor struct{}
+// doneExecutor journals every job as done, without running it, and counts them.
+type doneExecutor struct{ ran int }
 
-func (doneExecutor) Run(_ context.Context, b runner.Batch) error {
+func (d *doneExecutor) Run(_ context.Context, b runner.Batch) error {
 	for _, j := range b.Jobs {
+		d.ran++
 		out := runner.Outcome{Outcome: sched.Outcome{Job: j, Attempts: 1, Result: json.RawMessage(`{"metrics": {"x": 1}}`)}}
 		if err := b.Done(out); err != nil {
 			return err
@@ -285,4 +287,77 @@ func snapshot(t *testing.T, dir string) map[string]string {
 		t.Fatal(err)
 	}
 	return files
+}
+
+// Every resume of a run, on local workers as on Slurm, is refused while
+// an array of the run is still queued, and where squeue cannot say
+// whether one is; the refused run stays as it was and no job runs.
+func TestResumeRefusedWhileTheArrayRuns(t *testing.T) {
+	tests := []struct {
+		name    string
+		submit  bool   // the run submitted array 42
+		squeue  string // the fake squeue's output; "" leaves it off PATH
+		refused string // in the error; "" when the resume goes on
+	}{
+		{"queued", true, "0|COMPLETED|None\n1|RUNNING|None\n2|PENDING|JobArrayTaskLimit\n",
+			"Slurm array 42 of %DIR% is still in the queue (1 completed, 1 pending, 1 running): its tasks run the jobs it holds. " +
+				"Follow it with `workbench status %DIR%`, or stop it (scancel 42)"},
+		{"ended", true, "0|COMPLETED|None\n1|CANCELLED|None\n", ""},
+		{"aged out", true, "echo 'squeue: error: Invalid job id specified' >&2; exit 1", ""},
+		{"no squeue", true, "", "%DIR% ran as Slurm array 42, and whether that still runs cannot be told here " +
+			"(no squeue on PATH): resume it on a machine of the cluster"},
+		{"local run", false, "", ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			o := runner.Options{Out: t.TempDir(), Experiment: "exp", File: "exp.star", FileHash: "h",
+				Jobs: testJobs("a", "b"), KernelsDir: t.TempDir(), Executor: &doneExecutor{}, Log: zerolog.Nop()}
+			first, err := runner.Run(context.Background(), o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.submit {
+				sub := Submission{ID: "s1", ArrayJob: "42", Tasks: 3, Jobs: 3, Submitted: time.Now()}
+				if err := os.MkdirAll(filepath.Join(first.Dir, Dir), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := appendSubmission(first.Dir, sub); err != nil {
+					t.Fatal(err)
+				}
+			}
+			bin := t.TempDir()
+			if tc.squeue != "" {
+				script := "#!/bin/sh\nprintf '" + tc.squeue + "'\n"
+				if strings.Contains(tc.squeue, "exit") {
+					script = "#!/bin/sh\n" + tc.squeue + "\n"
+				}
+				if err := os.WriteFile(filepath.Join(bin, "squeue"), []byte(script), 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			t.Setenv("PATH", bin)
+			before := snapshot(t, first.Dir)
+
+			ex := &doneExecutor{}
+			o.Jobs, o.Resume, o.Executor = testJobs("a", "b", "c"), true, ex
+			_, err = runner.Run(context.Background(), o)
+			ran := ex.ran
+			if tc.refused == "" {
+				if err != nil || ran != 1 {
+					t.Fatalf("resume: %v, ran %d jobs; want it to run job c", err, ran)
+				}
+				return
+			}
+			want := strings.ReplaceAll(tc.refused, "%DIR%", first.Dir)
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Fatalf("resume: %v\nwant %q", err, want)
+			}
+			if ran != 0 {
+				t.Errorf("a refused resume ran %d jobs", ran)
+			}
+			if after := snapshot(t, first.Dir); !maps.Equal(after, before) {
+				t.Errorf("a refused resume changed the run:\n%v\nwas\n%v", after, before)
+			}
+		})
+	}
 }
