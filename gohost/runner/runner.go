@@ -674,7 +674,7 @@ func openRun(ctx context.Context, o Options, kernels map[string]string, digest s
 		o.Log.Warn().Str("experiment", o.Experiment).Msgf("nothing to resume: %s holds no run of %s; starting a new run there "+
 			"(if the run to resume is elsewhere, stop and give its results root with --out)", absPath(filepath.Join(o.Out, o.Experiment)), o.Experiment)
 	} else {
-		warnUnfinished(o)
+		warnUnfinished(ctx, o)
 	}
 	m := newManifest(o, time.Now(), kernels, digest)
 	dir, err := results.RunDir(o.Out, m)
@@ -689,8 +689,10 @@ func openRun(ctx context.Context, o Options, kernels map[string]string, digest s
 
 // warnUnfinished warns, before a new run starts, when the newest run of
 // the experiment did not finish: resuming it was most likely meant. Only a
-// warning: a fresh start is a choice too.
-func warnUnfinished(o Options) {
+// warning: a fresh start is a choice too. It counts what the run holds,
+// its tasks' segments included, and where the run's work still goes on
+// (a guard refuses it: a Slurm array in the queue) says so, not to resume.
+func warnUnfinished(ctx context.Context, o Options) {
 	dir, err := results.Latest(o.Out, o.Experiment)
 	if err != nil || dir == "" {
 		return
@@ -704,10 +706,15 @@ func warnUnfinished(o Options) {
 	if err == nil && m.Ended != nil {
 		return
 	}
-	done, _ := results.Finished(dir)
+	done, _ := results.Recorded(dir)
 	progress := fmt.Sprintf("%d of %d jobs done", len(done), m.Jobs)
 	if m.Jobs == 0 { // no manifest: the plan's size is unknown
 		progress = fmt.Sprintf("%d jobs done", len(done))
+	}
+	if err := checkGuards(ctx, dir); err != nil {
+		o.Log.Warn().Str("experiment", o.Experiment).Msgf("the newest run of %s, %s, is unfinished (%s) and may "+
+			"still be under way; this starts a new run beside it. %v", o.Experiment, dir, progress, err)
+		return
 	}
 	o.Log.Warn().Str("experiment", o.Experiment).Msgf("the newest run of %s, %s, is unfinished (%s); "+
 		"this starts a new run beside it. To continue that one instead, stop and run: %s",

@@ -1071,3 +1071,51 @@ func TestResumeThatWritesNothingLeavesTheRun(t *testing.T) {
 		})
 	}
 }
+
+// The warning of a new run beside an unfinished one counts the rows its
+// tasks recorded in segments not merged yet, and where the run's work
+// still goes on (a guard refuses it) says so instead of suggesting a
+// resume that would be refused.
+func TestUnfinishedWarningCountsSegmentsAndActiveWork(t *testing.T) {
+	tests := []struct {
+		name   string
+		guard  error // what a registered guard says of the earlier run
+		want   string
+		wantNo string
+	}{
+		{"idle", nil, "is unfinished (2 of 3 jobs done); this starts a new run beside it. To continue that one instead, " +
+			"stop and run: workbench run exp.star --resume", ""},
+		{"array queued", errors.New("Slurm array 42 is still in the queue: follow it with `workbench status`"),
+			"is unfinished (2 of 3 jobs done) and may still be under way; this starts a new run beside it. " +
+				"Slurm array 42 is still in the queue: follow it with `workbench status`", "--resume"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			saved := guards
+			defer func() { guards = saved }()
+			guards = []Guard{func(context.Context, string) error { return tc.guard }}
+
+			ctx, cancel := context.WithCancel(context.Background())
+			o := testOptions(t, &fakeExecutor{after: func(int) { cancel() }}, testJobs("a", "b", "c"))
+			o.Continue = "workbench run exp.star --resume"
+			first, _ := Run(ctx, o) // stopped after job a
+			seg, err := results.CreateSegment(first.Dir, results.SegmentName("sub", 0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := seg.Append(results.Record{JobID: "b", Experiment: "exp", Status: results.StatusOK, Finished: time.Now()}); err != nil {
+				t.Fatal(err)
+			}
+			seg.Close()
+
+			var log bytes.Buffer
+			o.Executor, o.Log = &fakeExecutor{}, zerolog.New(&log)
+			if _, err := Run(context.Background(), o); err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(log.String(), tc.want) || (tc.wantNo != "" && strings.Contains(log.String(), tc.wantNo)) {
+				t.Errorf("log lacks %q (or has %q):\n%s", tc.want, tc.wantNo, log.String())
+			}
+		})
+	}
+}
