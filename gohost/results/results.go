@@ -487,6 +487,45 @@ func (r *Run) Close() error {
 	return err
 }
 
+// RemoveEmpty closes the run and removes its directory when it holds only
+// what Create wrote (manifest, plan ids, an empty journal and tensors
+// folder, its lock): a run that never got to run anything, which a later
+// run would take for an unfinished one. A run holding anything else (a
+// row, a tensor, a file of another writer) stays open and as it is, and
+// RemoveEmpty says so with false.
+func (r *Run) RemoveEmpty() (bool, error) {
+	entries, err := os.ReadDir(r.Dir)
+	if err != nil {
+		return false, err
+	}
+	for _, e := range entries {
+		switch e.Name() {
+		case ManifestFile, JobsFile, LockFile:
+			continue
+		case JournalFile:
+			if info, err := e.Info(); err == nil && info.Size() == 0 {
+				continue
+			}
+		case TensorsDir:
+			if inner, err := os.ReadDir(filepath.Join(r.Dir, e.Name())); err == nil && len(inner) == 0 {
+				continue
+			}
+		}
+		return false, nil
+	}
+	if err := r.Close(); err != nil {
+		return false, err
+	}
+	// The manifest first, so a reader never finds a run half removed; the
+	// lock, released above, last.
+	for _, name := range []string{ManifestFile, JournalFile, JobsFile, TensorsDir, LockFile} {
+		if err := os.Remove(filepath.Join(r.Dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return false, err
+		}
+	}
+	return true, os.Remove(r.Dir)
+}
+
 // ReadJournal returns the journal's records in order; a torn last line (a
 // crash mid-write) is ignored, any other bad line is an error.
 func ReadJournal(dir string) ([]Record, error) {

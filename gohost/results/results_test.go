@@ -387,3 +387,53 @@ func TestRunsAndLatest(t *testing.T) {
 		t.Errorf("no folder: %v, %v", runs, err)
 	}
 }
+
+// RemoveEmpty removes only a run that holds what Create wrote: never one
+// with a row, a tensor or another writer's file.
+func TestRemoveEmpty(t *testing.T) {
+	tests := []struct {
+		name    string
+		add     func(r *Run) error
+		removed bool
+	}{
+		{"as created", func(r *Run) error { return r.WriteJobs([]string{"a"}) }, true},
+		{"a row", func(r *Run) error { return r.Append(Record{JobID: "a", Status: StatusOK}) }, false},
+		{"a tensor", func(r *Run) error {
+			os.MkdirAll(filepath.Join(r.Dir, TensorsDir, "a"), 0o755)
+			return os.WriteFile(filepath.Join(r.Dir, TensorsDir, "a", "k.npy"), []byte("x"), 0o644)
+		}, false},
+		{"a segment", func(r *Run) error {
+			s, err := CreateSegment(r.Dir, SegmentName("s", 0))
+			if err != nil {
+				return err
+			}
+			return s.Close()
+		}, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			r, err := Create(root, Manifest{Experiment: "e", RunID: "r"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := tc.add(r); err != nil {
+				t.Fatal(err)
+			}
+			removed, err := r.RemoveEmpty()
+			if err != nil || removed != tc.removed {
+				t.Fatalf("RemoveEmpty = %v, %v; want %v", removed, err, tc.removed)
+			}
+			_, statErr := os.Stat(r.Dir)
+			if gone := errors.Is(statErr, os.ErrNotExist); gone != tc.removed {
+				t.Errorf("run directory gone: %v, want %v", gone, tc.removed)
+			}
+			if !tc.removed { // kept, and still the writer's
+				if err := r.Append(Record{JobID: "b", Status: StatusOK}); err != nil {
+					t.Errorf("a kept run cannot be written: %v", err)
+				}
+				r.Close()
+			}
+		})
+	}
+}

@@ -74,7 +74,14 @@ type Batch struct {
 	// Open creates the run directory now, if it does not exist yet: an
 	// executor whose tasks write into it calls it before they start.
 	Open func() error
-	Log  zerolog.Logger
+	// Discard removes the run directory Open created for this call when
+	// it holds nothing but what the runner wrote (no row, no file of the
+	// executor's): for an executor whose work was refused once the run was
+	// open (sbatch rejecting the array), so no run is left that a later
+	// one takes for unfinished. It keeps a resumed run, and says whether it
+	// removed the directory.
+	Discard func() (bool, error)
+	Log     zerolog.Logger
 	// Started, if set, is called once, with the hello of the first worker to
 	// start, before any job finishes: the manifest records what jobs ran on.
 	Started func(worker.Hello)
@@ -253,7 +260,8 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 			_, err := run.get(log)
 			return err
 		},
-		Log: log,
+		Discard: func() (bool, error) { return run.discard(log) },
+		Log:     log,
 		Started: func(h worker.Hello) {
 			if r, err := run.get(log); err == nil {
 				recordVersions(r, h)
@@ -467,6 +475,25 @@ func (l *lazyRun) getLocked(log zerolog.Logger) (*results.Run, error) {
 		l.err = l.markResumed(log)
 	}
 	return l.run, l.err
+}
+
+// discard removes a new run that holds nothing this call did not write
+// itself (see Batch.Discard); the call then goes on as if it had created
+// none.
+func (l *lazyRun) discard(log zerolog.Logger) (bool, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.resumed || l.run == nil || l.rows > 0 {
+		return false, nil
+	}
+	removed, err := l.run.RemoveEmpty()
+	if !removed {
+		return false, err
+	}
+	log.Info().Str("run", l.dir).Msg("run directory removed: nothing ran in it")
+	l.run = nil
+	l.err = errors.New("the run directory was removed")
+	return true, err
 }
 
 // untouched says whether this call resumed a run and wrote nothing to it.

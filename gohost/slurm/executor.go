@@ -112,15 +112,7 @@ func (e *Executor) Run(ctx context.Context, b runner.Batch) error {
 			return err
 		}
 	}
-	path, err := writePlan(plan)
-	if err != nil {
-		return fmt.Errorf("write the plan: %w", err)
-	}
-	scriptPath := filepath.Join(filepath.Dir(path), scriptFile)
-	if err := os.WriteFile(scriptPath, []byte(script), 0o755); err != nil {
-		return fmt.Errorf("write the batch script: %w", err)
-	}
-	id, err := Submit(ctx, scriptPath)
+	id, err := e.submit(ctx, b, plan, script)
 	if err != nil {
 		return err
 	}
@@ -129,7 +121,7 @@ func (e *Executor) Run(ctx context.Context, b runner.Batch) error {
 	if err := appendSubmission(b.Dir, sub); err != nil {
 		return fmt.Errorf("submitted array %s but could not record it (%w): scancel %s, then run again", id, err, id)
 	}
-	b.Log.Info().Str("array", id).Int("tasks", sub.Tasks).Int("jobs", sub.Jobs).Str("script", scriptPath).
+	b.Log.Info().Str("array", id).Int("tasks", sub.Tasks).Int("jobs", sub.Jobs).Str("script", filepath.Join(b.Dir, Dir, plan.Submission, scriptFile)).
 		Msg("submitted to Slurm")
 	if e.Detach {
 		return &DetachedError{Dir: b.Dir, ArrayJob: id}
@@ -144,6 +136,46 @@ func (e *Executor) Run(ctx context.Context, b runner.Batch) error {
 			return b.Done(runner.Outcome{Record: &rec})
 		}}
 	return f.Run(ctx)
+}
+
+// submit writes the plan and batch script of an array into the run and
+// submits it. Where that fails before anything was submitted, what it
+// wrote goes again, and so does a run this call created and nothing ran
+// in (Batch.Discard): a run that never got an array holds nothing a
+// later run should take for an unfinished one.
+func (e *Executor) submit(ctx context.Context, b runner.Batch, plan Plan, script string) (string, error) {
+	subDir := filepath.Join(b.Dir, Dir, plan.Submission)
+	undo := func(err error) (string, error) {
+		os.RemoveAll(subDir)
+		os.Remove(filepath.Join(b.Dir, Dir)) // unless an earlier submission's files are in it
+		if b.Discard != nil {
+			if removed, derr := b.Discard(); derr != nil {
+				return "", errors.Join(err, derr)
+			} else if removed {
+				return "", fmt.Errorf("%w: nothing was submitted, and the run directory %s was removed "+
+					"(--dry-run prints the batch script)", err, b.Dir)
+			}
+		}
+		return "", fmt.Errorf("%w: nothing was submitted (--dry-run prints the batch script)", err)
+	}
+	path, err := writePlan(plan)
+	if err != nil {
+		return undo(fmt.Errorf("write the plan: %w", err))
+	}
+	scriptPath := filepath.Join(filepath.Dir(path), scriptFile)
+	if err := os.WriteFile(scriptPath, []byte(script), 0o755); err != nil {
+		return undo(fmt.Errorf("write the batch script: %w", err))
+	}
+	id, err := Submit(ctx, scriptPath)
+	switch {
+	case err == nil:
+		return id, nil
+	case ctx.Err() != nil, errors.Is(err, errNoJobID):
+		// sbatch may have queued the array before it was stopped, or said
+		// nothing of it: its tasks would need the plan.
+		return "", err
+	}
+	return undo(fmt.Errorf("sbatch refused the array: %w", err))
 }
 
 // script is the array's batch script: one task per shard, each running

@@ -229,6 +229,9 @@ func CheckPartition(ctx context.Context, name string) error {
 	return fmt.Errorf("partition %q does not exist on this cluster; its partitions: %s", name, strings.Join(names, ", "))
 }
 
+// errNoJobID is sbatch succeeding without a job id: what it queued is unknown.
+var errNoJobID = errors.New("sbatch printed no job id")
+
 // Submit submits a batch script and returns the job id.
 func Submit(ctx context.Context, script string, args ...string) (string, error) {
 	out, err := command(ctx, "sbatch", append(append([]string{"--parsable"}, args...), script)...)
@@ -237,7 +240,7 @@ func Submit(ctx context.Context, script string, args ...string) (string, error) 
 	}
 	id, _, _ := strings.Cut(strings.TrimSpace(out), ";") // "id;cluster" on federated clusters
 	if id == "" {
-		return "", fmt.Errorf("submit %s: sbatch printed no job id", script)
+		return "", fmt.Errorf("submit %s: %w", script, errNoJobID)
 	}
 	return id, nil
 }

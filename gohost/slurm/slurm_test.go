@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"os"
 	"path/filepath"
@@ -360,4 +361,74 @@ func TestResumeRefusedWhileTheArrayRuns(t *testing.T) {
 			}
 		})
 	}
+}
+
+// An array sbatch rejects leaves no run a later one takes for unfinished:
+// a new run's directory goes, and a resumed run keeps what it held but
+// not the plan of the array that never ran.
+func TestRejectedArrayLeavesNoRun(t *testing.T) {
+	bin := t.TempDir()
+	fakes := map[string]string{
+		// The probe (--wait) runs; the array is rejected.
+		"sbatch": "#!/bin/sh\ncase \"$*\" in *--wait*) exec sh ;; esac\n" +
+			"echo 'sbatch: error: Memory specification can not be satisfied' >&2\nexit 1\n",
+		"squeue": "#!/bin/sh\n", "sinfo": "#!/bin/sh\necho debug\n", "scancel": "#!/bin/sh\n",
+	}
+	for name, script := range fakes {
+		if err := os.WriteFile(filepath.Join(bin, name), []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv("PATH", bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+	tests := []struct {
+		name   string
+		resume bool
+	}{
+		{"new run", false},
+		{"resume", true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			o := runner.Options{Out: t.TempDir(), Experiment: "exp", File: "exp.star", FileHash: "h",
+				Jobs: testJobs("a", "b"), KernelsDir: t.TempDir(), Log: zerolog.Nop()}
+			var earlier string
+			if tc.resume {
+				o.Executor = &doneExecutor{}
+				first, err := runner.Run(context.Background(), o)
+				if err != nil {
+					t.Fatal(err)
+				}
+				earlier = first.Dir
+				o.Jobs, o.Resume = testJobs("a", "b", "c"), true
+			}
+			o.Executor = &Executor{Workbench: "/bin/sh", Options: Options{Mem: "999999G"}, Out: io.Discard}
+			sum, err := runner.Run(context.Background(), o)
+			if err == nil || !strings.Contains(err.Error(), "Memory specification can not be satisfied") ||
+				!strings.Contains(err.Error(), "nothing was submitted") {
+				t.Fatalf("run: %v; want sbatch's error and that nothing was submitted", err)
+			}
+			runs, _ := results.Runs(filepath.Join(o.Out, "exp"))
+			if !tc.resume {
+				if len(runs) != 0 || sum.Dir != "" || !strings.Contains(err.Error(), "was removed") {
+					t.Errorf("a rejected array left runs %v (summary dir %q; error %v)", runs, sum.Dir, err)
+				}
+				return
+			}
+			if len(runs) != 1 || runs[0] != earlier || len(journalOf(t, earlier)) != 2 {
+				t.Fatalf("runs %v, want the resumed %s with its 2 rows", runs, earlier)
+			}
+			if _, err := os.Stat(filepath.Join(earlier, Dir)); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("the rejected array's plan stayed in %s: %v", filepath.Join(earlier, Dir), err)
+			}
+		})
+	}
+}
+
+func journalOf(t *testing.T, dir string) []results.Record {
+	t.Helper()
+	recs, err := results.ReadJournal(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return recs
 }
