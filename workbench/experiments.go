@@ -476,7 +476,7 @@ func (a *app) runExperiments(ctx context.Context, file string, o runOptions) ([]
 			Out: o.out, Experiment: e.Name, Protocol: e.Protocol, File: plan.File, FileHash: plan.Hash, Jobs: runnerJobs(e),
 			KernelsDir: kernels.Dir, Device: device, Version: version,
 			Resume: o.resume, RetryFailed: o.retryFailed, AllowCodeChange: o.allowCodeChange,
-			Continue: o.rerun + " --resume", Executor: executor, Progress: a.console, Log: a.log,
+			Continue: o.rerun + " --resume", Executor: executor, Guard: slurm.CheckNoneActive, Progress: a.console, Log: a.log,
 		})
 		if sum.Dir != "" {
 			dirs = append(dirs, sum.Dir)

@@ -27,6 +27,7 @@ import (
 	"github.com/vlkv/vlkv/gohost/pyrt"
 	"github.com/vlkv/vlkv/gohost/results"
 	"github.com/vlkv/vlkv/gohost/runner"
+	"github.com/vlkv/vlkv/gohost/slurm"
 	"github.com/vlkv/vlkv/gohost/worker"
 )
 
@@ -746,7 +747,7 @@ func (a *app) rerunExperiment(ctx context.Context, s *session, f watchFlags, goo
 			Out: f.out, Experiment: e.Name, File: plan.File, FileHash: plan.Hash, Jobs: runnerJobs(e),
 			KernelsDir: s.kernels.Dir, Device: string(s.device), Version: version,
 			Resume: true, RetryFailed: true, AllowCodeChange: true, RerunStale: true,
-			Executor: executor, Progress: io.Discard, Log: a.log,
+			Executor: executor, Guard: slurm.CheckNoneActive, Progress: io.Discard, Log: a.log,
 		})
 		if err != nil {
 			return err

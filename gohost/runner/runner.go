@@ -114,27 +114,6 @@ type Executor interface {
 // follow or stop that work; it returns nil when none can.
 type Guard func(ctx context.Context, dir string) error
 
-// guards are registered as their packages initialise, before any run.
-var guards []Guard
-
-// RegisterGuard adds g to the checks every resume makes once it holds the
-// run's lock and before it writes anything. A package whose executor
-// leaves work running beyond the process that started it registers one
-// (package slurm: an array still queued), so that every writer of a run
-// (a local resume, a cluster's, watch's reruns) goes through it and no
-// job runs twice at once.
-func RegisterGuard(g Guard) { guards = append(guards, g) }
-
-// checkGuards refuses dir while a guard does.
-func checkGuards(ctx context.Context, dir string) error {
-	for _, g := range guards {
-		if err := g(ctx, dir); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // Options says what to run, where its results go and how to report.
 type Options struct {
 	Out        string // results root: a run is Out/<Experiment>/<run id>/
@@ -165,9 +144,23 @@ type Options struct {
 	// messages that say how to go on; "" says only "--resume".
 	Continue string
 
-	Executor Executor  // runs the jobs; required
+	Executor Executor // runs the jobs; required
+	// Guard is checked by every resume once it holds the run's lock and
+	// before it writes anything, and by the warning of a new run beside an
+	// unfinished one: work another executor left running (slurm's
+	// CheckNoneActive: an array still queued) must not run the same jobs
+	// as this one, whichever executor this is. nil: nothing to check.
+	Guard    Guard
 	Progress io.Writer // progress lines, a redrawn bar on a terminal; nil: none
 	Log      zerolog.Logger
+}
+
+// guard is o.Guard's word on dir: nil without one.
+func (o Options) guard(ctx context.Context, dir string) error {
+	if o.Guard == nil {
+		return nil
+	}
+	return o.Guard(ctx, dir)
 }
 
 // continueCommand is how the messages of o's run say to resume it.
@@ -738,7 +731,7 @@ func warnUnfinished(ctx context.Context, o Options) {
 	if m.Jobs == 0 { // no manifest: the plan's size is unknown
 		progress = fmt.Sprintf("%d jobs done", len(done))
 	}
-	if err := checkGuards(ctx, dir); err != nil {
+	if err := o.guard(ctx, dir); err != nil {
 		o.Log.Warn().Str("experiment", o.Experiment).Msgf("the newest run of %s, %s, is unfinished (%s) and may "+
 			"still be under way; this starts a new run beside it. %v", o.Experiment, dir, progress, err)
 		return
@@ -775,7 +768,7 @@ func openExisting(ctx context.Context, o Options, dir string) (*lazyRun, map[str
 		return nil, nil, err
 	}
 	// Under the run's lock, so no other resume submits work in between.
-	if err := checkGuards(ctx, dir); err != nil {
+	if err := o.guard(ctx, dir); err != nil {
 		return fail(err)
 	}
 	m := run.Manifest()

@@ -1091,12 +1091,9 @@ func TestUnfinishedWarningCountsSegmentsAndActiveWork(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			saved := guards
-			defer func() { guards = saved }()
-			guards = []Guard{func(context.Context, string) error { return tc.guard }}
-
 			ctx, cancel := context.WithCancel(context.Background())
 			o := testOptions(t, &fakeExecutor{after: func(int) { cancel() }}, testJobs("a", "b", "c"))
+			o.Guard = func(context.Context, string) error { return tc.guard }
 			o.Continue = "workbench run exp.star --resume"
 			first, _ := Run(ctx, o) // stopped after job a
 			seg, err := results.CreateSegment(first.Dir, results.SegmentName("sub", 0))

@@ -80,7 +80,7 @@ func (e *Executor) Run(ctx context.Context, b runner.Batch) error {
 			return err
 		}
 		// An earlier array of a resumed run still queued was refused when
-		// the runner opened it (the guard checkNoneActive).
+		// the runner opened it (its Guard, CheckNoneActive).
 		if err := CheckPartition(ctx, e.Options.Partition); err != nil {
 			return err
 		}
@@ -274,13 +274,12 @@ func notShared(runDir string) error {
 		"wrote did not appear here): give --out a directory on a filesystem the nodes share", runDir)
 }
 
-func init() { runner.RegisterGuard(checkNoneActive) }
-
-// checkNoneActive refuses to write a run while an earlier array of it is
+// CheckNoneActive refuses to write a run while an earlier array of it is
 // still queued or running: its tasks would run the same jobs as the
 // writer, locally or in another array. It asks squeue about every array
 // the run submitted; where it cannot, it refuses too, saying why.
-func checkNoneActive(ctx context.Context, runDir string) error {
+// It is the runner's Guard of every run (runner.Options.Guard).
+func CheckNoneActive(ctx context.Context, runDir string) error {
 	subs, err := Submissions(runDir)
 	if err != nil {
 		return err

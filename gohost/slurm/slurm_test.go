@@ -312,7 +312,8 @@ func TestResumeRefusedWhileTheArrayRuns(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			o := runner.Options{Out: t.TempDir(), Experiment: "exp", File: "exp.star", FileHash: "h",
-				Jobs: testJobs("a", "b"), KernelsDir: t.TempDir(), Executor: &doneExecutor{}, Log: zerolog.Nop()}
+				Jobs: testJobs("a", "b"), KernelsDir: t.TempDir(), Executor: &doneExecutor{}, Log: zerolog.Nop(),
+				Guard: CheckNoneActive}
 			first, err := runner.Run(context.Background(), o)
 			if err != nil {
 				t.Fatal(err)
