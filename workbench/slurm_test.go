@@ -397,6 +397,7 @@ func TestSlurmBadFlagsAreUsageErrors(t *testing.T) {
 		{[]string{"--cpus-per-task", "0"}, "--cpus-per-task must be at least 1"},
 		{[]string{"--cpus-per-task", "-2"}, "--cpus-per-task must be at least 1"},
 		{[]string{"--detach"}, "give one of them"},
+		{[]string{"--out", out + " 2"}, "holds a space or a %, which sbatch's --output cannot take"},
 	}
 	for _, tc := range tests {
 		args := append([]string{"run", s.script, "--executor", "slurm", "--out", out, "--dry-run"}, tc.flags...)
@@ -404,6 +405,9 @@ func TestSlurmBadFlagsAreUsageErrors(t *testing.T) {
 		if code != 2 || !strings.Contains(text, tc.want) || !strings.Contains(text, "Usage:") || strings.Contains(text, "#!/bin/bash") {
 			t.Errorf("%v: exit %d, want 2 with %q and the usage, and no script:\n%s", tc.flags, code, tc.want, text)
 		}
+	}
+	if _, err := os.Stat(out + " 2"); !os.IsNotExist(err) {
+		t.Errorf("the refused --out was created: %v", err)
 	}
 }
 

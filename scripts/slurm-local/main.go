@@ -46,7 +46,7 @@ func run(dir string) error {
 
     export SLURM_CONF=%[3]s
     sinfo
-    workbench run experiments/quickstart.star --executor slurm --partition %[1]s --out /tmp/vlkv-results
+    bin/workbench run experiments/quickstart.star --executor slurm --partition %[1]s --out /tmp/vlkv-results
 
 Ctrl-C here cancels its jobs and stops it.
 `, slurmtest.Partition, dir, c.Conf)
