@@ -160,20 +160,21 @@ the experiment script and the kernels_py sources that were submitted.
 			if workers == 0 { // run --executor slurm --workers N passes N to its tasks this way
 				workers, _ = strconv.Atoi(os.Getenv("VLKV_SHARD_WORKERS"))
 			}
+			task := slurm.Task{Plan: plan, Shard: index, Log: a.log}
 			s, err := a.newSession(cmd.Context())
 			if err != nil {
-				return err
+				return task.Failed(err)
 			}
 			var workloads []string
 			for _, j := range plan.Shards[index] {
 				workloads = append(workloads, j.WorkloadName)
 			}
 			if err := a.ensureWorkloadGroups(cmd.Context(), s, workloads); err != nil {
-				return err
+				return task.Failed(err)
 			}
-			task := slurm.Task{Plan: plan, Shard: index, KernelsDir: s.kernels.Dir, Log: a.log,
-				Executor: &runner.Local{Python: s.runtime.Python, KernelsRoot: s.kernels.Dir, Device: s.device,
-					Workers: workers, Log: a.log}}
+			task.KernelsDir = s.kernels.Dir
+			task.Executor = &runner.Local{Python: s.runtime.Python, KernelsRoot: s.kernels.Dir, Device: s.device,
+				Workers: workers, Log: a.log}
 			return task.Run(cmd.Context())
 		},
 	}

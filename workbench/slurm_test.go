@@ -366,6 +366,15 @@ func TestSlurmErrors(t *testing.T) {
 			t.Errorf("no SLURM_CONF: exit %d\n%s", code, text)
 		}
 	}
+	// Tasks that fail before their jobs start say why in their .done.
+	noPython := exec.Command(s.bin, "--python", "/nonexistent/python", "--kernels", s.root, "--log-format", "console",
+		"run", s.script, "--executor", "slurm", "--out", out, "--shards", "2")
+	noPython.Env = c.Env(os.Environ())
+	if code, text := runProc(t, noPython); code != 1 ||
+		!strings.Contains(text, "task 0 ended FAILED (NonZeroExitCode): could not start its jobs: python interpreter "+
+			"/nonexistent/python (from --python) does not exist") || strings.Contains(text, "killed") {
+		t.Errorf("tasks without their interpreter: exit %d\n%s", code, text)
+	}
 	if code, text := runProc(t, s.cmd(c, "run", s.script, "--executor", "slurm", "--out", out, "--partition", "gpu")); code != 1 ||
 		!strings.Contains(text, `partition "gpu" does not exist on this cluster; its partitions: debug`) {
 		t.Errorf("unknown partition: exit %d\n%s", code, text)

@@ -3,6 +3,8 @@ package slurm
 import (
 	"context"
 	"fmt"
+	"io"
+	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -202,18 +204,71 @@ func (f *Follow) incomplete(last map[int]TaskState) error {
 	sort.Ints(shards)
 	for _, i := range shards {
 		state := "ended"
-		if t, ok := last[i]; ok {
+		t, known := last[i]
+		if known {
 			state = "ended " + t.State
 			if t.Reason != "" {
 				state += " (" + t.Reason + ")"
 			}
 		}
-		why := "before finishing its jobs, leaving no word (killed: a node failure, or SIGKILL after its time limit)"
-		if d, ok := readDone(f.RunDir, f.Submission.ID, i); ok && d.Error != "" {
-			why = d.Error
-		}
 		log := filepath.Join(f.RunDir, Dir, f.Submission.ID, fmt.Sprintf("task-%d.log", i))
+		var why string
+		switch d, ok := readDone(f.RunDir, f.Submission.ID, i); {
+		case ok && d.Error != "":
+			why = d.Error
+		case known && exitedNonZero(t):
+			// The task's own process failed before it could write its .done (the workbench binary missing
+			// on the node, a plan it cannot read): its log says why, Slurm's state does not.
+			why = "exited with an error before it could say why in its .done"
+			if tail := logTail(log, logTailLines); tail != "" {
+				why += "; its log ends: " + tail
+			}
+		case known:
+			why = "before finishing its jobs, leaving no word (killed: a node failure, or SIGKILL after its time limit)"
+		default:
+			why = "before finishing its jobs, leaving no word"
+			if tail := logTail(log, logTailLines); tail != "" {
+				why += "; its log ends: " + tail
+			}
+		}
 		e.Tasks = append(e.Tasks, fmt.Sprintf("task %d %s: %s (its log: %s)", i, state, why, log))
 	}
 	return e
+}
+
+// exitedNonZero says whether Slurm saw the task's script exit with an error
+// code, as opposed to it being killed (a signal, its time limit, its node).
+func exitedNonZero(t TaskState) bool {
+	return t.State == "FAILED" && !strings.HasPrefix(t.Reason, "RaisedSignal")
+}
+
+// logTailLines is how many of a log's last lines an error quotes.
+const logTailLines = 3
+
+// logTail is the last n non-empty lines of a task's log, joined in one
+// line; "" when it cannot be read or is empty.
+func logTail(path string, n int) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	const most = 16 << 10 // the end of a long log is enough
+	if fi, err := f.Stat(); err == nil && fi.Size() > most {
+		f.Seek(fi.Size()-most, io.SeekStart)
+	}
+	data, _ := io.ReadAll(f)
+	var lines []string
+	for _, line := range strings.Split(string(data), "\n") {
+		if line = strings.TrimSpace(line); line != "" {
+			if len(line) > 400 {
+				line = line[:400] + "..."
+			}
+			lines = append(lines, line)
+		}
+	}
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, " | ")
 }

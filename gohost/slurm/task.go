@@ -100,12 +100,27 @@ func (t Task) Run(ctx context.Context) error {
 	case err != nil:
 		done.Error = err.Error()
 	}
-	done.Ended = time.Now()
-	data, _ := json.Marshal(done)
-	if werr := os.WriteFile(donePath(p.RunDir, p.Submission, t.Shard), append(data, '\n'), 0o644); werr != nil && err == nil {
+	if werr := t.writeDone(done); werr != nil && err == nil {
 		err = werr
 	}
 	return err
+}
+
+// Failed records, in task-<i>.done, that the task could not start its
+// jobs (its node lacks the interpreter, a workload's packages, ...), and
+// returns err: without it, the host could only guess why the task ended.
+func (t Task) Failed(err error) error {
+	done := taskDone{Jobs: len(t.Plan.Shards[t.Shard]), Error: "could not start its jobs: " + err.Error()}
+	if werr := t.writeDone(done); werr != nil {
+		return fmt.Errorf("%w (and its end could not be recorded: %v)", err, werr)
+	}
+	return err
+}
+
+func (t Task) writeDone(done taskDone) error {
+	done.Ended = time.Now()
+	data, _ := json.Marshal(done)
+	return os.WriteFile(donePath(t.Plan.RunDir, t.Plan.Submission, t.Shard), append(data, '\n'), 0o644)
 }
 
 func (t Task) run(ctx context.Context, jobs []runner.Job, done *taskDone) error {
