@@ -366,6 +366,14 @@ func TestSlurmErrors(t *testing.T) {
 			t.Errorf("no SLURM_CONF: exit %d\n%s", code, text)
 		}
 	}
+	// A SLURM_CONF naming no file fails at once, not after Slurm's own minute of retries.
+	badConf := s.cmd(nil, "run", s.script, "--executor", "slurm", "--out", out)
+	badConf.Env = append(badConf.Env, "SLURM_CONF="+filepath.Join(s.dir, "nonexistent.conf"))
+	start := time.Now()
+	if code, text := runProc(t, badConf); code != 1 || !strings.Contains(text, "nonexistent.conf names no file") ||
+		time.Since(start) > 10*time.Second {
+		t.Errorf("SLURM_CONF naming no file: exit %d after %v\n%s", code, time.Since(start), text)
+	}
 	// Tasks that fail before their jobs start say why in their .done.
 	noPython := exec.Command(s.bin, "--python", "/nonexistent/python", "--kernels", s.root, "--log-format", "console",
 		"run", s.script, "--executor", "slurm", "--out", out, "--shards", "2")

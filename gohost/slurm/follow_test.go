@@ -65,3 +65,26 @@ func TestIncompleteSaysWhyATaskEnded(t *testing.T) {
 		})
 	}
 }
+
+// A SLURM_CONF that names no file fails at once, before any Slurm command
+// runs (which would retry reading it for a minute).
+func TestMissingSlurmConf(t *testing.T) {
+	bin := t.TempDir()
+	ran := filepath.Join(bin, "ran")
+	if err := os.WriteFile(filepath.Join(bin, "squeue"), []byte("#!/bin/sh\ntouch "+ran+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", bin)
+	for _, conf := range []string{filepath.Join(bin, "nonexistent.conf"), bin} {
+		t.Setenv("SLURM_CONF", conf)
+		_, err := Tasks(t.Context(), "7")
+		var nc *NotConfiguredError
+		if !errors.As(err, &nc) || !strings.Contains(err.Error(), "SLURM_CONF="+conf+" names no file") ||
+			!strings.Contains(err.Error(), "point SLURM_CONF at the cluster's slurm.conf") {
+			t.Errorf("SLURM_CONF=%s: %v", conf, err)
+		}
+		if _, err := os.Stat(ran); err == nil {
+			t.Errorf("SLURM_CONF=%s: squeue ran", conf)
+		}
+	}
+}

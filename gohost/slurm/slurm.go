@@ -134,9 +134,14 @@ func (e *NotInstalledError) Error() string {
 type NotConfiguredError struct {
 	Command string
 	Conf    string // $SLURM_CONF, "" when unset
+	Missing error  // why SLURM_CONF names no file, when it does not
 }
 
 func (e *NotConfiguredError) Error() string {
+	if e.Missing != nil {
+		return fmt.Sprintf("SLURM_CONF=%s names no file (%v), so %s cannot find the cluster: point SLURM_CONF at the "+
+			"cluster's slurm.conf, or unset it on a machine of the cluster", e.Conf, e.Missing, e.Command)
+	}
 	if e.Conf == "" {
 		return fmt.Sprintf("%s finds no Slurm configuration here (SLURM_CONF is unset and this machine has no "+
 			"slurm.conf): set SLURM_CONF to the cluster's slurm.conf, or run on a machine of the cluster (a login node)",
@@ -158,12 +163,36 @@ func notConfigured(name, output string) error {
 	return nil
 }
 
+// checkConf refuses a SLURM_CONF that names no file: Slurm's commands
+// would retry reading it for about a minute before failing.
+func checkConf(name string) error {
+	conf := os.Getenv("SLURM_CONF")
+	if conf == "" {
+		return nil
+	}
+	fi, err := os.Stat(conf)
+	if err == nil && fi.IsDir() {
+		err = errors.New("a directory")
+	}
+	if err != nil {
+		var pe *os.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err
+		}
+		return &NotConfiguredError{Command: name, Conf: conf, Missing: err}
+	}
+	return nil
+}
+
 // command runs a Slurm command and returns its stdout; its stderr is the
 // error's text.
 func command(ctx context.Context, name string, args ...string) (string, error) {
 	path, err := exec.LookPath(name)
 	if err != nil {
 		return "", &NotInstalledError{Command: name}
+	}
+	if err := checkConf(name); err != nil {
+		return "", err
 	}
 	var stdout, stderr bytes.Buffer
 	c := exec.CommandContext(ctx, path, args...)
