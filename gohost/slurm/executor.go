@@ -1,6 +1,7 @@
 package slurm
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -222,34 +224,65 @@ func quote(s string) string {
 // probe runs one small job that checks, on a node, that the workbench
 // binary is there and the run directory is writable (the host then sees
 // what it wrote): tasks that cannot see either would fail one by one.
+//
+// It is a batch script with the array's #SBATCH lines (less the CPUs and
+// memory it does not need), so sbatch reads the extra lines as it reads
+// the array's. Interrupted, it cancels the job, which would otherwise
+// stay queued and, run later, leave its mark beside the run.
 func (e *Executor) probe(ctx context.Context, dir, submission string, log zerolog.Logger) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
 	mark := filepath.Join(dir, ".vlkv-probe-"+submission)
-	script := fmt.Sprintf("#!/bin/bash\n[ -x %s ] || exit 3\ntouch %s || exit 4\n", quote(e.Workbench), quote(mark))
+	defer os.Remove(mark)
+	name := "vlkv-probe-" + submission
+	var script strings.Builder
+	fmt.Fprintln(&script, "#!/bin/bash")
+	fmt.Fprintf(&script, "#SBATCH --job-name=%s\n#SBATCH --output=/dev/null\n", name)
+	for _, line := range e.probeOptions() {
+		fmt.Fprintln(&script, line)
+	}
+	fmt.Fprintf(&script, "[ -x %s ] || exit 3\ntouch %s || exit 4\n", quote(e.Workbench), quote(mark))
 	log.Info().Str("dir", dir).Msg("checking that the nodes see the results directory: a probe job, which waits " +
 		"in the queue like any job")
-	probe := e.Options
-	if probe.Time == "" {
-		probe.Time = "5:00"
+	if err := checkConf("sbatch"); err != nil {
+		return err
 	}
-	args := append([]string{"--parsable", "--wait", "--job-name=vlkv-probe", "--output=/dev/null"}, probe.sbatchArgs()...)
-	if probe.GRES != "" { // a partition may refuse jobs without its resources
-		args = append(args, "--gres="+probe.GRES)
-	}
-	for _, line := range probe.directives()[len(probe.sbatchArgs()):] {
-		if rest, ok := strings.CutPrefix(line, "#SBATCH "); ok && !strings.HasPrefix(rest, "--gres") &&
-			!strings.HasPrefix(rest, "--cpus-per-task") && !strings.HasPrefix(rest, "--mem") {
-			args = append(args, rest)
+	var stdout lockedBuffer
+	var stderr bytes.Buffer
+	var cancelErr error
+	c := exec.CommandContext(ctx, "sbatch", "--parsable", "--wait")
+	c.Stdin = strings.NewReader(script.String())
+	c.Stdout, c.Stderr = &stdout, &stderr
+	// sbatch --wait prints the job id as it submits: cancel the job, and let sbatch return as it ends.
+	c.Cancel = func() error {
+		id := jobID(stdout.String())
+		if id == "" { // not submitted yet, or its id not printed: cancelled by name below
+			return c.Process.Kill()
 		}
+		cctx, cancel := context.WithTimeout(context.Background(), endedGrace)
+		defer cancel()
+		cancelErr = Cancel(cctx, id)
+		return cancelErr
 	}
-	c := exec.CommandContext(ctx, "sbatch", args...)
-	c.Stdin = strings.NewReader(script)
-	out, err := c.CombinedOutput()
+	c.WaitDelay = endedGrace
+	err := c.Run()
+	out := strings.TrimSpace(stderr.String())
 	var exit *exec.ExitError
 	switch {
 	case ctx.Err() != nil:
+		id := jobID(stdout.String())
+		if id == "" {
+			cctx, cancel := context.WithTimeout(context.Background(), endedGrace)
+			defer cancel()
+			_, cancelErr = command(cctx, "scancel", "--name="+name)
+			id = "--name=" + name
+		}
+		if cancelErr != nil {
+			return fmt.Errorf("interrupted, and cancelling the probe job failed (%w): stop it with scancel %s",
+				cancelErr, id)
+		}
+		log.Warn().Str("job", id).Msg("cancelled the probe job")
 		return ctx.Err()
 	case errors.As(err, &exit) && exit.ExitCode() == 3:
 		return fmt.Errorf("the nodes do not see the workbench binary %s: put it on a filesystem they share (the "+
@@ -257,16 +290,54 @@ func (e *Executor) probe(ctx context.Context, dir, submission string, log zerolo
 	case errors.As(err, &exit) && exit.ExitCode() == 4:
 		return notShared(dir)
 	case err != nil:
-		if nc := notConfigured("sbatch", string(out)); nc != nil {
+		if nc := notConfigured("sbatch", out); nc != nil {
 			return nc
 		}
-		return fmt.Errorf("the probe job failed: %s", strings.TrimSpace(string(out)))
+		if out == "" {
+			out = err.Error()
+		}
+		return fmt.Errorf("the probe job failed: %s", out)
 	}
-	defer os.Remove(mark)
 	if _, err := os.Stat(mark); err != nil {
 		return notShared(dir)
 	}
 	return nil
+}
+
+// probeOptions are the probe's #SBATCH lines: the array's, but for the CPUs
+// and memory a task asks for, with at most 5 minutes.
+func (e *Executor) probeOptions() []string {
+	probe := e.Options
+	if probe.Time == "" {
+		probe.Time = "5:00"
+	}
+	probe.CPUsPerTask, probe.Mem = 0, ""
+	return probe.directives()
+}
+
+// jobID is the job id sbatch --parsable printed ("id" or "id;cluster").
+func jobID(out string) string {
+	line, _, _ := strings.Cut(strings.TrimSpace(out), "\n")
+	id, _, _ := strings.Cut(line, ";")
+	return strings.TrimSpace(id)
+}
+
+// lockedBuffer is a command's output read while the command runs.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 func notShared(runDir string) error {

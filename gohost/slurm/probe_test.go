@@ -1,0 +1,101 @@
+package slurm
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// fakeSlurm puts an sbatch and a scancel on PATH. sbatch keeps the script
+// it reads and, as sbatch --parsable --wait does, prints the job id; then
+// it runs the script (FAKE_SBATCH=run) or waits in the queue until
+// scancel ends it (FAKE_SBATCH=queue). scancel records its arguments.
+func fakeSlurm(t *testing.T) string {
+	t.Helper()
+	bin := t.TempDir()
+	sbatch := `#!/bin/bash
+cat > "$(dirname "$0")/script"
+echo "$@" > "$(dirname "$0")/args"
+echo 123
+if [ "$FAKE_SBATCH" = run ]; then exec bash "$(dirname "$0")/script"; fi
+echo $$ > "$(dirname "$0")/pid"
+exec sleep 60
+`
+	scancel := `#!/bin/bash
+echo "$@" >> "$(dirname "$0")/scancel.args"
+kill "$(cat "$(dirname "$0")/pid")"
+`
+	for name, text := range map[string]string{"sbatch": sbatch, "scancel": scancel} {
+		if err := os.WriteFile(filepath.Join(bin, name), []byte(text), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv("PATH", bin+":/usr/bin:/bin")
+	t.Setenv("SLURM_CONF", "")
+	return bin
+}
+
+// The probe is a batch script with the array's #SBATCH lines, so sbatch
+// reads an extra line ("--comment hello") as the array's script has it.
+func TestProbeScriptHasTheArraysLines(t *testing.T) {
+	bin := fakeSlurm(t)
+	t.Setenv("FAKE_SBATCH", "run")
+	dir := t.TempDir()
+	e := &Executor{Workbench: "/bin/true", Options: Options{Partition: "debug", GRES: "gpu:1", CPUsPerTask: 8,
+		Mem: "64G", Extra: []string{"--comment hello", "#SBATCH --qos=high"}}}
+	if err := e.probe(context.Background(), dir, "s1", zerolog.Nop()); err != nil {
+		t.Fatalf("probe: %v", err)
+	}
+	data, _ := os.ReadFile(filepath.Join(bin, "script"))
+	script := string(data)
+	for _, want := range []string{"#SBATCH --job-name=vlkv-probe-s1\n", "#SBATCH --partition=debug\n",
+		"#SBATCH --time=5:00\n", "#SBATCH --gres=gpu:1\n", "#SBATCH --comment hello\n", "#SBATCH --qos=high\n"} {
+		if !strings.Contains(script, want) {
+			t.Errorf("the probe's script lacks %q:\n%s", want, script)
+		}
+	}
+	if strings.Contains(script, "--cpus-per-task") || strings.Contains(script, "--mem") {
+		t.Errorf("the probe asks for a task's CPUs or memory:\n%s", script)
+	}
+	if args, _ := os.ReadFile(filepath.Join(bin, "args")); strings.TrimSpace(string(args)) != "--parsable --wait" {
+		t.Errorf("sbatch's arguments: %q, want only --parsable --wait", args)
+	}
+	if marks, _ := filepath.Glob(filepath.Join(dir, ".vlkv-probe-*")); len(marks) != 0 {
+		t.Errorf("the probe left %v", marks)
+	}
+}
+
+// A host interrupted while its probe waits in the queue cancels the probe
+// job, which would otherwise run later and leave its mark in the results.
+func TestInterruptedProbeIsCancelled(t *testing.T) {
+	bin := fakeSlurm(t)
+	t.Setenv("FAKE_SBATCH", "queue")
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { // Ctrl-C once the probe is queued
+		for {
+			if _, err := os.Stat(filepath.Join(bin, "pid")); err == nil {
+				cancel()
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	start := time.Now()
+	e := &Executor{Workbench: "/bin/true"}
+	err := e.probe(ctx, t.TempDir(), "s1", zerolog.Nop())
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("probe: %v, want it cancelled", err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("the interrupted probe took %v", d)
+	}
+	if got, _ := os.ReadFile(filepath.Join(bin, "scancel.args")); strings.TrimSpace(string(got)) != "123" {
+		t.Errorf("scancel's arguments: %q, want the probe's job id 123", got)
+	}
+}
