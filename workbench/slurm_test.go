@@ -374,9 +374,10 @@ func TestSlurmErrors(t *testing.T) {
 		time.Since(start) > 10*time.Second {
 		t.Errorf("SLURM_CONF naming no file: exit %d after %v\n%s", code, time.Since(start), text)
 	}
-	// Tasks that fail before their jobs start say why in their .done.
+	// Tasks that fail before their jobs start say why in their .done; the probe reads an extra line as
+	// the array's script does.
 	noPython := exec.Command(s.bin, "--python", "/nonexistent/python", "--kernels", s.root, "--log-format", "console",
-		"run", s.script, "--executor", "slurm", "--out", out, "--shards", "2")
+		"run", s.script, "--executor", "slurm", "--out", out, "--shards", "2", "--sbatch-line", "--comment hello")
 	noPython.Env = c.Env(os.Environ())
 	if code, text := runProc(t, noPython); code != 1 ||
 		!strings.Contains(text, "task 0 ended FAILED (NonZeroExitCode): could not start its jobs: python interpreter "+
@@ -415,6 +416,10 @@ func TestSlurmBadFlagsAreUsageErrors(t *testing.T) {
 		{[]string{"--cpus-per-task", "-2"}, "--cpus-per-task must be at least 1"},
 		{[]string{"--detach"}, "give one of them"},
 		{[]string{"--out", out + " 2"}, "holds a space or a %, which sbatch's --output cannot take"},
+		{[]string{"--sbatch-line", "qos=high"}, `--sbatch-line "qos=high": want sbatch options`},
+		{[]string{"--sbatch-line=--array=0-1"}, "sets --array, which the workbench sets itself"},
+		{[]string{"--sbatch-line", "-p gpu"}, "sets --partition, which the workbench sets itself: give --partition instead"},
+		{[]string{"--sbatch-line", "--mem 4G"}, "give --mem instead"},
 	}
 	for _, tc := range tests {
 		args := append([]string{"run", s.script, "--executor", "slurm", "--out", out, "--dry-run"}, tc.flags...)
@@ -434,8 +439,10 @@ func TestSlurmDryRun(t *testing.T) {
 	out := filepath.Join(s.dir, "out")
 	code, text := runProc(t, s.cmd(nil, "run", s.script, "--executor", "slurm", "--out", out, "--dry-run", "--shards", "2",
 		"--max-running", "1", "--partition", "gpu", "--account", "lab", "--time", "1:00:00", "--gres", "gpu:1",
-		"--cpus-per-task", "4", "--mem", "16G", "--sbatch-line", "--qos=high", "--runtime-cache", "/shared/cache"))
+		"--cpus-per-task", "4", "--mem", "16G", "--sbatch-line", "--qos=high", "--sbatch-line", "--comment hello",
+		"--runtime-cache", "/shared/cache"))
 	for _, want := range []string{"#SBATCH --array=0-1%1", "#SBATCH --partition=gpu", "#SBATCH --account=lab",
+		"#SBATCH --comment hello\n",
 		"#SBATCH --time=1:00:00", "#SBATCH --gres=gpu:1", "#SBATCH --cpus-per-task=4", "#SBATCH --mem=16G",
 		"#SBATCH --qos=high", "export VLKV_CACHE_DIR='/shared/cache'", "shard '", `--shard "$SLURM_ARRAY_TASK_ID"`,
 		"7 jobs of experiment sweep in 2 shards"} {

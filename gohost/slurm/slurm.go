@@ -73,8 +73,8 @@ func (o Options) Check() error {
 		return fmt.Errorf("--shards must be positive (0: one per job, at most %d), got %d", DefaultShards, o.Shards)
 	}
 	for _, line := range o.Extra {
-		if strings.ContainsAny(line, "\n\r") {
-			return fmt.Errorf("--sbatch-line %q: one line each", line)
+		if err := checkLine(line); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -109,12 +109,14 @@ func (o Options) directives() []string {
 	if o.Mem != "" {
 		lines = append(lines, "#SBATCH --mem="+o.Mem)
 	}
+	return append(lines, o.extraDirectives()...)
+}
+
+// extraDirectives are the #SBATCH lines of --sbatch-line.
+func (o Options) extraDirectives() []string {
+	var lines []string
 	for _, line := range o.Extra {
-		line = strings.TrimSpace(line)
-		if !strings.HasPrefix(line, "#SBATCH") {
-			line = "#SBATCH " + line
-		}
-		lines = append(lines, line)
+		lines = append(lines, "#SBATCH "+sbatchLine(line))
 	}
 	return lines
 }
