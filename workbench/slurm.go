@@ -365,6 +365,9 @@ func (a *app) report(ctx context.Context, dir string, run *results.Run) error {
 		fmt.Fprintf(a.stdout, "no longer in the queue; %s\n", slurm.DescribeEnded(dir, sub))
 	default:
 		fmt.Fprintln(a.stdout, slurm.Describe(tasks))
+		for _, msg := range slurm.Stuck(sub.ArrayJob, tasks) {
+			fmt.Fprintln(a.stdout, msg)
+		}
 	}
 	ended := err == nil
 	for _, t := range tasks {

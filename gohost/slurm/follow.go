@@ -47,6 +47,7 @@ func (f *Follow) Run(ctx context.Context) error {
 	id := f.Submission.ArrayJob
 	last := map[int]TaskState{}
 	shown, failures, polls := "", 0, 0
+	warned := map[string]bool{} // what Stuck said, once each
 	for {
 		if err := f.deliver(reader); err != nil {
 			return err
@@ -73,6 +74,12 @@ func (f *Follow) Run(ctx context.Context) error {
 			if s := summarize(tasks); s != shown && s != "" {
 				f.Log.Info().Str("array", id).Str("tasks", s).Int("jobs_left", len(f.Pending)).Msg("slurm")
 				shown = s
+				for _, msg := range Stuck(id, tasks) {
+					if !warned[msg] {
+						warned[msg] = true
+						f.Log.Warn().Str("array", id).Msg(msg)
+					}
+				}
 			}
 			if ended(tasks) && (len(last) > 0 || polls > 5) {
 				if err := f.deliver(reader); err != nil {

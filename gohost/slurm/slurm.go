@@ -330,34 +330,53 @@ func Tasks(ctx context.Context, id string) ([]TaskState, error) {
 	return tasks, nil
 }
 
-// summarize counts tasks by state, e.g. "2 PENDING, 1 RUNNING, 3 COMPLETED".
+// stateOf is a task's state as the host shows it: a pending task's with
+// the reason Slurm gives, e.g. "pending (PartitionConfig)".
+func stateOf(t TaskState) string {
+	s := strings.ToLower(t.State)
+	if t.State == "PENDING" && t.Reason != "" {
+		s += " (" + t.Reason + ")"
+	}
+	return s
+}
+
+// summarize counts tasks by state, e.g. "2 pending (Priority), 1 running,
+// 3 completed".
 func summarize(tasks []TaskState) string {
 	counts := map[string]int{}
 	var states []string
 	for _, t := range tasks {
-		if counts[t.State] == 0 {
-			states = append(states, t.State)
+		s := stateOf(t)
+		if counts[s] == 0 {
+			states = append(states, s)
 		}
-		counts[t.State]++
+		counts[s]++
 	}
 	sort.Strings(states)
 	parts := make([]string, len(states))
 	for i, s := range states {
-		parts[i] = fmt.Sprintf("%d %s", counts[s], strings.ToLower(s))
+		parts[i] = fmt.Sprintf("%d %s", counts[s], s)
 	}
 	return strings.Join(parts, ", ")
 }
 
 // Describe counts tasks by state and names them, e.g. "2 completed (tasks
-// 0,2), 1 cancelled (task 1)"; a run of tasks is a range, e.g. "tasks 0-5".
+// 0,2), 1 cancelled (task 1)"; a run of tasks is a range, e.g. "tasks 0-5";
+// pending tasks say why they wait, e.g. "3 pending (tasks 0-2: Priority)".
 func Describe(tasks []TaskState) string {
 	ids := map[string][]int{}
+	reasons := map[string]string{}
 	var states []string
 	for _, t := range tasks {
-		if ids[t.State] == nil {
-			states = append(states, t.State)
+		s := t.State
+		if t.State == "PENDING" {
+			s += "|" + t.Reason
+			reasons[s] = t.Reason
 		}
-		ids[t.State] = append(ids[t.State], t.Task)
+		if ids[s] == nil {
+			states = append(states, s)
+		}
+		ids[s] = append(ids[s], t.Task)
 	}
 	sort.Strings(states)
 	parts := make([]string, len(states))
@@ -366,9 +385,64 @@ func Describe(tasks []TaskState) string {
 		if len(ids[s]) == 1 {
 			noun = "task"
 		}
-		parts[i] = fmt.Sprintf("%d %s (%s %s)", len(ids[s]), strings.ToLower(s), noun, ranges(ids[s]))
+		state, _, _ := strings.Cut(s, "|")
+		which := noun + " " + ranges(ids[s])
+		if r := reasons[s]; r != "" {
+			which += ": " + r
+		}
+		parts[i] = fmt.Sprintf("%d %s (%s)", len(ids[s]), strings.ToLower(state), which)
 	}
 	return strings.Join(parts, ", ")
+}
+
+// Stuck says, for each reason of the pending tasks that means they can
+// never start as submitted (Slurm's job reason codes), what to change;
+// none when every pending task can still start.
+func Stuck(arrayJob string, tasks []TaskState) []string {
+	seen := map[string]bool{}
+	var says []string
+	for _, t := range tasks {
+		if t.State != "PENDING" || seen[t.Reason] {
+			continue
+		}
+		seen[t.Reason] = true
+		if what := neverRuns(t.Reason); what != "" {
+			says = append(says, fmt.Sprintf("Slurm array %s: its tasks pending (%s) can never start: %s; stop it "+
+				"(scancel %s) and run again with --resume", arrayJob, t.Reason, what, arrayJob))
+		}
+	}
+	return says
+}
+
+// neverRuns says what to change for a pending reason that means the job
+// cannot run as submitted however long it waits, else "". Reasons such as
+// Priority, Resources or QOSGrp*Limit only make it wait.
+func neverRuns(reason string) string {
+	const ask = "ask for less (--cpus-per-task, --mem, --gres, --time, or a --sbatch-line's constraint)"
+	switch {
+	case reason == "PartitionConfig", reason == "BadConstraints":
+		return "the tasks ask for more than the partition's nodes have or allow: " + ask +
+			", or use another --partition (sinfo -o '%P %c %m %G %l' lists what its nodes have)"
+	case strings.HasPrefix(reason, "ReqNodeNotAvail"):
+		// Nodes named as unavailable (down, drained) may come back; none named: no node could ever do.
+		if _, nodes, ok := strings.Cut(reason, "UnavailableNodes:"); !ok || strings.TrimSpace(nodes) != "" {
+			return ""
+		}
+		return "no node of the partition can give what the tasks ask for: " + ask + ", or use another --partition"
+	case reason == "PartitionTimeLimit":
+		return "--time is longer than the partition allows: give a shorter --time, or another --partition " +
+			"(sinfo -o '%P %l' lists their limits)"
+	case (strings.HasPrefix(reason, "QOSMax") || strings.HasPrefix(reason, "AssocMax")) && strings.Contains(reason, "PerJob"):
+		return "the tasks ask for more than a per-job limit of the account or QOS allows: " + ask +
+			", or use another --account or QOS"
+	case reason == "InvalidAccount":
+		return "the account is not one Slurm lets you use: give another --account"
+	case reason == "InvalidQOS":
+		return "the QOS is not one Slurm lets you use: give another --sbatch-line --qos=..., or none"
+	case reason == "DependencyNeverSatisfied":
+		return "a --sbatch-line --dependency can never be met: drop it"
+	}
+	return ""
 }
 
 // ranges writes task indices as ranges: 0,1,2,5 as "0-2,5".

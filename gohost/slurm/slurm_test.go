@@ -433,3 +433,47 @@ func journalOf(t *testing.T, dir string) []results.Record {
 	}
 	return recs
 }
+
+// Pending tasks show Slurm's reason, and a reason they can never get past
+// says what to change.
+func TestPendingReasons(t *testing.T) {
+	tasks := []TaskState{{Task: 0, State: "RUNNING"}, {Task: 1, State: "PENDING", Reason: "PartitionConfig"},
+		{Task: 2, State: "PENDING", Reason: "PartitionConfig"}, {Task: 3, State: "PENDING", Reason: "Priority"},
+		{Task: 4, State: "PENDING"}}
+	if got, want := summarize(tasks), "1 pending, 2 pending (PartitionConfig), 1 pending (Priority), 1 running"; got != want {
+		t.Errorf("summarize = %q, want %q", got, want)
+	}
+	if got, want := Describe(tasks), "1 pending (task 4), 2 pending (tasks 1-2: PartitionConfig), "+
+		"1 pending (task 3: Priority), 1 running (task 0)"; got != want {
+		t.Errorf("Describe = %q, want %q", got, want)
+	}
+	for _, tc := range []struct {
+		reason string
+		want   string // "" when tasks pending for it may still start
+	}{
+		{"Priority", ""},
+		{"Resources", ""},
+		{"QOSGrpCpuLimit", ""},
+		{"QOSMaxJobsPerUserLimit", ""},
+		{"ReqNodeNotAvail, UnavailableNodes:node[1-2]", ""}, // down or drained nodes may come back
+		{"PartitionConfig", "ask for more than the partition's nodes have or allow"},
+		{"BadConstraints", "ask for more than the partition's nodes have or allow"},
+		{"ReqNodeNotAvail, UnavailableNodes:", "no node of the partition can give"},
+		{"PartitionTimeLimit", "give a shorter --time"},
+		{"QOSMaxCpuPerJobLimit", "per-job limit"},
+		{"AssocMaxWallDurationPerJobLimit", "per-job limit"},
+		{"InvalidAccount", "give another --account"},
+		{"InvalidQOS", "--qos"},
+		{"DependencyNeverSatisfied", "--dependency"},
+	} {
+		got := Stuck("42", []TaskState{{Task: 0, State: "PENDING", Reason: tc.reason}, {Task: 1, State: "PENDING",
+			Reason: tc.reason}})
+		switch {
+		case tc.want == "" && len(got) != 0:
+			t.Errorf("%s: %q, want nothing", tc.reason, got)
+		case tc.want != "" && (len(got) != 1 || !strings.Contains(got[0], tc.want) ||
+			!strings.Contains(got[0], "can never start") || !strings.Contains(got[0], "scancel 42")):
+			t.Errorf("%s: %q, want one line with %q", tc.reason, got, tc.want)
+		}
+	}
+}
