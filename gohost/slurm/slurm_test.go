@@ -301,7 +301,7 @@ func TestResumeRefusedWhileTheArrayRuns(t *testing.T) {
 		refused string // in the error; "" when the resume goes on
 	}{
 		{"queued", true, "0|COMPLETED|None\n1|RUNNING|None\n2|PENDING|JobArrayTaskLimit\n",
-			"Slurm array 42 of %DIR% is still in the queue (1 completed, 1 pending, 1 running): its tasks run the jobs it holds. " +
+			"Slurm array 42 of %DIR% is still in the queue (1 completed, 1 pending (JobArrayTaskLimit), 1 running): its tasks run the jobs it holds. " +
 				"Follow it with `workbench status %DIR%`, or stop it (scancel 42)"},
 		{"ended", true, "0|COMPLETED|None\n1|CANCELLED|None\n", ""},
 		{"aged out", true, "echo 'squeue: error: Invalid job id specified' >&2; exit 1", ""},
