@@ -193,6 +193,7 @@ func (e *Executor) script(p Plan) string {
 	fmt.Fprintf(&s, "#SBATCH --job-name=%s\n", "vlkv-"+p.Experiment)
 	fmt.Fprintf(&s, "#SBATCH --array=%s\n", array)
 	fmt.Fprintf(&s, "#SBATCH --output=%s\n", filepath.Join(dir, "task-%a.log"))
+	fmt.Fprintln(&s, "#SBATCH --open-mode=append") // a requeued task's log keeps its first attempt's output
 	for _, line := range e.Options.directives() {
 		fmt.Fprintln(&s, line)
 	}

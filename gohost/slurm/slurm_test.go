@@ -80,7 +80,7 @@ func TestScriptQuotesWhatItPasses(t *testing.T) {
 	s := e.script(Plan{Submission: "s1", Experiment: "e", RunDir: "/runs/e/1", Shards: make([][]runner.Job, 2)})
 	for _, want := range []string{"#SBATCH --array=0-1\n", "#SBATCH --exclusive\n", "#SBATCH --qos=q\n",
 		`export VLKV_CACHE_DIR='/x'\''y'`, `exec '/opt/wb it'\''s' '--python' '/a b/python' shard '/runs/e/1/slurm/s1/plan.json' --shard "$SLURM_ARRAY_TASK_ID"`,
-		"#SBATCH --output=/runs/e/1/slurm/s1/task-%a.log"} {
+		"#SBATCH --output=/runs/e/1/slurm/s1/task-%a.log\n#SBATCH --open-mode=append\n"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("script lacks %q:\n%s", want, s)
 		}
