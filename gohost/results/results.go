@@ -370,6 +370,44 @@ func (r *Run) writeManifest() error {
 	return writeAtomic(filepath.Join(r.Dir, ManifestFile), append(data, '\n'))
 }
 
+// PlanRecord is a run's record of its plan as it stood: its manifest and
+// JobsFile, which a resume rewrites. RestorePlanRecord puts it back.
+type PlanRecord struct {
+	manifest Manifest
+	jobs     []byte // nil: the run had no JobsFile
+}
+
+// PlanRecord is the run's record of its plan as it stands now.
+func (r *Run) PlanRecord() (PlanRecord, error) {
+	p := PlanRecord{manifest: r.Manifest()}
+	data, err := os.ReadFile(filepath.Join(r.Dir, JobsFile))
+	switch {
+	case err == nil:
+		p.jobs = data
+	case !errors.Is(err, os.ErrNotExist):
+		return p, err
+	}
+	return p, nil
+}
+
+// RestorePlanRecord puts back the manifest and JobsFile p holds: a resume
+// that never ran anything (its array refused) leaves the run as it found it.
+func (r *Run) RestorePlanRecord(p PlanRecord) error {
+	var err error
+	if p.jobs == nil {
+		err = os.Remove(filepath.Join(r.Dir, JobsFile))
+		if errors.Is(err, os.ErrNotExist) {
+			err = nil
+		}
+	} else {
+		err = writeAtomic(filepath.Join(r.Dir, JobsFile), p.jobs)
+	}
+	if err != nil {
+		return fmt.Errorf("restore the plan's jobs: %w", err)
+	}
+	return r.UpdateManifest(func(m *Manifest) { *m = p.manifest })
+}
+
 // WriteJobs records the job ids of the plan this run or resume runs
 // (JobsFile), rewriting it atomically.
 func (r *Run) WriteJobs(ids []string) error {

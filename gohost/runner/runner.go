@@ -447,6 +447,9 @@ type lazyRun struct {
 	// as it was. changes are the code changes it records then.
 	marked  bool
 	changes []results.CodeChange
+	// before is the run's record of its plan as the resume found it, which
+	// discard puts back when the resume ran nothing after all.
+	before results.PlanRecord
 }
 
 func (l *lazyRun) get(log zerolog.Logger) (*results.Run, error) {
@@ -472,12 +475,20 @@ func (l *lazyRun) getLocked(log zerolog.Logger) (*results.Run, error) {
 
 // discard removes a new run that holds nothing this call did not write
 // itself (see Batch.Discard); the call then goes on as if it had created
-// none.
+// none. A resume that journaled nothing puts back the run's record of its
+// plan instead (the segment rows it merged were the run's already).
 func (l *lazyRun) discard(log zerolog.Logger) (bool, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.resumed || l.run == nil || l.rows > 0 {
+	if l.run == nil || l.rows > 0 {
 		return false, nil
+	}
+	if l.resumed {
+		if !l.marked {
+			return false, nil
+		}
+		l.marked = false
+		return false, l.run.RestorePlanRecord(l.before)
 	}
 	removed, err := l.run.RemoveEmpty()
 	if !removed {
@@ -496,8 +507,8 @@ func (l *lazyRun) untouched() bool {
 	return l.resumed && !l.marked
 }
 
-// recordChange records a code change in the manifest: at once, or, for a
-// resume that has not written the run yet, when it does.
+// recordChangeLocked records a code change in the manifest: at once, or,
+// for a resume that has not written the run yet, when it does.
 func (l *lazyRun) recordChangeLocked(c results.CodeChange) error {
 	if l.resumed && !l.marked {
 		l.changes = append(l.changes, c)
@@ -537,6 +548,9 @@ func (l *lazyRun) current() (string, map[string]string) {
 }
 
 func (l *lazyRun) currentLocked() (string, map[string]string) {
+	if n := len(l.changes); n > 0 && !l.marked { // a resume's change, recorded once it writes the run
+		return l.changes[n-1].KernelsDigest, l.changes[n-1].KernelsHash
+	}
 	if l.run == nil {
 		return l.pending.CurrentKernels()
 	}
@@ -549,6 +563,10 @@ func (l *lazyRun) currentLocked() (string, map[string]string) {
 // changes it found.
 func (l *lazyRun) markResumed(log zerolog.Logger) error {
 	o := l.opts
+	var err error
+	if l.before, err = l.run.PlanRecord(); err != nil {
+		return err
+	}
 	if err := mergeSegments(l.run, log); err != nil {
 		return err
 	}

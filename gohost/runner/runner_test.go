@@ -656,6 +656,37 @@ func TestKernelEditMidRun(t *testing.T) {
 	}
 }
 
+// A resume on edited sources, allowed, records the change once however
+// many workers report those sources before its first row.
+func TestResumeRecordsACodeChangeOnce(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	o := testOptions(t, &fakeExecutor{after: func(int) { cancel() }}, testJobs("a", "b"))
+	sum, _ := Run(ctx, o) // stopped after job a
+	os.WriteFile(filepath.Join(o.KernelsDir, "kernels_py", "method.py"), []byte("x = 2\n"), 0o644)
+	o.Resume, o.AllowCodeChange = true, true
+	o.Executor = executorFunc(func(ctx context.Context, b Batch) error {
+		for range 3 { // three workers start
+			if err := b.CheckCode(loaded(o.KernelsDir)); err != nil {
+				return err
+			}
+		}
+		for _, j := range b.Jobs {
+			k := loaded(o.KernelsDir)
+			out := Outcome{Outcome: sched.Outcome{Job: j, Attempts: 1, Result: json.RawMessage(`{"metrics": {"x": 1}}`)}, Kernels: &k}
+			if err := b.Done(out); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if _, err := Run(context.Background(), o); err != nil {
+		t.Fatal(err)
+	}
+	if m := manifest(t, sum.Dir); len(m.CodeChanges) != 1 || m.CodeChanges[0].KernelsDigest != loaded(o.KernelsDir).Digest {
+		t.Errorf("code changes %+v, want the one edit", m.CodeChanges)
+	}
+}
+
 // A results root that cannot hold runs is reported before any worker starts.
 func TestBadOutFailsBeforeWorkers(t *testing.T) {
 	ex := &fakeExecutor{}

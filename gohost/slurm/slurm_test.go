@@ -393,13 +393,14 @@ func TestRejectedArrayLeavesNoRun(t *testing.T) {
 			o := runner.Options{Out: t.TempDir(), Experiment: "exp", File: "exp.star", FileHash: "h",
 				Jobs: testJobs("a", "b"), KernelsDir: t.TempDir(), Log: zerolog.Nop()}
 			var earlier string
+			var before map[string]string
 			if tc.resume {
 				o.Executor = &doneExecutor{}
 				first, err := runner.Run(context.Background(), o)
 				if err != nil {
 					t.Fatal(err)
 				}
-				earlier = first.Dir
+				earlier, before = first.Dir, snapshot(t, first.Dir)
 				o.Jobs, o.Resume = testJobs("a", "b", "c"), true
 			}
 			o.Executor = &Executor{Workbench: "/bin/sh", Options: Options{Mem: "999999G"}, Out: io.Discard}
@@ -420,6 +421,9 @@ func TestRejectedArrayLeavesNoRun(t *testing.T) {
 			}
 			if _, err := os.Stat(filepath.Join(earlier, Dir)); !errors.Is(err, os.ErrNotExist) {
 				t.Errorf("the rejected array's plan stayed in %s: %v", filepath.Join(earlier, Dir), err)
+			}
+			if after := snapshot(t, earlier); !maps.Equal(after, before) { // the resume recorded nothing of itself
+				t.Errorf("the rejected resume changed the run:\n%v\nwas\n%v", after, before)
 			}
 		})
 	}
