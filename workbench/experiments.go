@@ -454,9 +454,8 @@ func (a *app) runExperiments(ctx context.Context, file string, o runOptions) ([]
 		if o.out, err = filepath.Abs(o.out); err != nil {
 			return nil, err
 		}
-		if strings.ContainsAny(o.out, " \t%") { // before anything is created under it
-			return nil, &usageError{fmt.Errorf("--out %s holds a space or a %%, which sbatch's --output cannot take: "+
-				"give --out a path without them", o.out)}
+		if err := slurm.CheckOutPath(o.out); err != nil { // before anything is created under it
+			return nil, &usageError{fmt.Errorf("--out %w", err)}
 		}
 		if executor, err = a.slurmExecutor(o.slurm, kernels, plan.File, plan.Hash, o.workers); err != nil {
 			return nil, err

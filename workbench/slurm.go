@@ -297,15 +297,7 @@ func (a *app) followArray(ctx context.Context, run *results.Run, sub slurm.Submi
 	if err != nil {
 		return err
 	}
-	// Jobs of this array without a record since it was submitted (a retried job has an older, failed one).
-	pending := map[string]bool{}
-	for _, shard := range plan.Shards {
-		for _, j := range shard {
-			if rec, ok := done[j.ID]; !ok || rec.Finished.Before(sub.Submitted) {
-				pending[j.ID] = true
-			}
-		}
-	}
+	pending := arrayPending(plan, sub, done)
 	m := run.Manifest()
 	// Counted from what is left: a job retried after failing has a record
 	// already, and must not count twice.
@@ -373,8 +365,22 @@ func (a *app) report(ctx context.Context, dir string, run *results.Run) error {
 	for _, t := range tasks {
 		ended = ended && t.Terminal()
 	}
-	if planned, _ := results.ReadJobs(dir); ended && planned != nil && results.Count(last, planned, nil).Done < len(planned) {
+	if plan, err := slurm.ReadPlan(slurm.PlanPath(dir, sub.ID)); ended && err == nil && len(arrayPending(plan, sub, last)) > 0 {
 		fmt.Fprintf(a.stdout, "the array has ended short; to submit the rest: %s\n", sub.ResumeCommand())
 	}
 	return nil
+}
+
+// arrayPending are the jobs of sub's plan without a record since it was
+// submitted (a retried job has an older, failed one).
+func arrayPending(plan slurm.Plan, sub slurm.Submission, records map[string]results.Record) map[string]bool {
+	pending := map[string]bool{}
+	for _, shard := range plan.Shards {
+		for _, j := range shard {
+			if rec, ok := records[j.ID]; !ok || rec.Finished.Before(sub.Submitted) {
+				pending[j.ID] = true
+			}
+		}
+	}
+	return pending
 }

@@ -491,6 +491,12 @@ func TestSlurmRetryFailed(t *testing.T) {
 	if code != 1 || !strings.Contains(text, "sweep: 7 jobs, 2 failed") {
 		t.Fatalf("first run: exit %d\n%s", code, text)
 	}
+	// Followed by the host that submits it: the retried jobs fail again, once each.
+	code, text = runProc(t, s.cmd(c, "run", s.script, "--executor", "slurm", "--out", out, "--shards", "2", "--resume", "--retry-failed"))
+	if code != 1 || !strings.Contains(text, "sweep: 7 jobs, 2 failed") || !strings.Contains(text, "[7/7]") ||
+		strings.Contains(text, "[8/7]") {
+		t.Fatalf("retry, failing again: exit %d\n%s", code, text)
+	}
 	os.Remove(flag)
 	// Submitted and followed by status: the retried jobs count once each.
 	code, text = runProc(t, s.cmd(c, "run", s.script, "--executor", "slurm", "--out", out, "--resume", "--retry-failed", "--detach"))
@@ -504,8 +510,8 @@ func TestSlurmRetryFailed(t *testing.T) {
 		t.Fatalf("status following the retry: exit %d\n%s", code, text)
 	}
 	recs, _ := results.ReadJournal(runDir)
-	if len(recs) != 9 {
-		t.Errorf("journal has %d lines, want 7 + the 2 retried", len(recs))
+	if len(recs) != 11 {
+		t.Errorf("journal has %d lines, want 7 + the 2 retried twice", len(recs))
 	}
 	for _, row := range parquetRows(t, filepath.Join(runDir, results.ParquetFile)) {
 		if row["status"] != "ok" {

@@ -551,15 +551,15 @@ func (r *Run) RemoveEmpty() (bool, error) {
 		}
 		return false, nil
 	}
-	if err := r.Close(); err != nil {
-		return false, err
-	}
-	// The manifest first, so a reader never finds a run half removed; the
-	// lock, released above, last.
+	// Under the lock, so no resume opens the run while it goes; the
+	// manifest first, so a reader never finds a run half removed.
 	for _, name := range []string{ManifestFile, JournalFile, JobsFile, TensorsDir, LockFile} {
 		if err := os.Remove(filepath.Join(r.Dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return false, err
 		}
+	}
+	if err := r.Close(); err != nil {
+		return false, err
 	}
 	return true, os.Remove(r.Dir)
 }

@@ -73,9 +73,8 @@ func (e *Executor) Run(ctx context.Context, b runner.Batch) error {
 	if err := e.Options.Check(); err != nil {
 		return err
 	}
-	if strings.ContainsAny(b.Dir, " \t%") {
-		return fmt.Errorf("the run directory %s holds a space or a %%, which sbatch's --output cannot take: "+
-			"give --out a path without them", b.Dir)
+	if err := CheckOutPath(b.Dir); err != nil {
+		return err
 	}
 	if !e.DryRun {
 		if err := Installed(); err != nil {
@@ -174,8 +173,12 @@ func (e *Executor) submit(ctx context.Context, b runner.Batch, plan Plan, script
 		return id, nil
 	case ctx.Err() != nil, errors.Is(err, errNoJobID):
 		// sbatch may have queued the array before it was stopped, or said
-		// nothing of it: its tasks would need the plan.
-		return "", err
+		// nothing of it: its tasks would need the plan. Unrecorded, it is
+		// not seen by a resume, which would run its jobs too.
+		name := "vlkv-" + plan.Experiment
+		return "", fmt.Errorf("%w: the array may be queued without its id recorded: see squeue --name=%s, and "+
+			"stop it (scancel JOBID) before a --resume, which would run its jobs again; its plan is kept in %s",
+			err, name, subDir)
 	}
 	return undo(fmt.Errorf("sbatch refused the array: %w", err))
 }
@@ -222,6 +225,17 @@ func quote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
+// CheckOutPath refuses a results path that the array's batch script could
+// not name its tasks' logs under: sbatch's --output takes no space, and
+// reads % as a pattern.
+func CheckOutPath(path string) error {
+	if strings.ContainsAny(path, " \t%") {
+		return fmt.Errorf("%s holds a space or a %%, which sbatch's --output cannot take: give --out a path "+
+			"without them", path)
+	}
+	return nil
+}
+
 // probe runs one small job that checks, on a node, that the workbench
 // binary is there and the run directory is writable (the host then sees
 // what it wrote): tasks that cannot see either would fail one by one.
@@ -252,6 +266,7 @@ func (e *Executor) probe(ctx context.Context, dir, submission string, log zerolo
 	var stdout lockedBuffer
 	var stderr bytes.Buffer
 	var cancelErr error
+	cancelled := false // by its id, while sbatch waited
 	c := exec.CommandContext(ctx, "sbatch", "--parsable", "--wait")
 	c.Stdin = strings.NewReader(script.String())
 	c.Stdout, c.Stderr = &stdout, &stderr
@@ -263,7 +278,7 @@ func (e *Executor) probe(ctx context.Context, dir, submission string, log zerolo
 		}
 		cctx, cancel := context.WithTimeout(context.Background(), endedGrace)
 		defer cancel()
-		cancelErr = Cancel(cctx, id)
+		cancelErr, cancelled = Cancel(cctx, id), true
 		return cancelErr
 	}
 	c.WaitDelay = endedGrace
@@ -273,11 +288,15 @@ func (e *Executor) probe(ctx context.Context, dir, submission string, log zerolo
 	switch {
 	case ctx.Err() != nil:
 		id := jobID(stdout.String())
-		if id == "" {
+		if !cancelled { // its id came too late for Cancel, or never: by id if printed now, else by name
 			cctx, cancel := context.WithTimeout(context.Background(), endedGrace)
 			defer cancel()
-			_, cancelErr = command(cctx, "scancel", "--name="+name)
-			id = "--name=" + name
+			if id != "" {
+				cancelErr = Cancel(cctx, id)
+			} else {
+				_, cancelErr = command(cctx, "scancel", "--name="+name)
+				id = "--name=" + name
+			}
 		}
 		if cancelErr != nil {
 			return fmt.Errorf("interrupted, and cancelling the probe job failed (%w): stop it with scancel %s",
@@ -306,12 +325,11 @@ func (e *Executor) probe(ctx context.Context, dir, submission string, log zerolo
 }
 
 // probeOptions are the probe's #SBATCH lines: the array's, but for the CPUs
-// and memory a task asks for, with at most 5 minutes.
+// and memory a task asks for, and 5 minutes (it needs seconds, and a
+// shorter limit waits less in the queue).
 func (e *Executor) probeOptions() []string {
 	probe := e.Options
-	if probe.Time == "" {
-		probe.Time = "5:00"
-	}
+	probe.Time = "5:00"
 	probe.CPUsPerTask, probe.Mem = 0, ""
 	return probe.directives()
 }

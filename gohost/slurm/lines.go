@@ -35,6 +35,7 @@ var reservedOptions = map[string]string{
 	"job-name":      "the array is named after the experiment",
 	"parsable":      "the host reads the array's job id this way",
 	"wait":          "the host follows the array itself",
+	"open-mode":     "a requeued task appends to its log, which keeps its first attempt's output",
 	"partition":     "give --partition instead",
 	"account":       "give --account instead",
 	"time":          "give --time instead",

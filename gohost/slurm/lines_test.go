@@ -33,6 +33,7 @@ func TestSbatchLines(t *testing.T) {
 		{"-e x.err", "sets --error"},
 		{"--job-name=x", "sets --job-name"},
 		{"-J x", "sets --job-name"},
+		{"--open-mode=truncate", "sets --open-mode"},
 		{"--parsable", "sets --parsable"},
 		{"--wait", "sets --wait"},
 		{"-W", "sets --wait"},

@@ -48,7 +48,7 @@ func TestProbeScriptHasTheArraysLines(t *testing.T) {
 	t.Setenv("FAKE_SBATCH", "run")
 	dir := t.TempDir()
 	e := &Executor{Workbench: "/bin/true", Options: Options{Partition: "debug", GRES: "gpu:1", CPUsPerTask: 8,
-		Mem: "64G", Extra: []string{"--comment hello", "#SBATCH --qos=high"}}}
+		Mem: "64G", Time: "2-00:00:00", Extra: []string{"--comment hello", "#SBATCH --qos=high"}}}
 	if err := e.probe(context.Background(), dir, "s1", zerolog.Nop()); err != nil {
 		t.Fatalf("probe: %v", err)
 	}
