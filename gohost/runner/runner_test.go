@@ -18,6 +18,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/vlkv/vlkv/gohost/results"
+	"github.com/vlkv/vlkv/gohost/results/resultstest"
 	"github.com/vlkv/vlkv/gohost/sched"
 	"github.com/vlkv/vlkv/gohost/testpy"
 	"github.com/vlkv/vlkv/gohost/worker"
@@ -1012,26 +1013,6 @@ func TestStartWarnings(t *testing.T) {
 	}
 }
 
-// snapshot is every file of a run directory but its lock (which names the
-// process holding it) by path, with its contents.
-func snapshot(t *testing.T, dir string) map[string]string {
-	t.Helper()
-	files := map[string]string{}
-	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
-		if err != nil || d.IsDir() || d.Name() == results.LockFile {
-			return err
-		}
-		data, err := os.ReadFile(path)
-		rel, _ := filepath.Rel(dir, path)
-		files[rel] = string(data)
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return files
-}
-
 // A resume whose executor writes nothing (a dry run that prints its
 // script, a submission refused, a stop before any job) leaves the run as
 // it was: no resume recorded, no new plan, its tasks' segments not merged,
@@ -1065,7 +1046,7 @@ func TestResumeThatWritesNothingLeavesTheRun(t *testing.T) {
 				t.Fatal(err)
 			}
 			seg.Close()
-			before := snapshot(t, first.Dir)
+			before := resultstest.Snapshot(t, first.Dir)
 
 			var todo []string
 			ctx, cancel := context.WithCancel(context.Background())
@@ -1087,7 +1068,7 @@ func TestResumeThatWritesNothingLeavesTheRun(t *testing.T) {
 			if sum.Dir != first.Dir || sum.Done != 3 {
 				t.Errorf("summary %+v: want 3 jobs done in %s", sum, first.Dir)
 			}
-			if after := snapshot(t, first.Dir); !reflect.DeepEqual(after, before) {
+			if after := resultstest.Snapshot(t, first.Dir); !reflect.DeepEqual(after, before) {
 				for path, data := range after {
 					if before[path] != data {
 						t.Errorf("%s changed:\n%s\nwas:\n%s", path, data, before[path])

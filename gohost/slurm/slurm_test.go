@@ -16,6 +16,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/vlkv/vlkv/gohost/results"
+	"github.com/vlkv/vlkv/gohost/results/resultstest"
 	"github.com/vlkv/vlkv/gohost/runner"
 	"github.com/vlkv/vlkv/gohost/sched"
 )
@@ -231,7 +232,7 @@ func TestDryRunResumeLeavesTheRun(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			before := snapshot(t, first.Dir)
+			before := resultstest.Snapshot(t, first.Dir)
 			var printed strings.Builder
 			o.Jobs, o.Resume = testJobs(tc.jobs...), true
 			o.Executor = &Executor{DryRun: true, Out: &printed, Workbench: "/bin/workbench"}
@@ -241,7 +242,7 @@ func TestDryRunResumeLeavesTheRun(t *testing.T) {
 			if !strings.Contains(printed.String(), tc.want) {
 				t.Errorf("dry run printed %q, want %q", printed.String(), tc.want)
 			}
-			if after := snapshot(t, first.Dir); !maps.Equal(after, before) {
+			if after := resultstest.Snapshot(t, first.Dir); !maps.Equal(after, before) {
 				t.Errorf("a dry run changed the run:\n%v\nwas\n%v", after, before)
 			}
 		})
@@ -268,26 +269,6 @@ func (d *doneExecutor) Run(_ context.Context, b runner.Batch) error {
 		}
 	}
 	return nil
-}
-
-// snapshot is every file of a run directory but its lock (which names the
-// process holding it), by path, with its contents.
-func snapshot(t *testing.T, dir string) map[string]string {
-	t.Helper()
-	files := map[string]string{}
-	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
-		if err != nil || d.IsDir() || d.Name() == results.LockFile {
-			return err
-		}
-		data, err := os.ReadFile(path)
-		rel, _ := filepath.Rel(dir, path)
-		files[rel] = string(data)
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return files
 }
 
 // Every resume of a run, on local workers as on Slurm, is refused while
@@ -338,7 +319,7 @@ func TestResumeRefusedWhileTheArrayRuns(t *testing.T) {
 				}
 			}
 			t.Setenv("PATH", bin)
-			before := snapshot(t, first.Dir)
+			before := resultstest.Snapshot(t, first.Dir)
 
 			ex := &doneExecutor{}
 			o.Jobs, o.Resume, o.Executor = testJobs("a", "b", "c"), true, ex
@@ -357,7 +338,7 @@ func TestResumeRefusedWhileTheArrayRuns(t *testing.T) {
 			if ran != 0 {
 				t.Errorf("a refused resume ran %d jobs", ran)
 			}
-			if after := snapshot(t, first.Dir); !maps.Equal(after, before) {
+			if after := resultstest.Snapshot(t, first.Dir); !maps.Equal(after, before) {
 				t.Errorf("a refused resume changed the run:\n%v\nwas\n%v", after, before)
 			}
 		})
@@ -400,7 +381,7 @@ func TestRejectedArrayLeavesNoRun(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				earlier, before = first.Dir, snapshot(t, first.Dir)
+				earlier, before = first.Dir, resultstest.Snapshot(t, first.Dir)
 				o.Jobs, o.Resume = testJobs("a", "b", "c"), true
 			}
 			o.Executor = &Executor{Workbench: "/bin/sh", Options: Options{Mem: "999999G"}, Out: io.Discard}
@@ -422,7 +403,7 @@ func TestRejectedArrayLeavesNoRun(t *testing.T) {
 			if _, err := os.Stat(filepath.Join(earlier, Dir)); !errors.Is(err, os.ErrNotExist) {
 				t.Errorf("the rejected array's plan stayed in %s: %v", filepath.Join(earlier, Dir), err)
 			}
-			if after := snapshot(t, earlier); !maps.Equal(after, before) { // the resume recorded nothing of itself
+			if after := resultstest.Snapshot(t, earlier); !maps.Equal(after, before) { // the resume recorded nothing of itself
 				t.Errorf("the rejected resume changed the run:\n%v\nwas\n%v", after, before)
 			}
 		})
