@@ -40,7 +40,7 @@ func (f *slurmFlags) add(cmd *cobra.Command) {
 	fl.StringVar(&f.opts.Time, "time", "", "slurm: time limit per task: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS, e.g. 2:00:00 (sbatch --time)")
 	fl.StringVar(&f.opts.GRES, "gres", "", "slurm: generic resources per task, e.g. gpu:1 (sbatch --gres)")
 	fl.IntVar(&f.opts.CPUsPerTask, "cpus-per-task", 0, "slurm: CPUs per task (sbatch --cpus-per-task); default: the cluster's")
-	fl.StringVar(&f.opts.Mem, "mem", "", "slurm: memory per task, a size with an optional K/M/G/T suffix (megabytes without), e.g. 32G (sbatch --mem)")
+	fl.StringVar(&f.opts.Mem, "mem", "", "slurm: memory per task, a size with an optional K/M/G/T suffix (megabytes without), e.g. 32G, or 0 for all of a node's (sbatch --mem)")
 	fl.IntVar(&f.opts.MaxRunning, "max-running", 0, "slurm: array tasks running at once (--array=...%K); 0: no limit")
 	fl.IntVar(&f.opts.Shards, "shards", 0, fmt.Sprintf("slurm: array tasks the jobs are split into; 0: one per job, at most %d", slurm.DefaultShards))
 	fl.StringArrayVar(&f.opts.Extra, "sbatch-line", nil, "slurm: one more #SBATCH line, e.g. --qos=high (repeat for several)")

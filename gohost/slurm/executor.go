@@ -42,6 +42,11 @@ type Executor struct {
 	// Nil: cancel.
 	Interrupt func(arrayJob string) bool
 	Poll      time.Duration // how often squeue and the segments are read; 0: 2 s
+
+	// probed is the results root a probe job passed for: the experiments of
+	// one script share it, and the next one's probe would only wait in the
+	// queue behind the array just submitted.
+	probed string
 }
 
 var _ runner.Executor = (*Executor)(nil)
@@ -105,8 +110,11 @@ func (e *Executor) Run(ctx context.Context, b runner.Batch) error {
 	}
 	// The probe writes beside the run, which exists only once the probe passed: a run that cannot start
 	// leaves nothing for --resume to mistake for one.
-	if err := e.probe(ctx, filepath.Dir(b.Dir), plan.Submission, b.Log); err != nil {
-		return err
+	if root := filepath.Dir(filepath.Dir(b.Dir)); e.probed != root {
+		if err := e.probe(ctx, filepath.Dir(b.Dir), plan.Submission, b.Log); err != nil {
+			return err
+		}
+		e.probed = root
 	}
 	if b.Open != nil {
 		if err := b.Open(); err != nil {

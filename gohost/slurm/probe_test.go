@@ -3,6 +3,7 @@ package slurm
 import (
 	"context"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,6 +11,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/vlkv/vlkv/gohost/runner"
 )
 
 // fakeSlurm puts an sbatch and a scancel on PATH. sbatch keeps the script
@@ -97,5 +100,38 @@ func TestInterruptedProbeIsCancelled(t *testing.T) {
 	}
 	if got, _ := os.ReadFile(filepath.Join(bin, "scancel.args")); strings.TrimSpace(string(got)) != "123" {
 		t.Errorf("scancel's arguments: %q, want the probe's job id 123", got)
+	}
+}
+
+// The experiments of one script share their results root: one probe job
+// checks it, not one each (the next would wait behind the array just
+// submitted).
+func TestOneProbeForTheExperimentsOfAScript(t *testing.T) {
+	bin := t.TempDir()
+	fakes := map[string]string{
+		// The probe (--wait) runs and is counted; an array is queued as job 42.
+		"sbatch": "#!/bin/sh\ncase \"$*\" in *--wait*) echo probe >> \"$(dirname \"$0\")/probes\"; echo 7; exec sh ;; esac\n" +
+			"echo 42\n",
+		"squeue": "#!/bin/sh\n", "sinfo": "#!/bin/sh\necho debug\n", "scancel": "#!/bin/sh\n",
+	}
+	for name, script := range fakes {
+		if err := os.WriteFile(filepath.Join(bin, name), []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv("PATH", bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+	t.Setenv("SLURM_CONF", "")
+	e := &Executor{Workbench: "/bin/sh", Detach: true, Out: io.Discard}
+	out := t.TempDir()
+	for _, experiment := range []string{"alpha", "beta"} {
+		o := runner.Options{Out: out, Experiment: experiment, File: "x.star", FileHash: "h", Jobs: testJobs("a", "b"),
+			KernelsDir: t.TempDir(), Executor: e, Log: zerolog.Nop()}
+		var detached *DetachedError
+		if _, err := runner.Run(context.Background(), o); !errors.As(err, &detached) {
+			t.Fatalf("%s: %v, want it submitted and detached", experiment, err)
+		}
+	}
+	if probes, _ := os.ReadFile(filepath.Join(bin, "probes")); strings.Count(string(probes), "probe") != 1 {
+		t.Errorf("%d probe jobs for two experiments under one results root, want 1", strings.Count(string(probes), "probe"))
 	}
 }

@@ -50,9 +50,9 @@ const DefaultShards = 64
 // or D-HH:MM:SS, or no limit.
 var timeFormat = regexp.MustCompile(`^(\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|(?i:unlimited|infinite))$`)
 
-// memFormat is sbatch --mem's: a positive size, in megabytes unless it
-// carries a K, M, G or T suffix.
-var memFormat = regexp.MustCompile(`^[1-9]\d*[KMGTkmgt]?$`)
+// memFormat is sbatch --mem's: a size, in megabytes unless it carries a
+// K, M, G or T suffix; 0 asks for all of a node's memory.
+var memFormat = regexp.MustCompile(`^(0|[1-9]\d*[KMGTkmgt]?)$`)
 
 // Check rejects values sbatch would refuse later, or that cannot mean
 // what the user wants: before a batch script is written, not when the
@@ -64,7 +64,7 @@ func (o Options) Check() error {
 			"e.g. 2:00:00", o.Time)
 	case o.Mem != "" && !memFormat.MatchString(o.Mem):
 		return fmt.Errorf("--mem %q: want a positive size with an optional K, M, G or T suffix (megabytes without), "+
-			"e.g. 32G", o.Mem)
+			"e.g. 32G, or 0 for all of a node's memory", o.Mem)
 	case o.CPUsPerTask < 0:
 		return fmt.Errorf("--cpus-per-task must be at least 1, got %d", o.CPUsPerTask)
 	case o.MaxRunning < 0:
