@@ -501,7 +501,8 @@ func (a *app) runExperiments(ctx context.Context, file string, o runOptions) ([]
 		failed += sum.Failed
 	}
 	if failed > 0 {
-		return dirs, fmt.Errorf("%s failed (see the error column of results.parquet); to run the failed jobs again: %s --resume --retry-failed",
+		return dirs, fmt.Errorf("%s failed (see the error column of results.parquet); to run the failed jobs again, "+
+			"once their cause is fixed (a bad knob fails the same way again): %s --resume --retry-failed",
 			plural(failed, "job"), o.rerun)
 	}
 	return dirs, nil

@@ -163,7 +163,8 @@ func TestResumeCountsEarlierFailures(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			code, stdout, stderr := runCLI(t, append(base, tc.extra...)...)
 			if code != 1 || !strings.Contains(stdout, tc.want) ||
-				!strings.Contains(stderr, "1 job failed (see the error column of results.parquet); to run the failed jobs again: "+again) {
+				!strings.Contains(stderr, "1 job failed (see the error column of results.parquet); to run the failed jobs again, once their cause is fixed "+
+					"(a bad knob fails the same way again): "+again) {
 				t.Errorf("exit %d, want 1 with %q and the command %q:\n%s%s", code, tc.want, again, stdout, stderr)
 			}
 		})
