@@ -292,4 +292,6 @@ def compare_frame(comparison: dict, value: str = "abs"):
         rec = {"key": row["key"], **{f"param_{k}": v for k, v in row["params"].items()}, "changed": row["changed"]}
         rec.update({d["metric"]: d[value] for d in row["deltas"]})
         records.append(rec)
-    return pd.DataFrame.from_records(records, index="key") if records else pd.DataFrame()
+    if not records:  # no job in both runs: the frame still has its columns, for code that selects on them
+        return pd.DataFrame({"changed": pd.Series(dtype=bool)}, index=pd.Index([], name="key"))
+    return pd.DataFrame.from_records(records, index="key")

@@ -34,3 +34,14 @@ def test_read_runs_adds_a_run_column(tmp_path, monkeypatch):
         newest_runs("f", 2, tmp_path)
     with pytest.raises(FileNotFoundError, match="no results.parquet"):
         read_run(tmp_path / "e")
+
+
+def test_compare_frame_of_runs_sharing_no_job_keeps_its_columns():
+    """The compare notebook selects delta[delta.changed]: runs that share no job give an empty frame with it."""
+    from kernels_py.runs import compare_frame
+
+    delta = compare_frame({"rows": []})
+    assert delta[delta.changed].empty and delta.index.name == "key"
+    row = {"key": "budget=0.1", "params": {"budget": 0.1}, "changed": True,
+           "deltas": [{"metric": "rel_err_mean", "abs": 0.2, "rel": 1.0, "a": 0.2, "b": 0.4}]}
+    assert compare_frame({"rows": [row]}).loc["budget=0.1", "rel_err_mean"] == 0.2
