@@ -44,6 +44,7 @@ func TestUsageErrors(t *testing.T) {
 		{"missing script of watch", []string{"watch", "--experiment", "/nonexistent.star"}, 1, "--experiment /nonexistent.star: no such file or directory"},
 		{"out is a file", []string{"run", "--out", "../go.mod", "../experiments/quickstart.star"}, 2, "--out ../go.mod is a file: give the results root, a directory"},
 		{"out through a file", []string{"demo", "--out", "../go.mod/results"}, 2, "--out ../go.mod/results: part of that path is a file"},
+		{"out of watch is a file", []string{"watch", "--experiment", "../experiments/quickstart.star", "--out", "../go.mod"}, 2, "--out ../go.mod is a file"},
 		{"missing script", []string{"run", "/nonexistent.star"}, 1, "script /nonexistent.star does not exist"},
 		{"missing script of plan", []string{"plan", "/nonexistent.star"}, 1, "script /nonexistent.star does not exist"},
 		{"code change without resume", []string{"run", "--allow-code-change", "../experiments/quickstart.star"}, 2, "--allow-code-change only applies to a resumed run"},

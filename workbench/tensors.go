@@ -26,6 +26,11 @@ func readSafetensorsHeader(path string) (*tensor.SafetensorsHeader, error) {
 	}
 	h, err := tensor.ParseSafetensorsHeader(f, st.Size())
 	if err != nil {
+		// A run's tensors/<job>/<name>.npy look like a header of absurd length.
+		magic := make([]byte, 6)
+		if _, rerr := f.ReadAt(magic, 0); rerr == nil && string(magic) == "\x93NUMPY" {
+			return nil, fmt.Errorf("%s is a NumPy .npy file, not a .safetensors file: read it with numpy.load", path)
+		}
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return h, nil

@@ -122,6 +122,8 @@ func TestTensorsBadFiles(t *testing.T) {
 	os.WriteFile(truncated, data[:len(data)-3], 0o644)
 	garbage := filepath.Join(dir, "garbage.safetensors")
 	os.WriteFile(garbage, []byte("\x10\x00\x00\x00\x00\x00\x00\x00not json at all!"), 0o644)
+	npy := filepath.Join(dir, "rel_err.npy") // what a run's tensors/<job>/ hold
+	os.WriteFile(npy, []byte("\x93NUMPY\x01\x00v\x00{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }"), 0o644)
 	tests := []struct {
 		name string
 		args []string
@@ -130,6 +132,7 @@ func TestTensorsBadFiles(t *testing.T) {
 	}{
 		{"truncated data", []string{"tensors", "inspect", truncated}, 1, "truncated"},
 		{"not json", []string{"tensors", "inspect", garbage}, 1, "safetensors header"},
+		{"a .npy file", []string{"tensors", "inspect", npy}, 1, "is a NumPy .npy file, not a .safetensors file: read it with numpy.load"},
 		{"missing file", []string{"tensors", "inspect", filepath.Join(dir, "nope")}, 1, "no such file"},
 		{"truncated to-npy", []string{"tensors", "to-npy", truncated, filepath.Join(dir, "out")}, 1, "truncated"},
 		{"no argument", []string{"tensors", "inspect"}, 2, "accepts 1 arg"},

@@ -81,6 +81,9 @@ metrics that changed.`,
 						return &usageError{fmt.Errorf("--%s applies to watch OP, not to --experiment", name)}
 					}
 				}
+				if err := checkOutDir(f.out); err != nil { // else every iteration would fail the same way
+					return err
+				}
 				return a.watchExperiment(cmd.Context(), f)
 			case cmd.Flags().Changed("out"):
 				return &usageError{errors.New("--out applies to watch --experiment")}
@@ -678,7 +681,9 @@ func (a *app) watchExperiment(ctx context.Context, f watchFlags) error {
 		}
 		fmt.Fprintf(a.stdout, "── watch %s · iteration %d · %s · %s\n", f.experiment, iteration, time.Now().Format("15:04:05"), what)
 		if err := a.rerunExperiment(ctx, s, f, good); err != nil {
-			if ctx.Err() != nil {
+			if ctx.Err() != nil { // stopped mid-rerun: say what that leaves
+				fmt.Fprintf(a.stdout, "stopped while rerunning: the jobs rerun so far are kept in the run under %s; "+
+					"the next watch reruns the others\n", f.out)
 				return nil
 			}
 			var se *sourceError
