@@ -15,6 +15,7 @@ import (
 
 	vlkv "github.com/vlkv/vlkv"
 	"github.com/vlkv/vlkv/gohost/pyrt"
+	"github.com/vlkv/vlkv/gohost/results"
 	"github.com/vlkv/vlkv/gohost/worker"
 )
 
@@ -57,9 +58,15 @@ the error. workbench lab opens the notebooks in JupyterLab instead.`,
 				return err
 			}
 			runs := args[1:]
-			if want := notebookRuns(nb); len(runs) != want {
+			meta := readNotebookMeta(nb)
+			if want := meta.Runs; len(runs) != want {
 				return &usageError{fmt.Errorf("notebook %s reads %d run director%s, got %d", name, want,
 					map[bool]string{true: "y", false: "ies"}[want == 1], len(runs))}
+			}
+			for _, run := range runs {
+				if err := checkExperiment(name, meta, run); err != nil {
+					return err
+				}
 			}
 			for _, run := range runs {
 				if err := a.syncForReading(run); err != nil {
@@ -132,20 +139,36 @@ func readNotebook(kernels pyrt.KernelsRoot, name string) ([]byte, error) {
 	return data, err
 }
 
-// notebookRuns is how many run directories a notebook reads: its metadata's
-// vlkv.runs, else one.
-func notebookRuns(nb []byte) int {
-	var meta struct {
+// notebookMeta is what a notebook's metadata says of the runs it reads
+// (vlkv.runs: how many, else one; vlkv.experiment: of which experiment,
+// "" for any).
+type notebookMeta struct {
+	Runs       int    `json:"runs"`
+	Experiment string `json:"experiment"`
+}
+
+func readNotebookMeta(nb []byte) notebookMeta {
+	var doc struct {
 		Metadata struct {
-			Vlkv struct {
-				Runs int `json:"runs"`
-			} `json:"vlkv"`
+			Vlkv notebookMeta `json:"vlkv"`
 		} `json:"metadata"`
 	}
-	if json.Unmarshal(nb, &meta) != nil || meta.Metadata.Vlkv.Runs < 1 {
-		return 1
+	json.Unmarshal(nb, &doc) // a notebook without it reads one run of any experiment
+	if doc.Metadata.Vlkv.Runs < 1 {
+		doc.Metadata.Vlkv.Runs = 1
 	}
-	return meta.Metadata.Vlkv.Runs
+	return doc.Metadata.Vlkv
+}
+
+// checkExperiment refuses a run of another experiment than the notebook's,
+// whose cells would fail on what it lacks.
+func checkExperiment(name string, meta notebookMeta, run string) error {
+	m, err := results.ReadManifest(run)
+	if meta.Experiment == "" || err != nil || m.Experiment == "" || m.Experiment == meta.Experiment {
+		return nil // the notebook reads any run, or this one cannot say: let the notebook judge
+	}
+	return &usageError{fmt.Errorf("notebook %s reads a run of experiment %s; %s is a run of %s", name,
+		meta.Experiment, run, m.Experiment)}
 }
 
 func newLabCmd(a *app) *cobra.Command {

@@ -46,6 +46,7 @@ func TestNotebookArguments(t *testing.T) {
 		{"no run", nil, []string{"quickstart"}, 2, "notebook quickstart reads 1 run directory, got 0", "", 0},
 		{"one run for compare", nil, []string{"compare", run}, 2, "notebook compare reads 2 run directories, got 1", "", 0},
 		{"missing run", nil, []string{"quickstart", filepath.Join(dir, "nowhere")}, 1, "nowhere does not exist", "", 0},
+		{"run of another experiment", nil, []string{"methods", run}, 2, "notebook methods reads a run of experiment methods_compare; " + run + " is a run of sweep", "", 0},
 		{"experiment folder", nil, []string{"quickstart", filepath.Join(dir, "exp")}, 1, "an experiment's folder: give one of its runs", "", 0},
 		{"killed run without a table", noPython, []string{"quickstart", unfinished}, 1, "/nonexistent (from --python) does not exist", unfinished, 1},
 		{"killed run with a stale table", noPython, []string{"quickstart", stale}, 1, "/nonexistent (from --python) does not exist", stale, 2},
