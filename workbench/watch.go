@@ -751,7 +751,7 @@ func (a *app) rerunExperiment(ctx context.Context, s *session, f watchFlags, goo
 		sum, err := runner.Run(ctx, runner.Options{
 			Out: f.out, Experiment: e.Name, File: plan.File, FileHash: plan.Hash, Jobs: runnerJobs(e),
 			KernelsDir: s.kernels.Dir, Device: string(s.device), Version: version,
-			Resume: true, RetryFailed: true, AllowCodeChange: true, RerunStale: true,
+			Resume: true, RetryFailed: true, AllowCodeChange: true, RerunStale: true, StartIfNone: true,
 			Executor: executor, Guard: slurm.CheckNoneActive, Progress: io.Discard, Log: a.log,
 		})
 		if err != nil {

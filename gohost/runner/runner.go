@@ -139,6 +139,9 @@ type Options struct {
 	// rows were computed on other kernels_py sources than today's (what
 	// `workbench watch --experiment` does after an edit).
 	RerunStale bool
+	// StartIfNone, with Resume, expects that there may be no run to resume
+	// yet (watch's first iteration): the new run is not warned of.
+	StartIfNone bool
 
 	// Continue is the command line that resumes this run, for the
 	// messages that say how to go on; "" says only "--resume".
@@ -709,8 +712,10 @@ func openRun(ctx context.Context, o Options, kernels map[string]string, digest s
 			return openExisting(ctx, o, dir)
 		}
 		// Most often a mistake (another --out, a renamed experiment): say where.
-		o.Log.Warn().Str("experiment", o.Experiment).Msgf("nothing to resume: %s holds no run of %s; starting a new run there "+
-			"(if the run to resume is elsewhere, stop and give its results root with --out)", absPath(filepath.Join(o.Out, o.Experiment)), o.Experiment)
+		if !o.StartIfNone {
+			o.Log.Warn().Str("experiment", o.Experiment).Msgf("nothing to resume: %s holds no run of %s; starting a new run there "+
+				"(if the run to resume is elsewhere, stop and give its results root with --out)", absPath(filepath.Join(o.Out, o.Experiment)), o.Experiment)
+		}
 	} else {
 		warnUnfinished(ctx, o)
 	}
