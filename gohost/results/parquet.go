@@ -5,10 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
+	"time"
 
 	"github.com/parquet-go/parquet-go"
 )
@@ -239,4 +242,103 @@ func ParquetRows(dir string) (rows int, exists bool, err error) {
 		return 0, true, fmt.Errorf("read %s: %w", filepath.Join(dir, ParquetFile), err)
 	}
 	return int(pf.NumRows()), true, nil
+}
+
+// ReadParquet reads dir's results.parquet back into records, for a run that
+// holds its table but no journal (a run copied as its table); nil when there
+// is no table. Columns map back as BuildParquet wrote them; JSON text
+// columns (lists, mixed kinds) come back as text.
+func ReadParquet(dir string) ([]Record, error) {
+	path := filepath.Join(dir, ParquetFile)
+	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	info, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	pf, err := parquet.OpenFile(f, info.Size())
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	names := pf.Schema().Columns()
+	rd := parquet.NewReader(pf)
+	defer rd.Close()
+	var recs []Record
+	rows := make([]parquet.Row, 64)
+	for {
+		n, err := rd.ReadRows(rows)
+		for _, row := range rows[:n] {
+			recs = append(recs, unflatten(row, names))
+		}
+		if errors.Is(err, io.EOF) {
+			return recs, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", path, err)
+		}
+	}
+}
+
+// unflatten is flatten's inverse, for one table row.
+func unflatten(row parquet.Row, names [][]string) Record {
+	r := Record{Params: map[string]any{}, Workload: map[string]any{}, Metrics: map[string]any{}}
+	for _, v := range row {
+		name := names[v.Column()][0]
+		var x any // null: a metric the job wrote as NaN stays, as null, like the journal's
+		if !v.IsNull() {
+			switch v.Kind() {
+			case parquet.Double:
+				x = v.Double()
+			case parquet.Int64:
+				x = float64(v.Int64()) // as the journal's JSON decodes
+			case parquet.Boolean:
+				x = v.Boolean()
+			default:
+				x = string(v.ByteArray())
+			}
+		}
+		str, _ := x.(string)
+		num, _ := x.(float64)
+		switch {
+		case name == "job_id":
+			r.JobID = str
+		case name == "experiment":
+			r.Experiment = str
+		case name == "method":
+			r.Method = str
+		case name == "status":
+			r.Status = str
+		case name == "error":
+			r.Error = str
+		case name == "attempts":
+			r.Attempts = int(num)
+		case name == "duration_seconds":
+			r.Seconds = num
+		case name == "wall_seconds":
+			r.WallSeconds = num
+		case name == "finished":
+			r.Finished, _ = time.Parse("2006-01-02T15:04:05.000Z", str)
+		case name == "kernels_digest":
+			r.KernelsDigest = str
+		case name == "workload":
+			r.WorkloadName = str
+		case strings.HasPrefix(name, "param_"):
+			if x != nil {
+				r.Params[strings.TrimPrefix(name, "param_")] = x
+			}
+		case strings.HasPrefix(name, "workload_"):
+			if x != nil {
+				r.Workload[strings.TrimPrefix(name, "workload_")] = x
+			}
+		case strings.HasPrefix(name, "metric_"):
+			r.Metrics[strings.TrimPrefix(name, "metric_")] = x
+		}
+	}
+	return r
 }
