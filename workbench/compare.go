@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/vlkv/vlkv/gohost/compare"
+	"github.com/vlkv/vlkv/gohost/results"
 )
 
 func newCompareCmd(a *app) *cobra.Command {
@@ -38,8 +39,9 @@ rows present in one run only are listed. Runs of different experiments are
 compared on the parameters both have, with a warning.
 
 --fail-if METRIC>X (or <X; X% for a relative change) exits 1 when a joined
-row's change from A to B passes X, or when a job that succeeded in A failed
-or is missing in B, so a comparison can guard a change in CI:
+row's change from A to B passes X, when the metric is lost (NaN) in B, or
+when a job that succeeded in A failed or is missing in B (listed once,
+whatever the number of guards), so a comparison can guard a change in CI:
   workbench compare results/quickstart/OLD results/quickstart/NEW --fail-if 'rel_err_mean>0.001'`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -73,22 +75,25 @@ or is missing in B, so a comparison can guard a change in CI:
 			if err != nil {
 				return err
 			}
+			for _, run := range []*compare.Run{runA, runB} {
+				if run.Writer != "" && len(guards) > 0 {
+					// A pass on a partial run says nothing of the jobs still to come.
+					r.Warnings = append(r.Warnings, fmt.Sprintf("--fail-if judges a partial run: %s is still being written", run.Dir))
+				}
+			}
 			for _, w := range r.Warnings {
 				a.log.Warn().Msg(w)
 			}
-			var broken []string
-			for _, g := range guards {
-				v, err := r.Violations(g)
-				if err != nil {
-					return &usageError{err}
-				}
-				for _, line := range v {
-					broken = append(broken, g.Text+": "+line)
-				}
+			broken, err := r.Failures(guards)
+			if err != nil {
+				return &usageError{err}
 			}
 			if asJSON {
 				enc := json.NewEncoder(a.stdout)
 				enc.SetIndent("", "  ")
+				if broken == nil {
+					broken = []string{} // a list, as the report's others
+				}
 				if err := enc.Encode(jsonReport{r, broken}); err != nil {
 					return err
 				}
@@ -164,12 +169,16 @@ func printComparison(w io.Writer, r *compare.Report, all bool, maxShown int) {
 			fmt.Fprintf(w, "  ... %d more (--max-metrics 0 shows all)\n", more)
 		}
 	}
-	for _, k := range r.OnlyA {
-		fmt.Fprintf(w, "only in A: %s\n", k)
+	only := func(side string, keys, statuses []string) {
+		for i, k := range keys {
+			if i < len(statuses) && statuses[i] != results.StatusOK {
+				k += " [" + statuses[i] + "]" // a job new in B that failed is no row to miss
+			}
+			fmt.Fprintf(w, "only in %s: %s\n", side, k)
+		}
 	}
-	for _, k := range r.OnlyB {
-		fmt.Fprintf(w, "only in B: %s\n", k)
-	}
+	only("A", r.OnlyA, r.OnlyAStatus)
+	only("B", r.OnlyB, r.OnlyBStatus)
 }
 
 // countShown counts the deltas a row shows without a limit.

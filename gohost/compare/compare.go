@@ -21,9 +21,13 @@ type Run struct {
 	Dir      string
 	Manifest results.Manifest
 	Rows     []results.Record
+	// Writer names the workbench process still writing the run (its
+	// run.lock is held): its rows are the jobs finished so far. Empty when none.
+	Writer string
 }
 
-// Load reads a run directory, merging nothing: what its journal holds.
+// Load reads a run directory, merging nothing: what its journal holds, or,
+// with no journal, its results.parquet (a run copied as its table).
 func Load(dir string) (*Run, error) {
 	info, err := os.Stat(dir)
 	if os.IsNotExist(err) {
@@ -39,14 +43,22 @@ func Load(dir string) (*Run, error) {
 	if err != nil {
 		return nil, err
 	}
+	if _, jerr := os.Stat(filepath.Join(dir, results.JournalFile)); os.IsNotExist(jerr) {
+		if recs, err = results.ReadParquet(dir); err != nil {
+			return nil, err
+		}
+	}
 	r := &Run{Dir: dir}
+	if h, held := results.Writer(dir); held {
+		r.Writer = h.Name()
+	}
 	data, merr := os.ReadFile(filepath.Join(dir, results.ManifestFile))
 	if merr == nil {
 		json.Unmarshal(data, &r.Manifest)
 	}
 	if merr != nil && len(recs) == 0 {
-		return nil, fmt.Errorf("%s is not a run directory (no %s or %s): give OUT/<experiment>/<run-id>", dir,
-			results.ManifestFile, results.JournalFile)
+		return nil, fmt.Errorf("%s is not a run directory (no %s, %s or %s): give OUT/<experiment>/<run-id>", dir,
+			results.ManifestFile, results.JournalFile, results.ParquetFile)
 	}
 	if r.Manifest.Experiment == "" && len(recs) > 0 {
 		r.Manifest.Experiment = recs[0].Experiment
@@ -80,8 +92,8 @@ type Options struct {
 type Delta struct {
 	Metric   string  `json:"metric"`
 	A        float64 `json:"a"`
-	B        float64 `json:"b"`
-	Abs      float64 `json:"abs"`       // B - A
+	B        float64 `json:"-"`         // NaN when B lost the metric (JSON: null)
+	Abs      float64 `json:"-"`         // B - A; NaN when B lost the metric (JSON: null)
 	Rel      float64 `json:"-"`         // (B - A) / |A|; ±Inf when A is 0 (JSON: null)
 	Changed  bool    `json:"changed"`   // beyond the tolerance
 	IsTiming bool    `json:"is_timing"` // a time: shown, not counted as a change unless asked for
@@ -94,17 +106,22 @@ type OptionError struct{ Err error }
 func (e *OptionError) Error() string { return e.Err.Error() }
 func (e *OptionError) Unwrap() error { return e.Err }
 
-// MarshalJSON writes rel as null where it is not finite (A was 0).
+// MarshalJSON writes b, abs and rel as null where they are not finite (A
+// was 0, or B lost the metric): JSON has no NaN or Inf.
 func (d Delta) MarshalJSON() ([]byte, error) {
 	type plain Delta
-	var rel *float64
-	if !math.IsInf(d.Rel, 0) && !math.IsNaN(d.Rel) {
-		rel = &d.Rel
+	finite := func(x float64) *float64 {
+		if math.IsInf(x, 0) || math.IsNaN(x) {
+			return nil
+		}
+		return &x
 	}
 	return json.Marshal(struct {
 		plain
+		B   *float64 `json:"b"`
+		Abs *float64 `json:"abs"`
 		Rel *float64 `json:"rel"`
-	}{plain(d), rel})
+	}{plain(d), finite(d.B), finite(d.Abs), finite(d.Rel)})
 }
 
 // Row is one join key's rows in both runs.
@@ -137,7 +154,10 @@ type Report struct {
 	// OnlyAParams and OnlyBParams are those keys' values, as Row.Params.
 	OnlyAParams []map[string]any `json:"only_a_params"`
 	OnlyBParams []map[string]any `json:"only_b_params"`
-	Changed     int              `json:"changed"` // joined rows with a changed metric
+	// OnlyAStatus and OnlyBStatus are those keys' statuses, as Row.StatusA.
+	OnlyAStatus []string `json:"only_a_status"`
+	OnlyBStatus []string `json:"only_b_status"`
+	Changed     int      `json:"changed"` // joined rows with a changed metric
 }
 
 // timing says whether a metric is a time, which differs run to run.
@@ -215,6 +235,12 @@ func Compare(a, b *Run, o Options) (*Report, error) {
 		r.Warnings = append(r.Warnings, fmt.Sprintf("the experiment scripts differ (sha256 %.12s, %.12s)",
 			a.Manifest.FileHash, b.Manifest.FileHash))
 	}
+	for _, run := range []*Run{a, b} {
+		if run.Writer != "" {
+			r.Warnings = append(r.Warnings, fmt.Sprintf("%s is being written by %s: comparing the jobs it has finished so far",
+				run.Dir, run.Writer))
+		}
+	}
 	fa, fb := make([]map[string]string, len(a.Rows)), make([]map[string]string, len(b.Rows))
 	for i, rec := range a.Rows {
 		fa[i] = fields(rec)
@@ -261,10 +287,12 @@ func Compare(a, b *Run, o Options) (*Report, error) {
 		case len(ra) == 0:
 			r.OnlyB = append(r.OnlyB, k)
 			r.OnlyBParams = append(r.OnlyBParams, params(rb[0], keys))
+			r.OnlyBStatus = append(r.OnlyBStatus, status(rb))
 			continue
 		case len(rb) == 0:
 			r.OnlyA = append(r.OnlyA, k)
 			r.OnlyAParams = append(r.OnlyAParams, params(ra[0], keys))
+			r.OnlyAStatus = append(r.OnlyAStatus, status(ra))
 			continue
 		}
 		row := Row{Key: k, Params: params(ra[0], keys), A: len(ra), B: len(rb), StatusA: status(ra), StatusB: status(rb)}
@@ -272,12 +300,19 @@ func Compare(a, b *Run, o Options) (*Report, error) {
 		for _, m := range metrics {
 			va, oka := mean(ra, m)
 			vb, okb := mean(rb, m)
-			if !oka || !okb {
+			// A metric a job that succeeded in both runs lost in B (a worker
+			// writes NaN as null) is a change, not a blank: dropping it would
+			// let a guard on it pass.
+			lost := oka && !okb && row.StatusA == results.StatusOK && row.StatusB == results.StatusOK
+			if !lost && (!oka || !okb) {
 				continue
+			}
+			if lost {
+				vb = math.NaN()
 			}
 			d := Delta{Metric: m, A: va, B: vb, Abs: vb - va, IsTiming: timing(m) && !asked[m]}
 			d.Rel = relative(va, vb)
-			d.Changed = !equal(va, vb, o.Tolerance)
+			d.Changed = lost || !equal(va, vb, o.Tolerance)
 			if d.Changed && !d.IsTiming {
 				row.Changed = true
 			}
@@ -289,9 +324,22 @@ func Compare(a, b *Run, o Options) (*Report, error) {
 		if row.Changed {
 			r.Changed++
 		}
+		row.Deltas = nonNil(row.Deltas)
 		r.Rows = append(r.Rows, row)
 	}
+	// JSON readers (and kernels_py.runs.compare_runs) expect lists, not null.
+	r.Keys, r.Varied, r.Warnings, r.Metrics = nonNil(r.Keys), nonNil(r.Varied), nonNil(r.Warnings), nonNil(r.Metrics)
+	r.Rows, r.OnlyA, r.OnlyB = nonNil(r.Rows), nonNil(r.OnlyA), nonNil(r.OnlyB)
+	r.OnlyAParams, r.OnlyBParams = nonNil(r.OnlyAParams), nonNil(r.OnlyBParams)
+	r.OnlyAStatus, r.OnlyBStatus = nonNil(r.OnlyAStatus), nonNil(r.OnlyBStatus)
 	return r, nil
+}
+
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
 }
 
 // joinKeys are the fields rows are joined on; varied lists the knobs left
@@ -306,9 +354,17 @@ func joinKeys(a, b *Run, fa, fb []map[string]string, by []string) ([]string, []s
 	}
 	for _, f := range fb {
 		for k := range f {
-			if inA[k] {
+			if inA[k] || len(fa) == 0 {
 				common[k] = true
 			}
+		}
+	}
+	// A run with no rows (stopped before its first job) has no parameters
+	// to intersect with: join on the other's, so its rows are listed one by
+	// one as missing rather than as one row with an empty key.
+	if len(fb) == 0 {
+		for k := range inA {
+			common[k] = true
 		}
 	}
 	if len(by) > 0 {
@@ -391,10 +447,13 @@ func chooseMetrics(a, b *Run, asked []string) ([]string, error) {
 	}
 	for _, rec := range b.Rows {
 		for m := range rec.Metrics {
-			if inA[m] {
+			if inA[m] || len(a.Rows) == 0 {
 				both[m] = true
 			}
 		}
+	}
+	if len(b.Rows) == 0 { // as in joinKeys: the side with rows names them
+		both = inA
 	}
 	if len(asked) == 0 {
 		return sorted(both), nil
@@ -542,7 +601,47 @@ func ParseGuard(s string) (Guard, error) {
 	return g, nil
 }
 
-// Violations lists the joined rows whose change breaks g.
+// Failures lists what breaks the guards: each job that succeeded in A and
+// failed or is missing in B, once whatever the number of guards (a guard
+// guards nothing if B may fail a job or drop it), then each guard's
+// violations, prefixed with the guard.
+func (r *Report) Failures(guards []Guard) ([]string, error) {
+	var out []string
+	for _, g := range guards {
+		v, err := r.Violations(g)
+		if err != nil {
+			return nil, err
+		}
+		for _, line := range v {
+			out = append(out, g.Text+": "+line)
+		}
+	}
+	if len(guards) == 0 {
+		return nil, nil
+	}
+	return append(r.Lost(), out...), nil
+}
+
+// Lost lists the jobs that succeeded in A and failed or are missing in B. A
+// job that had failed in A already is no regression of B's.
+func (r *Report) Lost() []string {
+	var out []string
+	for _, row := range r.Rows {
+		if row.StatusA == results.StatusOK && row.StatusB != results.StatusOK {
+			out = append(out, fmt.Sprintf("%s: ok in A, %s in B", row.Key, row.StatusB))
+		}
+	}
+	for i, k := range r.OnlyA {
+		if i < len(r.OnlyAStatus) && r.OnlyAStatus[i] == results.StatusOK {
+			out = append(out, fmt.Sprintf("%s: ok in A, missing from B", k))
+		}
+	}
+	return out
+}
+
+// Violations lists the joined rows whose change in g's metric breaks g; a
+// metric B lost (NaN) breaks any guard on it. Jobs B failed or dropped are
+// Lost's.
 func (r *Report) Violations(g Guard) ([]string, error) {
 	known := false
 	for _, m := range r.Metrics {
@@ -552,16 +651,7 @@ func (r *Report) Violations(g Guard) ([]string, error) {
 		return nil, &OptionError{fmt.Errorf("--fail-if %s: metric %q is not compared: the comparison holds %s (add it to --metrics, "+
 			"or check its name)", g.Text, g.Metric, strings.Join(r.Metrics, ", "))}
 	}
-	// A guard guards nothing if B may fail a job or drop it: both count against it.
 	var out []string
-	for _, row := range r.Rows {
-		if row.StatusA == results.StatusOK && row.StatusB != results.StatusOK {
-			out = append(out, fmt.Sprintf("%s: ok in A, %s in B", row.Key, row.StatusB))
-		}
-	}
-	for _, k := range r.OnlyA {
-		out = append(out, fmt.Sprintf("%s: in A, missing from B", k))
-	}
 	for _, row := range r.Rows {
 		for _, d := range row.Deltas {
 			if d.Metric != g.Metric {
@@ -571,7 +661,7 @@ func (r *Report) Violations(g Guard) ([]string, error) {
 			if g.Relative {
 				change = d.Rel
 			}
-			if (g.Greater && change > g.Threshold) || (!g.Greater && change < g.Threshold) {
+			if math.IsNaN(d.B) || (g.Greater && change > g.Threshold) || (!g.Greater && change < g.Threshold) {
 				out = append(out, fmt.Sprintf("%s: %s %g -> %g", row.Key, d.Metric, d.A, d.B))
 			}
 		}

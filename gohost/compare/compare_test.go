@@ -136,9 +136,9 @@ func TestGuardsJSONAndExplicitKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	g, _ := ParseGuard("err>1")
-	v, err := r.Violations(g)
+	v, err := r.Failures([]Guard{g})
 	if err != nil || len(v) != 2 || !strings.Contains(strings.Join(v, "\n"), "ok in A, failed in B") ||
-		!strings.Contains(strings.Join(v, "\n"), "budget=0.25 method=h2o: in A, missing from B") {
+		!strings.Contains(strings.Join(v, "\n"), "budget=0.25 method=h2o: ok in A, missing from B") {
 		t.Errorf("violations %q %v", v, err)
 	}
 	data, err := json.Marshal(r)
@@ -151,5 +151,121 @@ func TestGuardsJSONAndExplicitKeys(t *testing.T) {
 	}
 	if _, err := ParseGuard("err>=0"); err == nil || !strings.Contains(err.Error(), "only > and <") {
 		t.Errorf(">=: %v", err)
+	}
+}
+
+// Guards judge B's regressions: a job ok in A and failed or missing in B,
+// listed once whatever the number of guards, and a metric B lost (null).
+func TestFailures(t *testing.T) {
+	failed := func(r results.Record) results.Record { r.Status = results.StatusFailed; return r }
+	a1 := rec("1", "h2o", map[string]any{"budget": 0.1}, map[string]any{"err": 0.1})
+	a2 := rec("2", "h2o", map[string]any{"budget": 0.2}, map[string]any{"err": 0.2})
+	a3 := rec("3", "h2o", map[string]any{"budget": 0.3}, map[string]any{"err": 0.3})
+	for _, tc := range []struct {
+		name   string
+		a, b   []results.Record
+		guards []string
+		want   []string
+	}{
+		{"failed in A already, missing from B", []results.Record{a1, failed(a2)}, []results.Record{a1},
+			[]string{"err>1"}, nil},
+		{"ok in A, missing from B", []results.Record{a1, a2}, []results.Record{a1},
+			[]string{"err>1"}, []string{"budget=0.2 method=h2o: ok in A, missing from B"}},
+		{"one line per lost job, whatever the guards", []results.Record{a1, a2}, []results.Record{a1, failed(a2)},
+			[]string{"err>1", "err<-1"}, []string{"budget=0.2 method=h2o: ok in A, failed in B"}},
+		{"metric lost in B", []results.Record{a1, a2}, []results.Record{a1, rec("2", "h2o", map[string]any{"budget": 0.2}, map[string]any{"err": nil})},
+			[]string{"err>0.001"}, []string{"err>0.001: budget=0.2 method=h2o: err 0.2 -> NaN"}},
+		{"metric absent in B", []results.Record{a1, a2}, []results.Record{a1, rec("2", "h2o", map[string]any{"budget": 0.2}, map[string]any{})},
+			[]string{"err<-50%"}, []string{"err<-50%: budget=0.2 method=h2o: err 0.2 -> NaN"}},
+		{"B with no rows", []results.Record{a1, failed(a2), a3}, nil,
+			[]string{"err>1"}, []string{"budget=0.1 method=h2o: ok in A, missing from B", "budget=0.3 method=h2o: ok in A, missing from B"}},
+		{"no guards", []results.Record{a1, a2}, []results.Record{a1}, nil, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, err := Compare(runOf("e", tc.a...), runOf("e", tc.b...), Options{Tolerance: 1e-9})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var guards []Guard
+			for _, s := range tc.guards {
+				g, err := ParseGuard(s)
+				if err != nil {
+					t.Fatal(err)
+				}
+				guards = append(guards, g)
+			}
+			got, err := r.Failures(guards)
+			if err != nil || strings.Join(got, "\n") != strings.Join(tc.want, "\n") {
+				t.Errorf("failures %q %v, want %q", got, err, tc.want)
+			}
+		})
+	}
+}
+
+// A run with no rows joins on the other's parameters: each row of the other
+// is listed by its own key, with its status; a job new in B keeps its status.
+func TestOneSideEmpty(t *testing.T) {
+	a := []results.Record{rec("1", "full", nil, map[string]any{"err": 0.0}),
+		rec("2", "h2o", map[string]any{"budget": 0.5}, map[string]any{"err": 0.2})}
+	a[1].Status = results.StatusFailed
+	for _, tc := range []struct {
+		name         string
+		a, b         *Run
+		only, status []string
+	}{
+		{"B empty", runOf("e", a...), runOf("e"), []string{"method=full", "method=h2o"}, []string{"ok", "failed"}},
+		{"A empty", runOf("e"), runOf("e", a...), []string{"method=full", "method=h2o"}, []string{"ok", "failed"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, err := Compare(tc.a, tc.b, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			only, status := r.OnlyA, r.OnlyAStatus
+			if len(tc.a.Rows) == 0 {
+				only, status = r.OnlyB, r.OnlyBStatus
+			}
+			if strings.Join(only, "|") != strings.Join(tc.only, "|") || strings.Join(status, "|") != strings.Join(tc.status, "|") ||
+				strings.Join(r.Keys, ",") != "method" || strings.Join(r.Metrics, ",") != "err" {
+				t.Errorf("only %q status %q keys %v metrics %v", only, status, r.Keys, r.Metrics)
+			}
+		})
+	}
+}
+
+// The JSON holds lists where there is nothing to list, as compare_runs
+// does, and null for a value B lost.
+func TestJSONLists(t *testing.T) {
+	a := rec("1", "full", nil, map[string]any{"err": 0.1})
+	for _, tc := range []struct {
+		name string
+		a, b *Run
+		want []string
+	}{
+		{"both empty", runOf("e"), runOf("e"), []string{`"keys":[]`, `"varied":[]`, `"warnings":[]`, `"rows":[]`,
+			`"only_a":[]`, `"only_b":[]`, `"metrics":[]`, `"only_a_params":[]`}},
+		{"identical", runOf("e", a), runOf("e", a), []string{`"only_a":[]`, `"only_b":[]`, `"varied":[]`, `"rows":[{`}},
+		{"no metrics", runOf("e", rec("1", "full", nil, nil)), runOf("e", rec("1", "full", nil, nil)), []string{`"deltas":[]`}},
+		{"lost metric", runOf("e", a), runOf("e", rec("1", "full", nil, map[string]any{"err": nil})),
+			[]string{`"a":0.1`, `"b":null`, `"abs":null`, `"rel":null`, `"changed":true`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, err := Compare(tc.a, tc.b, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			data, err := json.Marshal(r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(string(data), w) {
+					t.Errorf("no %s in %s", w, data)
+				}
+			}
+			if strings.Contains(string(data), ":null,") && tc.name != "lost metric" {
+				t.Errorf("null in %s", data)
+			}
+		})
 	}
 }
