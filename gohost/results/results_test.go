@@ -437,3 +437,25 @@ func TestRemoveEmpty(t *testing.T) {
 		})
 	}
 }
+
+// A run copied as its table reads back as its journal's last records.
+func TestReadParquet(t *testing.T) {
+	r := newRun(t)
+	r.Append(rec("a", StatusOK, map[string]any{"rel_err_mean": 0.1, "cache_bytes": float64(1024)}))
+	r.Append(rec("b", StatusFailed, map[string]any{"rel_err_mean": nil}))
+	if _, err := BuildParquet(r.Dir); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := ReadParquet(r.Dir)
+	if err != nil || len(recs) != 2 {
+		t.Fatalf("%+v %v", recs, err)
+	}
+	a, b := recs[0], recs[1]
+	if a.JobID != "a" || a.Status != StatusOK || a.Metrics["rel_err_mean"] != 0.1 || a.Metrics["cache_bytes"] != 1024.0 ||
+		b.Status != StatusFailed || b.Metrics["rel_err_mean"] != nil {
+		t.Errorf("%+v", recs)
+	}
+	if recs, err := ReadParquet(t.TempDir()); recs != nil || err != nil {
+		t.Errorf("no table: %v %v", recs, err)
+	}
+}
