@@ -155,14 +155,18 @@ def compare_runs(run_a, run_b, by: list[str] | None = None, metrics: list[str] |
     return what its --json holds: {"keys", "varied", "metrics", "rows":
     [{"key", "params", "status_a", "status_b", "changed", "kernels_differ",
     "deltas": [{"metric", "a", "b", "abs", "rel", "changed", "is_timing"}]}],
-    "only_a", "only_b", "changed"}. Rows are joined on every parameter
-    except a knob that holds one value in each run and differs between them
-    (named in "varied"); `by` joins on the keys given instead (rows sharing
-    a key are averaged). `compare_frame` turns it into a DataFrame."""
+    "only_a", "only_b" (with "only_*_params" and "only_*_status"), "changed"}.
+    Rows are joined on every parameter except a knob that holds one value in
+    each run and differs between them (named in "varied"); `by` joins on the
+    keys given instead (rows sharing a key are averaged). A metric a job ok
+    in both runs lost in B (null) is a change with b, abs and rel None. A run
+    without rows joins on the other's parameters. `compare_frame` turns it
+    into a DataFrame."""
     a, b = journal_rows(run_a), journal_rows(run_b)
     fa, fb = [_fields(r) for r in a], [_fields(r) for r in b]
     in_a = {k for f, _ in fa for k in f}
-    common = {k for f, _ in fb for k in f if k in in_a}
+    in_b = {k for f, _ in fb for k in f}
+    common = in_b if not fa else in_a if not fb else in_a & in_b  # a run without rows joins on the other's
     varied = []
     if by:
         keys = []
@@ -182,7 +186,8 @@ def compare_runs(run_a, run_b, by: list[str] | None = None, metrics: list[str] |
         every = fa + fb
         keys = [k for k in keys if k == "method" or len({f[k] for f, _ in every if k in f}) > 1]
     metrics_a = {m for r in a for m in (r.get("metrics") or {})}
-    shared = sorted({m for r in b for m in (r.get("metrics") or {}) if m in metrics_a})
+    metrics_b = {m for r in b for m in (r.get("metrics") or {})}
+    shared = sorted(metrics_b if not a else metrics_a if not b else metrics_a & metrics_b)
     if metrics:
         for m in metrics:
             if m not in shared:
@@ -198,20 +203,30 @@ def compare_runs(run_a, run_b, by: list[str] | None = None, metrics: list[str] |
         return out
 
     ga, gb = group(a, fa), group(b, fb)
-    out = {"keys": keys, "varied": varied, "metrics": chosen, "rows": [], "only_a": [], "only_b": [], "changed": 0}
+    out = {"keys": keys, "varied": varied, "metrics": chosen, "rows": [], "only_a": [], "only_b": [],
+           "only_a_params": [], "only_b_params": [], "only_a_status": [], "only_b_status": [], "changed": 0}
     for key in sorted(set(ga) | set(gb), key=lambda k: k.encode()):
         ra, rb = ga.get(key, []), gb.get(key, [])
         if not ra or not rb:
-            out["only_b" if not ra else "only_a"].append(key)
+            side, rows = ("b", rb) if not ra else ("a", ra)
+            out[f"only_{side}"].append(key)
+            out[f"only_{side}_params"].append({k: rows[0][1].get(k) for k in keys})
+            out[f"only_{side}_status"].append(_status(rows))
             continue
         row = {"key": key, "params": {k: ra[0][1].get(k) for k in keys}, "status_a": _status(ra),
                "status_b": _status(rb), "kernels_differ": _digests(ra) != _digests(rb), "deltas": []}
         changed = row["status_a"] != row["status_b"]
         for m in chosen:
             va, vb = _mean(ra, m), _mean(rb, m)
+            timing = m.endswith(TIMING_SUFFIXES) and m not in asked
+            if va is not None and vb is None and row["status_a"] == row["status_b"] == "ok":
+                # lost in B (a worker writes NaN as null): a change, never a blank a guard would pass
+                changed = changed or not timing
+                row["deltas"].append({"metric": m, "a": va, "b": None, "abs": None, "rel": None,
+                                      "changed": True, "is_timing": timing})
+                continue
             if va is None or vb is None:
                 continue
-            timing = m.endswith(TIMING_SUFFIXES) and m not in asked
             differs = not _equal(va, vb, tolerance)
             changed = changed or (differs and not timing)
             rel = _relative(va, vb)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -165,6 +166,15 @@ func TestCompareFlags(t *testing.T) {
 	}
 }
 
+func compact(t *testing.T, s string) string {
+	t.Helper()
+	var b bytes.Buffer
+	if err := json.Compact(&b, []byte(s)); err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
+}
+
 // The notebooks join runs with kernels_py.runs.compare_runs: on the same
 // pair of runs it must join the rows compare joins, with the same deltas,
 // where the grids only partly overlap, where a knob changed, and --by.
@@ -189,16 +199,20 @@ func TestCompareJoinsAsThePythonSide(t *testing.T) {
 	add(&a, "full", nil, 0)
 	add(&b, "full", nil, 0)
 	b[len(b)-1].Status, b[len(b)-1].KernelsDigest = results.StatusFailed, "k2"
+	b[1].Metrics["rel_err_mean"] = nil // snapkv at 0.3 lost it (a NaN, written as null)
 	runA, runB := writeRun(t, filepath.Join(dir, "a"), a...), writeRun(t, filepath.Join(dir, "b"), b...)
+	empty := writeRun(t, filepath.Join(dir, "empty")) // stopped before its first job
 
 	type delta struct {
 		Metric            string
-		A, B, Abs         float64
-		Rel               any
+		A                 float64
+		B, Abs, Rel       any
 		Changed, IsTiming bool
 	}
 	type report struct {
 		Keys, Varied, OnlyA, OnlyB []string
+		OnlyAStatus, OnlyBStatus   []string
+		OnlyAParams, OnlyBParams   []map[string]any
 		Changed                    int
 		Rows                       []struct {
 			Key                    string
@@ -243,8 +257,12 @@ func TestCompareJoinsAsThePythonSide(t *testing.T) {
 		}
 		return r
 	}
-	for _, by := range [][]string{nil, {"method", "budget"}, {"workload.spans", "method"}} {
-		t.Run(fmt.Sprint(by), func(t *testing.T) {
+	for _, tc := range []struct {
+		by   []string
+		runB string
+	}{{nil, runB}, {[]string{"method", "budget"}, runB}, {[]string{"workload.spans", "method"}, runB}, {nil, empty}} {
+		by, runB := tc.by, tc.runB
+		t.Run(fmt.Sprint(by, filepath.Base(runB)), func(t *testing.T) {
 			args := []string{"compare", runA, runB, "--json"}
 			if by != nil {
 				args = append(args, "--by", strings.Join(by, ","))
@@ -263,8 +281,13 @@ print(json.dumps(compare_runs(sys.argv[1], sys.argv[2], by=json.loads(sys.argv[3
 				t.Fatalf("compare_runs: %v\n%s", err, out)
 			}
 			goSide, pySide := decode([]byte(stdout)), decode(out)
-			if len(goSide.Rows) == 0 || (by == nil && (len(goSide.OnlyA) == 0 || len(goSide.Varied) == 0)) {
+			switch {
+			case runB == empty && (len(goSide.Rows) != 0 || len(goSide.OnlyA) != len(a)):
+				t.Fatalf("against a run without rows, each of A's should be its own missing row:\n%s", stdout)
+			case runB != empty && (len(goSide.Rows) == 0 || (by == nil && (len(goSide.OnlyA) == 0 || len(goSide.Varied) == 0))):
 				t.Fatalf("the runs should join some rows, leave some out and vary a knob:\n%s", stdout)
+			case runB != empty && by == nil && !strings.Contains(compact(t, stdout), `"metric":"rel_err_mean","a":0.4,"changed":true,"is_timing":false,"b":null,"abs":null,"rel":null`):
+				t.Fatalf("snapkv's lost rel_err_mean should be a change to null:\n%s", stdout)
 			}
 			if g, p := fmt.Sprintf("%+v", goSide), fmt.Sprintf("%+v", pySide); g != p {
 				t.Errorf("compare and compare_runs differ:\ngo %s\npy %s", g, p)
