@@ -59,6 +59,11 @@ whatever the number of guards), so a comparison can guard a change in CI:
 				}
 				guards = append(guards, g)
 			}
+			for _, dir := range args[:2] { // an experiment's folder lists its runs to pick from
+				if err := checkRunPath(dir); err != nil {
+					return err
+				}
+			}
 			runA, err := compare.Load(args[0])
 			if err != nil {
 				return err

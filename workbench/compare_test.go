@@ -126,6 +126,8 @@ func TestCompareFlags(t *testing.T) {
 		{"unknown metric", []string{"--metrics", "nosuch"}, `unknown metric "nosuch": the runs share`},
 		{"unknown key", []string{"--by", "nosuch"}, "--by nosuch: not a parameter of both runs"},
 		{"unknown guarded metric", []string{"--fail-if", "nosuch>1"}, `metric "nosuch" is not compared`},
+		{"a table's column name", []string{"--metrics", "metric_err"}, `unknown metric "metric_err" (metrics go by their own names: err, not results.parquet's column metric_err)`},
+		{"a table's column guarded", []string{"--fail-if", "metric_err>1"}, `(metrics go by their own names: err, not results.parquet's column metric_err)`},
 		{"NaN threshold", []string{"--fail-if", "err>nan"}, "the threshold must be a finite number"},
 		{"infinite threshold", []string{"--fail-if", "err<-Inf%"}, "the threshold must be a finite number"},
 		{"negative max metrics", []string{"--max-metrics", "-1"}, "--max-metrics must be 0 (all) or more"},

@@ -460,10 +460,28 @@ func chooseMetrics(a, b *Run, asked []string) ([]string, error) {
 	}
 	for _, m := range asked {
 		if !both[m] {
-			return nil, &OptionError{fmt.Errorf("unknown metric %q: the runs share %s", m, strings.Join(sorted(both), ", "))}
+			return nil, &OptionError{fmt.Errorf("unknown metric %q%s: the runs share %s", m, tablePrefix(m, both),
+				strings.Join(sorted(both), ", "))}
 		}
 	}
 	return asked, nil
+}
+
+// tablePrefix is a hint for a metric named as results.parquet's column
+// ("metric_rel_err_mean"), where the runs have the metric: "" otherwise.
+func tablePrefix(name string, metrics map[string]bool) string {
+	if bare, ok := strings.CutPrefix(name, "metric_"); ok && metrics[bare] {
+		return fmt.Sprintf(" (metrics go by their own names: %s, not results.parquet's column %s)", bare, name)
+	}
+	return ""
+}
+
+func setOf(names []string) map[string]bool {
+	out := make(map[string]bool, len(names))
+	for _, n := range names {
+		out[n] = true
+	}
+	return out
 }
 
 // distinguishing keeps the keys with more than one value among the rows
@@ -648,8 +666,9 @@ func (r *Report) Violations(g Guard) ([]string, error) {
 		known = known || m == g.Metric
 	}
 	if !known {
-		return nil, &OptionError{fmt.Errorf("--fail-if %s: metric %q is not compared: the comparison holds %s (add it to --metrics, "+
-			"or check its name)", g.Text, g.Metric, strings.Join(r.Metrics, ", "))}
+		return nil, &OptionError{fmt.Errorf("--fail-if %s: metric %q is not compared%s: the comparison holds %s (add a "+
+			"metric the runs share to --metrics, or check its name)", g.Text, g.Metric,
+			tablePrefix(g.Metric, setOf(r.Metrics)), strings.Join(r.Metrics, ", "))}
 	}
 	var out []string
 	for _, row := range r.Rows {
