@@ -154,6 +154,7 @@ def compare_runs(run_a, run_b, by: list[str] | None = None, metrics: list[str] |
     """Join two runs exactly as `workbench compare RUN_A RUN_B` does and
     return what its --json holds: {"keys", "varied", "metrics", "rows":
     [{"key", "params", "status_a", "status_b", "changed", "kernels_differ",
+    "error_a"/"error_b" (the first error of a side that failed, where one did),
     "deltas": [{"metric", "a", "b", "abs", "rel", "changed", "is_timing"}]}],
     "only_a", "only_b" (with "only_*_params" and "only_*_status"), "changed"}.
     Rows are joined on every parameter except a knob that holds one value in
@@ -215,6 +216,9 @@ def compare_runs(run_a, run_b, by: list[str] | None = None, metrics: list[str] |
             continue
         row = {"key": key, "params": {k: ra[0][1].get(k) for k in keys}, "status_a": _status(ra),
                "status_b": _status(rb), "kernels_differ": _digests(ra) != _digests(rb), "deltas": []}
+        for side, rows in (("a", ra), ("b", rb)):
+            if error := next((r.get("error", "") for r, _ in rows if r.get("status") != "ok"), ""):
+                row[f"error_{side}"] = error
         changed = row["status_a"] != row["status_b"]
         for m in chosen:
             va, vb = _mean(ra, m), _mean(rb, m)

@@ -151,6 +151,14 @@ func printComparison(w io.Writer, r *compare.Report, all bool, maxShown int) {
 			mark += fmt.Sprintf(" [status %s -> %s]", row.StatusA, row.StatusB)
 		}
 		fmt.Fprintf(w, "\n%s%s\n", row.Key, mark)
+		for _, e := range []struct{ side, err string }{{"A", row.ErrorA}, {"B", row.ErrorB}} {
+			if e.err != "" {
+				fmt.Fprintf(w, "  %s failed: %s\n", e.side, firstLine(e.err))
+			}
+		}
+		if countShown(row.Deltas, all) == 0 {
+			continue // a status change alone: no table of metrics
+		}
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "  metric\tA\tB\tB-A\trel")
 		shown, more := 0, 0

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/vlkv/vlkv/gohost/compare"
 	"github.com/vlkv/vlkv/gohost/results"
 	"github.com/vlkv/vlkv/gohost/testpy"
 )
@@ -200,7 +201,7 @@ func TestCompareJoinsAsThePythonSide(t *testing.T) {
 	}
 	add(&a, "full", nil, 0)
 	add(&b, "full", nil, 0)
-	b[len(b)-1].Status, b[len(b)-1].KernelsDigest = results.StatusFailed, "k2"
+	b[len(b)-1].Status, b[len(b)-1].KernelsDigest, b[len(b)-1].Error = results.StatusFailed, "k2", "RuntimeError: boom\nTraceback ..."
 	b[1].Metrics["rel_err_mean"] = nil // snapkv at 0.3 lost it (a NaN, written as null)
 	runA, runB := writeRun(t, filepath.Join(dir, "a"), a...), writeRun(t, filepath.Join(dir, "b"), b...)
 	empty := writeRun(t, filepath.Join(dir, "empty")) // stopped before its first job
@@ -220,6 +221,7 @@ func TestCompareJoinsAsThePythonSide(t *testing.T) {
 			Key                    string
 			Params                 map[string]any
 			StatusA, StatusB       string
+			ErrorA, ErrorB         string
 			Changed, KernelsDiffer bool
 			Deltas                 []delta
 		}
@@ -295,5 +297,20 @@ print(json.dumps(compare_runs(sys.argv[1], sys.argv[2], by=json.loads(sys.argv[3
 				t.Errorf("compare and compare_runs differ:\ngo %s\npy %s", g, p)
 			}
 		})
+	}
+}
+
+// A row whose job failed says why, and a status change alone prints no
+// empty table of metrics.
+func TestComparisonShowsWhyAJobFailed(t *testing.T) {
+	r := &compare.Report{RunA: "a", RunB: "b", Keys: []string{"method"}, Changed: 1, Rows: []compare.Row{{
+		Key: "method=h2o", Changed: true, StatusA: results.StatusOK, StatusB: results.StatusFailed,
+		ErrorB: "RuntimeError: boom\nTraceback (most recent call last): ...", Deltas: []compare.Delta{}}}}
+	var out bytes.Buffer
+	printComparison(&out, r, false, 8)
+	text := out.String()
+	if !strings.Contains(text, "method=h2o [status ok -> failed]\n  B failed: RuntimeError: boom\n") ||
+		strings.Contains(text, "Traceback") || strings.Contains(text, "metric") {
+		t.Errorf("got:\n%s", text)
 	}
 }

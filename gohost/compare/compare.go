@@ -136,6 +136,10 @@ type Row struct {
 	KernelsDiffer bool           `json:"kernels_differ"`
 	StatusA       string         `json:"status_a"`
 	StatusB       string         `json:"status_b"`
+	// ErrorA and ErrorB are the first error of a side whose status is not
+	// ok: why a job that worked now fails.
+	ErrorA string `json:"error_a,omitempty"`
+	ErrorB string `json:"error_b,omitempty"`
 }
 
 // Report is the comparison of two runs.
@@ -295,7 +299,8 @@ func Compare(a, b *Run, o Options) (*Report, error) {
 			r.OnlyAStatus = append(r.OnlyAStatus, status(ra))
 			continue
 		}
-		row := Row{Key: k, Params: params(ra[0], keys), A: len(ra), B: len(rb), StatusA: status(ra), StatusB: status(rb)}
+		row := Row{Key: k, Params: params(ra[0], keys), A: len(ra), B: len(rb), StatusA: status(ra), StatusB: status(rb),
+			ErrorA: firstError(ra), ErrorB: firstError(rb)}
 		row.KernelsDiffer = digests(ra) != digests(rb)
 		for _, m := range metrics {
 			va, oka := mean(ra, m)
@@ -542,6 +547,16 @@ func status(rows []results.Record) string {
 		}
 	}
 	return results.StatusOK
+}
+
+// firstError is the error of the first row that is not ok, "" if none.
+func firstError(rows []results.Record) string {
+	for _, rec := range rows {
+		if rec.Status != results.StatusOK {
+			return rec.Error
+		}
+	}
+	return ""
 }
 
 func digests(rows []results.Record) string {
