@@ -34,14 +34,22 @@ exec sleep 60
 echo "$@" >> "$(dirname "$0")/scancel.args"
 kill "$(cat "$(dirname "$0")/pid")"
 `
-	for name, text := range map[string]string{"sbatch": sbatch, "scancel": scancel} {
-		if err := os.WriteFile(filepath.Join(bin, name), []byte(text), 0o755); err != nil {
+	putOnPath(t, bin, map[string]string{"sbatch": sbatch, "scancel": scancel})
+	t.Setenv("PATH", bin+":/usr/bin:/bin") // no real Slurm command behind them
+	return bin
+}
+
+// putOnPath writes each command's script into bin and puts bin first on
+// PATH, with no SLURM_CONF: Slurm's commands faked for a test.
+func putOnPath(t *testing.T, bin string, commands map[string]string) {
+	t.Helper()
+	for name, script := range commands {
+		if err := os.WriteFile(filepath.Join(bin, name), []byte(script), 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
-	t.Setenv("PATH", bin+":/usr/bin:/bin")
+	t.Setenv("PATH", bin+string(os.PathListSeparator)+os.Getenv("PATH"))
 	t.Setenv("SLURM_CONF", "")
-	return bin
 }
 
 // The probe is a batch script with the array's #SBATCH lines, so sbatch
@@ -108,19 +116,12 @@ func TestInterruptedProbeIsCancelled(t *testing.T) {
 // submitted).
 func TestOneProbeForTheExperimentsOfAScript(t *testing.T) {
 	bin := t.TempDir()
-	fakes := map[string]string{
+	putOnPath(t, bin, map[string]string{
 		// The probe (--wait) runs and is counted; an array is queued as job 42.
 		"sbatch": "#!/bin/sh\ncase \"$*\" in *--wait*) echo probe >> \"$(dirname \"$0\")/probes\"; echo 7; exec sh ;; esac\n" +
 			"echo 42\n",
 		"squeue": "#!/bin/sh\n", "sinfo": "#!/bin/sh\necho debug\n", "scancel": "#!/bin/sh\n",
-	}
-	for name, script := range fakes {
-		if err := os.WriteFile(filepath.Join(bin, name), []byte(script), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Setenv("PATH", bin+string(os.PathListSeparator)+os.Getenv("PATH"))
-	t.Setenv("SLURM_CONF", "")
+	})
 	e := &Executor{Workbench: "/bin/sh", Detach: true, Out: io.Discard}
 	out := t.TempDir()
 	for _, experiment := range []string{"alpha", "beta"} {

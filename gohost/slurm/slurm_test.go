@@ -350,19 +350,12 @@ func TestResumeRefusedWhileTheArrayRuns(t *testing.T) {
 // a new run's directory goes, and a resumed run keeps what it held but
 // not the plan of the array that never ran.
 func TestRejectedArrayLeavesNoRun(t *testing.T) {
-	bin := t.TempDir()
-	fakes := map[string]string{
+	putOnPath(t, t.TempDir(), map[string]string{
 		// The probe (--wait) runs; the array is rejected.
 		"sbatch": "#!/bin/sh\ncase \"$*\" in *--wait*) exec sh ;; esac\n" +
 			"echo 'sbatch: error: Memory specification can not be satisfied' >&2\nexit 1\n",
 		"squeue": "#!/bin/sh\n", "sinfo": "#!/bin/sh\necho debug\n", "scancel": "#!/bin/sh\n",
-	}
-	for name, script := range fakes {
-		if err := os.WriteFile(filepath.Join(bin, name), []byte(script), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Setenv("PATH", bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+	})
 	tests := []struct {
 		name   string
 		resume bool
