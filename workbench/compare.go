@@ -59,16 +59,11 @@ whatever the number of guards), so a comparison can guard a change in CI:
 				}
 				guards = append(guards, g)
 			}
-			for _, dir := range args[:2] { // an experiment's folder lists its runs to pick from
-				if err := checkRunPath(dir); err != nil {
-					return err
-				}
-			}
-			runA, err := compare.Load(args[0])
+			runA, err := loadRun(args[0])
 			if err != nil {
 				return err
 			}
-			runB, err := compare.Load(args[1])
+			runB, err := loadRun(args[1])
 			if err != nil {
 				return err
 			}
@@ -230,4 +225,17 @@ func percent(rel float64) string {
 		return "-"
 	}
 	return fmt.Sprintf("%+.2f%%", 100*rel)
+}
+
+// loadRun is compare.Load, where a path it cannot read says what it is
+// instead (an experiment's folder lists its runs to pick from); a table
+// without a manifest or journal is still a run to compare.
+func loadRun(dir string) (*compare.Run, error) {
+	run, err := compare.Load(dir)
+	if err != nil {
+		if perr := checkRunPath(dir); perr != nil {
+			return nil, perr
+		}
+	}
+	return run, err
 }

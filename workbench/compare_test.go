@@ -314,3 +314,27 @@ func TestComparisonShowsWhyAJobFailed(t *testing.T) {
 		t.Errorf("got:\n%s", text)
 	}
 }
+
+// A run copied as its table alone (no manifest, no journal) is compared as
+// the run it was; an experiment's folder lists its runs to pick from.
+func TestCompareReadsARunThatIsOnlyItsTable(t *testing.T) {
+	dir := t.TempDir()
+	rec := results.Record{JobID: "a", Method: "h2o", Params: map[string]any{"budget": 0.5}, Metrics: map[string]any{"err": 1.0}}
+	run := writeRun(t, filepath.Join(dir, "exp", "run"), rec)
+	if _, err := results.BuildParquet(run); err != nil {
+		t.Fatal(err)
+	}
+	table := filepath.Join(dir, "table")
+	data, _ := os.ReadFile(filepath.Join(run, results.ParquetFile))
+	os.MkdirAll(table, 0o755)
+	if err := os.WriteFile(filepath.Join(table, results.ParquetFile), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code, stdout, stderr := runCLI(t, "compare", run, table); code != 0 || !strings.Contains(stdout, "1 rows joined, 0 changed") {
+		t.Errorf("compare with a table-only run: exit %d\n%s%s", code, stdout, stderr)
+	}
+	if code, _, stderr := runCLI(t, "compare", filepath.Join(dir, "exp"), run); code != 1 ||
+		!strings.Contains(stderr, "an experiment's folder: give one of its runs") {
+		t.Errorf("compare of an experiment's folder: exit %d\n%s", code, stderr)
+	}
+}

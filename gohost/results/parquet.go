@@ -81,7 +81,7 @@ func BuildParquet(dir string) (int, error) {
 func flatten(r Record) map[string]any {
 	row := map[string]any{
 		"job_id": r.JobID, "experiment": r.Experiment, "method": r.Method, "status": r.Status,
-		"attempts": int64(r.Attempts), "duration_seconds": r.Seconds, "finished": r.Finished.UTC().Format("2006-01-02T15:04:05.000Z"),
+		"attempts": int64(r.Attempts), "duration_seconds": r.Seconds, "finished": r.Finished.UTC().Format(finishedLayout),
 	}
 	if r.Error != "" {
 		row["error"] = r.Error
@@ -222,25 +222,39 @@ func convert(v any, kind string) any {
 	return v
 }
 
+// finishedLayout is how the table writes a record's finish time.
+const finishedLayout = "2006-01-02T15:04:05.000Z"
+
+// openParquet opens dir's results.parquet; nil, with no error, when there
+// is none. The caller closes f.
+func openParquet(dir string) (pf *parquet.File, f *os.File, err error) {
+	path := filepath.Join(dir, ParquetFile)
+	f, err = os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil, nil
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	info, err := f.Stat()
+	if err == nil {
+		pf, err = parquet.OpenFile(f, info.Size())
+	}
+	if err != nil {
+		f.Close()
+		return nil, nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	return pf, f, nil
+}
+
 // ParquetRows is how many rows dir's results.parquet holds, read from its
 // footer; exists is false when there is none.
 func ParquetRows(dir string) (rows int, exists bool, err error) {
-	f, err := os.Open(filepath.Join(dir, ParquetFile))
-	if errors.Is(err, fs.ErrNotExist) {
-		return 0, false, nil
-	}
-	if err != nil {
-		return 0, false, err
+	pf, f, err := openParquet(dir)
+	if pf == nil {
+		return 0, err != nil, err
 	}
 	defer f.Close()
-	info, err := f.Stat()
-	if err != nil {
-		return 0, true, err
-	}
-	pf, err := parquet.OpenFile(f, info.Size())
-	if err != nil {
-		return 0, true, fmt.Errorf("read %s: %w", filepath.Join(dir, ParquetFile), err)
-	}
 	return int(pf.NumRows()), true, nil
 }
 
@@ -249,23 +263,12 @@ func ParquetRows(dir string) (rows int, exists bool, err error) {
 // is no table. Columns map back as BuildParquet wrote them; JSON text
 // columns (lists, mixed kinds) come back as text.
 func ReadParquet(dir string) ([]Record, error) {
-	path := filepath.Join(dir, ParquetFile)
-	f, err := os.Open(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
+	pf, f, err := openParquet(dir)
+	if pf == nil {
 		return nil, err
 	}
 	defer f.Close()
-	info, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	pf, err := parquet.OpenFile(f, info.Size())
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", path, err)
-	}
+	path := filepath.Join(dir, ParquetFile)
 	names := pf.Schema().Columns()
 	rd := parquet.NewReader(pf)
 	defer rd.Close()
@@ -323,7 +326,7 @@ func unflatten(row parquet.Row, names [][]string) Record {
 		case name == "wall_seconds":
 			r.WallSeconds = num
 		case name == "finished":
-			r.Finished, _ = time.Parse("2006-01-02T15:04:05.000Z", str)
+			r.Finished, _ = time.Parse(finishedLayout, str)
 		case name == "kernels_digest":
 			r.KernelsDigest = str
 		case name == "workload":
