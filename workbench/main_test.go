@@ -408,6 +408,7 @@ func TestKernelsReportEstimate(t *testing.T) {
 		{"--estimate --op gather_decode --shape share=1.5", "share is a share of the tokens, in [0, 1]; got 1.5"},
 		{"--estimate --op gather_decode --shape heads=30", "heads=30 must be a multiple of kv_heads=8"},
 		{"--estimate --op nope", `--op: 'nope' is unknown`},
+		{"--estimate --op kv_quant", `--op: 'kv_quant' has no estimate: kernels_py/ops/kv_quant/model.py defines no ESTIMATES`},
 		{"--shape batch=8", "--shape, --op, --impl and --config go with --estimate"},
 		{"--estimate --case decode-fp16-d128-rope-r64-h32kv8", "--estimate takes --op"},
 	} {

@@ -513,6 +513,13 @@ def main(argv=None) -> int:
             if name not in OPS:
                 print(f"--op: {name!r} is unknown{closest(name, OPS)} (known: {', '.join(OPS)})", file=sys.stderr)
                 return 2
+        modelled = [op.name for op in OPS.values() if op.model is not None and hasattr(op.model, "ESTIMATES")]
+        for name in opts.op:
+            if name not in modelled:
+                print(f"--op: {name!r} has no estimate: kernels_py/ops/{name}/model.py defines no ESTIMATES "
+                      f"(ops with one: {', '.join(modelled)}); kernels report without --estimate compiles its "
+                      f"kernels (--case: its compile cases)", file=sys.stderr)
+                return 2
         try:
             result = estimate_report(opts.target, parse_shape(opts.shape), opts.op, impls=opts.impl,
                                      configs=parse_configs(opts.config))
