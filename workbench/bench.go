@@ -34,7 +34,8 @@ tiny case that shows it works (its timings say nothing about kernel speed).`,
 				return fmt.Errorf("benchmark %q: the benchmark list is unavailable: %w", args[0], benchmarks.err)
 			}
 			names := append(benchmarks.schema.BenchmarkNames(), "exchange")
-			return &usageError{fmt.Errorf("benchmark %s", expt.UnknownName(args[0], names))}
+			return &usageError{fmt.Errorf("benchmark %s%s", expt.UnknownName(args[0], names),
+				unknownHint(benchmarks.kernels, "benchmark", args[0]))}
 		},
 	}
 	cmd.AddCommand(newBenchExchangeCmd(a))

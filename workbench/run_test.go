@@ -373,3 +373,60 @@ func TestRunIsReproducible(t *testing.T) {
 		}
 	}
 }
+
+// The commands that take an op, a benchmark or a method by name say what
+// to do about one the sources define but schema.json or OPS lacks: an op
+// folder without its OPS line, an op, benchmark or method added without
+// `workbench schema`. A misspelt name gets neither hint.
+func TestUnknownOpBenchmarkOrMethodHints(t *testing.T) {
+	root := t.TempDir()
+	if out, err := exec.Command("cp", "-r", "../kernels_py", root).CombinedOutput(); err != nil {
+		t.Fatalf("copy kernels_py: %v: %s", err, out)
+	}
+	ops := filepath.Join(root, "kernels_py", "ops")
+	os.MkdirAll(filepath.Join(ops, "toy_op"), 0o755)
+	os.WriteFile(filepath.Join(ops, "toy_op", "__init__.py"), []byte(`"""A toy op."""`+"\n"), 0o644)
+	os.WriteFile(filepath.Join(root, "kernels_py", "benchmarks", "toy.py"), []byte(`name = "toy_bench"`+"\n"), 0o644)
+	os.WriteFile(filepath.Join(root, "kernels_py", "methods", "toy.py"), []byte(`name = "toy_method"`+"\n"), 0o644)
+	noOPSLine := `kernels_py/ops/toy_op/ has no line in OPS (kernels_py/ops/__init__.py): add Op("toy_op", benchmark="<its benchmark>"), then run ` + "`workbench schema`"
+	stale := func(name string) string {
+		return `kernels_py names "` + name + `" but kernels_py/schema.json does not`
+	}
+	tests := []struct {
+		name string
+		args []string
+		want string // "" for no hint
+	}{
+		{"selftest, op folder without OPS line", []string{"selftest", "--op", "toy_op"}, noOPSLine},
+		{"watch, op folder without OPS line", []string{"watch", "toy_op"}, noOPSLine},
+		{"selftest, misspelt op", []string{"selftest", "--op", "gather_decod"}, ""},
+		{"bench, benchmark added without schema", []string{"bench", "toy_bench"}, stale("toy_bench")},
+		{"bench, misspelt benchmark", []string{"bench", "gatherr"}, ""},
+		{"methods, method added without schema", []string{"methods", "toy_method"}, stale("toy_method")},
+		{"methods, misspelt method", []string{"methods", "h2oo"}, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, stderr := runCLI(t, append([]string{"--kernels", root}, tc.args...)...)
+			if code != 2 || !strings.Contains(stderr, "is unknown") {
+				t.Fatalf("exit %d, want 2 and an unknown name:\n%s", code, stderr)
+			}
+			if tc.want == "" && (strings.Contains(stderr, "workbench schema") || strings.Contains(stderr, "OPS")) {
+				t.Errorf("a misspelt name got a hint:\n%s", stderr)
+			}
+			if tc.want != "" && !strings.Contains(stderr, tc.want) {
+				t.Errorf("want %q in:\n%s", tc.want, stderr)
+			}
+		})
+	}
+
+	// With its OPS line the op is a name the sources hold and the schema lacks.
+	registry := filepath.Join(ops, "__init__.py")
+	src, _ := os.ReadFile(registry)
+	os.WriteFile(registry, bytes.Replace(src, []byte(`    Op("fp8_decode", benchmark="fp8"),`),
+		[]byte(`    Op("fp8_decode", benchmark="fp8"),`+"\n"+`    Op("toy_op", benchmark="fp8"),`), 1), 0o644)
+	code, _, stderr := runCLI(t, "--kernels", root, "selftest", "--op", "toy_op")
+	if code != 2 || !strings.Contains(stderr, stale("toy_op")) || strings.Contains(stderr, "has no line in OPS") {
+		t.Errorf("exit %d, want the stale-schema hint:\n%s", code, stderr)
+	}
+}

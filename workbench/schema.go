@@ -73,7 +73,23 @@ func staleSchemaHint(kernels pyrt.KernelsRoot, msg string) string {
 		return ""
 	}
 	return fmt.Sprintf(" (kernels_py names %q but kernels_py/schema.json does not: if you added or changed a method, "+
-		"workload or knob, run `workbench schema`)", name)
+		"workload, benchmark, op or knob, run `workbench schema`)", name)
+}
+
+// unknownHint says how to fix a name a command was given that schema.json
+// does not hold (what staleSchemaHint says), and for an op, a folder
+// kernels_py/ops/NAME/ that OPS has no line for; else "".
+func unknownHint(kernels pyrt.KernelsRoot, kind, name string) string {
+	if kind == "op" {
+		pkg := filepath.Join(kernels.Dir, "kernels_py", "ops")
+		registry, err := os.ReadFile(filepath.Join(pkg, "__init__.py"))
+		if _, serr := os.Stat(filepath.Join(pkg, name, "__init__.py")); serr == nil && err == nil &&
+			!bytes.Contains(registry, []byte("Op("+strconv.Quote(name))) {
+			return fmt.Sprintf(" (kernels_py/ops/%s/ has no line in OPS (kernels_py/ops/__init__.py): add "+
+				"Op(%q, benchmark=\"<its benchmark>\"), then run `workbench schema`)", name, name)
+		}
+	}
+	return staleSchemaHint(kernels, strconv.Quote(name)+" is unknown")
 }
 
 // sourcesName says whether a Python source under dir (tests left out)
@@ -105,8 +121,9 @@ func sourcesName(dir, name string) bool {
 // benchmarkList is the schema `workbench bench` builds its subcommands from,
 // or why it could not be read.
 type benchmarkList struct {
-	schema *expt.Schema
-	err    error
+	schema  *expt.Schema
+	kernels pyrt.KernelsRoot
+	err     error
 }
 
 // benchmarksFor reads the schema of the kernels root the command line will
@@ -130,7 +147,7 @@ func benchmarksFor(args []string) benchmarkList {
 		return benchmarkList{err: err}
 	}
 	s, err := loadSchema(kernels)
-	return benchmarkList{schema: s, err: err}
+	return benchmarkList{schema: s, kernels: kernels, err: err}
 }
 
 func newSchemaCmd(a *app) *cobra.Command {
@@ -194,7 +211,7 @@ it, and the knobs each comparison protocol sets on it; then the protocols
 (experiment(protocol=...)) and the workloads experiments run on, with
 their knobs. It reads kernels_py/schema.json and starts no Python.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			s, _, err := a.schema()
+			s, kernels, err := a.schema()
 			if err != nil {
 				return err
 			}
@@ -207,7 +224,7 @@ their knobs. It reads kernels_py/schema.json and starts no Python.`,
 					if _, ok := s.Workloads[n]; ok {
 						return &usageError{fmt.Errorf("%q is a workload, not a method: `workbench methods` lists the workloads after the methods", n)}
 					}
-					return &usageError{fmt.Errorf("method %s", s.UnknownMethod(n))}
+					return &usageError{fmt.Errorf("method %s%s", s.UnknownMethod(n), unknownHint(kernels, "method", n))}
 				}
 				names = args
 			}

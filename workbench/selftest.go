@@ -111,14 +111,14 @@ func (a *app) checkOps(ops []string) error {
 	if len(ops) == 0 {
 		return nil
 	}
-	s, _, err := a.schema()
+	s, kernels, err := a.schema()
 	if err != nil {
 		return err
 	}
 	names := s.OpNames()
 	for _, op := range ops {
 		if _, ok := s.Ops[op]; !ok {
-			return &usageError{fmt.Errorf("--op: %s", expt.UnknownName(op, names))}
+			return &usageError{fmt.Errorf("--op: %s%s", expt.UnknownName(op, names), unknownHint(kernels, "op", op))}
 		}
 	}
 	return nil

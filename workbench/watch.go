@@ -272,12 +272,12 @@ func (h *watchHistory) first() *watchEntry {
 }
 
 func (a *app) watchOp(ctx context.Context, op string, f watchFlags) error {
-	schema, _, err := a.schema()
+	schema, kernels, err := a.schema()
 	if err != nil {
 		return err
 	}
 	if _, ok := schema.Ops[op]; !ok {
-		return &usageError{fmt.Errorf("op %s", expt.UnknownName(op, schema.OpNames()))}
+		return &usageError{fmt.Errorf("op %s%s", expt.UnknownName(op, schema.OpNames()), unknownHint(kernels, "op", op))}
 	}
 	if f.target != 80 && f.target != 90 {
 		return &usageError{fmt.Errorf("--target must be 80 or 90, got %d", f.target)}
