@@ -1,6 +1,7 @@
 package sched
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -9,6 +10,8 @@ import (
 	"time"
 
 	"github.com/mattn/go-isatty"
+
+	"github.com/vlkv/vlkv/gohost/worker"
 )
 
 // Terminal is a terminal that log lines and a progress bar share. The bar
@@ -103,7 +106,7 @@ func (p *Progress) Finished(o Outcome) {
 	status := "ok"
 	if o.Err != nil {
 		p.failed++
-		status = "FAILED: " + firstLine(o.Err.Error())
+		status = "FAILED: " + firstLine(o.Err.Error()) + failedAt(o.Err)
 	}
 	if p.tty {
 		p.draw()
@@ -154,6 +157,17 @@ func (p *Progress) eta() string {
 		return "?"
 	}
 	return (p.now().Sub(p.started) / time.Duration(ran) * time.Duration(p.total-p.done)).Round(time.Second).String()
+}
+
+// failedAt is " (at FILE:LINE)": the kernels_py line a job's error comes
+// from (kernels_py.runtime.errors.locate), so a failure in a method being
+// written points at its source; "" when the worker named none.
+func failedAt(err error) string {
+	var je *worker.JobError
+	if !errors.As(err, &je) || je.At == nil || je.At.File == "" {
+		return ""
+	}
+	return fmt.Sprintf(" (at %s:%d)", je.At.File, je.At.Line)
 }
 
 func firstLine(s string) string {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -290,6 +291,24 @@ func TestProgressTerminalBar(t *testing.T) {
 	last := out.String()[strings.LastIndex(out.String(), "\r"):]
 	if !strings.Contains(last, "3/4 done, 1 failed") || strings.Contains(out.String(), "traceback") {
 		t.Errorf("bar %q", last)
+	}
+}
+
+// A failed job's progress line says which kernels_py line its error comes
+// from, where the worker found one.
+func TestProgressLineNamesWhereAJobFailed(t *testing.T) {
+	var out bytes.Buffer
+	p := NewProgress(&out, false, 2, 0)
+	at := &worker.SourceLine{Message: "IndexError: tuple index out of range", File: "kernels_py/methods/mine.py", Line: 21}
+	p.Finished(Outcome{Job: Job{ID: "a", Label: "mine"}, Err: fmt.Errorf("attempt 1: %w",
+		&worker.JobError{Type: "IndexError", Message: "tuple index out of range", Traceback: "Traceback ...", At: at})})
+	p.Finished(Outcome{Job: Job{ID: "b", Label: "full"}, Err: errors.New("worker died")})
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 2 || !strings.Contains(lines[0], "FAILED: attempt 1: IndexError: tuple index out of range (at kernels_py/methods/mine.py:21)") {
+		t.Errorf("first line %q", lines[0])
+	}
+	if len(lines) != 2 || !strings.HasSuffix(lines[1], "FAILED: worker died") {
+		t.Errorf("lines %q", lines)
 	}
 }
 
