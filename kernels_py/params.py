@@ -197,7 +197,19 @@ class Knobs:
 
     @classmethod
     def param_specs(cls) -> dict[str, ParamSpec]:
-        return {f.name: f.metadata["spec"] for f in dataclasses.fields(cls)}
+        for klass in cls.__mro__:
+            # A knob on a class without @dataclass stays a bare Field: it would be silently no parameter at all.
+            loose = [name for name, v in vars(klass).items() if isinstance(v, dataclasses.Field)]
+            if loose:
+                raise TypeError(f"{klass.__module__}.{klass.__name__} declares the knob(s) {loose} but is not a "
+                                f"dataclass: decorate it with @dataclass(frozen=True)")
+        specs = {}
+        for f in dataclasses.fields(cls):
+            if "spec" not in f.metadata:
+                raise TypeError(f"{cls.__module__}.{cls.__name__}.{f.name} is a field but not a knob: declare it as "
+                                f"{f.name}: ... = knob(type, default, doc, ...) (kernels_py.params.knob)")
+            specs[f.name] = f.metadata["spec"]
+        return specs
 
     @classmethod
     def owner_name(cls) -> str:

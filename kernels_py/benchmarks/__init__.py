@@ -22,15 +22,20 @@ SKIPPED = Column("skipped", "", "why the row has no timings (e.g. out of memory)
 def _discover() -> dict[str, type[Benchmark]]:
     found = {}
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if info.name == "base":
+        if info.name == "base" or info.name.startswith("_"):  # shared parts, not benchmarks
             continue
         module = importlib.import_module(f"{__name__}.{info.name}")
+        before = len(found)
         for value in vars(module).values():
             if isinstance(value, type) and issubclass(value, Benchmark) and value.__module__ == module.__name__ \
                     and "name" in vars(value):  # an intermediate base class has none
                 if value.name in found:
                     raise ValueError(f"two benchmarks are named {value.name!r}")
                 found[value.name] = value
+        if len(found) == before:  # else `workbench bench` would silently not know the file
+            raise ImportError(f"kernels_py/benchmarks/{info.name}.py defines no Benchmark subclass with a name of its "
+                              f"own (name = \"...\", what `workbench bench NAME` runs); a module of shared parts "
+                              f"is named _{info.name}.py")
     return found
 
 

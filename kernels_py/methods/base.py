@@ -215,7 +215,7 @@ class TokenSelection(Method):
         self.check_prompt(prompt)
         caches = []
         for layer, allocation in enumerate(allocator.prefill(prompt)):
-            cache = KeptTokens.from_prompt(k[layer], v[layer], scorer.prefill(prompt, layer))
+            cache = KeptTokens.from_prompt(k[layer], v[layer], self._prefill_scores(scorer, prompt, layer))
             cache.keep_top(scorer.held(cache), allocation.count, self.prefill_recent(allocation.count, prompt.tokens))
             cache.notes.update(allocation.notes)
             if self.evicts_while_decoding:
@@ -224,6 +224,17 @@ class TokenSelection(Method):
                 cache.scores = None  # nothing to maintain while decoding
             caches.append(self.store(cache))
         return caches
+
+    def _prefill_scores(self, scorer: Scorer, prompt: Prompt, layer: int) -> torch.Tensor | None:
+        """The scorer's prefill scores, checked to be one per kv head and prompt token."""
+        scores = scorer.prefill(prompt, layer)
+        want = (prompt.k[layer].shape[0], prompt.tokens)
+        if scores is not None and (not isinstance(scores, torch.Tensor) or tuple(scores.shape) != want):
+            got = list(scores.shape) if isinstance(scores, torch.Tensor) else type(scores).__name__
+            raise ValueError(f"{self.owner_name()}: {type(scorer).__name__}.prefill returned {got} for layer {layer}; "
+                             f"a scorer's prefill returns [kv_heads, T] = {list(want)} (a score per kv head and prompt "
+                             f"token) or None (see methods/scorers.py)")
+        return scores
 
     def store(self, cache: KeptTokens) -> KeptTokens:
         """The kept tokens as the cache holds them: as they are, or fp8 codes

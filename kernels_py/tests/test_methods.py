@@ -377,3 +377,76 @@ def test_only_scores_that_accumulate_need_the_steps_weights():
     assert make_method("h2o")._parts[0].needs_weights
     assert not make_method("vlcache")._parts[0].needs_weights
     assert not make_method("snapkv")._parts[0].needs_weights
+
+
+def test_a_scorer_of_the_wrong_shape_is_named(workload):
+    """A new method whose scorer returns one score per token (not per kv head
+    and token) is told what its scorer must return, not an IndexError."""
+    from kernels_py.methods.allocators import Uniform
+    from kernels_py.methods.base import BudgetedSelection
+    from kernels_py.methods.scorers import Scorer
+
+    class PerToken(Scorer):
+        def prefill(self, prompt, layer):
+            return torch.rand(prompt.tokens)
+
+    @dataclasses.dataclass(frozen=True)
+    class Mine(BudgetedSelection):
+        name = "mine"
+
+        def scorer(self):
+            return PerToken()
+
+        def allocator(self):
+            return Uniform(0.2)
+
+    with pytest.raises(ValueError, match=re.escape(f"method 'mine': PerToken.prefill returned [{PROMPT}] for layer 0; "
+                                                   f"a scorer's prefill returns [kv_heads, T] = [2, {PROMPT}]")):
+        prefill(Mine(), workload, 0)
+
+
+def test_registry_names_a_missing_file_and_a_misnamed_method(tmp_path, monkeypatch):
+    """A typo in a registry list, or a method whose `name` is not its file's,
+    says which and what is there instead."""
+    from kernels_py import registry
+    from kernels_py.methods.base import Method
+
+    package = tmp_path / "mypkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "span_edges.py").write_text(
+        "from kernels_py.methods.streamingllm import StreamingLLM\n\n"
+        "class SpanEdges(StreamingLLM):\n    name = 'spanedges'\n")
+    (package / "broken.py").write_text("import no_such_module_here\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ImportError, match=re.escape("the list in mypkg/__init__.py names 'span_egdes', but there is "
+                                                    "no mypkg/span_egdes.py (did you mean 'span_edges'?)")):
+        registry.load("mypkg", ("span_egdes",), Method)
+    with pytest.raises(ImportError, match=re.escape("found 0; SpanEdges has name = 'spanedges'")):
+        registry.load("mypkg", ("span_edges",), Method)
+    with pytest.raises(ModuleNotFoundError, match="no_such_module_here"):  # its own import, not the registry's
+        registry.load("mypkg", ("broken",), Method)
+
+
+def test_a_benchmark_file_without_a_named_benchmark_is_refused(tmp_path, monkeypatch):
+    """A benchmark class that forgot its `name` would leave `workbench bench`
+    without it, silently; a module of shared parts starts with "_"."""
+    import sys
+
+    from kernels_py import benchmarks
+
+    (tmp_path / "mine.py").write_text(
+        "from dataclasses import dataclass\n\nfrom kernels_py.benchmarks.base import Benchmark\n\n\n"
+        "@dataclass(frozen=True)\nclass Mine(Benchmark):\n    columns = ()\n")
+    (tmp_path / "_parts.py").write_text("X = 1\n")
+    monkeypatch.setattr(benchmarks, "__path__", [*benchmarks.__path__, str(tmp_path)])
+    try:
+        with pytest.raises(ImportError, match=re.escape("kernels_py/benchmarks/mine.py defines no Benchmark "
+                                                        "subclass with a name of its own")):
+            benchmarks._discover()
+        (tmp_path / "mine.py").write_text((tmp_path / "mine.py").read_text() + '    name = "mine"\n')
+        sys.modules.pop("kernels_py.benchmarks.mine")
+        assert set(benchmarks._discover()) == {*BENCHMARKS, "mine"}
+        assert "kernels_py.benchmarks._parts" not in sys.modules
+    finally:
+        sys.modules.pop("kernels_py.benchmarks.mine", None)

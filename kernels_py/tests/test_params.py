@@ -77,3 +77,23 @@ def test_rules_use_only_what_both_languages_have():
 def test_every_registered_rule_holds_on_the_defaults_and_is_in_the_schema(cls):
     cls()  # the defaults pass every rule
     assert cls.rules_schema() == [{"check": r.check, "message": r.message} for r in cls.rules()]
+
+
+def test_a_field_that_is_not_a_knob_is_named():
+    @dataclass(frozen=True)
+    class Plain(Base):
+        seed: int = 0
+
+    with pytest.raises(TypeError, match=r"Plain.seed is a field but not a knob: declare it as seed: \.\.\. = knob\("):
+        Plain()
+
+
+def test_knobs_on_a_class_without_dataclass_are_refused():
+    """Without @dataclass its knobs would silently be no parameters at all
+    ("unknown parameter(s) ['edge']" for the knob just declared)."""
+    class Undecorated(Base):
+        edge: int = knob("int", 2, "tokens at each end", min=0)
+
+    with pytest.raises(TypeError, match=r"Undecorated declares the knob\(s\) \['edge'\] but is not a dataclass: "
+                                        r"decorate it with @dataclass\(frozen=True\)"):
+        Undecorated.from_dict({"edge": 3})

@@ -97,3 +97,15 @@ def test_launchers_given_cpu_tensors_without_the_interpreter_say_what_to_do(monk
         with pytest.raises(ValueError, match=r"is on cpu: the Triton kernels run on a CUDA device, or on the CPU "
                                              r"under Triton's interpreter \(TRITON_INTERPRET=1"):
             call()
+
+
+def test_a_selftest_without_the_result_keys_says_what_it_returns(monkeypatch):
+    """A new op's selftest that returns only its table is told the keys
+    `workbench selftest` and `watch` read, not a KeyError."""
+    from kernels_py.tables import Column, table
+
+    cases = OPS["gather_decode"].cases
+    monkeypatch.setattr(cases, "selftest", lambda seed, dtype: table((Column("ok", "", "within"),), [{"ok": True}]))
+    with pytest.raises(TypeError, match=r"kernels_py/ops/gather_decode/cases.py: selftest\(\) returned a result "
+                                        r"without \['title', 'ok', 'verdict', 'kernel_seconds'\]"):
+        selftest.run(ops=["gather_decode"])

@@ -203,3 +203,30 @@ def test_from_dict_rejects_bad_values(values, error, match):
 def test_from_dict_rejects_a_non_mapping():
     with pytest.raises(TypeError, match="mapping"):
         SyntheticConfig.from_dict([("layers", 2)])
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda w: {"k": tuple(t[:1] for t in w.k), "v": tuple(t[:1] for t in w.v),
+                "decode_k": tuple(t[:, :1] for t in w.decode_k), "decode_v": tuple(t[:, :1] for t in w.decode_v)},
+     None),  # one kv head for four query heads: fine
+    (lambda w: {"k": tuple(torch.cat([t, t[:1]]) for t in w.k), "v": tuple(torch.cat([t, t[:1]]) for t in w.v),
+                "decode_k": tuple(torch.cat([t, t[:, :1]], 1) for t in w.decode_k),
+                "decode_v": tuple(torch.cat([t, t[:, :1]], 1) for t in w.decode_v)},
+     "4 query heads are not a multiple of its 3 kv heads"),
+    (lambda w: {"v": (w.v[0][:, :-1],) + w.v[1:]}, r"v\[0\] is \[2, 87, 32\], not \[2, 88, 32\]"),
+    (lambda w: {"decode_q": tuple(t[:, :, 0] for t in w.decode_q)}, r"q\[0\] is \[4, 88, 32\], k\[0\] \[2, 88, 32\], decode_q\[0\] \[3, 4, 32\]"),
+    (lambda w: {"q": w.q[:1]}, "layer counts differ or are zero: q 1, k 2"),
+    (lambda w: {"q": tuple(t[:, :-1] for t in w.q), "k": tuple(t[:, :-1] for t in w.k),
+                "v": tuple(t[:, :-1] for t in w.v)}, r"spans end at token 88 \(spans.text\[1\]\) but its prompt has 87"),
+])
+def test_a_workload_with_tensors_that_disagree_says_which(change, message):
+    """A workload being written that builds tensors of the wrong shapes is
+    told so where it builds them, not by a broadcasting error in a method."""
+    import dataclasses
+
+    w = generate(SyntheticConfig(**SMALL, dtype="float32"))
+    if message is None:
+        dataclasses.replace(w, **change(w))
+        return
+    with pytest.raises(ValueError, match=f"workload 'synthetic' built a Workload whose {message}"):
+        dataclasses.replace(w, **change(w))

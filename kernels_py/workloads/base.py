@@ -34,6 +34,38 @@ class Workload:
     decode_k: tuple[torch.Tensor, ...]
     decode_v: tuple[torch.Tensor, ...]
 
+    def __post_init__(self):
+        problem = self._shape_problem()
+        if problem:
+            raise ValueError(f"{self.config.owner_name()} built a Workload whose {problem} (kernels_py/workloads/base.py"
+                             f": q[l] [heads, T, head_dim], k[l] and v[l] [kv_heads, T, head_dim], decode_q[l] "
+                             f"[steps, heads, 1, head_dim], decode_k[l] and decode_v[l] [steps, kv_heads, 1, head_dim], "
+                             f"heads a multiple of kv_heads, spans over the T prompt tokens)")
+
+    def _shape_problem(self) -> str | None:
+        """What makes the tensors disagree with each other or the spans, or None."""
+        names = ("q", "k", "v", "decode_q", "decode_k", "decode_v")
+        counts = {name: len(getattr(self, name)) for name in names}
+        if not counts["q"] or len(set(counts.values())) > 1:
+            return "layer counts differ or are zero: " + ", ".join(f"{n} {c}" for n, c in counts.items())
+        q, k, dq = self.q[0], self.k[0], self.decode_q[0]
+        if q.dim() != 3 or k.dim() != 3 or dq.dim() != 4:
+            return f"q[0] is {list(q.shape)}, k[0] {list(k.shape)}, decode_q[0] {list(dq.shape)}"
+        (heads, tokens, head_dim), kv_heads, steps = q.shape, k.shape[0], dq.shape[0]
+        want = {"q": [heads, tokens, head_dim], "k": [kv_heads, tokens, head_dim], "v": [kv_heads, tokens, head_dim],
+                "decode_q": [steps, heads, 1, head_dim], "decode_k": [steps, kv_heads, 1, head_dim],
+                "decode_v": [steps, kv_heads, 1, head_dim]}
+        for name in names:
+            for layer, t in enumerate(getattr(self, name)):
+                if list(t.shape) != want[name]:
+                    return f"{name}[{layer}] is {list(t.shape)}, not {want[name]} (from q[0] {list(q.shape)}, k[0] " \
+                           f"{list(k.shape)}, decode_q[0] {list(dq.shape)})"
+        if kv_heads < 1 or heads % kv_heads:
+            return f"{heads} query heads are not a multiple of its {kv_heads} kv heads"
+        if self.spans.prompt_tokens != tokens:
+            return f"spans end at token {self.spans.prompt_tokens} (spans.text[1]) but its prompt has {tokens} tokens"
+        return None
+
     @property
     def layers(self) -> int:
         return len(self.q)
