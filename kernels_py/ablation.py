@@ -15,10 +15,10 @@ import torch
 
 from kernels_py import metrics
 from kernels_py.attention import expand_kv
-from kernels_py.methods import Method, make_method
+from kernels_py.methods import METHODS, Method, make_method
 from kernels_py.methods.prompt import PostVisionRows
 from kernels_py.runtime import arena
-from kernels_py.workloads import DEFAULT_WORKLOAD, Workload, WorkloadConfig, make_workload
+from kernels_py.workloads import DEFAULT_WORKLOAD, WORKLOADS, Workload, WorkloadConfig, make_workload
 
 REFERENCE_METHOD = "full"
 PPCI_P = 0.9
@@ -51,9 +51,12 @@ class Reference:
 
 
 def run(method: str, params: Mapping[str, Any], workload: Mapping[str, Any],
-        workload_name: str = DEFAULT_WORKLOAD) -> dict:
+        workload_name: str = DEFAULT_WORKLOAD, planned_defaults: Mapping[str, Mapping] | None = None) -> dict:
     """Run `method` with `params` over the registered workload `workload_name`
     with knobs `workload` and score it against the full cache.
+    planned_defaults ({"method": {knob: default}, "workload": {...}}, from
+    the host's schema.json, which filled in the knobs a script left unset):
+    a job planned from a stale schema.json is refused (StaleSchema).
 
     Returns {"metrics": {name: float}, "per_layer": {name: [float per layer]}},
     plus {"tensors": {"rel_err": [layers, steps] float32}} in the job's scratch
@@ -84,6 +87,8 @@ def run(method: str, params: Mapping[str, Any], workload: Mapping[str, Any],
     (kernels_py.workloads.lmms.evaluate).
     Raises ValueError / TypeError on unknown or invalid methods, workloads and parameters.
     """
+    if planned_defaults:
+        _check_planned_defaults(method, workload_name, planned_defaults)
     chosen = make_method(method, params)
     config = make_workload(workload_name, workload)
     if hasattr(config, "evaluate"):  # a benchmark (workload "lmms"): the task's own metrics, in the model
@@ -101,6 +106,15 @@ def run(method: str, params: Mapping[str, Any], workload: Mapping[str, Any],
         metrics, report["per_step"], _ = _in_model(config, chosen)
         report["metrics"].update(metrics)
     return report
+
+
+def _check_planned_defaults(method: str, workload_name: str, planned: Mapping[str, Mapping]) -> None:
+    """The host's defaults for the job's method and workload are the sources'
+    (Knobs.check_planned_defaults); unknown names are make_method's and
+    make_workload's to report."""
+    for cls, key in ((METHODS.get(method), "method"), (WORKLOADS.get(workload_name), "workload")):
+        if cls is not None and key in planned:
+            cls.check_planned_defaults(planned[key])
 
 
 @functools.lru_cache(maxsize=CACHED_WORKLOADS)

@@ -11,6 +11,7 @@ experiment scripts and build command-line flags without starting Python
 import builtins
 import dataclasses
 import difflib
+import inspect
 import math
 import re
 from dataclasses import dataclass
@@ -169,6 +170,21 @@ class BadKnobs(ValueError):
     traceback."""
 
 
+class StaleSchema(BadKnobs):
+    """A job planned from a kernels_py/schema.json whose knobs are no longer
+    the sources' (a default changed, a knob added or removed, and no
+    `workbench schema` since): it would run with values nobody chose."""
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """JSON values equal as knob values: 2 and 2.0 are, True and 1 are not."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b))
+    return a == b
+
+
 def first_paragraph(doc: str | None) -> str:
     """A docstring's first paragraph on one line: what the schema and listings show."""
     return " ".join((doc or "").strip().split("\n\n")[0].split())
@@ -243,6 +259,31 @@ class Knobs:
     @classmethod
     def schema(cls) -> dict:
         return {name: spec.schema() for name, spec in cls.param_specs().items()}
+
+    @classmethod
+    def check_planned_defaults(cls, planned: Mapping[str, Any]) -> None:
+        """Raise StaleSchema unless `planned` ({knob: default}, what the host's
+        schema.json said when it filled in a job's unset knobs) holds this
+        class's knobs and defaults."""
+        ours = {name: list(spec.default) if isinstance(spec.default, tuple) else spec.default
+                for name, spec in cls.param_specs().items()}
+        changes = []
+        for name in sorted(set(ours) | set(planned)):
+            if name not in planned:
+                changes.append(f"{name} is new (default {ours[name]!r})")
+            elif name not in ours:
+                changes.append(f"{name} is gone")
+            elif not _same_value(planned[name], ours[name]):
+                changes.append(f"{name} defaults to {ours[name]!r}, not {planned[name]!r}")
+        if changes:
+            source = inspect.getsourcefile(cls) or cls.__module__
+            try:
+                source = Path(source).resolve().relative_to(Path(__file__).resolve().parents[1]).as_posix()
+            except ValueError:
+                pass
+            raise StaleSchema(f"kernels_py/schema.json is out of date for {cls.owner_name()} ({source}: "
+                              f"{'; '.join(changes)}), and the job was planned from it: run `workbench schema`, "
+                              f"then plan or run the experiment again")
 
     @classmethod
     def rules_schema(cls) -> list[dict]:

@@ -476,7 +476,7 @@ func (a *app) runExperiments(ctx context.Context, file string, o runOptions) ([]
 	var failed int
 	for _, e := range exps {
 		sum, err := runner.Run(ctx, runner.Options{
-			Out: o.out, Experiment: e.Name, Protocol: e.Protocol, File: plan.File, FileHash: plan.Hash, Jobs: runnerJobs(e),
+			Out: o.out, Experiment: e.Name, Protocol: e.Protocol, File: plan.File, FileHash: plan.Hash, Jobs: runnerJobs(plan.Schema, e),
 			KernelsDir: kernels.Dir, Device: device, Version: version,
 			Resume: o.resume, RetryFailed: o.retryFailed, AllowCodeChange: o.allowCodeChange,
 			Continue: o.rerun + " --resume", Executor: executor, Guard: slurm.CheckNoneActive, Progress: a.console, Log: a.log,
@@ -546,18 +546,43 @@ func planWorkloads(exps []expt.Experiment) []string {
 	return names
 }
 
-// runnerJobs turns an experiment's jobs into calls of the ablation entry point.
-func runnerJobs(e expt.Experiment) []runner.Job {
+// runnerJobs turns an experiment's jobs into calls of the ablation entry
+// point. Each call carries the defaults the schema filled in for its method
+// and workload: the worker refuses a job planned from a schema.json the
+// sources have moved on from (a changed default would otherwise run as if
+// the script had chosen it).
+func runnerJobs(s *expt.Schema, e expt.Experiment) []runner.Job {
 	jobs := make([]runner.Job, len(e.Jobs))
 	workloads := workloadLabels(e.Jobs)
 	for i, j := range e.Jobs {
 		label := strings.TrimSpace(j.Method + " " + formatParams(j.Params) + " " + workloads[j.ID])
+		args := map[string]any{"method": j.Method, "params": j.Params, "workload_name": j.WorkloadName,
+			"workload": j.Workload}
+		if planned := plannedDefaults(s, j); len(planned) > 0 {
+			args["planned_defaults"] = planned
+		}
 		jobs[i] = runner.Job{
 			Job: sched.Job{ID: j.ID, Label: label, Timeout: j.Timeout,
-				Spec: worker.Job{Fn: ablationFn, Args: map[string]any{"method": j.Method, "params": j.Params,
-					"workload_name": j.WorkloadName, "workload": j.Workload}}},
+				Spec: worker.Job{Fn: ablationFn, Args: args}},
 			Method: j.Method, Params: j.Params, WorkloadName: j.WorkloadName, Workload: j.Workload,
 		}
 	}
 	return jobs
+}
+
+// plannedDefaults is {"method": {knob: default}, "workload": {...}} from
+// the schema a job was planned with (kernels_py.ablation.run's
+// planned_defaults).
+func plannedDefaults(s *expt.Schema, j expt.Job) map[string]map[string]any {
+	out := map[string]map[string]any{}
+	if s == nil {
+		return out
+	}
+	if m := s.Methods[j.Method]; m != nil {
+		out["method"] = m.Params.Defaults()
+	}
+	if w := s.Workloads[j.WorkloadName]; w != nil {
+		out["workload"] = w.Params.Defaults()
+	}
+	return out
 }

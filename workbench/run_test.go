@@ -430,3 +430,28 @@ func TestUnknownOpBenchmarkOrMethodHints(t *testing.T) {
 		t.Errorf("exit %d, want the stale-schema hint:\n%s", code, stderr)
 	}
 }
+
+// A default changed in Python without `workbench schema` does not run as if
+// the script had chosen the old one: each job carries the defaults its plan
+// filled in, and the worker refuses them, naming the knob and the fix.
+func TestRunRefusesJobsPlannedFromAStaleSchema(t *testing.T) {
+	py := testpy.Python(t)
+	root := t.TempDir()
+	if out, err := exec.Command("cp", "-r", "../kernels_py", root).CombinedOutput(); err != nil {
+		t.Fatalf("copy kernels_py: %v: %s", err, out)
+	}
+	h2o := filepath.Join(root, "kernels_py", "methods", "h2o.py")
+	src, _ := os.ReadFile(h2o)
+	edited := bytes.Replace(src, []byte(`"float", 0.5, "share of the budget reserved`), []byte(`"float", 0.4, "share of the budget reserved`), 1)
+	if bytes.Equal(edited, src) {
+		t.Fatal("h2o.py no longer declares recent_fraction's default as this test edits it")
+	}
+	os.WriteFile(h2o, edited, 0o644)
+	script := filepath.Join(root, "x.star")
+	os.WriteFile(script, []byte(`experiment(name = "x", methods = ["h2o"], grid = {"budget": [0.5]}, workloads = [workload(layers = 1, decode_steps = 1)])`+"\n"), 0o644)
+	code, stdout, stderr := runCLI(t, "--python", py, "--device", "cpu", "--kernels", root, "run", "--out", filepath.Join(root, "out"), script)
+	want := "kernels_py/schema.json is out of date for method 'h2o' (kernels_py/methods/h2o.py: recent_fraction defaults to 0.4, not 0.5)"
+	if code != 1 || !strings.Contains(stdout+stderr, want) || !strings.Contains(stdout+stderr, "run `workbench schema`") {
+		t.Errorf("exit %d, want the job refused with %q:\n%s\n%s", code, want, stdout, stderr)
+	}
+}

@@ -98,7 +98,7 @@ func (l *loader) workload(thread *starlark.Thread, _ *starlark.Builtin, args sta
 		return nil, err
 	}
 	params := l.schema.Workloads[kind].Params
-	vals := params.defaults()
+	vals := params.Defaults()
 	if base != nil {
 		vals = base
 	}
@@ -395,7 +395,7 @@ func (l *loader) experiment(thread *starlark.Thread, _ *starlark.Builtin, args s
 				sizes[i] = len(a.values)
 			}
 			for combo := range combos(sizes) {
-				params := m.Params.defaults()
+				params := m.Params.Defaults()
 				maps.Copy(params, m.ProtocolParams(protocol))
 				for i, j := range combo {
 					params[ax[i].name] = ax[i].values[j]
@@ -488,7 +488,7 @@ func (l *loader) workloads(kw map[string]starlark.Value, fail failFunc) ([]*work
 	v, ok := kw["workloads"]
 	if !ok {
 		kind := l.schema.DefaultWorkload
-		return []*workloadValue{newWorkloadValue(kind, l.schema.Workloads[kind].Params.defaults())}, nil
+		return []*workloadValue{newWorkloadValue(kind, l.schema.Workloads[kind].Params.Defaults())}, nil
 	}
 	xs, ok := asList(v)
 	if !ok {
@@ -610,7 +610,7 @@ func (l *loader) extras(kw map[string]starlark.Value, first *workloadValue, prot
 		if !ok {
 			return nil, fail(path{"extra", i, key}, "extra[%d]: method %s", i, l.schema.UnknownMethod(string(ms)))
 		}
-		p := point{method: m, params: m.Params.defaults(), workload: first}
+		p := point{method: m, params: m.Params.Defaults(), workload: first}
 		maps.Copy(p.params, m.ProtocolParams(protocol))
 		for _, kv := range d.Items() {
 			ks, ok := kv[0].(starlark.String)

@@ -78,7 +78,7 @@ func (ps Presses) parse(params Params) error {
 			}
 		}
 	}
-	if msg := ps.Check(params.defaults()); msg != "" {
+	if msg := ps.Check(params.Defaults()); msg != "" {
 		return fmt.Errorf("the defaults break it: %s", msg)
 	}
 	return nil

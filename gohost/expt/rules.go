@@ -38,7 +38,7 @@ func parseRules(in []*Rule, params Params) (Rules, error) {
 		r.expr = expr
 		// Evaluated on the defaults: a rule that cannot run, or that the
 		// defaults break, is the schema's mistake.
-		ok, msg, err := r.eval(params.defaults())
+		ok, msg, err := r.eval(params.Defaults())
 		if err != nil {
 			return nil, fmt.Errorf("rules[%d]: %w", i, err)
 		}

@@ -653,8 +653,8 @@ func formatBound(f float64) string {
 	return strconv.FormatFloat(f, 'g', -1, 64)
 }
 
-// defaults returns a new map of every parameter's default.
-func (ps Params) defaults() map[string]any {
+// Defaults returns a new map of every parameter's default.
+func (ps Params) Defaults() map[string]any {
 	m := make(map[string]any, len(ps))
 	for name, p := range ps {
 		m[name] = p.Default

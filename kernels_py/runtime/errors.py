@@ -61,8 +61,13 @@ def locate(err: BaseException) -> dict | None:
     line an error comes from, or None when no frame of kernels_py is involved.
     The deepest CompilationError wins (the called function's, not the
     caller's), then a SyntaxError, then the deepest kernels_py frame of any
-    error in the chain (an interpreted kernel raises from its own line)."""
+    error in the chain (an interpreted kernel raises from its own line);
+    None for BadKnobs, which blames values, not a line."""
+    from kernels_py.params import BadKnobs
+
     chain = _chain(err)
+    if any(isinstance(e, BadKnobs) for e in chain):  # the caller's values: the message says what, no line is to blame
+        return None
     for e in reversed(chain):
         if hasattr(e, "src") and hasattr(e, "node"):
             found = _compilation(e)

@@ -79,3 +79,22 @@ def test_an_error_raised_from_none_is_the_one_located(kernels):
         module.parse("#x")
     where = errors.locate(info.value)
     assert where["line"] == 5 and where["message"] == "ValueError: '#x' is neither a number nor a word", where
+
+
+def test_bad_knobs_blame_no_line(kernels):
+    """A BadKnobs (the caller's values, StaleSchema among them) names what is
+    wrong in its message; the line that raised it would only mislead."""
+    from kernels_py.params import StaleSchema
+
+    (kernels / "check.py").write_text("def check(x):\n    if x < 0:\n        raise ValueError(f'x={x} < 0')\n")
+    module = load(kernels / "check.py")
+    try:
+        try:
+            module.check(-1)
+        except ValueError as err:
+            raise StaleSchema("kernels_py/schema.json is out of date") from err
+    except StaleSchema as err:
+        assert errors.locate(err) is None
+    with pytest.raises(ValueError) as info:
+        module.check(-1)
+    assert errors.locate(info.value)["line"] == 3  # the same error, not a BadKnobs, is located

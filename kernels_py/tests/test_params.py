@@ -97,3 +97,47 @@ def test_knobs_on_a_class_without_dataclass_are_refused():
     with pytest.raises(TypeError, match=r"Undecorated declares the knob\(s\) \['edge'\] but is not a dataclass: "
                                         r"decorate it with @dataclass\(frozen=True\)"):
         Undecorated.from_dict({"edge": 3})
+
+
+def test_planned_defaults_that_are_not_the_sources_are_refused():
+    """A job carries the defaults schema.json filled in; a knob whose default
+    changed, a knob added or one removed since makes the job stale."""
+    from kernels_py.params import StaleSchema
+
+    @dataclass(frozen=True)
+    class Owner(Knobs):
+        a: float = knob("float", 0.5, "a")
+        n: int = knob("int", 2, "n")
+        flag: bool = knob("bool", True, "flag")
+        sizes: tuple = knob("ints", (1, 2), "sizes")
+
+    Owner.check_planned_defaults({"a": 0.5, "n": 2.0, "flag": True, "sizes": [1, 2]})  # JSON's numbers are numbers
+    for planned, says in [
+        ({"a": 0.4, "n": 2, "flag": True, "sizes": [1, 2]}, "a defaults to 0.5, not 0.4"),
+        ({"a": 0.5, "n": 2, "flag": 1, "sizes": [1, 2]}, "flag defaults to True, not 1"),
+        ({"a": 0.5, "n": 2, "flag": True, "sizes": [1]}, "sizes defaults to [1, 2], not [1]"),
+        ({"a": 0.5, "flag": True, "sizes": [1, 2]}, "n is new (default 2)"),
+        ({"a": 0.5, "n": 2, "flag": True, "sizes": [1, 2], "old": 3}, "old is gone"),
+    ]:
+        with pytest.raises(StaleSchema) as info:
+            Owner.check_planned_defaults(planned)
+        assert says in str(info.value) and "run `workbench schema`" in str(info.value), str(info.value)
+
+
+def test_a_job_planned_from_a_stale_schema_is_refused_before_it_runs():
+    """ablation.run checks the planned defaults of the job's method and
+    workload first; the registered classes agree with today's schema.json."""
+    import json
+
+    from kernels_py import ablation, schema
+    from kernels_py.params import StaleSchema
+
+    doc = json.loads(schema.PATH.read_text())
+    planned = {"method": {k: p["default"] for k, p in doc["methods"]["h2o"]["params"].items()},
+               "workload": {k: p["default"] for k, p in doc["workloads"]["synthetic"]["params"].items()}}
+    for key, cls in (("method", METHODS["h2o"]), ("workload", WORKLOADS["synthetic"])):
+        cls.check_planned_defaults(planned[key])
+    stale = {**planned, "method": {**planned["method"], "recent_fraction": 0.25}}
+    with pytest.raises(StaleSchema, match=r"method 'h2o' \(kernels_py/methods/h2o.py: recent_fraction defaults to "
+                                          r"0.5, not 0.25\)"):
+        ablation.run("h2o", {}, {}, "synthetic", planned_defaults=stale)
