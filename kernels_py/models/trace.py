@@ -166,6 +166,9 @@ def read(path: str | Path) -> tuple[dict, dict]:
     from safetensors import safe_open
 
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"trace {where(path)} is a directory, not a trace file: give the .safetensors file "
+                         f"`workbench trace capture --out` wrote")
     if not path.is_file():
         raise ValueError(f"trace {where(path)} does not exist: capture one with `workbench trace capture`")
     try:
@@ -179,7 +182,44 @@ def read(path: str | Path) -> tuple[dict, dict]:
     meta = json.loads(metadata["vlkv"])
     if meta.get("format") != FORMAT:
         raise ValueError(f"{path}: trace format {meta.get('format')!r}; this version reads {FORMAT!r}")
+    _check_tensors(path, tensors, meta)
     return tensors, meta
+
+
+def _check_tensors(path: Path, tensors: dict, meta: dict) -> None:
+    """Refuse a trace whose tensors are not the ones its header describes (a
+    tensor missing, of another shape, or Q/K/V not floating point), naming
+    the tensor: replaying it would fail deep inside a method, or score wrong."""
+    try:
+        model = meta["model"]
+        layers, heads, kv_heads, dim = (int(model[k]) for k in ("layers", "heads", "kv_heads", "head_dim"))
+        prompt, steps = int(meta["prompt_tokens"]), int(meta["decode_steps"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"{path}: its trace metadata has no usable {err} (model shape, prompt_tokens, "
+                         f"decode_steps): capture the trace again") from None
+    rope = (3,) if model.get("rope") == "mrope" else ()  # M-RoPE positions are temporal, height, width
+    want = {"positions": (*rope, prompt), "decode_positions": (*rope, steps)}
+    for layer in range(layers):
+        want[f"layer.{layer}.q"] = (heads, prompt, dim)
+        want[f"layer.{layer}.decode_q"] = (steps, heads, 1, dim)
+        for name in ("k", "v", "k_pre"):
+            want[f"layer.{layer}.{name}"] = (kv_heads, prompt, dim)
+            want[f"layer.{layer}.decode_{name}"] = (steps, kv_heads, 1, dim)
+    shape = (f"{layers} layers, {heads} heads, {kv_heads} kv heads, head_dim {dim}, {prompt} prompt tokens, "
+             f"{steps} decode steps")
+    for name, dims in want.items():
+        if name not in tensors:
+            if name.endswith("k_pre"):  # traces written before pre-RoPE keys were recorded replay without them
+                continue
+            raise ValueError(f"{path}: tensor {name!r} is missing (its header gives {shape}): the file is not a "
+                             f"whole trace; capture it again")
+        got = tensors[name]
+        if tuple(got.shape) != dims:
+            raise ValueError(f"{path}: tensor {name!r} has shape {list(got.shape)}, not the {list(dims)} its header "
+                             f"gives ({shape}): capture the trace again")
+        if name.startswith("layer.") and not got.is_floating_point():
+            raise ValueError(f"{path}: tensor {name!r} is {str(got.dtype).removeprefix('torch.')}, not floating "
+                             f"point as Q/K/V are: capture the trace again")
 
 
 def spans_of(meta: dict) -> Spans:

@@ -239,6 +239,38 @@ def test_a_trace_replays_as_a_workload(tiny, tmp_path):
         make_workload("trace", {"path": str(tmp_path / "none.safetensors")}).build()
 
 
+def test_a_damaged_trace_names_the_tensor_at_fault(tiny, tmp_path):
+    """A trace whose tensors are not those its header describes (one
+    missing, cut short, of an integer dtype), or a directory given as the
+    trace, is one error naming what is wrong, not a KeyError or an
+    AttributeError from inside a method."""
+    from kernels_py.models import trace
+    from kernels_py.workloads import make_workload
+
+    vlm, image, _ = tiny
+    tensors, meta = trace.capture(vlm, [image], PROMPT, decode_steps=2)
+
+    def build(name, changed):
+        path = tmp_path / f"{name}.safetensors"
+        trace.save(path, changed, meta)
+        return make_workload("trace", {"path": str(path)}).build()
+
+    assert build("whole", tensors).k[1].shape == (2, 71, 32)
+    missing = {k: v for k, v in tensors.items() if k != "layer.1.q"}
+    with pytest.raises(ValueError, match=r"tensor 'layer.1.q' is missing \(its header gives 2 layers, 4 heads"):
+        build("missing", missing)
+    cut = {**tensors, "layer.0.k": tensors["layer.0.k"][:, :50].contiguous()}
+    with pytest.raises(ValueError, match=r"tensor 'layer.0.k' has shape \[2, 50, 32\], not the \[2, 71, 32\]"):
+        build("cut", cut)
+    ints = {**tensors, "layer.1.v": tensors["layer.1.v"].to(torch.int32)}
+    with pytest.raises(ValueError, match="tensor 'layer.1.v' is int32, not floating point"):
+        build("ints", ints)
+    older = {k: v for k, v in tensors.items() if "k_pre" not in k}  # traces from before pre-RoPE keys still replay
+    assert build("older", older).decode_steps == 2
+    with pytest.raises(ValueError, match="is a directory, not a trace file"):
+        make_workload("trace", {"path": str(tmp_path)}).build()
+
+
 def test_a_trace_replays_with_its_own_rope(tmp_path):
     """The trace header's RoPE (kind, theta) and positions reach the methods:
     a Llama-style model with theta 1e6 has its keys unrotated with 1e6 (the
