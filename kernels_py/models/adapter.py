@@ -134,6 +134,22 @@ def model_dir(path: str | Path) -> Path:
     return path
 
 
+def _unsupported_kind(model_type: str, config: dict) -> str:
+    """What a model type the adapter does not drive is: a vision-language
+    model of another family, one transformers does not know (a model with
+    its own code, or newer than the installed transformers), or a text model."""
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    if "vision_config" in config or model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
+        return "a model type the adapter does not know"
+    if model_type not in CONFIG_MAPPING_NAMES:
+        return (f"not a model type transformers {transformers.__version__} knows (a model with its own code, "
+                f"loaded with trust_remote_code, or one newer than this transformers)")
+    return "a text-only model (no vision tower)"
+
+
 def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> VLM:
     """Load a VLM and its processor from a local directory (nothing is downloaded)."""
     path = model_dir(path)
@@ -141,14 +157,17 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.d
     if not config_file.is_file():
         raise ModelError(f"{path} has no config.json: it is not a saved transformers model")
     try:
-        model_type = json.loads(config_file.read_text()).get("model_type", "?")
+        config = json.loads(config_file.read_text())
+        model_type = config.get("model_type")
     except (ValueError, AttributeError) as err:
         raise ModelError(f"{config_file} is not a JSON object ({err}): save the model again "
                          f"(save_pretrained)") from None
+    if model_type is None:
+        raise ModelError(f"{config_file} names no model_type: it is not a config save_pretrained wrote; "
+                         f"supported: {supported()}")
     if model_type not in FAMILIES:
-        kind = "a text-only model (no vision tower)" if "vision_config" not in config_file.read_text() else \
-            "a model type the adapter does not know"
-        raise ModelError(f"{path}: model_type {model_type!r} is {kind}; supported: {supported()}")
+        raise ModelError(f"{path}: model_type {model_type!r} is {_unsupported_kind(model_type, config)}; "
+                         f"supported: {supported()}")
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     # transformers and safetensors raise their own types (OSError for a

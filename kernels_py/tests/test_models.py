@@ -133,6 +133,17 @@ def test_unsupported_inputs_get_clear_errors(tiny, tmp_path):
     (unknown / "config.json").write_text(json.dumps({"model_type": "blip", "vision_config": {}}))
     with pytest.raises(models.ModelError, match="'blip' is a model type the adapter does not know"):
         models.load(unknown)
+    # A vision-language model without a vision_config (Fuyu feeds patches straight to its language model) is
+    # no text-only model; neither is one transformers does not know (its own code), nor a config without a type.
+    (unknown / "config.json").write_text(json.dumps({"model_type": "fuyu"}))
+    with pytest.raises(models.ModelError, match="'fuyu' is a model type the adapter does not know"):
+        models.load(unknown)
+    (unknown / "config.json").write_text(json.dumps({"model_type": "my_vlm", "architectures": ["MyVLM"]}))
+    with pytest.raises(models.ModelError, match="'my_vlm' is not a model type transformers .* knows .*supported: llava"):
+        models.load(unknown)
+    (unknown / "config.json").write_text(json.dumps({"hidden_size": 8}))
+    with pytest.raises(models.ModelError, match="config.json names no model_type.*supported: llava"):
+        models.load(unknown)
     broken = tmp_path / "broken.png"
     broken.write_bytes(b"not an image")
     with pytest.raises(models.ModelError, match="cannot be decoded"):
