@@ -9,9 +9,11 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
+	"unicode"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -269,6 +271,14 @@ func formatParams(p map[string]any) string {
 	sort.Strings(keys)
 	parts := make([]string, len(keys))
 	for i, k := range keys {
+		if s, ok := p[k].(string); ok && strings.ContainsFunc(s, func(r rune) bool {
+			return unicode.IsSpace(r) || !unicode.IsPrint(r) || r == '"'
+		}) {
+			// A prompt's spaces and newlines would run into the next knob
+			// and break the job's line: quoted, it is one value on one line.
+			parts[i] = k + "=" + strconv.Quote(s)
+			continue
+		}
 		parts[i] = fmt.Sprintf("%s=%v", k, p[k])
 	}
 	return strings.Join(parts, " ")

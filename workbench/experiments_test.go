@@ -2,6 +2,9 @@ package main
 
 import (
 	"maps"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/vlkv/vlkv/gohost/expt"
@@ -31,5 +34,29 @@ func TestWorkloadLabelsShowWhatVaries(t *testing.T) {
 				t.Errorf("got %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// A prompt's newline and spaces stay inside its value: plan prints one line
+// per job, the prompt quoted.
+func TestPlanQuotesAPromptOnTheJobsLine(t *testing.T) {
+	dir := t.TempDir()
+	script := filepath.Join(dir, "own.star")
+	os.WriteFile(script, []byte(`experiment(name = "own", methods = ["full", "h2o"], grid = {"budget": [0.5]},
+    workloads = [workload("vlm", model = "/m", images = "/m/cat.png", prompt = "USER: <image>\nWhat is it? ASSISTANT:", frames = f)
+                 for f in [4, 8]])
+`), 0o644)
+	code, stdout, stderr := runCLI(t, "plan", script)
+	if code != 0 {
+		t.Fatalf("plan: exit %d: %s", code, stderr)
+	}
+	lines := strings.Split(strings.TrimSpace(stdout), "\n")
+	if len(lines) != 5 {
+		t.Fatalf("want a header and 4 job lines, got %d lines:\n%s", len(lines), stdout)
+	}
+	for _, line := range lines[1:] {
+		if !strings.Contains(line, `prompt="USER: <image>\nWhat is it? ASSISTANT:"`) || !strings.HasSuffix(line, ")") {
+			t.Errorf("job line without its quoted prompt: %q", line)
+		}
 	}
 }
