@@ -74,7 +74,7 @@ workload("trace", path = "FILE.safetensors").`,
 				return err
 			}
 			args := []string{"-m", "kernels_py.models.trace", "--model", model, "--prompt", prompt, "--out", out,
-				"--decode-steps", fmt.Sprint(steps)}
+				"--decode-steps", fmt.Sprint(steps), "--progress"}
 			for _, img := range images {
 				args = append(args, "--image", img)
 			}
@@ -89,8 +89,10 @@ workload("trace", path = "FILE.safetensors").`,
 			}
 			c := exec.CommandContext(ctx, rt.Python, args...)
 			c.Env = worker.Environment(os.Environ(), kernels.Dir, a.flags.device.value)
-			var stdout, stderr bytes.Buffer
-			c.Stdout, c.Stderr = &stdout, &stderr
+			var stdout bytes.Buffer
+			// Loading a large model takes minutes: each stage is logged as it starts.
+			stderr := &progressLines{log: func(msg string) { a.log.Info().Msg(msg) }}
+			c.Stdout, c.Stderr = &stdout, stderr
 			a.log.Info().Str("model", model).Int("decode_steps", steps).Msg("capturing an attention trace")
 			if err := c.Run(); err != nil {
 				msg := strings.TrimSpace(stderr.String())
@@ -173,6 +175,33 @@ func checkCaptureFiles(model string, images, videos []string, out string) error 
 	}
 	return nil
 }
+
+// progressLines is the capture's stderr: its "progress: " lines go to log
+// as they come, the rest (an error, a traceback) is kept for String.
+type progressLines struct {
+	log     func(string)
+	rest    bytes.Buffer
+	partial []byte
+}
+
+func (w *progressLines) Write(p []byte) (int, error) {
+	w.partial = append(w.partial, p...)
+	for {
+		i := bytes.IndexByte(w.partial, '\n')
+		if i < 0 {
+			return len(p), nil
+		}
+		line := w.partial[:i+1]
+		if msg, ok := bytes.CutPrefix(line, []byte("progress: ")); ok {
+			w.log(string(bytes.TrimSpace(msg)))
+		} else {
+			w.rest.Write(line)
+		}
+		w.partial = w.partial[i+1:]
+	}
+}
+
+func (w *progressLines) String() string { return w.rest.String() + string(w.partial) }
 
 func lastLine(b []byte) []byte {
 	lines := bytes.Split(bytes.TrimSpace(b), []byte("\n"))

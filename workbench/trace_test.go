@@ -85,8 +85,8 @@ save_tiny_llava(Path(sys.argv[1]) / "llava"); save_image(Path(sys.argv[1]) / "ca
 	}
 	code, _, stderr = runCLI(t, "--python", py, "--kernels", root, "trace", "capture", "--model", truncated,
 		"--image", filepath.Join(dir, "cat.png"), "--prompt", prompt, "--out", trace)
-	// Two lines: the log line that the capture started, and the error.
-	if line := lastLine([]byte(stderr)); code != 1 || strings.Count(stderr, "\n") != 2 ||
+	// Three lines: the log lines that the capture started and that the model loads, and the error.
+	if line := lastLine([]byte(stderr)); code != 1 || strings.Count(stderr, "\n") != 3 ||
 		!strings.Contains(string(line), truncated+": the model does not load (SafetensorError: ") {
 		t.Errorf("capture from truncated weights: exit %d, %s", code, stderr)
 	}
@@ -172,6 +172,37 @@ func TestTraceCaptureChecksFiles(t *testing.T) {
 				t.Errorf("exit %d, stderr %q; want one line with %q", code, stderr, tt.want)
 			}
 		})
+	}
+}
+
+// The capture's stages are logged as they start (a large model loads for
+// minutes); its error is the last line alone, without them.
+func TestTraceCaptureLogsItsStages(t *testing.T) {
+	dir := t.TempDir()
+	image := filepath.Join(dir, "cat.png")
+	os.WriteFile(image, nil, 0o644)
+	out := filepath.Join(dir, "t.safetensors")
+	fake := filepath.Join(dir, "python")
+	// Stands in for kernels_py.models.trace: it says its stages only when given --progress.
+	os.WriteFile(fake, []byte(`#!/bin/sh
+case " $* " in *" --progress "*) ;; *) echo "no --progress" >&2; exit 1;; esac
+echo "progress: loading the model from m on cpu" >&2
+if [ -n "$FAIL" ]; then echo "trace capture: the model does not load" >&2; exit 2; fi
+echo "progress: writing t" >&2
+echo '{"out": "t", "layers": 2, "prompt_tokens": 7, "decode_steps": 1, "bytes": 10}'
+`), 0o755)
+	args := []string{"--python", fake, "--kernels", "..", "trace", "capture", "--model", dir, "--image", image,
+		"--prompt", "<image>", "--out", out}
+	code, stdout, stderr := runCLI(t, args...)
+	if code != 0 || !strings.Contains(stdout, "wrote t: 2 layers") || !strings.Contains(stderr, "loading the model from m on cpu") ||
+		!strings.Contains(stderr, "writing t") || strings.Contains(stderr, "progress:") {
+		t.Fatalf("exit %d\nstdout %s\nstderr %s", code, stdout, stderr)
+	}
+	t.Setenv("FAIL", "1")
+	code, _, stderr = runCLI(t, args...)
+	if line := string(lastLine([]byte(stderr))); code != 1 || line != "workbench: trace capture: the model does not load" ||
+		!strings.Contains(stderr, "loading the model from m on cpu") {
+		t.Errorf("exit %d, stderr %q", code, stderr)
 	}
 }
 

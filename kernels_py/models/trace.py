@@ -243,7 +243,13 @@ def main(argv=None) -> int:
     parser.add_argument("--prompt", required=True, help="prompt with one placeholder per image and per video")
     parser.add_argument("--out", required=True, help="trace file to write (.safetensors)")
     parser.add_argument("--decode-steps", type=int, default=16, help="generated tokens recorded (default 16)")
+    parser.add_argument("--progress", action="store_true",
+                        help="say each stage on stderr as it starts, as 'progress: ...' lines (workbench logs them)")
     opts = parser.parse_args(argv)
+
+    def progress(message: str) -> None:
+        if opts.progress:
+            print(f"progress: {message}", file=sys.stderr, flush=True)
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()  # no progress bars or backend notes between the user and the answer
@@ -258,12 +264,17 @@ def main(argv=None) -> int:
 
         if not opts.image and not opts.video:
             raise ModelError("give at least one --image or --video")
+        if opts.video:
+            progress(f"sampling {len(opts.video)} video(s), {opts.frames} frames each at most")
         videos = [load_video(v, opts.frames, opts.fps) for v in opts.video]
+        progress(f"loading the model from {opts.model} on {runtime.device()}")
         vlm = load(opts.model, device=runtime.device())
+        progress(f"running the prompt and {opts.decode_steps + 1} greedy tokens with the full cache")
         tensors, meta = capture(vlm, opts.image, opts.prompt, opts.decode_steps, videos)
     except (ModelError, ValueError) as err:
         print(f"trace capture: {err}", file=sys.stderr)
         return 2
+    progress(f"writing {opts.out}")
     try:
         save(opts.out, tensors, meta)
     except Exception as err:  # noqa: BLE001 - OSError, or safetensors' own error for an I/O failure
