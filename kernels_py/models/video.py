@@ -96,6 +96,9 @@ def _read_file(path: Path, frames: int, fps: float | None) -> Video:
     import av
 
     hint = "give a video file (MP4, MKV, WebM, AVI, ...); a truncated or corrupt one must be fetched or written again"
+    if path.suffix.lower() in IMAGE_SUFFIXES:  # a still image reads as a stream of one frame without a rate
+        hint = (f"a {path.suffix} file is an image, not a video: give it as an image (images, --image), or give "
+                f"the directory holding a video's frame images")
     try:
         container = av.open(str(path))
     except av.FFmpegError as err:

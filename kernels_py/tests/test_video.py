@@ -141,6 +141,8 @@ def test_bad_input_is_one_line_error(tmp_path, clip):
         ((tmp_path / "empty",), "holds no images"),
         ((tmp_path / "sizes",), "frames of different sizes (1.png is 8x8, 2.png is 9x8)"),
         ((tmp_path / "broken",), "an image cannot be read"),
+        ((tmp_path / "sizes" / "1.png",), "1.png: its video stream gives no frame rate or frame count: a .png file "
+                                          "is an image, not a video: give it as an image (images, --image)"),
         ((clip, 0), "frames must be a whole number >= 1"),
         ((clip, 4, 0), "fps must be > 0"),
         ((clip, 4, -1.0), "fps must be > 0"),
