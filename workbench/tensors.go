@@ -108,8 +108,11 @@ to float32). Bytes of a tensor name other than letters, digits, '_', '-' and
 a '.' that does not lead are written %XX (URL escaping: "vision/proj.weight"
 becomes vision%2Fproj.weight.npy), so distinct names never share a file; a
 name too long for a file name is cut and ends in "~" and a hash of it.
-OUTDIR/tensors.json maps every tensor name to its file. Existing files are
-replaced whole, never half-written.`,
+OUTDIR/tensors.json maps every tensor name to its file; the file's
+metadata (a trace's spans, tokens and model shape, as JSON text under
+"vlkv"), where it has any, goes to OUTDIR/metadata.json as the same
+strings tensors inspect --json gives. Existing files are replaced whole,
+never half-written.`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			st, err := os.Stat(args[0])
@@ -149,7 +152,17 @@ replaced whole, never half-written.`,
 			if err := os.WriteFile(filepath.Join(args[1], "tensors.json"), append(index, '\n'), 0o644); err != nil {
 				return err
 			}
-			fmt.Fprintf(a.stdout, "wrote %d tensors to %s (names to files: %s)\n", len(h.Entries), args[1], filepath.Join(args[1], "tensors.json"))
+			meta := ""
+			if len(h.Metadata) > 0 {
+				data, _ := json.MarshalIndent(h.Metadata, "", "  ")
+				meta = filepath.Join(args[1], "metadata.json")
+				if err := os.WriteFile(meta, append(data, '\n'), 0o644); err != nil {
+					return err
+				}
+				meta = ", its metadata: " + meta
+			}
+			fmt.Fprintf(a.stdout, "wrote %d tensors to %s (names to files: %s%s)\n", len(h.Entries), args[1],
+				filepath.Join(args[1], "tensors.json"), meta)
 			return nil
 		},
 	}

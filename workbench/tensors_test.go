@@ -67,6 +67,13 @@ func TestTensorsInspectAndToNPY(t *testing.T) {
 	if err := json.Unmarshal(data, &index); err != nil || len(index) != 3 || index["attn/k"] != "attn%2Fk.npy" || index["attn_k"] != "attn_k.npy" {
 		t.Fatalf("tensors.json: %v %s", err, data)
 	}
+	// The header's metadata (a trace's spans and tokens) comes along, as tensors inspect --json gives it.
+	var meta map[string]string
+	data, _ = os.ReadFile(filepath.Join(out, "metadata.json"))
+	if err := json.Unmarshal(data, &meta); err != nil || len(meta) != 1 || meta["layer"] != "3" ||
+		!strings.Contains(stdout, "its metadata: "+filepath.Join(out, "metadata.json")) {
+		t.Fatalf("metadata.json: %v %s\n%s", err, data, stdout)
+	}
 	if npys, _ := filepath.Glob(filepath.Join(out, "*.npy")); len(npys) != 3 {
 		t.Errorf("%d .npy files for 3 tensors", len(npys))
 	}
