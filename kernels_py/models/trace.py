@@ -91,14 +91,14 @@ def capture(vlm, images: list, prompt: str, decode_steps: int, videos: list = ()
     spans = result.spans
     meta = {
         "format": FORMAT,
-        "model": {"directory": str(vlm.path), "model_type": vlm.family, "layers": len(vlm.method_layers),
+        "model": {"directory": str(Path(vlm.path).absolute()), "model_type": vlm.family, "layers": len(vlm.method_layers),
                   "heads": int(text.num_attention_heads), "kv_heads": int(text.num_key_value_heads),
                   "head_dim": int(q[0].shape[-1]), "rope_theta": vlm.rope.theta,
                   "rope": vlm.rope.kind,
                   "dtype": str(q[0].dtype).removeprefix("torch.")},
         "spans": {"system": list(spans.system), "images": [list(s) for s in spans.images], "text": list(spans.text),
                   "videos": [list(v) for v in spans.videos]},
-        "videos": [{"source": v.source, "timestamps": list(v.timestamps), "sampling": dict(v.sampling)}
+        "videos": [{"source": str(Path(v.source).absolute()), "timestamps": list(v.timestamps), "sampling": dict(v.sampling)}
                    for v in videos],
         "prompt_tokens": spans.prompt_tokens,
         "decode_steps": decode_steps,

@@ -250,6 +250,17 @@ def test_a_trace_replays_as_a_workload(tiny, tmp_path):
         make_workload("trace", {"path": str(tmp_path / "none.safetensors")}).build()
 
 
+def test_a_trace_names_its_model_by_an_absolute_path(tiny, monkeypatch):
+    """A model given relative to where capture ran is recorded absolute: the
+    trace is read later, from elsewhere (trace inspect, a notebook)."""
+    from kernels_py.models import trace
+
+    _, image, root = tiny
+    monkeypatch.chdir(root)
+    _, meta = trace.capture(models.load("llava"), [image], PROMPT, decode_steps=1)
+    assert meta["model"]["directory"] == str(root / "llava")
+
+
 def test_a_damaged_trace_names_the_tensor_at_fault(tiny, tmp_path):
     """A trace whose tensors are not those its header describes (one
     missing, cut short, of an integer dtype), or a directory given as the
