@@ -225,6 +225,10 @@ type traceMeta struct {
 		RopeTheta float64 `json:"rope_theta"`
 		Rope      string  `json:"rope"`
 		DType     string  `json:"dtype"`
+		// A model with sliding-window layers (Gemma 3): its layer count and
+		// those layers, which the trace leaves out.
+		ModelLayers   int   `json:"model_layers,omitempty"`
+		SlidingLayers []int `json:"sliding_layers,omitempty"`
 	} `json:"model"`
 	Spans struct {
 		System [2]int   `json:"system"`
@@ -297,8 +301,16 @@ func newTraceInspectCmd(a *app) *cobra.Command {
 			tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
 			fmt.Fprintf(tw, "format\t%s\n", meta.Format)
 			fmt.Fprintf(tw, "model\t%s (%s)\n", m.Directory, m.ModelType)
-			fmt.Fprintf(tw, "shape\t%d layers, %d query heads, %d kv heads, head_dim %d\n", m.Layers, m.Heads,
-				m.KVHeads, m.HeadDim)
+			layers := fmt.Sprintf("%d layers", m.Layers)
+			if len(m.SlidingLayers) > 0 {
+				sliding := make([]string, len(m.SlidingLayers))
+				for i, l := range m.SlidingLayers {
+					sliding[i] = fmt.Sprint(l)
+				}
+				layers = fmt.Sprintf("%d of the model's %d layers (sliding-window layers %s not recorded)", m.Layers,
+					m.ModelLayers, strings.Join(sliding, " "))
+			}
+			fmt.Fprintf(tw, "shape\t%s, %d query heads, %d kv heads, head_dim %d\n", layers, m.Heads, m.KVHeads, m.HeadDim)
 			fmt.Fprintf(tw, "rope\t%s, theta %g\n", m.Rope, m.RopeTheta)
 			fmt.Fprintf(tw, "dtype\t%s\n", m.DType)
 			images := make([]string, len(meta.Spans.Images))
