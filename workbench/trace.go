@@ -133,7 +133,7 @@ workload("trace", path = "FILE.safetensors").`,
 	cmd.Flags().StringArrayVar(&images, "image", nil, "image file, one per image placeholder in the prompt (repeatable)")
 	cmd.Flags().StringArrayVar(&videos, "video", nil, "video file or directory of frame images, one per video placeholder in the prompt (repeatable)")
 	cmd.Flags().IntVar(&frames, "frames", 8, "frames sampled from each video (with --fps: at most this many)")
-	cmd.Flags().Float64Var(&fps, "fps", 0, "sample each video at this rate, frames a second (default: --frames spread over the whole video; a directory of frames is read as --fps frames a second)")
+	cmd.Flags().Float64Var(&fps, "fps", 0, "sample each video at this rate, frames a second (default: --frames spread over the whole video; a directory of frames is read as --fps frames a second, 1 without it)")
 	cmd.Flags().StringVar(&prompt, "prompt", "", "prompt text with one placeholder per image and per video, in order (LLaVA: <image>, Qwen2-VL: <|vision_start|><|image_pad|><|vision_end|>; README lists each family's)")
 	cmd.Flags().StringVar(&out, "out", "", "trace file to write (.safetensors)")
 	cmd.Flags().IntVar(&steps, "decode-steps", 16, "decode steps to record")
