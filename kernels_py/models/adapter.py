@@ -176,12 +176,35 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.d
     # what says which file is at fault.
     try:
         processor = AutoProcessor.from_pretrained(path, local_files_only=True)
-        model = AutoModelForImageTextToText.from_pretrained(path, local_files_only=True, dtype=dtype)
+        # Mismatched shapes are loaded as random values, not raised, so that they are reported below with
+        # their names (the loader's own error points at a report it logs, which a capture does not show).
+        model, info = AutoModelForImageTextToText.from_pretrained(
+            path, local_files_only=True, dtype=dtype, output_loading_info=True, ignore_mismatched_sizes=True)
     except Exception as err:  # noqa: BLE001 - any failure to read the saved files
         reason = (str(err).strip().splitlines() or [""])[0]
         raise ModelError(f"{path}: the model does not load ({type(err).__name__}: {reason}): are its weights or "
                          f"processor files missing, truncated or garbled? save it again (save_pretrained)") from None
+    _check_weights(path, info)
     return VLM(model.to(device).eval(), processor, model_type, path)
+
+
+def _check_weights(path: Path, info: dict) -> None:
+    """Refuse a model whose weights do not cover it: transformers fills a
+    tensor the files lack, or one of another shape, with random values and
+    only logs it, so the model would run, and be measured, half random."""
+    mismatched = sorted(info.get("mismatched_keys") or [], key=str)
+    if mismatched:
+        name, *shapes = mismatched[0] if isinstance(mismatched[0], tuple) else (mismatched[0],)
+        shown = f" saved {list(shapes[0])}, config.json makes {list(shapes[1])}" if len(shapes) == 2 else ""
+        raise ModelError(f"{path}: {len(mismatched)} of its weights have another shape than config.json gives "
+                         f"({name}:{shown}): the weights and config.json are of different models; save them "
+                         f"together (save_pretrained)")
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:
+        names = ", ".join(missing[:3]) + (", ..." if len(missing) > 3 else "")
+        raise ModelError(f"{path}: its weight files lack {len(missing)} of the model's tensors ({names}), which "
+                         f"would run with random values: is a weight file (a shard) missing, or are the weights of "
+                         f"another model than config.json? save it again (save_pretrained)")
 
 
 def prompt_inputs(vlm: VLM, images: list, prompt: str, videos: list = ()) -> "Inputs":

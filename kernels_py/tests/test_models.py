@@ -156,11 +156,15 @@ def test_unsupported_inputs_get_clear_errors(tiny, tmp_path):
         models.prompt_inputs(vlm, [image], "USER : describe the picture ASSISTANT :")
 
 
-@pytest.mark.parametrize("damage", ["truncated", "garbled", "missing", "config"])
+@pytest.mark.parametrize("damage", ["truncated", "garbled", "missing", "config", "partial", "reshaped"])
 def test_a_damaged_saved_model_is_one_clear_error(tiny, tmp_path, damage):
     """Weights cut short, overwritten or gone, or a config.json that is not
     JSON: a ModelError naming the directory and the cause in one line, not
-    the loader's traceback."""
+    the loader's traceback. Weights that lack a layer's tensors, or hold one
+    of another shape than the config, are refused too: transformers would
+    fill them with random values and only log it."""
+    from safetensors.torch import load_file, save_file
+
     import shutil
 
     _, _, root = tiny
@@ -173,13 +177,25 @@ def test_a_damaged_saved_model_is_one_clear_error(tiny, tmp_path, damage):
         weights.write_bytes(bytes(range(256)) * 64)
     elif damage == "missing":
         weights.unlink()
+    elif damage == "partial":  # the second language layer's tensors left out
+        saved = load_file(weights)
+        save_file({k: v for k, v in saved.items() if "model.layers.1." not in k}, weights, metadata={"format": "pt"})
+    elif damage == "reshaped":
+        saved = load_file(weights)
+        down = "language_model.model.layers.0.mlp.down_proj.weight"
+        save_file({**saved, down: saved[down][:, :100].contiguous()}, weights, metadata={"format": "pt"})
     else:
         (path / "config.json").write_text("{not json")
     with pytest.raises(models.ModelError) as err:
         models.load(path)
     assert str(path) in str(err.value) and "\n" not in str(err.value)
     want = {"truncated": "SafetensorError", "garbled": "SafetensorError", "missing": "no file named model.safetensors",
-            "config": "config.json is not a JSON object"}[damage]
+            "config": "config.json is not a JSON object",
+            "partial": "its weight files lack 9 of the model's tensors (model.language_model.layers.1.input_layernorm"
+                       ".weight, model.language_model.layers.1.mlp.down_proj.weight, model.language_model.layers.1.mlp"
+                       ".gate_proj.weight, ...), which would run with random",
+            "reshaped": "1 of its weights have another shape than config.json gives (model.language_model.layers.0.mlp"
+                        ".down_proj.weight: saved [128, 100], config.json makes [128, 256])"}[damage]
     assert want in str(err.value)
 
 
