@@ -131,15 +131,32 @@ func readSafetensorsHeaderLen(r io.Reader, fileSize int64) (int64, error) {
 		return 0, fmt.Errorf("reading the header length: %w", err)
 	}
 	n := binary.LittleEndian.Uint64(b[:])
+	// A file of text (a script, JSON, a config) reads as an absurd length: say what it is instead.
+	text := ""
+	if n > MaxSafetensorsHeader || 8+int64(n) > fileSize {
+		if isText(b[:]) {
+			text = fmt.Sprintf(": it starts with the text %q, not a header length: not a .safetensors file", b[:])
+		}
+	}
 	switch {
 	case n == 0:
 		return 0, errors.New("header length is 0; even an empty header is the 2 bytes {}")
 	case n > MaxSafetensorsHeader:
-		return 0, fmt.Errorf("header length %d exceeds the %d-byte limit", n, MaxSafetensorsHeader)
+		return 0, fmt.Errorf("header length %d exceeds the %d-byte limit%s", n, MaxSafetensorsHeader, text)
 	case 8+int64(n) > fileSize:
-		return 0, fmt.Errorf("truncated: header length %d needs %d bytes but the file has %d", n, 8+n, fileSize)
+		return 0, fmt.Errorf("truncated: header length %d needs %d bytes but the file has %d%s", n, 8+n, fileSize, text)
 	}
 	return int64(n), nil
+}
+
+// isText says whether b is printable ASCII or whitespace.
+func isText(b []byte) bool {
+	for _, c := range b {
+		if (c < 0x20 || c > 0x7e) && c != '\n' && c != '\r' && c != '\t' {
+			return false
+		}
+	}
+	return true
 }
 
 // parseSafetensorsEntry checks one tensor's entry against the dataSize bytes

@@ -266,6 +266,7 @@ func TestParseSafetensorsMalformed(t *testing.T) {
 		{"header length larger than the file", stFileLen(1000, "{}"), []string{"truncated", "header length 1000"}},
 		{"header length 0", stFileLen(0, "{}"), []string{"header length is 0"}},
 		{"header length over 100 MiB", stFileLen(200<<20, "{}"), []string{"exceeds"}},
+		{"a text file", []byte("import json\nprint(json.dumps({}))\n"), []string{"exceeds", `it starts with the text "import j", not a header length: not a .safetensors file`}},
 		{"header not JSON", stFile("not json", 0), []string{"not valid JSON"}},
 		{"header cut JSON", stFile(`{"w":{"dtype":"F32"`, 0), []string{"not valid JSON"}},
 		{"trailing comma", stFile(`{"a":{},}`, 0), []string{"not valid JSON"}},
