@@ -63,6 +63,9 @@ workload("trace", path = "FILE.safetensors").`,
 			if fps < 0 || math.IsNaN(fps) || math.IsInf(fps, 0) {
 				return &usageError{fmt.Errorf("--fps must be a positive rate (frames a second), got %g", fps)}
 			}
+			if len(videos) == 0 && (cmd.Flags().Changed("frames") || cmd.Flags().Changed("fps")) {
+				a.log.Warn().Msg("--frames and --fps sample videos: without --video they do nothing")
+			}
 			// Checked before Python starts, which takes seconds, and the
 			// model more before the file is written.
 			if err := checkCaptureFiles(model, images, videos, out); err != nil {

@@ -204,6 +204,14 @@ echo '{"out": "t", "layers": 2, "prompt_tokens": 7, "decode_steps": 1, "bytes": 
 		!strings.Contains(stderr, "writing t") || strings.Contains(stderr, "progress:") {
 		t.Fatalf("exit %d\nstdout %s\nstderr %s", code, stdout, stderr)
 	}
+	if strings.Contains(stderr, "without --video") {
+		t.Errorf("a warning about --frames that was not given:\n%s", stderr)
+	}
+	// --frames and --fps sample videos: given with images alone, they are said to do nothing.
+	code, _, stderr = runCLI(t, append(args, "--fps", "2")...)
+	if code != 0 || !strings.Contains(stderr, "--frames and --fps sample videos: without --video they do nothing") {
+		t.Errorf("--fps without --video: exit %d\n%s", code, stderr)
+	}
 	t.Setenv("FAIL", "1")
 	code, _, stderr = runCLI(t, args...)
 	if line := string(lastLine([]byte(stderr))); code != 1 || line != "workbench: trace capture: the model does not load" ||
