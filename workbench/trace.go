@@ -117,12 +117,33 @@ workload("trace", path = "FILE.safetensors").`,
 				PromptTokens int    `json:"prompt_tokens"`
 				DecodeSteps  int    `json:"decode_steps"`
 				Bytes        int64  `json:"bytes"`
+				Videos       []struct {
+					Source     string    `json:"source"`
+					Timestamps []float64 `json:"timestamps"`
+					Sampling   struct {
+						Frames       int      `json:"frames"`
+						FPS          *float64 `json:"fps"`
+						Sampled      int      `json:"sampled"`
+						SourceFrames int      `json:"source_frames"`
+					} `json:"sampling"`
+				} `json:"videos"`
 			}
 			if err := json.Unmarshal(lastLine(stdout.Bytes()), &res); err != nil {
 				return fmt.Errorf("trace capture returned an unexpected result: %w", err)
 			}
 			fmt.Fprintf(a.stdout, "wrote %s: %d layers, %d prompt tokens, %d decode steps, %s\n", res.Out, res.Layers,
 				res.PromptTokens, res.DecodeSteps, humanBytes(res.Bytes))
+			for _, v := range res.Videos {
+				s := v.Sampling
+				line := fmt.Sprintf("video %s: %d of its %d frames sampled", v.Source, s.Sampled, s.SourceFrames)
+				if ts := v.Timestamps; len(ts) > 0 {
+					line += fmt.Sprintf(", %.2fs to %.2fs", ts[0], ts[len(ts)-1])
+				}
+				if s.FPS == nil && s.Sampled < s.Frames {
+					line += fmt.Sprintf(" (--frames %d: it has no more)", s.Frames)
+				}
+				fmt.Fprintln(a.stdout, line)
+			}
 			// Absolute, so the line works in any script (a relative path would be taken from the kernels root).
 			suggested := res.Out
 			if abs, err := filepath.Abs(res.Out); err == nil {

@@ -195,7 +195,10 @@ case " $* " in *" --progress "*) ;; *) echo "no --progress" >&2; exit 1;; esac
 echo "progress: loading the model from m on cpu" >&2
 if [ -n "$FAIL" ]; then echo "trace capture: the model does not load" >&2; exit 2; fi
 echo "progress: writing t" >&2
-echo '{"out": "t", "layers": 2, "prompt_tokens": 7, "decode_steps": 1, "bytes": 10}'
+case " $* " in
+*" --video "*) echo '{"out": "t", "layers": 2, "prompt_tokens": 7, "decode_steps": 1, "bytes": 10, "videos": [{"source": "/v/clip.mp4", "timestamps": [0, 1.75], "sampling": {"frames": 16, "fps": null, "sampled": 8, "source_frames": 8}}]}' ;;
+*) echo '{"out": "t", "layers": 2, "prompt_tokens": 7, "decode_steps": 1, "bytes": 10, "videos": []}' ;;
+esac
 `), 0o755)
 	args := []string{"--python", fake, "--kernels", "..", "trace", "capture", "--model", dir, "--image", image,
 		"--prompt", "<image>", "--out", out}
@@ -206,6 +209,11 @@ echo '{"out": "t", "layers": 2, "prompt_tokens": 7, "decode_steps": 1, "bytes": 
 	}
 	if strings.Contains(stderr, "without --video") {
 		t.Errorf("a warning about --frames that was not given:\n%s", stderr)
+	}
+	// Each video's sampling is said, and that --frames asked for more frames than the video has.
+	code, stdout, _ = runCLI(t, append(args, "--video", dir, "--frames", "16")...)
+	if code != 0 || !strings.Contains(stdout, "video /v/clip.mp4: 8 of its 8 frames sampled, 0.00s to 1.75s (--frames 16: it has no more)\n") {
+		t.Errorf("a video's sampling: exit %d\n%s", code, stdout)
 	}
 	// --frames and --fps sample videos: given with images alone, they are said to do nothing.
 	code, _, stderr = runCLI(t, append(args, "--fps", "2")...)
@@ -280,7 +288,8 @@ func TestTraceCaptureAVideo(t *testing.T) {
 			prompt := "USER : " + tt.placeholder + " describe the picture ASSISTANT :"
 			code, stdout, stderr := runCLI(t, "--python", py, "--kernels", root, "trace", "capture", "--model", model,
 				"--video", clip, "--frames", "4", "--prompt", prompt, "--out", trace, "--decode-steps", "2")
-			if code != 0 || !strings.Contains(stdout, "2 decode steps") {
+			if code != 0 || !strings.Contains(stdout, "2 decode steps") ||
+				!strings.Contains(stdout, "video "+clip+": 4 of its 8 frames sampled, 0.00s to 1.75s\n") {
 				t.Fatalf("capture: exit %d\n%s\n%s", code, stdout, stderr)
 			}
 			code, stdout, stderr = runCLI(t, "trace", "inspect", trace)

@@ -281,7 +281,7 @@ def main(argv=None) -> int:
         print(f"trace capture: cannot write {opts.out}: {err}", file=sys.stderr)
         return 2
     print(json.dumps({"out": opts.out, "layers": meta["model"]["layers"], "prompt_tokens": meta["prompt_tokens"],
-                      "decode_steps": meta["decode_steps"],
+                      "decode_steps": meta["decode_steps"], "videos": meta["videos"],
                       "bytes": sum(t.numel() * t.element_size() for t in tensors.values())}))
     return 0
 
