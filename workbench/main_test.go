@@ -260,7 +260,10 @@ func TestMethodsListsKnobs(t *testing.T) {
 	if code != 0 || !strings.Contains(stdout, "attentionpack: AttentionPack") ||
 		!strings.Contains(stdout, "budget                float in [0.001, 1], default 0.2: share of the tokens the cache keeps: of the prompt, and with evict_while_decoding of every token seen") ||
 		!strings.Contains(stdout, "protocol vlcache: sets evict_while_decoding=true, recent_fraction=0.1") ||
-		!strings.Contains(stdout, `workload "synthetic" (the default)`) {
+		!strings.Contains(stdout, `workload "synthetic" (the default)`) ||
+		// A knob a script must set says so, not that its placeholder "" is a default.
+		!strings.Contains(stdout, "  path  str, required: the trace file (.safetensors) to replay") ||
+		!strings.Contains(stdout, "  model         str, required: local model directory") {
 		t.Fatalf("methods: exit %d\n%s%s", code, stdout, stderr)
 	}
 	code, stdout, _ = runCLI(t, "methods", "--json", "zipvl")

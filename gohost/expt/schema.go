@@ -716,7 +716,10 @@ func (p *Param) describe(withDefault bool) string {
 	case p.Max != nil:
 		b.WriteString(" <= " + formatBound(*p.Max))
 	}
-	if withDefault {
+	switch {
+	case withDefault && p.Required: // its default only holds the place: a script must set it
+		b.WriteString(", required")
+	case withDefault:
 		b.WriteString(", default " + formatValue(p.Default))
 	}
 	if p.Doc != "" {
