@@ -156,9 +156,15 @@ class _PreRope:
 
 
 def save(path: str | Path, tensors: dict, meta: dict) -> None:
+    import os
+
     from safetensors.torch import save_file
 
     save_file(tensors, str(path), metadata={"vlkv": json.dumps(meta)})
+    # safetensors creates the file readable by its owner alone; a trace is shared as any file is (the umask's mode).
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
 
 
 def read(path: str | Path) -> tuple[dict, dict]:

@@ -277,6 +277,22 @@ def test_a_trace_names_its_model_by_an_absolute_path(tiny, monkeypatch):
     assert meta["model"]["directory"] == str(root / "llava")
 
 
+def test_a_trace_file_takes_the_umasks_mode(tmp_path):
+    """safetensors writes its files 0600: a trace is readable as any file
+    its writer makes (0644 under umask 022), so others can replay it."""
+    import os
+    import stat
+
+    from kernels_py.models import trace
+
+    old = os.umask(0o022)
+    try:
+        trace.save(tmp_path / "t.safetensors", {"positions": torch.arange(3)}, {"format": trace.FORMAT})
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "t.safetensors").stat().st_mode) == 0o644
+
+
 def test_a_damaged_trace_names_the_tensor_at_fault(tiny, tmp_path):
     """A trace whose tensors are not those its header describes (one
     missing, cut short, of an integer dtype), or a directory given as the
