@@ -88,11 +88,13 @@ func missingPathWarnings(plan *expt.Plan, kernels pyrt.KernelsRoot) []string {
 					continue
 				}
 				checked[key] = true
+				said := map[string]bool{} // an image given twice is one missing file
 				for _, part := range strings.Split(v, ",") {
 					p, note := strings.TrimSpace(part), ""
-					if p == "" {
+					if p == "" || said[p] {
 						continue
 					}
+					said[p] = true
 					if !filepath.IsAbs(p) {
 						p, note = filepath.Join(kernels.Dir, p), relative
 					}

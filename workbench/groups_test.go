@@ -70,7 +70,7 @@ func TestMissingWorkloadPathsAreWarnedOfAtPlanTime(t *testing.T) {
 		t.Fatal(err)
 	}
 	plan, err := expt.LoadSource("x.star", []byte(`experiment(name = "own", methods = ["full", "h2o"], workloads = [
-    workload("vlm", model = "llava", images = "cat.png, /nowhere/dog.png", prompt = "<image>"),
+    workload("vlm", model = "llava", images = "cat.png, /nowhere/dog.png, /nowhere/dog.png", prompt = "<image>"),
     workload("trace", path = "`+filepath.Join(root, "cat.png")+`"),
 ])`), schema)
 	if err != nil {
@@ -81,7 +81,7 @@ func TestMissingWorkloadPathsAreWarnedOfAtPlanTime(t *testing.T) {
 	}
 	got := missingPathWarnings(plan, pyrt.KernelsRoot{Dir: root, Source: "checkout"})
 	want := []string{
-		`experiment own: workload "vlm": images = "cat.png, /nowhere/dog.png": /nowhere/dog.png does not exist here: its jobs will fail`,
+		`experiment own: workload "vlm": images = "cat.png, /nowhere/dog.png, /nowhere/dog.png": /nowhere/dog.png does not exist here: its jobs will fail`,
 		`experiment own: workload "vlm": model = "llava": ` + filepath.Join(root, "llava") + ` does not exist here: its jobs will fail (a relative path is from the kernels root, where workers run)`,
 	}
 	if !slices.Equal(got, want) {
