@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -93,21 +94,28 @@ func TestJobFailedShowsTheKernelsLine(t *testing.T) {
 			want: "heads must divide", usage: true},
 	}
 	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			var logged bytes.Buffer
-			a := &app{log: zerolog.New(&logged).Level(zerolog.DebugLevel)}
-			err := a.jobFailed("selftest job", tc.err)
-			var ue *usageError
-			if err == nil || err.Error() != tc.want || errors.As(err, &ue) != tc.usage {
-				t.Fatalf("got %v (usage %v), want %q", err, errors.As(err, &ue), tc.want)
-			}
-			if tc.notInText != "" && strings.Contains(err.Error(), tc.notInText) {
-				t.Errorf("%q in %q", tc.notInText, err.Error())
-			}
-			if got := strings.Contains(logged.String(), "Traceback"); got != tc.debugged {
-				t.Errorf("traceback logged: %v, want %v (%s)", got, tc.debugged, logged.String())
-			}
-		})
+		// With -v the traceback is logged, and the hint to add -v is left out.
+		for _, verbose := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/verbose=%v", tc.name, verbose), func(t *testing.T) {
+				var logged bytes.Buffer
+				level, want := zerolog.InfoLevel, tc.want
+				if verbose {
+					level, want = zerolog.DebugLevel, strings.TrimSuffix(tc.want, "\n(the traceback: add -v)")
+				}
+				a := &app{log: zerolog.New(&logged).Level(level)}
+				err := a.jobFailed("selftest job", tc.err)
+				var ue *usageError
+				if err == nil || err.Error() != want || errors.As(err, &ue) != tc.usage {
+					t.Fatalf("got %v (usage %v), want %q", err, errors.As(err, &ue), want)
+				}
+				if tc.notInText != "" && strings.Contains(err.Error(), tc.notInText) {
+					t.Errorf("%q in %q", tc.notInText, err.Error())
+				}
+				if got := strings.Contains(logged.String(), "Traceback"); got != (tc.debugged && verbose) {
+					t.Errorf("traceback logged: %v, want %v (%s)", got, tc.debugged && verbose, logged.String())
+				}
+			})
+		}
 	}
 }
 

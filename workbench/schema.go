@@ -16,6 +16,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
 
 	"github.com/vlkv/vlkv/gohost/expt"
@@ -385,7 +386,11 @@ func (a *app) jobFailed(what string, err error) error {
 		if !strings.Contains(je.Message, core) { // raised as another error, whose words say more
 			raised = fmt.Sprintf("\n(raised as %s)", je)
 		}
-		return fmt.Errorf("%s%s\n(the traceback: add -v)", je.At.Describe(what+" failed"), raised)
+		hint := "\n(the traceback: add -v)"
+		if a.log.GetLevel() <= zerolog.DebugLevel { // logged just above
+			hint = ""
+		}
+		return fmt.Errorf("%s%s%s", je.At.Describe(what+" failed"), raised, hint)
 	}
 	if errors.As(err, &je) && je.Traceback != "" {
 		return fmt.Errorf("%s failed: %w\n%s", what, err, je.Traceback)
