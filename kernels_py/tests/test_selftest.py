@@ -4,7 +4,7 @@ own check on its small input."""
 import pytest
 
 from kernels_py import selftest
-from kernels_py.ops import OPS
+from kernels_py.ops import OPS, folders
 
 
 def test_attention_stats_selftest_finds_the_salient_tokens():
@@ -109,3 +109,18 @@ def test_a_selftest_without_the_result_keys_says_what_it_returns(monkeypatch):
     with pytest.raises(TypeError, match=r"kernels_py/ops/gather_decode/cases.py: selftest\(\) returned a result "
                                         r"without \['title', 'ok', 'verdict', 'kernel_seconds'\]"):
         selftest.run(ops=["gather_decode"])
+
+
+# What makes an op visible to the compile test, selftest, watch and bench; checked here, where no GPU toolchain is
+# needed (the compile test skips without one).
+def test_every_kernel_has_a_case():
+    for name, op in OPS.items():
+        kernels = op.kernels()
+        assert kernels, f"found no @triton.jit *_kernel functions in kernels_py/ops/{name}"
+        cased = {k for case in op.cases.COMPILE_CASES for k in case.kernels}
+        missing = kernels - cased
+        assert not missing, f"no compile case launches {sorted(missing)}: add one to kernels_py/ops/{name}/cases.py"
+
+
+def test_every_op_folder_is_registered():
+    assert folders() == set(OPS), "each folder of kernels_py/ops needs its line in OPS (kernels_py/ops/__init__.py)"
