@@ -39,8 +39,7 @@ from kernels_py.tables import Column
 def _make(batch, length, dense_len, heads, kv_heads, head_dim, hi_share, group, dtype, device, g):
     """q, q_pos, [4-bit QuantKV, 2-bit QuantKV], DenseKV, the full K/V, and a
     function that quantizes the segments again (for timing)."""
-    hi = min(length, -(-int(hi_share * length + 0.5) // group) * group)  # whole groups
-    lo = -(-(length - hi) // group) * group
+    hi, lo = model.segment_slots(model.Step(batch=batch, context=length, hi_share=hi_share, group=group))
     k = torch.randn(batch, kv_heads, length + dense_len, head_dim, generator=g, device=device).to(dtype)
     v = torch.randn_like(k)
     segments, inputs, start = [], [], 0

@@ -7,6 +7,7 @@ import torch
 from kernels_py import benchmarks
 from kernels_py.benchmarks import base, quant
 from kernels_py.ops import quant_decode as op
+from kernels_py.ops.quant_decode import model
 
 
 def test_smoke_run_reports_every_path():
@@ -43,3 +44,21 @@ def test_baselines_compute_what_the_kernel_computes(device):
     # The full-cache baseline sees the same tokens unquantized: close to the quantized answer, not equal.
     full, _ = base.sdpa(q, full_k, full_v)
     assert 0 < (full - want.out).abs().max() < 0.5
+
+
+@pytest.mark.parametrize("length, hi_share, group, want", [
+    (5, 0.25, 32, (32, 0)),      # a share that rounds up to a group past a context shorter than one
+    (100, 1.0, 32, (128, 0)),    # every token in 4 bits, the context no whole number of groups
+    (100, 0.3, 32, (32, 96)),
+    (1, 0.25, 32, (0, 32)),
+    (2048, 0.25, 64, (512, 1536)),
+])
+def test_segments_are_whole_groups_for_any_context_and_share(length, hi_share, group, want):
+    step = model.Step(batch=1, context=length, hi_share=hi_share, group=group)
+    assert model.segment_slots(step) == want
+    g = torch.Generator().manual_seed(0)
+    q, q_pos, segs, dense, *_ = quant._make(1, length, 8, 4, 2, 64, hi_share, group, torch.float32, "cpu", g)
+    assert [s.slots for s in segs] == [n for n in want if n]
+    assert sum(int((s.pos[0] != quant.kv_quant.PAD_POS).sum()) for s in segs) == length
+    torch.testing.assert_close(op.quant_decode(q, q_pos, segs, dense).out,
+                               op.reference.quant_decode(q, q_pos, segs, dense).out, atol=1e-5, rtol=1e-5)

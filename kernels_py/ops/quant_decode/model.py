@@ -114,8 +114,12 @@ ESTIMATE_SHAPES = (Step(batch=8, context=32768), Step(batch=64, context=32768))
 def segment_slots(s: Step) -> tuple[int, int]:
     """Slots of the 4-bit and the 2-bit segment, whole groups (as `bench
     quant` lays the cache out)."""
-    hi = min(s.context, -(-int(s.hi_share * s.context + 0.5) // s.group) * s.group)
-    lo = -(-(s.context - hi) // s.group) * s.group
+    whole = lambda n: -(-n // s.group) * s.group  # noqa: E731 (n rounded up to whole groups)
+    # Capped at the context in whole groups, not at the context itself: a
+    # share that rounds up past a context of no whole number of groups
+    # (5 tokens, groups of 32) pads the last group instead.
+    hi = min(whole(s.context), whole(int(s.hi_share * s.context + 0.5)))
+    lo = whole(max(0, s.context - hi))
     return hi, lo
 
 
