@@ -131,6 +131,13 @@ func kindOf(v any) string {
 // anything mixed becomes JSON text.
 func columns(rows []map[string]any) []column {
 	kinds := map[string]string{}
+	if len(rows) == 0 {
+		// A run with no finished job yet (interrupted before the first)
+		// still has the columns every row carries, so that a reader
+		// selecting by status or job_id finds no rows instead of no column.
+		kinds = map[string]string{"job_id": "string", "experiment": "string", "method": "string", "status": "string",
+			"attempts": "int64", "duration_seconds": "double", "finished": "string"}
+	}
 	for _, row := range rows {
 		for k, v := range row {
 			kinds[k] = merge(kinds[k], kindOf(v))

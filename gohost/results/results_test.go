@@ -459,3 +459,39 @@ func TestReadParquet(t *testing.T) {
 		t.Errorf("no table: %v %v", recs, err)
 	}
 }
+
+// A run interrupted before its first job finished gets a table with the
+// columns every row has and no rows, not a table without columns, which
+// readers selecting rows by status or job id fail on.
+func TestBuildParquetWithoutRowsHasTheFixedColumns(t *testing.T) {
+	r := newRun(t)
+	n, err := BuildParquet(r.Dir)
+	if err != nil || n != 0 {
+		t.Fatalf("rows %d, %v", n, err)
+	}
+	data, err := os.ReadFile(filepath.Join(r.Dir, ParquetFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := parquet.OpenFile(bytes.NewReader(data), int64(len(data)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := map[string]string{}
+	for _, c := range f.Schema().Fields() {
+		kinds[c.Name()] = c.Type().Kind().String()
+	}
+	for name, want := range map[string]string{"job_id": "BYTE_ARRAY", "experiment": "BYTE_ARRAY", "method": "BYTE_ARRAY",
+		"status": "BYTE_ARRAY", "attempts": "INT64", "duration_seconds": "DOUBLE", "finished": "BYTE_ARRAY"} {
+		if kinds[name] != want {
+			t.Errorf("column %s: %q, want %q (columns %v)", name, kinds[name], want, kinds)
+		}
+	}
+	if f.NumRows() != 0 {
+		t.Errorf("%d rows", f.NumRows())
+	}
+	recs, err := ReadParquet(r.Dir)
+	if err != nil || len(recs) != 0 {
+		t.Errorf("ReadParquet: %v, %v", recs, err)
+	}
+}
