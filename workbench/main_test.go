@@ -36,7 +36,7 @@ func TestUsageErrors(t *testing.T) {
 		{"not a number", []string{"worker-ping", "--count", "x"}, 2, "invalid argument"},
 		{"unknown command", []string{"frobnicate"}, 2, "unknown command"},
 		{"missing python", []string{"--python", "/nonexistent", "env"}, 1, "/nonexistent (from --python) does not exist"},
-		{"missing kernels", []string{"--kernels", "/nonexistent", "env"}, 1, "no kernels_py package there"},
+		{"missing kernels", []string{"--kernels", "/nonexistent", "env"}, 1, "--kernels /nonexistent: no such directory; give the directory that holds kernels_py/"},
 		{"negative workers", []string{"run", "--workers", "-1", "../experiments/quickstart.star"}, 2, "--workers must be 0 (one per GPU, or 1 on CPU) or more, got -1"},
 		{"empty out", []string{"run", "--out", "", "../experiments/quickstart.star"}, 2, "--out must name a directory"},
 		{"empty out of demo", []string{"demo", "--out", " "}, 2, "--out must name a directory"},

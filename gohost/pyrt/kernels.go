@@ -35,7 +35,7 @@ func ResolveKernels(flag, cwd string, embedded fs.FS, cacheDir string) (KernelsR
 			return KernelsRoot{}, fmt.Errorf("--kernels %s: %w", flag, err)
 		}
 		if !hasKernels(dir) {
-			return KernelsRoot{}, fmt.Errorf("--kernels %s: no kernels_py package there (want %s)", flag, filepath.Join(dir, "kernels_py", "__init__.py"))
+			return KernelsRoot{}, noKernelsError(flag, dir)
 		}
 		return KernelsRoot{Dir: dir, Source: "--kernels"}, nil
 	}
@@ -47,6 +47,21 @@ func ResolveKernels(flag, cwd string, embedded fs.FS, cacheDir string) (KernelsR
 		return KernelsRoot{}, fmt.Errorf("extract embedded kernels_py: %w", err)
 	}
 	return KernelsRoot{Dir: dir, Source: "embedded"}, nil
+}
+
+// noKernelsError says why dir, given as --kernels flag, is no kernels root
+// and what to give instead.
+func noKernelsError(flag, dir string) error {
+	want := filepath.Join(dir, "kernels_py", "__init__.py")
+	if st, err := os.Stat(dir); err != nil {
+		return fmt.Errorf("--kernels %s: no such directory; give the directory that holds kernels_py/ (a checkout's root)", flag)
+	} else if !st.IsDir() {
+		return fmt.Errorf("--kernels %s: not a directory; give the directory that holds kernels_py/ (a checkout's root)", flag)
+	}
+	if parent := filepath.Dir(dir); filepath.Base(dir) == "kernels_py" && hasKernels(parent) {
+		return fmt.Errorf("--kernels %s is the kernels_py package itself: give the directory that holds it, --kernels %s", flag, parent)
+	}
+	return fmt.Errorf("--kernels %s: no kernels_py package there (want %s); give the directory that holds kernels_py/ (a checkout's root)", flag, want)
 }
 
 func hasKernels(dir string) bool {

@@ -54,6 +54,9 @@ func TestResolveKernels(t *testing.T) {
 	}{
 		{name: "flag wins", flag: flagDir, cwd: checkout, wantDir: flagDir, wantSource: "--kernels"},
 		{name: "flag without kernels_py", flag: outside, cwd: checkout, wantErr: "no kernels_py package there"},
+		{name: "flag naming the package itself", flag: filepath.Join(flagDir, "kernels_py"), cwd: checkout,
+			wantErr: "is the kernels_py package itself: give the directory that holds it, --kernels " + flagDir},
+		{name: "flag naming no directory", flag: filepath.Join(outside, "nope"), cwd: checkout, wantErr: "nope: no such directory"},
 		{name: "checkout root", cwd: checkout, wantDir: checkout, wantSource: "checkout"},
 		{name: "inside a checkout", cwd: deep, wantDir: checkout, wantSource: "checkout"},
 		{name: "outside any checkout", cwd: outside, wantSource: "embedded"},
