@@ -13,6 +13,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -164,6 +165,16 @@ func Start(ctx context.Context, cfg Config) (*Worker, error) {
 	first, err := w.receive(helloCtx)
 	if err != nil {
 		w.kill()
+		var exit *ExitError
+		if errors.As(err, &exit) {
+			if mod := missingDependency(exit.Output); mod != "" {
+				// Starting it again cannot install the module: say so now
+				// rather than after every retry.
+				return nil, &RefusedError{Reason: fmt.Sprintf("the interpreter %s has no module %q, which workers need "+
+					"(torch, triton and numpy): install them into its environment, or leave out --python and "+
+					"WORKBENCH_PYTHON to use the managed runtime", cfg.Python, mod)}
+			}
+		}
 		return nil, fmt.Errorf("worker did not start: %w", err)
 	}
 	body := first.body
@@ -180,8 +191,29 @@ func Start(ctx context.Context, cfg Config) (*Worker, error) {
 	return w, nil
 }
 
+// missingModule finds the module of a Python ModuleNotFoundError.
+var missingModule = regexp.MustCompile(`ModuleNotFoundError: No module named '([^']+)'`)
+
+// missingDependency is the third-party package every worker imports (torch,
+// triton, numpy) that a worker's output says its interpreter lacks; "" for
+// any other failure (a kernels_py module is the sources', not the
+// interpreter's, doing).
+func missingDependency(output string) string {
+	found := missingModule.FindAllStringSubmatch(output, -1)
+	if len(found) == 0 {
+		return ""
+	}
+	mod := found[len(found)-1][1]
+	switch top, _, _ := strings.Cut(mod, "."); top {
+	case "torch", "triton", "numpy":
+		return top
+	}
+	return ""
+}
+
 // RefusedError is a worker that started and said why it cannot work (no
-// CUDA device, say): starting another will not help.
+// CUDA device, say), or one whose interpreter lacks torch, triton or numpy:
+// starting another will not help.
 type RefusedError struct{ Reason string }
 
 func (e *RefusedError) Error() string { return "worker refused to start: " + e.Reason }

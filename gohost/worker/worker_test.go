@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -208,6 +210,52 @@ func TestWorkerStartFailures(t *testing.T) {
 			_, err := Start(context.Background(), tc.cfg)
 			if err == nil || !strings.Contains(err.Error(), tc.wantMsg) {
 				t.Fatalf("got %v, want an error mentioning %q", err, tc.wantMsg)
+			}
+		})
+	}
+}
+
+// An interpreter without a package every worker imports cannot start a
+// worker however often it is tried: Start refuses at once, naming the
+// interpreter and the module; other early deaths stay retryable.
+func TestWorkerStartRefusesAnInterpreterWithoutItsDependencies(t *testing.T) {
+	fake := func(t *testing.T, stderr string, code int) string {
+		t.Helper()
+		path := filepath.Join(t.TempDir(), "python")
+		script := "#!/bin/sh\ncat >&2 <<'EOF'\n" + stderr + "\nEOF\nexit " + strconv.Itoa(code) + "\n"
+		if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	traceback := "Traceback (most recent call last):\n  File \"/k/kernels_py/runtime/__init__.py\", line 15, in <module>\n    import %s\n" +
+		"ModuleNotFoundError: No module named '%s'"
+	tests := []struct {
+		name        string
+		stderr      string
+		wantRefused bool
+		wantMsg     string
+	}{
+		{"no torch", fmt.Sprintf(traceback, "torch", "torch"), true, `has no module "torch", which workers need`},
+		{"no triton submodule", fmt.Sprintf(traceback, "triton.language", "triton.language"), true, `has no module "triton"`},
+		{"no numpy", fmt.Sprintf(traceback, "numpy", "numpy"), true, `has no module "numpy"`},
+		{"a kernels_py module", fmt.Sprintf(traceback, "kernels_py.gone", "kernels_py.gone"), false, "worker did not start"},
+		{"another package", fmt.Sprintf(traceback, "scipy", "scipy"), false, "worker did not start"},
+		{"a crash", "Segmentation fault", false, "worker did not start"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			py := fake(t, tc.stderr, 1)
+			_, err := Start(context.Background(), Config{Python: py, KernelsRoot: t.TempDir(), Device: CPU, Log: zerolog.Nop()})
+			var refused *RefusedError
+			if errors.As(err, &refused) != tc.wantRefused {
+				t.Fatalf("refused %v, want %v: %v", !tc.wantRefused, tc.wantRefused, err)
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.wantMsg) {
+				t.Fatalf("got %v, want %q", err, tc.wantMsg)
+			}
+			if tc.wantRefused && !strings.Contains(err.Error(), py) {
+				t.Errorf("%v does not name the interpreter %s", err, py)
 			}
 		})
 	}
