@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"maps"
 	"os"
 	"path/filepath"
@@ -345,12 +346,18 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 	sum.Tally = results.Count(last, planned, ranNow)
 	if err != nil {
 		var nw *sched.NoWorkerError
+		var pathErr *fs.PathError
 		switch {
 		case errors.Is(err, context.Canceled):
 			return sum, &interruptedError{done: sum.Done, total: len(o.Jobs), dir: run.dir, resume: o.continueCommand(), err: err}
 		case errors.As(err, &nw):
 			return sum, fmt.Errorf("%w. %d of %d jobs are done in %s; fix the cause and continue with: %s",
 				err, sum.Done, len(o.Jobs), run.dir, o.continueCommand())
+		case errors.As(err, &pathErr):
+			// The run's files could not be written (a full disk, say): the
+			// journal keeps what finished, and the run goes on from there.
+			return sum, fmt.Errorf("%w. %d of %d jobs are done in %s; once %s can be written again (free space, permissions), continue with: %s",
+				err, sum.Done, len(o.Jobs), run.dir, pathErr.Path, o.continueCommand())
 		}
 		return sum, err
 	}

@@ -6,12 +6,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -392,6 +394,48 @@ func TestNoWorkerMidRunSaysHowToResume(t *testing.T) {
 	}
 	if got := ids(journal(t, sum.Dir)); !reflect.DeepEqual(got, []string{"a:ok"}) {
 		t.Errorf("journal %v", got)
+	}
+}
+
+// A run whose files cannot be written (a full disk) stops, saying how far it
+// got and the command that continues it once the cause is fixed; an error of
+// another kind is returned as it is.
+func TestWriteErrorSaysHowToResume(t *testing.T) {
+	tests := []struct {
+		name     string
+		err      func(dir string) error
+		wantHint bool
+	}{
+		{"disk full", func(dir string) error {
+			return fmt.Errorf("journal job b: %w", &fs.PathError{Op: "write", Path: filepath.Join(dir, results.JournalFile), Err: syscall.ENOSPC})
+		}, true},
+		{"another error", func(string) error { return errors.New("journal job b: json: unsupported value: NaN") }, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var want error
+			ex := executorFunc(func(ctx context.Context, b Batch) error {
+				if err := b.Done(Outcome{Outcome: sched.Outcome{Job: b.Jobs[0], Attempts: 1, Result: json.RawMessage(`{"metrics": {"x": 1}}`)}}); err != nil {
+					return err
+				}
+				want = tc.err(b.Dir)
+				return want
+			})
+			o := testOptions(t, ex, testJobs("a", "b", "c"))
+			o.Continue = "workbench run exp.star --out results --resume"
+			sum, err := Run(context.Background(), o)
+			if !errors.Is(err, want) || !strings.HasPrefix(err.Error(), "journal job b: ") {
+				t.Fatalf("got %v, want it to wrap %v", err, want)
+			}
+			hint := "1 of 3 jobs are done in " + sum.Dir + "; once " + filepath.Join(sum.Dir, results.JournalFile) +
+				" can be written again (free space, permissions), continue with: " + o.Continue
+			if got := strings.Contains(err.Error(), hint); got != tc.wantHint {
+				t.Fatalf("hint %v, want %v: %v", got, tc.wantHint, err)
+			}
+			if got := ids(journal(t, sum.Dir)); !reflect.DeepEqual(got, []string{"a:ok"}) {
+				t.Errorf("journal %v", got)
+			}
+		})
 	}
 }
 
