@@ -98,6 +98,9 @@ seconds, e.g.
 			if estimate && len(cases) > 0 {
 				return &usageError{fmt.Errorf("--case picks compile cases of the resource table; --estimate takes --op")}
 			}
+			if err := a.checkOps(ops); err != nil {
+				return err
+			}
 			kernels, rt, err := a.resolveRuntime(ctx)
 			if err != nil {
 				return err

@@ -235,6 +235,9 @@ func TestBenchFlagsAreChecked(t *testing.T) {
 		{[]string{"bench", "lowrnak"}, `benchmark "lowrnak" is unknown (did you mean "lowrank"?) (known: fp8, gather, generate, lowrank, quant, sparse-prefill, stats, exchange)`},
 		{[]string{"--python", "/nonexistent", "bench", "stats", "--bogus"}, "unknown flag: --bogus"},
 		{[]string{"selftest", "--op", "atention_stats"}, `--op: "atention_stats" is unknown (did you mean "attention_stats"?)`},
+		// Refused before any Python starts (this interpreter does not exist).
+		{[]string{"--python", "/nonexistent", "kernels", "report", "--estimate", "--op", "gather_decod"},
+			`--op: "gather_decod" is unknown (did you mean "gather_decode"?) (known: attention_stats, fp8_decode, gather_decode, kv_quant, lowrank_decode, quant_decode)`},
 	}
 	for _, tc := range tests {
 		code, _, stderr := runCLI(t, tc.args...)
@@ -410,7 +413,7 @@ func TestKernelsReportEstimate(t *testing.T) {
 		{"--estimate --shape batch=0", "batch must be at least 1, got 0"},
 		{"--estimate --op gather_decode --shape share=1.5", "share is a share of the tokens, in [0, 1]; got 1.5"},
 		{"--estimate --op gather_decode --shape heads=30", "heads=30 must be a multiple of kv_heads=8"},
-		{"--estimate --op nope", `--op: 'nope' is unknown`},
+		{"--estimate --op nope", `--op: "nope" is unknown`},
 		{"--estimate --op kv_quant", `--op: 'kv_quant' has no estimate: kernels_py/ops/kv_quant/model.py defines no ESTIMATES`},
 		{"--shape batch=8", "--shape, --op, --impl and --config go with --estimate"},
 		{"--estimate --case decode-fp16-d128-rope-r64-h32kv8", "--estimate takes --op"},
