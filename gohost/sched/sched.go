@@ -288,7 +288,10 @@ func runOne(ctx context.Context, w *worker.Worker, job Job) (json.RawMessage, er
 	}
 	result, err := w.Run(ctx, job.Spec)
 	if errors.Is(err, context.DeadlineExceeded) {
-		return nil, fmt.Errorf("timed out after %v (worker killed): %w", job.Timeout, context.DeadlineExceeded)
+		// The job's id leaves its timeout out: a larger one in the script
+		// runs it again on --resume --retry-failed.
+		return nil, fmt.Errorf("timed out after %v (worker killed); if the job needs longer, raise the experiment's "+
+			"timeout (seconds) in the script and run it again with --resume --retry-failed: %w", job.Timeout, context.DeadlineExceeded)
 	}
 	return result, err
 }

@@ -79,7 +79,7 @@ func TestRunRetriesTimeoutsAndFailures(t *testing.T) {
 		{"echo1", true, 1, ""},
 		{"once", true, 2, ""},
 		{"always", false, 2, "worker died"},
-		{"slow", false, 1, "timed out after 1s (worker killed)"},
+		{"slow", false, 1, "timed out after 1s (worker killed); if the job needs longer, raise the experiment's timeout (seconds) in the script and run it again with --resume --retry-failed"},
 		{"raises", false, 1, "ValueError: bad params"},
 		{"echo2", true, 1, ""},
 	}
