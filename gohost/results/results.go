@@ -310,7 +310,7 @@ func (r *Run) open() error {
 		return fmt.Errorf("open run %s: %w", r.Dir, err)
 	default:
 		if err := json.Unmarshal(data, &r.manifest); err != nil {
-			return fmt.Errorf("open run %s: manifest: %w", r.Dir, err)
+			return badManifest(r.Dir, err)
 		}
 	}
 	return r.openJournal()
@@ -433,9 +433,18 @@ func ReadManifest(dir string) (Manifest, error) {
 		return m, err
 	}
 	if err := json.Unmarshal(data, &m); err != nil {
-		return m, fmt.Errorf("%s: %w", filepath.Join(dir, ManifestFile), err)
+		return m, badManifest(dir, err)
 	}
 	return m, nil
+}
+
+// badManifest is a manifest that cannot be read (its writes are atomic, so
+// something else damaged it): the journal still has every row, and a run
+// without a manifest is opened with one rebuilt from it.
+func badManifest(dir string, err error) error {
+	return fmt.Errorf("open run %s: %s is not valid JSON (%w); the journal keeps every finished job: "+
+		"move the file aside and `workbench status %s` (or --resume) rebuilds it from the journal",
+		dir, filepath.Join(dir, ManifestFile), err, dir)
 }
 
 // ReadJobs returns the job ids of the plan the run's newest run or resume

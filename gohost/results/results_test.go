@@ -495,3 +495,46 @@ func TestBuildParquetWithoutRowsHasTheFixedColumns(t *testing.T) {
 		t.Errorf("ReadParquet: %v, %v", recs, err)
 	}
 }
+
+// A damaged manifest names the file and what to do; moving it aside opens
+// the run with one rebuilt from the journal, every row kept.
+func TestDamagedManifestSaysHowToRecover(t *testing.T) {
+	r := newRun(t)
+	r.Append(rec("a", StatusOK, map[string]any{"x": 1.0}))
+	dir := r.Dir
+	r.Close()
+	path := filepath.Join(dir, ManifestFile)
+	if err := os.WriteFile(path, []byte(`{"experiment": "qu`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for name, open := range map[string]func() error{
+		"Open": func() error {
+			r, err := Open(dir)
+			if err == nil {
+				r.Close()
+			}
+			return err
+		},
+		"ReadManifest": func() error { _, err := ReadManifest(dir); return err },
+	} {
+		err := open()
+		if err == nil || !strings.Contains(err.Error(), path+" is not valid JSON") ||
+			!strings.Contains(err.Error(), "move the file aside and `workbench status "+dir+"` (or --resume) rebuilds it from the journal") {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	if err := os.Rename(path, path+".damaged"); err != nil {
+		t.Fatal(err)
+	}
+	again, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	if m := again.Manifest(); m.Rebuilt == nil || m.Experiment != filepath.Base(filepath.Dir(dir)) {
+		t.Errorf("manifest %+v, want one rebuilt from the journal", m)
+	}
+	if done, err := Finished(dir); err != nil || len(done) != 1 {
+		t.Errorf("rows %v, %v", done, err)
+	}
+}
