@@ -233,3 +233,45 @@ func TestSyncForReadingWritesOnlyWhatIsBehind(t *testing.T) {
 		})
 	}
 }
+
+// status on a local run short of its plan, or holding failed jobs, gives the
+// command that goes on with it; for a run that is not its experiment's
+// newest under the root (--resume would continue another) or one that is
+// complete, it gives none.
+func TestStatusSaysHowToGoOn(t *testing.T) {
+	root := t.TempDir()
+	ok := func(id string) results.Record { return results.Record{JobID: id, Method: "full", Status: results.StatusOK} }
+	failed := results.Record{JobID: "b", Method: "full", Status: results.StatusFailed, Error: "boom"}
+	withScript := func(dir string) string {
+		manifest, _ := json.Marshal(results.Manifest{Experiment: filepath.Base(filepath.Dir(dir)), Jobs: 2, File: "/x/my exp.star"})
+		if err := os.WriteFile(filepath.Join(dir, results.ManifestFile), manifest, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	older := withScript(planRun(t, filepath.Join(root, "sweep", "20260101-000000-aaaaaa"), 2, []string{"a", "b"}, ok("a")))
+	short := withScript(planRun(t, filepath.Join(root, "sweep", "20260102-000000-aaaaaa"), 2, []string{"a", "b"}, ok("a")))
+	withFailed := withScript(planRun(t, filepath.Join(root, "fails", "20260101-000000-aaaaaa"), 2, []string{"a", "b"}, ok("a"), failed))
+	complete := withScript(planRun(t, filepath.Join(root, "done", "20260101-000000-aaaaaa"), 2, []string{"a", "b"}, ok("a"), ok("b")))
+	prog := progName(os.Args[0])
+	tests := []struct {
+		name, dir, want string
+	}{
+		{"short of its plan", short, "to continue it: " + prog + " run '/x/my exp.star' --experiment sweep --out " + root + " --resume"},
+		{"failed jobs", withFailed, "to run its failed jobs again, once their cause is fixed: " + prog +
+			" run '/x/my exp.star' --experiment fails --out " + root + " --resume --retry-failed"},
+		{"not the newest run", older, ""},
+		{"complete", complete, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			code, stdout, stderr := runCLI(t, "status", tc.dir)
+			if code != 0 {
+				t.Fatalf("exit %d: %s", code, stderr)
+			}
+			if tc.want == "" && strings.Contains(stdout, "--resume") || !strings.Contains(stdout, tc.want) {
+				t.Errorf("got %q, want %q", stdout, tc.want)
+			}
+		})
+	}
+}

@@ -176,3 +176,31 @@ func describeRows(dir string, last map[string]results.Record) string {
 	return fmt.Sprintf("%s: %d of %d jobs done, %d failed", dir, t.Done, len(planned), t.Failed) +
 		unplannedRows(len(last), t, "its latest script's plan")
 }
+
+// localResumeHint is the command that goes on with a local run that status
+// finds short of its plan or holding failed jobs: --resume continues the
+// newest run of the experiment under the run's results root, so the hint is
+// given for that run only; "" otherwise, or when the manifest names no
+// script.
+func (a *app) localResumeHint(dir string, last map[string]results.Record) string {
+	m, err := results.ReadManifest(dir)
+	planned, _ := results.ReadJobs(dir)
+	script := m.CurrentScript().File
+	if err != nil || planned == nil || script == "" {
+		return ""
+	}
+	experiment, root := filepath.Base(filepath.Dir(dir)), filepath.Dir(filepath.Dir(dir))
+	if newest, err := results.Latest(root, experiment); err != nil || filepath.Clean(newest) != filepath.Clean(dir) {
+		return ""
+	}
+	cmd := strings.Join([]string{shellQuote(a.prog), "run", shellQuote(script), "--experiment", shellQuote(experiment),
+		"--out", shellQuote(root), "--resume"}, " ")
+	t := results.Count(last, planned, nil)
+	switch {
+	case t.Done < len(planned):
+		return "to continue it: " + cmd + " (add the --workers, --python and --device it ran with)"
+	case t.Failed > 0:
+		return "to run its failed jobs again, once their cause is fixed: " + cmd + " --retry-failed"
+	}
+	return ""
+}

@@ -343,6 +343,11 @@ func (a *app) report(ctx context.Context, dir string, run *results.Run) error {
 	}
 	fmt.Fprintln(a.stdout)
 	subs, err := slurm.Submissions(dir)
+	if err == nil && len(subs) == 0 && run != nil {
+		if hint := a.localResumeHint(dir, last); hint != "" {
+			fmt.Fprintln(a.stdout, hint)
+		}
+	}
 	if err != nil || len(subs) == 0 {
 		return err
 	}
