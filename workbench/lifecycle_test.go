@@ -240,7 +240,9 @@ func TestSyncForReadingWritesOnlyWhatIsBehind(t *testing.T) {
 // complete, it gives none.
 func TestStatusSaysHowToGoOn(t *testing.T) {
 	root := t.TempDir()
-	ok := func(id string) results.Record { return results.Record{JobID: id, Method: "full", Status: results.StatusOK} }
+	ok := func(id string) results.Record {
+		return results.Record{JobID: id, Method: "full", Status: results.StatusOK}
+	}
 	failed := results.Record{JobID: "b", Method: "full", Status: results.StatusFailed, Error: "boom"}
 	withScript := func(dir string) string {
 		manifest, _ := json.Marshal(results.Manifest{Experiment: filepath.Base(filepath.Dir(dir)), Jobs: 2, File: "/x/my exp.star"})
