@@ -376,16 +376,30 @@ func (l *loader) experiment(thread *starlark.Thread, _ *starlark.Builtin, args s
 	}
 
 	seen := make(map[string]bool, n)
-	add := func(m *Method, params map[string]any, w *workloadValue) {
+	var repeated []string // the grid's jobs spelt more than once, as "method with k=v"
+	repeatedIDs := map[string]bool{}
+	add := func(m *Method, params map[string]any, w *workloadValue, inGrid bool) {
 		j := Job{Experiment: name, Method: m.Name, Params: params, WorkloadName: w.name, Workload: w.values(), Timeout: e.Timeout}
 		j.OutOfID = append(defaultsOutOfID("params.", m.Params, j.Params),
 			defaultsOutOfID("workload.", l.schema.Workloads[w.name].Params, j.Workload)...)
 		j.ID = j.ComputeID()
-		if seen[j.ID] {
-			return // same job spelt twice (a repeated value, an extra inside the grid): first wins
+		if !seen[j.ID] {
+			seen[j.ID] = true
+			e.Jobs = append(e.Jobs, j)
+			return
 		}
-		seen[j.ID] = true
-		e.Jobs = append(e.Jobs, j)
+		// The same job spelt twice: first wins. An extra the grid or another
+		// extra holds is usually meant (lists of figures sharing points); a
+		// grid that makes a job twice repeats a value or a workload, and
+		// the plan says which.
+		if inGrid && !repeatedIDs[j.ID] {
+			repeatedIDs[j.ID] = true
+			at := gridPoint(m.Params, params, "")
+			if at == "" {
+				at = " at its defaults"
+			}
+			repeated = append(repeated, m.Name+at)
+		}
 	}
 	for _, w := range jobWorkloads {
 		for _, m := range methods {
@@ -403,16 +417,28 @@ func (l *loader) experiment(thread *starlark.Thread, _ *starlark.Builtin, args s
 				if msg, err := m.Violated(params); err != nil || msg != "" {
 					return nil, fail(path{"grid"}, "method %q%s: %s", m.Name, gridPoint(m.Params, params, msg), ruleError(msg, err))
 				}
-				add(m, params, w)
+				add(m, params, w, true)
 			}
 		}
 	}
 	for _, p := range extras {
 		for _, w := range l.schema.expand(p.workload) {
-			add(p.method, p.params, w)
+			add(p.method, p.params, w, false)
 		}
 	}
 
+	if len(repeated) > 0 {
+		shown := repeated[:min(len(repeated), 3)]
+		more := ""
+		if len(repeated) > len(shown) {
+			more = fmt.Sprintf(", and %d more", len(repeated)-len(shown))
+		}
+		what := "its grid makes a job more than once, planned once"
+		if len(repeated) > 1 {
+			what = fmt.Sprintf("its grid makes %d jobs more than once, each planned once", len(repeated))
+		}
+		l.warn(thread, nil, "experiment %q: %s: %s%s", name, what, strings.Join(shown, "; "), more)
+	}
 	l.names[name] = here
 	l.jobs += n
 	l.plan.Experiments = append(l.plan.Experiments, e)

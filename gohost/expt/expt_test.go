@@ -852,3 +852,34 @@ func TestJobsThatCouldOnlyFailAreRefused(t *testing.T) {
 		}
 	}
 }
+
+// A job spelt twice is planned once; where the grid makes it twice (a
+// repeated value or workload) the plan says which, where an extra repeats a
+// grid point (figures sharing points) it does not.
+func TestRepeatedJobsArePlannedOnceWithAWarning(t *testing.T) {
+	s := testSchema(t)
+	for _, tc := range []struct {
+		src, warning string
+		jobs         int
+	}{
+		{`experiment(name = "a", methods = ["h2o"], grid = {"budget": [0.25, 0.5]})`, "", 2},
+		{`experiment(name = "a", methods = ["h2o"], grid = {"budget": [0.25, 0.25]}, extra = [{"method": "h2o", "budget": 0.25}])`,
+			`x.star:1:1: experiment "a": its grid makes a job more than once, planned once: h2o at its defaults`, 1},
+		{`experiment(name = "a", methods = ["h2o"], grid = {"budget": [0.25, 0.5]}, extra = [{"method": "h2o", "budget": 0.5}, {"method": "h2o", "budget": 0.75}])`,
+			"", 3},
+		{`experiment(name = "a", methods = ["h2o"], grid = {"budget": [0.1, 0.1, 0.2, 0.2, 0.3, 0.3, 0.4, 0.4]})`,
+			`x.star:1:1: experiment "a": its grid makes 4 jobs more than once, each planned once: h2o with budget=0.1; h2o with budget=0.2; h2o with budget=0.3, and 1 more`, 4},
+	} {
+		plan := mustLoad(t, s, tc.src)
+		if got := len(plan.Experiments[0].Jobs); got != tc.jobs {
+			t.Errorf("%s: %d jobs, want %d", tc.src, got, tc.jobs)
+		}
+		var want []string
+		if tc.warning != "" {
+			want = []string{tc.warning}
+		}
+		if !slices.Equal(plan.Warnings, want) {
+			t.Errorf("%s: warnings %q, want %q", tc.src, plan.Warnings, want)
+		}
+	}
+}
