@@ -24,6 +24,9 @@ func readSafetensorsHeader(path string) (*tensor.SafetensorsHeader, error) {
 	if err != nil {
 		return nil, err
 	}
+	if st.IsDir() {
+		return nil, fmt.Errorf("%s is a directory: give a .safetensors file (a trace, say)", path)
+	}
 	h, err := tensor.ParseSafetensorsHeader(f, st.Size())
 	if err != nil {
 		// A run's tensors/<job>/<name>.npy look like a header of absurd length.

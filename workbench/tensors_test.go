@@ -141,6 +141,8 @@ func TestTensorsBadFiles(t *testing.T) {
 		{"not json", []string{"tensors", "inspect", garbage}, 1, "safetensors header"},
 		{"a .npy file", []string{"tensors", "inspect", npy}, 1, "is a NumPy .npy file, not a .safetensors file: read it with numpy.load"},
 		{"missing file", []string{"tensors", "inspect", filepath.Join(dir, "nope")}, 1, "no such file"},
+		{"a directory", []string{"tensors", "inspect", dir}, 1, dir + " is a directory: give a .safetensors file"},
+		{"a directory to trace inspect", []string{"trace", "inspect", dir}, 1, dir + " is a directory: give a .safetensors file"},
 		{"truncated to-npy", []string{"tensors", "to-npy", truncated, filepath.Join(dir, "out")}, 1, "truncated"},
 		{"no argument", []string{"tensors", "inspect"}, 2, "accepts 1 arg"},
 	}

@@ -131,8 +131,8 @@ workload("trace", path = "FILE.safetensors").`,
 			if err := json.Unmarshal(lastLine(stdout.Bytes()), &res); err != nil {
 				return fmt.Errorf("trace capture returned an unexpected result: %w", err)
 			}
-			fmt.Fprintf(a.stdout, "wrote %s: %d layers, %d prompt tokens, %d decode steps, %s\n", res.Out, res.Layers,
-				res.PromptTokens, res.DecodeSteps, humanBytes(res.Bytes))
+			fmt.Fprintf(a.stdout, "wrote %s: %s, %s, %s, %s\n", res.Out, plural(res.Layers, "layer"),
+				plural(res.PromptTokens, "prompt token"), plural(res.DecodeSteps, "decode step"), humanBytes(res.Bytes))
 			for _, v := range res.Videos {
 				s := v.Sampling
 				line := fmt.Sprintf("video %s: %d of its %d frames sampled", v.Source, s.Sampled, s.SourceFrames)
@@ -325,7 +325,7 @@ func newTraceInspectCmd(a *app) *cobra.Command {
 			tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
 			fmt.Fprintf(tw, "format\t%s\n", meta.Format)
 			fmt.Fprintf(tw, "model\t%s (%s)\n", m.Directory, m.ModelType)
-			layers := fmt.Sprintf("%d layers", m.Layers)
+			layers := plural(m.Layers, "layer")
 			if len(m.SlidingLayers) > 0 {
 				sliding := make([]string, len(m.SlidingLayers))
 				for i, l := range m.SlidingLayers {
@@ -353,7 +353,7 @@ func newTraceInspectCmd(a *app) *cobra.Command {
 				}
 				fmt.Fprintf(tw, "video %d\t%s: frames are images %d-%d%s\n", i, source, v[0], v[1]-1, seconds)
 			}
-			fmt.Fprintf(tw, "tokens\t%d prompt, %d decode steps\n", meta.PromptTokens, meta.DecodeSteps)
+			fmt.Fprintf(tw, "tokens\t%d prompt, %s\n", meta.PromptTokens, plural(meta.DecodeSteps, "decode step"))
 			fmt.Fprintf(tw, "data\t%d tensors, %s\n", len(h.Entries), humanBytes(total))
 			return tw.Flush()
 		},

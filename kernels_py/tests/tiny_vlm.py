@@ -412,6 +412,8 @@ def main(argv=None) -> int:
                         choices=["llava", "llava_next", "qwen2_vl", "qwen2_5_vl", *FAMILIES])
     opts = parser.parse_args(argv)
     out = Path(opts.out)
+    if out.exists() and not out.is_dir():
+        parser.error(f"{out} is a file: give a directory to write the model into (made if missing)")
     if opts.family in BUILDERS:
         BUILDERS[opts.family](out)
         save_image(out / "cat.png", size=IMAGE_SIDE[opts.family])
