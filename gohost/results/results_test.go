@@ -117,18 +117,7 @@ func TestBuildParquet(t *testing.T) {
 	retried := rec("b", StatusOK, map[string]any{"rel_err_mean": 0.2, "cache_bytes": 2048.5})
 	retried.Extra = map[string]any{"per_layer_rel_err": []any{0.1, 0.3}}
 	r.Append(retried) // a resumed run journaled b again: the last record wins
-	n, err := BuildParquet(r.Dir)
-	if err != nil || n != 2 {
-		t.Fatalf("rows %d, %v", n, err)
-	}
-	data, err := os.ReadFile(filepath.Join(r.Dir, ParquetFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := parquet.OpenFile(bytes.NewReader(data), int64(len(data)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, data := buildAndOpen(t, r.Dir, 2)
 	var names []string
 	for _, c := range f.Schema().Fields() {
 		names = append(names, c.Name())
@@ -465,18 +454,7 @@ func TestReadParquet(t *testing.T) {
 // readers selecting rows by status or job id fail on.
 func TestBuildParquetWithoutRowsHasTheFixedColumns(t *testing.T) {
 	r := newRun(t)
-	n, err := BuildParquet(r.Dir)
-	if err != nil || n != 0 {
-		t.Fatalf("rows %d, %v", n, err)
-	}
-	data, err := os.ReadFile(filepath.Join(r.Dir, ParquetFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := parquet.OpenFile(bytes.NewReader(data), int64(len(data)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, _ := buildAndOpen(t, r.Dir, 0)
 	kinds := map[string]string{}
 	for _, c := range f.Schema().Fields() {
 		kinds[c.Name()] = c.Type().Kind().String()
@@ -537,4 +515,23 @@ func TestDamagedManifestSaysHowToRecover(t *testing.T) {
 	if done, err := Finished(dir); err != nil || len(done) != 1 {
 		t.Errorf("rows %v, %v", done, err)
 	}
+}
+
+// buildAndOpen builds the run's results.parquet, which must hold rows rows,
+// and returns it opened, and its bytes.
+func buildAndOpen(t *testing.T, dir string, rows int) (*parquet.File, []byte) {
+	t.Helper()
+	n, err := BuildParquet(dir)
+	if err != nil || n != rows {
+		t.Fatalf("rows %d (want %d), %v", n, rows, err)
+	}
+	data, err := os.ReadFile(filepath.Join(dir, ParquetFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := parquet.OpenFile(bytes.NewReader(data), int64(len(data)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f, data
 }
