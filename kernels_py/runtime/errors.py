@@ -62,12 +62,14 @@ def locate(err: BaseException) -> dict | None:
     The deepest CompilationError wins (the called function's, not the
     caller's), then a SyntaxError, then the deepest kernels_py frame of any
     error in the chain (an interpreted kernel raises from its own line);
-    None for BadKnobs, which blames values, not a line."""
+    None for a BadKnobs, or an error raised from one, which blames values,
+    not a line."""
     from kernels_py.params import BadKnobs
 
-    chain = _chain(err)
-    if any(isinstance(e, BadKnobs) for e in chain):  # the caller's values: the message says what, no line is to blame
+    if _raised_from(err, BadKnobs):  # the caller's values: the message says what, no line is to blame
         return None
+    # A BadKnobs this error was raised while handling (its context) blames no line either: the error's own does.
+    chain = [e for e in _chain(err) if not isinstance(e, BadKnobs)]
     for e in reversed(chain):
         if hasattr(e, "src") and hasattr(e, "node"):
             found = _compilation(e)
@@ -85,6 +87,18 @@ def locate(err: BaseException) -> dict | None:
             return {"file": _relative(f.filename), "line": f.lineno, "column": 0, "source": (f.line or "").rstrip(),
                     "message": _summary(e), "kind": type(e).__name__}
     return None
+
+
+def _raised_from(err: BaseException, kind: type) -> bool:
+    """Whether err is a `kind` or was raised from one (`raise ... from`,
+    not an error hit while handling one)."""
+    seen = []
+    while err is not None and err not in seen:
+        if isinstance(err, kind):
+            return True
+        seen.append(err)
+        err = err.__cause__
+    return False
 
 
 def _ours(filename: str) -> bool:

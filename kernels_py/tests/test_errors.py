@@ -98,3 +98,25 @@ def test_bad_knobs_blame_no_line(kernels):
     with pytest.raises(ValueError) as info:
         module.check(-1)
     assert errors.locate(info.value)["line"] == 3  # the same error, not a BadKnobs, is located
+
+
+def test_a_bug_while_handling_bad_knobs_is_located(kernels):
+    """Only a BadKnobs the caller gets, or one it was raised from, blames
+    values: a bug hit while handling one (its __context__) is still a line
+    of the sources to fix."""
+    from kernels_py.params import BadKnobs
+
+    (kernels / "pick.py").write_text("from kernels_py.params import BadKnobs\n\n\ndef pick(x):\n    try:\n"
+                                     "        raise BadKnobs(f'bad {x}')\n    except BadKnobs:\n"
+                                     "        return fallback_for(x)\n")
+    module = load(kernels / "pick.py")
+    with pytest.raises(NameError) as info:
+        module.pick(1)
+    where = errors.locate(info.value)
+    assert where is not None and where["line"] == 8 and "fallback_for" in where["message"], where
+    with pytest.raises(ValueError) as wrapped:
+        try:
+            module.pick(1)
+        except NameError:
+            raise BadKnobs("a value is wrong") from None
+    assert errors.locate(wrapped.value) is None
