@@ -56,7 +56,8 @@ starts one worker and reports what it runs on. --json prints a stable object
 with .python.version, .torch.version, .triton.version, .device.kind and more.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.withWorker(cmd.Context(), func(s *session, w *worker.Worker) error {
+			// A worker that cannot import triton or numpy still says what it has.
+			return a.withWorkerOf(cmd.Context(), true, func(s *session, w *worker.Worker) error {
 				r := buildEnvReport(s, w.Hello(), string(a.flags.device.value))
 				if asJSON {
 					enc := json.NewEncoder(a.stdout)

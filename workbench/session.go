@@ -44,11 +44,18 @@ func (a *app) newSession(ctx context.Context) (*session, error) {
 // withWorker resolves a session, starts one worker, runs fn with it and shuts
 // the worker down.
 func (a *app) withWorker(ctx context.Context, fn func(*session, *worker.Worker) error) error {
+	return a.withWorkerOf(ctx, false, fn)
+}
+
+// withWorkerOf is withWorker; allowMissing starts a worker whose interpreter
+// cannot import triton or numpy too (worker.Config.AllowMissingPackages),
+// for a command that reports what it has.
+func (a *app) withWorkerOf(ctx context.Context, allowMissing bool, fn func(*session, *worker.Worker) error) error {
 	s, err := a.newSession(ctx)
 	if err != nil {
 		return err
 	}
-	w, err := a.startWorker(ctx, s)
+	w, err := a.startWorkerOf(ctx, s, allowMissing)
 	if err != nil {
 		return err
 	}
@@ -57,11 +64,16 @@ func (a *app) withWorker(ctx context.Context, fn func(*session, *worker.Worker) 
 }
 
 func (a *app) startWorker(ctx context.Context, s *session) (*worker.Worker, error) {
+	return a.startWorkerOf(ctx, s, false)
+}
+
+func (a *app) startWorkerOf(ctx context.Context, s *session, allowMissing bool) (*worker.Worker, error) {
 	w, err := worker.Start(ctx, worker.Config{
-		Python:      s.runtime.Python,
-		KernelsRoot: s.kernels.Dir,
-		Device:      s.device,
-		Log:         a.log,
+		Python:               s.runtime.Python,
+		KernelsRoot:          s.kernels.Dir,
+		Device:               s.device,
+		Log:                  a.log,
+		AllowMissingPackages: allowMissing,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w (python: %s, kernels: %s)", err, s.runtime.Python, s.kernels.Dir)

@@ -45,3 +45,18 @@ type Package struct {
 	Version *string `json:"version"`
 	Error   string  `json:"error,omitempty"`
 }
+
+// MissingPackage is the package of triton and numpy the worker could not
+// import (torch it imports before it says hello), and what importing it
+// raised; "" when both imported.
+func (h Hello) MissingPackage() (name, why string) {
+	for _, p := range []struct {
+		name string
+		pkg  Package
+	}{{"triton", h.Triton}, {"numpy", h.Numpy}} {
+		if p.pkg.Error != "" {
+			return p.name, p.pkg.Error
+		}
+	}
+	return "", ""
+}

@@ -65,6 +65,11 @@ type Config struct {
 	// take seconds on a cold disk). Zero means one minute.
 	StartTimeout time.Duration
 	Log          zerolog.Logger
+	// AllowMissingPackages starts a worker whose interpreter cannot import
+	// triton or numpy (its hello says why), for a command that reports what
+	// the interpreter has; otherwise such a worker is refused, as it could
+	// run no job.
+	AllowMissingPackages bool
 }
 
 // Worker is one running Python worker. Its methods may be called from several
@@ -170,9 +175,7 @@ func Start(ctx context.Context, cfg Config) (*Worker, error) {
 			if mod := missingDependency(exit.Output); mod != "" {
 				// Starting it again cannot install the module: say so now
 				// rather than after every retry.
-				return nil, &RefusedError{Reason: fmt.Sprintf("the interpreter %s has no module %q, which workers need "+
-					"(torch, triton and numpy): install them into its environment, or leave out --python and "+
-					"WORKBENCH_PYTHON to use the managed runtime", cfg.Python, mod)}
+				return nil, &RefusedError{Reason: missingPackage(cfg.Python, mod, "No module named '"+mod+"'")}
 			}
 		}
 		return nil, fmt.Errorf("worker did not start: %w", err)
@@ -186,6 +189,10 @@ func Start(ctx context.Context, cfg Config) (*Worker, error) {
 		w.kill()
 		return nil, &RefusedError{Reason: w.hello.Error}
 	}
+	if name, why := w.hello.MissingPackage(); name != "" && !cfg.AllowMissingPackages {
+		w.kill()
+		return nil, &RefusedError{Reason: missingPackage(cfg.Python, name, why)}
+	}
 	w.kernels = w.hello.Kernels
 	w.log.Debug().Str("python", w.hello.Python.Version).Str("device", w.hello.Device.Kind).Msg("worker ready")
 	return w, nil
@@ -194,26 +201,35 @@ func Start(ctx context.Context, cfg Config) (*Worker, error) {
 // missingModule finds the module of a Python ModuleNotFoundError.
 var missingModule = regexp.MustCompile(`ModuleNotFoundError: No module named '([^']+)'`)
 
-// missingDependency is the third-party package every worker imports (torch,
-// triton, numpy) that a worker's output says its interpreter lacks; "" for
-// any other failure (a kernels_py module is the sources', not the
-// interpreter's, doing).
+// missingDependency is the package every worker imports first (torch, or
+// triton or numpy where a worker imports them before its hello) that a dead
+// worker's output says its interpreter lacks; "" for any other failure (a
+// kernels_py module is the sources' doing, and a missing submodule of a
+// package that is there, such as torch._C, a broken or mismatched install,
+// which the output shows).
 func missingDependency(output string) string {
 	found := missingModule.FindAllStringSubmatch(output, -1)
 	if len(found) == 0 {
 		return ""
 	}
-	mod := found[len(found)-1][1]
-	switch top, _, _ := strings.Cut(mod, "."); top {
+	switch mod := found[len(found)-1][1]; mod {
 	case "torch", "triton", "numpy":
-		return top
+		return mod
 	}
 	return ""
 }
 
+// missingPackage says that python lacks package (why: what importing it
+// raised) and what to do.
+func missingPackage(python, pkg, why string) string {
+	return fmt.Sprintf("the interpreter %s cannot import %s (%s), which workers need: install torch, triton and "+
+		"numpy into its environment, or leave out --python and WORKBENCH_PYTHON to use the managed runtime",
+		python, pkg, why)
+}
+
 // RefusedError is a worker that started and said why it cannot work (no
-// CUDA device, say), or one whose interpreter lacks torch, triton or numpy:
-// starting another will not help.
+// CUDA device, say), or one whose interpreter cannot import torch, triton or
+// numpy: starting another will not help.
 type RefusedError struct{ Reason string }
 
 func (e *RefusedError) Error() string { return "worker refused to start: " + e.Reason }

@@ -236,9 +236,9 @@ func TestWorkerStartRefusesAnInterpreterWithoutItsDependencies(t *testing.T) {
 		wantRefused bool
 		wantMsg     string
 	}{
-		{"no torch", fmt.Sprintf(traceback, "torch", "torch"), true, `has no module "torch", which workers need`},
-		{"no triton submodule", fmt.Sprintf(traceback, "triton.language", "triton.language"), true, `has no module "triton"`},
-		{"no numpy", fmt.Sprintf(traceback, "numpy", "numpy"), true, `has no module "numpy"`},
+		{"no torch", fmt.Sprintf(traceback, "torch", "torch"), true, `cannot import torch (No module named 'torch'), which workers need`},
+		{"a torch submodule (a broken install)", fmt.Sprintf(traceback, "torch._C", "torch._C"), false, "worker did not start"},
+		{"no numpy", fmt.Sprintf(traceback, "numpy", "numpy"), true, `cannot import numpy (No module named 'numpy'), which workers need`},
 		{"a kernels_py module", fmt.Sprintf(traceback, "kernels_py.gone", "kernels_py.gone"), false, "worker did not start"},
 		{"another package", fmt.Sprintf(traceback, "scipy", "scipy"), false, "worker did not start"},
 		{"a crash", "Segmentation fault", false, "worker did not start"},
@@ -258,5 +258,31 @@ func TestWorkerStartRefusesAnInterpreterWithoutItsDependencies(t *testing.T) {
 				t.Errorf("%v does not name the interpreter %s", err, py)
 			}
 		})
+	}
+}
+
+// A worker that says hello but could not import triton (or numpy) could
+// run no job: Start refuses it, naming the interpreter and the import's
+// error, unless the command only reports what the interpreter has.
+func TestWorkerStartRefusesAHelloWithoutTriton(t *testing.T) {
+	py := testpy.Python(t)
+	shadow := t.TempDir() // a triton package that fails to import, ahead of the real one
+	os.MkdirAll(filepath.Join(shadow, "triton"), 0o755)
+	os.WriteFile(filepath.Join(shadow, "triton", "__init__.py"), []byte("raise ModuleNotFoundError(\"No module named 'triton'\")\n"), 0o644)
+	env := append(os.Environ(), "PYTHONPATH="+shadow)
+	_, err := Start(context.Background(), Config{Python: py, KernelsRoot: repoRoot(t), Device: CPU, Env: env, Log: zerolog.Nop()})
+	var refused *RefusedError
+	want := "cannot import triton (ModuleNotFoundError: No module named 'triton'), which workers need"
+	if !errors.As(err, &refused) || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), py) {
+		t.Fatalf("got %v, want a refusal saying %q", err, want)
+	}
+	w, err := Start(context.Background(), Config{Python: py, KernelsRoot: repoRoot(t), Device: CPU, Env: env, Log: zerolog.Nop(),
+		AllowMissingPackages: true})
+	if err != nil {
+		t.Fatalf("with AllowMissingPackages: %v", err)
+	}
+	defer w.Close()
+	if name, why := w.Hello().MissingPackage(); name != "triton" || !strings.Contains(why, "No module named 'triton'") {
+		t.Errorf("MissingPackage() = %q, %q", name, why)
 	}
 }
