@@ -667,7 +667,10 @@ func (a *app) watchExperiment(ctx context.Context, f watchFlags) error {
 	if err != nil {
 		return err
 	}
-	changes, stop, err := watchSources(ctx, filepath.Join(s.kernels.Dir, "kernels_py"), []string{f.experiment}, f.debounce)
+	// schema.json too: a run refused for a stale schema runs again once
+	// `workbench schema` has written it.
+	changes, stop, err := watchSources(ctx, filepath.Join(s.kernels.Dir, "kernels_py"),
+		[]string{f.experiment, filepath.Join(s.kernels.Dir, schemaFile)}, f.debounce)
 	if err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -314,6 +315,39 @@ func TestWatchBenchSizeIsCheckedAgainstTheBenchmark(t *testing.T) {
 	} {
 		if _, err := watchBenchParams(schema, "gather_decode", tc.size); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: %v, want %q", tc.size, err, tc.want)
+		}
+	}
+}
+
+// A save under kernels_py (a .py) and of an extra file (the experiment
+// script, schema.json) is a change; other files under kernels_py are not.
+func TestWatchSourcesSeesSourcesAndExtraFiles(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "kernels_py")
+	os.MkdirAll(root, 0o755)
+	schema := filepath.Join(root, "schema.json")
+	os.WriteFile(schema, []byte("{}"), 0o644)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	changes, stop, err := watchSources(ctx, root, []string{schema}, 20*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	for _, tc := range []struct{ file, want string }{
+		{"notes.txt", ""}, // not a source: no change, so the next save is the first seen
+		{"schema.json", "kernels_py/schema.json"},
+		{"mine.py", "kernels_py/mine.py"},
+	} {
+		os.WriteFile(filepath.Join(root, tc.file), []byte("x = 1\n"), 0o644)
+		select {
+		case got := <-changes:
+			if tc.want == "" || len(got) != 1 || got[0] != tc.want {
+				t.Fatalf("saving %s: changes %v, want [%s]", tc.file, got, tc.want)
+			}
+		case <-time.After(2 * time.Second):
+			if tc.want != "" {
+				t.Fatalf("saving %s: no change seen", tc.file)
+			}
 		}
 	}
 }
