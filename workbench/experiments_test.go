@@ -1,13 +1,18 @@
 package main
 
 import (
+	"bytes"
+	"encoding/json"
+	"fmt"
 	"maps"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/vlkv/vlkv/gohost/expt"
+	"github.com/vlkv/vlkv/gohost/testpy"
 )
 
 // Progress lines tell apart jobs that differ only in their workload: by
@@ -58,5 +63,49 @@ func TestPlanQuotesAPromptOnTheJobsLine(t *testing.T) {
 		if !strings.Contains(line, `prompt="USER: <image>\nWhat is it? ASSISTANT:"`) || !strings.HasSuffix(line, ")") {
 			t.Errorf("job line without its quoted prompt: %q", line)
 		}
+	}
+}
+
+// The defaults every job carries (plannedDefaults) are the sources' as the
+// worker compares them: today's schema.json, sent as JSON the way Go encodes
+// it (1.0 as 1, lists, bools), refuses no method or workload. A false
+// refusal would fail every job of every run.
+func TestPlannedDefaultsOfTodaysSchemaAreTheSources(t *testing.T) {
+	py := testpy.Python(t)
+	s, err := expt.LoadSchema("../kernels_py/schema.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sent := map[string]map[string]map[string]any{"method": {}, "workload": {}}
+	for name, m := range s.Methods {
+		sent["method"][name] = m.Params.Defaults()
+	}
+	for name, w := range s.Workloads {
+		sent["workload"][name] = w.Params.Defaults()
+	}
+	data, err := json.Marshal(sent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := `import json, sys
+from kernels_py.methods import METHODS
+from kernels_py.workloads import WORKLOADS
+sent = json.load(sys.stdin)
+for kind, registry in (("method", METHODS), ("workload", WORKLOADS)):
+    assert set(sent[kind]) == set(registry), (kind, sorted(set(sent[kind]) ^ set(registry)))
+    for name, defaults in sent[kind].items():
+        registry[name].check_planned_defaults(defaults)
+print(len(sent["method"]), len(sent["workload"]))
+`
+	cmd := exec.Command(py, "-c", check)
+	cmd.Dir = ".."
+	cmd.Env = append(os.Environ(), "PYTHONPATH=..")
+	cmd.Stdin = bytes.NewReader(data)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v:\n%s", err, out)
+	}
+	if want := fmt.Sprintf("%d %d", len(s.Methods), len(s.Workloads)); strings.TrimSpace(string(out)) != want {
+		t.Errorf("checked %q, want %q", out, want)
 	}
 }
