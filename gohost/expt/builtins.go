@@ -433,9 +433,10 @@ func (l *loader) experiment(thread *starlark.Thread, _ *starlark.Builtin, args s
 		if len(repeated) > len(shown) {
 			more = fmt.Sprintf(", and %d more", len(repeated)-len(shown))
 		}
-		what := "its grid makes a job more than once, planned once"
+		what := "its grid and workloads make a job more than once (a repeated value, or two workloads alike), planned once"
 		if len(repeated) > 1 {
-			what = fmt.Sprintf("its grid makes %d jobs more than once, each planned once", len(repeated))
+			what = fmt.Sprintf("its grid and workloads make %d jobs more than once (a repeated value, or two workloads "+
+				"alike), each planned once", len(repeated))
 		}
 		l.warn(thread, nil, "experiment %q: %s: %s%s", name, what, strings.Join(shown, "; "), more)
 	}

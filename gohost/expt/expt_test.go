@@ -864,11 +864,13 @@ func TestRepeatedJobsArePlannedOnceWithAWarning(t *testing.T) {
 	}{
 		{`experiment(name = "a", methods = ["h2o"], grid = {"budget": [0.25, 0.5]})`, "", 2},
 		{`experiment(name = "a", methods = ["h2o"], grid = {"budget": [0.25, 0.25]}, extra = [{"method": "h2o", "budget": 0.25}])`,
-			`x.star:1:1: experiment "a": its grid makes a job more than once, planned once: h2o at its defaults`, 1},
+			`x.star:1:1: experiment "a": its grid and workloads make a job more than once (a repeated value, or two workloads alike), planned once: h2o at its defaults`, 1},
 		{`experiment(name = "a", methods = ["h2o"], grid = {"budget": [0.25, 0.5]}, extra = [{"method": "h2o", "budget": 0.5}, {"method": "h2o", "budget": 0.75}])`,
 			"", 3},
+		{`experiment(name = "a", methods = ["h2o"], workloads = [workload(layers = 2), workload(layers = 2)])`,
+			`x.star:1:1: experiment "a": its grid and workloads make a job more than once (a repeated value, or two workloads alike), planned once: h2o at its defaults`, 1},
 		{`experiment(name = "a", methods = ["h2o"], grid = {"budget": [0.1, 0.1, 0.2, 0.2, 0.3, 0.3, 0.4, 0.4]})`,
-			`x.star:1:1: experiment "a": its grid makes 4 jobs more than once, each planned once: h2o with budget=0.1; h2o with budget=0.2; h2o with budget=0.3, and 1 more`, 4},
+			`x.star:1:1: experiment "a": its grid and workloads make 4 jobs more than once (a repeated value, or two workloads alike), each planned once: h2o with budget=0.1; h2o with budget=0.2; h2o with budget=0.3, and 1 more`, 4},
 	} {
 		plan := mustLoad(t, s, tc.src)
 		if got := len(plan.Experiments[0].Jobs); got != tc.jobs {
