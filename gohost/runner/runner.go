@@ -21,6 +21,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -353,7 +354,7 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 		case errors.As(err, &nw):
 			return sum, fmt.Errorf("%w. %d of %d jobs are done in %s; fix the cause and continue with: %s",
 				err, sum.Done, len(o.Jobs), run.dir, o.continueCommand())
-		case errors.As(err, &pathErr):
+		case errors.As(err, &pathErr) && cannotWrite(pathErr):
 			// The run's files could not be written (a full disk, say): the
 			// journal keeps what finished, and the run goes on from there.
 			return sum, fmt.Errorf("%w. %d of %d jobs are done in %s; once %s can be written again (free space, permissions), continue with: %s",
@@ -398,6 +399,17 @@ func (e *interruptedError) Error() string {
 }
 
 func (e *interruptedError) Unwrap() error { return e.err }
+
+// cannotWrite is a file error that writing can meet and fixing the
+// machine (space, quota, permissions, a read-only mount) cures.
+func cannotWrite(err *fs.PathError) bool {
+	for _, errno := range []syscall.Errno{syscall.ENOSPC, syscall.EDQUOT, syscall.EROFS, syscall.EACCES, syscall.EPERM} {
+		if errors.Is(err, errno) {
+			return true
+		}
+	}
+	return false
+}
 
 // CodeChangedError refuses kernels_py sources other than the ones the run's
 // rows were computed with: at a resume, or when a worker starts mid-run

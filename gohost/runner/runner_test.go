@@ -409,6 +409,12 @@ func TestWriteErrorSaysHowToResume(t *testing.T) {
 		{"disk full", func(dir string) error {
 			return fmt.Errorf("journal job b: %w", &fs.PathError{Op: "write", Path: filepath.Join(dir, results.JournalFile), Err: syscall.ENOSPC})
 		}, true},
+		{"read-only file system", func(dir string) error {
+			return fmt.Errorf("journal job b: %w", &fs.PathError{Op: "open", Path: filepath.Join(dir, results.JournalFile), Err: syscall.EROFS})
+		}, true},
+		{"a missing file (no write could cure it)", func(dir string) error {
+			return fmt.Errorf("journal job b: %w", &fs.PathError{Op: "open", Path: filepath.Join(dir, "gone"), Err: syscall.ENOENT})
+		}, false},
 		{"another error", func(string) error { return errors.New("journal job b: json: unsupported value: NaN") }, false},
 	}
 	for _, tc := range tests {
