@@ -34,6 +34,29 @@ def test_matches_attention_over_the_gathered_rows(name, dtype, device):
         torch.testing.assert_close(got.lse, want.lse, atol=tol, rtol=tol)
 
 
+def _token_major(t):
+    """The same values as t [B, H, S, D], laid out [B, S, H, D] (a view):
+    each stride but the channels' differs from a contiguous tensor's."""
+    return t.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+@pytest.mark.parametrize("layout", ["k_token_major", "v_token_major"])
+def test_k_and_v_are_read_with_their_own_strides(layout, device):
+    # K and V in different layouts, so a kernel that reads one with the
+    # other's strides (or assumes a contiguous cache) reads the wrong rows.
+    q, q_pos, k, v, pos, index, count = case(device, torch.float32, "gqa4_m3")
+    want = op.reference.gather_decode(q, q_pos, k, v, pos, index, count)
+    if layout == "k_token_major":
+        k = _token_major(k)
+    else:
+        v = _token_major(v)
+    assert k.stride() != v.stride()
+    for splits in (1, 3):
+        got = op.gather_decode(q, q_pos, k, v, pos, index, count, num_splits=splits, block_n=16)
+        torch.testing.assert_close(got.out, want.out, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got.lse, want.lse, atol=1e-5, rtol=1e-5)
+
+
 def test_order_does_not_matter_and_empty_lists_see_nothing(device):
     q, q_pos, k, v, pos, index, count = case(device, torch.float32, "mha")
     shuffled = index.clone()
