@@ -136,6 +136,9 @@ seconds, e.g.
 			}
 			a.log.Info().Str("arch", arch.value).Msg(what)
 			if err := c.Run(); err != nil {
+				if je := reportFailed(out.Bytes()); je != nil {
+					return a.jobFailed("kernels report", je)
+				}
 				if ue := noUsableConfig(out.Bytes()); ue != nil {
 					return ue
 				}
@@ -232,6 +235,19 @@ func compileErrors(w io.Writer, errs []compileError) error {
 		fmt.Fprintln(w, e.Describe(e.what()+" failed to compile"))
 	}
 	return fmt.Errorf("kernels report: %s (above)", plural(len(errs), "compile error"))
+}
+
+// reportFailed is the report's error raised from a kernels_py line (a
+// kernel source that does not import, say), to be shown at that line as a
+// job's is; nil for any other output.
+func reportFailed(raw []byte) *worker.JobError {
+	var res struct {
+		Failed *worker.JobError `json:"failed"`
+	}
+	if json.Unmarshal(raw, &res) != nil || res.Failed == nil || res.Failed.At == nil || res.Failed.At.File == "" {
+		return nil
+	}
+	return res.Failed
 }
 
 // noUsableConfig is the estimate's error where every config of a kernel

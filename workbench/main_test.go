@@ -340,6 +340,48 @@ func TestKernelsReport(t *testing.T) {
 	}
 }
 
+// A kernel source that does not import is shown at its line by kernels
+// report, as selftest shows it, not as Python's traceback; and the other
+// ops are still estimated.
+func TestKernelsReportShowsASourceThatDoesNotImportAtItsLine(t *testing.T) {
+	py := testpy.Python(t)
+	root := copyKernels(t, t.TempDir())
+	kernel := filepath.Join(root, "kernels_py", "ops", "gather_decode", "kernel.py")
+	orig, err := os.ReadFile(kernel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const line = "tok_mask = offs_n < hi\n"
+	at := bytes.Index(orig, []byte(line))
+	if at < 0 {
+		t.Fatalf("kernel source no longer contains %q; update this test", line)
+	}
+	lineNo := bytes.Count(orig[:at], []byte("\n")) + 1
+	broken := bytes.Replace(orig, []byte(line), []byte("tok_mask = (offs_n < hi\n"), 1)
+	if err := os.WriteFile(kernel, broken, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("kernels report failed at kernels_py/ops/gather_decode/kernel.py:%d\n    tok_mask = (offs_n < hi\n"+
+		"  SyntaxError: '(' was never closed\n(the traceback: add -v)", lineNo)
+	for _, args := range [][]string{
+		{"--case", "gather-fp16-d128-gqa4"},
+		{"--estimate", "--op", "gather_decode", "--json"},
+	} {
+		full := append([]string{"--python", py, "--kernels", root, "kernels", "report", "--arch", "sm_80"}, args...)
+		code, stdout, stderr := runCLI(t, full...)
+		if code != 1 || !strings.Contains(stderr, want) || strings.Contains(stderr+stdout, "Traceback") {
+			t.Errorf("%v: exit %d, want 1 with %q\nstdout: %s\nstderr: %s", args, code, want, stdout, stderr)
+		}
+	}
+	// Another op's estimate does not import gather_decode.
+	code, stdout, stderr := runCLI(t, "--python", py, "--kernels", root, "kernels", "report", "--arch", "sm_80",
+		"--estimate", "--op", "fp8_decode", "--shape", "batch=8,granularity=tensor", "--impl", "fp8 (fused)",
+		"--config", "_stage1_kernel:BLOCK_N=64 w4 s2", "--json")
+	if code != 0 || !strings.Contains(stdout, `"implementation": "fp8 (fused)"`) {
+		t.Errorf("fp8_decode beside a broken gather_decode: exit %d\nstdout: %s\nstderr: %s", code, stdout, stderr)
+	}
+}
+
 // kernels report --estimate estimates an op from its compiled code and
 // prints the band, every config and what limits each kernel; bad shapes
 // and ops are usage errors. (sm_80 has no calibration points, so this stays
