@@ -96,7 +96,10 @@ def compile_op(op: str, target: int) -> dict:
     """Compile the op's first compile case for sm_<target> with Triton's own
     compiler (no GPU needed), in a process of its own without the
     interpreter (kernels_py.ops.compile says why). {"case", "seconds",
-    "kernels": [{"kernel", "seconds", "registers", "spill_bytes"}], "error"}."""
+    "kernels": [{"kernel", "seconds", "config", "registers", "spill_bytes",
+    "pruned"}], "error"}: spill_bytes are ptxas's spill stores, as kernels
+    report's spill column; config is an autotuned kernel's (None for a plain
+    launch), pruned where the autotuner would prune it for its spills."""
     from kernels_py.ops import OPS
 
     cases = OPS[op].cases.COMPILE_CASES
@@ -116,16 +119,26 @@ def compile_op(op: str, target: int) -> dict:
                     "error": {"message": (proc.stderr.strip().splitlines() or ["the compile process failed"])[-1]}}
         with open(path) as f:
             result = json.load(f)[0]
-    kernels, error = [], None
-    if result.get("error"):
-        error = compile_failure(result)
+    error = compile_failure(result) if result.get("error") else None
     for entry in result["compiled"]:
-        spill = sum(entry.get(k) or 0 for k in ("spill_stores", "spill_loads"))
-        kernels.append({"kernel": entry["kernel"], "seconds": entry.get("seconds"),
-                        "registers": entry.get("registers"), "spill_bytes": spill})
         if entry.get("error") and error is None:
             error = compile_failure(entry)
+    kernels = compiled_kernels(result["compiled"])
     return {"case": case, "target": target, "seconds": seconds, "kernels": kernels, "error": error}
+
+
+def compiled_kernels(entries: list[dict]) -> list[dict]:
+    """compile_op's "kernels" from kernels_py.ops.compile's entries of a case.
+    The autotuner prunes a config that spills where another config of its
+    kernel does not (common.prune_spilling), so such a config is marked
+    pruned."""
+    from kernels_py.ops.report import config_label, spills
+
+    unspilled = {e["kernel"] for e in entries if e.get("autotuned") and not e.get("error") and not spills(e)}
+    return [{"kernel": e["kernel"], "seconds": e.get("seconds"),
+             "config": config_label(e) if e.get("autotuned") else None,
+             "registers": e.get("registers"), "spill_bytes": e.get("spill_stores") or 0,
+             "pruned": bool(e.get("autotuned") and spills(e) and e["kernel"] in unspilled)} for e in entries]
 
 
 def _die_with_parent():

@@ -133,8 +133,10 @@ type watchResult struct {
 		Kernels []struct {
 			Kernel     string   `json:"kernel"`
 			Seconds    *float64 `json:"seconds"`
+			Config     string   `json:"config"`
 			Registers  *int     `json:"registers"`
 			SpillBytes int      `json:"spill_bytes"`
+			Pruned     bool     `json:"pruned"` // spills, so the autotuner never runs it`
 		} `json:"kernels"`
 		Error *sourceError `json:"error"`
 	} `json:"compile"`
@@ -176,6 +178,9 @@ func (r watchResult) figures() map[string]float64 {
 		for _, k := range c.Kernels {
 			if k.Seconds != nil {
 				seconds += *k.Seconds
+			}
+			if k.Pruned { // never runs: its registers and spills are none of the kernel's
+				continue
 			}
 			if k.Registers != nil && *k.Registers > regs {
 				regs = *k.Registers
@@ -519,6 +524,9 @@ func printWatchScreen(w io.Writer, op string, iteration int, e watchEntry, r wat
 		var parts []string
 		for _, k := range c.Kernels {
 			part := k.Kernel
+			if k.Config != "" {
+				part += " (" + k.Config + ")"
+			}
 			if k.Seconds != nil {
 				part += fmt.Sprintf(" %.2f s", *k.Seconds)
 			}
@@ -527,6 +535,9 @@ func printWatchScreen(w io.Writer, op string, iteration int, e watchEntry, r wat
 			}
 			if k.SpillBytes > 0 {
 				part += fmt.Sprintf(", %d B spilled", k.SpillBytes)
+			}
+			if k.Pruned {
+				part += " (pruned: the autotuner skips a config that spills)"
 			}
 			parts = append(parts, part)
 		}

@@ -252,6 +252,36 @@ func TestWatchFiguresCountFailedShapes(t *testing.T) {
 	}
 }
 
+// A config the autotuner prunes for its spills is named on the compile line
+// and left out of the figures: it never runs.
+func TestWatchLeavesAPrunedConfigOutOfTheFigures(t *testing.T) {
+	var r watchResult
+	raw := `{"compile": {"case": "fp8", "target": 90, "kernels": [
+		{"kernel": "_stage1_kernel", "seconds": 1, "config": "BLOCK_N=128 w4 s2", "registers": 128, "spill_bytes": 0},
+		{"kernel": "_stage1_kernel", "seconds": 1, "config": "BLOCK_N=128 w4 s2 r64", "registers": 64,
+		 "spill_bytes": 352, "pruned": true},
+		{"kernel": "_merge_kernel", "seconds": 0.5, "config": null, "registers": 16, "spill_bytes": 0}]}}`
+	if err := json.Unmarshal([]byte(raw), &r); err != nil {
+		t.Fatal(err)
+	}
+	f := r.figures()
+	if f["spill bytes"] != 0 || f["registers"] != 128 || f["compile s"] != 2.5 {
+		t.Errorf("figures %v: want 0 spill bytes, 128 registers, 2.5 compile s", f)
+	}
+	var out bytes.Buffer
+	e := watchEntry{Time: time.Now(), Iteration: 1, OK: true, Figures: f}
+	printWatchScreen(&out, "fp8_decode", 1, e, r, nil, nil, time.Second)
+	for _, want := range []string{
+		"_stage1_kernel (BLOCK_N=128 w4 s2) 1.00 s, 128 registers;",
+		"_stage1_kernel (BLOCK_N=128 w4 s2 r64) 1.00 s, 64 registers, 352 B spilled (pruned: the autotuner skips a config that spills);",
+		"_merge_kernel 0.50 s, 16 registers\n",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("no %q in\n%s", want, out.String())
+		}
+	}
+}
+
 // A rerun that mends a failed job is compared with the job's last good row,
 // not with the failure it replaces.
 func TestPrintRerunComparesWithTheLastGoodRow(t *testing.T) {
