@@ -218,3 +218,17 @@ def test_tally_counts_launches_waits_and_gpu_time():
               event("cudaStreamSynchronize"), event("cudaMemcpyAsync"), event("ampere_gemm", DeviceType.CUDA, 12.5),
               event("Memcpy DtoH", DeviceType.CUDA, 2.0), event("python function")]
     assert generate.tally(events) == {"ops": 2, "launches": 2, "syncs": 1, "gpu_us": 14.5}
+
+
+
+def test_a_press_is_refused_before_any_row(monkeypatch):
+    """kvpress runs as a press on transformers' own cache, not through the
+    adapter this benchmark times: refused as a usage error up front, rather
+    than failing the whole run at its first row."""
+    from kernels_py.params import BadKnobs
+
+    measured = []
+    monkeypatch.setattr(generate.Generate, "measure", lambda self, case: measured.append(case) or {})
+    with pytest.raises(BadKnobs, match="'kvpress' compresses transformers' own cache as a press"):
+        benchmarks.run("generate", dict(generate.Generate.smoke_sizes(), methods="vlcache,kvpress"))
+    assert measured == []
