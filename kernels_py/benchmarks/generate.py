@@ -48,6 +48,7 @@ works; its times are not the kernels'.
 
 import warnings
 from dataclasses import dataclass, fields
+from pathlib import Path
 
 import torch
 
@@ -147,9 +148,27 @@ class Generate(Benchmark):
 
     def cases(self):
         names = self.method_names()
+        self._check_weights_fit()
         _FULL.clear()  # baselines of an earlier run (another dtype, seed or length) must not be compared with
         return ({"model": self.model, "visual": v, "batch": b, "method": m}
                 for v in self.visual for b in self.batches for m in names)
+
+    def _check_weights_fit(self) -> None:
+        """BadKnobs where the model's weights alone exceed the memory free on
+        the device (a 7B model in float32 on a CPU): building it would only
+        end in an out-of-memory kill."""
+        device = runtime.device()
+        dtype = common.dtype(self.dtype)
+        need = weights_bytes(self.model, dtype)
+        free = available_bytes(device)
+        if free is None:
+            return
+        free += sum(weights_bytes(key[0], common.dtype(key[1])) for key in _MODELS)  # freed before the build
+        if need > free:
+            hint = (f"; on the CPU --model {' or '.join(n for n in sized.SIZES if n.startswith('tiny-'))} shows the "
+                    f"benchmark works" if device.type != "cuda" else "")
+            raise BadKnobs(f"--model {self.model}: its weights take {need / 1e9:.1f} GB in {self.dtype}, more than "
+                           f"the {free / 1e9:.1f} GB free on the {device.type}{hint}")
 
     def _vlm(self):
         device = runtime.device()
@@ -218,6 +237,30 @@ class Generate(Benchmark):
 
 
 _FULL: dict = {}  # the baseline's row of each shape, which the methods' rows compare with
+
+
+def weights_bytes(model: str, dtype: torch.dtype) -> int:
+    """Bytes of the model's weights (sized.SIZES) in `dtype`, from a build on
+    the meta device, which holds no memory."""
+    vlm = sized.build(model, 4096, device=torch.device("meta"), dtype=dtype)
+    return sum(p.numel() for p in vlm.model.parameters()) * dtype.itemsize
+
+
+def available_bytes(device: torch.device) -> float | None:
+    """Memory free for new tensors: on a GPU what the driver has free plus
+    what PyTorch's allocator holds unused; on a CPU the system's MemAvailable
+    (None where it cannot be read)."""
+    if device.type == "cuda":
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return float(torch.cuda.mem_get_info(device)[0] + cached)
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
 
 # The CUDA runtime calls that start a kernel, and the ones in which the host waits for the GPU.
 _LAUNCHES = frozenset({"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",

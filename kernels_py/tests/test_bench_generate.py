@@ -220,7 +220,6 @@ def test_tally_counts_launches_waits_and_gpu_time():
     assert generate.tally(events) == {"ops": 2, "launches": 2, "syncs": 1, "gpu_us": 14.5}
 
 
-
 def test_a_press_is_refused_before_any_row(monkeypatch):
     """kvpress runs as a press on transformers' own cache, not through the
     adapter this benchmark times: refused as a usage error up front, rather
@@ -232,3 +231,24 @@ def test_a_press_is_refused_before_any_row(monkeypatch):
     with pytest.raises(BadKnobs, match="'kvpress' compresses transformers' own cache as a press"):
         benchmarks.run("generate", dict(generate.Generate.smoke_sizes(), methods="vlcache,kvpress"))
     assert measured == []
+
+
+def test_weights_that_cannot_fit_are_refused_before_the_build(monkeypatch):
+    """A full-size model whose weights exceed the device's free memory (a 7B
+    model on a small CPU machine) is a usage error naming the bytes, before
+    any weight is made; the tiny models pass."""
+    from kernels_py.params import BadKnobs
+
+    assert generate.weights_bytes("llava-1.5-7b", torch.float16) == 7_063_427_072 * 2
+    assert generate.weights_bytes("qwen2-vl-7b", torch.float32) == 8_291_375_616 * 4
+    monkeypatch.setattr(generate, "available_bytes", lambda device: 2e9)
+    built, real = [], sized.build
+    monkeypatch.setattr(sized, "build", lambda name, *a, device, **k: built.append((name, device.type)) or
+                        real(name, *a, device=device, **k))
+    sizes = dict(generate.Generate.smoke_sizes(), model="llava-1.5-7b", dtype="float16", methods="vlcache")
+    with pytest.raises(BadKnobs, match=r"--model llava-1.5-7b: its weights take 14.1 GB in float16, more than the "
+                                       r"2.0 GB free"):
+        benchmarks.run("generate", sizes)
+    assert all(device == "meta" for _, device in built)
+    rows = benchmarks.run("generate", dict(generate.Generate.smoke_sizes(), methods="vlcache", batches=[1]))["rows"]
+    assert len(rows) == 2 and all("skipped" not in r for r in rows)
