@@ -76,6 +76,7 @@ def run(name: str, params: dict | None = None) -> dict:
                 torch.cuda.empty_cache()
         # Each row as it is measured: a long run shows where it is, and a killed one leaves its rows in the log.
         runtime.progress(f"bench {name}: row {i} of {len(cases)}: {json.dumps(rows[-1], default=str)}")
+    notes += bench.run_notes()
     tolerance = OUTPUT_TOLERANCE.get(getattr(bench, "dtype", None))
     for i, row in enumerate(rows, 1):
         err = row.get("output_err")

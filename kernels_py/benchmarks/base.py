@@ -57,6 +57,11 @@ class Benchmark(Knobs):
         """The rest of the row for one case."""
         raise NotImplementedError
 
+    def run_notes(self) -> list[str]:
+        """What the user should know about this run's numbers, beyond its rows
+        (printed after the table)."""
+        return []
+
     @classmethod
     def describe(cls) -> dict:
         """The benchmark as the schema carries it: `long` is its module's docstring."""

@@ -153,6 +153,12 @@ class Generate(Benchmark):
         return ({"model": self.model, "visual": v, "batch": b, "method": m}
                 for v in self.visual for b in self.batches for m in names)
 
+    def run_notes(self) -> list[str]:
+        if self.graphs and runtime.device().type != "cuda":
+            return [f"--graphs without CUDA: no graph was captured or replayed; every decode step ran eagerly (the "
+                    f"{GRAPHED_BASELINE!r} row is method full's cache, decoded eagerly as the methods are)"]
+        return []
+
     def _check_weights_fit(self) -> None:
         """BadKnobs where the model's weights alone exceed the memory free on
         the device (a 7B model in float32 on a CPU): building it would only

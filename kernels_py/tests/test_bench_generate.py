@@ -252,3 +252,14 @@ def test_weights_that_cannot_fit_are_refused_before_the_build(monkeypatch):
     assert all(device == "meta" for _, device in built)
     rows = benchmarks.run("generate", dict(generate.Generate.smoke_sizes(), methods="vlcache", batches=[1]))["rows"]
     assert len(rows) == 2 and all("skipped" not in r for r in rows)
+
+
+def test_graphs_without_cuda_say_the_steps_ran_eagerly():
+    """--graphs on the CPU captures nothing: the run says so, and a run on a
+    GPU does not."""
+    result = benchmarks.run("generate", dict(generate.Generate.smoke_sizes(), methods="vlcache", graphs=True,
+                                             batches=[1]))
+    said = [n for n in result["notes"] if n.startswith("--graphs without CUDA")]
+    assert len(said) == (0 if runtime.device().type == "cuda" else 1)
+    plain = benchmarks.run("generate", dict(generate.Generate.smoke_sizes(), methods="vlcache", batches=[1]))
+    assert not any(n.startswith("--graphs") for n in plain["notes"])
