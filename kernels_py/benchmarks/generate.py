@@ -57,7 +57,7 @@ from kernels_py.benchmarks.base import Benchmark
 from kernels_py.methods import METHODS, make_method
 from kernels_py.models import ModelError, generate_batch, generate_sdpa, sized
 from kernels_py.ops import common
-from kernels_py.params import BadKnobs, closest, knob
+from kernels_py.params import BadKnobs, Rule, closest, knob
 from kernels_py.tables import Column
 
 _MODELS: dict = {}  # (size, dtype, device) -> the model, built once per process
@@ -102,6 +102,10 @@ class Generate(Benchmark):
         Column("gpu_step_speedup", "x", "the baseline's step_gpu_ms / this one: the decode speedup in GPU time, "
                "the host left out, as VL-Cache's speed benchmark measures it (appendix A.6)", "GPU step vs full"),
     )
+    RULES = (Rule("not graphs or new_tokens >= 4",
+                  "--graphs replays decode steps from the third on (the first two run eagerly): new_tokens "
+                  "({new_tokens}) must be at least 4 for a step to be replayed, else decode_step_ms is the eager "
+                  "steps'"),)
     smoke = ({"model": "tiny-llava"}, {"visual": (64,), "text": 16}, {"batches": (1, 2)}, {"new_tokens": 4},
              {"dtype": "float32"})
 

@@ -127,6 +127,7 @@ def test_qwen2_vl_runs_every_default_method():
     ({"methods": "VL Cache"}, "methods"),
     ({"model": "llava-13b"}, "model"),
     ({"new_tokens": 1}, "new_tokens"),
+    ({"graphs": True, "new_tokens": 3}, r"new_tokens \(3\) must be at least 4"),
 ])
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
