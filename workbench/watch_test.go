@@ -381,3 +381,22 @@ func TestWatchSourcesSeesSourcesAndExtraFiles(t *testing.T) {
 		}
 	}
 }
+
+// The selftest's time is the kernels' on a GPU and the interpreter's on the
+// CPU, and is named for which it is.
+func TestWatchNamesTheInterpretersTimeSo(t *testing.T) {
+	for _, tc := range []struct {
+		interpreter bool
+		key, not    string
+	}{{false, "kernel s", "interpreter s"}, {true, "interpreter s", "kernel s"}} {
+		var r watchResult
+		raw := fmt.Sprintf(`{"interpreter": %v, "selftest": {"columns": [], "rows": [{"err": 0.5, "ok": true}], "kernel_seconds": 2}}`, tc.interpreter)
+		if err := json.Unmarshal([]byte(raw), &r); err != nil {
+			t.Fatal(err)
+		}
+		f := r.figures()
+		if _, found := f[tc.not]; f[tc.key] != 2 || found || f["max error"] != 0.5 {
+			t.Errorf("interpreter %v: figures %v, want %q = 2 and no %q", tc.interpreter, f, tc.key, tc.not)
+		}
+	}
+}
