@@ -80,7 +80,8 @@ class Generate(Benchmark):
         Column("prefill_s", "s", "prefill of the batch, the method's compression included", "prefill"),
         Column("decode_step_ms", "ms", "one decode step of the batch, the mean over the generation (with graphs, "
                "over the steps replayed from the graph: the first three run eagerly or capture it)", "step"),
-        Column("generate_s", "s", "prefill and every decode step of the generation", "generate"),
+        Column("generate_s", "s", "prefill and every decode step of the generation (with --graphs, the graph's "
+               "capture too: one a generation)", "generate"),
         Column("decode_speedup", "x", "the baseline's decode step / this one", "step vs full"),
         Column("generate_speedup", "x", "the baseline's generation / this one", "generate vs full"),
         Column("cache_bytes", "bytes", "the method's caches after the last step, every layer and prompt", "cache"),
