@@ -88,7 +88,7 @@ def run(method: str, params: Mapping[str, Any], workload: Mapping[str, Any],
     Raises ValueError / TypeError on unknown or invalid methods, workloads and parameters.
     """
     if planned_defaults:
-        _check_planned_defaults(method, workload_name, planned_defaults)
+        _check_planned_defaults(method, params, workload_name, workload, planned_defaults)
     chosen = make_method(method, params)
     config = make_workload(workload_name, workload)
     if hasattr(config, "evaluate"):  # a benchmark (workload "lmms"): the task's own metrics, in the model
@@ -108,13 +108,15 @@ def run(method: str, params: Mapping[str, Any], workload: Mapping[str, Any],
     return report
 
 
-def _check_planned_defaults(method: str, workload_name: str, planned: Mapping[str, Mapping]) -> None:
+def _check_planned_defaults(method: str, params: Mapping[str, Any], workload_name: str,
+                            workload: Mapping[str, Any], planned: Mapping[str, Mapping]) -> None:
     """The host's defaults for the job's method and workload are the sources'
-    (Knobs.check_planned_defaults); unknown names are make_method's and
-    make_workload's to report."""
-    for cls, key in ((METHODS.get(method), "method"), (WORKLOADS.get(workload_name), "workload")):
+    where the job holds them (Knobs.check_planned_defaults); unknown names
+    are make_method's and make_workload's to report."""
+    for cls, key, values in ((METHODS.get(method), "method", params),
+                             (WORKLOADS.get(workload_name), "workload", workload)):
         if cls is not None and key in planned:
-            cls.check_planned_defaults(planned[key])
+            cls.check_planned_defaults(planned[key], values if isinstance(values, Mapping) else None)
 
 
 @functools.lru_cache(maxsize=CACHED_WORKLOADS)

@@ -261,19 +261,23 @@ class Knobs:
         return {name: spec.schema() for name, spec in cls.param_specs().items()}
 
     @classmethod
-    def check_planned_defaults(cls, planned: Mapping[str, Any]) -> None:
+    def check_planned_defaults(cls, planned: Mapping[str, Any], values: Mapping[str, Any] | None = None) -> None:
         """Raise StaleSchema unless `planned` ({knob: default}, what the host's
         schema.json said when it filled in a job's unset knobs) holds this
-        class's knobs and defaults."""
+        class's knobs and defaults. A knob whose default changed matters
+        only where the job holds the old one (`values`, the job's knobs:
+        one set to another value was the script's choice, not a default)."""
         ours = {name: list(spec.default) if isinstance(spec.default, tuple) else spec.default
                 for name, spec in cls.param_specs().items()}
+        values = values or {}
         changes = []
         for name in sorted(set(ours) | set(planned)):
             if name not in planned:
                 changes.append(f"{name} is new (default {ours[name]!r})")
             elif name not in ours:
                 changes.append(f"{name} is gone")
-            elif not _same_value(planned[name], ours[name]):
+            elif not _same_value(planned[name], ours[name]) and \
+                    (name not in values or _same_value(values[name], planned[name])):
                 changes.append(f"{name} defaults to {ours[name]!r}, not {planned[name]!r}")
         if changes:
             source = inspect.getsourcefile(cls) or cls.__module__

@@ -454,4 +454,10 @@ func TestRunRefusesJobsPlannedFromAStaleSchema(t *testing.T) {
 	if code != 1 || !strings.Contains(stdout+stderr, want) || !strings.Contains(stdout+stderr, "run `workbench schema`") {
 		t.Errorf("exit %d, want the job refused with %q:\n%s\n%s", code, want, stdout, stderr)
 	}
+	// A job whose script chose the knob holds no stale default: it runs.
+	os.WriteFile(script, []byte(`experiment(name = "x", methods = ["h2o"], grid = {"budget": [0.5], "recent_fraction": [0.25]}, workloads = [workload(layers = 1, decode_steps = 1)])`+"\n"), 0o644)
+	code, stdout, stderr = runCLI(t, "--python", py, "--device", "cpu", "--kernels", root, "run", "--out", filepath.Join(root, "out"), script)
+	if code != 0 || strings.Contains(stdout+stderr, "out of date") {
+		t.Errorf("exit %d, want the job that sets recent_fraction to run:\n%s\n%s", code, stdout, stderr)
+	}
 }

@@ -112,6 +112,10 @@ def test_planned_defaults_that_are_not_the_sources_are_refused():
         sizes: tuple = knob("ints", (1, 2), "sizes")
 
     Owner.check_planned_defaults({"a": 0.5, "n": 2.0, "flag": True, "sizes": [1, 2]})  # JSON's numbers are numbers
+    # A job whose script set the knob to another value than the old default holds no default to go stale.
+    Owner.check_planned_defaults({"a": 0.4, "n": 2, "flag": True, "sizes": [1, 2]}, {"a": 0.7})
+    with pytest.raises(StaleSchema, match="a defaults to 0.5, not 0.4"):  # the old default, as planned
+        Owner.check_planned_defaults({"a": 0.4, "n": 2, "flag": True, "sizes": [1, 2]}, {"a": 0.4})
     for planned, says in [
         ({"a": 0.4, "n": 2, "flag": True, "sizes": [1, 2]}, "a defaults to 0.5, not 0.4"),
         ({"a": 0.5, "n": 2, "flag": 1, "sizes": [1, 2]}, "flag defaults to True, not 1"),
@@ -140,4 +144,4 @@ def test_a_job_planned_from_a_stale_schema_is_refused_before_it_runs():
     stale = {**planned, "method": {**planned["method"], "recent_fraction": 0.25}}
     with pytest.raises(StaleSchema, match=r"method 'h2o' \(kernels_py/methods/h2o.py: recent_fraction defaults to "
                                           r"0.5, not 0.25\)"):
-        ablation.run("h2o", {}, {}, "synthetic", planned_defaults=stale)
+        ablation.run("h2o", {"recent_fraction": 0.25}, {}, "synthetic", planned_defaults=stale)
