@@ -49,15 +49,19 @@ func (c *closedPipeWriter) Write(p []byte) (int, error) {
 }
 
 // run executes the CLI and returns the process exit code: 0 success, 1 a
-// failed command, 2 bad usage.
+// failed command, 2 bad usage, 130 (143) a command that SIGINT (SIGTERM)
+// stopped short.
 func run(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	caught := make(chan os.Signal, 1) // which signal, for the exit code
+	signal.Notify(caught, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(caught)
 	root := newRootCmd(stdout, stderr, args)
 	root.SetArgs(args)
 	cmd, err := root.ExecuteContextC(ctx)
 	if err == nil {
-		return 0
+		return 0 // watch ends so on Ctrl-C
 	}
 	var ce *exitCodeError
 	if errors.As(err, &ce) {
@@ -69,5 +73,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	fmt.Fprintf(stderr, "workbench: %v\n", err)
+	select {
+	case sig := <-caught: // stopped by a signal: 128 + its number, as shells report it
+		if n, ok := sig.(syscall.Signal); ok {
+			return 128 + int(n)
+		}
+	default:
+	}
 	return 1
 }

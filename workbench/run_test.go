@@ -126,7 +126,7 @@ func TestKilledRunResumes(t *testing.T) {
 	waitFor(first, 2)
 	first.Process.Signal(os.Interrupt)
 	err := first.Wait()
-	if code := first.ProcessState.ExitCode(); code != 1 || !strings.Contains(stderr.String(), "interrupted") || !strings.Contains(stderr.String(), "--resume") {
+	if code := first.ProcessState.ExitCode(); code != 130 || !strings.Contains(stderr.String(), "interrupted") || !strings.Contains(stderr.String(), "--resume") {
 		t.Fatalf("after Ctrl-C: %v, exit %d\n%s", err, code, stderr.String())
 	}
 
