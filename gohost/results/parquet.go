@@ -153,7 +153,9 @@ func columns(rows []map[string]any) []column {
 		}
 		cols = append(cols, column{name, kind})
 	}
-	sort.Slice(cols, func(i, j int) bool { return order(cols[i].name) < order(cols[j].name) })
+	// By name: a parquet group's columns are in name order whatever order
+	// they are given in (parquet.Group is a map), and so are the table's.
+	sort.Slice(cols, func(i, j int) bool { return cols[i].name < cols[j].name })
 	return cols
 }
 
@@ -167,22 +169,6 @@ func merge(a, b string) string {
 		return "double"
 	}
 	return "json"
-}
-
-// order keeps fixed columns first, then params, workload, metrics, extras.
-func order(name string) string {
-	fixed := []string{"job_id", "experiment", "method", "status", "error", "attempts", "duration_seconds", "wall_seconds", "finished", "kernels_digest"}
-	for i, f := range fixed {
-		if name == f {
-			return fmt.Sprintf("0%02d", i)
-		}
-	}
-	for i, p := range []string{"param_", "workload_", "metric_", "extra_"} {
-		if len(name) > len(p) && name[:len(p)] == p {
-			return fmt.Sprintf("%d%s", i+1, name)
-		}
-	}
-	return "9" + name
 }
 
 func leaf(kind string) parquet.Node {
