@@ -44,7 +44,7 @@ and every autotune config) for sm_80 or sm_90 with Triton's own ptxas, on
 any machine, and prints one row per compiled kernel and config: registers
 per thread, bytes spilled (ptxas -v), shared memory, and the tensor-core
 instructions its dots lowered to (mma.sync; wgmma on sm_90). All cases
-take about two minutes per target on 2 cores; --case picks some. A kernel
+take about two minutes per target on 2 cores; --case picks some, --op an op's. A kernel
 config that does not compile is printed with its file:line, the compiler's
 message and the line, and the command exits 1. --json adds each kernel's
 stack frame (spills, or libdevice's sin/cos table) and the errors. Then,
@@ -92,8 +92,8 @@ seconds, e.g.
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
-			if !estimate && (shape != "" || len(ops) > 0 || len(impls) > 0 || len(configs) > 0) {
-				return &usageError{fmt.Errorf("--shape, --op, --impl and --config go with --estimate")}
+			if !estimate && (shape != "" || len(impls) > 0 || len(configs) > 0) {
+				return &usageError{fmt.Errorf("--shape, --impl and --config go with --estimate")}
 			}
 			if estimate && len(cases) > 0 {
 				return &usageError{fmt.Errorf("--case picks compile cases of the resource table; --estimate takes --op")}
@@ -109,11 +109,11 @@ seconds, e.g.
 			for _, c := range cases {
 				args = append(args, "--case", c)
 			}
+			for _, o := range ops {
+				args = append(args, "--op", o)
+			}
 			if estimate {
 				args = append(args, "--estimate", "--shape", shape)
-				for _, o := range ops {
-					args = append(args, "--op", o)
-				}
 				for _, i := range impls {
 					args = append(args, "--impl", i)
 				}
@@ -197,7 +197,7 @@ seconds, e.g.
 	cmd.Flags().BoolVar(&estimate, "estimate", false,
 		"estimate each op's implementations at its benchmark shapes from what their compiled code issues")
 	cmd.Flags().StringVar(&shape, "shape", "", "with --estimate: fields of the ops' shapes, KEY=VALUE,... (e.g. batch=16,visual=8192 or partial=keys)")
-	cmd.Flags().StringArrayVar(&ops, "op", nil, "with --estimate: only this op (repeatable; default: every op with a model)")
+	cmd.Flags().StringArrayVar(&ops, "op", nil, "only this op: its compile cases, or with --estimate its estimate (repeatable; default: every op, with --estimate every op with a model)")
 	cmd.Flags().StringArrayVar(&impls, "impl", nil, "with --estimate: only this implementation, by its name in the implementation column (repeatable; no calibration)")
 	cmd.Flags().StringArrayVar(&configs, "config", nil, "with --estimate: KERNEL:CONFIG, only this config of an autotuned kernel, as the config column prints it (repeatable; no calibration)")
 	return cmd

@@ -338,6 +338,23 @@ func TestKernelsReport(t *testing.T) {
 	if code != 2 || !strings.Contains(stderr, `--case: 'no-such-case' is unknown`) {
 		t.Errorf("unknown case: exit %d, %s", code, stderr)
 	}
+	// --op without --estimate: that op's compile cases, and only its ideal.
+	code, stdout, stderr = runCLI(t, "--python", py, "kernels", "report", "--arch", "sm_90", "--json", "--op", "gather_decode")
+	res.Rows, res.Models = nil, nil
+	if code != 0 || json.Unmarshal([]byte(stdout), &res) != nil {
+		t.Fatalf("--op gather_decode: exit %d, %s", code, stderr)
+	}
+	cases := map[string]bool{}
+	for _, r := range res.Rows {
+		name, _ := r["case"].(string)
+		cases[name] = true
+		if !strings.HasPrefix(name, "gather-") {
+			t.Errorf("--op gather_decode compiled another op's case %q", name)
+		}
+	}
+	if len(cases) < 2 || !cases["gather-fp16-d128-gqa4"] || len(res.Models) != 1 {
+		t.Errorf("--op gather_decode: cases %v, %d models", cases, len(res.Models))
+	}
 }
 
 // A kernel source that does not import is shown at its line by kernels
@@ -457,7 +474,7 @@ func TestKernelsReportEstimate(t *testing.T) {
 		{"--estimate --op gather_decode --shape heads=30", "heads=30 must be a multiple of kv_heads=8"},
 		{"--estimate --op nope", `--op: "nope" is unknown`},
 		{"--estimate --op kv_quant", `--op: 'kv_quant' has no estimate: kernels_py/ops/kv_quant/model.py defines no ESTIMATES`},
-		{"--shape batch=8", "--shape, --op, --impl and --config go with --estimate"},
+		{"--shape batch=8", "--shape, --impl and --config go with --estimate"},
 		{"--estimate --case decode-fp16-d128-rope-r64-h32kv8", "--estimate takes --op"},
 	} {
 		args := append([]string{"--python", py, "kernels", "report", "--arch", "sm_80"}, strings.Fields(bad.args)...)

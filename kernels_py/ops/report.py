@@ -506,7 +506,8 @@ def main(argv=None) -> int:
     parser.add_argument("--case", action="append", default=[], help="only this compile case (repeatable)")
     parser.add_argument("--estimate", action="store_true", help="estimate each op's implementations instead")
     parser.add_argument("--shape", default="", help="with --estimate: fields of the ops' shapes, K=V,...")
-    parser.add_argument("--op", action="append", default=[], help="with --estimate: only this op (repeatable)")
+    parser.add_argument("--op", action="append", default=[],
+                        help="only this op: its estimate, or without --estimate its compile cases (repeatable)")
     parser.add_argument("--impl", action="append", default=[],
                         help="with --estimate: only this implementation (repeatable; no calibration)")
     parser.add_argument("--config", action="append", default=[],
@@ -566,7 +567,11 @@ def _run(opts) -> int:
         if name not in known:
             print(f"--case: {name!r} is unknown{closest(name, known)} (known: {', '.join(known)})", file=sys.stderr)
             return 2
-    json.dump(report(opts.target, opts.case), sys.stdout)
+    from kernels_py.ops import OPS
+
+    # --op NAME: the op's compile cases, beside any --case names.
+    names = opts.case + [c.name for name in opts.op for c in OPS[name].cases.COMPILE_CASES if c.name not in opts.case]
+    json.dump(report(opts.target, names), sys.stdout)
     sys.stdout.write("\n")
     return 0
 
