@@ -105,7 +105,7 @@ seconds, e.g.
 			if err != nil {
 				return err
 			}
-			args := []string{"-m", "kernels_py.ops.report", "--target", strings.TrimPrefix(arch.value, "sm_")}
+			args := []string{safePath, "-m", "kernels_py.ops.report", "--target", strings.TrimPrefix(arch.value, "sm_")}
 			for _, c := range cases {
 				args = append(args, "--case", c)
 			}

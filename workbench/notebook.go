@@ -96,7 +96,7 @@ the error. workbench lab opens the notebooks in JupyterLab instead.`,
 			if err != nil {
 				return err
 			}
-			pyArgs := append([]string{"-m", "kernels_py.notebooks", src, filepath.Join(out, name+".ipynb")}, runs...)
+			pyArgs := append([]string{safePath, "-m", "kernels_py.notebooks", src, filepath.Join(out, name+".ipynb")}, runs...)
 			c := exec.CommandContext(cmd.Context(), s.runtime.Python, pyArgs...)
 			c.Env = worker.Environment(os.Environ(), s.kernels.Dir, s.device)
 			c.Stdout, c.Stderr = a.stdout, a.stderr

@@ -104,3 +104,8 @@ func (a *app) resolveRuntime(ctx context.Context) (pyrt.KernelsRoot, *pyrt.Runti
 	})
 	return kernels, rt, err
 }
+
+// safePath is Python's -P: `python -m` would put the current directory
+// first on sys.path, so a checkout the command runs in would shadow the
+// kernels root (--kernels) that PYTHONPATH names.
+const safePath = "-P"

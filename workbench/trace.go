@@ -76,7 +76,7 @@ workload("trace", path = "FILE.safetensors").`,
 			if err != nil {
 				return err
 			}
-			args := []string{"-m", "kernels_py.models.trace", "--model", model, "--prompt", prompt, "--out", out,
+			args := []string{safePath, "-m", "kernels_py.models.trace", "--model", model, "--prompt", prompt, "--out", out,
 				"--decode-steps", fmt.Sprint(steps), "--progress"}
 			for _, img := range images {
 				args = append(args, "--image", img)

@@ -211,8 +211,11 @@ def estimate_implementation(impl, step, compiled: Compiled, gpu, flash_us: float
                           and (entry.get("error") or binary is None)), None)
             at = None if first is None else {"case": impl.name, "kernel": name, "config": config_label(first),
                                              **compile_failure(first)}
+            if not spilled:  # nothing compiled: the compile error is the news, not spills
+                raise NoUsableConfig(f"{impl.name}: {name} did not compile at this shape (failed: "
+                                     f"{', '.join(failed)})", at=at)
             raise NoUsableConfig(f"{impl.name}: no config of {name} compiled without spills at this shape (spilled, "
-                                 f"which the autotuner prunes: {', '.join(spilled) or 'none'}; failed to compile: "
+                                 f"which the autotuner prunes: {', '.join(spilled)}; failed to compile: "
                                  f"{', '.join(failed) or 'none'})", at=at)
         choice = estimate.pick(candidates)
         for row in rows:
