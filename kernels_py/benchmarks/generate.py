@@ -159,10 +159,17 @@ class Generate(Benchmark):
                 for v in self.visual for b in self.batches for m in names)
 
     def run_notes(self) -> list[str]:
-        if self.graphs and runtime.device().type != "cuda":
-            return [f"--graphs without CUDA: no graph was captured or replayed; every decode step ran eagerly (the "
-                    f"{GRAPHED_BASELINE!r} row is method full's cache, decoded eagerly as the methods are)"]
-        return []
+        notes = []
+        cuda = runtime.device().type == "cuda"
+        if self.graphs and not cuda:
+            notes.append(f"--graphs without CUDA: no graph was captured or replayed; every decode step ran eagerly "
+                         f"(the {GRAPHED_BASELINE!r} row is method full's cache, decoded eagerly as the methods are)")
+        if cuda and self.dtype == "float32":
+            # FlashAttention takes 16-bit inputs only: SDPA falls back (models.adapter._decode_sdpa).
+            notes.append("--dtype float32: the full cache's attention ran another SDPA kernel (memory-efficient or "
+                         "math), not FlashAttention, which takes float16 and bfloat16 only; the speedups are not "
+                         "against FlashAttention")
+        return notes
 
     def _check_weights_fit(self) -> None:
         """BadKnobs where the model's weights alone exceed the memory free on

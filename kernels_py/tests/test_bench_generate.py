@@ -264,3 +264,14 @@ def test_graphs_without_cuda_say_the_steps_ran_eagerly():
     assert len(said) == (0 if runtime.device().type == "cuda" else 1)
     plain = benchmarks.run("generate", dict(generate.Generate.smoke_sizes(), methods="vlcache", batches=[1]))
     assert not any(n.startswith("--graphs") for n in plain["notes"])
+
+
+def test_float32_on_cuda_says_the_baseline_is_not_flash_attention(monkeypatch):
+    """FlashAttention takes 16-bit inputs: a float32 run on a GPU says its
+    baseline ran another SDPA kernel; a 16-bit one, or any on the CPU, does not."""
+    def notes(device, dtype):
+        monkeypatch.setattr(generate.runtime, "device", lambda: torch.device(device))
+        return [n for n in generate.Generate(dtype=dtype).run_notes() if n.startswith("--dtype")]
+
+    assert len(notes("cuda", "float32")) == 1 and "not FlashAttention" in notes("cuda", "float32")[0]
+    assert notes("cuda", "float16") == [] and notes("cuda", "bfloat16") == [] and notes("cpu", "float32") == []
