@@ -54,9 +54,10 @@ def run(method: str, params: Mapping[str, Any], workload: Mapping[str, Any],
         workload_name: str = DEFAULT_WORKLOAD, planned_defaults: Mapping[str, Mapping] | None = None) -> dict:
     """Run `method` with `params` over the registered workload `workload_name`
     with knobs `workload` and score it against the full cache.
-    planned_defaults ({"method": {knob: default}, "workload": {...}}, from
-    the host's schema.json, which filled in the knobs a script left unset):
-    a job planned from a stale schema.json is refused (StaleSchema).
+    planned_defaults ({"method": {knob: default}, "workload": {...},
+    "protocol": {"name": P, "sets": {knob: value}}}, from the host's
+    schema.json, which filled in the knobs a script left unset): a job
+    planned from a stale schema.json is refused (StaleSchema).
 
     Returns {"metrics": {name: float}, "per_layer": {name: [float per layer]}},
     plus {"tensors": {"rel_err": [layers, steps] float32}} in the job's scratch
@@ -117,6 +118,9 @@ def _check_planned_defaults(method: str, params: Mapping[str, Any], workload_nam
                              (WORKLOADS.get(workload_name), "workload", workload)):
         if cls is not None and key in planned:
             cls.check_planned_defaults(planned[key], values if isinstance(values, Mapping) else None)
+    protocol = planned.get("protocol")
+    if method in METHODS and isinstance(protocol, Mapping) and isinstance(params, Mapping):
+        METHODS[method].check_planned_protocol(protocol.get("name", ""), protocol.get("sets") or {}, params)
 
 
 @functools.lru_cache(maxsize=CACHED_WORKLOADS)

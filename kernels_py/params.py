@@ -176,12 +176,23 @@ class StaleSchema(BadKnobs):
     `workbench schema` since): it would run with values nobody chose."""
 
 
-def _same_value(a: Any, b: Any) -> bool:
+def stale_message(cls, changes: list[str]) -> str:
+    """StaleSchema's words: the class, its file, what changed, what to do."""
+    source = inspect.getsourcefile(cls) or cls.__module__
+    try:
+        source = Path(source).resolve().relative_to(Path(__file__).resolve().parents[1]).as_posix()
+    except ValueError:
+        pass
+    return (f"kernels_py/schema.json is out of date for {cls.owner_name()} ({source}: {'; '.join(changes)}), and the "
+            f"job was planned from it: run `workbench schema`, then plan or run the experiment again")
+
+
+def same_value(a: Any, b: Any) -> bool:
     """JSON values equal as knob values: 2 and 2.0 are, True and 1 are not."""
     if isinstance(a, bool) or isinstance(b, bool):
         return isinstance(a, bool) and isinstance(b, bool) and a == b
     if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b))
     return a == b
 
 
@@ -276,18 +287,11 @@ class Knobs:
                 changes.append(f"{name} is new (default {ours[name]!r})")
             elif name not in ours:
                 changes.append(f"{name} is gone")
-            elif not _same_value(planned[name], ours[name]) and \
-                    (name not in values or _same_value(values[name], planned[name])):
+            elif not same_value(planned[name], ours[name]) and \
+                    (name not in values or same_value(values[name], planned[name])):
                 changes.append(f"{name} defaults to {ours[name]!r}, not {planned[name]!r}")
         if changes:
-            source = inspect.getsourcefile(cls) or cls.__module__
-            try:
-                source = Path(source).resolve().relative_to(Path(__file__).resolve().parents[1]).as_posix()
-            except ValueError:
-                pass
-            raise StaleSchema(f"kernels_py/schema.json is out of date for {cls.owner_name()} ({source}: "
-                              f"{'; '.join(changes)}), and the job was planned from it: run `workbench schema`, "
-                              f"then plan or run the experiment again")
+            raise StaleSchema(stale_message(cls, changes))
 
     @classmethod
     def rules_schema(cls) -> list[dict]:

@@ -570,7 +570,7 @@ func runnerJobs(s *expt.Schema, e expt.Experiment) []runner.Job {
 		label := strings.TrimSpace(j.Method + " " + formatParams(j.Params) + " " + workloads[j.ID])
 		args := map[string]any{"method": j.Method, "params": j.Params, "workload_name": j.WorkloadName,
 			"workload": j.Workload}
-		if planned := plannedDefaults(s, j); len(planned) > 0 {
+		if planned := plannedDefaults(s, e.Protocol, j); len(planned) > 0 {
 			args["planned_defaults"] = planned
 		}
 		jobs[i] = runner.Job{
@@ -582,16 +582,20 @@ func runnerJobs(s *expt.Schema, e expt.Experiment) []runner.Job {
 	return jobs
 }
 
-// plannedDefaults is {"method": {knob: default}, "workload": {...}} from
-// the schema a job was planned with (kernels_py.ablation.run's
-// planned_defaults).
-func plannedDefaults(s *expt.Schema, j expt.Job) map[string]map[string]any {
-	out := map[string]map[string]any{}
+// plannedDefaults is {"method": {knob: default}, "workload": {...},
+// "protocol": {"name": P, "sets": {knob: value}}} from the schema a job was
+// planned with (kernels_py.ablation.run's planned_defaults); "protocol"
+// where the experiment names one.
+func plannedDefaults(s *expt.Schema, protocol string, j expt.Job) map[string]any {
+	out := map[string]any{}
 	if s == nil {
 		return out
 	}
 	if m := s.Methods[j.Method]; m != nil {
 		out["method"] = m.Params.Defaults()
+		if protocol != "" {
+			out["protocol"] = map[string]any{"name": protocol, "sets": m.ProtocolParams(protocol)}
+		}
 	}
 	if w := s.Workloads[j.WorkloadName]; w != nil {
 		out["workload"] = w.Params.Defaults()

@@ -66,9 +66,10 @@ func TestPlanQuotesAPromptOnTheJobsLine(t *testing.T) {
 	}
 }
 
-// The defaults every job carries (plannedDefaults) are the sources' as the
-// worker compares them: today's schema.json, sent as JSON the way Go encodes
-// it (1.0 as 1, lists, bools), refuses no method or workload. A false
+// The defaults and protocol values every job carries (plannedDefaults) are
+// the sources' as the worker compares them: today's schema.json, sent as
+// JSON the way Go encodes it (1.0 as 1, lists, bools), refuses no method,
+// workload or protocol. A false
 // refusal would fail every job of every run.
 func TestPlannedDefaultsOfTodaysSchemaAreTheSources(t *testing.T) {
 	py := testpy.Python(t)
@@ -76,9 +77,12 @@ func TestPlannedDefaultsOfTodaysSchemaAreTheSources(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sent := map[string]map[string]map[string]any{"method": {}, "workload": {}}
+	sent := map[string]map[string]map[string]any{"method": {}, "workload": {}, "protocol": {}}
 	for name, m := range s.Methods {
 		sent["method"][name] = m.Params.Defaults()
+		for protocol := range s.Protocols {
+			sent["protocol"][name+" "+protocol] = m.ProtocolParams(protocol)
+		}
 	}
 	for name, w := range s.Workloads {
 		sent["workload"][name] = w.Params.Defaults()
@@ -95,7 +99,10 @@ for kind, registry in (("method", METHODS), ("workload", WORKLOADS)):
     assert set(sent[kind]) == set(registry), (kind, sorted(set(sent[kind]) ^ set(registry)))
     for name, defaults in sent[kind].items():
         registry[name].check_planned_defaults(defaults)
-print(len(sent["method"]), len(sent["workload"]))
+for key, sets in sent["protocol"].items():
+    name, protocol = key.split(" ")
+    METHODS[name].check_planned_protocol(protocol, sets, {**sent["method"][name], **sets})
+print(len(sent["method"]), len(sent["workload"]), len(sent["protocol"]))
 `
 	cmd := exec.Command(py, "-c", check)
 	cmd.Dir = ".."
@@ -105,7 +112,7 @@ print(len(sent["method"]), len(sent["workload"]))
 	if err != nil {
 		t.Fatalf("%v:\n%s", err, out)
 	}
-	if want := fmt.Sprintf("%d %d", len(s.Methods), len(s.Workloads)); strings.TrimSpace(string(out)) != want {
+	if want := fmt.Sprintf("%d %d %d", len(s.Methods), len(s.Workloads), len(s.Methods)*len(s.Protocols)); strings.TrimSpace(string(out)) != want {
 		t.Errorf("checked %q, want %q", out, want)
 	}
 }

@@ -431,9 +431,10 @@ func TestUnknownOpBenchmarkOrMethodHints(t *testing.T) {
 	}
 }
 
-// A default changed in Python without `workbench schema` does not run as if
-// the script had chosen the old one: each job carries the defaults its plan
-// filled in, and the worker refuses them, naming the knob and the fix.
+// A default (or a protocol's value) changed in Python without `workbench
+// schema` does not run as if the script had chosen the old one: each job
+// carries what its plan filled in, and the worker refuses it, naming the
+// knob and the fix; a job whose script set the knob itself runs.
 func TestRunRefusesJobsPlannedFromAStaleSchema(t *testing.T) {
 	py := testpy.Python(t)
 	root := t.TempDir()
@@ -442,22 +443,38 @@ func TestRunRefusesJobsPlannedFromAStaleSchema(t *testing.T) {
 	}
 	h2o := filepath.Join(root, "kernels_py", "methods", "h2o.py")
 	src, _ := os.ReadFile(h2o)
-	edited := bytes.Replace(src, []byte(`"float", 0.5, "share of the budget reserved`), []byte(`"float", 0.4, "share of the budget reserved`), 1)
-	if bytes.Equal(edited, src) {
-		t.Fatal("h2o.py no longer declares recent_fraction's default as this test edits it")
+	const (
+		workload = `workloads = [workload(layers = 1, decode_steps = 1)]`
+		stale    = "kernels_py/schema.json is out of date for method 'h2o' (kernels_py/methods/h2o.py: "
+	)
+	tests := []struct {
+		name, from, to, script, want string // want "": the run succeeds
+	}{
+		{"a default", `"float", 0.5, "share of the budget reserved`, `"float", 0.4, "share of the budget reserved`,
+			`experiment(name = "x", methods = ["h2o"], grid = {"budget": [0.5]}, ` + workload + `)`,
+			stale + "recent_fraction defaults to 0.4, not 0.5)"},
+		{"a protocol's value", `protocols = {"vlcache": {"recent_fraction": 0.1}}`, `protocols = {"vlcache": {"recent_fraction": 0.15}}`,
+			`experiment(name = "x", protocol = "vlcache", methods = ["h2o"], grid = {"budget": [0.5]}, ` + workload + `)`,
+			stale + "protocol 'vlcache' sets recent_fraction to 0.15, not 0.1)"},
+		{"a default the script sets", `"float", 0.5, "share of the budget reserved`, `"float", 0.4, "share of the budget reserved`,
+			`experiment(name = "x", methods = ["h2o"], grid = {"budget": [0.5], "recent_fraction": [0.25]}, ` + workload + `)`, ""},
 	}
-	os.WriteFile(h2o, edited, 0o644)
-	script := filepath.Join(root, "x.star")
-	os.WriteFile(script, []byte(`experiment(name = "x", methods = ["h2o"], grid = {"budget": [0.5]}, workloads = [workload(layers = 1, decode_steps = 1)])`+"\n"), 0o644)
-	code, stdout, stderr := runCLI(t, "--python", py, "--device", "cpu", "--kernels", root, "run", "--out", filepath.Join(root, "out"), script)
-	want := "kernels_py/schema.json is out of date for method 'h2o' (kernels_py/methods/h2o.py: recent_fraction defaults to 0.4, not 0.5)"
-	if code != 1 || !strings.Contains(stdout+stderr, want) || !strings.Contains(stdout+stderr, "run `workbench schema`") {
-		t.Errorf("exit %d, want the job refused with %q:\n%s\n%s", code, want, stdout, stderr)
-	}
-	// A job whose script chose the knob holds no stale default: it runs.
-	os.WriteFile(script, []byte(`experiment(name = "x", methods = ["h2o"], grid = {"budget": [0.5], "recent_fraction": [0.25]}, workloads = [workload(layers = 1, decode_steps = 1)])`+"\n"), 0o644)
-	code, stdout, stderr = runCLI(t, "--python", py, "--device", "cpu", "--kernels", root, "run", "--out", filepath.Join(root, "out"), script)
-	if code != 0 || strings.Contains(stdout+stderr, "out of date") {
-		t.Errorf("exit %d, want the job that sets recent_fraction to run:\n%s\n%s", code, stdout, stderr)
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			edited := bytes.Replace(src, []byte(tc.from), []byte(tc.to), 1)
+			if bytes.Equal(edited, src) {
+				t.Fatalf("h2o.py no longer holds %q, which this test edits", tc.from)
+			}
+			os.WriteFile(h2o, edited, 0o644)
+			script := filepath.Join(t.TempDir(), "x.star")
+			os.WriteFile(script, []byte(tc.script+"\n"), 0o644)
+			code, stdout, stderr := runCLI(t, "--python", py, "--device", "cpu", "--kernels", root, "run", "--out", t.TempDir(), script)
+			switch {
+			case tc.want == "" && (code != 0 || strings.Contains(stdout+stderr, "out of date")):
+				t.Errorf("exit %d, want the job to run:\n%s\n%s", code, stdout, stderr)
+			case tc.want != "" && (code != 1 || !strings.Contains(stdout+stderr, tc.want) || !strings.Contains(stdout+stderr, "run `workbench schema`")):
+				t.Errorf("exit %d, want the job refused with %q:\n%s\n%s", code, tc.want, stdout, stderr)
+			}
+		})
 	}
 }

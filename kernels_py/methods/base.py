@@ -28,7 +28,7 @@ Prompt tokens sit at positions 0..T-1 and step s at position T + s.
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from functools import cached_property
-from typing import ClassVar
+from typing import Any, ClassVar, Mapping
 
 import torch
 
@@ -39,7 +39,7 @@ from kernels_py.methods.float8 import KV_DTYPES, Float8Tokens, fp8_scale_knob, k
 from kernels_py.methods.prompt import Prompt
 from kernels_py.methods.scorers import Scorer
 from kernels_py.ops.common import BACKENDS
-from kernels_py.params import Knobs, knob
+from kernels_py.params import Knobs, StaleSchema, knob, same_value, stale_message
 
 
 # Comparison protocols: the knobs an experiment that names one
@@ -89,6 +89,27 @@ class Method(Knobs, ABC):
         for klass in reversed(cls.__mro__):
             out.update(vars(klass).get("protocols", {}).get(protocol, {}))
         return out
+
+    @classmethod
+    def check_planned_protocol(cls, protocol: str, planned: Mapping[str, Any], values: Mapping[str, Any]) -> None:
+        """Raise StaleSchema where `planned` (the knob values schema.json said
+        `protocol` sets, which the host set on the job) is not what this
+        class's protocols set, and the job (`values`) holds the planned
+        value: another was the script's own choice."""
+        ours = cls.protocol_knobs(protocol) if protocol in PROTOCOLS else {}
+        changes = []
+        for name in sorted(set(ours) | set(planned)):
+            if name in planned and name in ours and same_value(planned[name], ours[name]):
+                continue
+            if name in planned and name in values and not same_value(values[name], planned[name]):
+                continue  # the grid or an extra set it after the protocol
+            if name not in planned and name in values and same_value(values[name], ours[name]):
+                continue  # the job holds what the protocol now sets
+            now = f"sets {name} to {ours[name]!r}" if name in ours else f"leaves {name} alone"
+            was = f"{planned[name]!r}" if name in planned else "nothing"
+            changes.append(f"protocol {protocol!r} {now}, not {was}")
+        if changes:
+            raise StaleSchema(stale_message(cls, changes))
 
     @classmethod
     def owner_name(cls) -> str:

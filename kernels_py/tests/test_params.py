@@ -145,3 +145,27 @@ def test_a_job_planned_from_a_stale_schema_is_refused_before_it_runs():
     with pytest.raises(StaleSchema, match=r"method 'h2o' \(kernels_py/methods/h2o.py: recent_fraction defaults to "
                                           r"0.5, not 0.25\)"):
         ablation.run("h2o", {"recent_fraction": 0.25}, {}, "synthetic", planned_defaults=stale)
+
+
+def test_planned_protocol_values_that_are_not_the_sources_are_refused():
+    """A job carries the values its protocol set as schema.json had them; a
+    protocol that now sets another value, or sets or leaves a knob it did
+    not, makes the job stale where the job holds the planned value."""
+    from kernels_py.params import StaleSchema
+
+    h2o = METHODS["h2o"]
+    sets = h2o.protocol_knobs("vlcache")
+    assert sets == {"evict_while_decoding": True, "recent_fraction": 0.1}  # what this test edits
+    job = {**h2o().to_dict(), **sets}
+    h2o.check_planned_protocol("vlcache", sets, job)
+    for planned, holds, says in [
+        ({**sets, "recent_fraction": 0.2}, {"recent_fraction": 0.2},
+         "protocol 'vlcache' sets recent_fraction to 0.1, not 0.2"),
+        ({"evict_while_decoding": True}, {"recent_fraction": 0.5},
+         "protocol 'vlcache' sets recent_fraction to 0.1, not nothing"),
+        ({**sets, "window": 4}, {"window": 4}, "protocol 'vlcache' leaves window alone, not 4"),
+    ]:
+        with pytest.raises(StaleSchema, match=says):
+            h2o.check_planned_protocol("vlcache", planned, {**job, **holds})
+    # The grid set recent_fraction after the protocol: the job holds no protocol value to go stale.
+    h2o.check_planned_protocol("vlcache", {**sets, "recent_fraction": 0.2}, {**job, "recent_fraction": 0.3})
