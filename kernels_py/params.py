@@ -82,10 +82,14 @@ class ParamSpec:
             return value
         raise TypeError(f"{owner}: {name} must be {self.type}, got {type(value).__name__} {value!r}")
 
+    @property
+    def json_default(self) -> Any:
+        """The default as JSON holds it (and the Go host sends it back)."""
+        return list(self.default) if self.type == "ints" else self.default
+
     def schema(self) -> dict:
         """The parameter as the Go host reads it."""
-        default = list(self.default) if self.type == "ints" else self.default
-        entry = {"type": self.type, "default": default, "min": self.min, "max": self.max, "doc": self.doc}
+        entry = {"type": self.type, "default": self.json_default, "min": self.min, "max": self.max, "doc": self.doc}
         if self.choices is not None:
             entry["choices"] = list(self.choices)
         if self.ref:
@@ -278,8 +282,7 @@ class Knobs:
         class's knobs and defaults. A knob whose default changed matters
         only where the job holds the old one (`values`, the job's knobs:
         one set to another value was the script's choice, not a default)."""
-        ours = {name: list(spec.default) if isinstance(spec.default, tuple) else spec.default
-                for name, spec in cls.param_specs().items()}
+        ours = {name: spec.json_default for name, spec in cls.param_specs().items()}
         values = values or {}
         changes = []
         for name in sorted(set(ours) | set(planned)):

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -483,6 +484,13 @@ func (a *app) runExperiments(ctx context.Context, file string, o runOptions) ([]
 			return nil, err
 		}
 		executor = &runner.Local{Python: s.runtime.Python, KernelsRoot: s.kernels.Dir, Device: s.device, Workers: o.workers, Log: a.log}
+		most := 0 // workers start up to an experiment's jobs
+		for _, e := range exps {
+			most = max(most, len(e.Jobs))
+		}
+		if warning := tooManyWorkers(o.workers, min(o.workers, most), s.device, runtime.NumCPU()); warning != "" {
+			a.log.Warn().Msg(warning)
+		}
 	}
 	var dirs []string
 	var failed int
@@ -566,12 +574,17 @@ func planWorkloads(exps []expt.Experiment) []string {
 func runnerJobs(s *expt.Schema, e expt.Experiment) []runner.Job {
 	jobs := make([]runner.Job, len(e.Jobs))
 	workloads := workloadLabels(e.Jobs)
+	planned := map[[2]string]map[string]any{} // one per method and workload, shared by their jobs
 	for i, j := range e.Jobs {
 		label := strings.TrimSpace(j.Method + " " + formatParams(j.Params) + " " + workloads[j.ID])
 		args := map[string]any{"method": j.Method, "params": j.Params, "workload_name": j.WorkloadName,
 			"workload": j.Workload}
-		if planned := plannedDefaults(s, e.Protocol, j); len(planned) > 0 {
-			args["planned_defaults"] = planned
+		key := [2]string{j.Method, j.WorkloadName}
+		if _, ok := planned[key]; !ok {
+			planned[key] = plannedDefaults(s, e.Protocol, j)
+		}
+		if len(planned[key]) > 0 {
+			args["planned_defaults"] = planned[key]
 		}
 		jobs[i] = runner.Job{
 			Job: sched.Job{ID: j.ID, Label: label, Timeout: j.Timeout,
@@ -601,4 +614,16 @@ func plannedDefaults(s *expt.Schema, protocol string, j expt.Job) map[string]any
 		out["workload"] = w.Params.Defaults()
 	}
 	return out
+}
+
+// tooManyWorkers says why asking for `asked` workers on the CPU, of which
+// `starting` start (no more than the jobs), will be slow: they share `cpus`
+// CPUs; "" when they do not outnumber them. (On CUDA workers spread over the
+// GPUs, and more than one a GPU can pay where jobs spend time in Python.)
+func tooManyWorkers(asked, starting int, device worker.Device, cpus int) string {
+	if asked == 0 || device == worker.CUDA || starting <= cpus {
+		return ""
+	}
+	return fmt.Sprintf("--workers %d: %d workers (each a Python process with torch) will share %d CPUs, so each "+
+		"job runs slower; --workers %d or fewer keeps a CPU each", asked, starting, cpus, cpus)
 }

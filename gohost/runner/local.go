@@ -44,9 +44,6 @@ func (l *Local) Run(ctx context.Context, b Batch) error {
 			workers = gpus
 		}
 	}
-	if warning := tooManyWorkers(l.Workers, min(l.Workers, len(b.Jobs)), l.Device, runtime.NumCPU()); warning != "" {
-		b.Log.Warn().Msg(warning)
-	}
 	scratch := newScratchArenas()
 	defer scratch.Close()
 	var once sync.Once
@@ -89,18 +86,6 @@ func (l *Local) Run(ctx context.Context, b Batch) error {
 				return saveTensors(b.Dir, out.Job.ID, out.Result, scratch)
 			}})
 		}})
-}
-
-// tooManyWorkers says why asking for `asked` workers on the CPU, of which
-// `starting` start (no more than the jobs), will be slow: they share `cpus`
-// CPUs; "" when they do not outnumber them. (On CUDA workers spread over the
-// GPUs, and more than one a GPU can pay where jobs spend time in Python.)
-func tooManyWorkers(asked, starting int, device worker.Device, cpus int) string {
-	if asked == 0 || device == worker.CUDA || starting <= cpus {
-		return ""
-	}
-	return fmt.Sprintf("--workers %d: %d workers (each a Python process with torch) will share %d CPUs, so each "+
-		"job runs slower; --workers %d or fewer keeps a CPU each", asked, starting, cpus, cpus)
 }
 
 // kernels is the sources w has run, as it reports them; for a worker that

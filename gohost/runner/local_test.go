@@ -217,21 +217,3 @@ func TestScratchArenaIDsAreDistinct(t *testing.T) {
 		seen[id] = true
 	}
 }
-
-func TestTooManyWorkersWarns(t *testing.T) {
-	for _, tc := range []struct {
-		asked, starting int
-		device          worker.Device
-		want            string // "" for no warning
-	}{
-		{0, 1, worker.CPU, ""},
-		{2, 2, worker.CPU, ""},
-		{8, 3, worker.CPU, ""}, // 3 jobs: 3 workers start
-		{8, 8, worker.CUDA, ""},
-		{8, 5, worker.CPU, "--workers 8: 5 workers (each a Python process with torch) will share 4 CPUs, so each job runs slower; --workers 4 or fewer keeps a CPU each"},
-	} {
-		if got := tooManyWorkers(tc.asked, tc.starting, tc.device, 4); got != tc.want {
-			t.Errorf("%d asked, %d starting on %s: %q, want %q", tc.asked, tc.starting, tc.device, got, tc.want)
-		}
-	}
-}

@@ -46,7 +46,7 @@ type Package struct {
 	Error   string  `json:"error,omitempty"`
 }
 
-// MissingPackage is the package of triton and numpy the worker could not
+// MissingPackage is the first of triton and numpy the worker could not
 // import (torch it imports before it says hello), and what importing it
 // raised; "" when both imported.
 func (h Hello) MissingPackage() (name, why string) {

@@ -549,8 +549,8 @@ def _run(opts) -> int:
             if not _has_estimates(OPS[name]):
                 modelled = [op.name for op in OPS.values() if _imports_with_estimates(op)]
                 print(f"--op: {name!r} has no estimate: kernels_py/ops/{name}/model.py defines no ESTIMATES "
-                      f"(ops with one: {', '.join(modelled)}); kernels report without --estimate compiles its "
-                      f"kernels (--case: its compile cases)", file=sys.stderr)
+                      f"(ops with one: {', '.join(modelled)}); kernels report --op {name} without --estimate "
+                      f"compiles its kernels", file=sys.stderr)
                 return 2
         try:
             result = estimate_report(opts.target, parse_shape(opts.shape), opts.op, impls=opts.impl,
