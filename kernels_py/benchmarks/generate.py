@@ -46,6 +46,7 @@ H100. On the CPU a tiny model of the same architecture shows the benchmark
 works; its times are not the kernels'.
 """
 
+import functools
 import warnings
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -257,9 +258,11 @@ class Generate(Benchmark):
 _FULL: dict = {}  # the baseline's row of each shape, which the methods' rows compare with
 
 
+@functools.lru_cache(maxsize=None)
 def weights_bytes(model: str, dtype: torch.dtype) -> int:
     """Bytes of the model's weights (sized.SIZES) in `dtype`, from a build on
-    the meta device, which holds no memory."""
+    the meta device, which holds no memory (once per model and dtype: the
+    build takes seconds at 7B)."""
     vlm = sized.build(model, 4096, device=torch.device("meta"), dtype=dtype)
     return sum(p.numel() for p in vlm.model.parameters()) * dtype.itemsize
 
