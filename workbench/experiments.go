@@ -413,7 +413,8 @@ Ctrl-C stops at once: finished jobs stay in the journal, and --resume
 continues the newest run of each experiment without redoing them (the
 message gives the command). A resume is refused while another workbench
 writes the run, and when kernels_py changed since the run's rows were
-computed (unless --allow-code-change; a run without rows resumes on them); a
+computed (unless --allow-code-change; a run without rows resumes on them), and
+when its results.parquet holds rows its journal lost (it would run them again); a
 worker that would start on edited kernels_py mid-run is refused the same way.
 The command exits 1 while a job of the plan has a failed row, one left by an
 earlier run or resume too; --resume --retry-failed runs them again.

@@ -250,6 +250,37 @@ func TestResumeWarnsWhenTheScriptChanged(t *testing.T) {
 	}
 }
 
+// A run whose journal is gone but whose table has rows is not resumed:
+// that would run its jobs again and rebuild the table without them.
+func TestResumeRefusesARunThatLostItsJournal(t *testing.T) {
+	o := testOptions(t, &fakeExecutor{}, testJobs("a", "b"))
+	sum, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := filepath.Join(sum.Dir, results.ParquetFile)
+	before, err := os.ReadFile(table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(sum.Dir, results.JournalFile)); err != nil {
+		t.Fatal(err)
+	}
+	again := &fakeExecutor{}
+	o.Executor, o.Resume = again, true
+	_, err = Run(context.Background(), o)
+	if err == nil || !strings.Contains(err.Error(), "has 2 rows but its journal.jsonl only 0 finished jobs") ||
+		!strings.Contains(err.Error(), "start a new run without --resume") {
+		t.Fatalf("resume without a journal: %v", err)
+	}
+	if len(again.ran) != 0 {
+		t.Errorf("ran %v", again.ran)
+	}
+	if after, err := os.ReadFile(table); err != nil || !bytes.Equal(after, before) {
+		t.Errorf("the table changed (%v)", err)
+	}
+}
+
 func TestResumeWithoutRunStartsOne(t *testing.T) {
 	ex := &fakeExecutor{}
 	o := testOptions(t, ex, testJobs("a", "b"))
