@@ -90,6 +90,14 @@ func (e *Executor) Run(ctx context.Context, b runner.Batch) error {
 		if err := CheckPartition(ctx, e.Options.Partition); err != nil {
 			return err
 		}
+	} else if Installed() == nil && e.Options.Partition != "" {
+		// A dry run also works where Slurm is not installed; where it is, a
+		// partition the cluster lacks is refused as the submission would be.
+		if names, err := Partitions(ctx); err == nil {
+			if err := partitionIn(names, e.Options.Partition); err != nil {
+				return err
+			}
+		}
 	}
 	jobs := make([]runner.Job, len(b.Jobs))
 	for i, j := range b.Jobs {

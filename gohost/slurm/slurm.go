@@ -22,6 +22,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -252,10 +253,13 @@ func CheckPartition(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	for _, n := range names {
-		if n == name {
-			return nil
-		}
+	return partitionIn(names, name)
+}
+
+// partitionIn refuses a partition not among the cluster's names.
+func partitionIn(names []string, name string) error {
+	if slices.Contains(names, name) {
+		return nil
 	}
 	return fmt.Errorf("partition %q does not exist on this cluster; its partitions: %s", name, strings.Join(names, ", "))
 }
