@@ -26,9 +26,9 @@ read off the printed table, to 4 digits. Each point carries the digest of
 the machine code it measured ("code", code_digest): those 11 were computed
 by compiling commit 08bf22f, whose generated code the uncommitted change
 left as it was. The next 32 are commit ac7c521's kernels on an H200 and
-then an H100, recorded by the bench runs themselves (README's "Measured
-on an H100 and an H200"). A point whose kernels compile to other code
-today is stale: kept, listed, held to no band.
+then an H100, recorded by the bench runs themselves (kernels_py/ops/README.md,
+"Measured on an H100 and an H200"). A point whose kernels compile to other
+code today is stale: kept, listed, held to no band.
 """
 
 import functools
