@@ -556,10 +556,17 @@ def _good(device):
         (lambda q, k, pos: (q, k, pos - 5), ValueError, r"\[0, 8\)"),
     ],
 )
-def test_bad_inputs(change, error, match, device):
+@pytest.mark.parametrize("impl", ["kernel", "ref"])
+def test_bad_inputs(change, error, match, impl, device):
+    """The reference checks what the kernel checks: compute(backend='auto')
+    runs it on CPU tensors, where a position past the keys or a k of
+    another dtype would otherwise give statistics without an error."""
     q, k, pos = change(*_good(device))
+    if impl == "ref" and match == "head_dim must":  # the kernels' widest head; the reference takes any
+        assert ref.attention_stats(q, k, pos).attn_sum.shape == (2, 8)
+        return
     with pytest.raises(error, match=match):
-        kernel.attention_stats(q, k, pos)
+        (kernel if impl == "kernel" else ref).attention_stats(q, k, pos)
 
 
 @pytest.mark.parametrize(
@@ -578,6 +585,9 @@ def test_bad_options(kwargs, match, device):
     q, k, pos = _good(device)
     with pytest.raises(ValueError, match=match):
         kernel.attention_stats(q, k, pos, **kwargs)
+    if not {"block_m", "block_n", "key_splits"} & set(kwargs):  # the reference has no tiles
+        with pytest.raises(ValueError, match=match):
+            ref.attention_stats(q, k, pos, **kwargs)
 
 
 def test_known_positions_skip_the_host_sync(device, monkeypatch):

@@ -88,10 +88,11 @@ def check_threshold(p) -> float:
 
 
 def check_inputs(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor,
-                 pos_range: tuple[int, int] | None = None) -> tuple[int, int]:
+                 pos_range: tuple[int, int] | None = None, max_head_dim: int | None = MAX_HEAD_DIM) -> tuple[int, int]:
     """Checks the inputs; returns the smallest and largest position ((0, -1)
     when no row is selected): `pos_range` where the caller gives them (no
-    host sync), else read from q_pos."""
+    host sync), else read from q_pos. max_head_dim: the kernels' widest
+    head (None: any, as the reference takes)."""
     if not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor):
         raise TypeError("q and k must be torch tensors")
     if q.dim() != 3 or k.dim() != 3:
@@ -106,8 +107,9 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor,
     kv_heads, n_keys, k_dim = k.shape
     if k_dim != head_dim:
         raise ValueError(f"head_dim differs: q has {head_dim}, k has {k_dim}")
-    if not 1 <= head_dim <= MAX_HEAD_DIM:
-        raise ValueError(f"head_dim must lie in 1..{MAX_HEAD_DIM}, got {head_dim}")
+    if head_dim < 1 or (max_head_dim is not None and head_dim > max_head_dim):
+        bounds = "be at least 1" if max_head_dim is None else f"lie in 1..{max_head_dim}"
+        raise ValueError(f"head_dim must {bounds}, got {head_dim}")
     if heads == 0 or kv_heads == 0 or heads % kv_heads:
         raise ValueError(f"query heads ({heads}) must be a positive multiple of kv heads ({kv_heads})")
     if not isinstance(q_pos, torch.Tensor):

@@ -3,7 +3,7 @@ materialise the causal softmax of the selected rows in float32 and reduce it."""
 
 import torch
 
-from kernels_py.ops.attention_stats.contract import AttentionStats
+from kernels_py.ops.attention_stats.contract import AttentionStats, check_inputs, check_threshold
 from kernels_py.ops.common import LOG2E, softmax_scale
 
 
@@ -21,6 +21,10 @@ def causal_scores(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, scale: 
 
 def attention_stats(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, p: float = 0.01,
                     scale: float | None = None) -> AttentionStats:
+    """Same contract as kernel.attention_stats, and the same input checks but
+    the kernels' widest head (MAX_HEAD_DIM): the reference takes any."""
+    check_inputs(q, k, q_pos, max_head_dim=None)
+    p = check_threshold(p)
     heads = q.shape[0]
     kv_heads, n_keys, _ = k.shape
     scores, visible = causal_scores(q, k, q_pos, scale)
