@@ -281,18 +281,10 @@ class AttentionPack(Method):
         return LastRowImportance(self.alpha, self.backend)
 
     def _check_prompt(self, layer, q, k, v, spans) -> None:
-        where = f"{self.owner_name()}: layer {layer}"
-        if q.dim() != 3 or k.dim() != 3 or k.shape != v.shape:
-            raise ValueError(f"{where}: q must be [heads, T, d] and k, v [kv_heads, T, d] alike; got q "
-                             f"{tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-        if q.shape[1:] != k.shape[1:] or q.shape[0] % k.shape[0]:
-            raise ValueError(f"{where}: q {tuple(q.shape)} and k {tuple(k.shape)} disagree on tokens or head_dim, "
-                             f"or heads is not a multiple of kv_heads")
-        if k.shape[1] != spans.prompt_tokens:
-            raise ValueError(f"{where}: the prompt has {k.shape[1]} tokens but the spans describe "
-                             f"{spans.prompt_tokens}")
+        # Shapes and spans are Prompt's checks (methods.prompt.check_prompt).
         if self.rope == "before" and k.shape[2] % 2:
-            raise ValueError(f"{where}: rope='before' needs an even head_dim, got {k.shape[2]}")
+            raise ValueError(f"{self.owner_name()}: layer {layer}: rope='before' needs an even head_dim, got "
+                             f"{k.shape[2]}")
 
     def _theta(self, spans, layer) -> float | None:
         """The RoPE base keys are unrotated and rotated with under rope=before
@@ -345,12 +337,7 @@ class AttentionPack(Method):
         if not isinstance(cache, LowRankCache):
             raise TypeError(f"{self.owner_name()}: decode needs the cache its prefill built, "
                             f"got {type(cache).__name__}")
-        want = (cache.kv_heads, 1, cache.head_dim)
-        if tuple(k_t.shape) != want or tuple(v_t.shape) != want or q_t.dim() != 3 or q_t.shape[1:] != (1, want[2]) \
-                or q_t.shape[0] % want[0]:
-            raise ValueError(f"{self.owner_name()}: layer {layer}: expected q_t [heads, 1, {want[2]}] with heads a "
-                             f"multiple of {want[0]} and k_t, v_t {list(want)}; got {tuple(q_t.shape)}, "
-                             f"{tuple(k_t.shape)}, {tuple(v_t.shape)}")
+        self.check_step(layer, cache, q_t, k_t, v_t)
         cache.append(k_t, v_t)
         cache.flops_ratios.append(self._flops_ratio(cache))
         step = len(cache.flops_ratios)  # one ratio per decode step

@@ -65,6 +65,14 @@ class AVLCache:
         return self.keys.shape[1]
 
     @property
+    def kv_heads(self) -> int:
+        return self.keys.shape[0]
+
+    @property
+    def head_dim(self) -> int:
+        return self.keys.shape[2]
+
+    @property
     def nbytes(self) -> int:
         """K and V of the stored rows."""
         return tensor_bytes(self.keys, self.values)
@@ -179,6 +187,7 @@ class AVL(Method):
         if not isinstance(cache, AVLCache):
             raise TypeError(f"{self.owner_name()}: decode needs the cache its prefill built, got "
                             f"{type(cache).__name__}")
+        self.check_step(layer, cache, q_t, k_t, v_t)
         cache.append(k_t, v_t)
         cache.step += 1
         update = cache.step % self.update_every == 0

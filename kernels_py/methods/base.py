@@ -139,6 +139,19 @@ class Method(Knobs, ABC):
     def decode(self, layer: int, cache, q_t: torch.Tensor, k_t: torch.Tensor, v_t: torch.Tensor) -> torch.Tensor:
         """One decode step; updates `cache` in place and returns the attention output [heads, 1, d]."""
 
+    def check_step(self, layer: int, cache, q_t: torch.Tensor, k_t: torch.Tensor, v_t: torch.Tensor) -> None:
+        """Raise ValueError unless q_t is [heads, 1, d] (heads a multiple of
+        the cache's kv heads) and k_t, v_t [kv_heads, 1, d] for the cache's
+        kv_heads and head_dim: one token a step (a cache places a step's
+        token at one position, so a second one would share it and see the
+        first's future)."""
+        want = (cache.kv_heads, 1, cache.head_dim)
+        if tuple(k_t.shape) != want or tuple(v_t.shape) != want or q_t.dim() != 3 \
+                or tuple(q_t.shape[1:]) != want[1:] or q_t.shape[0] % want[0]:
+            raise ValueError(f"{self.owner_name()}: layer {layer}: expected q_t [heads, 1, {want[2]}] with heads a "
+                             f"multiple of {want[0]} and k_t, v_t {list(want)} (one token a step); got "
+                             f"{tuple(q_t.shape)}, {tuple(k_t.shape)}, {tuple(v_t.shape)}")
+
     @property
     def decodes_together(self) -> bool:
         """Whether every decode step of a model's batch may run this method's
@@ -265,6 +278,7 @@ class TokenSelection(Method):
 
     def decode(self, layer, cache: KeptTokens, q_t, k_t, v_t) -> torch.Tensor:
         scorer, _ = self._parts
+        self.check_step(layer, cache, q_t, k_t, v_t)
         cache.append(k_t, v_t)
         evicting = cache.share is not None
         output, weights = cache.attend(q_t, weights=(evicting and scorer.needs_weights) or self.attention == "float32")

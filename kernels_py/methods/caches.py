@@ -44,6 +44,14 @@ class KeptTokens:
         return self.keys.shape[1]
 
     @property
+    def kv_heads(self) -> int:
+        return self.positions.shape[0]
+
+    @property
+    def head_dim(self) -> int:
+        return self.keys.shape[2]
+
+    @property
     def nbytes(self) -> int:
         """Bytes of K and V held (bookkeeping such as positions is not counted)."""
         return tensor_bytes(self.keys, self.values)

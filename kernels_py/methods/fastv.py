@@ -49,5 +49,6 @@ class FastV(Method):
         return caches
 
     def decode(self, layer, cache: KeptTokens, q_t, k_t, v_t) -> torch.Tensor:
+        self.check_step(layer, cache, q_t, k_t, v_t)
         cache.append(k_t, v_t)
         return cache.attend(q_t)[0]

@@ -79,6 +79,10 @@ class Float8Tokens(KeptTokens):
         return self.k_codes.shape[1]
 
     @property
+    def head_dim(self) -> int:
+        return self.k_codes.shape[2]
+
+    @property
     def nbytes(self) -> int:
         """Codes and scales, exactly (positions are bookkeeping, as for KeptTokens)."""
         return tensor_bytes(self.k_codes, self.v_codes_t, self.k_scale, self.v_scale)

@@ -11,6 +11,7 @@ import torch
 
 from kernels_py.methods.base import Method, backend_knob
 from kernels_py.methods.mixed_precision import MixedPrecisionCache, QuantBatch, group_knob
+from kernels_py.methods.prompt import check_prompt
 from kernels_py.ops import kv_quant
 from kernels_py.params import knob
 
@@ -29,6 +30,7 @@ class KIVI(Method):
     backend: str = backend_knob("quantization and decode attention")
 
     def prefill_all(self, q, k, v, spans) -> list[MixedPrecisionCache]:
+        check_prompt(q, k, v, spans)
         caches = []
         for layer in range(len(k)):
             cache = MixedPrecisionCache.empty(k[layer], v[layer], self.group, self.backend)
@@ -45,6 +47,7 @@ class KIVI(Method):
         if not isinstance(cache, MixedPrecisionCache):
             raise TypeError(f"{self.owner_name()}: decode needs the cache its prefill built, got "
                             f"{type(cache).__name__}")
+        self.check_step(layer, cache, q_t, k_t, v_t)
         cache.append(k_t, v_t)
         out = cache.attend(q_t).out
         if cache.dense_positions.shape[0] >= self.residual + self.group:

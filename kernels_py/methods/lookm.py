@@ -79,6 +79,7 @@ class LookM(Method):
         return caches
 
     def decode(self, layer, cache: KeptTokens, q_t, k_t, v_t) -> torch.Tensor:
+        self.check_step(layer, cache, q_t, k_t, v_t)
         cache.append(k_t, v_t)
         output = cache.attend(q_t)[0]
         if cache.share is not None:

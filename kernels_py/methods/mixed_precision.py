@@ -445,6 +445,7 @@ class ImportanceQuantized(Method):
         if not isinstance(cache, MixedPrecisionCache):
             raise TypeError(f"{self.owner_name()}: decode needs the cache its prefill built, got "
                             f"{type(cache).__name__}")
+        self.check_step(layer, cache, q_t, k_t, v_t)
         cache.append(k_t, v_t)
         result = cache.attend(q_t)
         waiting = cache.dense_positions.shape[0]

@@ -95,7 +95,7 @@ class Prompt:
     _stats: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
-        self.layers, self.tokens = len(self.k), self.k[0].shape[1]
+        self.layers, self.tokens = check_prompt(self.q, self.k, self.v, self.spans)
 
     def rows(self, rows: Rows) -> torch.Tensor:
         return rows.positions(self.tokens, self.spans)
@@ -106,3 +106,31 @@ class Prompt:
         if key not in self._stats:
             self._stats[key] = stats(self.q[layer], self.k[layer], self.rows(rows), p, backend)
         return self._stats[key]
+
+
+def check_prompt(q, k, v, spans: Spans) -> tuple[int, int]:
+    """(layers, prompt tokens) of one sequence's prompt given per layer: q[l]
+    [heads, T, d], k[l] and v[l] [kv_heads, T, d], heads a multiple of
+    kv_heads, the same T in every layer and in the spans. Raise ValueError
+    naming the layer and what differs (a model's [batch, heads, T, d] would
+    otherwise read as heads tokens of one head)."""
+    if any(isinstance(x, torch.Tensor) and x.dim() == 3 for x in (q, k, v)):
+        raise ValueError("q, k and v are one tensor per layer: pass lists ([q], [k], [v] for one layer, or "
+                         "prefill(layer, q, k, v, spans))")
+    if not len(q) == len(k) == len(v) or not len(k):
+        raise ValueError(f"q, k and v must hold the same number of layers, at least one; got {len(q)}, {len(k)} "
+                         f"and {len(v)}")
+    tokens = spans.prompt_tokens
+    for layer, (ql, kl, vl) in enumerate(zip(q, k, v)):
+        shapes = f"got q {tuple(ql.shape)}, k {tuple(kl.shape)}, v {tuple(vl.shape)}"
+        if ql.dim() != 3 or kl.dim() != 3 or kl.shape != vl.shape:
+            batch = " (one sequence: a model's [batch, heads, T, d] is q[b])" if ql.dim() == 4 else ""
+            raise ValueError(f"layer {layer}: q must be [heads, T, d] and k, v [kv_heads, T, d] alike{batch}; "
+                             f"{shapes}")
+        if ql.shape[1:] != kl.shape[1:] or ql.shape[0] % kl.shape[0]:
+            raise ValueError(f"layer {layer}: q and k disagree on tokens or head_dim, or heads is not a multiple "
+                             f"of kv_heads; {shapes}")
+        if kl.shape[1] != tokens:
+            raise ValueError(f"layer {layer}: the prompt has {kl.shape[1]} tokens but the spans describe {tokens} "
+                             f"(spans.text ends the prompt)")
+    return len(k), tokens

@@ -89,6 +89,42 @@ def test_output_shape_and_dtype(name, workload):
         assert output.shape == (4, 1, 32) and output.dtype == torch.float32
 
 
+@pytest.mark.parametrize("name", REPLAYED)
+def test_a_prompt_of_another_shape_is_refused_naming_the_layer(name, workload):
+    """Every method's prefill takes one sequence's [heads, T, d] per layer
+    and spans of T tokens: a model's batched [1, heads, T, d], spans of
+    another length or a single tensor instead of a list are refused as such
+    (they failed deep inside a scorer, or ran on spans past the prompt)."""
+    method = make_method(name)
+    q, k, v, spans = workload.q, workload.k, workload.v, workload.spans
+    batched = r"layer 0: q must be \[heads, T, d\].*a model's \[batch, heads, T, d\] is q\[b\]"
+    with pytest.raises(ValueError, match=batched):
+        method.prefill_all([x[None] for x in q], [x[None] for x in k], [x[None] for x in v], spans)
+    longer = dataclasses.replace(spans, text=(spans.text[0], PROMPT + 10))
+    with pytest.raises(ValueError, match=f"the prompt has {PROMPT} tokens but the spans describe {PROMPT + 10}"):
+        method.prefill_all(q, k, v, longer)
+    with pytest.raises(ValueError, match="layer 1: q and k disagree on tokens"):
+        method.prefill_all(q, [k[0], k[1][:, :-1], k[2]], [v[0], v[1][:, :-1], v[2]], spans)
+    with pytest.raises(ValueError, match=r"one tensor per layer: pass lists"):
+        method.prefill_all(q[0], k[0], v[0], spans)
+
+
+@pytest.mark.parametrize("name", REPLAYED)
+def test_a_step_of_other_than_one_token_is_refused(name, workload):
+    """decode takes one token a step, [heads, 1, d] and [kv_heads, 1, d]: two
+    tokens were appended at one position, each seeing the other, without
+    an error; a batched or squeezed step failed inside torch.cat."""
+    method = make_method(name)
+    cache = prefill(method, workload, 0)
+    q_t, k_t, v_t = workload.decode_q[0][0], workload.decode_k[0][0], workload.decode_v[0][0]
+    two = [torch.cat([x, x], dim=1) for x in (q_t, k_t, v_t)]
+    for step in (two, [q_t[None], k_t[None], v_t[None]], [q_t[:, 0], k_t[:, 0], v_t[:, 0]]):
+        with pytest.raises(ValueError, match=r"layer 0: expected q_t \[heads, 1, 32\] with heads a multiple of 2 and "
+                                             r"k_t, v_t \[2, 1, 32\] \(one token a step\)"):
+            method.decode(0, cache, *step)
+    assert method.decode(0, cache, q_t, k_t, v_t).shape == (4, 1, 32)  # the refusals left the cache as it was
+
+
 @pytest.mark.parametrize("name", COMPRESSING)
 def test_budget_one_equals_full(name, workload, full_outputs):
     outputs, caches = run(make_method(name, {"budget": 1.0}), workload)
