@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from kernels_py import metrics
-from kernels_py.attention import apply_rope
+from kernels_py.attention import Spans, apply_rope
 from kernels_py.workloads import SyntheticConfig, generate
 
 SMALL = dict(layers=2, heads=4, kv_heads=2, head_dim=32, tokens_per_image=64, system_tokens=8,
@@ -58,6 +58,24 @@ def test_spans_cover_the_prompt_in_order():
     assert spans.text == (773, 780)
     assert spans.prompt_tokens == 780
     assert spans.visual_positions().tolist() == list(range(5, 773))
+
+
+def test_spans_built_by_hand_are_checked_and_made_tuples():
+    """Spans a script writes itself: lists become tuples (so they hash, as
+    the workloads' do); one image given as a bare pair, a float bound or
+    images out of order are refused naming the field, where they failed
+    inside a method ("cannot unpack non-iterable int object") or ran."""
+    spans, same = Spans(system=[0, 8], images=[[8, 152]], text=[152, 176]), Spans((0, 8), ((8, 152),), (152, 176))
+    assert spans == same and hash(spans) == hash(same)
+    with pytest.raises(TypeError, match=r"spans.images must be a sequence of \(start, end\) pairs, one per image, got "
+                                        r"\(8, 152\): for one image, images=\(\(8, 152\),\)"):
+        Spans((0, 8), (8, 152), (152, 176))
+    with pytest.raises(TypeError, match=r"spans.images\[0\] must be a \(start, end\) pair of ints, got \(8.0, 152\)"):
+        Spans((0, 8), ((8.0, 152),), (152, 176))
+    with pytest.raises(ValueError, match=r"spans.text must be a \(start, end\) range with 0 <= start <= end"):
+        Spans((0, 8), ((8, 152),), (176, 152))
+    with pytest.raises(ValueError, match="the images in order and without overlap"):
+        Spans((0, 8), ((8, 100), (90, 152)), (152, 176))
 
 
 def test_same_seed_same_tensors_different_seed_different():
