@@ -141,6 +141,24 @@ def test_bad_inputs_name_the_culprit(device):
         op.fp8_decode(q, q_pos, k, v, ks, vs, pos, conversion="fast")
 
 
+@pytest.mark.parametrize("granularity", ["head", "tensor"])
+def test_codec_scales_of_a_head_or_the_tensor_are_told_how_to_go_in(granularity, device):
+    """codec.quantize's per-head and per-tensor scales keep a token axis of
+    one ([batch, kv_heads or 1, 1]), which the op does not take: its error
+    says how they go in, and that way the op runs."""
+    g = torch.Generator().manual_seed(5)
+    batch, kv_heads, slots = 2, 2, 40
+    k, v = torch.randn(2, batch, kv_heads, slots, 64, generator=g).to(device)
+    q = torch.randn(batch, 4, 1, 64, generator=g).to(device)
+    q_pos, pos = torch.full((batch, 1), slots, device=device), torch.arange(slots, device=device).expand(batch, -1)
+    k_codes, k_scale = codec.quantize(k, granularity)
+    v_codes, v_scale = codec.quantize(v, granularity)
+    with pytest.raises(ValueError, match=rf"go in as scale\[\.\.\., 0\]\.expand\({batch}, {kv_heads}\)"):
+        op.reference.fp8_decode(q, q_pos, k_codes, v_codes, k_scale, v_scale, pos)
+    scales = [s[..., 0].expand(batch, kv_heads) for s in (k_scale, v_scale)]
+    assert op.reference.fp8_decode(q, q_pos, k_codes, v_codes, *scales, pos).out.isfinite().all()
+
+
 # ----------------------------------------------------------------------------
 # The method, and FP8 under token selection
 # ----------------------------------------------------------------------------

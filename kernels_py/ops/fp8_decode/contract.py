@@ -55,9 +55,13 @@ def check_inputs(q, q_pos, k, v, k_scale, v_scale, pos) -> None:
         if t.dtype != SCALE_DTYPE:
             raise TypeError(f"{name} must be float32, got {t.dtype}")
         if tuple(t.shape) != scale_shape:
+            # codec.quantize keeps a per-head or per-tensor scale's token axis: [batch, kv_heads or 1, 1]
+            kept = t.dim() == 3 and t.shape[0] == batch and t.shape[1] in (1, kv_heads) and t.shape[2] == 1
+            hint = (f" (codec.quantize's per-head or per-tensor scales, [batch, kv_heads or 1, 1], go in as "
+                    f"scale[..., 0].expand({batch}, {kv_heads}))") if kept else ""
             raise ValueError(f"{name} must be [batch={batch}, kv_heads={kv_heads}, slots={slots}] (per token) or "
                              f"[batch, kv_heads] (per head; a per-tensor scale expanded), both alike; got "
-                             f"k_scale {tuple(k_scale.shape)}, v_scale {tuple(v_scale.shape)}")
+                             f"k_scale {tuple(k_scale.shape)}, v_scale {tuple(v_scale.shape)}{hint}")
     for name, t, shape in (("q_pos", q_pos, (batch, queries)), ("pos", pos, (batch, slots))):
         if t.dtype not in INDEX_DTYPES:
             raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
