@@ -851,8 +851,11 @@ def test_bad_options(device):
                           ({"block_n": 8}, "block_n"), ({"block_n": 48}, "block_n")):
         with pytest.raises(ValueError, match=match):
             kernel.lowrank_decode(q, q_pos, comp, dense, rope_base=None, **kwargs)
-    with pytest.raises(ValueError, match="rope_base > 1"):
-        kernel.lowrank_decode(q, q_pos, comp, dense, rope_base=1.0)
+    for rope_base in (1.0, float("nan"), float("inf")):  # NaN passed as a base: the kernel gave NaN, the reference not
+        with pytest.raises(ValueError, match="finite rope_base > 1"):
+            kernel.lowrank_decode(q, q_pos, comp, dense, rope_base=rope_base)
+        with pytest.raises(ValueError, match="finite rope_base > 1"):
+            ref.lowrank_decode(q, q_pos, comp, dense, rope_base=rope_base)
     # head_dim must be even for the fused kernel, which handles keys in RoPE's
     # two halves; the absorbed one does not split them.
     odd = make_case(device, dtype=torch.float32, head_dim=63)

@@ -18,6 +18,7 @@ Every implementation returns the output, the LSE and each token's attention
 mass (DecodeOutput) in one pass.
 """
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -115,8 +116,8 @@ def check_inputs(q: torch.Tensor, q_pos: torch.Tensor, comp: CompressedKV, dense
             raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device}, q on {q.device}")
-    if rope_base is not None and (head_dim % 2 or rope_base <= 1):
-        raise ValueError(f"RoPE needs an even head_dim and rope_base > 1, got {head_dim} and {rope_base}")
+    if rope_base is not None and (head_dim % 2 or not 1 < rope_base < math.inf):  # NaN too: it compares false
+        raise ValueError(f"RoPE needs an even head_dim and a finite rope_base > 1, got {head_dim} and {rope_base}")
     if not check_values:
         return
     if ((comp.length < 0) | (comp.length > tokens)).any() or ((dense.length < 0) | (dense.length > slots)).any():
