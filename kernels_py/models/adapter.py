@@ -714,6 +714,10 @@ def generate_batch(vlm: VLM, method, inputs: dict, max_new_tokens: int,
     kernel; for prompts without padding, a model without sliding-window
     layers and a method whose batch decodes together (ModelError otherwise).
     Without CUDA the same static steps run eagerly."""
+    if isinstance(method, (str, type)):
+        name = method if isinstance(method, str) else getattr(method, "name", method.__name__)
+        raise TypeError(f"method must be a method object, got the {type(method).__name__} {method!r}: pass "
+                        f"make_method({name!r}, {{...}}) (kernels_py.methods)")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     ids = inputs["input_ids"]

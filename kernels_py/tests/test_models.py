@@ -10,7 +10,7 @@ import torch
 
 from kernels_py import models
 from kernels_py.attention import Rope
-from kernels_py.methods import make_method
+from kernels_py.methods import METHODS, make_method
 from kernels_py.tests.tiny_vlm import QWEN_PROMPT, save_image, save_tiny_llava, save_tiny_qwen2_vl
 
 PROMPT = "USER : <image> describe the picture ASSISTANT :"
@@ -114,6 +114,10 @@ def test_teacher_forcing_and_the_comparison(tiny):
     assert models.compare(full, harsh)["kl_mean"] > 0
     with pytest.raises(ValueError, match=r"force_tokens holds \[2\] tokens for 1 sequences; 5 steps feed 4"):
         models.generate(vlm, make_method("full"), inputs, 5, force_tokens=[1, 2])
+    # A method's name or class, not a method: said so (it failed inside the attention with an AttributeError).
+    for method in ("h2o", METHODS["h2o"]):
+        with pytest.raises(TypeError, match=r"method must be a method object, got .*pass make_method\('h2o', "):
+            models.generate(vlm, method, inputs, 5)
 
 
 def test_unsupported_inputs_get_clear_errors(tiny, tmp_path):
