@@ -46,6 +46,7 @@ H100. On the CPU a tiny model of the same architecture shows the benchmark
 works; its times are not the kernels'.
 """
 
+import collections
 import functools
 import warnings
 from dataclasses import dataclass, fields
@@ -97,6 +98,9 @@ class Generate(Benchmark):
         Column("step_launches", "", "kernel launches a decode step (profile_steps; 0 on the CPU)", "launches/step"),
         Column("step_syncs", "", "explicit waits for the GPU a decode step (synchronize calls, blocking copies; "
                "profile_steps)", "syncs/step"),
+        Column("step_attention", "", "the SDPA kernels a decode step ran, as PyTorch's profiler names their ops: "
+               "flash, efficient, cudnn, math, flash (cpu); none where the method attends with kernels of its own "
+               "(profile_steps)", "SDPA/step"),
         Column("step_gpu_ms", "ms", "the GPU's busy time a decode step: kernels, copies and fills, summed "
                "(profile_steps; GPU only)", "GPU/step"),
         Column("gpu_busy", "%", "step_gpu_ms / decode_step_ms: below 100% the GPU idles part of the step",
@@ -306,6 +310,19 @@ def tally(events) -> dict:
     return out
 
 
+# SDPA's backends, by the op PyTorch dispatches scaled_dot_product_attention to.
+_SDPA_OPS = {"aten::_scaled_dot_product_flash_attention": "flash",
+             "aten::_scaled_dot_product_flash_attention_for_cpu": "flash (cpu)",
+             "aten::_scaled_dot_product_efficient_attention": "efficient",
+             "aten::_scaled_dot_product_cudnn_attention": "cudnn",
+             "aten::_scaled_dot_product_attention_math": "math"}
+
+
+def sdpa_calls(events) -> collections.Counter:
+    """How often a profile's host events called each SDPA backend (_SDPA_OPS)."""
+    return collections.Counter(_SDPA_OPS[e.name] for e in events if e.name in _SDPA_OPS)
+
+
 def step_profile(run, steps: int, device: torch.device, before: int = 1) -> dict:
     """What one decode step of run(tokens) asks of the host and the GPU: the
     difference of a profiled run of before + steps tokens and one of
@@ -315,15 +332,18 @@ def step_profile(run, steps: int, device: torch.device, before: int = 1) -> dict
 
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    counts = []
+    counts, sdpa = [], []
     for tokens in (before, before + steps):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the profiler's notes on its own cycles
             with profile(activities=activities) as prof:
                 run(tokens)
-            counts.append(tally(prof.events()))
+            events = prof.events()
+            counts.append(tally(events))
+            sdpa.append(sdpa_calls(events))
     per = {k: (counts[1][k] - counts[0][k]) / steps for k in counts[0]}
-    out = {"step_ops": per["ops"], "step_launches": per["launches"], "step_syncs": per["syncs"]}
+    out = {"step_ops": per["ops"], "step_launches": per["launches"], "step_syncs": per["syncs"],
+           "step_attention": ", ".join(sorted(sdpa[1] - sdpa[0])) or "none"}
     if cuda:
         out["step_gpu_ms"] = per["gpu_us"] / 1e3
     return out

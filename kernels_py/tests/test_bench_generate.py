@@ -191,8 +191,8 @@ def test_profile_steps_count_what_a_decode_step_asks_of_the_host():
     result = benchmarks.run("generate", dict(sizes, profile_steps=2))
     names = [c["name"] for c in result["columns"]]
     on_gpu = runtime.device().type == "cuda"
-    profiled = ["step_ops", "step_launches", "step_syncs"] + (["step_gpu_ms", "gpu_busy", "gpu_step_speedup"]
-                                                              if on_gpu else [])
+    profiled = ["step_ops", "step_launches", "step_syncs", "step_attention"]
+    profiled += ["step_gpu_ms", "gpu_busy", "gpu_step_speedup"] if on_gpu else []
     assert names[-len(profiled):] == profiled
     for r in result["rows"]:
         # A step of a 2-layer model runs dozens of ops: the layers' projections, norms, attention, the head.
@@ -201,8 +201,25 @@ def test_profile_steps_count_what_a_decode_step_asks_of_the_host():
             assert r["step_launches"] > 0 and r["step_gpu_ms"] > 0 and r["gpu_busy"] > 0
         else:
             assert r["step_launches"] == 0 and r["step_syncs"] == 0
+    # The baseline's decode attends through SDPA, and the row names the backend that ran.
+    base = next(r for r in result["rows"] if r["method"] == generate.BASELINE)
+    assert set(base["step_attention"].split(", ")) <= set(generate._SDPA_OPS.values())
+    if not on_gpu:
+        assert base["step_attention"] == "flash (cpu)"
     described = {c["name"] for c in generate.Generate.describe()["columns"]}
-    assert {"step_gpu_ms", "gpu_busy"} <= described  # --help lists them
+    assert {"step_gpu_ms", "gpu_busy", "step_attention"} <= described  # --help lists them
+
+
+def test_sdpa_calls_name_the_backends_a_profile_ran():
+    """SDPA's backend ops counted by their short names; the public op that
+    dispatches to them and other ops are not."""
+    from types import SimpleNamespace
+
+    names = ["aten::scaled_dot_product_attention", "aten::_scaled_dot_product_flash_attention",
+             "aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_efficient_attention",
+             "aten::_scaled_dot_product_attention_math", "aten::mm"]
+    calls = generate.sdpa_calls([SimpleNamespace(name=n) for n in names])
+    assert calls == {"flash": 2, "efficient": 1, "math": 1}
 
 
 def test_tally_counts_launches_waits_and_gpu_time():
