@@ -8,12 +8,17 @@ ranked by the last prompt token's attention averaged over heads (Eq. 1):
 - minor: the rest, evicted at prefill.
 Every K steps an update step attends over every secondary token and makes
 the top C% of them by that step's attention the new core set.
-Optional prefill filter: after the second layer only P% of the image tokens
-(by layer 2's last-token attention) are kept in the caches of the later
-layers (FastV's idea kept to prefill). Text tokens (system prompt, question
-and generated ones): H2O's accumulated attention within a window of T% of
-the text seen; over the window, the most recent half stays and the older
-half keeps its highest scorers.
+Optional prefill filter (on by default, P = 90 as in Table 3; P = 100 turns
+it off): after the second layer only P% of the image tokens (by layer 2's
+last-token attention) are kept in the caches of the later layers (FastV's
+idea kept to prefill). Only the caches reflect it: the later layers' Q/K/V
+are those of the whole prompt (replayed, or the model's own prefill), so
+the prefill computation the paper saves is not saved here, and the later
+layers' keys and values are those computed with every image token present
+(as fastv.py says of FastV).
+Text tokens (system prompt, question and generated ones): H2O's accumulated
+attention within a window of T% of the text seen; over the window, the most
+recent half stays and the older half keeps its highest scorers.
 
 Decoding reads the rows it uses by index from the stored cache with the
 selected-row decode op (ops/gather_decode), no gathered copy. The stored
@@ -21,11 +26,14 @@ cache (secondary + text) and the used one (core + text, every update step
 all stored) are reported apart, as in A-VL's Table 3.
 
 Where the paper is open: percentages count the image tokens of the prompt
-(core and secondary sizes stay fixed through decoding); H2O's score of a
-text token is its accumulated attention from all prompt rows, then from
-every decode query (mean over heads, as Eq. 1); T% applies to the text
-tokens seen so far (prompt text plus generated), so the window grows with
-the answer.
+(core and secondary sizes stay fixed through decoding), all images (or
+video frames) ranked together: one top C% and one top S% over every image
+token, no share per image; H2O's score of a text token is its accumulated
+attention from all prompt rows, then from every decode query (mean over
+heads, as Eq. 1); T% applies to the text tokens seen so far (prompt text
+plus generated), so the window grows with the answer and already trims the
+prompt's text at prefill (the paper's window is "T% of the maximum text
+token length", which it does not define further).
 """
 
 from dataclasses import dataclass, field

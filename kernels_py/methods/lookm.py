@@ -8,15 +8,24 @@ every evicted token's key and value into its most similar kept token
 appends and evicts nothing, as in the paper, unless evict_while_decoding
 (what VL-Cache's protocol sets, so budgets count generated tokens too):
 then after each step a layer is held at its prefill share of the tokens
-seen, the same recent share kept, generated tokens ranked as text (above
-every image token), and each token evicted merged in as at prefill. A kept
-token merged into again takes the new one as if it were the first (the
-counts of earlier merges are not kept).
+seen, the same recent share kept, and each token evicted merged in as at
+prefill. A generated token's score is +inf, so it ranks above every prompt
+token, prompt text included: image tokens go first, then prompt text, and a
+generated token only once every prompt token outside the recent window is
+gone. A kept token merged into again takes the new one as if it were the
+first (the counts of earlier merges are not kept).
 
 Where the paper is open: scores and merges are per kv head (each kv head
 keeps its own tokens, as the other eviction methods here do); when the text
 alone exceeds alpha_2 of the prompt, the top alpha_2 are text tokens and
-some text is evicted too (the cache size S = N + M holds).
+some text is evicted too, so the cache size S = N + M holds (section 3.2's
+I, "the union of textual token indices T and the Top N tokens", would keep
+every text token and hold more than S then). The recent window M is
+int(alpha_1 * prompt tokens), section 4.3's alpha_1 x input_length rounded
+down as every share of the prompt is, not the half-up share of the budget
+the other methods' windows use (kept_count vs recent_count: the two can
+differ by a token); while decoding it is recent_count of
+alpha_1 / (alpha_1 + alpha_2) of the capacity, as theirs.
 """
 
 from dataclasses import dataclass
@@ -83,7 +92,7 @@ class LookM(Method):
         cache.append(k_t, v_t)
         output = cache.attend(q_t)[0]
         if cache.share is not None:
-            cache.scores[:, -1] = float("inf")  # generated text ranks above every image token
+            cache.scores[:, -1] = float("inf")  # a generated token ranks above every prompt token, text included
             capacity = kept_count(cache.share, cache.seen)
             recent_share = self.recent_ratio / (self.recent_ratio + self.important_ratio)
             self._evict(cache, capacity, max(1, recent_count(recent_share, capacity)))
