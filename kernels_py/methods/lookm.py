@@ -12,7 +12,9 @@ seen, the same recent share kept, and each token evicted merged in as at
 prefill. A generated token's score is +inf, so it ranks above every prompt
 token, prompt text included: image tokens go first, then prompt text, and a
 generated token only once every prompt token outside the recent window is
-gone. A kept token merged into again takes the new one as if it were the
+gone (without the text prior too). With text_prior false the prompt ranks by
+its accumulated attention alone (Eq. 4; Table 1's A-, W- and P-Merge rows
+without TR), text and image tokens alike. A kept token merged into again takes the new one as if it were the
 first (the counts of earlier merges are not kept).
 
 Where the paper is open: scores and merges are per kv head (each kv head
@@ -35,8 +37,8 @@ import torch
 from kernels_py.methods.base import Method, backend_knob, eviction_knob
 from kernels_py.methods.caches import KeptTokens, kept_count, recent_count, top_and_recent
 from kernels_py.methods.merging import MERGES, merge
-from kernels_py.methods.prompt import Prompt
-from kernels_py.methods.scorers import TextPrior
+from kernels_py.methods.prompt import AllRows, Prompt
+from kernels_py.methods.scorers import AttentionMass, TextPrior
 from kernels_py.params import Rule, knob
 
 
@@ -55,6 +57,9 @@ class LookM(Method):
     merge: str = knob("str", "pivotal", "how evicted tokens join their nearest kept token: none, averaged (Eq. 10), "
                       "pivotal (Eq. 11, the paper's best) or weighted (Eq. 12)", choices=("none",) + MERGES,
                       ref="LOOK-M section 3.3")
+    text_prior: bool = knob("bool", True, "rank text above every image token (Eq. 5); false ranks by the "
+                            "accumulated attention alone (Eq. 4), Table 1's merges without TR", ref="LOOK-M Table 1",
+                            id_omits_default=True)
     evict_while_decoding: bool = eviction_knob(False)
     backend: str = backend_knob()
 
@@ -69,7 +74,7 @@ class LookM(Method):
 
     def prefill_all(self, q, k, v, spans) -> list[KeptTokens]:
         prompt = Prompt(q, k, v, spans)
-        scorer = TextPrior(self.backend)
+        scorer = TextPrior(self.backend) if self.text_prior else AttentionMass(AllRows(), backend=self.backend)
         tokens = prompt.tokens
         # alpha_1 + alpha_2 of the prompt, rounded once (as every budget), alpha_1 of it the recent window
         capacity = min(tokens, kept_count(self.recent_ratio + self.important_ratio, tokens))

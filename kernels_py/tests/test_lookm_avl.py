@@ -87,6 +87,28 @@ def test_lookm_keeps_the_recent_window_and_text_first(workload):
     assert torch.equal(m_cache.positions, cache.positions) and not torch.equal(m_cache.keys, cache.keys)
 
 
+def test_lookm_without_the_text_prior_ranks_by_accumulated_attention(workload):
+    """text_prior=False (Table 1's merges without TR): the top alpha_2 by
+    the attention the prompt's rows give each token (Eq. 4), text ranked as
+    image tokens are; the default raises text above them (Eq. 5)."""
+    from kernels_py.methods.prompt import AllRows, Prompt
+    from kernels_py.methods.scorers import AttentionMass
+
+    params = {"recent_ratio": 0.05, "important_ratio": 0.1, "merge": "none"}
+    plain = make_method("lookm", dict(params, text_prior=False))
+    cache = plain.prefill(0, workload.q[0], workload.k[0], workload.v[0], workload.spans)
+    scores = AttentionMass(AllRows()).prefill(Prompt([workload.q[0]], [workload.k[0]], [workload.v[0]],
+                                                     workload.spans), 0)
+    recent, capacity = int(PROMPT * 0.05), int(PROMPT * 0.15)
+    for h in range(2):
+        held = set(cache.positions[h].tolist())
+        older = scores[h, :PROMPT - recent].topk(capacity - recent).indices.tolist()
+        assert held == set(older) | set(range(PROMPT - recent, PROMPT))
+    assert plain.layer_metrics(0, cache)["evicted_text"] > 0  # 24 text tokens do not all fit in 13
+    prior = make_method("lookm", params).prefill(0, workload.q[0], workload.k[0], workload.v[0], workload.spans)
+    assert not torch.equal(prior.positions, cache.positions)
+
+
 @pytest.mark.parametrize("merge_mode", ["none", "pivotal"])
 def test_lookm_evicting_while_decoding_holds_its_share_and_keeps_generated_text(workload, merge_mode):
     params = {"recent_ratio": 0.05, "important_ratio": 0.15, "merge": merge_mode}
