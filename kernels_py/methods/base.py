@@ -49,8 +49,10 @@ PROTOCOLS = {
     "paper": "every method at its own defaults, those of its paper (no knob is set)",
     "vlcache": "VL-Cache's protocol for its baselines (section 5): a recent window of 10% of the budget where a "
                "method keeps one (H2O's recent_fraction, SnapKV's and PyramidKV's observation window; VL-Cache's "
-               "own default), and every budgeted method and LOOK-M evicts while decoding, so budgets count prompt "
-               "and generated tokens and matched budgets stay matched",
+               "own default); and, this workbench's addition, not the paper's (whose budgets are a share of the "
+               "prompt, every method at its own default otherwise, VL-Cache itself compressing the prompt once), "
+               "every budgeted method and LOOK-M evicts while decoding, so budgets count prompt and generated "
+               "tokens and matched budgets stay matched",
 }
 
 
@@ -296,8 +298,11 @@ class TokenSelection(Method):
 @dataclass(frozen=True)
 class BudgetedSelection(TokenSelection):
     """A TokenSelection with a budget: it may evict while decoding
-    (evict_while_decoding, each method's default its paper's), which
-    VL-Cache's protocol turns on so that budgets count generated tokens."""
+    (evict_while_decoding, each method's default its paper's), which the
+    `vlcache` protocol turns on so that budgets count generated tokens (the
+    workbench's addition to VL-Cache's section 5 protocol, which sets the
+    recent window only: there budgets are a share of the prompt and
+    VL-Cache compresses the prompt once)."""
 
     evict_while_decoding: bool = eviction_knob(False)
 

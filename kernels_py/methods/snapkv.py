@@ -10,7 +10,8 @@ prefill; generated tokens are all kept, as in the paper and its code
 (window 32, kernel 5 and average pooling from FasterDecoding/SnapKV), unless
 evict_while_decoding. VL-Cache's protocol (protocol="vlcache") sets the
 window to 10% of the budget, the recent window its experiments give every
-baseline (window=0), and evicts while decoding.
+baseline (window=0), and evicts while decoding (the workbench's addition:
+the paper runs its baselines at their defaults, SnapKV prefill only).
 """
 
 from dataclasses import dataclass

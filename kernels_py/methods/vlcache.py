@@ -8,9 +8,14 @@ causal entries below p * row max (Eq. 1-2, p = 1%, averaged over heads), and
 then splits the overall budget alpha across the L layers by their non-sparse
 share: beta_l = clip((1 - gamma_l) / sum_l'(1 - gamma_l') * alpha * L, 0.01, 1).
 Each layer keeps its most recent tokens (10% of its budget, as in the paper's
-experiments) and the top-scoring rest. Only the prompt is compressed; generated
-tokens are all kept (the paper compresses prefill only), unless
-evict_while_decoding, which holds each layer at its share of the tokens seen.
+experiments: section 5 fixes "the recent token window size ... at 10% of this
+budget", the overall one; with Algorithm 1's per-layer budgets this takes it
+as 10% of each layer's, since 10% of alpha could exceed the whole budget of a
+layer clipped to 1%) and the top-scoring rest. Only the prompt is compressed;
+generated tokens are all kept (the paper compresses prefill only), unless
+evict_while_decoding, which holds each layer at its share of the tokens seen
+(the `vlcache` protocol turns it on: the workbench's addition, not the
+paper's).
 
 Both halves can be swapped for the ablations of section 3.2: `scoring` picks
 the token scores (accumulated / normalized / sliding window instead of
