@@ -17,7 +17,11 @@ appendix A) stand in for the full attention. For each layer:
   summed over the query heads of each kv head; the top p are important.
 
 The less important tokens are evicted here (ZipVL keeps them at a low bit
-width: method `zipvl`). Generated tokens are all kept.
+width: method `zipvl`). Generated tokens are all kept, unless
+evict_while_decoding (the `vlcache` protocol sets it): then each layer is
+held at its share of the tokens seen, and a generated token, which the
+prompt's probe rows give no score (its score is 0), is evicted before any
+prompt token once it is not the newest.
 """
 
 from dataclasses import dataclass

@@ -170,6 +170,18 @@ def test_zipvl_keeps_more_as_tau_rises(workload):
     assert kept == sorted(kept) and kept[0] < kept[-1]
 
 
+def test_zipvl_evict_while_decoding_holds_its_share_and_the_newest_generated_token(workload):
+    """As zipvl_evict.py says: generated tokens score 0, so under eviction
+    (the vlcache protocol) each is evicted once it is not the newest."""
+    method = make_method("zipvl_evict", {"tau": 0.9, "evict_while_decoding": True})
+    cache = method.prefill(2, workload.q[2], workload.k[2], workload.v[2], workload.spans)
+    share = cache.share
+    for step, (q_t, k_t, v_t) in enumerate(zip(workload.decode_q[2], workload.decode_k[2], workload.decode_v[2])):
+        method.decode(2, cache, q_t, k_t, v_t)
+        assert cache.tokens == kept_count(share, PROMPT + step + 1)
+        assert {int(p) for p in cache.positions.flatten() if p >= PROMPT} == {PROMPT + step}
+
+
 def test_zipvl_needs_probe_rows():
     with pytest.raises(ValueError, match="probe_recent \\+ probe_random must be at least 1"):
         make_method("zipvl_evict", {"probe_recent": 0, "probe_random": 0})
