@@ -801,11 +801,20 @@ func absPath(p string) string {
 
 // openExisting opens the run in dir to resume it.
 func openExisting(ctx context.Context, o Options, dir string) (*lazyRun, map[string]results.Record, error) {
+	journal := filepath.Join(dir, results.JournalFile)
+	_, statErr := os.Stat(journal)
+	hadJournal := !errors.Is(statErr, fs.ErrNotExist)
 	run, err := results.Open(dir)
 	if err != nil {
 		return nil, nil, err
 	}
 	fail := func(err error) (*lazyRun, map[string]results.Record, error) {
+		// A refused resume leaves the run as it found it: Open creates the journal it appends to, and an
+		// empty one where there was none would hide the run's results.parquet from compare, which reads
+		// the table only of a run without a journal.
+		if info, serr := os.Stat(journal); !hadJournal && serr == nil && info.Size() == 0 {
+			os.Remove(journal)
+		}
 		run.Close()
 		return nil, nil, err
 	}

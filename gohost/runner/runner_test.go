@@ -279,6 +279,11 @@ func TestResumeRefusesARunThatLostItsJournal(t *testing.T) {
 	if after, err := os.ReadFile(table); err != nil || !bytes.Equal(after, before) {
 		t.Errorf("the table changed (%v)", err)
 	}
+	// Nor is a journal left behind: an empty one would hide the table from compare, which reads a run's
+	// results.parquet only where it has no journal.
+	if _, err := os.Stat(filepath.Join(sum.Dir, results.JournalFile)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the refused resume left a %s (%v)", results.JournalFile, err)
+	}
 }
 
 func TestResumeWithoutRunStartsOne(t *testing.T) {
