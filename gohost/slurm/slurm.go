@@ -244,7 +244,8 @@ func Partitions(ctx context.Context) ([]string, error) {
 	return names, nil
 }
 
-// CheckPartition refuses a partition the cluster does not have.
+// CheckPartition refuses a partition the cluster does not have; name may be
+// sbatch's comma-separated list of partitions, each of which must exist.
 func CheckPartition(ctx context.Context, name string) error {
 	if name == "" {
 		return nil
@@ -256,12 +257,17 @@ func CheckPartition(ctx context.Context, name string) error {
 	return partitionIn(names, name)
 }
 
-// partitionIn refuses a partition not among the cluster's names.
+// partitionIn refuses a partition not among the cluster's names; name may
+// be a comma-separated list (sbatch --partition=a,b: the job starts in
+// whichever of them can start it first).
 func partitionIn(names []string, name string) error {
-	if slices.Contains(names, name) {
-		return nil
+	for _, one := range strings.Split(name, ",") {
+		if !slices.Contains(names, one) {
+			return fmt.Errorf("partition %q does not exist on this cluster; its partitions: %s", one,
+				strings.Join(names, ", "))
+		}
 	}
-	return fmt.Errorf("partition %q does not exist on this cluster; its partitions: %s", name, strings.Join(names, ", "))
+	return nil
 }
 
 // errNoJobID is sbatch succeeding without a job id: what it queued is unknown.

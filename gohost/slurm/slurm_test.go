@@ -250,6 +250,23 @@ func TestDryRunResumeLeavesTheRun(t *testing.T) {
 	}
 }
 
+// A --partition is checked as sbatch takes it: one name, or a
+// comma-separated list of which every name must exist.
+func TestPartitionIn(t *testing.T) {
+	names := []string{"debug", "gpu"}
+	for _, ok := range []string{"gpu", "debug", "gpu,debug"} {
+		if err := partitionIn(names, ok); err != nil {
+			t.Errorf("%q: %v", ok, err)
+		}
+	}
+	for name, bad := range map[string]string{"cpu": "cpu", "gpu,cpu": "cpu", "gpu,": ""} {
+		want := fmt.Sprintf("partition %q does not exist on this cluster; its partitions: debug, gpu", bad)
+		if err := partitionIn(names, name); err == nil || err.Error() != want {
+			t.Errorf("%q: %v, want %q", name, err, want)
+		}
+	}
+}
+
 func testJobs(ids ...string) []runner.Job {
 	jobs := make([]runner.Job, len(ids))
 	for i, id := range ids {
