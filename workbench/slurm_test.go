@@ -446,10 +446,14 @@ func TestSlurmBadFlagsAreUsageErrors(t *testing.T) {
 func TestSlurmDryRun(t *testing.T) {
 	s := newSlurmSetup(t, 0)
 	out := filepath.Join(s.dir, "out")
-	code, text := runProc(t, s.cmd(nil, "run", s.script, "--executor", "slurm", "--out", out, "--dry-run", "--shards", "2",
+	cmd := s.cmd(nil, "run", s.script, "--executor", "slurm", "--out", out, "--dry-run", "--shards", "2",
 		"--max-running", "1", "--partition", "gpu", "--account", "lab", "--time", "1:00:00", "--gres", "gpu:1",
 		"--cpus-per-task", "4", "--mem", "16G", "--sbatch-line", "--qos=high", "--sbatch-line", "--comment hello",
-		"--runtime-cache", "/shared/cache"))
+		"--runtime-cache", "/shared/cache")
+	// No Slurm answers (a dry run needs none): where this machine's would, and lacks a partition gpu, the dry
+	// run refuses it (TestSlurmErrors checks that on the test cluster).
+	cmd.Env = append(cmd.Env, "SLURM_CONF="+filepath.Join(s.dir, "no-slurm.conf"))
+	code, text := runProc(t, cmd)
 	for _, want := range []string{"#SBATCH --array=0-1%1", "#SBATCH --partition=gpu", "#SBATCH --account=lab",
 		"#SBATCH --comment hello\n",
 		"#SBATCH --time=1:00:00", "#SBATCH --gres=gpu:1", "#SBATCH --cpus-per-task=4", "#SBATCH --mem=16G",
