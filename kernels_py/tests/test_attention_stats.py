@@ -605,6 +605,9 @@ def test_known_positions_skip_the_host_sync(device, monkeypatch):
         kernel.attention_stats(q, k, q_pos, pos_range=(80, 100))
     with pytest.raises(TypeError, match="pos_range must be a"):
         kernel.attention_stats(q, k, q_pos, pos_range=[80, 99])
+    # The reference takes it too: compute(backend="torch") on a GPU, as Prompt.stats calls it, reads no positions.
+    got = kernel.compute(q, k, q_pos, backend="torch", pos_range=(80, 99))
+    assert torch.allclose(got.attn_sum, want.attn_sum, atol=1e-5) and torch.equal(got.nonzero, want.nonzero)
 
 
 def test_bad_stage_inputs(device):

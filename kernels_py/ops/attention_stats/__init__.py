@@ -26,7 +26,7 @@ def compute(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, p: float = 0.
     (ops.common.BACKENDS); pos_range as kernel.attention_stats takes it."""
     if use_triton(backend, q.device):
         return attention_stats(q, k, q_pos, p, pos_range=pos_range)
-    return reference.attention_stats(q, k, q_pos, p)
+    return reference.attention_stats(q, k, q_pos, p, pos_range=pos_range)
 
 
 __all__ = [

@@ -20,10 +20,12 @@ def causal_scores(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, scale: 
 
 
 def attention_stats(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, p: float = 0.01,
-                    scale: float | None = None) -> AttentionStats:
+                    scale: float | None = None, pos_range: tuple[int, int] | None = None) -> AttentionStats:
     """Same contract as kernel.attention_stats, and the same input checks but
-    the kernels' widest head (MAX_HEAD_DIM): the reference takes any."""
-    check_inputs(q, k, q_pos, max_head_dim=None)
+    the kernels' widest head (MAX_HEAD_DIM): the reference takes any.
+    pos_range as the kernel takes it: the positions' range, checked without
+    reading q_pos on the host."""
+    check_inputs(q, k, q_pos, pos_range, max_head_dim=None)
     p = check_threshold(p)
     heads = q.shape[0]
     kv_heads, n_keys, _ = k.shape
