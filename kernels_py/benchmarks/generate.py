@@ -37,9 +37,11 @@ compile, the allocator warms), then once timed. With `profile_steps`, two
 more runs under PyTorch's profiler (the prefill alone, and the prefill and
 that many steps) give, by their difference, what one decode step asks of
 the host and the GPU: PyTorch ops, kernel launches, explicit waits on the
-GPU, and the GPU's busy time against the step's (below 100%: the GPU idles
-part of the step, waiting for launches or for the host, so GPU work alone
-does not set the step's time). A shape whose baseline runs
+GPU, the SDPA backends the step ran (step_attention: which kernel the
+baseline's attention was; none under graphs, whose replays show the
+profiler no ops), and the GPU's busy time against the step's (below 100%:
+the GPU idles part of the step, waiting for launches or for the host, so
+GPU work alone does not set the step's time). A shape whose baseline runs
 out of memory is skipped for every method; other rows that run out of
 memory are kept saying so. A full default grid takes tens of minutes on an
 H100. On the CPU a tiny model of the same architecture shows the benchmark
@@ -99,8 +101,8 @@ class Generate(Benchmark):
         Column("step_syncs", "", "explicit waits for the GPU a decode step (synchronize calls, blocking copies; "
                "profile_steps)", "syncs/step"),
         Column("step_attention", "", "the SDPA kernels a decode step ran, as PyTorch's profiler names their ops: "
-               "flash, efficient, cudnn, math, flash (cpu); none where the method attends with kernels of its own "
-               "(profile_steps)", "SDPA/step"),
+               "flash, efficient, cudnn, math, flash (cpu); none where the method attends with kernels of its own, "
+               "and with graphs, whose replayed steps show the profiler no ops (profile_steps)", "SDPA/step"),
         Column("step_gpu_ms", "ms", "the GPU's busy time a decode step: kernels, copies and fills, summed "
                "(profile_steps; GPU only)", "GPU/step"),
         Column("gpu_busy", "%", "step_gpu_ms / decode_step_ms: below 100% the GPU idles part of the step",
@@ -137,7 +139,8 @@ class Generate(Benchmark):
                         "method whose prompts cannot decode together is skipped, saying why; without CUDA the same "
                         "steps run eagerly")
     profile_steps: int = knob("int", 0, "decode steps to profile after the timed run (0: none): per step, the ops, "
-                              "launches and waits the host issues and the GPU's busy time", min=0, max=1000)
+                              "launches and waits the host issues, the SDPA backends it ran and the GPU's busy time",
+                              min=0, max=1000)
 
     def method_names(self) -> list[str]:
         names = self.methods.split(",")
