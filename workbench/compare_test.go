@@ -333,6 +333,13 @@ func TestCompareReadsARunThatIsOnlyItsTable(t *testing.T) {
 	if code, stdout, stderr := runCLI(t, "compare", run, table); code != 0 || !strings.Contains(stdout, "1 rows joined, 0 changed") {
 		t.Errorf("compare with a table-only run: exit %d\n%s%s", code, stdout, stderr)
 	}
+	// status opens such a run, which leaves it an empty journal: the table still counts.
+	if err := os.WriteFile(filepath.Join(table, results.JournalFile), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code, stdout, stderr := runCLI(t, "compare", run, table); code != 0 || !strings.Contains(stdout, "1 rows joined, 0 changed") {
+		t.Errorf("compare with a table-only run and an empty journal: exit %d\n%s%s", code, stdout, stderr)
+	}
 	if code, _, stderr := runCLI(t, "compare", filepath.Join(dir, "exp"), run); code != 1 ||
 		!strings.Contains(stderr, "an experiment's folder: give one of its runs") {
 		t.Errorf("compare of an experiment's folder: exit %d\n%s", code, stderr)

@@ -27,7 +27,8 @@ type Run struct {
 }
 
 // Load reads a run directory, merging nothing: what its journal holds, or,
-// with no journal, its results.parquet (a run copied as its table).
+// for a run whose journal lacks jobs its table has (no journal: a run
+// copied as its table), its results.parquet.
 func Load(dir string) (*Run, error) {
 	info, err := os.Stat(dir)
 	if os.IsNotExist(err) {
@@ -43,7 +44,10 @@ func Load(dir string) (*Run, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, jerr := os.Stat(filepath.Join(dir, results.JournalFile)); os.IsNotExist(jerr) {
+	// A journal that lacks jobs its table has (none, or one emptied or cut
+	// short: status or a refused resume leaves an empty one in a run copied
+	// as its table) gives way to the table, as no rebuild shrinks a table.
+	if rows, exists, _ := results.ParquetRows(dir); exists && rows > distinctJobs(recs) {
 		if recs, err = results.ReadParquet(dir); err != nil {
 			return nil, err
 		}
@@ -701,4 +705,13 @@ func (r *Report) Violations(g Guard) ([]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// distinctJobs counts the jobs records name.
+func distinctJobs(recs []results.Record) int {
+	ids := map[string]bool{}
+	for _, r := range recs {
+		ids[r.JobID] = true
+	}
+	return len(ids)
 }
