@@ -76,19 +76,57 @@ TIMING_SUFFIXES = ("_seconds", "_ms", "_us", "_time")
 
 
 def journal_rows(run: str | os.PathLike) -> list[dict]:
-    """The run's rows as compare reads them: the last journal record of each job."""
-    path = Path(run) / "journal.jsonl"
-    if not path.exists():
-        raise FileNotFoundError(f"{run} has no journal.jsonl: not a run directory")
+    """The run's rows as compare reads them: the last journal record of each
+    job; where the journal lacks jobs its results.parquet has (none: a run
+    copied as its table; or one lost and left empty), the table's rows."""
+    run = Path(run)
+    path, table = run / "journal.jsonl", run / "results.parquet"
+    if not path.exists() and not table.exists():
+        raise FileNotFoundError(f"{run} has no journal.jsonl or results.parquet: not a run directory")
     records = []
-    for line in path.read_text().splitlines():
+    for line in path.read_text().splitlines() if path.exists() else ():
         if line.strip():
             try:
                 records.append(json.loads(line))
             except json.JSONDecodeError:  # a torn last line: the job did not finish
                 break
     last = {r["job_id"]: i for i, r in enumerate(records)}
+    if table.exists():
+        import pyarrow.parquet as pq
+
+        if pq.ParquetFile(table).metadata.num_rows > len(last):
+            return _table_rows(table)
     return [r for i, r in enumerate(records) if last[r["job_id"]] == i]
+
+
+# results.parquet's columns that hold a record's fields (gohost/results: flatten).
+_TABLE_FIELDS = {"job_id": "job_id", "experiment": "experiment", "method": "method", "status": "status",
+                 "error": "error", "attempts": "attempts", "duration_seconds": "duration_seconds",
+                 "wall_seconds": "wall_seconds", "kernels_digest": "kernels_digest", "workload": "workload_name",
+                 "finished": "finished"}
+
+
+def _table_rows(table: Path) -> list[dict]:
+    """results.parquet's rows as journal records, as compare reads a table
+    (gohost/results.ReadParquet): param_, workload_ and metric_ columns back
+    into their maps, nulls left out of params and workload knobs, a null
+    metric None; JSON text columns (lists) stay text."""
+    import pyarrow.parquet as pq
+
+    rows = []
+    for row in pq.read_table(table).to_pylist():
+        rec = {"params": {}, "workload": {}, "metrics": {}}
+        for name, value in row.items():
+            if name in _TABLE_FIELDS:
+                rec[_TABLE_FIELDS[name]] = value
+            elif name.startswith("param_") and value is not None:
+                rec["params"][name[len("param_"):]] = value
+            elif name.startswith("workload_") and value is not None:
+                rec["workload"][name[len("workload_"):]] = value
+            elif name.startswith("metric_"):
+                rec["metrics"][name[len("metric_"):]] = value
+        rows.append(rec)
+    return rows
 
 
 def _go_float(x: float) -> str:

@@ -205,6 +205,24 @@ func TestCompareJoinsAsThePythonSide(t *testing.T) {
 	b[1].Metrics["rel_err_mean"] = nil // snapkv at 0.3 lost it (a NaN, written as null)
 	runA, runB := writeRun(t, filepath.Join(dir, "a"), a...), writeRun(t, filepath.Join(dir, "b"), b...)
 	empty := writeRun(t, filepath.Join(dir, "empty")) // stopped before its first job
+	// B as its table alone, and with the empty journal status leaves in such a run: both read the table.
+	if _, err := results.BuildParquet(runB); err != nil {
+		t.Fatal(err)
+	}
+	tableB, tableEmptyJournal := filepath.Join(dir, "b-table"), filepath.Join(dir, "b-table-empty-journal")
+	for _, d := range []string{tableB, tableEmptyJournal} {
+		data, err := os.ReadFile(filepath.Join(runB, results.ParquetFile))
+		if err == nil {
+			os.MkdirAll(d, 0o755)
+			err = os.WriteFile(filepath.Join(d, results.ParquetFile), data, 0o644)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(tableEmptyJournal, results.JournalFile), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 
 	type delta struct {
 		Metric            string
@@ -264,7 +282,8 @@ func TestCompareJoinsAsThePythonSide(t *testing.T) {
 	for _, tc := range []struct {
 		by   []string
 		runB string
-	}{{nil, runB}, {[]string{"method", "budget"}, runB}, {[]string{"workload.spans", "method"}, runB}, {nil, empty}} {
+	}{{nil, runB}, {[]string{"method", "budget"}, runB}, {[]string{"workload.spans", "method"}, runB}, {nil, empty},
+		{nil, tableB}, {[]string{"workload.spans", "method"}, tableEmptyJournal}} {
 		by, runB := tc.by, tc.runB
 		t.Run(fmt.Sprint(by, filepath.Base(runB)), func(t *testing.T) {
 			args := []string{"compare", runA, runB, "--json"}
