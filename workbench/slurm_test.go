@@ -385,7 +385,7 @@ func TestSlurmErrors(t *testing.T) {
 		t.Errorf("tasks without their interpreter: exit %d\n%s", code, text)
 	}
 	if code, text := runProc(t, s.cmd(c, "run", s.script, "--executor", "slurm", "--out", out, "--partition", "gpu")); code != 1 ||
-		!strings.Contains(text, `partition "gpu" does not exist on this cluster; its partitions: debug`) {
+		!strings.Contains(text, `partition "gpu" does not exist on this cluster; its partitions: debug, hidden`) {
 		t.Errorf("unknown partition: exit %d\n%s", code, text)
 	}
 	// A dry run where Slurm answers refuses it too, and prints the script of a partition it has.
@@ -393,9 +393,11 @@ func TestSlurmErrors(t *testing.T) {
 		!strings.Contains(text, `partition "gpu" does not exist on this cluster`) || strings.Contains(text, "#!/bin/bash") {
 		t.Errorf("unknown partition, dry run: exit %d\n%s", code, text)
 	}
-	if code, text := runProc(t, s.cmd(c, "run", s.script, "--executor", "slurm", "--out", out, "--partition",
-		slurmtest.Partition, "--dry-run")); code != 0 || !strings.Contains(text, "#SBATCH --partition="+slurmtest.Partition) {
-		t.Errorf("known partition, dry run: exit %d\n%s", code, text)
+	for _, p := range []string{slurmtest.Partition, slurmtest.HiddenPartition} { // a hidden one is a partition too
+		if code, text := runProc(t, s.cmd(c, "run", s.script, "--executor", "slurm", "--out", out, "--partition", p,
+			"--dry-run")); code != 0 || !strings.Contains(text, "#SBATCH --partition="+p) {
+			t.Errorf("partition %s, dry run: exit %d\n%s", p, code, text)
+		}
 	}
 	if c.Hidden == "" {
 		t.Fatalf("no directory hidden from the node to test with: %v", c.HiddenErr)

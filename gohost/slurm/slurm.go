@@ -228,7 +228,9 @@ func Installed() error {
 
 // Partitions lists the cluster's partitions.
 func Partitions(ctx context.Context) ([]string, error) {
-	out, err := command(ctx, "sinfo", "-h", "-o", "%R")
+	// --all: hidden partitions too (sinfo shows them to root only without it),
+	// which a user may be allowed to submit to.
+	out, err := command(ctx, "sinfo", "--all", "-h", "-o", "%R")
 	if err != nil {
 		return nil, err
 	}

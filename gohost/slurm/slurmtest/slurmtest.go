@@ -23,8 +23,13 @@ import (
 // instead of a skip (CI sets it).
 const RequireEnv = "VLKV_REQUIRE_SLURM"
 
-// Partition is the cluster's one partition.
-const Partition = "debug"
+// Partition is the cluster's default partition; HiddenPartition a hidden
+// one (sites hide partitions some users may use), which sinfo lists to
+// users other than root and SlurmUser only with --all.
+const (
+	Partition       = "debug"
+	HiddenPartition = "hidden"
+)
 
 // Cluster is a running single-node Slurm.
 type Cluster struct {
@@ -101,7 +106,8 @@ MinJobAge=300
 KillWait=2
 NodeName=%[1]s CPUs=%[6]d State=UNKNOWN
 PartitionName=%[7]s Nodes=%[1]s Default=YES MaxTime=INFINITE State=UP
-`, host, ports[0], ports[1], socket, dir, runtime.NumCPU(), Partition)
+PartitionName=%[8]s Nodes=%[1]s MaxTime=INFINITE State=UP Hidden=YES
+`, host, ports[0], ports[1], socket, dir, runtime.NumCPU(), Partition, HiddenPartition)
 	if err := os.WriteFile(c.Conf, []byte(conf), 0o644); err != nil {
 		return nil, err
 	}
