@@ -169,15 +169,20 @@ def test_lookm_merges_change_the_error_and_errors_name_alpha():
 
 # --- A-VL ----------------------------------------------------------------------------------------
 
-def test_avl_prefill_sets_core_secondary_and_minor(workload):
-    method = make_method("avl", {"secondary": 40, "core": 20, "prefill_keep": 100, "text_window": 100})
-    cache = method.prefill(2, workload.q[2], workload.k[2], workload.v[2], workload.spans)
-    q, k = workload.q[2].float(), workload.k[2].float()
-    # Eq. 1: the last prompt token's attention, averaged over heads.
+def _ranked_by_last_token(q, k):
+    """The 64 image tokens (positions 8..71) ranked by A-VL's Eq. 1: the last
+    prompt token's attention, averaged over the heads."""
+    q, k = q.float(), k.float()
     logits = (q[:, -1:] @ k.repeat_interleave(2, 0).transpose(1, 2))[:, 0] / math.sqrt(32)
     last = torch.softmax(logits, -1).mean(0)
     visual = torch.arange(8, 72, device=q.device)
-    ranked = visual[last[visual].argsort(descending=True)]
+    return visual[last[visual].argsort(descending=True)]
+
+
+def test_avl_prefill_sets_core_secondary_and_minor(workload):
+    method = make_method("avl", {"secondary": 40, "core": 20, "prefill_keep": 100, "text_window": 100})
+    cache = method.prefill(2, workload.q[2], workload.k[2], workload.v[2], workload.spans)
+    ranked = _ranked_by_last_token(workload.q[2], workload.k[2])
     stored = set(cache.positions[0][cache.visual].tolist())
     core = set(cache.positions[0][cache.core].tolist())
     assert len(stored) == int(64 * 0.4) and len(core) == int(64 * 0.2) and core < stored
@@ -194,11 +199,7 @@ def test_avl_ranks_every_images_tokens_together():
     per_image = []
     for layer in range(CFG["layers"]):
         cache = method.prefill(layer, two.q[layer], two.k[layer], two.v[layer], two.spans)
-        q, k = two.q[layer].float(), two.k[layer].float()
-        logits = (q[:, -1:] @ k.repeat_interleave(2, 0).transpose(1, 2))[:, 0] / math.sqrt(32)
-        last = torch.softmax(logits, -1).mean(0)
-        visual = torch.arange(8, 72, device=q.device)
-        ranked = visual[last[visual].argsort(descending=True)]
+        ranked = _ranked_by_last_token(two.q[layer], two.k[layer])
         stored = set(cache.positions[0][cache.visual].tolist())
         core = set(cache.positions[0][cache.core].tolist())
         assert len(stored) == int(64 * 0.4) and len(core) == int(64 * 0.2)
