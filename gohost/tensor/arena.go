@@ -84,12 +84,18 @@ func (a *Arena) Alloc(n, align int64) (int64, error) {
 	if align&(align-1) != 0 {
 		return 0, fmt.Errorf("alignment %d is not a power of two", align)
 	}
-	n = (n + Alignment - 1) / Alignment * Alignment
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed {
 		return 0, ErrClosed
 	}
+	// Checked before rounding up, which would overflow for n near MaxInt64
+	// and hand out a negative size; the arena's size is a multiple of
+	// Alignment, so n rounds up to no more than it.
+	if n > int64(len(a.data)) {
+		return 0, fmt.Errorf("arena %q: no room for %d bytes (%d of %d in use)", a.name, n, a.used, len(a.data))
+	}
+	n = (n + Alignment - 1) / Alignment * Alignment
 	for i, s := range a.free {
 		start := (s.off + align - 1) / align * align
 		if start+n > s.off+s.size {

@@ -137,6 +137,26 @@ func TestArenaAllocFree(t *testing.T) {
 	}
 }
 
+// A size near MaxInt64 is refused, not rounded up past it into a negative
+// allocation that corrupts the free list and lets later ones overlap.
+func TestArenaAllocHugeSize(t *testing.T) {
+	a := newArena(t, 4096)
+	for _, n := range []int64{math.MaxInt64, math.MaxInt64 - 63, math.MaxInt64 - 100, 4097} {
+		if off, err := a.Alloc(n, 0); err == nil || !strings.Contains(err.Error(), "no room") {
+			t.Fatalf("Alloc(%d): offset %d, %v", n, off, err)
+		}
+	}
+	if x, err := a.NewTensor(UInt8, math.MaxInt64); err == nil {
+		t.Fatalf("NewTensor(uint8, MaxInt64) allocated %+v", x.Desc())
+	}
+	if a.Used() != 0 {
+		t.Fatalf("used %d after refused allocations", a.Used())
+	}
+	if off, err := a.Alloc(4096, 0); err != nil || off != 0 {
+		t.Fatalf("whole-arena alloc after refused ones: %d, %v", off, err)
+	}
+}
+
 func TestArenaManyTensorsAndViews(t *testing.T) {
 	a := newArena(t, 1<<20)
 	type tc struct {
