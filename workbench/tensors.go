@@ -122,7 +122,7 @@ never half-written.`,
 			if err != nil {
 				return err
 			}
-			ar, err := tensor.NewArena(1, "to-npy", 2*st.Size()+(1<<20)) // room for bf16 widened to f32
+			ar, err := tensor.NewArena(1, "to-npy", 2*st.Size()+(1<<20)) // room for the 64-byte rounding of many small tensors
 			if err != nil {
 				return err
 			}
@@ -139,15 +139,9 @@ never half-written.`,
 				files[e.Name] = tensor.NPYName(e.Name) // distinct for distinct names
 			}
 			for _, e := range h.Entries {
-				t := tensors[e.Name]
-				if t.DType() == tensor.BFloat16 {
-					if t, err = widenBFloat16(ar, t); err != nil {
-						return fmt.Errorf("%s: %w", e.Name, err)
-					}
-				}
 				path := filepath.Join(args[1], files[e.Name])
-				if err := tensor.WriteNPY(path, t); err != nil {
-					return err
+				if err := writeNPYWidened(path, tensors[e.Name]); err != nil {
+					return fmt.Errorf("%s: %w", e.Name, err)
 				}
 				a.log.Debug().Str("tensor", e.Name).Str("path", path).Msg("wrote")
 			}
@@ -171,14 +165,29 @@ never half-written.`,
 	}
 }
 
-func widenBFloat16(ar *tensor.Arena, t *tensor.Tensor) (*tensor.Tensor, error) {
+// writeNPYWidened writes t as .npy, a bfloat16 tensor widened to float32
+// (numpy has no bfloat16) in an arena of its own that is gone once written:
+// the file's arena holds the tensors as loaded, and widening them all there
+// would take twice their size again.
+func writeNPYWidened(path string, t *tensor.Tensor) error {
+	if t.DType() != tensor.BFloat16 {
+		return tensor.WriteNPY(path, t)
+	}
 	values, err := t.Float64s()
 	if err != nil {
-		return nil, err
+		return err
 	}
+	ar, err := tensor.NewArena(2, "to-npy-float32", max(1, 2*int64(len(t.Bytes()))))
+	if err != nil {
+		return err
+	}
+	defer ar.Close()
 	out, err := ar.NewTensor(tensor.Float32, t.Shape()...)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	return out, out.SetFloat64s(values) // bfloat16 values are exact in float32
+	if err := out.SetFloat64s(values); err != nil { // bfloat16 values are exact in float32
+		return err
+	}
+	return tensor.WriteNPY(path, out)
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -184,5 +185,53 @@ func TestTensorsToNPYLongName(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(out, name+".npy")); err != nil {
 		t.Error(err)
+	}
+}
+
+// A bfloat16 tensor that is most of its file is widened to float32 as well:
+// the widened copy, twice its size, does not have to fit beside the loaded
+// file in the file's arena.
+func TestTensorsToNPYLargeBFloat16(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "weights.safetensors")
+	ar, err := tensor.NewArena(1, "weights", 8<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ar.Close()
+	const n = 2 << 20 // 4 MiB of bfloat16
+	w, err := ar.NewTensor(tensor.BFloat16, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bits, _ := w.BFloat16()
+	for i := range bits {
+		bits[i] = tensor.Float32ToBFloat16(float32(i % 256))
+	}
+	if err := tensor.WriteSafetensors(file, map[string]*tensor.Tensor{"w": w}, nil); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "npy")
+	code, stdout, stderr := runCLI(t, "tensors", "to-npy", file, out)
+	if code != 0 || !strings.Contains(stdout, "wrote 1 tensors") {
+		t.Fatalf("to-npy: exit %d: %s%s", code, stdout, stderr)
+	}
+	f, err := os.Open(filepath.Join(out, "w.npy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	descr, shape, err := tensor.ReadNPYHeader(f)
+	if err != nil || descr != "<f4" || len(shape) != 1 || shape[0] != n {
+		t.Fatalf("w.npy: %s %v %v", descr, shape, err)
+	}
+	v := make([]float32, n)
+	if err := binary.Read(f, binary.LittleEndian, v); err != nil {
+		t.Fatal(err)
+	}
+	for _, i := range []int{0, 1, 255, 256, n - 1} {
+		if v[i] != float32(i%256) {
+			t.Fatalf("w[%d] = %v, want %v", i, v[i], i%256)
+		}
 	}
 }
