@@ -74,6 +74,7 @@ func (l *Local) Run(ctx context.Context, b Batch) error {
 		return w, nil
 	}
 	return sched.Run(ctx, b.Jobs, sched.Config{Workers: workers, Start: start, Log: b.Log, Prepare: scratch.Prepare,
+		Stopped: scratch.Release,
 		Done: func(out sched.Outcome) error {
 			// Called before the worker takes its next job, so its scratch
 			// arena still holds what this one returned.
@@ -175,6 +176,19 @@ func (s *scratchArenas) Prepare(w *worker.Worker, spec *worker.Job) {
 	defer s.mu.Unlock()
 	if a := s.byWorker[w]; a != nil {
 		spec.Scratch = &tensor.Region{Arena: a.ID(), Offset: 0, Size: a.Size()}
+	}
+}
+
+// Release closes the arena lent to w, a worker that is gone: a run that
+// restarts workers (crashes, timeouts) would otherwise keep a descriptor and
+// the pages its jobs wrote for every worker it ever started.
+func (s *scratchArenas) Release(w *worker.Worker) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if a := s.byWorker[w]; a != nil {
+		delete(s.byWorker, w)
+		delete(s.byID, a.ID())
+		a.Close()
 	}
 }
 

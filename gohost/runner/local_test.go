@@ -217,3 +217,54 @@ func TestScratchArenaIDsAreDistinct(t *testing.T) {
 		seen[id] = true
 	}
 }
+
+// scratchFDs counts this process's descriptors of scratch arenas.
+func scratchFDs(t *testing.T) int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range entries {
+		if target, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name())); err == nil && strings.Contains(target, "vlkv-scratch") {
+			n++
+		}
+	}
+	return n
+}
+
+// A worker that is gone takes its scratch arena with it: jobs that crash
+// their workers (each crash retried once on a fresh one) leave no arena
+// behind, where every worker started kept one until the batch ended.
+func TestLocalReleasesScratchOfStoppedWorkers(t *testing.T) {
+	py := testpy.Python(t)
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := scratchFDs(t)
+	var jobs []sched.Job
+	for i := range 3 {
+		jobs = append(jobs, sched.Job{ID: fmt.Sprintf("crash%d", i), Spec: worker.Job{Fn: "kernels_py.runtime.diag:crash"}})
+	}
+	jobs = append(jobs, sched.Job{ID: "echo", Spec: worker.Job{Fn: "kernels_py.runtime.diag:echo"}})
+	var held []int
+	l := &Local{Python: py, KernelsRoot: root, Device: worker.CPU, Workers: 1, Log: zerolog.Nop()}
+	err = l.Run(context.Background(), Batch{Jobs: jobs, Log: zerolog.Nop(), Done: func(o Outcome) error {
+		held = append(held, scratchFDs(t)-before)
+		return nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// At each report only the arena of the worker that ran the job is
+	// left (Done may still read it): the first worker of each crashed job,
+	// and that of every job before, are released.
+	if !reflect.DeepEqual(held, []int{1, 1, 1, 1}) {
+		t.Errorf("scratch arenas held at each report: %v, want [1 1 1 1]", held)
+	}
+	if got := scratchFDs(t) - before; got != 0 {
+		t.Errorf("%d scratch arenas left after the run", got)
+	}
+}

@@ -90,6 +90,10 @@ type Config struct {
 	// Prepare, if set, adjusts a job for the worker about to run it (say, to
 	// lend it a scratch region of that worker's arena).
 	Prepare func(w *worker.Worker, spec *worker.Job)
+	// Stopped, if set, is called once for every worker the pool started,
+	// after it is closed and after Done returned for the last job it ran
+	// (say, to free what was lent to it). Slots call it concurrently.
+	Stopped func(w *worker.Worker)
 	// StartTries is how many failed starts in a row retire a pool slot
 	// (zero: 3). The waits between them double from StartBackoff (zero:
 	// half a second).
@@ -238,6 +242,7 @@ func (p *pool) serve(ctx context.Context) {
 	defer func() {
 		if w != nil {
 			w.Close()
+			p.stopped(w)
 		}
 	}()
 	for {
@@ -271,12 +276,22 @@ func (p *pool) serve(ctx context.Context) {
 				w = nil // killed or dead: the next attempt or job gets a fresh one
 			}
 			if errors.As(err, &died) && attempt < 2 {
+				p.stopped(ran)
 				p.cfg.Log.Warn().Str("job", job.ID).Err(err).Msg("worker died; retrying the job once on a fresh worker")
 				continue
 			}
 			p.report(Outcome{Job: job, Result: result, Err: err, Attempts: attempt, Duration: took, Wall: time.Since(begin), Worker: ran})
+			if w == nil {
+				p.stopped(ran)
+			}
 			break
 		}
+	}
+}
+
+func (p *pool) stopped(w *worker.Worker) {
+	if p.cfg.Stopped != nil {
+		p.cfg.Stopped(w)
 	}
 }
 
