@@ -65,6 +65,13 @@ func (a *Arena) Name() string   { return a.name }
 func (a *Arena) Size() int64    { return int64(len(a.data)) }
 func (a *Arena) File() *os.File { return a.file }
 
+// Closed reports whether Close was called.
+func (a *Arena) Closed() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.closed
+}
+
 // Used is the number of bytes held by live allocations.
 func (a *Arena) Used() int64 {
 	a.mu.Lock()

@@ -263,6 +263,21 @@ func TestNoDescriptorOrMappingLeaks(t *testing.T) {
 	}
 }
 
+// Handing over an arena already closed is refused and leaves the worker be.
+func TestMapClosedArena(t *testing.T) {
+	w := startWorker(t, repoRoot(t))
+	a := newArena(t, 9, 1<<16)
+	a.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := w.MapArena(ctx, a); !errors.Is(err, tensor.ErrClosed) {
+		t.Fatalf("mapping a closed arena: %v", err)
+	}
+	if _, err := w.Run(ctx, Job{Fn: "kernels_py.runtime.diag:echo"}); err != nil || !w.Alive() {
+		t.Fatalf("worker after the refused mapping: alive %v, %v", w.Alive(), err)
+	}
+}
+
 func TestArenaOutlivesCrashedWorker(t *testing.T) {
 	a := newArena(t, 5, 1<<16)
 	x, _ := a.NewTensor(tensor.Int32, 10)

@@ -481,6 +481,11 @@ func (w *Worker) Close() error {
 // once; afterwards jobs may refer to its tensors. The arena stays the host's:
 // it outlives the worker and must be closed by its owner.
 func (w *Worker) MapArena(ctx context.Context, a *tensor.Arena) error {
+	if a.Closed() {
+		// Its descriptor is gone: the worker would wait for one that never
+		// comes, and be killed for it.
+		return fmt.Errorf("map arena %d in worker %d: %w", a.ID(), w.Pid(), tensor.ErrClosed)
+	}
 	_, err := w.call(ctx, message{Type: "map_arena", Arena: &arenaInfo{ID: a.ID(), Size: a.Size()}}, func() error {
 		rights := unix.UnixRights(int(a.File().Fd()))
 		return unix.Sendmsg(int(w.sock.Fd()), []byte{0}, rights, nil, 0)
