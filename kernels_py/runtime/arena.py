@@ -86,28 +86,54 @@ _capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
 _capsule_pointer.restype = ctypes.c_void_p
 _capsule_pointer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
 
+_incref = ctypes.pythonapi.Py_IncRef
+_incref.restype = None
+_incref.argtypes = [ctypes.py_object]
+_decref = ctypes.pythonapi.Py_DecRef
+_decref.restype = None
+_decref.argtypes = [ctypes.py_object]
+
 # Capsule names must outlive the capsules: module-level constants.
 _LEGACY = b"dltensor"
 _VERSIONED = b"dltensor_versioned"
 
 # Managed tensors handed out and not yet released, by address: the structure,
 # its shape/strides arrays and the ArenaTensor (which keeps the mapping alive).
+# Each also holds a reference of its own, dropped only by its deleter: a
+# tensor that outlives this module (one alive when the interpreter exits,
+# whose module globals go first) must still find its structure and mapping,
+# or its deleter reads freed memory and the process dies of a segfault.
 _live = {}
 
 
+def _release_address(address, _pop=_live.pop, _decref=_decref):
+    # Everything it uses is bound here: it may run while the interpreter
+    # exits, after the module's globals are cleared.
+    held = _pop(address, None)
+    if held is not None:
+        _decref(held)
+
+
 @_Deleter
-def _release(address):
-    _live.pop(address, None)
+def _release(address, _release_address=_release_address):
+    _release_address(address)
 
 
 @_CapsuleDestructor
-def _destroy_capsule(capsule):
+def _destroy_capsule(capsule, _names=(_LEGACY, _VERSIONED), _is_valid=_capsule_is_valid,
+                     _pointer=_capsule_pointer, _release_address=_release_address):
     # A capsule nobody consumed still owns its managed tensor; a consumed one
     # was renamed "used_..." and its consumer calls the deleter instead.
-    for name in (_LEGACY, _VERSIONED):
-        if _capsule_is_valid(capsule, name):
-            _release(_capsule_pointer(capsule, name))
+    for name in _names:
+        if _is_valid(capsule, name):
+            _release_address(_pointer(capsule, name))
             return
+
+
+# Consumers and capsules hold raw pointers to these: they must never be freed.
+for _immortal in (_release, _destroy_capsule, _LEGACY, _VERSIONED):
+    _incref(_immortal)
+del _immortal
 
 
 class Arena:
@@ -226,7 +252,9 @@ class ArenaTensor:
             managed.version = DLPackVersion(1, 0)
             managed.flags = 0  # writable, not a copy
         address = ctypes.addressof(managed)
-        _live[address] = (managed, shape, strides, self)
+        held = (managed, shape, strides, self)
+        _live[address] = held
+        _incref(held)
         return _capsule_new(address, _VERSIONED if versioned else _LEGACY, _destroy_capsule)
 
     def torch(self) -> torch.Tensor:

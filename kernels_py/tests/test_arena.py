@@ -127,6 +127,37 @@ def test_empty_allocates_in_scratch(mapped):
             pass
 
 
+_EXIT_SCRIPT = """
+import os, sys, tempfile
+from kernels_py.runtime import arena
+import torch
+f = tempfile.TemporaryFile()
+f.truncate(1 << 16)
+arena.map_arena(1, os.dup(f.fileno()), 1 << 16)
+d = {"arena": 1, "offset": 0, "byte_offset": 0, "dtype": {"code": 2, "bits": 32, "lanes": 1},
+     "shape": [4], "strides": [1], "device": {"type": 1, "id": 0}}
+kept = torch.from_dlpack(arena.ArenaTensor(d))
+capsule = arena.ArenaTensor(d).__dlpack__()
+if sys.argv[1] == "unmapped":
+    arena.unmap_arena(1)
+kept.fill_(1)
+"""
+
+
+@pytest.mark.parametrize("case", ["mapped", "unmapped"])
+def test_tensors_alive_at_exit_do_not_crash_the_interpreter(case):
+    # A job may keep an imported tensor (a cache, a traceback's frames) until
+    # the worker exits; module globals are cleared before such a tensor is
+    # freed, and its deleter read freed memory (SIGSEGV on every exit).
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-c", _EXIT_SCRIPT, case], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
 def test_describe_ignores_foreign_tensors(mapped):
     assert arena.describe(torch.zeros(3)) is None
     assert arena.describe("not a tensor") is None
