@@ -23,6 +23,7 @@ import os
 import torch
 
 MAX_DIMS = 16
+_INT64_MAX = 2**63 - 1
 ALIGNMENT = 64
 KDL_CPU = 1
 
@@ -209,6 +210,10 @@ class ArenaTensor:
         byte_offset = _int(desc.get("byte_offset", 0), "byte_offset")
         if offset < 0 or byte_offset < 0 or any(s < 0 for s in shape) or any(s < 0 for s in strides):
             raise DescriptorError(f"negative offset, size or stride in {desc!r}")
+        # DLPack's fields are int64: a larger value would be cut to its low
+        # 64 bits on the way out, naming other memory than was checked.
+        if max([offset, byte_offset, *shape, *strides]) > _INT64_MAX:
+            raise DescriptorError(f"offset, size or stride beyond int64 in {desc!r}")
         itemsize = key[1] // 8 * key[2]
         start = offset + byte_offset
         if start % itemsize:
@@ -320,7 +325,11 @@ def empty(shape, dtype: torch.dtype) -> torch.Tensor:
         raise RuntimeError("this job has no scratch region: the host must reserve one to receive tensors")
     if dtype not in _CODES:
         raise TypeError(f"dtype {dtype} cannot live in an arena")
-    shape = [int(n) for n in shape]
+    shape = [int(n) for n in ((shape,) if isinstance(shape, int) else shape)]
+    if any(n < 0 for n in shape):
+        # Checked before the region moves: a negative size would move it
+        # back over tensors already handed out.
+        raise ValueError(f"empty({shape}): sizes must be non-negative")
     numel = 1
     for n in shape:
         numel *= n
@@ -328,14 +337,15 @@ def empty(shape, dtype: torch.dtype) -> torch.Tensor:
     start = (s.next + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
     if start + nbytes > s.end:
         raise MemoryError(f"scratch region of {s.end - s.start} bytes has no room for {nbytes} more")
-    s.next = start + nbytes
     strides = [1] * len(shape)
     for i in range(len(shape) - 2, -1, -1):
         strides[i] = strides[i + 1] * shape[i + 1]
     code, bits, lanes = _CODES[dtype]
-    return ArenaTensor({"arena": s.arena.id, "offset": start, "byte_offset": 0,
-                        "dtype": {"code": code, "bits": bits, "lanes": lanes}, "shape": shape,
-                        "strides": strides, "device": {"type": KDL_CPU, "id": 0}}).torch()
+    t = ArenaTensor({"arena": s.arena.id, "offset": start, "byte_offset": 0,
+                     "dtype": {"code": code, "bits": bits, "lanes": lanes}, "shape": shape,
+                     "strides": strides, "device": {"type": KDL_CPU, "id": 0}})
+    s.next = start + nbytes  # only once the tensor is valid
+    return t.torch()
 
 
 def to_device(x, device) -> torch.Tensor:

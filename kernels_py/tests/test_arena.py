@@ -105,6 +105,9 @@ def test_dlpack_refuses_copies_and_devices(mapped):
     ({"byte_offset": 1}, "not aligned"),
     ({"offset": True}, "must be an integer"),
     ({"shape": [1 << 62, 1 << 62]}, "outside arena"),
+    # In bounds as checked, but cut to 2 and 5 on the way into DLPack's int64s.
+    ({"shape": [(1 << 64) + 2, 3], "strides": [0, 1]}, "beyond int64"),
+    ({"shape": [1, 3], "strides": [(1 << 64) + 5, 1]}, "beyond int64"),
 ])
 def test_bad_descriptors(mapped, change, match):
     with pytest.raises(arena.DescriptorError, match=match):
@@ -125,6 +128,20 @@ def test_empty_allocates_in_scratch(mapped):
     with pytest.raises(arena.DescriptorError, match="outside arena"):
         with arena.scratch({"arena": ARENA_ID, "offset": SIZE - 8, "size": 64}):
             pass
+
+
+def test_empty_refuses_negative_sizes_without_moving_the_region(mapped):
+    with arena.scratch({"arena": ARENA_ID, "offset": 0, "size": 4096}):
+        a = arena.empty((64,), torch.float32)
+        a.fill_(1)
+        for shape in [(-1, 64), (-64,), (2, -3)]:
+            with pytest.raises(ValueError, match="non-negative"):
+                arena.empty(shape, torch.float32)
+        # The next tensor comes after the first, not over its last bytes.
+        b = arena.empty(16, torch.float32)
+        b.fill_(2)
+        assert arena.describe(b)["offset"] >= 256 and b.shape == (16,)
+        assert torch.all(a == 1)
 
 
 _EXIT_SCRIPT = """
