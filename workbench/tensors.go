@@ -140,7 +140,7 @@ never half-written.`,
 			}
 			for _, e := range h.Entries {
 				path := filepath.Join(args[1], files[e.Name])
-				if err := writeNPYWidened(path, tensors[e.Name]); err != nil {
+				if err := tensor.WriteNPYWidened(path, tensors[e.Name]); err != nil {
 					return fmt.Errorf("%s: %w", e.Name, err)
 				}
 				a.log.Debug().Str("tensor", e.Name).Str("path", path).Msg("wrote")
@@ -163,31 +163,4 @@ never half-written.`,
 			return nil
 		},
 	}
-}
-
-// writeNPYWidened writes t as .npy, a bfloat16 tensor widened to float32
-// (numpy has no bfloat16) in an arena of its own that is gone once written:
-// the file's arena holds the tensors as loaded, and widening them all there
-// would take twice their size again.
-func writeNPYWidened(path string, t *tensor.Tensor) error {
-	if t.DType() != tensor.BFloat16 {
-		return tensor.WriteNPY(path, t)
-	}
-	values, err := t.Float64s()
-	if err != nil {
-		return err
-	}
-	ar, err := tensor.NewArena(2, "to-npy-float32", max(1, 2*int64(len(t.Bytes()))))
-	if err != nil {
-		return err
-	}
-	defer ar.Close()
-	out, err := ar.NewTensor(tensor.Float32, t.Shape()...)
-	if err != nil {
-		return err
-	}
-	if err := out.SetFloat64s(values); err != nil { // bfloat16 values are exact in float32
-		return err
-	}
-	return tensor.WriteNPY(path, out)
 }

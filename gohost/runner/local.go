@@ -230,7 +230,7 @@ func saveTensors(runDir, jobID string, result json.RawMessage, scratch *scratchA
 		if err := os.MkdirAll(filepath.Dir(filepath.Join(runDir, rel)), 0o755); err != nil {
 			return paths, err
 		}
-		if err := tensor.WriteNPY(filepath.Join(runDir, rel), t); err != nil {
+		if err := tensor.WriteNPYWidened(filepath.Join(runDir, rel), t); err != nil { // bfloat16 as float32
 			return paths, err
 		}
 		paths[name] = rel

@@ -85,6 +85,13 @@ func TestSaveTensors(t *testing.T) {
 	if err := x.SetFloat64s([]float64{1, 2, 3}); err != nil {
 		t.Fatal(err)
 	}
+	y, err := a.NewTensor(tensor.BFloat16, 3) // numpy has none: saved widened to float32
+	if err == nil {
+		err = y.SetFloat64s([]float64{1, 2, 3})
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
 	ref := func(v any) string {
 		b, err := json.Marshal(v)
 		if err != nil {
@@ -105,6 +112,7 @@ func TestSaveTensors(t *testing.T) {
 		{"none", `{"metrics": {}}`, nil, ""},
 		{"not json", `nope`, nil, ""},
 		{"saved", `{"tensors": {"rel/err": ` + ref(x) + `}}`, map[string]string{"rel/err": filepath.Join("tensors", "job1", "rel%2Ferr.npy")}, ""},
+		{"bfloat16", `{"tensors": {"y": ` + ref(y) + `}}`, map[string]string{"y": filepath.Join("tensors", "job1", "y.npy")}, ""},
 		{"arena not lent", `{"tensors": {"x": {"__tensor__": ` + ref(bad) + `}}}`, map[string]string{}, `tensor "x" names arena 7, which was not lent`},
 	}
 	for _, tc := range tests {

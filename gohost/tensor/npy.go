@@ -29,11 +29,38 @@ var npyDescrs = []struct {
 	{Int64, "<i8"}, {Int32, "<i4"}, {Int16, "<i2"}, {Int8, "|i1"}, {UInt8, "|u1"}, {Bool, "|b1"},
 }
 
+// WriteNPYWidened writes t as WriteNPY does, but a bfloat16 tensor widened
+// to float32 (numpy has no bfloat16; its values are exact in float32), in an
+// arena of its own that is gone once written: widening beside the tensor's
+// own arena would take twice its size there again.
+func WriteNPYWidened(path string, t *Tensor) error {
+	if t.DType() != BFloat16 {
+		return WriteNPY(path, t)
+	}
+	values, err := t.Float64s()
+	if err != nil {
+		return err
+	}
+	ar, err := NewArena(2, "npy-float32", max(1, 2*int64(len(t.Bytes()))))
+	if err != nil {
+		return err
+	}
+	defer ar.Close()
+	out, err := ar.NewTensor(Float32, t.Shape()...)
+	if err != nil {
+		return err
+	}
+	if err := out.SetFloat64s(values); err != nil {
+		return err
+	}
+	return WriteNPY(path, out)
+}
+
 func npyDescr(dt DType) (string, error) {
 	if dt == BFloat16 {
 		// Writing the raw bits as '<u2' would load in numpy as integers that
 		// look like data; better to fail than to hand over wrong numbers.
-		return "", errors.New("bfloat16 has no numpy dtype; copy the tensor to float32 (BFloat16ToFloat32) and write that")
+		return "", errors.New("bfloat16 has no numpy dtype; write it with WriteNPYWidened (as float32)")
 	}
 	for _, d := range npyDescrs {
 		if d.dt == dt {
