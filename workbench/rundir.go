@@ -57,7 +57,7 @@ func syncRun(run *results.Run, log zerolog.Logger) (int, error) {
 		return 0, err
 	}
 	// A journal behind its table (lost, or cut short in a copy) must not shrink it.
-	if had, exists, err := results.ParquetRows(run.Dir); err == nil && exists && len(last) < had {
+	if had, ahead := results.TableAhead(run.Dir, len(last)); ahead {
 		log.Warn().Str("run", run.Dir).Msgf("the journal has %d jobs and %s %d rows: the table is kept as it is",
 			len(last), results.ParquetFile, had)
 		return had, nil

@@ -47,7 +47,7 @@ func Load(dir string) (*Run, error) {
 	// A journal that lacks jobs its table has (none, or one emptied or cut
 	// short: status or a refused resume leaves an empty one in a run copied
 	// as its table) gives way to the table, as no rebuild shrinks a table.
-	if rows, exists, _ := results.ParquetRows(dir); exists && rows > distinctJobs(recs) {
+	if _, ahead := results.TableAhead(dir, distinctJobs(recs)); ahead {
 		if recs, err = results.ReadParquet(dir); err != nil {
 			return nil, err
 		}

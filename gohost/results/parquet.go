@@ -251,6 +251,14 @@ func ParquetRows(dir string) (rows int, exists bool, err error) {
 	return int(pf.NumRows()), true, nil
 }
 
+// TableAhead says whether dir's results.parquet holds more rows than jobs,
+// the jobs its journal has, and returns the table's rows: the table is built
+// from the journal, so only a journal lost or cut short falls behind it.
+func TableAhead(dir string, jobs int) (rows int, ahead bool) {
+	rows, exists, err := ParquetRows(dir)
+	return rows, err == nil && exists && rows > jobs
+}
+
 // ReadParquet reads dir's results.parquet back into records, for a run that
 // holds its table but no journal (a run copied as its table); nil when there
 // is no table. Columns map back as BuildParquet wrote them; JSON text

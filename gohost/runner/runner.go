@@ -832,11 +832,10 @@ func openExisting(ctx context.Context, o Options, dir string) (*lazyRun, map[str
 	if err != nil {
 		return fail(err)
 	}
-	// The table is built from the journal, so a table with more rows than
-	// the journal has jobs lost its journal (deleted, or cut short in a
-	// copy): resuming would run those jobs again and rebuild the table
+	// A table ahead of its journal lost the journal (deleted, or cut short in
+	// a copy): resuming would run those jobs again and rebuild the table
 	// without the rows it holds.
-	if rows, exists, err := results.ParquetRows(dir); err == nil && exists && rows > len(done) {
+	if rows, ahead := results.TableAhead(dir, len(done)); ahead {
 		return fail(fmt.Errorf("resume %s: its %s has %d rows but its %s only %d finished jobs: the journal, which a "+
 			"resume goes by, was lost or cut short, and resuming would run those jobs again and rebuild the table "+
 			"without their rows. Restore %s (from a backup or the copy it came from), or start a new run without "+
