@@ -24,31 +24,54 @@ The cache stores each group in its own run of slots, so the kernel's tiles
 have one rank and rebuild keys only up to it; a step moves only the tokens
 whose group changed (`regrouped_per_step`).
 
+Where the decode op departs from the paper's description: attention runs
+in the cache's dtype on tensor cores with float32 accumulation (section
+7.1.1 computes attention in full precision), and the fused kernel keeps
+values in rank space, applying W_v once to the attention-weighted U_v, so
+the lower value ranks of section 3.2 save U_v reads, not a rebuild's FLOPs
+(`decompression_flops_ratio` is the paper's count). The kernels hold at most
+256 rank-space columns of values (keys too when absorbed): a per-head cache
+needs rank x kv_heads of them, and more is refused on the kernel path.
+
 Where the paper is open, this implementation decides:
 - Importance before the first step is the last prompt query's attention,
-  averaged over heads (the reference code's first score); a generated token
-  starts at 0 and enters the EMA with its first step's mass.
+  averaged over heads (the reference code's first score; Eq. 1's T_q > 1
+  form, for a user's input of several tokens, would average the prompt's
+  question rows instead); a generated token starts at 0 and enters the EMA
+  with its first step's mass.
 - Periodic compression (lines 14-17): generated tokens wait in the
   uncompressed segment; when `period` of them are there they are folded into
-  the compressed segment (the text segment when `compress_text`, else the
-  visual one, the only compressed segment) by a new SVD of that segment's
-  tokens rebuilt at full compression rank plus the new ones, at the same rank.
-  Line 15 factors K~, the cache as retrieved; rebuilding at full rank keeps
-  the low group's rank cut a per-step saving rather than a permanent loss.
-  The reference code re-factors only the image span and never compresses
-  generated tokens; `period=0` does that.
-- Ranks are chosen at prefill and kept when folding (clipped to the tokens
-  held, which loses nothing).
+  a textual segment: the text segment when `compress_text`, else one of
+  generated tokens alone, made at the first fold at `text_rank` (the prompt's
+  text stays uncompressed, as in the paper's VLM runs). Never into the visual
+  one: section 3.1 compresses the modalities apart, and compressing them
+  together cost about 20% accuracy (section 8.2). A fold is a new SVD of the
+  segment's tokens rebuilt at full compression rank plus the new ones, at
+  the same rank. Line 15 factors K~, the cache as retrieved; rebuilding at
+  full rank keeps the low group's rank cut a per-step saving rather than a
+  permanent loss. The reference code re-factors only the image span and
+  never compresses generated tokens; `period=0` does that.
+- Ranks are chosen at prefill (the generated segment's is text_rank) and
+  kept when folding (clipped to the tokens held, which loses nothing).
 - Eviction ("evict") keeps the first group's share of the tokens ever
   admitted to a segment, by importance, after prefill and after every step:
   a budget, so the cache does not shrink geometrically step after step.
-- 4-bit (or 2-bit) quantization (section 4.5) applies to U, per token row in
-  runs of `quant_group` rank channels; W stays fp16 as in the paper (shared
-  by all tokens, small next to U for long contexts) unless `quant_w_bits`,
-  per rank row in runs of `quant_group` channels with its own scales. At an
-  image's length W dominates (LLaVA-1.5: 88% of the factors). Quantized
+- 4-bit (or 2-bit) quantization (section 4.5, "following KVQuant"): U per
+  token row in runs of `quant_group` rank channels (`quant_bits`), W per rank
+  row in runs of `quant_group` channels with its own scales (`quant_w_bits`),
+  uniform min-max codes with an fp16 scale and zero a run; not KVQuant's
+  non-uniform levels and outlier handling. The paper does not say which
+  factors it quantizes, but its 4-bit row holds exactly a quarter of the fp16
+  row's bytes (Table 4: 64.5 -> 16.1 MB), which counts W, and the
+  uncompressed text, at 4 bits too: `quant_bits=4, quant_w_bits=4` is the
+  nearest setting (text stays fp16 here). At an image's length W dominates
+  (LLaVA-1.5: 88% of the factors), so 4-bit U alone gains little. Quantized
   factors are dequantized once per decode step for the decode op, and that
   copy is dropped after the step: the cache holds the packed codes.
+- Eviction (Table 4's "(E)") evicts the groups after the first (three
+  quarters of the visual tokens with the default groups), as section 4.5's
+  text says; the table's bytes (2.4 MB less, half of U's) fit half, which
+  groups "0.5:1,0.5:0.25" give.
 """
 
 import math
@@ -66,7 +89,8 @@ from kernels_py.methods.caches import kept_count
 from kernels_py.methods.lowrank import LowRankCache, Segment, factorize
 from kernels_py.methods.prompt import Prompt
 from kernels_py.methods.scorers import LastRowImportance
-from kernels_py.ops.common import DTYPES
+from kernels_py.ops.common import DTYPES, use_triton
+from kernels_py.ops.lowrank_decode.kernel import MAX_RANK_SPACE
 from kernels_py.params import Rule, knob
 
 
@@ -145,12 +169,13 @@ class AttentionPack(Method):
         "bool", False, "also factorize the text and system tokens, as a segment of their own at text_rank "
         "(the paper's VLM runs keep them uncompressed)",
     )
-    text_rank: int = knob("int", 16, "rank of the text segment's keys and values when compress_text", min=1,
-                          max=65536)
+    text_rank: int = knob("int", 16, "rank of the text segment's keys and values when compress_text, and of the "
+                          "segment generated tokens fold into without it (period > 0)", min=1, max=65536)
     period: int = knob(
         "int", 0, "compression period T_p: once this many generated tokens wait uncompressed they are folded "
-        "into the compressed segment by a new SVD (Algorithm 1, lines 14-17; the paper gives no value); "
-        "0 = never (the default: the paper's VLM runs leave generated text uncompressed)", min=0, max=1 << 20,
+        "by a new SVD into the text segment (compress_text) or one of generated tokens at text_rank, never the "
+        "visual one (Algorithm 1, lines 14-17; the paper gives no value); 0 = never (the default: the paper's "
+        "VLM runs leave generated text uncompressed)", min=0, max=1 << 20,
         ref="AttentionPack Algorithm 1",
     )
     groups: str = knob(
@@ -178,15 +203,18 @@ class AttentionPack(Method):
         choices=("decompress", "evict"), ref="AttentionPack section 4.5, Table 4",
     )
     quant_bits: int = knob(
-        "int", 0, "bits of U's quantization (section 4.5 uses 4); 0 = none. At LLaVA-1.5 shapes (576 visual "
-        "tokens, width 4096, rank 64) W is 88% of the factors: 4-bit U alone shrinks the factors about 1.1x, with "
-        "quant_w_bits about 3.4x (the compression_ratio metric is measured, not assumed)",
+        "int", 0, "bits of U's quantization (section 4.5 uses 4; its bytes count W at 4 bits too, see "
+        "quant_w_bits); 0 = none. At LLaVA-1.5 shapes (576 visual tokens, width 4096, rank 64) W is 88% of the "
+        "factors: 4-bit U alone shrinks the factors about 1.1x, with quant_w_bits about 3.4x (the "
+        "compression_ratio metric is measured, not assumed)",
         choices=(0, 2, 4), min=0, max=4,
         ref="AttentionPack section 4.5",
     )
     quant_w_bits: int = knob(
         "int", 0, "bits of W's quantization, per rank row in runs of quant_group channels with scales and zeros "
-        "of its own; 0 = none (fp16 W, the paper's)", choices=(0, 2, 4), min=0, max=4,
+        "of its own; 0 = none (fp16 W). Section 4.5's 4-bit row holds a quarter of its fp16 row's bytes, so W "
+        "at 4 bits with quant_bits=4 is the nearest setting", choices=(0, 2, 4), min=0, max=4,
+        ref="AttentionPack section 4.5, Table 4",
     )
     quant_group: int = knob(
         "int", 32, "elements per quantization run: rank channels of a token's U row, output channels of a W row "
@@ -267,7 +295,7 @@ class AttentionPack(Method):
         cache = LowRankCache(
             segments, k[:, text], v[:, text], text, importance[text], tokens, tokens,
             self.head_mode == "per_head", theta,
-            DTYPES[self.factor_dtype], len(segments) - 1,
+            DTYPES[self.factor_dtype], 1 if self.compress_text else None,
         )
         cache.notes.update(explained_variance_k=segments[0].k.explained, explained_variance_v=segments[0].v.explained)
         self._settle(cache)
@@ -338,6 +366,8 @@ class AttentionPack(Method):
             raise TypeError(f"{self.owner_name()}: decode needs the cache its prefill built, "
                             f"got {type(cache).__name__}")
         self.check_step(layer, cache, q_t, k_t, v_t)
+        if use_triton(self.backend, q_t.device):
+            self._check_rank_space(layer, cache)
         cache.append(k_t, v_t)
         cache.flops_ratios.append(self._flops_ratio(cache))
         step = len(cache.flops_ratios)  # one ratio per decode step
@@ -357,6 +387,23 @@ class AttentionPack(Method):
         if scored or folded:  # the groups follow the importance, which only these steps change
             self._settle(cache)
         return result.out[0]
+
+    def _check_rank_space(self, layer: int, cache: LowRankCache) -> None:
+        """The decode kernels keep values (the absorbed one keys too) in rank
+        space, MAX_RANK_SPACE columns at most: every segment's rank side by
+        side, times the kv heads per head."""
+        unit = cache.kv_heads if cache.per_head else 1
+        for name, knob_name, needed in (("values", "rank_v", True), ("keys", "rank_k", self.absorbed)):
+            ranks = [(s.v if name == "values" else s.k).rank for s in cache.segments]
+            if needed and sum(ranks) * unit > MAX_RANK_SPACE:
+                per = f" x {unit} kv heads (head_mode=per_head)" if cache.per_head else ""
+                raise ValueError(
+                    f"{self.owner_name()}: layer {layer}: the decode kernel holds {name} in rank space, at most "
+                    f"{MAX_RANK_SPACE} columns, and this cache needs {sum(ranks) * unit} "
+                    f"({' + '.join(f'{s.name} {r}' for s, r in zip(cache.segments, ranks))}{per}): lower "
+                    f"{knob_name} or text_rank"
+                    + (", use head_mode=combined" if cache.per_head else "")
+                    + ", or run backend=torch (the reference, slower)")
 
     def _settle(self, cache: LowRankCache) -> None:
         """Evict (low_group=evict), or keep each importance group in its own run
@@ -416,16 +463,25 @@ class AttentionPack(Method):
         return spent / full if full else 1.0
 
     def _fold(self, layer: int, cache: LowRankCache) -> None:
-        """Lines 14-17: the buffer of generated tokens joins the target segment,
-        which is factorized again from its tokens rebuilt at full rank plus the new ones."""
-        seg = cache.segments[cache.fold_target]
+        """Lines 14-17: the buffer of generated tokens joins the textual
+        segment, which is factorized again from its tokens rebuilt at full
+        rank plus the new ones; without one, the first fold makes it."""
         waiting = cache.dense_positions >= cache.prompt_tokens
         new_k = self._decomposition_frame(cache.dense_k[:, waiting], cache.dense_positions[waiting], cache.rope_base)
-        k_frame = torch.cat([self._rebuild(cache, seg.k), new_k], dim=1)
-        values = torch.cat([self._rebuild(cache, seg.v), cache.dense_v[:, waiting].float()], dim=1)
-        positions = torch.cat([seg.positions, cache.dense_positions[waiting]])
-        importance = torch.cat([seg.importance, cache.dense_importance[waiting]])
-        admitted = seg.admitted + int(waiting.sum())
+        new_v = cache.dense_v[:, waiting].float()
+        new_positions, new_importance = cache.dense_positions[waiting], cache.dense_importance[waiting]
+        if cache.fold_target is None:
+            target, name, target_k, target_v = len(cache.segments), "generated", self.text_rank, self.text_rank
+            k_frame, values, positions, importance = new_k, new_v, new_positions, new_importance
+            admitted = int(waiting.sum())
+        else:
+            target, seg = cache.fold_target, cache.segments[cache.fold_target]
+            name, target_k, target_v = seg.name, seg.target_k, seg.target_v
+            k_frame = torch.cat([self._rebuild(cache, seg.k), new_k], dim=1)
+            values = torch.cat([self._rebuild(cache, seg.v), new_v], dim=1)
+            positions = torch.cat([seg.positions, new_positions])
+            importance = torch.cat([seg.importance, new_importance])
+            admitted = seg.admitted + int(waiting.sum())
         if self.low_group == "evict":  # drop before factorizing: the basis should serve what is kept
             keep = importance.topk(min(kept_count(self._groups[0][0], admitted), importance.numel())).indices
             keep = keep.sort().values
@@ -433,13 +489,16 @@ class AttentionPack(Method):
             positions, importance = positions[keep], importance[keep]
         cache.folds += 1
         width = cache.head_dim if cache.per_head else cache.kv_heads * cache.head_dim
-        seed = self._seed(layer, cache.fold_target, cache.folds)
+        seed = self._seed(layer, target, cache.folds)
         # A rank above the tokens held would be padding: the factors are exact at min(rank, T).
-        rank_k, rank_v = (min(target, positions.numel(), width) for target in (seg.target_k, seg.target_v))
-        cache.segments[cache.fold_target] = Segment(
-            seg.name, self._factorize(k_frame, rank_k, seed), self._factorize(values, rank_v, seed + 1),
-            positions, importance, admitted, seg.target_k, seg.target_v,
-        )
+        rank_k, rank_v = (min(rank, positions.numel(), width) for rank in (target_k, target_v))
+        folded = Segment(name, self._factorize(k_frame, rank_k, seed), self._factorize(values, rank_v, seed + 1),
+                         positions, importance, admitted, target_k, target_v)
+        if target == len(cache.segments):
+            cache.segments.append(folded)
+            cache.fold_target = target
+        else:
+            cache.segments[target] = folded
         cache.dense_k, cache.dense_v = cache.dense_k[:, ~waiting], cache.dense_v[:, ~waiting]
         cache.dense_positions = cache.dense_positions[~waiting]
         cache.dense_importance = cache.dense_importance[~waiting]
@@ -459,7 +518,9 @@ class AttentionPack(Method):
         its prefill SVD at that rank; formula_compression_ratio: the paper's C
         for the visual tokens admitted, as stored now (evicted ones cost
         nothing); decompression_flops_ratio: section
-        3.2's ratio averaged over the decode steps; regrouped_per_step: tokens
+        3.2's ratio averaged over the decode steps (the paper's count: on
+        values the fused kernel reads fewer U_v columns rather than
+        rebuilding fewer); regrouped_per_step: tokens
         that changed importance group (and slots) per decode step; token counts."""
         visual = cache.segments[0]
         ratios = cache.flops_ratios or [self._flops_ratio(cache)]

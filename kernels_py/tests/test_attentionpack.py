@@ -213,9 +213,31 @@ def test_periodic_compression_folds_the_buffer_at_the_period(workload, full_outp
     outputs, caches = run(method, workload, layers=[0], after_step=check)
     assert seen == [64, 66, 66, 68, 68, 70]
     assert caches[0].folds == 3
-    assert caches[0].segments[0].positions[-period:].tolist() == [VISUAL + TEXT + 4, VISUAL + TEXT + 5]
+    visual, generated = caches[0].segments
+    assert generated.name == "generated"
+    assert generated.positions.tolist() == list(range(VISUAL + TEXT, VISUAL + TEXT + 6))
+    assert visual.positions.tolist() == workload.spans.visual_positions().tolist()
     for o, r in zip(outputs[0], full_outputs[0]):
         torch.testing.assert_close(o, r, atol=1e-4, rtol=1e-4)
+
+
+def test_generated_tokens_never_fold_into_the_visual_segment(workload):
+    """Section 3.1 compresses visual and textual tokens apart (together cost
+    about 20% accuracy): without a text segment, folded tokens get one of
+    their own at text_rank, and the visual factors stay as prefill made them."""
+    method = pack(rank_k=16, rank_v=16, text_rank=4, period=4, backend="torch")
+    prefilled = prefill(method, workload)
+    visual_u = prefilled.segments[0].k.u.clone()
+    _, caches = run(method, workload, layers=[0])
+    cache = caches[0]
+    assert cache.folds == 1 and [s.name for s in cache.segments] == ["visual", "generated"]
+    visual, generated = cache.segments
+    assert (visual.positions < workload.spans.prompt_tokens).all() and visual.tokens == VISUAL
+    torch.testing.assert_close(visual.k.u, visual_u, atol=0, rtol=0)
+    assert generated.positions.tolist() == list(range(VISUAL + TEXT, VISUAL + TEXT + 4))
+    assert generated.k.rank == generated.v.rank == 4 and generated.target_k == 4
+    # The prompt's text and the two generated tokens since the fold stay uncompressed.
+    assert cache.dense_positions.numel() == TEXT + SMALL.decode_steps - 4
 
 
 def test_generated_tokens_fold_into_the_text_segment_when_text_is_compressed(workload):
@@ -425,14 +447,17 @@ def test_eviction_keeps_the_first_group_and_shrinks_bytes(workload):
     kv, d = caches[0].kv_heads, caches[0].head_dim
     assert m["formula_compression_ratio"] == pytest.approx(paper_compression_ratio(64, kv, d, 16, 16, held=16))
     assert m["formula_compression_ratio"] > 3 * paper_compression_ratio(16, kv, d, 16, 16)
-    # With folding the budget follows the tokens admitted: int((64 + 6) * 0.25).
+    # With folding each segment's budget follows the tokens it admitted: the visual one keeps int(64 * 0.25),
+    # the generated one max(1, int(6 * 0.25)).
     _, caches = run(pack(rank_k=16, rank_v=16, groups=PAPER_GROUPS, low_group="evict", period=3,
                                   backend="torch"), workload, layers=[0])
-    assert caches[0].compressed_tokens == 17 and caches[0].buffer == 0
-    # Tokens held can drop below the rank; a fold factorizes at what they allow, up to the layer's rank again.
-    _, caches = run(pack(rank_k=32, rank_v=32, groups=PAPER_GROUPS, low_group="evict", period=3,
+    assert [s.tokens for s in caches[0].segments] == [16, 1] and caches[0].buffer == 0
+    assert caches[0].segments[1].admitted == 6
+    # Tokens held can drop below the rank; a fold factorizes at what they allow (1 token: rank 1).
+    _, caches = run(pack(rank_k=32, rank_v=32, text_rank=8, groups=PAPER_GROUPS, low_group="evict", period=3,
                                   backend="torch"), workload, layers=[0])
-    assert caches[0].segments[0].k.rank == caches[0].segments[0].v.rank == 17
+    visual, generated = caches[0].segments
+    assert visual.k.rank == visual.v.rank == 32 and generated.k.rank == generated.v.rank == 1
 
 
 # --- validation ----------------------------------------------------------------------------------
@@ -546,3 +571,23 @@ def test_defaults_are_the_papers_setting(workload):
         + workload.decode_q[0].shape[0]  # text, then every generated token, uncompressed
     m = AttentionPack(rank_k=16, rank_v=16, backend="torch").layer_metrics(0, cache)
     assert m["decompression_flops_ratio"] < 1.0
+
+
+def test_a_cache_wider_than_the_kernels_rank_space_is_refused_before_the_kernel():
+    """Per head, W is block-diagonal: rank x kv_heads columns of values, past
+    the 256 the decode kernel holds in rank space. The method says which
+    settings to change, before the kernel's own check."""
+    cfg = SyntheticConfig(layers=1, heads=16, kv_heads=16, head_dim=32, tokens_per_image=32, system_tokens=4,
+                          text_tokens=4, decode_steps=1, salient_tokens=4, targets_per_query=2, dtype="float32")
+    wl = generate(cfg)
+    q_t, k_t, v_t = (t[0][0] for t in (wl.decode_q, wl.decode_k, wl.decode_v))
+    wide = pack(rank_k=17, rank_v=17, head_mode="per_head", backend="triton")
+    cache = wide.prefill(0, wl.q[0], wl.k[0], wl.v[0], wl.spans)
+    with pytest.raises(ValueError, match=r"holds values in rank space, at most 256 columns, and this cache needs 272 "
+                                         r"\(visual 17 x 16 kv heads .*head_mode=combined.*backend=torch"):
+        wide.decode(0, cache, q_t, k_t, v_t)
+    # The reference has no such limit, and 16 columns a head fit the kernel.
+    for method in (pack(rank_k=17, rank_v=17, head_mode="per_head", backend="torch"),
+                   pack(rank_k=16, rank_v=16, head_mode="per_head", backend="triton")):
+        cache = method.prefill(0, wl.q[0], wl.k[0], wl.v[0], wl.spans)
+        assert method.decode(0, cache, q_t, k_t, v_t).shape == (16, 1, 32)
