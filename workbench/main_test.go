@@ -279,10 +279,17 @@ func TestMethodsListsKnobs(t *testing.T) {
 	if code != 0 || json.Unmarshal([]byte(stdout), &res) != nil || len(res.Methods) != 1 || res.Methods[0].Name != "zipvl" {
 		t.Fatalf("methods --json zipvl: exit %d\n%s", code, stdout)
 	}
+	tau := false
 	for _, p := range res.Methods[0].Params {
-		if p.Name == "tau" && (p.Ref != "ZipVL Eq. 6" || p.Doc == "") {
-			t.Errorf("tau: %+v", p)
+		if p.Name == "tau" {
+			tau = true
+			if p.Ref != "ZipVL Eq. 6" || p.Doc == "" {
+				t.Errorf("tau: %+v", p)
+			}
 		}
+	}
+	if !tau {
+		t.Errorf("methods --json zipvl lists no tau: %+v", res.Methods[0].Params)
 	}
 	// kvpress lists its presses with their parameters (from the schema, no Python).
 	code, stdout, _ = runCLI(t, "methods", "kvpress")

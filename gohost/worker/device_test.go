@@ -3,6 +3,8 @@ package worker
 import (
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 )
 
@@ -73,8 +75,12 @@ func TestEnvironment(t *testing.T) {
 			t.Errorf("unexpected %q in %v", kv, env)
 		}
 	}
-	for _, kv := range Environment(nil, "/kr", CUDA) {
-		if kv == "TRITON_INTERPRET=1" {
+	cuda := Environment([]string{"TRITON_INTERPRET=1"}, "/kr", CUDA) // a user's interpreter setting does not reach it
+	if !slices.Contains(cuda, "VLKV_DEVICE=cuda") || !slices.Contains(cuda, "PYTHONPATH=/kr") {
+		t.Errorf("a cuda worker's environment lacks its device or kernels root: %v", cuda)
+	}
+	for _, kv := range cuda {
+		if strings.HasPrefix(kv, "TRITON_INTERPRET=") {
 			t.Error("cuda workers must not run the interpreter")
 		}
 	}

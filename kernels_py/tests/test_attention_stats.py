@@ -88,7 +88,10 @@ def check_against_reference(got, want, q, k, q_pos, p, dtype, scale=None):
     if dtype == torch.float32:
         assert int(near_cut.sum()) == 0, "fp32 test data put an entry on the cut: pick another seed"
         assert torch.equal(got.below, want.below)
-    torch.testing.assert_close(got.sparsity(), want.sparsity(), atol=near_cut.sum().item() + 1e-6, rtol=0)
+    # A head's sparsity is its below count over its causal entries: it may differ by its near-cut entries' share.
+    share_near_cut = near_cut.sum(dim=1).double() / want.nonzero.sum(dim=1).double()
+    sparsity_diff = (got.sparsity().double() - want.sparsity().double()).abs()
+    assert torch.all(sparsity_diff <= share_near_cut + 1e-6), (sparsity_diff, share_near_cut)
 
     # Invariants that do not lean on the reference.
     causal = int(visible.sum())

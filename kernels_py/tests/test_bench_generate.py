@@ -102,8 +102,9 @@ def test_graphed_steps_decode_as_eager_ones(name, device):
     vlm = sized.build(name, 256, device=device, dtype=torch.float32)
     inputs = sized.prompt(vlm, 2, 64, 8, torch.Generator().manual_seed(3))
     method = make_method("vlcache", {"attention": "sdpa", "budget": 0.3})
-    for eager, graphed in zip(generate_batch(vlm, method, inputs, 7), generate_batch(vlm, method, inputs, 7,
-                                                                                    graphs=True)):
+    eagers, graphs = generate_batch(vlm, method, inputs, 7), generate_batch(vlm, method, inputs, 7, graphs=True)
+    assert len(eagers) == len(graphs) == 2
+    for eager, graphed in zip(eagers, graphs):
         assert eager.tokens == graphed.tokens and eager.cache_bytes == graphed.cache_bytes
         torch.testing.assert_close(eager.logits, graphed.logits, atol=1e-5, rtol=1e-5)
         assert graphed.replayed_steps == (3 if device.type == "cuda" else 0)
@@ -146,6 +147,7 @@ def test_the_baseline_is_the_full_cache(name):
     inputs = sized.prompt(vlm, 2, 64, 6, torch.Generator().manual_seed(1))
     base = generate_sdpa(vlm, inputs, 5)
     ours = generate_batch(vlm, make_method("full"), inputs, 5)
+    assert len(base) == len(ours) == 2
     for a, b in zip(base, ours):
         assert a.tokens == b.tokens and a.cache_bytes == b.cache_bytes
         torch.testing.assert_close(a.logits, b.logits, atol=1e-4, rtol=1e-4)

@@ -90,6 +90,7 @@ def test_images_and_videos_batch_as_they_run_alone(family, media):
         entries.append(([], _prompt(vlm, videos=1, words="what is in"), [load_video(clip, frames=4)]))
     inputs = models.batch_inputs(vlm, entries)
     batched = models.generate_batch(vlm, make_method("full"), inputs, 4)
+    assert len(batched) == len(entries)
     for entry, got in zip(entries, batched):
         inputs = models.prompt_inputs(vlm, *entry)
         alone = models.generate(vlm, make_method("full"), inputs, 4)

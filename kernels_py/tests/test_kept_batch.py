@@ -122,6 +122,7 @@ def test_a_models_batch_generates_as_sequence_by_sequence(monkeypatch, device):
     assert len(calls) == layers * 5
     counts = {tuple(kept.shape[1] for kept in g.kept) for g in together}
     assert len(counts) > 1, counts  # the sequences hold different counts: ragged
+    assert len(together) == len(alone) == 3
     for a, b in zip(together, alone):
         assert a.tokens == b.tokens and a.cache_bytes == b.cache_bytes
         torch.testing.assert_close(a.logits, b.logits, atol=10 * TOL[device.type], rtol=10 * TOL[device.type])

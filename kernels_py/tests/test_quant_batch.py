@@ -215,6 +215,7 @@ def test_a_models_batch_generates_as_sequence_by_sequence(monkeypatch, device):
     assert calls == [(3, False)] * (layers * 2) + [(3, True)] * layers + [(3, False)] * (layers * 2)
     monkeypatch.setattr(type(method), "decode_batch", lambda self, caches, room, scratch: None)
     alone = generate_batch(vlm, method, inputs, 6)
+    assert len(together) == len(alone) == 3
     for a, b in zip(together, alone):
         assert a.tokens == b.tokens and a.cache_bytes == b.cache_bytes
         torch.testing.assert_close(a.logits, b.logits, atol=10 * TOL[device.type], rtol=10 * TOL[device.type])
