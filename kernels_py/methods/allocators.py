@@ -16,6 +16,7 @@ live here too.
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -113,14 +114,32 @@ class Pyramid(Allocator):
     the last, averaging `budget`: the last layer keeps budget / beta, the
     first 2 * budget - budget / beta (PyramidKV's k^{L-1} = K / (beta L),
     k^0 = 2K / L - k^{L-1} for a total K), so the total matches a uniform
-    budget's. A layer's share is capped at 1."""
+    budget's. A layer's share is capped at 1.
+
+    With `window` (the observation window's length for a prompt of T tokens)
+    the schedule covers what the mean budget leaves after the window, and
+    every layer keeps the window besides, as the authors' code does; a mean
+    budget no larger than the window gives every layer the mean (kvpress's
+    fallback to SnapKV)."""
 
     budget: float
     beta: float = 20.0
+    window: Callable[[int], int] | None = None
 
     def prefill(self, prompt):
         return [Allocation.of(share, prompt.tokens, {"layer_budget": share})
-                for share in pyramid_shares(self.budget, self.beta, prompt.layers)]
+                for share in self.shares(prompt.tokens, prompt.layers)]
+
+    def shares(self, tokens: int, layers: int) -> list[float]:
+        window = min(self.window(tokens), tokens) if self.window else 0
+        mean = self.budget * tokens  # tokens a layer keeps on average
+        if not window:
+            return pyramid_shares(self.budget, self.beta, layers)
+        if mean <= window:
+            return [self.budget] * layers
+        # The schedule over the tokens outside the window, as shares of them (capped at all of them).
+        rest = pyramid_shares((mean - window) / (tokens - window), self.beta, layers)
+        return [(window + r * (tokens - window)) / tokens for r in rest]
 
 
 def pyramid_shares(budget: float, beta: float, layers: int) -> list[float]:

@@ -7,8 +7,9 @@ tokens: their causal attention is summed over the window rows, smoothed with a
 averaged over the query heads of each kv head. The top-scoring earlier tokens
 are kept together with the window itself. Compression happens once, at
 prefill; generated tokens are all kept, as in the paper and its code
-(window 32, kernel 5 and average pooling from FasterDecoding/SnapKV), unless
-evict_while_decoding. VL-Cache's protocol (protocol="vlcache") sets the
+(window 32, kernel 5 and average pooling: init_snapkv's defaults in
+FasterDecoding/SnapKV, whose example configuration runs kernel_size=7,
+pooling="max"), unless evict_while_decoding. VL-Cache's protocol (protocol="vlcache") sets the
 window to 10% of the budget, the recent window its experiments give every
 baseline (window=0), and evicts while decoding (the workbench's addition:
 the paper runs its baselines at their defaults, SnapKV prefill only).

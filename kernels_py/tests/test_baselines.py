@@ -23,12 +23,27 @@ def workload():
 
 
 def test_pyramid_budgets_fall_linearly_and_keep_the_total(workload):
+    """Every layer keeps the window and a share of the rest of the mean
+    budget falling linearly over layers (the authors' code), so the top
+    layer still keeps tokens the window voted for."""
     method = make_method("pyramidkv", {"budget": 0.2, "beta": 4})
+    assert (method.window, method.kernel_size, method.pooling) == (8, 7, "max")  # the authors' experiments
     caches = method.prefill_all(workload.q, workload.k, workload.v, workload.spans)
     shares = [c.notes["layer_budget"] for c in caches]
-    assert shares == pytest.approx([0.35, 0.25, 0.15, 0.05])  # last = 0.2 / 4, first = 0.4 - 0.05
-    assert [c.tokens for c in caches] == [int(PROMPT * s) for s in shares]
+    # The mean 17.6 tokens leave 9.6 of the 80 outside the window (0.12): the last layer 0.12 / 4 of them,
+    # the first 0.24 - 0.03.
+    assert [s * PROMPT for s in shares] == pytest.approx([8 + 80 * r for r in (0.21, 0.15, 0.09, 0.03)])
+    assert [c.tokens for c in caches] == [int(PROMPT * s) for s in shares] == [24, 20, 15, 10]
     assert sum(shares) / 4 == pytest.approx(0.2)
+    window = set(range(PROMPT - 8, PROMPT))
+    for cache in caches:
+        held = set(cache.positions[0].tolist())
+        assert window <= held and len(held - window) == cache.tokens - 8
+    # Without a window the schedule covers the whole budget: last = 0.2 / 4, first = 0.4 - 0.05.
+    from kernels_py.methods.allocators import Pyramid
+    assert Pyramid(0.2, 4).shares(PROMPT, 4) == pytest.approx([0.35, 0.25, 0.15, 0.05])
+    # A mean budget within the window: every layer keeps the mean (kvpress's fallback to SnapKV).
+    assert Pyramid(0.05, 4, lambda tokens: 8).shares(PROMPT, 4) == [0.05] * 4
     # Same total as SnapKV at the same budget, give or take rounding.
     snap = make_method("snapkv", {"budget": 0.2}).prefill_all(workload.q, workload.k, workload.v, workload.spans)
     assert abs(sum(c.tokens for c in caches) - sum(c.tokens for c in snap)) <= 4
