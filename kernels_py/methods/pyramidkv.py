@@ -14,7 +14,8 @@ what the authors' experiments run (run_longbench.py: window 8, kernel 7,
 max pooling; the class defaults there are 64, 5 and average); VL-Cache's
 protocol sets the window to 10% of the mean budget. Prefill only, unless
 evict_while_decoding: then each layer is held at its share of the tokens
-seen, the window's length of latest tokens kept."""
+seen, the window's length of latest tokens kept (generated tokens score 0,
+so beyond that window they go first, as SnapKV's)."""
 
 from dataclasses import dataclass
 

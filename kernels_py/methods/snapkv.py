@@ -12,7 +12,10 @@ FasterDecoding/SnapKV, whose example configuration runs kernel_size=7,
 pooling="max"), unless evict_while_decoding. VL-Cache's protocol (protocol="vlcache") sets the
 window to 10% of the budget, the recent window its experiments give every
 baseline (window=0), and evicts while decoding (the workbench's addition:
-the paper runs its baselines at their defaults, SnapKV prefill only).
+the paper runs its baselines at their defaults, SnapKV prefill only). Then
+generated tokens score 0 and the observation window keeps its +inf votes:
+a generated token past the latest `window` tokens goes before any prompt
+token, so generated text is held as a sliding window.
 """
 
 from dataclasses import dataclass
