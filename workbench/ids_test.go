@@ -20,9 +20,9 @@ func TestShippedExperimentsKeepTheirJobIDs(t *testing.T) {
 		digest     string
 	}{
 		{"quickstart", 10, "4bb293e6b89be30a"},
-		{"attentionpack", 52, "b6819cec2aa70b20"},
-		{"methods_compare", 65, "f9fb1bcc1b5def35"},
-		{"accuracy", 171, "c6bdd1c5177c0848"},
+		{"attentionpack", 54, "4e5ca6be68264103"},
+		{"methods_compare", 65, "1b270f721d4dd98f"},
+		{"accuracy", 171, "07a7d9c4a68fcc82"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.experiment, func(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"sync"
 	"sync/atomic"
 	"syscall"
 )
@@ -52,6 +53,7 @@ func (c *closedPipeWriter) Write(p []byte) (int, error) {
 // failed command, 2 bad usage, 130 (143) a command that SIGINT (SIGTERM)
 // stopped short.
 func run(args []string, stdout, stderr io.Writer) int {
+	stdout, stderr = serialized(stdout), serialized(stderr)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	caught := make(chan os.Signal, 1) // which signal, for the exit code
@@ -81,4 +83,27 @@ func run(args []string, stdout, stderr io.Writer) int {
 	default:
 	}
 	return 1
+}
+
+// serialized makes w safe for the goroutines that write to it at once (the
+// logger, a worker's relayed output, progress lines): a file already is, and
+// so is main's closedPipeWriter over one (which the root command looks for by
+// type); a buffer (a test's, an embedding program's) is not.
+func serialized(w io.Writer) io.Writer {
+	switch w.(type) {
+	case *os.File, *closedPipeWriter:
+		return w
+	}
+	return &lockedWriter{w: w}
+}
+
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
