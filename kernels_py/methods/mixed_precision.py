@@ -31,7 +31,7 @@ from kernels_py.attention import group_sum
 from kernels_py.methods.base import Method, backend_knob
 from kernels_py.methods.prompt import ProbeRows, Prompt
 from kernels_py.methods.scorers import AttentionMass
-from kernels_py.methods.sparse_prefill import flops_saved, prefill_error, sparse_prefill
+from kernels_py.methods.sparse_prefill import flops_saved, flops_saved_net, prefill_error, sparse_prefill
 from kernels_py.metrics import tensor_bytes
 from kernels_py.ops import kv_quant, quant_decode
 from kernels_py.ops.kv_quant import PAD_POS, QuantKV
@@ -391,7 +391,12 @@ class ImportanceQuantized(Method):
         "bool", True, "token-level sparse prefill (attention among each layer's important tokens only, the others' "
         "outputs zeros): inside a live model (the vlm workload) the prefill runs so, and later layers' K/V and "
         "the cache come from it; on a replayed workload (synthetic, trace) the Q/K/V are given, so it is measured "
-        "only. Either way its attention FLOPs saved and output error per layer", ref="ZipVL section 4.2")
+        "only. Either way its attention FLOPs saved and output errors per layer (sparse_prefill_metrics)",
+        ref="ZipVL section 4.2")
+    sparse_prefill_metrics: bool = knob(
+        "bool", True, "with sparse_prefill, measure it per layer after the prefill: FLOPs saved, and output errors "
+        "against full attention on the same Q/K/V (two float32 attentions a layer); false when timing",
+        id_omits_default=True)
     backend: str = backend_knob("quantization and decode attention")
 
     RULES = (Rule("probe_recent + probe_random >= 1", "probe_recent + probe_random must be at least 1"),
@@ -416,10 +421,13 @@ class ImportanceQuantized(Method):
             top = self._quantize_split(cache, k[layer], v[layer], positions, scores, count)
             cache.notes.update(important_ratio=count / prompt.tokens,
                                probe_rows=float(prompt.rows(self._rows).numel()))
-            if self.sparse_prefill:
-                every, important = prefill_error(q[layer], k[layer], v[layer], top)
-                cache.notes.update(sparse_prefill_flops_saved=flops_saved(prompt.tokens, count),
-                                   sparse_prefill_error=every, sparse_prefill_error_important=important)
+            if self.sparse_prefill and self.sparse_prefill_metrics:
+                error = prefill_error(q[layer], k[layer], v[layer], top)
+                cache.notes.update(
+                    sparse_prefill_flops_saved=flops_saved(prompt.tokens, count),
+                    sparse_prefill_flops_saved_net=flops_saved_net(prompt.tokens, count, prompt.rows(self._rows)),
+                    sparse_prefill_error=error.every, sparse_prefill_error_important=error.important,
+                    sparse_prefill_error_last=error.last)
             caches.append(cache)
         return caches
 
@@ -429,10 +437,13 @@ class ImportanceQuantized(Method):
         among themselves and the others' outputs are zeros (ZipVL section 4.2)."""
         if not self.sparse_prefill:
             return None
-        prompt = Prompt([q], [k], [v], spans)
-        count, scores = self._importance(prompt, 0)
-        top, _ = split_by_importance(scores, count)
-        return sparse_prefill(q, k, v, top)
+        return sparse_prefill(q, k, v, self.important_tokens(Prompt([q], [k], [v], spans), 0))
+
+    def important_tokens(self, prompt: Prompt, layer: int) -> torch.Tensor:
+        """The layer's important tokens per kv head, [kv_heads, count] in index
+        order: the count of Eq. 6, the highest scores of Eq. 7."""
+        count, scores = self._importance(prompt, layer)
+        return split_by_importance(scores, count)[0]
 
     def _importance(self, prompt: Prompt, layer: int) -> tuple[int, torch.Tensor]:
         """How many tokens of the layer are important (Eq. 6) and every token's
@@ -483,11 +494,14 @@ class ImportanceQuantized(Method):
         block_important_ratio: the same for the decode blocks reassessed (mean;
         0 if none was); high_bit_tokens / low_bit_tokens / dense_tokens a kv
         head holds; padding_slots: slots that pad its segments to whole
-        groups; with sparse_prefill, sparse_prefill_flops_saved,
-        sparse_prefill_error (relative, over every row of the layer's output,
-        the zeroed ones included, against full prefill attention on the same
-        Q/K/V) and sparse_prefill_error_important (at the important rows
-        only)."""
+        groups; with sparse_prefill (and its metrics),
+        sparse_prefill_flops_saved (and _net, less the probe rows' attention;
+        sparse_prefill.py says how they are counted), sparse_prefill_error
+        (relative, over every row of the layer's output, the zeroed ones
+        included, against full prefill attention on the same Q/K/V),
+        sparse_prefill_error_important (at the important rows only) and
+        sparse_prefill_error_last (at the last prompt row, which predicts the
+        first generated token: 1 where it is not important)."""
         held = cache.quantized_tokens
         slots = sum(seg.slots for seg in cache.segments.values())
         blocks = cache.notes.get("blocks", 0.0)
@@ -500,8 +514,9 @@ class ImportanceQuantized(Method):
             "low_bit_tokens": float(held.get(self.low_bits, 0) if self.high_bits != self.low_bits else 0),
             "dense_tokens": float(cache.dense_positions.shape[0]),
             "padding_slots": float(slots - sum(held.values())),
-            **{name: cache.notes[name] for name in ("sparse_prefill_flops_saved", "sparse_prefill_error",
-                                                    "sparse_prefill_error_important") if name in cache.notes},
+            **{name: cache.notes[name] for name in ("sparse_prefill_flops_saved", "sparse_prefill_flops_saved_net",
+                                                    "sparse_prefill_error", "sparse_prefill_error_important",
+                                                    "sparse_prefill_error_last") if name in cache.notes},
         }
 
 

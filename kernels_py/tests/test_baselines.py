@@ -101,4 +101,4 @@ def test_review_edge_cases():
     q, k, v = w.q[0], w.k[0], w.v[0]
     import torch
     # Nothing important: every output row is zero (error 1 over all rows), none is wrong among the important.
-    assert prefill_error(q, k, v, torch.zeros(2, 0, dtype=torch.int64)) == (pytest.approx(1.0), 0.0)
+    assert prefill_error(q, k, v, torch.zeros(2, 0, dtype=torch.int64)) == (pytest.approx(1.0), 0.0, pytest.approx(1.0))

@@ -112,14 +112,15 @@ def test_graphed_steps_decode_as_eager_ones(name, device):
 
 def test_qwen2_vl_runs_every_default_method():
     """M-RoPE: AttentionPack runs with rope="after" (its default would be
-    refused), ZipVL without its error measurement; each row has its figures."""
+    refused), ZipVL with its sparse prefill but not its measurement; each row has its figures."""
     sizes = dict(generate.Generate.smoke_sizes(), model="tiny-qwen2-vl", batches=[1])
     rows = benchmarks.run("generate", sizes)["rows"]
     assert [r["method"] for r in rows] == [generate.BASELINE, "vlcache", "zipvl", "attentionpack"]
     assert all(r["decode_step_ms"] > 0 and r["cache_bytes"] > 0 and "skipped" not in r for r in rows)
     bench = generate.Generate.from_dict(sizes)
     assert bench._method("attentionpack", True).rope == "after"
-    assert bench._method("zipvl", False).sparse_prefill is False
+    zipvl = bench._method("zipvl", False)
+    assert zipvl.sparse_prefill is True and zipvl.sparse_prefill_metrics is False
     assert bench._method("vlcache", False).attention == "sdpa" and bench._method("vlcache", False).budget == 0.1
 
 
@@ -294,3 +295,24 @@ def test_float32_on_cuda_says_the_baseline_is_not_flash_attention(monkeypatch):
 
     assert len(notes("cuda", "float32")) == 1 and "not FlashAttention" in notes("cuda", "float32")[0]
     assert notes("cuda", "float16") == [] and notes("cuda", "bfloat16") == [] and notes("cpu", "float32") == []
+
+
+def test_zipvl_times_its_sparse_prefill_without_measuring_it(monkeypatch):
+    """The prefill bench generate times is ZipVL's own, sparse (the paper's
+    prefill speedup), and no layer runs the two float32 attentions that only
+    report its error."""
+    from kernels_py.methods import mixed_precision
+
+    calls = {"sparse_prefill": 0, "prefill_error": 0}
+    for name in calls:
+        def counted(*args, _name=name, _real=getattr(mixed_precision, name), **kwargs):
+            calls[_name] += 1
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(mixed_precision, name, counted)
+    sizes = dict(generate.Generate.smoke_sizes(), methods="zipvl", batches=[1])
+    rows = benchmarks.run("generate", sizes)["rows"]
+    assert [r["method"] for r in rows] == [generate.BASELINE, "zipvl"] and rows[1]["prefill_s"] > 0
+    layers = generate.Generate.from_dict(sizes)._vlm().model.config.text_config.num_hidden_layers
+    assert calls["sparse_prefill"] >= 2 * layers  # the untimed run and the timed one, every layer
+    assert calls["prefill_error"] == 0
+

@@ -14,7 +14,8 @@ def test_smoke_run_reports_every_path():
     assert [c["name"] for c in result["columns"]] == [c.name for c in sparse_prefill.SparsePrefill.columns]
     assert [(r["tokens"], r["share"]) for r in result["rows"]] == [(40, 0.25), (40, 0.5), (64, 0.25), (64, 0.5)]
     for r in result["rows"]:
-        for key in ("full_ms", "sparse_ms", "sparse_attention_ms", "full_tflops", "sparse_tflops"):
+        for key in ("full_ms", "sparse_ms", "sparse_attention_ms", "select_ms", "full_tflops", "sparse_tflops"):
             assert r[key] > 0
         assert r["speedup"] == pytest.approx(r["full_ms"] / r["sparse_ms"])
+        assert r["total_speedup"] == pytest.approx(r["full_ms"] / (r["select_ms"] + r["sparse_ms"]))
         assert r["flops_saved"] == pytest.approx(100 * flops_saved(r["tokens"], round(r["share"] * r["tokens"])))

@@ -11,6 +11,7 @@ from kernels_py import metrics
 from kernels_py.methods import make_method
 from kernels_py.methods.allocators import important_count
 from kernels_py.methods.mixed_precision import MixedPrecisionCache
+from kernels_py.methods.prompt import Prompt
 from kernels_py.ops import kv_quant
 from kernels_py.ops.attention_stats import probe_rows
 from kernels_py.workloads import SyntheticConfig, generate
@@ -159,12 +160,25 @@ def test_sparse_prefill_attends_among_important_tokens_only(workload):
     assert flops_saved(88, 88) == 0.0 and flops_saved(88, 44) == pytest.approx(1 - 44 * 45 / (88 * 89))
     # At the important rows the error is what they lose of the keys they see in full (row 3 of kv head 0 sees
     # 0 and 3, not 1 and 2); a causal prefix loses none, so there it is rounding only (0 on a GPU).
-    every, at_important = prefill_error(q, k, v, important)
-    assert 1e-2 < at_important < every
-    assert prefill_error(q, k, v, torch.arange(4, device=q.device).expand(2, -1))[1] < 1e-6
+    every, at_important, last = prefill_error(q, k, v, important)
+    assert 1e-2 < at_important < every and 1e-2 < last < 1  # the last row (87): zeros from kv head 0's heads
+    prefix = prefill_error(q, k, v, torch.arange(4, device=q.device).expand(2, -1))
+    assert prefix.important < 1e-6 and prefix.last == pytest.approx(1.0)  # row 87 zeroed in every head
+    assert prefill_error(q, k, v, torch.arange(PROMPT, device=q.device).expand(2, -1)).last < 1e-6
     with pytest.raises(ValueError, match="strictly ascending"):
         sparse_prefill(q, k, v, important.flip(1))
     method = make_method("zipvl", {"tau": 0.9})
     m = method.layer_metrics(0, method.prefill(0, workload.q[0], workload.k[0], workload.v[0], workload.spans))
-    assert m["sparse_prefill_flops_saved"] == pytest.approx(flops_saved(PROMPT, round(m["important_ratio"] * PROMPT)))
+    p = round(m["important_ratio"] * PROMPT)
+    assert m["sparse_prefill_flops_saved"] == pytest.approx(flops_saved(PROMPT, p))
     assert 0 <= m["sparse_prefill_error_important"] < m["sparse_prefill_error"] < 1
+    # Net of the probe rows' attention, which chose the tokens: row r scores r + 1 keys.
+    probes = sum(r + 1 for r in probe_rows(PROMPT, 64, 64, 0).tolist())
+    assert m["sparse_prefill_flops_saved_net"] == pytest.approx(1 - (p * (p + 1) / 2 + probes) / (PROMPT * (PROMPT + 1) / 2))
+    assert m["sparse_prefill_flops_saved_net"] < m["sparse_prefill_flops_saved"]
+    top = method.important_tokens(Prompt([workload.q[0]], [workload.k[0]], [workload.v[0]], workload.spans), 0)
+    assert (m["sparse_prefill_error_last"] == pytest.approx(1.0)) == bool((top[:, -1] != PROMPT - 1).all())
+    # Timing runs the sparse prefill without measuring it.
+    quiet = make_method("zipvl", {"tau": 0.9, "sparse_prefill_metrics": False})
+    assert "sparse_prefill_error" not in quiet.layer_metrics(
+        0, quiet.prefill(0, workload.q[0], workload.k[0], workload.v[0], workload.spans))
