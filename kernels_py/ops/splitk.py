@@ -6,6 +6,13 @@ A stage-1 program keeps a running max m_i (log2 units, starting at a finite
 floor), sum l_i and weighted values per query row, and stores its split's
 o = acc / l_i and log2-sum-exp m_i + log2(l_i) (-inf for a row that saw no
 token). `merge` turns them into the output and the natural-log LSE.
+
+What every decode op built on it asks of its inputs, unchecked: positions
+below 2**31 - 1 (int64 ones are narrowed to int32; checking would read them
+back on the host), and finite keys and values wherever a tile reads them,
+those a query does not see too: a hidden key's score is computed before its
+mask (with one query token, an infinite or NaN key makes the row NaN), and a
+hidden value is weighted by 0 (0 * NaN is NaN).
 """
 
 from dataclasses import dataclass

@@ -73,6 +73,10 @@ def test_order_does_not_matter_and_empty_lists_see_nothing(device):
             listed[b_, h, index[b_, h, :count[b_, h]].long().cpu()] = True
     k2 = torch.where(listed.to(device)[..., None], k, k + 5.0)
     torch.testing.assert_close(op.gather_decode(q, q_pos, k2, v, pos, index, count).out, a.out)
+    # Not even NaN there, in the kernel or the reference (whose unused entries point at row 0).
+    v_nan = torch.where(listed.to(device)[..., None], v, float("nan"))
+    for impl in (op.gather_decode, op.reference.gather_decode):
+        torch.testing.assert_close(impl(q, q_pos, k, v_nan, pos, index, count).out, a.out, atol=1e-6, rtol=1e-6)
 
 
 def test_bad_index_lists_get_clear_errors(device):

@@ -87,6 +87,16 @@ def test_padding_does_not_widen_ranges(device):
     b = kv_quant.quantize(padded_k, padded_v, pos, length, bits=2, group=32)
     for name in FIELDS:
         assert torch.equal(getattr(a, name), getattr(b, name)), name
+    # Padding may hold anything, NaN too (an empty() buffer), inside the length or past it; the slots in use not.
+    padded_k[0, 0, 5] = padded_v[0, 0, 5] = float("nan")
+    for quantize in (kv_quant.quantize, kv_quant.reference.quantize):
+        c = quantize(padded_k, padded_v, pos, length, bits=2, group=32)
+        assert all(torch.equal(getattr(a, name), getattr(c, name)) for name in FIELDS)
+    short = torch.tensor([0], device=device)  # every slot past the length
+    assert (quantize(padded_k, padded_v, pos, short, bits=2, group=32).pos == kv_quant.PAD_POS).all()
+    padded_k[0, 0, 6] = float("nan")
+    with pytest.raises(ValueError, match="finite .* in the slots in use"):
+        kv_quant.quantize(padded_k, padded_v, pos, length, bits=2, group=32)
 
 
 def test_bad_inputs_get_clear_errors(device):

@@ -111,6 +111,15 @@ def test_padding_slots_and_causality(device):
     assert (seen.out - after.out).abs().max() > 1e-4  # it has weight, where one past the query had none
 
 
+def test_no_query_tokens_give_an_empty_output(device):
+    """M = 0: an empty output, as the reference gives (the kernel read a query
+    position that is not there)."""
+    q, q_pos, segs, dense = case(device, torch.float32, "zipvl_gqa4")
+    none_q, none_pos = q[:, :, :0], q_pos[:, :0]
+    got, want = op.quant_decode(none_q, none_pos, segs, dense), op.reference.quant_decode(none_q, none_pos, segs, dense)
+    assert got.out.shape == want.out.shape == (2, 8, 0, 64) and got.lse.shape == want.lse.shape == (2, 8, 0)
+
+
 def test_workspace_is_reused_and_checked(device):
     q, q_pos, segs, dense = case(device, torch.float32, "kivi_mha")
     ws = op.make_workspace(q, 2)

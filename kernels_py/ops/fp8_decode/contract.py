@@ -9,6 +9,9 @@ token) or [B, H_kv] (one per kv head; a per-tensor scale is that expanded,
 stride 0); pos [B, S] int, each slot's absolute position (a slot is
 visible to a query iff its position is at most the query's). The key of
 slot n of kv head g is k[b, g, n] * k_scale[b, g(, n)], its value likewise.
+
+Positions must lie below 2**31 - 1 and the keys and values a kernel reads
+must be finite, hidden ones too (ops/splitk.py says why; neither is checked).
 """
 
 from typing import NamedTuple

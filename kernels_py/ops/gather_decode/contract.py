@@ -15,6 +15,10 @@ twice would count twice in the softmax; check_inputs finds them (it sorts
 each list, so it waits for the device; check_values=False skips it). An empty
 list (count 0) is allowed: that kv head's query rows see nothing, their
 output is 0 and their LSE -inf. Entries outside [0, S) are rejected.
+
+Positions must lie below 2**31 - 1 and the listed rows' keys and values must
+be finite, hidden ones too (ops/splitk.py says why; neither is checked). Rows
+not listed are never read.
 """
 
 from typing import NamedTuple

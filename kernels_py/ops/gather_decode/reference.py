@@ -19,7 +19,8 @@ def gather_decode(q, q_pos, k, v, pos, index, count, *, sm_scale: float | None =
     safe = torch.where(used, index.to(torch.int64), 0)
     rows = safe[..., None].expand(-1, -1, -1, head_dim)
     keys = k.float().gather(2, rows).repeat_interleave(heads // kv_heads, 1)  # [B, Hq, N, D]
-    values = v.float().gather(2, rows).repeat_interleave(heads // kv_heads, 1)
+    # Entries past a count point at row 0: zero their values, or a NaN there would leak through 0 * NaN.
+    values = torch.where(used[..., None], v.float().gather(2, rows), 0.0).repeat_interleave(heads // kv_heads, 1)
     row_pos = pos.to(torch.int64)[:, None, :].expand(-1, kv_heads, -1).gather(2, safe)  # [B, H_kv, N]
     visible = used[:, :, None, :] & (row_pos[:, :, None, :] <= q_pos.to(torch.int64)[:, None, :, None])
     visible = visible.repeat_interleave(heads // kv_heads, 1)  # [B, Hq, M, N]

@@ -111,5 +111,10 @@ def check_kv(k, v, pos, length, bits, group) -> None:
             raise ValueError(f"{name} is on {t.device}, k on {k.device}")
     if batch and ((length < 0) | (length > slots) | (length % group != 0)).any():
         raise ValueError(f"length must be whole groups of {group} slots within [0, {slots}], got {length.tolist()}")
-    if k.numel() and any(not torch.isfinite(t).all() or t.abs().max() > 65504 for t in (k, v)):
-        raise ValueError("k and v must be finite and within the fp16 range (scales and zeros are fp16)")
+    if k.numel():
+        # Only the slots in use: padding (past length, or pos = PAD_POS) may hold anything, as an empty() buffer does.
+        slot = torch.arange(slots, device=k.device)
+        used = ((slot[None, :] < length[:, None].to(torch.int64)) & (pos != PAD_POS))[:, None, :, None]
+        if any(not torch.isfinite(t).all() or t.abs().max() > 65504 for t in (torch.where(used, x, 0) for x in (k, v))):
+            raise ValueError("k and v must be finite and within the fp16 range (scales and zeros are fp16) in the "
+                             "slots in use")

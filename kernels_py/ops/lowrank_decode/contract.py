@@ -12,7 +12,16 @@ The cache of each sequence has two segments:
 
 Keys decomposed *before* RoPE (AttentionPack's reference code) are rotated
 after rebuilding, at `comp.pos` ("rotate half", kernels_py.attention.apply_rope);
-pass rope_base=None when keys were decomposed after RoPE.
+pass rope_base=None when keys were decomposed after RoPE. The kernel turns
+pair i by the float32 angle pos * inv_freq[i], as transformers computes it
+(inv_freq from exp2 in float32); the reference takes float64 angles. Both
+agree to float rounding at small positions, but the float32 angle's own
+error grows with the position: at 120K positions the fused kernel's output
+is ~3e-3 (relative) from the reference's in float32, about what a model's
+float32 RoPE is from exact.
+
+Positions must lie below 2**31 - 1 and the factors and dense keys and
+values finite, hidden ones too (ops/splitk.py says why; neither is checked).
 
 Every implementation returns the output, the LSE and each token's attention
 mass (DecodeOutput) in one pass.

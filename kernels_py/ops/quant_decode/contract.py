@@ -7,6 +7,9 @@ quantized, as the model caches them).
 Every token is visible to a query iff its position is at most the query's
 (padding slots carry kv_quant.PAD_POS and are never visible). The op
 returns the output and the natural-log LSE of each query row.
+
+Positions must lie below 2**31 - 1 and the keys and values a kernel reads
+must be finite, hidden ones too (ops/splitk.py says why; neither is checked).
 """
 
 from typing import NamedTuple

@@ -364,7 +364,7 @@ def quant_decode(q: torch.Tensor, q_pos: torch.Tensor, segments, dense: DenseKV,
     dev = q.device
     out = torch.empty((batch, heads, queries, head_dim), dtype=q.dtype, device=dev)
     lse = torch.empty((batch, heads, queries), dtype=torch.float32, device=dev)
-    if batch == 0 or heads == 0:
+    if batch == 0 or heads == 0 or queries == 0:
         return QuantDecodeOutput(out, lse)
     workspace = splitk.workspace_for(q, workspace, num_splits, lambda: default_num_splits(segments, dense))
     splits = workspace.splits
