@@ -107,3 +107,12 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	defer l.mu.Unlock()
 	return l.w.Write(p)
 }
+
+// isStdout reports whether w writes to this process's stdout, as main passes
+// it (in a closedPipeWriter).
+func isStdout(w io.Writer) bool {
+	if c, ok := w.(*closedPipeWriter); ok {
+		w = c.w
+	}
+	return w == os.Stdout
+}

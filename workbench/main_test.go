@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/vlkv/vlkv/gohost/testpy"
@@ -490,5 +492,39 @@ func TestKernelsReportEstimate(t *testing.T) {
 		if code, _, stderr := runCLI(t, args...); code != 2 || !strings.Contains(stderr, bad.msg) {
 			t.Errorf("%s: exit %d, %s", bad.args, code, stderr)
 		}
+	}
+}
+
+// The logger, a worker's relayed output and progress lines write at once: an
+// output that is not a file is serialized (go test -race sees the difference),
+// and what the commands look for by type still reaches them.
+func TestOutputsAreSerializedUnlessSafe(t *testing.T) {
+	var buf bytes.Buffer
+	locked, ok := serialized(&buf).(*lockedWriter)
+	if !ok {
+		t.Fatalf("a buffer was not serialized")
+	}
+	pipe := &closedPipeWriter{w: os.Stdout, notice: io.Discard}
+	for _, w := range []io.Writer{os.Stderr, pipe} {
+		if serialized(w) != w {
+			t.Errorf("serialized(%T) wrapped it: the commands find it by type", w)
+		}
+	}
+	var wg sync.WaitGroup
+	for i := 0; i < 8; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := 0; j < 100; j++ {
+				fmt.Fprintf(locked, "line %d\n", j)
+			}
+		}()
+	}
+	wg.Wait()
+	if n := strings.Count(buf.String(), "\n"); n != 800 {
+		t.Errorf("%d lines written, want 800", n)
+	}
+	if !isStdout(pipe) || isStdout(&buf) || isStdout(os.Stderr) {
+		t.Error("isStdout: main's stdout is a closedPipeWriter over os.Stdout, and nothing else is stdout")
 	}
 }

@@ -335,7 +335,7 @@ func (a *app) watchOp(ctx context.Context, op string, f watchFlags) error {
 			w.Close()
 		}
 	}()
-	tty := isatty.IsTerminal(os.Stdout.Fd()) && a.stdout == os.Stdout
+	tty := isatty.IsTerminal(os.Stdout.Fd()) && isStdout(a.stdout)
 	var changed []string
 	for iteration := 1; ; iteration++ {
 		if w != nil && w.Alive() && iteration > 1 {

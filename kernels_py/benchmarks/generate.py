@@ -30,7 +30,10 @@ What the numbers are and are not:
 - ZipVL runs its sparse prefill (the prefill's time includes choosing the
   important tokens from the probe rows) without measuring it afterwards
   (two extra float32 attentions per layer that only report an error,
-  `sparse_prefill_metrics`), AttentionPack with
+  `sparse_prefill_metrics`). It chooses them twice a layer: in the model's
+  prefill and again when its caches are built from the same Q/K (probe
+  rows of 64 + 64 score 0.6% of a 33K-token prompt's causal pairs, 26% of a
+  672-token one's). AttentionPack runs with
   rope="after" on M-RoPE models. With ZipVL's period (100), a generation of
   100 tokens never re-quantizes while timed.
 

@@ -113,8 +113,8 @@ class AttentionPack(Method):
     rebuilt inside decode attention at ranks set by attention importance.
 
     Knob defaults are the paper's setting: visual tokens compressed, text and
-    generated tokens left uncompressed (period 0: compressing them together
-    cost about 20% accuracy), attention-aware decompression as in its
+    generated tokens left uncompressed (period 0, as its VLM runs leave
+    them), attention-aware decompression as in its
     experiments (groups "0.25:1,0.75:0.25" on values: F = 2, r_1 = 0.25,
     R^(2) = R/4; keys at full rank).
     """
@@ -300,6 +300,8 @@ class AttentionPack(Method):
         cache.notes.update(explained_variance_k=segments[0].k.explained, explained_variance_v=segments[0].v.explained)
         self._settle(cache)
         cache.regrouped = 0  # prefill's grouping is the layout, not a change of group
+        if use_triton(self.backend, k.device):
+            self._check_rank_space(layer, cache)
         return cache
 
     @property
@@ -391,17 +393,27 @@ class AttentionPack(Method):
     def _check_rank_space(self, layer: int, cache: LowRankCache) -> None:
         """The decode kernels keep values (the absorbed one keys too) in rank
         space, MAX_RANK_SPACE columns at most: every segment's rank side by
-        side, times the kv heads per head."""
+        side, times the kv heads per head, counting what folds will add (the
+        generated segment at text_rank, a fold target up to its rank), so a
+        cache is refused at prefill rather than at its first fold."""
         unit = cache.kv_heads if cache.per_head else 1
+        width = cache.head_dim if cache.per_head else cache.kv_heads * cache.head_dim
         for name, knob_name, needed in (("values", "rank_v", True), ("keys", "rank_k", self.absorbed)):
-            ranks = [(s.v if name == "values" else s.k).rank for s in cache.segments]
-            if needed and sum(ranks) * unit > MAX_RANK_SPACE:
+            ranks = []
+            for i, s in enumerate(cache.segments):
+                rank = (s.v if name == "values" else s.k).rank
+                if self.period and i == cache.fold_target:
+                    rank = max(rank, min(s.target_v if name == "values" else s.target_k, width))
+                ranks.append((s.name, rank))
+            if self.period and cache.fold_target is None:
+                ranks.append(("generated", min(self.text_rank, width)))
+            columns = sum(r for _, r in ranks) * unit
+            if needed and columns > MAX_RANK_SPACE:
                 per = f" x {unit} kv heads (head_mode=per_head)" if cache.per_head else ""
                 raise ValueError(
                     f"{self.owner_name()}: layer {layer}: the decode kernel holds {name} in rank space, at most "
-                    f"{MAX_RANK_SPACE} columns, and this cache needs {sum(ranks) * unit} "
-                    f"({' + '.join(f'{s.name} {r}' for s, r in zip(cache.segments, ranks))}{per}): lower "
-                    f"{knob_name} or text_rank"
+                    f"{MAX_RANK_SPACE} columns, and this cache needs {columns} "
+                    f"({' + '.join(f'{n} {r}' for n, r in ranks)}{per}): lower {knob_name} or text_rank"
                     + (", use head_mode=combined" if cache.per_head else "")
                     + ", or run backend=torch (the reference, slower)")
 

@@ -501,7 +501,7 @@ class ImportanceQuantized(Method):
         included, against full prefill attention on the same Q/K/V),
         sparse_prefill_error_important (at the important rows only) and
         sparse_prefill_error_last (at the last prompt row, which predicts the
-        first generated token: 1 where it is not important)."""
+        first generated token: 1 where no kv head keeps it as important)."""
         held = cache.quantized_tokens
         slots = sum(seg.slots for seg in cache.segments.values())
         blocks = cache.notes.get("blocks", 0.0)

@@ -544,8 +544,9 @@ def test_triton_kernel_matches_the_reference(settings, monkeypatch):
             return _kernel(*args, **kwargs)
         monkeypatch.setattr(kernels, name, counted)
     cfg = SyntheticConfig(layers=1, heads=2, kv_heads=1, head_dim=16, tokens_per_image=16, system_tokens=4,
-                          text_tokens=4, decode_steps=2, salient_tokens=4, targets_per_query=2)
+                          text_tokens=4, decode_steps=3, salient_tokens=4, targets_per_query=2)
     wl = generate(cfg)
+    # The third step attends over the segment the first fold (after step 2) made.
     common = dict(rank_k=8, rank_v=8, groups="0.5:1,0.5:0.5", partial="both", period=2, **settings)
     t_out, t_caches = run(pack(backend="triton", **common), wl)
     expected = "lowrank_decode_absorbed" if settings.get("absorbed") else "lowrank_decode"
@@ -581,13 +582,21 @@ def test_a_cache_wider_than_the_kernels_rank_space_is_refused_before_the_kernel(
                           text_tokens=4, decode_steps=1, salient_tokens=4, targets_per_query=2, dtype="float32")
     wl = generate(cfg)
     q_t, k_t, v_t = (t[0][0] for t in (wl.decode_q, wl.decode_k, wl.decode_v))
-    wide = pack(rank_k=17, rank_v=17, head_mode="per_head", backend="triton")
-    cache = wide.prefill(0, wl.q[0], wl.k[0], wl.v[0], wl.spans)
+    wide = pack(rank_k=17, rank_v=17, head_mode="per_head", period=0, backend="triton")
     with pytest.raises(ValueError, match=r"holds values in rank space, at most 256 columns, and this cache needs 272 "
                                          r"\(visual 17 x 16 kv heads .*head_mode=combined.*backend=torch"):
+        wide.prefill(0, wl.q[0], wl.k[0], wl.v[0], wl.spans)
+    # What folds will add counts at prefill: 16 columns a head fit, the generated segment's 2 more would not.
+    with pytest.raises(ValueError, match=r"needs 288 \(visual 16 \+ generated 2 x 16 kv heads"):
+        pack(rank_k=16, rank_v=16, head_mode="per_head", period=2, text_rank=2, backend="triton").prefill(
+            0, wl.q[0], wl.k[0], wl.v[0], wl.spans)
+    # A cache built on the reference is checked again before the kernel attends.
+    reference = pack(rank_k=17, rank_v=17, head_mode="per_head", period=0, backend="torch")
+    cache = reference.prefill(0, wl.q[0], wl.k[0], wl.v[0], wl.spans)
+    with pytest.raises(ValueError, match="this cache needs 272"):
         wide.decode(0, cache, q_t, k_t, v_t)
     # The reference has no such limit, and 16 columns a head fit the kernel.
-    for method in (pack(rank_k=17, rank_v=17, head_mode="per_head", backend="torch"),
-                   pack(rank_k=16, rank_v=16, head_mode="per_head", backend="triton")):
+    for method in (pack(rank_k=17, rank_v=17, head_mode="per_head", period=0, backend="torch"),
+                   pack(rank_k=16, rank_v=16, head_mode="per_head", period=0, backend="triton")):
         cache = method.prefill(0, wl.q[0], wl.k[0], wl.v[0], wl.spans)
         assert method.decode(0, cache, q_t, k_t, v_t).shape == (16, 1, 32)
