@@ -10,9 +10,10 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"sync"
 	"sync/atomic"
 	"syscall"
+
+	"github.com/rs/zerolog"
 )
 
 func main() {
@@ -94,18 +95,7 @@ func serialized(w io.Writer) io.Writer {
 	case *os.File, *closedPipeWriter:
 		return w
 	}
-	return &lockedWriter{w: w}
-}
-
-type lockedWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (l *lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
+	return zerolog.SyncWriter(w)
 }
 
 // isStdout reports whether w writes to this process's stdout, as main passes
