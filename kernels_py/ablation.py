@@ -70,9 +70,11 @@ def run(method: str, params: Mapping[str, Any], workload: Mapping[str, Any],
                                      against the first decode query; mean over layers and query heads
       ppci_90                        A-VL 90% PPCI over the image tokens between the full-cache ranking and
                                      the ranking of the tokens held, each step; mean over layers, steps, heads
-      ppci_steps_50                  A-VL 50% PPCI between steps (Figure 5): the ranking of the image tokens
-                                     the method holds at each step against its ranking at the first step
-                                     (tokens it no longer holds rank last); mean over layers, steps, heads
+      ppci_steps_50                  A-VL 50% PPCI between steps (Figure 5): of the image tokens the method
+                                     held at the first step, its top 50% then against its top 50% of them at
+                                     each later step (tokens it no longer holds rank last); mean over layers,
+                                     steps, heads holding any (nan where none does: StreamingLLM's window past
+                                     the image)
       sparsity_mean                  VL-Cache gamma (p = 1%) of the prefill attention, mean over layers
       prefill_kept_fraction          prompt tokens kept by prefill / prompt tokens, mean over layers
       <method metrics>               what Method.layer_metrics reports (e.g. vlcache's layer_budget), layer mean
@@ -242,7 +244,10 @@ def _trace(method: Method, workload: Workload) -> Trace:
             if first is None:
                 first = held
             else:
-                ppci_steps.append(metrics.ppci(first, held, PPCI_STEPS_P, held > float("-inf")).mean().item())
+                # Over the image tokens held at the first step (a method holding few is scored on those few);
+                # heads holding none are left out.
+                ppci_steps.append(metrics.ppci(first, held, PPCI_STEPS_P, held > float("-inf"),
+                                               first > float("-inf")).nanmean().item())
             k_t, v_t = workload.decode_k[layer][step], workload.decode_v[layer][step]
             outputs.append(method.decode(layer, cache, q_t, k_t, v_t))
         trace.outputs.append(outputs)
@@ -296,7 +301,7 @@ def _report(trace: Trace, reference: Reference) -> dict:
         "post_vision_sparsity": list(reference.post_vision_sparsity),
         "cache_hit_rate": hit_rates,
         "ppci_90": ppci.mean(dim=1).tolist(),
-        "ppci_steps_50": ppci_steps.mean(dim=1).tolist(),
+        "ppci_steps_50": ppci_steps.nanmean(dim=1).tolist(),
         "cache_bytes": [float(b) for b in trace.final_bytes],
         "prefill_kept_fraction": [kept.shape[1] / prompt for kept in trace.prefill_kept],
     }
@@ -312,7 +317,7 @@ def _report(trace: Trace, reference: Reference) -> dict:
         "rel_err_last_step": errors[:, -1].mean().item(),
         "cache_hit_rate": sum(hit_rates) / len(hit_rates),
         "ppci_90": ppci.mean().item(),
-        "ppci_steps_50": ppci_steps.mean().item(),
+        "ppci_steps_50": ppci_steps.nanmean().item(),
         "sparsity_mean": sum(reference.sparsity) / len(reference.sparsity),
         "prefill_kept_fraction": sum(per_layer["prefill_kept_fraction"]) / len(trace.prefill_kept),
     }

@@ -111,7 +111,8 @@ def cache_hit_rate(kept: torch.Tensor, decode_attention: torch.Tensor) -> torch.
 
 
 def ppci(
-    reference: torch.Tensor, candidate: torch.Tensor, p: float, candidate_present: torch.Tensor | None = None
+    reference: torch.Tensor, candidate: torch.Tensor, p: float, candidate_present: torch.Tensor | None = None,
+    reference_present: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """A-VL Eq. 2, the p-percentile concordance index: |T1 ∩ T2| / (p * N), where
     T1, T2 are the top p*N (rounded, at least 1) of N tokens by the two score
@@ -121,19 +122,39 @@ def ppci(
     candidate_present: [..., N] bool, the tokens the candidate holds at all; an
     evicted token has no score, so T2 is the top p*N of the present tokens (fewer
     if fewer are present) while the denominator stays p * N.
+    reference_present: [..., N] bool, where the reference too holds only some
+    tokens (a method's own ranking at an earlier step): each row's N is the
+    tokens it holds, so T1 and T2 are the top p*N of those and a ranking that
+    keeps its tokens scores 1 however few they are; nan where it holds none.
     Returns PPCI per leading index.
     """
     if not 0 < p <= 1:
         raise ValueError(f"p must be in (0, 1], got {p}")
+    if candidate_present is None:
+        candidate_present = torch.ones_like(candidate, dtype=torch.bool)
+    if reference_present is not None:
+        held = reference_present.sum(-1)
+        count = torch.clamp(torch.floor(p * held.double() + 0.5), min=1).to(held.dtype)
+        in_reference = (_ranks(reference.float().masked_fill(~reference_present, float("-inf")))
+                        < count[..., None]) & reference_present
+        in_candidate = (_ranks(candidate.float().masked_fill(~candidate_present, float("-inf")))
+                        < count[..., None]) & candidate_present
+        both = (in_reference & in_candidate).sum(-1).float() / count.float()
+        return both.masked_fill(held == 0, float("nan"))
     n = reference.shape[-1]
     count = max(1, math.floor(p * n + 0.5))
     top_reference = reference.topk(count, dim=-1).indices
-    if candidate_present is None:
-        candidate_present = torch.ones_like(candidate, dtype=torch.bool)
     masked = candidate.float().masked_fill(~candidate_present, float("-inf"))
     top_candidate = masked.topk(count, dim=-1).indices
     in_candidate = _membership(top_candidate, n) & candidate_present
     return in_candidate.gather(-1, top_reference).sum(-1).float() / count
+
+
+def _ranks(scores: torch.Tensor) -> torch.Tensor:
+    """[..., N] each score's place in its row, highest first (ties: the earlier token first)."""
+    order = scores.argsort(dim=-1, descending=True, stable=True)
+    return torch.empty_like(order).scatter_(-1, order, torch.arange(scores.shape[-1], device=scores.device)
+                                            .expand_as(order).contiguous())
 
 
 def _membership(indices: torch.Tensor, n: int) -> torch.Tensor:

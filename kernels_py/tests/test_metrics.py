@@ -99,3 +99,22 @@ def test_ppci_counts_only_present_tokens_of_the_candidate():
     assert metrics.ppci(reference, reference, 0.5, present).item() == pytest.approx(2 / 5)
     with pytest.raises(ValueError, match="p must be"):
         metrics.ppci(reference, reference, 0.0)
+
+
+def test_ppci_over_the_tokens_the_reference_holds():
+    """A method's ranking against its own at an earlier step: N is what it
+    held then, so a method keeping 3 of 10 tokens in one order scores 1."""
+    held = torch.zeros(10, dtype=torch.bool)
+    held[[0, 3, 8]] = True
+    scores = torch.arange(10.0, 0.0, -1.0).masked_fill(~held, float("-inf"))
+    assert metrics.ppci(scores, scores, 0.5, held, held).item() == 1.0  # top round(1.5) = 2 of the 3: {0, 3}
+    assert metrics.ppci(scores, scores, 0.5, held).item() == pytest.approx(3 / 5)  # without: capped at 3 of p * 10
+    swapped = scores.clone()
+    swapped[3], swapped[8] = scores[8], scores[3]  # now {0, 8} lead
+    assert metrics.ppci(scores, swapped, 0.5, held, held).item() == 0.5
+    evicted = held.clone()
+    evicted[0] = False  # token 0 gone: the top 2 of what is left, {3, 8}, share one with {0, 3}
+    assert metrics.ppci(scores, scores.masked_fill(~evicted, float("-inf")), 0.5, evicted, held).item() == 0.5
+    rows = torch.stack([scores, torch.full((10,), float("-inf"))])  # the second row held nothing: nan
+    got = metrics.ppci(rows, rows, 0.5, rows > float("-inf"), rows > float("-inf"))
+    assert got[0].item() == 1.0 and got[1].isnan()
