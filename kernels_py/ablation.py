@@ -78,7 +78,7 @@ def run(method: str, params: Mapping[str, Any], workload: Mapping[str, Any],
       sparsity_mean                  VL-Cache gamma (p = 1%) of the prefill attention, mean over layers
       prefill_kept_fraction          prompt tokens kept by prefill / prompt tokens, mean over layers
       <method metrics>               what Method.layer_metrics reports (e.g. vlcache's layer_budget), layer mean
-      token_agreement, kl_mean, kl_max, model_cache_bytes, prefill_seconds, decode_seconds,
+      token_agreement, kl_mean, kl_max, model_cache_bytes, model_compression_ratio, prefill_seconds, decode_seconds,
       peak_gpu_bytes, peak_cpu_bytes, decode_peak_bytes
                                      on a "vlm" workload only: the method run inside the model (see _in_model)
     per_layer: rel_err (mean over steps), sparsity, post_vision_sparsity (gamma over the rows after the
@@ -139,7 +139,8 @@ def _in_model(config, method) -> tuple[dict[str, float], dict[str, list]]:
     """The method inside the model, fed the full cache's tokens: token_agreement
     (share of steps whose greedy token is the full cache's), kl_mean / kl_max of
     the next-token distributions, model_cache_bytes (all layers after the last
-    step), prefill_seconds, decode_seconds; memory above what was in use
+    step) and model_compression_ratio (the full cache's bytes in the model
+    over it), prefill_seconds, decode_seconds; memory above what was in use
     before the generation (the weights): peak_gpu_bytes (the CUDA allocator's peak
     over the generation; nan on a CPU), peak_cpu_bytes (the resident set's
     peak, Linux; nan on a GPU), decode_peak_bytes (the same over the decode
@@ -174,6 +175,9 @@ def _in_model(config, method) -> tuple[dict[str, float], dict[str, list]]:
     nan = float("nan")
     return {**extra, "token_agreement": scores["token_agreement"], "kl_mean": scores["kl_mean"],
             "kl_max": max(scores["kl_per_step"]), "model_cache_bytes": float(got.cache_bytes),
+            # The whole cache's ratio as the model holds it: compression_ratio of a method row is the replayed
+            # layers' (on Gemma 3 the global ones, without the sliding windows).
+            "model_compression_ratio": metrics.compression_ratio(full.cache_bytes, got.cache_bytes),
             "prefill_seconds": got.prefill_seconds, "decode_seconds": got.decode_seconds,
             "peak_gpu_bytes": got.peak_bytes if got.memory_kind == "cuda" else nan,
             "peak_cpu_bytes": got.peak_bytes if got.memory_kind == "cpu-rss" else nan,
@@ -210,21 +214,23 @@ def _paired(vlm, inputs, press, got, force_tokens, steps) -> tuple[dict, dict]:
 def _reference(cfg: WorkloadConfig) -> Reference:
     workload = cfg.build()
     first_step_attention, sparsity, post_vision_sparsity = [], [], []
-    post_vision = PostVisionRows().positions(workload.spans.prompt_tokens, workload.spans)
+    spans = workload.spans
+    # A diagnostic: a prompt with no image, or one ending in a visual token, has no post-vision rows (nan).
+    post_vision = PostVisionRows().positions(spans.prompt_tokens, spans) \
+        if spans.images and max(end for _, end in spans.images) < spans.prompt_tokens else None
     for layer in range(workload.layers):
         q, k = workload.q[layer], workload.k[layer]
         first_q = workload.decode_q[layer][0]
         first_step_attention.append(metrics.causal_attention(first_q, k, query_start=k.shape[1])[:, 0])
         if q.shape[0] * q.shape[1] * k.shape[1] > metrics.WHOLE_ATTENTION_ENTRIES:  # a video-length prompt
             sparsity.append(metrics.causal_sparsity(q, k).mean().item())
-            rows = post_vision.to(q.device)
-            post_vision_sparsity.append(metrics.causal_sparsity(q[:, rows], k, int(post_vision[0])).mean().item())
+            post_vision_sparsity.append(float("nan") if post_vision is None else metrics.causal_sparsity(
+                q[:, post_vision.to(q.device)], k, int(post_vision[0])).mean().item())
             continue
         attention = metrics.causal_attention(q, k)
         sparsity.append(metrics.layer_sparsity(attention).mean().item())
-        post_vision_attention = attention[:, post_vision]
-        post_vision_sparsity.append(
-            metrics.layer_sparsity(post_vision_attention, query_start=int(post_vision[0])).mean().item())
+        post_vision_sparsity.append(float("nan") if post_vision is None else metrics.layer_sparsity(
+            attention[:, post_vision], query_start=int(post_vision[0])).mean().item())
     return Reference(workload, _trace(make_method(REFERENCE_METHOD), workload), first_step_attention, sparsity,
                      post_vision_sparsity)
 

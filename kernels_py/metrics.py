@@ -28,11 +28,13 @@ def compression_ratio(full_bytes: int, compressed_bytes: int) -> float:
 
 def relative_error(output: torch.Tensor, reference: torch.Tensor) -> float:
     """||o - o_full|| / ||o_full|| (Frobenius over all heads and channels): the
-    attention-output error of one layer at one step against the full cache."""
+    attention-output error of one layer at one step against the full cache
+    (0 where both are zero, inf where only the reference is)."""
     if output.shape != reference.shape:
         raise ValueError(f"output shape {tuple(output.shape)} != reference shape {tuple(reference.shape)}")
     reference = reference.double()
-    return (torch.linalg.vector_norm(output.double() - reference) / torch.linalg.vector_norm(reference)).item()
+    diff, norm = torch.linalg.vector_norm(output.double() - reference).item(), torch.linalg.vector_norm(reference).item()
+    return diff / norm if norm else (0.0 if diff == 0 else float("inf"))
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, query_start: int | None = None) -> torch.Tensor:
@@ -171,6 +173,6 @@ def kept_jaccard(a: list[torch.Tensor], b: list[torch.Tensor]) -> list[list[floa
         row = []
         for hx, hy in zip(x.tolist(), y.tolist(), strict=True):
             sx, sy = set(hx), set(hy)
-            row.append(len(sx & sy) / len(sx | sy))
+            row.append(len(sx & sy) / len(sx | sy) if sx | sy else 1.0)  # two empty sets agree
         out.append(row)
     return out

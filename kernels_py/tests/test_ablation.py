@@ -158,3 +158,24 @@ def test_ppci_between_steps_follows_a_eq2_by_hand():
     # so its ranking of them is what moves, not how many it holds (at 10% it held under half and read at most 0.2).
     snap = ablation.run("snapkv", {"budget": 0.1, "window": 8}, WORKLOAD)["metrics"]["ppci_steps_50"]
     assert 0.5 < snap <= 1.0
+
+
+def test_a_prompt_that_ends_in_an_image_has_no_post_vision_rows_and_still_runs():
+    """A trace whose prompt ends in a visual token (or has no image) has no
+    post-vision rows: its post_vision_sparsity is nan, and the job runs."""
+    import dataclasses
+
+    base = SyntheticConfig(**WORKLOAD)
+
+    @dataclasses.dataclass(frozen=True)
+    class EndsInAnImage:
+        def build(self):
+            w = base.build()
+            spans = w.spans
+            ends = dataclasses.replace(spans, images=(*spans.images[:-1], (spans.images[-1][0], spans.text[1])),
+                                       text=(spans.text[1], spans.text[1]))
+            return dataclasses.replace(w, spans=ends)
+
+    reference = ablation._reference(EndsInAnImage())
+    assert all(math.isnan(s) for s in reference.post_vision_sparsity)
+    assert all(0 < s < 1 for s in reference.sparsity)

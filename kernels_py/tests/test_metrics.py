@@ -118,3 +118,12 @@ def test_ppci_over_the_tokens_the_reference_holds():
     rows = torch.stack([scores, torch.full((10,), float("-inf"))])  # the second row held nothing: nan
     got = metrics.ppci(rows, rows, 0.5, rows > float("-inf"), rows > float("-inf"))
     assert got[0].item() == 1.0 and got[1].isnan()
+
+
+def test_degenerate_inputs_give_defined_values():
+    zero = torch.zeros(2, 3)
+    assert metrics.relative_error(zero, zero) == 0.0  # was 0 / 0
+    assert metrics.relative_error(torch.ones(2, 3), zero) == float("inf")
+    empty = torch.zeros(1, 0, dtype=torch.int64)
+    assert metrics.kept_jaccard([empty], [empty]) == [[1.0]]  # was a ZeroDivisionError
+

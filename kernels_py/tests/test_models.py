@@ -383,6 +383,8 @@ def test_a_live_model_workload_scores_methods_inside_the_model(tiny):
     assert full["token_agreement"] == 1.0 and full["kl_mean"] == 0.0 and full["rel_err_mean"] == 0.0
     h2o = ablation.run("h2o", {"budget": 0.2}, workload, "vlm")["metrics"]
     assert h2o["model_cache_bytes"] < full["model_cache_bytes"] and h2o["kl_mean"] > 0
+    assert full["model_compression_ratio"] == 1.0
+    assert h2o["model_compression_ratio"] == pytest.approx(full["model_cache_bytes"] / h2o["model_cache_bytes"])
     assert 0 <= h2o["token_agreement"] <= 1 and h2o["prefill_seconds"] > 0
     # Measured on the device the model is on (a CPU here): the resident set's figures, no GPU figure.
     assert h2o["peak_gpu_bytes"] != h2o["peak_gpu_bytes"] and h2o["peak_cpu_bytes"] > 0

@@ -80,8 +80,8 @@ class QuantKV:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held: packed codes, fp16 scales and zeros (positions not counted:
-        an uncompressed cache needs them too)."""
+        """Bytes held: packed codes, fp16 scales and zeros. Positions are not
+        counted, as no method's are (README: what compression_ratio counts)."""
         return sum(t.numel() * t.element_size() for t in (self.k_codes, self.k_scale, self.k_zero, self.v_codes,
                                                           self.v_scale, self.v_zero))
 
