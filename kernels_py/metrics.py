@@ -134,23 +134,16 @@ def ppci(
         raise ValueError(f"p must be in (0, 1], got {p}")
     if candidate_present is None:
         candidate_present = torch.ones_like(candidate, dtype=torch.bool)
-    if reference_present is not None:
-        held = reference_present.sum(-1)
-        count = torch.clamp(torch.floor(p * held.double() + 0.5), min=1).to(held.dtype)
-        in_reference = (_ranks(reference.float().masked_fill(~reference_present, float("-inf")))
-                        < count[..., None]) & reference_present
-        in_candidate = (_ranks(candidate.float().masked_fill(~candidate_present, float("-inf")))
-                        < count[..., None]) & candidate_present
-        both = (in_reference & in_candidate).sum(-1).float() / count.float()
-        return both.masked_fill(held == 0, float("nan"))
-    n = reference.shape[-1]
-    count = max(1, math.floor(p * n + 0.5))
-    top_reference = reference.topk(count, dim=-1).indices
-    masked = candidate.float().masked_fill(~candidate_present, float("-inf"))
-    top_candidate = masked.topk(count, dim=-1).indices
-    in_candidate = _membership(top_candidate, n) & candidate_present
-    return in_candidate.gather(-1, top_reference).sum(-1).float() / count
-
+    if reference_present is None:
+        reference_present = torch.ones_like(reference, dtype=torch.bool)
+    held = reference_present.sum(-1)
+    count = torch.clamp(torch.floor(p * held.double() + 0.5), min=1).to(held.dtype)
+    in_reference = (_ranks(reference.float().masked_fill(~reference_present, float("-inf")))
+                    < count[..., None]) & reference_present
+    in_candidate = (_ranks(candidate.float().masked_fill(~candidate_present, float("-inf")))
+                    < count[..., None]) & candidate_present
+    both = (in_reference & in_candidate).sum(-1).float() / count.float()
+    return both.masked_fill(held == 0, float("nan"))
 
 def _ranks(scores: torch.Tensor) -> torch.Tensor:
     """[..., N] each score's place in its row, highest first (ties: the earlier token first)."""
