@@ -52,20 +52,39 @@ type lineWriter struct {
 	pending []byte
 }
 
+// maxLineBytes cuts a line that has not ended by then: output that never
+// writes a newline must not grow without bound.
+const maxLineBytes = 64 << 10
+
+// Write logs each line as it ends. A carriage return ends a line too:
+// progress bars (tqdm's) redraw themselves with "\r" and never write "\n".
 func (l *lineWriter) Write(p []byte) (int, error) {
-	l.pending = append(l.pending, p...)
-	for {
-		i := bytes.IndexByte(l.pending, '\n')
+	n := len(p)
+	for len(p) > 0 {
+		i := bytes.IndexAny(p, "\r\n")
 		if i < 0 {
+			l.pending = append(l.pending, p...)
 			break
 		}
-		line := string(l.pending[:i])
-		if text, ok := strings.CutPrefix(line, ProgressPrefix); ok {
-			l.log.Info().Msg(text)
-		} else {
-			l.log.Debug().Str("stream", l.stream).Msg(line)
-		}
-		l.pending = l.pending[i+1:]
+		l.pending = append(l.pending, p[:i]...)
+		l.emit(l.pending)
+		l.pending = l.pending[:0]
+		p = p[i+1:]
 	}
-	return len(p), nil
+	for len(l.pending) >= maxLineBytes {
+		l.emit(l.pending[:maxLineBytes])
+		l.pending = append(l.pending[:0], l.pending[maxLineBytes:]...)
+	}
+	return n, nil
+}
+
+func (l *lineWriter) emit(line []byte) {
+	if len(line) == 0 { // "\r\n", or a bar cleared before a line
+		return
+	}
+	if text, ok := strings.CutPrefix(string(line), ProgressPrefix); ok {
+		l.log.Info().Msg(text)
+	} else {
+		l.log.Debug().Str("stream", l.stream).Msg(string(line))
+	}
 }

@@ -20,6 +20,10 @@ func TestLineLoggerLevels(t *testing.T) {
 		{"everything with -v", zerolog.DebugLevel, "noise\nvlkv progress: done\n", []string{`"message":"noise"`, `"message":"done"`}, nil},
 		{"partial lines wait", zerolog.InfoLevel, "vlkv progress: half", nil, []string{"half"}},
 		{"quiet drops progress too", zerolog.WarnLevel, "vlkv progress: row\n", nil, []string{"row"}},
+		{"a carriage return ends a line", zerolog.DebugLevel, " 10%|#\r 20%|##\rdone\r\n",
+			[]string{`"message":" 10%|#"`, `"message":" 20%|##"`, `"message":"done"`}, []string{`"message":""`}},
+		{"an unended line is cut", zerolog.DebugLevel, strings.Repeat("x", maxLineBytes+5),
+			[]string{`"message":"` + strings.Repeat("x", maxLineBytes) + `"`}, []string{`"message":"xxxxx"`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -43,5 +47,16 @@ func TestLineLoggerLevels(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestLineLoggerHoldsLittleOfAnUnendedLine(t *testing.T) {
+	w := lineLogger(zerolog.Nop(), "stderr").(*lineWriter)
+	chunk := bytes.Repeat([]byte("x"), 1000)
+	for i := 0; i < 1000; i++ { // 1 MB, no line end
+		w.Write(chunk)
+	}
+	if len(w.pending) >= maxLineBytes {
+		t.Errorf("holds %d bytes of an unended line, want under %d", len(w.pending), maxLineBytes)
 	}
 }

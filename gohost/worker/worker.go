@@ -87,11 +87,14 @@ type Worker struct {
 	nextID  uint64
 	kernels *Kernels // as of the last reply that said; guarded by mu
 
-	frames   chan frame // frames read from the worker
+	frames   chan frame // frames read from the worker; holds one, so a reply outlives its sender
 	readErr  error      // why the reader stopped; read after readDone closes
 	readDone chan struct{}
 	exited   chan struct{} // closed once the process has been reaped
 	waitErr  error         // cmd.Wait's result; read after exited closes
+
+	closing   chan struct{} // closed by release: nothing reads frames any more
+	closeOnce sync.Once
 }
 
 // Start launches a worker and waits for its hello.
@@ -134,8 +137,13 @@ func Start(ctx context.Context, cfg Config) (*Worker, error) {
 	cmd.Stdout = io.MultiWriter(out, lineLogger(cfg.Log, "stdout"))
 	cmd.Stderr = io.MultiWriter(out, lineLogger(cfg.Log, "stderr"))
 	// Own process group: a Ctrl-C at the terminal reaches the host, which
-	// decides what happens to its workers. Pdeathsig: no orphans if the host dies.
+	// decides what happens to its workers, and kill reaches the processes a
+	// job started too. Pdeathsig: no orphans if the host dies.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	// A process the worker started and that outlives it (one that left the
+	// group) keeps its stdout open: stop copying output soon after the
+	// worker exits, so that waiting for the worker cannot hang on it.
+	cmd.WaitDelay = outputGrace
 
 	startErr := cmd.Start()
 	workerRx.Close()
@@ -151,13 +159,18 @@ func Start(ctx context.Context, cfg Config) (*Worker, error) {
 	w := &Worker{
 		cmd: cmd, tx: hostTx, rx: hostRx, sock: hostSock, out: out,
 		log:      cfg.Log.With().Int("worker_pid", cmd.Process.Pid).Logger(),
-		frames:   make(chan frame),
+		frames:   make(chan frame, 1),
 		readDone: make(chan struct{}),
 		exited:   make(chan struct{}),
+		closing:  make(chan struct{}),
 	}
 	go w.readLoop()
 	go func() {
 		w.waitErr = cmd.Wait()
+		// What the worker's jobs started and left running ends with it.
+		// The group's id stays taken while any member runs, so this
+		// reaches no other process.
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		close(w.exited)
 	}()
 
@@ -169,7 +182,7 @@ func Start(ctx context.Context, cfg Config) (*Worker, error) {
 	defer cancel()
 	first, err := w.receive(helloCtx)
 	if err != nil {
-		w.kill()
+		w.abort()
 		var exit *ExitError
 		if errors.As(err, &exit) {
 			if mod := missingDependency(exit.Output); mod != "" {
@@ -182,15 +195,15 @@ func Start(ctx context.Context, cfg Config) (*Worker, error) {
 	}
 	body := first.body
 	if err := json.Unmarshal(body, &w.hello); err != nil || w.hello.Type != "hello" {
-		w.kill()
+		w.abort()
 		return nil, fmt.Errorf("worker did not start: first frame is not a hello: %.200s", body)
 	}
 	if w.hello.Error != "" {
-		w.kill()
+		w.abort()
 		return nil, &RefusedError{Reason: w.hello.Error}
 	}
 	if name, why := w.hello.MissingPackage(); name != "" && !cfg.AllowMissingPackages {
-		w.kill()
+		w.abort()
 		return nil, &RefusedError{Reason: missingPackage(cfg.Python, name, why)}
 	}
 	w.kernels = w.hello.Kernels
@@ -296,10 +309,13 @@ func (w *Worker) readLoop() {
 				return
 			}
 		}
+		// A frame read is delivered even when the worker has exited since
+		// it sent it: a reply written just before the worker died is still
+		// the job's result. Only a host that stopped reading drops it.
 		select {
 		case w.frames <- f:
-		case <-w.exited:
-			w.readErr = errors.New("worker exited")
+		case <-w.closing:
+			w.readErr = errors.New("worker closed")
 			return
 		}
 	}
@@ -311,6 +327,27 @@ func (w *Worker) receive(ctx context.Context) (frame, error) {
 	case f := <-w.frames:
 		return f, nil
 	case <-w.readDone:
+		select {
+		case f := <-w.frames: // sent before the channel closed
+			return f, nil
+		default:
+		}
+		return frame{}, w.deathError()
+	case <-w.exited:
+		// What the worker wrote before it exited is in the pipe: take it if
+		// it comes. A process that inherited the channel may keep it open,
+		// so its closing is not waited for.
+		select {
+		case f := <-w.frames:
+			return f, nil
+		case <-w.readDone:
+			select {
+			case f := <-w.frames:
+				return f, nil
+			default:
+			}
+		case <-time.After(outputGrace):
+		}
 		return frame{}, w.deathError()
 	case <-ctx.Done():
 		return frame{}, ctx.Err()
@@ -329,8 +366,14 @@ func (w *Worker) deathError() error {
 	if w.cmd.ProcessState != nil {
 		state = w.cmd.ProcessState.String()
 	}
-	if w.readErr != nil && !errors.Is(w.readErr, io.EOF) {
-		state += "; channel error: " + w.readErr.Error()
+	// The reader stops once the channel's last writer is gone; readErr is
+	// its to write until then.
+	select {
+	case <-w.readDone:
+		if w.readErr != nil && !errors.Is(w.readErr, io.EOF) {
+			state += "; channel error: " + w.readErr.Error()
+		}
+	case <-time.After(outputGrace):
 	}
 	return &ExitError{State: state, Output: w.out.String()}
 }
@@ -471,10 +514,24 @@ func (w *Worker) Close() error {
 	case <-time.After(5 * time.Second):
 		w.kill()
 	}
-	w.tx.Close()
-	w.rx.Close()
-	w.sock.Close()
+	w.release()
 	return nil
+}
+
+// abort kills a worker that failed to start and releases what it held.
+func (w *Worker) abort() {
+	w.kill()
+	w.release()
+}
+
+// release closes the host's ends of the channel and stops the reader.
+func (w *Worker) release() {
+	w.closeOnce.Do(func() {
+		close(w.closing)
+		w.tx.Close()
+		w.rx.Close()
+		w.sock.Close()
+	})
 }
 
 // MapArena hands the arena's file descriptor to the worker, which maps it
@@ -504,12 +561,20 @@ func (w *Worker) UnmapArena(ctx context.Context, id uint32) error {
 	return nil
 }
 
+// kill kills the worker and every process of its group (what its jobs
+// started: compilers, data loaders), and waits until it is reaped.
 func (w *Worker) kill() {
 	if w.Alive() {
-		_ = w.cmd.Process.Kill()
+		if err := syscall.Kill(-w.cmd.Process.Pid, syscall.SIGKILL); err != nil { // the group: see Start
+			_ = w.cmd.Process.Kill()
+		}
 	}
 	<-w.exited
 }
+
+// outputGrace is how long the host waits, once the worker is gone, for the
+// last of its output and of its channel.
+const outputGrace = 2 * time.Second
 
 // PipeRoundTrip sends data through the pipe itself (not an arena): the worker
 // reads it, doubles it as float32 in place and sends it back. It is the
