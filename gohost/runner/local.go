@@ -210,6 +210,11 @@ func (s *scratchArenas) Close() {
 // tensors/<job id>/<name>.npy under runDir and returns their paths relative
 // to it, by name.
 func saveTensors(runDir, jobID string, result json.RawMessage, scratch *scratchArenas) (map[string]string, error) {
+	// An earlier attempt at this job killed mid-write left its temporary
+	// files (a tensor's size each); only the job's own run writes here.
+	if err := tensor.RemoveTemps(filepath.Join(runDir, filepath.Dir(tensorPath(jobID, "x")))); err != nil {
+		return nil, err
+	}
 	var res struct {
 		Tensors map[string]tensor.Ref `json:"tensors"`
 	}

@@ -117,7 +117,18 @@ func TestSaveTensors(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			// What an attempt killed mid-write left goes, whatever this one returns.
+			leftover := filepath.Join(dir, "tensors", "job1", "big.npy.tmp-4242")
+			if err := os.MkdirAll(filepath.Dir(leftover), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(leftover, []byte("partial"), 0o600); err != nil {
+				t.Fatal(err)
+			}
 			got, err := saveTensors(dir, "job1", json.RawMessage(tc.result), scratch)
+			if _, serr := os.Stat(leftover); serr == nil {
+				t.Error("the temporary file of an interrupted write is still there")
+			}
 			if (err == nil) != (tc.err == "") || err != nil && err.Error() != tc.err {
 				t.Fatalf("error %v, want %q", err, tc.err)
 			}

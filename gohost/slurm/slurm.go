@@ -301,14 +301,16 @@ type TaskState struct {
 	Reason string // why it waits or ended, when Slurm says
 }
 
-// Terminal says whether the task has ended.
+// Terminal says whether the task has ended: a state squeue lists as a
+// job's end. Any other, held ones (RESV_DEL_HOLD, REQUEUE_HOLD) and any a
+// later Slurm adds included, may still run the task's jobs.
 func (t TaskState) Terminal() bool {
 	switch t.State {
-	case "PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED", "STOPPED",
-		"SIGNALING", "STAGE_OUT", "REQUEUE_FED", "REQUEUE_HOLD", "SPECIAL_EXIT":
-		return false
+	case "BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
+		"REVOKED", "TIMEOUT":
+		return true
 	}
-	return true
+	return false
 }
 
 // Tasks returns the tasks of array id that slurmctld still knows, ended

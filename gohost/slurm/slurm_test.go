@@ -93,7 +93,8 @@ func TestScriptQuotesWhatItPasses(t *testing.T) {
 
 func TestTerminalStates(t *testing.T) {
 	for state, want := range map[string]bool{"PENDING": false, "RUNNING": false, "COMPLETING": false, "COMPLETED": true,
-		"TIMEOUT": true, "CANCELLED": true, "NODE_FAIL": true, "PREEMPTED": true, "OUT_OF_MEMORY": true} {
+		"TIMEOUT": true, "CANCELLED": true, "NODE_FAIL": true, "PREEMPTED": true, "OUT_OF_MEMORY": true,
+		"RESV_DEL_HOLD": false, "REQUEUE_HOLD": false, "SUSPENDED": false, "A_STATE_OF_A_LATER_SLURM": false} {
 		if got := (TaskState{State: state}).Terminal(); got != want {
 			t.Errorf("%s terminal = %v", state, got)
 		}

@@ -526,6 +526,32 @@ func tempPattern(base string) string {
 	return base + suffix + "*"
 }
 
+// RemoveTemps removes the temporary files writeFileAtomic left in dir when
+// its process was killed before the rename. Only a writer that owns dir may
+// call it: another's write under way would lose its file.
+func RemoveTemps(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		i := strings.LastIndex(e.Name(), ".tmp-")
+		if i < 0 {
+			continue
+		}
+		if digits := e.Name()[i+len(".tmp-"):]; digits == "" || strings.Trim(digits, "0123456789") != "" {
+			continue
+		}
+		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("remove %s, left by an interrupted write: %w", filepath.Join(dir, e.Name()), err)
+		}
+	}
+	return nil
+}
+
 // writeFileAtomic writes path through a temporary file in the same directory,
 // synced and then renamed into place, so a crash leaves either the old file or
 // the whole new one, never part of it.

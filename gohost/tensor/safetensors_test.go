@@ -633,3 +633,30 @@ func TestReadNPYHeader(t *testing.T) {
 		})
 	}
 }
+
+func TestRemoveTempsTakesOnlyInterruptedWrites(t *testing.T) {
+	dir := t.TempDir()
+	keep := []string{"attn.npy", "x", "odd.tmp-", "name.tmp-12.npy", "b.tmp-x1"}
+	gone := []string{"attn.npy.tmp-123456", "a.tmp-b.npy.tmp-7"}
+	for _, name := range append(append([]string{}, keep...), gone...) {
+		if err := os.WriteFile(filepath.Join(dir, name), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := RemoveTemps(dir); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range keep {
+		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
+			t.Errorf("%s was removed", name)
+		}
+	}
+	for _, name := range gone {
+		if _, err := os.Stat(filepath.Join(dir, name)); err == nil {
+			t.Errorf("%s, left by an interrupted write, is still there", name)
+		}
+	}
+	if err := RemoveTemps(filepath.Join(dir, "missing")); err != nil {
+		t.Errorf("a job that wrote no tensors yet: %v", err)
+	}
+}
