@@ -191,10 +191,9 @@ func (e *Executor) submit(ctx context.Context, b runner.Batch, plan Plan, script
 		// sbatch may have queued the array before it was stopped, or said
 		// nothing of it: its tasks would need the plan. Unrecorded, it is
 		// not seen by a resume, which would run its jobs too.
-		name := "vlkv-" + plan.Experiment
-		return "", fmt.Errorf("%w: the array may be queued without its id recorded: see squeue --name=%s, and "+
-			"stop it (scancel JOBID) before a --resume, which would run its jobs again; its plan is kept in %s",
-			err, name, subDir)
+		name := jobName(plan)
+		return "", fmt.Errorf("%w: the array may be queued without its id recorded (squeue --name=%s shows it): "+
+			"a --resume finds it by that name and waits while it runs; its plan is kept in %s", err, name, subDir)
 	}
 	return undo(fmt.Errorf("sbatch refused the array: %w", err))
 }
@@ -209,7 +208,7 @@ func (e *Executor) script(p Plan) string {
 		array += fmt.Sprintf("%%%d", e.Options.MaxRunning)
 	}
 	fmt.Fprintln(&s, "#!/bin/bash")
-	fmt.Fprintf(&s, "#SBATCH --job-name=%s\n", "vlkv-"+p.Experiment)
+	fmt.Fprintf(&s, "#SBATCH --job-name=%s\n", jobName(p))
 	fmt.Fprintf(&s, "#SBATCH --array=%s\n", array)
 	fmt.Fprintf(&s, "#SBATCH --output=%s\n", filepath.Join(dir, "task-%a.log"))
 	fmt.Fprintln(&s, "#SBATCH --open-mode=append") // a requeued task's log keeps its first attempt's output
@@ -386,6 +385,9 @@ func notShared(runDir string) error {
 // the run submitted; where it cannot, it refuses too, saying why.
 // It is the runner's Guard of every run (runner.Options.Guard).
 func CheckNoneActive(ctx context.Context, runDir string) error {
+	if err := recordUnrecorded(ctx, runDir); err != nil {
+		return err
+	}
 	subs, err := Submissions(runDir)
 	if err != nil {
 		return err
@@ -436,3 +438,73 @@ func (e *UnknownStateError) Error() string {
 }
 
 func (e *UnknownStateError) Unwrap() error { return e.Err }
+
+// jobName is the Slurm job name of a submission's array: its experiment
+// and its submission, by which squeue finds an array whose id the host
+// never recorded.
+func jobName(p Plan) string { return "vlkv-" + p.Experiment + "-" + p.Submission }
+
+// recordUnrecorded asks squeue for the array of every submission whose plan
+// was written but whose id was never recorded (the host was killed while
+// sbatch ran, or sbatch queued it and said no id) and records those it
+// finds, so that they are followed and guarded as any other. Only the
+// holder of the run's lock may call it.
+func recordUnrecorded(ctx context.Context, runDir string) error {
+	entries, err := os.ReadDir(filepath.Join(runDir, Dir))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	subs, err := Submissions(runDir)
+	if err != nil {
+		return err
+	}
+	recorded := map[string]bool{}
+	for _, sub := range subs {
+		recorded[sub.ID] = true
+	}
+	for _, e := range entries {
+		if !e.IsDir() || recorded[e.Name()] {
+			continue
+		}
+		path := PlanPath(runDir, e.Name())
+		info, err := os.Stat(path)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		plan, err := ReadPlan(path)
+		if err != nil {
+			return err
+		}
+		id, err := arrayOf(ctx, plan)
+		if err != nil {
+			return &UnknownStateError{Dir: runDir, ArrayJob: "of submission " + plan.Submission, Err: err}
+		}
+		if id == "" { // never queued, or ended and aged out of squeue
+			continue
+		}
+		jobs := 0
+		for _, sh := range plan.Shards {
+			jobs += len(sh)
+		}
+		sub := Submission{ID: plan.Submission, ArrayJob: id, Tasks: len(plan.Shards), Jobs: jobs,
+			Submitted: info.ModTime()}
+		if err := appendSubmission(runDir, sub); err != nil {
+			return fmt.Errorf("record Slurm array %s of %s, found queued without its id recorded: %w", id, runDir, err)
+		}
+	}
+	return nil
+}
+
+// arrayOf is the id of the array squeue knows by plan's submission; "" if
+// none.
+func arrayOf(ctx context.Context, plan Plan) (string, error) {
+	out, err := command(ctx, "squeue", "-h", "-t", "all", "--name="+jobName(plan), "-o", "%F")
+	if err != nil {
+		return "", err
+	}
+	id, _, _ := strings.Cut(strings.TrimSpace(out), "\n") // running tasks are listed apart, each with the id
+	return strings.TrimSpace(id), nil
+}

@@ -364,6 +364,78 @@ func TestResumeRefusedWhileTheArrayRuns(t *testing.T) {
 	}
 }
 
+// An array queued by a host killed before it recorded the array's id (a
+// plan, no submission) is found by its job name: a resume records it and
+// is refused while it runs, and goes on where squeue knows no such array.
+func TestResumeFindsAnArrayItNeverRecorded(t *testing.T) {
+	tests := []struct {
+		name    string
+		byName  string // squeue's rows for the submission's job name
+		refused string
+	}{
+		{"queued", "77\n77\n", "Slurm array 77 of %DIR% is still in the queue (1 running)"},
+		{"never queued", "", ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			o := runner.Options{Out: t.TempDir(), Experiment: "exp", File: "exp.star", FileHash: "h",
+				Jobs: testJobs("a", "b"), KernelsDir: t.TempDir(), Executor: &doneExecutor{}, Log: zerolog.Nop(),
+				Guard: CheckNoneActive}
+			first, err := runner.Run(context.Background(), o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			plan := Plan{Submission: "s2", Experiment: "exp", RunDir: first.Dir, Shards: [][]runner.Job{testJobs("c")}}
+			if _, err := writePlan(plan); err != nil {
+				t.Fatal(err)
+			}
+			bin := t.TempDir()
+			script := "#!/bin/sh\ncase \"$*\" in\n*--name=vlkv-exp-s2\\ *) printf '" + tc.byName + "' ;;\n" +
+				"*'-j 77'*) printf '0|RUNNING|None\\n' ;;\nesac\n"
+			if err := os.WriteFile(filepath.Join(bin, "squeue"), []byte(script), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			t.Setenv("PATH", bin)
+
+			ex := &doneExecutor{}
+			o.Jobs, o.Resume, o.Executor = testJobs("a", "b", "c"), true, ex
+			_, err = runner.Run(context.Background(), o)
+			subs, serr := Submissions(first.Dir)
+			if serr != nil {
+				t.Fatal(serr)
+			}
+			if tc.refused == "" {
+				if err != nil || ex.ran != 1 || len(subs) != 0 {
+					t.Fatalf("resume: %v, ran %d jobs, recorded %v; want it to run job c", err, ex.ran, subs)
+				}
+				return
+			}
+			if want := strings.ReplaceAll(tc.refused, "%DIR%", first.Dir); err == nil || !strings.Contains(err.Error(), want) {
+				t.Fatalf("resume: %v\nwant %q", err, want)
+			}
+			if ex.ran != 0 {
+				t.Errorf("a refused resume ran %d jobs", ex.ran)
+			}
+			if len(subs) != 1 || subs[0].ID != "s2" || subs[0].ArrayJob != "77" || subs[0].Tasks != 1 || subs[0].Jobs != 1 {
+				t.Errorf("recorded %+v, want submission s2 as array 77 of 1 task and 1 job", subs)
+			}
+		})
+	}
+}
+
+// The batch script's job name holds its submission, by which a resume
+// finds the array if its id was never recorded.
+func TestScriptCarriesItsSubmission(t *testing.T) {
+	e := &Executor{Workbench: "/bin/workbench"}
+	script := e.script(Plan{Submission: "20260101-000000-abcd", Experiment: "exp", RunDir: "/runs/exp/r1",
+		Shards: [][]runner.Job{testJobs("a")}})
+	for _, want := range []string{"#SBATCH --job-name=vlkv-exp-20260101-000000-abcd\n"} {
+		if !strings.Contains(script, want) {
+			t.Errorf("script lacks %q:\n%s", want, script)
+		}
+	}
+}
+
 // An array sbatch rejects leaves no run a later one takes for unfinished:
 // a new run's directory goes, and a resumed run keeps what it held but
 // not the plan of the array that never ran.
