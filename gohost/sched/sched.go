@@ -271,7 +271,9 @@ func (p *pool) serve(ctx context.Context) {
 			}
 			ran := w
 			var died *worker.ExitError
-			if errors.As(err, &died) || errors.Is(err, context.DeadlineExceeded) || (err != nil && !w.Alive()) {
+			var failed *worker.JobError
+			lost := errors.As(err, &failed) && failed.WorkerLost != "" // it exits after its reply
+			if errors.As(err, &died) || errors.Is(err, context.DeadlineExceeded) || lost || (err != nil && !w.Alive()) {
 				w.Close()
 				w = nil // killed or dead: the next attempt or job gets a fresh one
 			}

@@ -98,6 +98,36 @@ func TestRunRetriesTimeoutsAndFailures(t *testing.T) {
 	}
 }
 
+// A job that leaves the worker's GPU unusable (a kernel's illegal address
+// breaks the CUDA context for every later call) fails alone: the next job
+// runs on a fresh worker, not on the broken one, and is not counted as a
+// retry after a crash.
+func TestAJobThatBreaksTheGPUFailsAlone(t *testing.T) {
+	start, started := starter(t)
+	jobs := []Job{
+		job("breaks", "kernels_py.runtime.diag:lose_device", nil, time.Minute),
+		job("next", "kernels_py.runtime.diag:echo", nil, time.Minute),
+	}
+	var c collected
+	if err := Run(context.Background(), jobs, Config{Workers: 1, Start: start, Done: c.done, Log: zerolog.Nop()}); err != nil {
+		t.Fatal(err)
+	}
+	broke, next := c.out["breaks"], c.out["next"]
+	var failed *worker.JobError
+	if !errors.As(broke.Err, &failed) || !strings.Contains(failed.WorkerLost, "illegal memory access") || broke.Attempts != 1 ||
+		!strings.Contains(broke.Err.Error(), "later jobs ran on a fresh worker") {
+		t.Errorf("the breaking job: err %v, attempts %d; want one attempt, its error saying the worker was replaced",
+			broke.Err, broke.Attempts)
+	}
+	if next.Err != nil || next.Attempts != 1 || next.Worker == broke.Worker {
+		t.Errorf("the next job: err %v, attempts %d, same worker %v; want it done at once on a fresh worker",
+			next.Err, next.Attempts, next.Worker == broke.Worker)
+	}
+	if *started != 2 {
+		t.Errorf("%d workers started, want 2", *started)
+	}
+}
+
 func TestCancelKeepsFinishedJobs(t *testing.T) {
 	start, _ := starter(t)
 	jobs := []Job{job("fast", "kernels_py.runtime.diag:echo", nil, 0)}

@@ -11,9 +11,17 @@ type JobError struct {
 	Message   string      `json:"message"`
 	Traceback string      `json:"traceback"`
 	At        *SourceLine `json:"at,omitempty"` // the kernels_py line it comes from, if any
+	// WorkerLost, when set, is why the worker can run nothing more after
+	// this error (its GPU context broken); it exits after the reply.
+	WorkerLost string `json:"worker_lost,omitempty"`
 }
 
-func (e *JobError) Error() string { return e.Type + ": " + e.Message }
+func (e *JobError) Error() string {
+	if e.WorkerLost != "" {
+		return e.Type + ": " + e.Message + " (the worker's GPU was unusable after it: later jobs ran on a fresh worker)"
+	}
+	return e.Type + ": " + e.Message
+}
 
 // SourceLine is an error at the kernels_py line it comes from, as
 // kernels_py.runtime.errors.locate finds it: what a researcher editing a

@@ -47,3 +47,18 @@ def crash_once(marker: str):
             pass
         crash("crashing once")
     return {"second_try": True}
+
+
+def lose_device():
+    """Fail as a kernel that broke the CUDA context does (an illegal address):
+    the job raises, and every later CUDA call in this process raises too.
+    Simulated on any machine by replacing torch.cuda's calls in this worker."""
+    import torch
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered (simulated)")
+
+    torch.cuda.is_available = lambda: True
+    torch.cuda.is_initialized = lambda: True
+    torch.cuda.synchronize = broken
+    broken()

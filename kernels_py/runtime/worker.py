@@ -260,6 +260,22 @@ def error_payload(exc: BaseException) -> dict:
     }
 
 
+def device_lost() -> str | None:
+    """Why this process can run no more work on its GPU, after a job failed;
+    None if it can. A kernel that reads out of bounds (an illegal address), a
+    failed launch or a device-side assert leave the CUDA context broken, and
+    every later CUDA call fails with the same error: the worker must go, or
+    each job after it fails for what an earlier one did."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    try:
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - any failure here means the context is gone
+        return (str(e).strip().splitlines() or [type(e).__name__])[0]
+    return None
+
+
 def serve(rx, tx, sock=None) -> int:
     tracker = sources.track()
     reloader = Reloader()
@@ -311,7 +327,17 @@ def serve(rx, tx, sock=None) -> int:
             print(f"vlkv worker: {e}; exiting", file=sys.stderr, flush=True)
             return 2
         except Exception as e:  # every failure of a job becomes a structured error
-            encoded = protocol.encode_frame({"type": "error", "id": msg_id, "error": error_payload(e), **code})
+            error = error_payload(e)
+            lost = device_lost()
+            if lost:
+                error["worker_lost"] = lost
+            tx.write(protocol.encode_frame({"type": "error", "id": msg_id, "error": error, **code}))
+            tx.flush()
+            if lost:  # the host starts a fresh worker for the next job
+                print(f"vlkv worker: the GPU is unusable after the job's error ({lost}); exiting", file=sys.stderr,
+                      flush=True)
+                return 4
+            continue
         tx.write(encoded)
         tx.flush()
 
