@@ -183,6 +183,14 @@ def _fields(row: dict) -> tuple[dict, dict]:
     return {k: _go_value(v) for k, v in values.items()}, values
 
 
+def _knobs_of_kinds(fs) -> dict:
+    """{"method on workload": the fields its rows have}."""
+    out = {}
+    for f, _ in fs:
+        out.setdefault(f"{f['method']} on {f['workload']}", set()).update(f)
+    return out
+
+
 def _number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
@@ -205,13 +213,20 @@ def compare_runs(run_a, run_b, by: list[str] | None = None, metrics: list[str] |
     fa, fb = [_fields(r) for r in a], [_fields(r) for r in b]
     in_a = {k for f, _ in fa for k in f}
     in_b = {k for f, _ in fb for k in f}
-    common = in_b if not fa else in_a if not fb else in_a & in_b  # a run without rows joins on the other's
+    shared_keys = in_b if not fa else in_a if not fb else in_a & in_b  # a run without rows joins on the other's
+    # Rows join on every knob they have (the rows of a method one run lacks
+    # are told apart by their own knobs), but not on a knob that a kind of row
+    # (a method on a workload) has in one run and not in the other.
+    kinds_a, kinds_b = _knobs_of_kinds(fa), _knobs_of_kinds(fb)
+    common = in_a | in_b
+    for kind in kinds_a.keys() & kinds_b.keys():
+        common -= kinds_a[kind] ^ kinds_b[kind]
     varied = []
     if by:
         keys = []
         for k in by:
-            if k not in common:
-                raise ValueError(f"--by {k}: not a parameter of both runs; they share: {', '.join(sorted(common))}")
+            if k not in shared_keys:
+                raise ValueError(f"--by {k}: not a parameter of both runs; they share: {', '.join(sorted(shared_keys))}")
             if k not in keys:
                 keys.append(k)
     else:

@@ -236,7 +236,7 @@ func Compare(a, b *Run, o Options) (*Report, error) {
 	r := &Report{A: a.Dir, B: b.Dir, RunA: a.Dir, RunB: b.Dir}
 	if a.Manifest.Experiment != b.Manifest.Experiment {
 		r.Warnings = append(r.Warnings, fmt.Sprintf("the runs are of different experiments (%s, %s): rows are joined "+
-			"on the parameters both have", a.Manifest.Experiment, b.Manifest.Experiment))
+			"on their parameters", a.Manifest.Experiment, b.Manifest.Experiment))
 	}
 	if a.Manifest.FileHash != "" && b.Manifest.FileHash != "" && a.Manifest.FileHash != b.Manifest.FileHash {
 		r.ScriptsDiffer = true
@@ -354,35 +354,55 @@ func nonNil[T any](s []T) []T {
 // joinKeys are the fields rows are joined on; varied lists the knobs left
 // out because each run holds one value of them and the values differ.
 func joinKeys(a, b *Run, fa, fb []map[string]string, by []string) ([]string, []string, error) {
-	common := map[string]bool{}
-	inA := map[string]bool{}
-	for _, f := range fa {
-		for k := range f {
-			inA[k] = true
+	knobsA, knobsB := knobsOfKinds(fa), knobsOfKinds(fb)
+	// --by takes a parameter of both runs' rows. A run with no rows (stopped
+	// before its first job) has none to offer: the other's serve.
+	shared := map[string]bool{}
+	for _, knobs := range knobsA {
+		for k := range knobs {
+			if len(fb) == 0 || hasKnob(knobsB, k) {
+				shared[k] = true
+			}
 		}
 	}
-	for _, f := range fb {
-		for k := range f {
-			if inA[k] || len(fa) == 0 {
+	if len(fa) == 0 {
+		for _, knobs := range knobsB {
+			for k := range knobs {
+				shared[k] = true
+			}
+		}
+	}
+	// Rows join on every knob they have, so that the rows of a method only
+	// one run holds are told apart by their own knobs, except a knob that a
+	// kind of row (a method on a workload) has in one run and not in the
+	// other (a knob added between the runs' versions): on it no row of that
+	// kind would join.
+	common := map[string]bool{}
+	for _, side := range []map[string]map[string]bool{knobsA, knobsB} {
+		for _, knobs := range side {
+			for k := range knobs {
 				common[k] = true
 			}
 		}
 	}
-	// A run with no rows (stopped before its first job) has no parameters
-	// to intersect with: join on the other's, so its rows are listed one by
-	// one as missing rather than as one row with an empty key.
-	if len(fb) == 0 {
-		for k := range inA {
-			common[k] = true
+	for kind, ka := range knobsA {
+		kb, ok := knobsB[kind]
+		if !ok {
+			continue
+		}
+		for k := range common {
+			if ka[k] != kb[k] {
+				delete(common, k)
+			}
 		}
 	}
 	if len(by) > 0 {
 		var keys []string
 		seen := map[string]bool{}
 		for _, k := range by {
-			if !common[k] {
+			if !shared[k] {
 				return nil, nil, &OptionError{fmt.Errorf("--by %s: not a parameter of both runs; they share: %s", k,
-					strings.Join(sorted(common), ", "))}
+					strings.Join(sorted(shared), ", "))}
 			}
 			if !seen[k] {
 				seen[k] = true
@@ -406,6 +426,31 @@ func joinKeys(a, b *Run, fa, fb []map[string]string, by []string) ([]string, []s
 		keys = append(keys, k)
 	}
 	return keys, varied, nil
+}
+
+// knobsOfKinds is the fields the rows of each kind (a method on a
+// workload) have.
+func knobsOfKinds(fs []map[string]string) map[string]map[string]bool {
+	out := map[string]map[string]bool{}
+	for _, f := range fs {
+		kind := f["method"] + " on " + f["workload"]
+		if out[kind] == nil {
+			out[kind] = map[string]bool{}
+		}
+		for k := range f {
+			out[kind][k] = true
+		}
+	}
+	return out
+}
+
+func hasKnob(byKind map[string]map[string]bool, k string) bool {
+	for _, knobs := range byKind {
+		if knobs[k] {
+			return true
+		}
+	}
+	return false
 }
 
 func variedKnob(k string, fa, fb []map[string]string) (string, bool) {

@@ -33,6 +33,31 @@ func TestCompare(t *testing.T) {
 			t.Fatalf("%+v %v", r, err)
 		}
 	})
+	t.Run("a method one run lacks", func(t *testing.T) {
+		// A stopped run, or a script that added a method: its rows are listed
+		// one by one, by their own knobs, and the others still join.
+		a := base()
+		a.Rows = append(a.Rows, rec("d", "kivi", map[string]any{"bits": 2.0}, map[string]any{"err": 0.4}),
+			rec("e", "kivi", map[string]any{"bits": 4.0}, map[string]any{"err": 0.1}))
+		r, err := Compare(a, base(), Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Join(r.OnlyA, "|"); got != "bits=2 method=kivi|bits=4 method=kivi" || len(r.Rows) != 3 || r.Changed != 0 {
+			t.Errorf("only in A %q, %d rows joined (%d changed); want the two kivi rows apart and 3 joined", got, len(r.Rows), r.Changed)
+		}
+	})
+	t.Run("a knob added since", func(t *testing.T) {
+		// B's version gave h2o a knob A's rows lack: the rows still join.
+		b := base()
+		for i := 1; i < 3; i++ {
+			b.Rows[i].Params["sink"] = 4.0
+		}
+		r, err := Compare(base(), b, Options{})
+		if err != nil || len(r.Rows) != 3 || len(r.OnlyA)+len(r.OnlyB) != 0 {
+			t.Fatalf("%d rows joined, only %v %v: %v", len(r.Rows), r.OnlyA, r.OnlyB, err)
+		}
+	})
 	t.Run("one knob changed", func(t *testing.T) {
 		b := base()
 		for i := 1; i < 3; i++ {
