@@ -327,7 +327,9 @@ func (o *runOptions) check() error {
 }
 
 // checkOutDir refuses an --out that no run can be written under: a file,
-// or a path through one.
+// a path through one, or a run directory (runs go under ROOT/<experiment>/,
+// and a run's own folder given as ROOT, say to resume it, would get a new
+// run nested inside it).
 func checkOutDir(out string) error {
 	info, err := os.Stat(out)
 	switch {
@@ -336,7 +338,27 @@ func checkOutDir(out string) error {
 	case errors.Is(err, syscall.ENOTDIR):
 		return &usageError{fmt.Errorf("--out %s: part of that path is a file: give the results root, a directory (default: results)", out)}
 	}
+	for _, name := range []string{results.ManifestFile, results.JournalFile} {
+		if _, err := os.Stat(filepath.Join(out, name)); err == nil {
+			return &usageError{fmt.Errorf("--out %s is a run directory (it holds %s): give the results root, which holds "+
+				"<experiment>/<run id> (for this run %s); --resume continues the newest run of the script's experiment "+
+				"there", out, name, filepath.Dir(filepath.Dir(filepath.Clean(out))))}
+		}
+	}
 	return nil
+}
+
+// recordedScript is how a run's manifest names its script: an absolute
+// path, so that the resume command status prints from it works in any
+// directory (an embedded script keeps its name).
+func recordedScript(file string) string {
+	if strings.HasPrefix(file, "embedded:") {
+		return file
+	}
+	if abs, err := filepath.Abs(file); err == nil {
+		return abs
+	}
+	return file
 }
 
 // plural is n and noun, in the plural unless n is 1.
@@ -497,7 +519,7 @@ func (a *app) runExperiments(ctx context.Context, file string, o runOptions) ([]
 	var failed int
 	for _, e := range exps {
 		sum, err := runner.Run(ctx, runner.Options{
-			Out: o.out, Experiment: e.Name, Protocol: e.Protocol, File: plan.File, FileHash: plan.Hash, Jobs: runnerJobs(plan.Schema, e),
+			Out: o.out, Experiment: e.Name, Protocol: e.Protocol, File: recordedScript(plan.File), FileHash: plan.Hash, Jobs: runnerJobs(plan.Schema, e),
 			KernelsDir: kernels.Dir, Device: device, Version: version,
 			Resume: o.resume, RetryFailed: o.retryFailed, AllowCodeChange: o.allowCodeChange,
 			Continue: o.rerun + " --resume", Executor: executor, Guard: slurm.CheckNoneActive, Progress: a.console, Log: a.log,

@@ -255,6 +255,14 @@ func TestStatusSaysHowToGoOn(t *testing.T) {
 	short := withScript(planRun(t, filepath.Join(root, "sweep", "20260102-000000-aaaaaa"), 2, []string{"a", "b"}, ok("a")))
 	withFailed := withScript(planRun(t, filepath.Join(root, "fails", "20260101-000000-aaaaaa"), 2, []string{"a", "b"}, ok("a"), failed))
 	complete := withScript(planRun(t, filepath.Join(root, "done", "20260101-000000-aaaaaa"), 2, []string{"a", "b"}, ok("a"), ok("b")))
+	// A run whose journal was lost after its table was built: a resume refuses it.
+	lostJournal := withScript(planRun(t, filepath.Join(root, "lost", "20260101-000000-aaaaaa"), 2, []string{"a", "b"}, ok("a")))
+	if _, err := results.BuildParquet(lostJournal); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(lostJournal, results.JournalFile)); err != nil {
+		t.Fatal(err)
+	}
 	prog := progName(os.Args[0])
 	tests := []struct {
 		name, dir, want string
@@ -263,6 +271,8 @@ func TestStatusSaysHowToGoOn(t *testing.T) {
 		{"failed jobs", withFailed, "to run its failed jobs again, once their cause is fixed: " + prog +
 			" run '/x/my exp.star' --experiment fails --out " + root + " --resume --retry-failed"},
 		{"not the newest run", older, ""},
+		{"journal lost", lostJournal, "its results.parquet has 1 row but its journal.jsonl only 0 finished jobs: " +
+			"the journal was lost or cut short, and a --resume would refuse the run; restore journal.jsonl"},
 		{"complete", complete, ""},
 	}
 	for _, tc := range tests {
@@ -275,5 +285,24 @@ func TestStatusSaysHowToGoOn(t *testing.T) {
 				t.Errorf("got %q, want %q", stdout, tc.want)
 			}
 		})
+	}
+}
+
+// A run's manifest names its script absolutely, so that status's resume
+// command works from any directory; an embedded script keeps its name.
+func TestRecordedScriptIsAbsolute(t *testing.T) {
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for file, want := range map[string]string{
+		"exp.star":                       filepath.Join(wd, "exp.star"),
+		"../experiments/quickstart.star": filepath.Join(filepath.Dir(wd), "experiments", "quickstart.star"),
+		"/x/my exp.star":                 "/x/my exp.star",
+		"embedded:experiments/demo.star": "embedded:experiments/demo.star",
+	} {
+		if got := recordedScript(file); got != want {
+			t.Errorf("recordedScript(%q) = %q, want %q", file, got, want)
+		}
 	}
 }

@@ -68,6 +68,29 @@ func TestUsageErrors(t *testing.T) {
 	}
 }
 
+// A run's own folder given as --out (to resume it, say) is refused: a run
+// there would nest inside it.
+func TestOutIsARunDirectory(t *testing.T) {
+	run := filepath.Join(t.TempDir(), "quickstart", "20260101-000000-aaaaaa")
+	if err := os.MkdirAll(run, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(run, "manifest.json"), []byte(`{"experiment": "quickstart"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"run", "--resume", "--out", run, "../experiments/quickstart.star"}, {"demo", "--out", run}} {
+		code, _, stderr := runCLI(t, args...)
+		want := "--out " + run + " is a run directory (it holds manifest.json): give the results root, which holds " +
+			"<experiment>/<run id> (for this run " + filepath.Dir(filepath.Dir(run)) + ")"
+		if code != 2 || !strings.Contains(stderr, want) {
+			t.Errorf("%v: exit %d\n%s\nwant %q", args, code, stderr, want)
+		}
+		if entries, _ := os.ReadDir(run); len(entries) != 1 {
+			t.Errorf("%v: the run directory holds %d entries, want only its manifest", args, len(entries))
+		}
+	}
+}
+
 func TestVersion(t *testing.T) {
 	code, stdout, _ := runCLI(t, "--version")
 	if code != 0 || !strings.HasPrefix(stdout, "workbench "+version) {

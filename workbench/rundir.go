@@ -193,6 +193,12 @@ func (a *app) localResumeHint(dir string, last map[string]results.Record) string
 	if newest, err := results.Latest(root, experiment); err != nil || filepath.Clean(newest) != filepath.Clean(dir) {
 		return ""
 	}
+	if rows, ahead := results.TableAhead(dir, len(last)); ahead { // a resume refuses it, and says why
+		return fmt.Sprintf("its %s has %s but its %s only %s: the journal was lost or cut short, and a --resume "+
+			"would refuse the run; restore %s (from a backup or the copy it came from), or start a new run without "+
+			"--resume (this one keeps its table)", results.ParquetFile, plural(rows, "row"), results.JournalFile,
+			plural(len(last), "finished job"), results.JournalFile)
+	}
 	cmd := strings.Join([]string{shellQuote(a.prog), "run", shellQuote(script), "--experiment", shellQuote(experiment),
 		"--out", shellQuote(root), "--resume"}, " ")
 	t := results.Count(last, planned, nil)

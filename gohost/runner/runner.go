@@ -823,6 +823,13 @@ func openExisting(ctx context.Context, o Options, dir string) (*lazyRun, map[str
 		return fail(err)
 	}
 	m := run.Manifest()
+	if m.Experiment != "" && m.Experiment != o.Experiment {
+		// A run copied or moved into another experiment's folder: resuming
+		// it would put this experiment's rows into that one's run.
+		return fail(fmt.Errorf("resume %s: it is a run of experiment %s, not %s (it lies in %s's folder): move it back "+
+			"to %s, or start a new run of %s without --resume", dir, m.Experiment, o.Experiment, o.Experiment,
+			filepath.Join(o.Out, m.Experiment), o.Experiment))
+	}
 	if m.Rebuilt != nil {
 		o.Log.Warn().Str("run", dir).Msg("manifest.json was missing: rebuilt from the journal (the git state and source hashes of the earlier jobs are unknown)")
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"math"
 	"os"
 	"os/exec"
@@ -283,6 +284,38 @@ func TestResumeRefusesARunThatLostItsJournal(t *testing.T) {
 	// results.parquet only where it has no journal.
 	if _, err := os.Stat(filepath.Join(sum.Dir, results.JournalFile)); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("the refused resume left a %s (%v)", results.JournalFile, err)
+	}
+}
+
+// A run of another experiment in this one's folder (copied or moved there)
+// is not resumed: its rows and this experiment's would mix in one run.
+func TestResumeRefusesARunOfAnotherExperiment(t *testing.T) {
+	o := testOptions(t, &fakeExecutor{}, testJobs("a", "b"))
+	o.Experiment = "other"
+	sum, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	folder := filepath.Join(o.Out, "mine")
+	if err := os.MkdirAll(folder, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	moved := filepath.Join(folder, filepath.Base(sum.Dir))
+	if err := os.Rename(sum.Dir, moved); err != nil {
+		t.Fatal(err)
+	}
+	before := resultstest.Snapshot(t, moved)
+	again := &fakeExecutor{}
+	o.Experiment, o.Executor, o.Resume, o.Jobs = "mine", again, true, testJobs("c")
+	_, err = Run(context.Background(), o)
+	if err == nil || !strings.Contains(err.Error(), "it is a run of experiment other, not mine") {
+		t.Fatalf("resume of another experiment's run: %v", err)
+	}
+	if len(again.ran) != 0 {
+		t.Errorf("ran %v", again.ran)
+	}
+	if after := resultstest.Snapshot(t, moved); !maps.Equal(after, before) {
+		t.Errorf("the refused resume changed the run")
 	}
 }
 
