@@ -87,3 +87,31 @@ def test_figures_go_beside_the_written_notebook_not_into_the_run(tmp_path):
     assert notebooks.main([str(notebooks.find("own_model")), str(out / "own_model.ipynb"), str(run)]) == 0
     assert sorted(p.name for p in out.glob("*.png")) == ["own_model_agreement.png", "own_model_layers.png"]
     assert not list(run.glob("*.png"))
+
+
+def test_an_unfinished_run_is_told_to_finish_before_its_figures(tmp_path):
+    """methods.ipynb draws every method of methods_compare: a run killed before some ran says which and how to
+    finish it, rather than failing an assertion."""
+    run = tmp_path / "methods_compare" / "20260101-000000-aaaaaa"
+    run.mkdir(parents=True)
+    (run / "manifest.json").write_text(json.dumps({"experiment": "methods_compare", "jobs": 65}))
+    pd.DataFrame({"job_id": ["a", "b"], "method": ["full", "h2o"], "status": ["ok", "ok"],
+                  "param_budget": [None, 0.1], "metric_rel_err_mean": [0.0, 0.2]}).to_parquet(run / "results.parquet")
+    with pytest.raises(Exception) as err:
+        notebooks.execute(notebooks.find("methods"), env=notebooks.run_env([run]))
+    assert f"{run} is unfinished (2 of 65 jobs have rows) and has no row of attentionpack, avl," in str(err.value)
+    assert f"finish it with `workbench run experiments/methods_compare.star --out {tmp_path} --resume`" in str(err.value)
+
+
+def test_compare_warns_of_runs_of_different_experiments(tmp_path):
+    runs = []
+    for experiment in ("quickstart", "sweep"):
+        run = tmp_path / experiment / "20260101-000000-aaaaaa"
+        run.mkdir(parents=True)
+        (run / "manifest.json").write_text(json.dumps({"experiment": experiment, "jobs": 1}))
+        pd.DataFrame({"job_id": ["a"], "method": ["h2o"], "status": ["ok"], "param_budget": [0.1],
+                      "metric_rel_err_mean": [0.2], "metric_compression_ratio": [10.0]}).to_parquet(
+            run / "results.parquet")
+        runs.append(run)
+    nb = notebooks.execute(notebooks.find("compare"), env=notebooks.run_env(runs))
+    assert "warning: the runs are of different experiments (quickstart, sweep)" in outputs(nb)
