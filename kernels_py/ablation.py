@@ -125,14 +125,23 @@ def _check_planned_defaults(method: str, params: Mapping[str, Any], workload_nam
         METHODS[method].check_planned_protocol(protocol.get("name", ""), protocol.get("sets") or {}, params)
 
 
-@functools.lru_cache(maxsize=CACHED_WORKLOADS)
 def _full_generation(config):
-    """The model, its inputs and the full cache's generation, once per workload."""
+    """The model, its inputs and the full cache's generation, once per
+    workload (the last CACHED_WORKLOADS of a model). They are kept on the
+    model (VLM.derived), not here: they go when the worker's loader lets the
+    model go, and never keep a model alive that it let go."""
     from kernels_py import models
 
     vlm = config.load()
-    inputs = models.prompt_inputs(vlm, config.image_list(), config.prompt, config.video_list())
-    return vlm, inputs, models.generate(vlm, make_method(REFERENCE_METHOD, {}), inputs, config.decode_steps + 1)
+    held = vlm.derived.setdefault("full_generation", {})
+    if config not in held:
+        while len(held) >= CACHED_WORKLOADS:
+            del held[next(iter(held))]  # the oldest
+        inputs = models.prompt_inputs(vlm, config.image_list(), config.prompt, config.video_list())
+        held[config] = inputs, models.generate(vlm, make_method(REFERENCE_METHOD, {}), inputs,
+                                               config.decode_steps + 1)
+    inputs, full = held[config]
+    return vlm, inputs, full
 
 
 def _in_model(config, method) -> tuple[dict[str, float], dict[str, list]]:

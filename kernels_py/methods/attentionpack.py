@@ -320,13 +320,19 @@ class AttentionPack(Method):
         """The RoPE base keys are unrotated and rotated with under rope=before
         (None under rope=after): the workload's, which rope_base may only
         confirm. A model whose rotation does not follow from token positions
-        (M-RoPE) is refused."""
+        (M-RoPE), or whose RoPE is scaled (the decode kernels redo plain
+        RoPE from a base alone), is refused."""
         if self.rope != "before":
             return None
         where = f"{self.owner_name()}: layer {layer}"
-        if not spans.rope.invertible_from_index:
+        if spans.rope.kind != "default":
             raise ValueError(f"{where}: the workload's keys are rotated with {spans.rope.kind} (3-D positions): "
                              f"rope='before' cannot undo that from token positions; use rope='after'")
+        if spans.rope.scaled:
+            raise ValueError(f"{where}: the workload's keys are rotated with {spans.rope.scaling} RoPE scaling "
+                             f"(factor {spans.rope.factor:g}), and rope='before' rotates rebuilt keys with plain "
+                             f"RoPE of base theta (the lowrank decode kernels take no scaling), at the wrong "
+                             f"angles: use rope='after'")
         if self.rope_base and self.rope_base != spans.rope.theta:
             raise ValueError(f"{where}: rope_base={self.rope_base:g} but the workload's keys were rotated with "
                              f"theta {spans.rope.theta:g}: leave rope_base at 0 to use it")

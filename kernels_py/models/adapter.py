@@ -66,6 +66,9 @@ class VLM:
     processor: object
     family: str
     path: Path
+    # What jobs computed from this model and reuse (ablation's full-cache generations), kept as long as the
+    # model is: whoever holds the model (a worker's loader cache) decides how long that is.
+    derived: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def spec(self) -> Family:
@@ -88,8 +91,10 @@ class VLM:
 
     @property
     def rope(self) -> Rope:
-        """The language model's RoPE, from its config: what a method undoing it must use."""
-        return Rope("mrope" if self.mrope else "default", rope_theta(self.model.config.text_config))
+        """The language model's RoPE, from its config (base and scaling of the
+        layers a method holds): what a method undoing it must use."""
+        text = self.model.config.text_config
+        return Rope("mrope" if self.mrope else "default", rope_theta(text), *rope_scaling(text))
 
     @property
     def image_placeholder(self) -> str:
@@ -142,12 +147,19 @@ def _unsupported_kind(model_type: str, config: dict) -> str:
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
     from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
-    if "vision_config" in config or model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
+    if _holds_vision_config(config) or model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
         return "a model type the adapter does not know"
     if model_type not in CONFIG_MAPPING_NAMES:
         return (f"not a model type transformers {transformers.__version__} knows (a model with its own code, "
                 f"loaded with trust_remote_code, or one newer than this transformers)")
     return "a text-only model (no vision tower)"
+
+
+def _holds_vision_config(config: dict) -> bool:
+    """Whether a config, or one nested in it, has a vision_config: a model
+    with a vision tower, even where it sits in a sub-model (Qwen2.5-Omni's
+    thinker_config)."""
+    return "vision_config" in config or any(isinstance(v, dict) and _holds_vision_config(v) for v in config.values())
 
 
 def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> VLM:
@@ -189,9 +201,11 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.d
 
 
 def _check_weights(path: Path, info: dict) -> None:
-    """Refuse a model whose weights do not cover it: transformers fills a
-    tensor the files lack, or one of another shape, with random values and
-    only logs it, so the model would run, and be measured, half random."""
+    """Refuse a model whose weights do not cover it, or are of another
+    model: transformers fills a tensor the files lack, or one of another
+    shape, with random values, and leaves out tensors the model has no
+    place for (a bigger model's layers), and only logs it, so the model would
+    run, and be measured, half random or cut short."""
     mismatched = sorted(info.get("mismatched_keys") or [], key=str)
     if mismatched:
         name, *shapes = mismatched[0] if isinstance(mismatched[0], tuple) else (mismatched[0],)
@@ -205,6 +219,13 @@ def _check_weights(path: Path, info: dict) -> None:
         raise ModelError(f"{path}: its weight files lack {len(missing)} of the model's tensors ({names}), which "
                          f"would run with random values: is a weight file (a shard) missing, or are the weights of "
                          f"another model than config.json? save it again (save_pretrained)")
+    unexpected = sorted(info.get("unexpected_keys") or [])
+    if unexpected:
+        names = ", ".join(unexpected[:3]) + (", ..." if len(unexpected) > 3 else "")
+        raise ModelError(f"{path}: its weight files hold {len(unexpected)} tensors the model config.json describes "
+                         f"has no place for ({names}), which would be left out: are the weights of a bigger or "
+                         f"other model (more layers than config.json's num_hidden_layers)? save the weights and "
+                         f"config.json together (save_pretrained)")
 
 
 def prompt_inputs(vlm: VLM, images: list, prompt: str, videos: list = ()) -> "Inputs":
@@ -254,6 +275,8 @@ def _processed(vlm: VLM, entries: list[tuple[list, str, list]]) -> Inputs:
     if videos:
         kwargs.update(videos=[v.frames for v in videos], video_metadata=[_metadata(v) for v in videos],
                       do_sample_frames=False)
+    if _writes_bos(vlm, texts):
+        kwargs["add_special_tokens"] = False
     processed = vlm.processor(text=texts if len(texts) > 1 else texts[0], padding=len(texts) > 1,
                               return_tensors="pt", **kwargs)
     tensors = {k: v.to(vlm.model.device) if isinstance(v, torch.Tensor) else v for k, v in processed.items()}
@@ -265,6 +288,22 @@ def _processed(vlm: VLM, entries: list[tuple[list, str, list]]) -> Inputs:
                        + [(i, "video") for i in _occurrences(prompt, vlm.spec.video_placeholder)])
         layout.append([(kind, 1 if kind == "image" else frames.pop(0)) for _, kind in order])
     return Inputs(tensors, layout)
+
+
+def _writes_bos(vlm: VLM, texts: list[str]) -> bool:
+    """Whether the prompts write the tokenizer's beginning-of-sequence token
+    themselves (a chat template that does, as Gemma 3's): then the tokenizer
+    must not add another, as transformers' apply_chat_template(tokenize=True)
+    decides. The prompts of one batch must agree."""
+    bos = getattr(vlm.processor.tokenizer, "bos_token", None)
+    if not bos:
+        return False
+    written = [text.startswith(bos) for text in texts]
+    if any(written) and not all(written):
+        raise ModelError(f"{sum(written)} of the batch's {len(texts)} prompts begin with the beginning-of-sequence "
+                         f"token {bos!r} and the others do not; one batch tokenizes them alike: begin all of them "
+                         f"with it (as the model's chat template does) or none")
+    return all(written)
 
 
 def _check_temporal_steps(seconds_per_step, version: str | None = None) -> None:
@@ -419,14 +458,27 @@ def batch_spans(vlm: VLM, inputs: dict, pads: list[int] | None = None) -> list[S
             for row, pad, layout in zip(ids, pads, layouts)]
 
 
-def rope_theta(text_config) -> float:
-    """The RoPE base of a text config (transformers 5.x keeps it in
+def _rope_parameters(text_config) -> dict:
+    """A text config's RoPE parameters (transformers 5.x keeps them in
     rope_parameters; per layer type where layers differ, as Gemma 3's sliding
     layers do: the global layers' then, which are the ones methods hold)."""
     params = getattr(text_config, "rope_parameters", None) or {}
-    if "full_attention" in params:
-        params = params["full_attention"]
-    return float(params.get("rope_theta", getattr(text_config, "rope_theta", 10000.0)))
+    return params.get("full_attention", params)
+
+
+def rope_theta(text_config) -> float:
+    """The RoPE base of a text config (of its global layers, _rope_parameters)."""
+    return float(_rope_parameters(text_config).get("rope_theta", getattr(text_config, "rope_theta", 10000.0)))
+
+
+def rope_scaling(text_config) -> tuple[str, float]:
+    """The RoPE scaling of a text config's global layers: its rope_type
+    ("default": none; Gemma 3 4B and up: "linear", factor 8) and factor."""
+    params = _rope_parameters(text_config)
+    kind = str(params.get("rope_type") or params.get("type") or "default")
+    if kind in ("default", "mrope"):  # older Qwen2-VL configs name M-RoPE here: Rope.kind, not a scaling
+        return "default", 1.0
+    return kind, float(params.get("factor") or 1.0)
 
 
 # --- the method inside the model ----------------------------------------------------------------
@@ -685,29 +737,61 @@ def _proc_status(field: str) -> float:
 
 
 def generate(vlm: VLM, method, inputs: dict, max_new_tokens: int,
-             force_tokens: list[int] | None = None, stop_tokens: frozenset[int] = frozenset()) -> Generation:
+             force_tokens: list[int] | None = None, stop_tokens: frozenset[int] = frozenset(),
+             stop_strings: tuple[str, ...] = ()) -> Generation:
     """Greedy decoding of `max_new_tokens` tokens with `method` holding every
     language-model layer's KV cache, for one prompt (prompt_inputs).
     force_tokens: feed these tokens back instead of the greedy ones (teacher
     forcing, so two methods' distributions are compared on the same
     history); `tokens` still holds what this method would have chosen.
     stop_tokens: end early once the chosen token is one of these (an
-    end-of-sequence token), which is kept as the last of `tokens`."""
+    end-of-sequence token), which is kept as the last of `tokens`.
+    stop_strings: end early once the tokens decode (without special tokens)
+    to text holding one of these; the token that completed it is the last."""
     if inputs["input_ids"].shape[0] != 1:
         raise ModelError(f"generate takes one prompt; for {inputs['input_ids'].shape[0]} use generate_batch")
-    return generate_batch(vlm, method, inputs, max_new_tokens,
-                          None if force_tokens is None else [force_tokens], stop_tokens)[0]
+    return generate_batch(vlm, method, inputs, max_new_tokens, None if force_tokens is None else [force_tokens],
+                          stop_tokens, stop_strings=stop_strings)[0]
+
+
+class StopStrings:
+    """Which sequences of a batch have decoded to text holding one of the
+    stop strings: `seen` takes each step's chosen tokens; `ends[b]` is how
+    many tokens sequence b keeps (up to and with the one that completed a
+    stop string), None until then. The text is decoded as a reply is, without
+    special tokens, but only its tail, so a step costs the same however
+    long the reply has grown."""
+
+    def __init__(self, tokenizer, strings, batch: int):
+        self.tokenizer = tokenizer
+        self.strings = [s for s in strings if s]
+        # Tokens enough to hold the longest stop string even in byte-level pieces (up to 4 a character).
+        self.tail = 4 * max((len(s) for s in self.strings), default=0) + 4
+        self.tokens: list[list[int]] = [[] for _ in range(batch)]
+        self.ends: list[int | None] = [None] * batch
+
+    def seen(self, chosen: torch.Tensor) -> torch.Tensor:
+        """Take a step's chosen tokens [B]; bool [B] on their device: whether each sequence has met a stop string."""
+        for b, token in enumerate(chosen.tolist()):
+            if self.ends[b] is None:
+                self.tokens[b].append(token)
+                text = self.tokenizer.decode(self.tokens[b][-self.tail:], skip_special_tokens=True)
+                if any(s in text for s in self.strings):
+                    self.ends[b] = len(self.tokens[b])
+        return torch.tensor([end is not None for end in self.ends], device=chosen.device)
 
 
 def generate_batch(vlm: VLM, method, inputs: dict, max_new_tokens: int,
                    force_tokens: list[list[int]] | None = None,
-                   stop_tokens: frozenset[int] = frozenset(), graphs: bool = False) -> list[Generation]:
+                   stop_tokens: frozenset[int] = frozenset(), graphs: bool = False,
+                   stop_strings: tuple[str, ...] = ()) -> list[Generation]:
     """generate for a batch (batch_inputs): every sequence keeps its own
     method caches (ragged: each holds what its own prompt and method give),
     the model runs the batch together. Positions follow the attention mask,
     as transformers' generate computes them, so a left-padded sequence sees
-    the positions it would alone. With stop_tokens, decoding ends once every
-    sequence has chosen one; each sequence's tokens end at its first.
+    the positions it would alone. With stop_tokens or stop_strings, decoding
+    ends once every sequence has met one; each sequence's tokens end at its
+    first.
 
     graphs: decode steps from the third on replay a CUDA graph of one step
     (_GraphedStep), so the host launches one graph a step instead of every
@@ -718,6 +802,10 @@ def generate_batch(vlm: VLM, method, inputs: dict, max_new_tokens: int,
         name = method if isinstance(method, str) else getattr(method, "name", method.__name__)
         raise TypeError(f"method must be a method object, got the {type(method).__name__} {method!r}: pass "
                         f"make_method({name!r}, {{...}}) (kernels_py.methods)")
+    if getattr(method, "in_model_only", False):  # a kvpress press: it compresses transformers' own cache
+        raise ValueError(f"method {getattr(method, 'name', method)!r} compresses transformers' own cache, which "
+                         f"models.generate replaces with the method's: generate with "
+                         f"kernels_py.models.presses.generate(vlm, method.make_press(), inputs, max_new_tokens)")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     ids = inputs["input_ids"]
@@ -766,19 +854,27 @@ def generate_batch(vlm: VLM, method, inputs: dict, max_new_tokens: int,
             memory.reset()
             graphed = _GraphedStep(model, cache, session, _step_offsets(vlm, inputs)) if graphs else None
             start = _clock(model.device)
-            # Asking whether every sequence stopped waits for the GPU: only when there is a token to stop at.
+            # Asking whether every sequence stopped waits for the GPU: only when there is something to stop at.
             stops = torch.tensor(sorted(stop_tokens), dtype=tokens[-1].dtype, device=tokens[-1].device)
-            stopped = torch.isin(tokens[-1], stops)
+            strings = StopStrings(vlm.processor.tokenizer, stop_strings, batch) if any(stop_strings) else None
+
+            def stopped_now(chosen: torch.Tensor) -> torch.Tensor:
+                """Which sequences' chosen tokens [B] end them: a stop token, or a stop string completed."""
+                met = torch.isin(chosen, stops)
+                return met if strings is None else met | strings.seen(chosen)
+
+            stopping = bool(stop_tokens) or strings is not None
+            stopped = stopped_now(tokens[-1])
             for i in range(max_new_tokens - 1):
-                if stop_tokens and bool(stopped.all()):
+                if stopping and bool(stopped.all()):
                     break
                 fed = tokens[-1] if force_tokens is None else torch.tensor([f[i] for f in force_tokens],
                                                                            device=model.device)
                 if graphed is not None:
                     logits.append(graphed(fed, int(ids.shape[1]) + i))
                     tokens.append(logits[-1].argmax(-1))
-                    if stop_tokens:
-                        stopped |= torch.isin(tokens[-1], stops)
+                    if stopping:
+                        stopped |= stopped_now(tokens[-1])
                     continue
                 step = {"input_ids": fed[:, None].to(model.device)}
                 if padded:
@@ -788,8 +884,8 @@ def generate_batch(vlm: VLM, method, inputs: dict, max_new_tokens: int,
                 out = model(**step, past_key_values=cache, use_cache=True)
                 logits.append(out.logits[:, -1].float())
                 tokens.append(logits[-1].argmax(-1))
-                if stop_tokens:
-                    stopped |= torch.isin(tokens[-1], stops)
+                if stopping:
+                    stopped |= stopped_now(tokens[-1])
             end = _clock(model.device)
             decode = end - start
             replays = (graphed.replays, end - graphed.replay_start) if graphed and graphed.replays else (0, 0.0)
@@ -800,6 +896,8 @@ def generate_batch(vlm: VLM, method, inputs: dict, max_new_tokens: int,
         _ACTIVE.reset(token)
     stacked, chosen = torch.stack(logits, dim=1), torch.stack(tokens, dim=1)
     ends = [_until_stop(chosen[b].tolist(), stop_tokens) for b in range(batch)]
+    if strings is not None:  # a stop string completed before any stop token ends the sequence there
+        ends = [min(end, met or end) for end, met in zip(ends, strings.ends)]
     return [Generation(chosen[b, :ends[b]].tolist(), stacked[b, :ends[b]],
                        sum(method.cache_bytes(c) for c in session.caches[b]) + session.window_bytes(b),
                        prefill, decode, spans[b], max(peak, decode_peak), decode_peak, memory.kind, kept[b], *replays)

@@ -5,9 +5,10 @@ lmms-eval's tasks score the method with their own metrics.
 Importing this module registers it in lmms-eval's model registry as "vlkv"
 (VLKV(pretrained=DIR, method="h2o", params={"budget": 0.1})); the lmms
 workload (kernels_py.workloads.lmms) drives it for each job. It answers `generate_until`, `batch` documents at a time: greedy, for the
-task's max_new_tokens, ending at the end-of-sequence token or the first of
-the task's stop strings. Tasks scored by log-likelihood (multiple choice by
-option probability) are refused: the methods compress the cache a generation
+task's max_new_tokens, ending at the end-of-sequence token or once the reply
+holds one of the task's stop strings (checked each step on the decoded tail,
+so the tokens, times and bytes of an answer stop there too). Tasks scored by
+log-likelihood (multiple choice by option probability) are refused: the methods compress the cache a generation
 reads, and a log-likelihood pass reads no cache. A document's visuals are
 images (PIL, as image tasks give them) or videos (paths to a video file or a
 frame directory, as video tasks such as Video-MME give them), sampled by
@@ -39,7 +40,7 @@ class Answer:
 
     doc_id: int
     text: str  # the reply, cut at the first stop string
-    tokens: list[int]
+    tokens: list[int]  # up to and with the end-of-sequence token, or the token that completed a stop string
     prompt_tokens: int
     cache_bytes: int  # the method's caches after the last step, all layers
     full_cache_bytes: int  # what the full cache holds for the same tokens
@@ -141,9 +142,10 @@ class VLKV(lmms):
         if getattr(self.method, "in_model_only", False):  # a kvpress press: transformers' cache, pressed
             from kernels_py.models import presses
 
-            got = presses.generate(self.vlm, self.method.make_press(), inputs, max_new, stop_tokens=stop)
+            got = presses.generate(self.vlm, self.method.make_press(), inputs, max_new, stop_tokens=stop,
+                                   stop_strings=tuple(until))
         else:
-            got = models.generate(self.vlm, self.method, inputs, max_new, stop_tokens=stop)
+            got = models.generate(self.vlm, self.method, inputs, max_new, stop_tokens=stop, stop_strings=tuple(until))
         prompt = int(inputs["input_ids"].shape[1])
         return Answer(doc_id, self._text(got.tokens, until), got.tokens, prompt, got.cache_bytes,
                       full_cache_bytes(self.vlm, prompt + len(got.tokens) - 1), got.prefill_seconds,
@@ -160,7 +162,8 @@ class VLKV(lmms):
         prompts = [(ask.images, prompt_for(self.vlm, ask.context, len(ask.images), len(vids)), vids)
                    for ask, vids in zip(chunk, videos)]
         inputs = models.batch_inputs(self.vlm, prompts)
-        gens = models.generate_batch(self.vlm, self.method, inputs, max_new, stop_tokens=stop_tokens(self.vlm))
+        gens = models.generate_batch(self.vlm, self.method, inputs, max_new, stop_tokens=stop_tokens(self.vlm),
+                                     stop_strings=tuple(until))
         steps = max(len(g.tokens) for g in gens)
         answers = []
         for ask, vids, got, mask in zip(chunk, videos, gens, inputs["attention_mask"]):

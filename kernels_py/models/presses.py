@@ -318,14 +318,18 @@ def cache_bytes(cache) -> int:
 
 
 def generate(vlm, press, inputs: dict, max_new_tokens: int, force_tokens: list[int] | None = None,
-             stop_tokens: frozenset[int] = frozenset()):
+             stop_tokens: frozenset[int] = frozenset(), stop_strings: tuple[str, ...] = ()):
     """Greedy decoding of one prompt with transformers' DynamicCache and the
     model's own attention, the press (None: none) compressing the cache after
     prefill: kernels_py.models.Generation, with the cache's bytes measured.
-    stop_tokens: end once one is chosen (kept as the last token)."""
+    stop_tokens: end once one is chosen (kept as the last token);
+    stop_strings: end once the tokens decode to text holding one (as
+    models.generate does)."""
     from transformers import DynamicCache
 
-    from kernels_py.models.adapter import ATTENTION, Generation, ModelError, _Memory, _clock, batch_spans
+    from kernels_py.models.adapter import (
+        ATTENTION, Generation, ModelError, StopStrings, _Memory, _clock, batch_spans,
+    )
 
     if inputs["input_ids"].shape[0] != 1:
         raise ModelError("the kvpress path generates one prompt at a time")
@@ -366,9 +370,10 @@ def generate(vlm, press, inputs: dict, max_new_tokens: int, force_tokens: list[i
         # positions the tokens really have (M-RoPE: the text position plus the prompt's rope delta).
         prompt = inputs["input_ids"].shape[1]
         deltas = getattr(model.model, "rope_deltas", None) if vlm.mrope else None
+        strings = StopStrings(vlm.processor.tokenizer, stop_strings, 1) if any(stop_strings) else None
         start = _clock(model.device)
         for i in range(max_new_tokens - 1):
-            if int(tokens[-1][0]) in stop_tokens:
+            if int(tokens[-1][0]) in stop_tokens or (strings is not None and bool(strings.seen(tokens[-1]).all())):
                 break
             fed = tokens[-1] if force_tokens is None else torch.tensor([force_tokens[i]], device=model.device)
             position = torch.tensor([[prompt + i]], device=model.device)

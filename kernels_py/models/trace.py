@@ -15,9 +15,11 @@ them), layer.{l}.decode_q [steps, heads, 1, d], layer.{l}.decode_k /
 decode_positions [steps] (RoPE positions; [3, T] and [3, steps] on M-RoPE
 models, whose image tokens are rotated by temporal, height and width).
 Metadata key "vlkv": JSON with format, model (directory, model_type, layers,
-heads, kv_heads, head_dim, rope_theta, rope "default" or "mrope", dtype, and
-where the model has sliding-window layers, which the trace leaves out,
-model_layers and sliding_layers), spans (videos: each video's frames as a
+heads, kv_heads, head_dim, rope_theta, rope "default" or "mrope",
+rope_scaling {"type": the config's rope_type, "factor"} (a header without it,
+from before it was recorded, means no scaling), dtype, and where the model
+has sliding-window layers, which the trace leaves out, model_layers and
+sliding_layers), spans (videos: each video's frames as a
 range of indices into images), videos (source, timestamps and sampling of
 each), prompt_tokens, decode_steps, prompt, tokens (generated ids). Layer l
 of a trace is the model's method layer l (VLM.method_layers): every layer
@@ -94,7 +96,7 @@ def capture(vlm, images: list, prompt: str, decode_steps: int, videos: list = ()
         "model": {"directory": str(Path(vlm.path).absolute()), "model_type": vlm.family, "layers": len(vlm.method_layers),
                   "heads": int(text.num_attention_heads), "kv_heads": int(text.num_key_value_heads),
                   "head_dim": int(q[0].shape[-1]), "rope_theta": vlm.rope.theta,
-                  "rope": vlm.rope.kind,
+                  "rope": vlm.rope.kind, "rope_scaling": {"type": vlm.rope.scaling, "factor": vlm.rope.factor},
                   "dtype": str(q[0].dtype).removeprefix("torch.")},
         "spans": {"system": list(spans.system), "images": [list(s) for s in spans.images], "text": list(spans.text),
                   "videos": [list(v) for v in spans.videos]},
@@ -229,10 +231,14 @@ def _check_tensors(path: Path, tensors: dict, meta: dict) -> None:
 
 
 def spans_of(meta: dict) -> Spans:
-    """The trace's spans, with the RoPE (kind and theta) its header names."""
+    """The trace's spans, with the RoPE (kind, theta and scaling) its header
+    names; a header from before the scaling was recorded means none."""
     s, model = meta["spans"], meta["model"]
-    return Spans(tuple(s["system"]), tuple(tuple(i) for i in s["images"]), tuple(s["text"]),
-                 Rope(model["rope"], float(model["rope_theta"])), tuple(tuple(v) for v in s.get("videos", [])))
+    scaling = model.get("rope_scaling") or {}
+    rope = Rope(model["rope"], float(model["rope_theta"]), str(scaling.get("type", "default")),
+                float(scaling.get("factor", 1.0)))
+    return Spans(tuple(s["system"]), tuple(tuple(i) for i in s["images"]), tuple(s["text"]), rope,
+                 tuple(tuple(v) for v in s.get("videos", [])))
 
 
 def main(argv=None) -> int:

@@ -83,18 +83,27 @@ def test_a_video_is_a_span_per_frame_and_the_full_cache_is_the_models_own(family
 
 
 def test_images_and_videos_batch_as_they_run_alone(family, media):
+    """A left-padded batch decodes as transformers' own batched generate and
+    as each prompt alone. Logits are compared, not only tokens: a tiny random
+    model's greedy tokens barely depend on positions (a padded sequence's
+    decode positions, M-RoPE's offsets) or on a sliding window's attention
+    scale, its logits do."""
     name, vlm, image, takes = family
     _, clip = media
     entries = [([image], _prompt(vlm, images=1), []), ([image, image], _prompt(vlm, images=2, words="what"), [])]
     if "video" in takes:
         entries.append(([], _prompt(vlm, videos=1, words="what is in"), [load_video(clip, frames=4)]))
     inputs = models.batch_inputs(vlm, entries)
+    assert not bool(inputs["attention_mask"].all())  # some prompt is padded
     batched = models.generate_batch(vlm, make_method("full"), inputs, 4)
+    own_tokens, own_logits = tiny_vlm.own_greedy(vlm.model, inputs, 4)
     assert len(batched) == len(entries)
-    for entry, got in zip(entries, batched):
-        inputs = models.prompt_inputs(vlm, *entry)
-        alone = models.generate(vlm, make_method("full"), inputs, 4)
-        assert got.tokens == alone.tokens == _own_generate(vlm, inputs, 4)[0] and got.spans == alone.spans
+    for b, (entry, got) in enumerate(zip(entries, batched)):
+        assert got.tokens == own_tokens[b]
+        torch.testing.assert_close(got.logits, own_logits[b], atol=1e-4, rtol=1e-4)
+        alone = models.generate(vlm, make_method("full"), models.prompt_inputs(vlm, *entry), 4)
+        assert got.tokens == alone.tokens and got.spans == alone.spans
+        torch.testing.assert_close(got.logits, alone.logits, atol=1e-4, rtol=1e-4)
 
 
 def test_a_video_trace_replays_the_same_tensors(family, media, tmp_path):

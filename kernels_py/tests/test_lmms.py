@@ -205,6 +205,49 @@ def test_stop_tokens_end_generation_early(root):
     assert stopped.cache_bytes < free.cache_bytes and torch.equal(stopped.logits, free.logits[:len(stopped.tokens)])
 
 
+def test_stop_strings_end_generation_where_the_reply_holds_one(root):
+    """A task's `until` strings end decoding as an end-of-sequence token
+    does: an answer's tokens, and the bytes counted for them, stop at the
+    token that completed one, alone and in a batch, and its text is cut."""
+    from kernels_py import models
+    from kernels_py.models.lmms import _Ask
+
+    vlm = models.load(root / "llava")  # a tokenizer of its own: this one gets words
+    tokenizer = vlm.processor.tokenizer
+    # The tiny tokenizer has words for a third of the model's ids: a word for each other id, so every token shows.
+    tokenizer.add_tokens([f"w{i}" for i in range(len(tokenizer), vlm.model.config.text_config.vocab_size)])
+    task = load_task("tiny_shapes", str(TASKS), str(root / "data"))
+    docs = [task.test_docs()[i] for i in range(2)]
+    model = VLKV(vlm=vlm, batch=2)
+    asks = [_Ask(doc["question"], task.doc_to_visual(doc), [], {"max_new_tokens": 8}, i) for i, doc in enumerate(docs)]
+    free = model.answer(asks[0].context, asks[0].images, asks[0].gen_kwargs)
+    stop = tokenizer.decode(free.tokens[1:2], skip_special_tokens=True)
+    end = next(n for n in range(1, 9) if stop in tokenizer.decode(free.tokens[:n], skip_special_tokens=True))
+    assert stop and end < len(free.tokens)
+    until = {"max_new_tokens": 8, "until": [stop]}
+    stopped = model.answer(asks[0].context, asks[0].images, until)
+    assert stopped.tokens == free.tokens[:end] and stop not in stopped.text
+    assert stopped.full_cache_bytes < free.full_cache_bytes and stopped.cache_bytes < free.cache_bytes
+    batch = model._answer_batch([_Ask(a.context, a.images, [], until, a.doc_id) for a in asks])
+    assert batch[0].tokens == stopped.tokens and batch[0].text == stopped.text
+
+
+def test_the_lmms_and_vlm_workloads_share_one_loaded_model(root, monkeypatch):
+    """A worker that runs both workloads on one model directory loads it once."""
+    from kernels_py import models
+    from kernels_py.tests.tiny_vlm import save_image
+    from kernels_py.workloads import base
+
+    loads, load = [], models.load
+    monkeypatch.setattr(models, "load", lambda path, **kwargs: loads.append(path) or load(path, **kwargs))
+    base.loaded_model.cache_clear()
+    ablation.run("full", {}, knobs(root, limit=1), "lmms")
+    image = save_image(root / "image.png")
+    ablation.run("full", {}, {"model": str(root / "llava"), "images": str(image),
+                              "prompt": "USER : <image> describe ASSISTANT :", "decode_steps": 1}, "vlm")
+    assert loads == [str(root / "llava")]
+
+
 def test_shards_of_a_metric_not_aggregated_by_a_mean_are_aggregated_by_the_task():
     """A task's own aggregation (here a median over per-document records) runs again over all shards'
     documents; one shard is its own score."""

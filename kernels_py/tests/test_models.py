@@ -11,7 +11,7 @@ import torch
 from kernels_py import models
 from kernels_py.attention import Rope
 from kernels_py.methods import METHODS, make_method
-from kernels_py.tests.tiny_vlm import QWEN_PROMPT, save_image, save_tiny_llava, save_tiny_qwen2_vl
+from kernels_py.tests.tiny_vlm import QWEN_PROMPT, own_greedy, save_image, save_tiny_llava, save_tiny_qwen2_vl
 
 PROMPT = "USER : <image> describe the picture ASSISTANT :"
 
@@ -118,6 +118,11 @@ def test_teacher_forcing_and_the_comparison(tiny):
     for method in ("h2o", METHODS["h2o"]):
         with pytest.raises(TypeError, match=r"method must be a method object, got .*pass make_method\('h2o', "):
             models.generate(vlm, method, inputs, 5)
+    # A kvpress press compresses transformers' own cache: the call that runs it is named, not a workload.
+    press = make_method("kvpress", {"press": "SnapKVPress"})
+    with pytest.raises(ValueError, match=r"'kvpress' compresses transformers' own cache, which models.generate "
+                                         r"replaces .*: generate with kernels_py.models.presses.generate\(vlm, "):
+        models.generate(vlm, press, inputs, 5)
 
 
 def test_unsupported_inputs_get_clear_errors(tiny, tmp_path):
@@ -142,6 +147,11 @@ def test_unsupported_inputs_get_clear_errors(tiny, tmp_path):
     (unknown / "config.json").write_text(json.dumps({"model_type": "fuyu"}))
     with pytest.raises(models.ModelError, match="'fuyu' is a model type the adapter does not know"):
         models.load(unknown)
+    # Nor one whose vision tower sits in a sub-model's config (Qwen2.5-Omni's thinker).
+    (unknown / "config.json").write_text(json.dumps({"model_type": "qwen2_5_omni",
+                                                     "thinker_config": {"vision_config": {"depth": 2}}}))
+    with pytest.raises(models.ModelError, match="'qwen2_5_omni' is a model type the adapter does not know"):
+        models.load(unknown)
     (unknown / "config.json").write_text(json.dumps({"model_type": "my_vlm", "architectures": ["MyVLM"]}))
     with pytest.raises(models.ModelError, match="'my_vlm' is not a model type transformers .* knows .*supported: llava"):
         models.load(unknown)
@@ -160,13 +170,44 @@ def test_unsupported_inputs_get_clear_errors(tiny, tmp_path):
         models.prompt_inputs(vlm, [image], "USER : describe the picture ASSISTANT :")
 
 
-@pytest.mark.parametrize("damage", ["truncated", "garbled", "missing", "config", "partial", "reshaped"])
+def test_a_prompt_that_writes_its_bos_gets_no_second_one(tiny):
+    """A chat template that writes the beginning-of-sequence token itself
+    (Gemma 3's) and a tokenizer that adds one too (Gemma 3's): the prompt the
+    template renders gets the ids transformers' own
+    apply_chat_template(tokenize=True) gives, one BOS; a prompt without it
+    still gets the tokenizer's; a batch whose prompts disagree is refused."""
+    from tokenizers import processors
+
+    _, image, root = tiny
+    vlm = models.load(root / "llava")  # a processor of its own: this one is changed
+    tokenizer = vlm.processor.tokenizer
+    bos = tokenizer.bos_token_id
+    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{tokenizer.bos_token} $A", special_tokens=[(tokenizer.bos_token, bos)])
+    vlm.processor.chat_template = ("{{ bos_token }} USER : {% for c in messages[0]['content'] %}{% if c['type'] == "
+                                   "'image' %}<image> {% else %}{{ c['text'] }}{% endif %}{% endfor %} ASSISTANT :")
+    messages = [{"role": "user", "content": [{"type": "image", "image": str(image)},
+                                             {"type": "text", "text": "describe the picture"}]}]
+    prompt = vlm.processor.apply_chat_template(messages, add_generation_prompt=True)  # as lmms.prompt_for renders it
+    ids = models.prompt_inputs(vlm, [image], prompt)["input_ids"][0].tolist()
+    own = vlm.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
+    assert ids == torch.as_tensor(own["input_ids"])[0].tolist() and ids[0] == bos != ids[1]
+    plain = models.prompt_inputs(vlm, [image], PROMPT)["input_ids"][0].tolist()
+    assert plain[0] == bos != plain[1]
+    with pytest.raises(models.ModelError, match="1 of the batch's 2 prompts begin with the beginning-of-sequence "
+                                                "token '<s>' and the others do not"):
+        models.batch_inputs(vlm, [([image], prompt), ([image], PROMPT)])
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbled", "missing", "config", "partial", "reshaped", "bigger"])
 def test_a_damaged_saved_model_is_one_clear_error(tiny, tmp_path, damage):
     """Weights cut short, overwritten or gone, or a config.json that is not
     JSON: a ModelError naming the directory and the cause in one line, not
     the loader's traceback. Weights that lack a layer's tensors, or hold one
     of another shape than the config, are refused too: transformers would
-    fill them with random values and only log it."""
+    fill them with random values and only log it; so are weights of a bigger
+    model (a third layer where config.json gives two), which it would leave
+    out, running a model cut short."""
     from safetensors.torch import load_file, save_file
 
     import shutil
@@ -188,6 +229,11 @@ def test_a_damaged_saved_model_is_one_clear_error(tiny, tmp_path, damage):
         saved = load_file(weights)
         down = "language_model.model.layers.0.mlp.down_proj.weight"
         save_file({**saved, down: saved[down][:, :100].contiguous()}, weights, metadata={"format": "pt"})
+    elif damage == "bigger":  # layer 1's tensors again as a layer 2 that config.json does not have
+        saved = load_file(weights)
+        extra = {k.replace("layers.1.", "layers.2."): v.clone() for k, v in saved.items() if "language_model" in k and
+                 "layers.1." in k}
+        save_file({**saved, **extra}, weights, metadata={"format": "pt"})
     else:
         (path / "config.json").write_text("{not json")
     with pytest.raises(models.ModelError) as err:
@@ -199,7 +245,11 @@ def test_a_damaged_saved_model_is_one_clear_error(tiny, tmp_path, damage):
                        ".weight, model.language_model.layers.1.mlp.down_proj.weight, model.language_model.layers.1.mlp"
                        ".gate_proj.weight, ...), which would run with random",
             "reshaped": "1 of its weights have another shape than config.json gives (model.language_model.layers.0.mlp"
-                        ".down_proj.weight: saved [128, 100], config.json makes [128, 256])"}[damage]
+                        ".down_proj.weight: saved [128, 100], config.json makes [128, 256])",
+            "bigger": "its weight files hold 9 tensors the model config.json describes has no place for (model"
+                      ".language_model.layers.2.input_layernorm.weight, model.language_model.layers.2.mlp.down_proj"
+                      ".weight, model.language_model.layers.2.mlp.gate_proj.weight, ...), which would be left out: "
+                      "are the weights of a bigger or other model"}[damage]
     assert want in str(err.value)
 
 
@@ -372,6 +422,110 @@ def test_a_trace_replays_with_its_own_rope(tmp_path):
     assert 0 < after["rel_err_mean"] < 1
 
 
+def test_scaled_rope_reaches_the_spans_and_the_trace(tmp_path):
+    """A model whose config scales RoPE linearly (Gemma 3 4B and up scale
+    their global layers by 8): the adapter's Rope carries the scaling, and so
+    does the trace header, so the replayed keys unrotate, at positions /
+    factor, to the captured pre-RoPE keys. AttentionPack's rope='before',
+    whose decode kernels redo plain RoPE, is refused, live and replayed. A
+    header from before the scaling was recorded reads as unscaled; a scaling
+    that reshapes the frequencies (yarn) is refused by name."""
+    from transformers import Gemma3TextConfig
+
+    from kernels_py import ablation
+    from kernels_py.models import adapter, trace
+    from kernels_py.workloads import make_workload
+
+    vlm = models.load(save_tiny_llava(tmp_path / "linear", rope_scaling={"rope_type": "linear", "factor": 4.0}))
+    image = save_image(tmp_path / "image.png")
+    assert vlm.rope == Rope("default", 10000.0, "linear", 4.0)
+    tensors, meta = trace.capture(vlm, [image], PROMPT, decode_steps=2)
+    assert meta["model"]["rope_scaling"] == {"type": "linear", "factor": 4.0}
+    path = tmp_path / "linear.safetensors"
+    trace.save(path, tensors, meta)
+    workload = make_workload("trace", {"path": str(path)}).build()
+    assert workload.spans.rope == vlm.rope
+    for layer in range(2):
+        rotated = workload.spans.rope.rotate(tensors[f"layer.{layer}.k_pre"].float(), workload.positions.cpu())
+        torch.testing.assert_close(rotated, tensors[f"layer.{layer}.k"].float(), atol=1e-5, rtol=1e-5)
+    pack = {"rank_k": 8, "rank_v": 8}
+    refusal = r"rotated with linear RoPE scaling \(factor 4\).* use rope='after'"
+    with pytest.raises(ValueError, match=refusal):
+        ablation.run("attentionpack", pack, {"path": str(path)}, "trace")
+    with pytest.raises(ValueError, match=refusal):
+        models.generate(vlm, make_method("attentionpack", pack), models.prompt_inputs(vlm, [image], PROMPT), 2)
+    after = ablation.run("attentionpack", {**pack, "rope": "after"}, {"path": str(path)}, "trace")["metrics"]
+    assert 0 < after["rel_err_mean"] < 1
+    older = {**meta, "model": {k: v for k, v in meta["model"].items() if k != "rope_scaling"}}
+    assert trace.spans_of(older).rope == Rope("default", 10000.0)
+    yarn = Rope("default", 10000.0, "yarn", 4.0)
+    assert not yarn.invertible_from_index
+    with pytest.raises(ValueError, match=r"RoPE scaling 'yarn' \(factor 4\) changes the rotation's frequencies"):
+        yarn.rotate(tensors["layer.0.k_pre"], workload.positions.cpu())
+    # Gemma 3 scales its global layers only, which are the ones the methods hold.
+    gemma = Gemma3TextConfig(rope_scaling={"rope_type": "linear", "factor": 8.0})
+    assert adapter.rope_scaling(gemma) == ("linear", 8.0) and adapter.rope_theta(gemma) == 1e6
+
+
+def test_stop_strings_end_generation_once_the_text_holds_one(tiny):
+    """Decoding ends once the reply's text holds a stop string (what an
+    lmms-eval task's `until` asks), at the token that completed it: the
+    tokens and the cache stop there, alone, in a batch (each sequence at its
+    own) and on the kvpress path."""
+    from kernels_py.models import presses
+
+    _, image, root = tiny
+    vlm = models.load(root / "llava")  # a tokenizer of its own: this one gets words
+    tokenizer = vlm.processor.tokenizer
+    # The tiny tokenizer has words for a third of the model's ids: a word for each other id, so every token shows.
+    tokenizer.add_tokens([f"w{i}" for i in range(len(tokenizer), vlm.model.config.text_config.vocab_size)])
+    inputs = models.prompt_inputs(vlm, [image], PROMPT)
+    full = make_method("full")
+    free = models.generate(vlm, full, inputs, 8)
+
+    def text(tokens):
+        return tokenizer.decode(tokens, skip_special_tokens=True)
+
+    stop = text(free.tokens[1:2])
+    end = next(n for n in range(1, 9) if stop in text(free.tokens[:n]))
+    assert stop and end < len(free.tokens)
+    stopped = models.generate(vlm, full, inputs, 8, stop_strings=(stop,))
+    assert stopped.tokens == free.tokens[:end] and stopped.cache_bytes < free.cache_bytes
+    assert torch.equal(stopped.logits, free.logits[:end])
+    assert models.generate(vlm, full, inputs, 8, stop_strings=("no such text",)).tokens == free.tokens
+    pairs = [([image], PROMPT), ([image], "USER : <image> what is in a red cat ? ASSISTANT :")]
+    batch = models.generate_batch(vlm, full, models.batch_inputs(vlm, pairs), 8, stop_strings=(stop,))
+    for (images, prompt), got in zip(pairs, batch):
+        alone = models.generate(vlm, full, models.prompt_inputs(vlm, images, prompt), 8, stop_strings=(stop,))
+        assert got.tokens == alone.tokens
+    assert batch[0].tokens == free.tokens[:end]
+    assert presses.generate(vlm, None, inputs, 8, stop_strings=(stop,)).tokens == free.tokens[:end]
+
+
+def test_a_worker_holds_no_more_models_than_its_loader(tiny, tmp_path):
+    """The vlm workload's jobs keep what they derive from a model (the full
+    cache's generation) on the model: once more model directories have run
+    than the loader holds (LOADED_MODELS), the first model is gone from
+    memory, and those the loader holds are not."""
+    import gc
+    import shutil
+    import weakref
+
+    from kernels_py import ablation
+    from kernels_py.workloads import base
+
+    _, image, root = tiny
+    base.loaded_model.cache_clear()
+    held = []
+    for i in range(base.LOADED_MODELS + 1):
+        path = shutil.copytree(root / "llava", tmp_path / f"llava{i}")
+        ablation.run("full", {}, {"model": str(path), "images": str(image), "prompt": PROMPT, "decode_steps": 1},
+                     "vlm")
+        held.append(weakref.ref(base.loaded_model(str(path))))
+    gc.collect()
+    assert held[0]() is None and all(model() is not None for model in held[1:])
+
+
 def test_a_live_model_workload_scores_methods_inside_the_model(tiny):
     """workload("vlm", ...): the ablation's metrics on the model's attention
     plus the method run inside the model against the full cache."""
@@ -435,7 +589,8 @@ def test_qwen_vl_with_m_rope(tmp_path, version, family):
 def test_a_batch_of_prompts_of_different_lengths(tiny, tmp_path):
     """Two prompts, left-padded into one batch: each sequence keeps its own
     method caches; with the full cache each generates what it generates
-    alone, and what the model's own batched generate gives."""
+    alone, and what the model's own batched generate gives, logits and all
+    (the tokens of a tiny random model hardly depend on positions)."""
     vlm, image, _ = tiny
     other = save_image(tmp_path / "other.png", seed=5)
     long_prompt = "USER : <image> describe the picture what is in a red cat ? ASSISTANT :"
@@ -443,9 +598,10 @@ def test_a_batch_of_prompts_of_different_lengths(tiny, tmp_path):
     inputs = models.batch_inputs(vlm, pairs)
     assert inputs["input_ids"].shape == (2, 71 + 7) and int(inputs["attention_mask"][0].sum()) == 71
     full = models.generate_batch(vlm, make_method("full"), inputs, 6)
-    reference = vlm.model.generate(**inputs, max_new_tokens=6, do_sample=False)[:, inputs["input_ids"].shape[1]:]
-    assert [g.tokens for g in full] == reference.tolist()
-    for (images, prompt), got in zip(pairs, full):
+    tokens, logits = own_greedy(vlm.model, inputs, 6)
+    assert [g.tokens for g in full] == tokens
+    for (images, prompt), got, own in zip(pairs, full, logits):
+        torch.testing.assert_close(got.logits, own, atol=1e-4, rtol=1e-4)
         alone = models.generate(vlm, make_method("full"), models.prompt_inputs(vlm, images, prompt), 6)
         assert got.tokens == alone.tokens and got.spans == alone.spans
     # A method's caches are per sequence (ragged: each holds its own prompt's share).
@@ -502,8 +658,10 @@ def test_llava_next_anyres_tiles(tmp_path):
     assert counts == [64 + 72, 64 + 136]
     inputs = models.batch_inputs(vlm, [([square], PROMPT), ([wide], PROMPT)])
     batch = models.generate_batch(vlm, make_method("full"), inputs, 4)
-    reference = vlm.model.generate(**inputs, max_new_tokens=4, do_sample=False)[:, inputs["input_ids"].shape[1]:]
-    assert [g.tokens for g in batch] == reference.tolist()
+    tokens, logits = own_greedy(vlm.model, inputs, 4)
+    assert [g.tokens for g in batch] == tokens
+    for got, own in zip(batch, logits):
+        torch.testing.assert_close(got.logits, own, atol=1e-4, rtol=1e-4)
 
 
 def test_memory_falls_when_a_method_evicts(tmp_path):

@@ -13,12 +13,14 @@ IMAGE_SIZE, PATCH = 56, 7  # 64 image tokens per image
 
 def save_tiny_llava(directory: Path, *, seed: int = 0, layers: int = 2, heads: int = 4, kv_heads: int = 2,
                     next: bool = False, head_dim: int | None = None, image_size: int = IMAGE_SIZE,
-                    rope_theta: float = 10000.0) -> Path:
+                    rope_theta: float = 10000.0, rope_scaling: dict | None = None) -> Path:
     """LLaVA-1.5, or with next=True LLaVA-NeXT: anyres tiling on a grid of
     56-pixel tiles (1x1, 1x2, 2x1, 2x2), so an image is a base view plus its
     tiles, unpadded, with a newline token per row. The image is (image_size /
     7)^2 tokens; head_dim widens the attention without widening the model;
-    rope_theta is the language model's RoPE base."""
+    rope_theta is the language model's RoPE base, rope_scaling its scaling
+    (rope_parameters' rope_type and factor, e.g. {"rope_type": "linear",
+    "factor": 4.0}; none by default)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import (
         CLIPImageProcessor, CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration,
@@ -40,7 +42,7 @@ def save_tiny_llava(directory: Path, *, seed: int = 0, layers: int = 2, heads: i
     text = LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=layers,
                        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
                        max_position_embeddings=4096,
-                       rope_parameters={"rope_type": "default", "rope_theta": rope_theta})
+                       rope_parameters={"rope_type": "default", "rope_theta": rope_theta, **(rope_scaling or {})})
     vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                               image_size=image_size, patch_size=PATCH, projection_dim=32)
     common = dict(text_config=text, vision_config=vision, image_token_index=3,
@@ -54,6 +56,16 @@ def save_tiny_llava(directory: Path, *, seed: int = 0, layers: int = 2, heads: i
     model.save_pretrained(directory)
     processor.save_pretrained(directory)
     return directory
+
+
+def own_greedy(model, inputs: dict, steps: int) -> tuple[list[list[int]], torch.Tensor]:
+    """transformers' own greedy generate of `steps` tokens, all of them (no
+    end-of-sequence token ends it early, as none ends the adapter's without
+    stop_tokens): the tokens [B][steps] and the logits each was chosen from,
+    [B, steps, vocab] float32."""
+    out = model.generate(**inputs, max_new_tokens=steps, do_sample=False, eos_token_id=None, output_logits=True,
+                         return_dict_in_generate=True)
+    return out.sequences[:, inputs["input_ids"].shape[1]:].tolist(), torch.stack(out.logits, dim=1).float()
 
 
 def save_image(path: Path, seed: int = 0, size: int = 40) -> Path:

@@ -2,6 +2,7 @@
 captured traces next): per-layer prompt and decode-step Q/K/V with the
 prompt's modality spans."""
 
+import functools
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -93,3 +94,19 @@ class WorkloadConfig(Knobs):
 
     def build(self) -> Workload:
         raise NotImplementedError
+
+
+LOADED_MODELS = 2  # models a worker keeps loaded between its jobs
+
+
+@functools.lru_cache(maxsize=LOADED_MODELS)
+def loaded_model(path: str):
+    """The VLM in the local directory `path` on the worker's device (a GPU
+    where it has one), loaded once for all the jobs on it: the workloads that
+    run a model (vlm, lmms) share these LOADED_MODELS models, so a worker
+    never holds one directory twice. What a job derives from a model is kept
+    on it (VLM.derived), so nothing outlives the model this cache lets go."""
+    from kernels_py import runtime
+    from kernels_py.models import load
+
+    return load(path, device=runtime.device())

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from kernels_py.params import Rule, closest, knob
-from kernels_py.workloads.base import Workload, WorkloadConfig
+from kernels_py.workloads.base import Workload, WorkloadConfig, loaded_model
 
 # Metrics that write a file for a test server instead of scoring (TextVQA's, OK-VQA's): not aggregated.
 SUBMISSIONS = frozenset({"submission"})
@@ -199,13 +199,6 @@ def fetch_command(hub_id: str, local: Path) -> str:
     return f"hf download {hub_id} --repo-type dataset --local-dir {local}"
 
 
-@functools.lru_cache(maxsize=2)
-def _vlm(path: str):
-    from kernels_py import models, runtime
-
-    return models.load(path, device=runtime.device())
-
-
 def evaluate(config: LmmsConfig, method) -> dict:
     """Run the task's documents of this shard through the model with
     `method`, then score them as lmms-eval does (its filters,
@@ -223,7 +216,7 @@ def evaluate(config: LmmsConfig, method) -> dict:
         raise TaskError(f"shard {config.shard} is not below shards {config.shards}")
     from kernels_py.models.lmms import VLKV
 
-    vlm = _vlm(config.model)
+    vlm = loaded_model(config.model)  # the vlm workload's too: one copy a worker
     model = VLKV(vlm=vlm, method=method, batch=config.batch, frames=config.frames, fps=config.fps or None)
     model.task_dict = {config.tasks: task.dataset}
     task.build_all_requests(limit=config.limit, rank=config.shard, world_size=config.shards)

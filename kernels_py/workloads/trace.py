@@ -39,7 +39,7 @@ def from_tensors(config: WorkloadConfig, tensors: dict, meta: dict, spans) -> Wo
     # The positions the model rotated with: [T] and [steps], or [3, T] and [3, steps] under M-RoPE (spans.rope).
     positions, decode_positions = tensors["positions"], tensors["decode_positions"]
     prompt, steps = meta["prompt_tokens"], meta["decode_steps"]
-    if spans.rope.invertible_from_index and not (torch.equal(positions, torch.arange(prompt)) and torch.equal(
+    if spans.rope.kind == "default" and not (torch.equal(positions, torch.arange(prompt)) and torch.equal(
             decode_positions, torch.arange(prompt, prompt + steps))):
         # Methods place prompt token i at position i and step s at T + s (methods.base); a trace that does
         # not (a padded or offset capture) would be unrotated at the wrong angles.

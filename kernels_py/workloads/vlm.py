@@ -10,7 +10,7 @@ import functools
 from dataclasses import dataclass
 
 from kernels_py.params import knob
-from kernels_py.workloads.base import Workload, WorkloadConfig
+from kernels_py.workloads.base import Workload, WorkloadConfig, loaded_model
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class VLMConfig(WorkloadConfig):
     def load(self):
         if not self.model or not (self.images or self.videos) or not self.prompt:
             raise ValueError("workload 'vlm' needs model=, prompt= and images= or videos=")
-        return _load(self.model)
+        return loaded_model(self.model)
 
     def image_list(self) -> list[str]:
         return [p.strip() for p in self.images.split(",") if p.strip()]
@@ -59,15 +59,6 @@ class VLMConfig(WorkloadConfig):
         vlm = self.load()
         tensors, meta = capture(vlm, self.image_list(), self.prompt, self.decode_steps, self.video_list())
         return from_tensors(self, tensors, meta, spans_of(meta))
-
-
-@functools.lru_cache(maxsize=2)
-def _load(path: str):
-    """A worker loads a model once for all the jobs on it, on the worker's device (a GPU where it has one)."""
-    from kernels_py import runtime
-    from kernels_py.models import load
-
-    return load(path, device=runtime.device())
 
 
 @functools.lru_cache(maxsize=8)
