@@ -248,7 +248,13 @@ type traceMeta struct {
 		HeadDim   int     `json:"head_dim"`
 		RopeTheta float64 `json:"rope_theta"`
 		Rope      string  `json:"rope"`
-		DType     string  `json:"dtype"`
+		// The config's RoPE scaling (absent from traces written before it
+		// was recorded: none).
+		RopeScaling *struct {
+			Type   string  `json:"type"`
+			Factor float64 `json:"factor"`
+		} `json:"rope_scaling,omitempty"`
+		DType string `json:"dtype"`
 		// A model with sliding-window layers (Gemma 3): its layer count and
 		// those layers, which the trace leaves out.
 		ModelLayers   int   `json:"model_layers,omitempty"`
@@ -335,7 +341,11 @@ func newTraceInspectCmd(a *app) *cobra.Command {
 					m.ModelLayers, strings.Join(sliding, " "))
 			}
 			fmt.Fprintf(tw, "shape\t%s, %d query heads, %d kv heads, head_dim %d\n", layers, m.Heads, m.KVHeads, m.HeadDim)
-			fmt.Fprintf(tw, "rope\t%s, theta %g\n", m.Rope, m.RopeTheta)
+			rope := fmt.Sprintf("%s, theta %g", m.Rope, m.RopeTheta)
+			if sc := m.RopeScaling; sc != nil && sc.Type != "" && sc.Type != "default" {
+				rope += fmt.Sprintf(", %s scaling by %g", sc.Type, sc.Factor)
+			}
+			fmt.Fprintf(tw, "rope\t%s\n", rope)
 			fmt.Fprintf(tw, "dtype\t%s\n", m.DType)
 			images := make([]string, len(meta.Spans.Images))
 			for i, s := range meta.Spans.Images {

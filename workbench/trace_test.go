@@ -120,6 +120,7 @@ func TestTraceInspectRefusesIncompleteMetadata(t *testing.T) {
 		{"no shape", `{"format": "vlkv-trace/1"}`, "its trace metadata gives no model shape (layers 0, heads 0, kv_heads 0, head_dim 0"},
 		{"complete", `{"format": "vlkv-trace/1", ` + model + `}`, ""},
 		{"sliding layers", `{"format": "vlkv-trace/1", "model": {"layers": 2, "heads": 4, "kv_heads": 2, "head_dim": 32, "model_layers": 6, "sliding_layers": [0, 1, 3, 4]}}`, ""},
+		{"scaled rope", `{"format": "vlkv-trace/1", "model": {"layers": 2, "heads": 4, "kv_heads": 2, "head_dim": 32, "rope": "default", "rope_theta": 1e6, "rope_scaling": {"type": "linear", "factor": 8}}}`, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -133,6 +134,9 @@ func TestTraceInspectRefusesIncompleteMetadata(t *testing.T) {
 				if strings.Contains(tt.meta, "sliding_layers") {
 					// Gemma 3's sliding-window layers are not in the trace: the count says of how many.
 					want = " 2 of the model's 6 layers (sliding-window layers 0 1 3 4 not recorded), 4 query heads"
+				}
+				if strings.Contains(tt.meta, "rope_scaling") {
+					want = "default, theta 1e+06, linear scaling by 8"
 				}
 				if code != 0 || !strings.Contains(stdout, want) {
 					t.Errorf("exit %d, want %q in\n%s%s", code, want, stdout, stderr)
