@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -136,6 +137,9 @@ seconds, e.g.
 			}
 			a.log.Info().Str("arch", arch.value).Msg(what)
 			if err := c.Run(); err != nil {
+				if ctx.Err() != nil { // Ctrl-C: the compiler was stopped, not broken
+					return errors.New("kernels report: interrupted")
+				}
 				if je := reportFailed(out.Bytes()); je != nil {
 					return a.jobFailed("kernels report", je)
 				}

@@ -98,6 +98,9 @@ workload("trace", path = "FILE.safetensors").`,
 			c.Stdout, c.Stderr = &stdout, stderr
 			a.log.Info().Str("model", model).Int("decode_steps", steps).Msg("capturing an attention trace")
 			if err := c.Run(); err != nil {
+				if ctx.Err() != nil { // Ctrl-C: the capture was stopped, not broken
+					return errors.New("trace capture: interrupted")
+				}
 				msg := strings.TrimSpace(stderr.String())
 				if ee, ok := err.(*exec.ExitError); ok && ee.ExitCode() == 2 {
 					return errors.New(msg) // the capture's own message says what is wrong
