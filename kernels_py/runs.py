@@ -183,11 +183,16 @@ def _fields(row: dict) -> tuple[dict, dict]:
     return {k: _go_value(v) for k, v in values.items()}, values
 
 
+def _kind(f: dict) -> str:
+    """A row's kind: its method on its workload."""
+    return f"{f['method']} on {f['workload']}"
+
+
 def _knobs_of_kinds(fs) -> dict:
-    """{"method on workload": the fields its rows have}."""
+    """{kind: the fields its rows have}."""
     out = {}
     for f, _ in fs:
-        out.setdefault(f"{f['method']} on {f['workload']}", set()).update(f)
+        out.setdefault(_kind(f), set()).update(f)
     return out
 
 
@@ -215,12 +220,12 @@ def compare_runs(run_a, run_b, by: list[str] | None = None, metrics: list[str] |
     in_b = {k for f, _ in fb for k in f}
     shared_keys = in_b if not fa else in_a if not fb else in_a & in_b  # a run without rows joins on the other's
     # Rows join on every knob they have (the rows of a method one run lacks
-    # are told apart by their own knobs), but not on a knob that a kind of row
-    # (a method on a workload) has in one run and not in the other.
+    # are told apart by their own knobs), but a kind of row (a method on a
+    # workload) that has a knob in one run and not in the other joins without
+    # it (other kinds still join on it).
     kinds_a, kinds_b = _knobs_of_kinds(fa), _knobs_of_kinds(fb)
     common = in_a | in_b
-    for kind in kinds_a.keys() & kinds_b.keys():
-        common -= kinds_a[kind] ^ kinds_b[kind]
+    skip = {kind: kinds_a[kind] ^ kinds_b[kind] for kind in kinds_a.keys() & kinds_b.keys()}
     varied = []
     if by:
         keys = []
@@ -252,7 +257,8 @@ def compare_runs(run_a, run_b, by: list[str] | None = None, metrics: list[str] |
     def group(rows, fs):
         out = {}
         for row, (f, values) in zip(rows, fs):
-            parts = [f"{k}={f[k]}" if k in f else f"{k}=-" for k in keys if k in f or by]
+            skipped = set() if by else skip.get(_kind(f), set())
+            parts = [f"{k}={f[k]}" if k in f else f"{k}=-" for k in keys if (k in f or by) and k not in skipped]
             out.setdefault(" ".join(parts), []).append((row, values))
         return out
 

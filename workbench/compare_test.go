@@ -205,6 +205,7 @@ func TestCompareJoinsAsThePythonSide(t *testing.T) {
 	add(&a, "kivi", map[string]any{"bits": 4.0}, 0.1)
 	b[0].Params["sink"] = 4.0 // a knob B's version gave h2o
 	b[2].Params["sink"] = 4.0
+	b[len(b)-1].Params = map[string]any{"budget": 1.0} // and full: the others' sweeps over budget still join
 	b[len(b)-1].Status, b[len(b)-1].KernelsDigest, b[len(b)-1].Error = results.StatusFailed, "k2", "RuntimeError: boom\nTraceback ..."
 	b[1].Metrics["rel_err_mean"] = nil // snapkv at 0.3 lost it (a NaN, written as null)
 	runA, runB := writeRun(t, filepath.Join(dir, "a"), a...), writeRun(t, filepath.Join(dir, "b"), b...)

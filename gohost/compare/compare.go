@@ -256,7 +256,7 @@ func Compare(a, b *Run, o Options) (*Report, error) {
 	for i, rec := range b.Rows {
 		fb[i] = fields(rec)
 	}
-	keys, varied, err := joinKeys(a, b, fa, fb, o.By)
+	keys, varied, skip, err := joinKeys(a, b, fa, fb, o.By)
 	if err != nil {
 		return nil, err
 	}
@@ -278,7 +278,7 @@ func Compare(a, b *Run, o Options) (*Report, error) {
 		asked[m] = true
 	}
 	explicit := len(o.By) > 0
-	groupA, groupB := group(a.Rows, fa, keys, explicit), group(b.Rows, fb, keys, explicit)
+	groupA, groupB := group(a.Rows, fa, keys, skip, explicit), group(b.Rows, fb, keys, skip, explicit)
 	var all []string
 	for k := range groupA {
 		all = append(all, k)
@@ -352,8 +352,10 @@ func nonNil[T any](s []T) []T {
 }
 
 // joinKeys are the fields rows are joined on; varied lists the knobs left
-// out because each run holds one value of them and the values differ.
-func joinKeys(a, b *Run, fa, fb []map[string]string, by []string) ([]string, []string, error) {
+// out because each run holds one value of them and the values differ; skip
+// the knobs left out of one kind of row's key (kindOf: a method on a
+// workload) because that kind has them in one run and not in the other.
+func joinKeys(a, b *Run, fa, fb []map[string]string, by []string) ([]string, []string, map[string]map[string]bool, error) {
 	knobsA, knobsB := knobsOfKinds(fa), knobsOfKinds(fb)
 	// --by takes a parameter of both runs' rows. A run with no rows (stopped
 	// before its first job) has none to offer: the other's serve.
@@ -374,9 +376,9 @@ func joinKeys(a, b *Run, fa, fb []map[string]string, by []string) ([]string, []s
 	}
 	// Rows join on every knob they have, so that the rows of a method only
 	// one run holds are told apart by their own knobs, except a knob that a
-	// kind of row (a method on a workload) has in one run and not in the
-	// other (a knob added between the runs' versions): on it no row of that
-	// kind would join.
+	// kind of row has in one run and not in the other (a knob added between
+	// the runs' versions): on it no row of that kind would join, so that
+	// kind's rows join without it (other kinds' rows still on it).
 	common := map[string]bool{}
 	for _, side := range []map[string]map[string]bool{knobsA, knobsB} {
 		for _, knobs := range side {
@@ -385,6 +387,7 @@ func joinKeys(a, b *Run, fa, fb []map[string]string, by []string) ([]string, []s
 			}
 		}
 	}
+	skip := map[string]map[string]bool{}
 	for kind, ka := range knobsA {
 		kb, ok := knobsB[kind]
 		if !ok {
@@ -392,7 +395,10 @@ func joinKeys(a, b *Run, fa, fb []map[string]string, by []string) ([]string, []s
 		}
 		for k := range common {
 			if ka[k] != kb[k] {
-				delete(common, k)
+				if skip[kind] == nil {
+					skip[kind] = map[string]bool{}
+				}
+				skip[kind][k] = true
 			}
 		}
 	}
@@ -401,7 +407,7 @@ func joinKeys(a, b *Run, fa, fb []map[string]string, by []string) ([]string, []s
 		seen := map[string]bool{}
 		for _, k := range by {
 			if !shared[k] {
-				return nil, nil, &OptionError{fmt.Errorf("--by %s: not a parameter of both runs; they share: %s", k,
+				return nil, nil, nil, &OptionError{fmt.Errorf("--by %s: not a parameter of both runs; they share: %s", k,
 					strings.Join(sorted(shared), ", "))}
 			}
 			if !seen[k] {
@@ -409,7 +415,7 @@ func joinKeys(a, b *Run, fa, fb []map[string]string, by []string) ([]string, []s
 				keys = append(keys, k)
 			}
 		}
-		return keys, nil, nil
+		return keys, nil, nil, nil
 	}
 	// A knob is left out of the key when, among the rows of each method that
 	// have it, it holds one value per run and the two differ.
@@ -425,7 +431,7 @@ func joinKeys(a, b *Run, fa, fb []map[string]string, by []string) ([]string, []s
 		}
 		keys = append(keys, k)
 	}
-	return keys, varied, nil
+	return keys, varied, skip, nil
 }
 
 // knobsOfKinds is the fields the rows of each kind (a method on a
@@ -433,7 +439,7 @@ func joinKeys(a, b *Run, fa, fb []map[string]string, by []string) ([]string, []s
 func knobsOfKinds(fs []map[string]string) map[string]map[string]bool {
 	out := map[string]map[string]bool{}
 	for _, f := range fs {
-		kind := f["method"] + " on " + f["workload"]
+		kind := kindOf(f)
 		if out[kind] == nil {
 			out[kind] = map[string]bool{}
 		}
@@ -443,6 +449,9 @@ func knobsOfKinds(fs []map[string]string) map[string]map[string]bool {
 	}
 	return out
 }
+
+// kindOf is the kind of a row: its method on its workload.
+func kindOf(f map[string]string) string { return f["method"] + " on " + f["workload"] }
 
 func hasKnob(byKind map[string]map[string]bool, k string) bool {
 	for _, knobs := range byKind {
@@ -556,13 +565,16 @@ func distinguishing(keys []string, fs []map[string]string) []string {
 	return out
 }
 
-func group(rows []results.Record, fs []map[string]string, keys []string, explicit bool) map[string][]results.Record {
+func group(rows []results.Record, fs []map[string]string, keys []string, skip map[string]map[string]bool,
+	explicit bool) map[string][]results.Record {
 	out := map[string][]results.Record{}
 	for i, rec := range rows {
 		var parts []string
+		skipped := skip[kindOf(fs[i])]
 		for _, k := range keys {
 			v, ok := fs[i][k]
 			switch {
+			case skipped[k]:
 			case ok:
 				parts = append(parts, k+"="+v)
 			case explicit: // a key the user asked to join on: a row without it says so

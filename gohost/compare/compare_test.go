@@ -58,6 +58,21 @@ func TestCompare(t *testing.T) {
 			t.Fatalf("%d rows joined, only %v %v: %v", len(r.Rows), r.OnlyA, r.OnlyB, err)
 		}
 	})
+	t.Run("a knob added to another method", func(t *testing.T) {
+		// B's version gave full a budget knob: full's rows join without it, and
+		// h2o's sweep over budget still joins row by row, not averaged.
+		b := base()
+		b.Rows[0].Params = map[string]any{"budget": 1.0}
+		r, err := Compare(base(), b, Options{})
+		if err != nil || len(r.Rows) != 3 || len(r.OnlyA)+len(r.OnlyB) != 0 {
+			t.Fatalf("%d rows joined, only %v %v: %v", len(r.Rows), r.OnlyA, r.OnlyB, err)
+		}
+		for _, row := range r.Rows {
+			if row.A != 1 || row.B != 1 {
+				t.Errorf("row %s joins %d rows of A and %d of B, want one each", row.Key, row.A, row.B)
+			}
+		}
+	})
 	t.Run("one knob changed", func(t *testing.T) {
 		b := base()
 		for i := 1; i < 3; i++ {
