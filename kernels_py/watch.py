@@ -25,7 +25,9 @@ def check(op: str, dtype: str = "float32", seed: int = 0, compile_target: int | 
     "error"}: selftest is the op's table (or None when it raised), compile
     the compiled kernels of the op's first compile case for sm_<target>
     (None unless asked), bench the benchmark's table (None unless asked);
-    error the first error's location and message."""
+    error the first error's location and message; and "worker_lost", why,
+    where the GPU is unusable after the error (the worker then exits once it
+    has replied, and the next check starts a fresh one)."""
     from kernels_py import runtime
 
     out = {"op": op, "ok": False, "device": runtime.device().type, "interpreter": runtime.interpreter_mode(),
@@ -59,6 +61,11 @@ def check(op: str, dtype: str = "float32", seed: int = 0, compile_target: int | 
         except Exception as err:
             out["error"] = _error(err)
             out["ok"] = False
+    if out["error"] is not None:
+        from kernels_py.runtime.worker import device_lost
+
+        if lost := device_lost():  # the worker replies, exits, and the next check starts a fresh one
+            out["worker_lost"] = lost
     return out
 
 

@@ -142,6 +142,9 @@ type watchResult struct {
 	} `json:"compile"`
 	Bench *table       `json:"bench"`
 	Error *sourceError `json:"error"`
+	// WorkerLost is why the worker's GPU was unusable after the error: it
+	// exits once it has replied, and the next check starts a fresh one.
+	WorkerLost string `json:"worker_lost"`
 }
 
 // sourceError is an error at a kernels_py line (kernels_py.runtime.errors).
@@ -555,6 +558,9 @@ func printWatchScreen(w io.Writer, op string, iteration int, e watchEntry, r wat
 	}
 	if e.Error != nil {
 		fmt.Fprintf(w, "ERROR %s\n", e.Error.Format())
+	}
+	if r.WorkerLost != "" {
+		fmt.Fprintf(w, "the GPU was unusable after it (%s): the next check starts a fresh worker\n", r.WorkerLost)
 	}
 	if len(e.Figures) > 0 {
 		names := make([]string, 0, len(e.Figures))

@@ -282,6 +282,23 @@ func TestWatchLeavesAPrunedConfigOutOfTheFigures(t *testing.T) {
 	}
 }
 
+// A check after which the worker's GPU is unusable says so, and that the
+// next check starts a fresh worker (the worker exits once it has replied).
+func TestWatchSaysWhenTheGPUIsLost(t *testing.T) {
+	var r watchResult
+	raw := `{"op": "fp8_decode", "ok": false, "error": {"message": "RuntimeError: CUDA error: an illegal memory access was encountered"},
+		"worker_lost": "CUDA error: an illegal memory access was encountered"}`
+	if err := json.Unmarshal([]byte(raw), &r); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	printWatchScreen(&out, "fp8_decode", 1, watchEntry{Time: time.Now(), Iteration: 1, Error: r.Error}, r, nil, nil, time.Second)
+	want := "the GPU was unusable after it (CUDA error: an illegal memory access was encountered): the next check starts a fresh worker\n"
+	if !strings.Contains(out.String(), want) {
+		t.Errorf("no %q in\n%s", want, out.String())
+	}
+}
+
 // A rerun that mends a failed job is compared with the job's last good row,
 // not with the failure it replaces.
 func TestPrintRerunComparesWithTheLastGoodRow(t *testing.T) {

@@ -115,7 +115,7 @@ func TestAJobThatBreaksTheGPUFailsAlone(t *testing.T) {
 	broke, next := c.out["breaks"], c.out["next"]
 	var failed *worker.JobError
 	if !errors.As(broke.Err, &failed) || !strings.Contains(failed.WorkerLost, "illegal memory access") || broke.Attempts != 1 ||
-		!strings.Contains(broke.Err.Error(), "later jobs ran on a fresh worker") {
+		!strings.Contains(broke.Err.Error(), "(the worker's GPU was unusable after it: CUDA error: an illegal memory access was encountered (simulated); the worker exited)") {
 		t.Errorf("the breaking job: err %v, attempts %d; want one attempt, its error saying the worker was replaced",
 			broke.Err, broke.Attempts)
 	}

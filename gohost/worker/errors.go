@@ -18,7 +18,7 @@ type JobError struct {
 
 func (e *JobError) Error() string {
 	if e.WorkerLost != "" {
-		return e.Type + ": " + e.Message + " (the worker's GPU was unusable after it: later jobs ran on a fresh worker)"
+		return e.Type + ": " + e.Message + " (the worker's GPU was unusable after it: " + e.WorkerLost + "; the worker exited)"
 	}
 	return e.Type + ": " + e.Message
 }

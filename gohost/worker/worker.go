@@ -140,9 +140,9 @@ func Start(ctx context.Context, cfg Config) (*Worker, error) {
 	// decides what happens to its workers, and kill reaches the processes a
 	// job started too. Pdeathsig: no orphans if the host dies.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	// A process the worker started and that outlives it (one that left the
-	// group) keeps its stdout open: stop copying output soon after the
-	// worker exits, so that waiting for the worker cannot hang on it.
+	// A process the worker started that left its group, and so outlives
+	// it, keeps its stdout open: stop copying output soon after the worker
+	// exits, so that waiting for the worker cannot hang on it.
 	cmd.WaitDelay = outputGrace
 
 	startErr := cmd.Start()
@@ -166,11 +166,16 @@ func Start(ctx context.Context, cfg Config) (*Worker, error) {
 	}
 	go w.readLoop()
 	go func() {
+		// What the worker's jobs started and left running ends with it: its
+		// group is killed once it has exited and before it is reaped, while
+		// its pid (the group's id) cannot be anyone else's, and before
+		// Wait waits for the output those processes may hold open.
+		pid := cmd.Process.Pid
+		var info unix.Siginfo
+		for unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOWAIT, nil) == unix.EINTR {
+		}
+		_ = syscall.Kill(-pid, syscall.SIGKILL)
 		w.waitErr = cmd.Wait()
-		// What the worker's jobs started and left running ends with it.
-		// The group's id stays taken while any member runs, so this
-		// reaches no other process.
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		close(w.exited)
 	}()
 

@@ -58,7 +58,17 @@ def lose_device():
     def broken(*args, **kwargs):
         raise RuntimeError("CUDA error: an illegal memory access was encountered (simulated)")
 
+    class BrokenStream:
+        query = synchronize = staticmethod(broken)
+
     torch.cuda.is_available = lambda: True
     torch.cuda.is_initialized = lambda: True
     torch.cuda.synchronize = broken
+    torch.cuda.current_stream = lambda *args, **kwargs: BrokenStream()
     broken()
+
+
+def report_lost_device(reason: str = "simulated"):
+    """Return as a job that caught its own failure and found the GPU unusable
+    does (watch's check): the worker replies, then exits."""
+    return {"worker_lost": reason}

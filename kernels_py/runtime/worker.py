@@ -29,6 +29,7 @@ import platform
 import socket
 import sys
 import sysconfig
+import time
 import traceback
 
 from kernels_py.runtime import protocol, sources
@@ -260,17 +261,27 @@ def error_payload(exc: BaseException) -> dict:
     }
 
 
+DEVICE_CHECK_SECONDS = 10.0  # how long a failed job's queued GPU work may take to finish
+
+
 def device_lost() -> str | None:
     """Why this process can run no more work on its GPU, after a job failed;
     None if it can. A kernel that reads out of bounds (an illegal address), a
     failed launch or a device-side assert leave the CUDA context broken, and
-    every later CUDA call fails with the same error: the worker must go, or
-    each job after it fails for what an earlier one did."""
+    every later CUDA call fails with the same error; a kernel that never ends
+    holds the GPU: either way the worker must go, or each job after it fails
+    for what an earlier one did. Polls the stream (a synchronize would wait
+    forever on a kernel that never ends)."""
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return None
+    deadline = time.monotonic() + DEVICE_CHECK_SECONDS
     try:
-        torch.cuda.synchronize()
+        while not torch.cuda.current_stream().query():  # raises a broken context's error
+            if time.monotonic() > deadline:
+                return (f"the GPU had not finished the failed job's work {DEVICE_CHECK_SECONDS:g} s after the job "
+                        f"failed (a kernel that never ends?)")
+            time.sleep(0.005)
     except Exception as e:  # noqa: BLE001 - any failure here means the context is gone
         return (str(e).strip().splitlines() or [type(e).__name__])[0]
     return None
@@ -304,6 +315,13 @@ def serve(rx, tx, sock=None) -> int:
                         code["kernels_sha256"] = tracker.hashes()
                         sent = code["kernels_digest"]
                 reply = {"type": "result", "id": msg_id, "result": result, **code}
+                if isinstance(result, dict) and result.get("worker_lost"):
+                    # A job that caught a failure itself (watch's check) found the GPU unusable: reply, then go.
+                    tx.write(protocol.encode_frame(reply))
+                    tx.flush()
+                    print(f"vlkv worker: the GPU is unusable ({result['worker_lost']}); exiting", file=sys.stderr,
+                          flush=True)
+                    return 4
             elif kind == "pipe_double":
                 result, blob = pipe_double(rx, msg.get("blob", 0))
                 encoded = protocol.encode_frame({"type": "result", "id": msg_id, "result": result, "blob": len(blob)})

@@ -143,6 +143,23 @@ def test_truncated_frame_ends_worker_with_reason(worker):
     assert "truncated frame body" in err
 
 
+def test_a_job_that_finds_the_gpu_unusable_is_answered_then_the_worker_exits(worker):
+    reply = worker.call("run", job={"fn": "kernels_py.runtime.diag:report_lost_device", "args": {"reason": "x"}})
+    assert reply["type"] == "result" and reply["result"] == {"worker_lost": "x"}
+    code, _, err = worker.close()
+    assert code == 4 and "the GPU is unusable (x); exiting" in err
+
+
+def test_watch_check_says_when_the_gpu_is_unusable_after_its_error(monkeypatch):
+    from kernels_py import watch
+    from kernels_py.runtime import worker as runtime_worker
+
+    assert "worker_lost" not in watch.check("no_such_op")  # no GPU here: nothing to lose
+    monkeypatch.setattr(runtime_worker, "device_lost", lambda: "CUDA error: an illegal memory access")
+    out = watch.check("no_such_op")
+    assert out["error"] is not None and out["worker_lost"] == "CUDA error: an illegal memory access"
+
+
 def test_shutdown(worker):
     assert worker.call("shutdown")["result"] == {"bye": True}
     assert worker.proc.wait(timeout=30) == 0
