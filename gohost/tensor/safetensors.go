@@ -13,6 +13,8 @@ import (
 	"sort"
 	"strings"
 	"unicode/utf8"
+
+	"golang.org/x/sys/unix"
 )
 
 // MaxSafetensorsHeader bounds the JSON header, as the reference implementation
@@ -527,8 +529,9 @@ func tempPattern(base string) string {
 }
 
 // RemoveTemps removes the temporary files writeFileAtomic left in dir when
-// its process was killed before the rename. Only a writer that owns dir may
-// call it: another's write under way would lose its file.
+// its process was killed before the rename. A write still under way (another
+// attempt at the same job, say a requeued task's while the old one runs)
+// holds a lock on its file until the rename, and keeps it.
 func RemoveTemps(dir string) error {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
@@ -545,11 +548,27 @@ func RemoveTemps(dir string) error {
 		if digits := e.Name()[i+len(".tmp-"):]; digits == "" || strings.Trim(digits, "0123456789") != "" {
 			continue
 		}
-		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("remove %s, left by an interrupted write: %w", filepath.Join(dir, e.Name()), err)
+		path := filepath.Join(dir, e.Name())
+		if !abandoned(path) {
+			continue
+		}
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("remove %s, left by an interrupted write: %w", path, err)
 		}
 	}
 	return nil
+}
+
+// abandoned says whether no write holds the temporary file at path: its
+// lock can be taken (and is let go at once). A file that cannot be opened
+// or locked is kept.
+func abandoned(path string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	return unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil
 }
 
 // writeFileAtomic writes path through a temporary file in the same directory,
@@ -566,6 +585,10 @@ func writeFileAtomic(path string, write func(w io.Writer) error) (err error) {
 			os.Remove(f.Name())
 		}
 	}()
+	// Held until the file is renamed (closing lets it go): RemoveTemps
+	// leaves a file under a write alone. Where the file system has no locks
+	// the write goes on, and RemoveTemps keeps what it cannot lock.
+	_ = unix.Flock(int(f.Fd()), unix.LOCK_EX)
 	// Large tensors go past the buffer straight to the file; small ones are batched.
 	w := bufio.NewWriterSize(f, 1<<16)
 	if err := write(w); err != nil {
@@ -581,8 +604,8 @@ func writeFileAtomic(path string, write func(w io.Writer) error) (err error) {
 	if err := f.Sync(); err != nil {
 		return err
 	}
-	if err := f.Close(); err != nil {
+	if err := os.Rename(f.Name(), path); err != nil {
 		return err
 	}
-	return os.Rename(f.Name(), path)
+	return f.Close()
 }

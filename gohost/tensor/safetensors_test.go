@@ -13,6 +13,8 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // stFile is a safetensors file with the given header, its length prefix
@@ -658,5 +660,30 @@ func TestRemoveTempsTakesOnlyInterruptedWrites(t *testing.T) {
 	}
 	if err := RemoveTemps(filepath.Join(dir, "missing")); err != nil {
 		t.Errorf("a job that wrote no tensors yet: %v", err)
+	}
+}
+
+// A temporary file another write holds (another attempt at the same job,
+// still running) is kept: its rename would fail.
+func TestRemoveTempsLeavesAWriteUnderWay(t *testing.T) {
+	dir := t.TempDir()
+	live := filepath.Join(dir, "attn.npy.tmp-42")
+	f, err := os.Create(live)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		t.Skipf("no file locks here: %v", err)
+	}
+	if err := RemoveTemps(dir); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(live); err != nil {
+		t.Fatalf("the file of a write under way was removed: %v", err)
+	}
+	// The write ends: its file is renamed into place, as writeFileAtomic does.
+	if err := os.Rename(live, filepath.Join(dir, "attn.npy")); err != nil {
+		t.Fatal(err)
 	}
 }
