@@ -113,8 +113,10 @@ type Executor interface {
 
 // A Guard refuses to let a process write the run in dir while work it does
 // not control may still write there (a cluster's tasks), saying how to
-// follow or stop that work; it returns nil when none can.
-type Guard func(ctx context.Context, dir string) error
+// follow or stop that work; it returns nil when none can. locked says
+// whether the caller holds the run's lock: only then may the guard record
+// what it finds in the run.
+type Guard func(ctx context.Context, dir string, locked bool) error
 
 // Options says what to run, where its results go and how to report.
 type Options struct {
@@ -161,11 +163,11 @@ type Options struct {
 }
 
 // guard is o.Guard's word on dir: nil without one.
-func (o Options) guard(ctx context.Context, dir string) error {
+func (o Options) guard(ctx context.Context, dir string, locked bool) error {
 	if o.Guard == nil {
 		return nil
 	}
-	return o.Guard(ctx, dir)
+	return o.Guard(ctx, dir, locked)
 }
 
 // continueCommand is how the messages of o's run say to resume it.
@@ -773,7 +775,7 @@ func warnUnfinished(ctx context.Context, o Options) {
 	if m.Jobs == 0 { // no manifest: the plan's size is unknown
 		progress = fmt.Sprintf("%d jobs done", len(done))
 	}
-	if err := o.guard(ctx, dir); err != nil {
+	if err := o.guard(ctx, dir, false); err != nil { // without its lock: the guard only looks
 		o.Log.Warn().Str("experiment", o.Experiment).Msgf("the newest run of %s, %s, is unfinished (%s) and may "+
 			"still be under way; this starts a new run beside it. %v", o.Experiment, dir, progress, err)
 		return
@@ -818,10 +820,6 @@ func openExisting(ctx context.Context, o Options, dir string) (*lazyRun, map[str
 		run.Close()
 		return nil, nil, err
 	}
-	// Under the run's lock, so no other resume submits work in between.
-	if err := o.guard(ctx, dir); err != nil {
-		return fail(err)
-	}
 	m := run.Manifest()
 	if m.Experiment != "" && m.Experiment != o.Experiment {
 		// A run copied or moved into another experiment's folder: resuming
@@ -829,6 +827,10 @@ func openExisting(ctx context.Context, o Options, dir string) (*lazyRun, map[str
 		return fail(fmt.Errorf("resume %s: it is a run of experiment %s, not %s (it lies in %s's folder): move it back "+
 			"to %s, or start a new run of %s without --resume", dir, m.Experiment, o.Experiment, o.Experiment,
 			filepath.Join(o.Out, m.Experiment), o.Experiment))
+	}
+	// Under the run's lock, so no other resume submits work in between.
+	if err := o.guard(ctx, dir, true); err != nil {
+		return fail(err)
 	}
 	if m.Rebuilt != nil {
 		o.Log.Warn().Str("run", dir).Msg("manifest.json was missing: rebuilt from the journal (the git state and source hashes of the earlier jobs are unknown)")

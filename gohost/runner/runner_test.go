@@ -1224,7 +1224,12 @@ func TestUnfinishedWarningCountsSegmentsAndActiveWork(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			o := testOptions(t, &fakeExecutor{after: func(int) { cancel() }}, testJobs("a", "b", "c"))
-			o.Guard = func(context.Context, string) error { return tc.guard }
+			o.Guard = func(_ context.Context, _ string, locked bool) error {
+				if locked {
+					t.Error("the warning's guard was told it holds the run's lock")
+				}
+				return tc.guard
+			}
 			o.Continue = "workbench run exp.star --resume"
 			first, _ := Run(ctx, o) // stopped after job a
 			seg, err := results.CreateSegment(first.Dir, results.SegmentName("sub", 0))

@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -193,7 +195,8 @@ func (e *Executor) submit(ctx context.Context, b runner.Batch, plan Plan, script
 		// not seen by a resume, which would run its jobs too.
 		name := jobName(plan)
 		return "", fmt.Errorf("%w: the array may be queued without its id recorded (squeue --name=%s shows it): "+
-			"a --resume finds it by that name and waits while it runs; its plan is kept in %s", err, name, subDir)
+			"a --resume finds it by that name and records it, and is refused while it runs (workbench status "+
+			"follows it then; scancel stops it); its plan is kept in %s", err, name, subDir)
 	}
 	return undo(fmt.Errorf("sbatch refused the array: %w", err))
 }
@@ -265,7 +268,7 @@ func (e *Executor) probe(ctx context.Context, dir, submission string, log zerolo
 	}
 	mark := filepath.Join(dir, ".vlkv-probe-"+submission)
 	defer os.Remove(mark)
-	name := "vlkv-probe-" + submission
+	name := "vlkv-probe." + submission // a dot: no array's name (jobName) can be it
 	var script strings.Builder
 	fmt.Fprintln(&script, "#!/bin/bash")
 	fmt.Fprintf(&script, "#SBATCH --job-name=%s\n#SBATCH --output=/dev/null\n", name)
@@ -384,13 +387,25 @@ func notShared(runDir string) error {
 // writer, locally or in another array. It asks squeue about every array
 // the run submitted; where it cannot, it refuses too, saying why.
 // It is the runner's Guard of every run (runner.Options.Guard).
-func CheckNoneActive(ctx context.Context, runDir string) error {
-	if err := recordUnrecorded(ctx, runDir); err != nil {
+func CheckNoneActive(ctx context.Context, runDir string, locked bool) error {
+	found, err := unrecorded(ctx, runDir)
+	if err != nil {
 		return err
+	}
+	if locked { // followed and guarded from now on as any other
+		for _, sub := range found {
+			if err := appendSubmission(runDir, sub); err != nil {
+				return fmt.Errorf("record Slurm array %s of %s, found queued without its id recorded: %w",
+					sub.ArrayJob, runDir, err)
+			}
+		}
 	}
 	subs, err := Submissions(runDir)
 	if err != nil {
 		return err
+	}
+	if !locked {
+		subs = append(subs, found...)
 	}
 	for _, sub := range subs {
 		tasks, err := Tasks(ctx, sub.ArrayJob)
@@ -444,23 +459,22 @@ func (e *UnknownStateError) Unwrap() error { return e.Err }
 // never recorded.
 func jobName(p Plan) string { return "vlkv-" + p.Experiment + "-" + p.Submission }
 
-// recordUnrecorded asks squeue for the array of every submission whose plan
-// was written but whose id was never recorded (the host was killed while
-// sbatch ran, or sbatch queued it and said no id) and records those it
-// finds, so that they are followed and guarded as any other. Only the
-// holder of the run's lock may call it.
-func recordUnrecorded(ctx context.Context, runDir string) error {
+// unrecorded asks squeue for the array of every submission whose plan was
+// written but whose id was never recorded (the host was killed while sbatch
+// ran, or sbatch queued it and said no id) and returns those it finds.
+func unrecorded(ctx context.Context, runDir string) ([]Submission, error) {
 	entries, err := os.ReadDir(filepath.Join(runDir, Dir))
 	if errors.Is(err, os.ErrNotExist) {
-		return nil
+		return nil, nil
 	}
 	if err != nil {
-		return err
+		return nil, err
 	}
 	subs, err := Submissions(runDir)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	var found []Submission
 	recorded := map[string]bool{}
 	for _, sub := range subs {
 		recorded[sub.ID] = true
@@ -471,16 +485,21 @@ func recordUnrecorded(ctx context.Context, runDir string) error {
 		}
 		path := PlanPath(runDir, e.Name())
 		info, err := os.Stat(path)
-		if errors.Is(err, os.ErrNotExist) {
+		if err != nil { // a folder of the run's without a plan
 			continue
 		}
 		plan, err := ReadPlan(path)
-		if err != nil {
-			return err
+		if err != nil { // cut short by a kill while it was written: sbatch, which comes after, never ran
+			continue
 		}
 		id, err := arrayOf(ctx, plan)
+		var ambiguous *ambiguousArrayError
+		if errors.As(err, &ambiguous) {
+			return nil, fmt.Errorf("%s: %w: stop the ones that are not this run's (scancel ID) before running it "+
+				"again", runDir, err)
+		}
 		if err != nil {
-			return &UnknownStateError{Dir: runDir, ArrayJob: "of submission " + plan.Submission, Err: err}
+			return nil, &UnknownStateError{Dir: runDir, ArrayJob: "of submission " + plan.Submission, Err: err}
 		}
 		if id == "" { // never queued, or ended and aged out of squeue
 			continue
@@ -489,22 +508,42 @@ func recordUnrecorded(ctx context.Context, runDir string) error {
 		for _, sh := range plan.Shards {
 			jobs += len(sh)
 		}
-		sub := Submission{ID: plan.Submission, ArrayJob: id, Tasks: len(plan.Shards), Jobs: jobs,
-			Submitted: info.ModTime()}
-		if err := appendSubmission(runDir, sub); err != nil {
-			return fmt.Errorf("record Slurm array %s of %s, found queued without its id recorded: %w", id, runDir, err)
-		}
+		found = append(found, Submission{ID: plan.Submission, ArrayJob: id, Tasks: len(plan.Shards), Jobs: jobs,
+			Submitted: info.ModTime()})
 	}
-	return nil
+	return found, nil
+}
+
+// ambiguousArrayError is a submission's job name that squeue gives more
+// than one job (someone else's jobs named so).
+type ambiguousArrayError struct {
+	Name string
+	IDs  []string
+}
+
+func (e *ambiguousArrayError) Error() string {
+	return fmt.Sprintf("squeue lists %d jobs named %s (%s), where one array was submitted", len(e.IDs), e.Name,
+		strings.Join(e.IDs, ", "))
 }
 
 // arrayOf is the id of the array squeue knows by plan's submission; "" if
-// none.
+// none. Every partition is asked (-a: hidden ones too).
 func arrayOf(ctx context.Context, plan Plan) (string, error) {
-	out, err := command(ctx, "squeue", "-h", "-t", "all", "--name="+jobName(plan), "-o", "%F")
+	out, err := command(ctx, "squeue", "-a", "-h", "-t", "all", "--name="+jobName(plan), "-o", "%F")
 	if err != nil {
 		return "", err
 	}
-	id, _, _ := strings.Cut(strings.TrimSpace(out), "\n") // running tasks are listed apart, each with the id
-	return strings.TrimSpace(id), nil
+	ids := map[string]bool{} // running tasks are listed apart, each with the array's id
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		if id := strings.TrimSpace(line); id != "" {
+			ids[id] = true
+		}
+	}
+	if len(ids) > 1 {
+		return "", &ambiguousArrayError{Name: jobName(plan), IDs: slices.Sorted(maps.Keys(ids))}
+	}
+	for id := range ids {
+		return id, nil
+	}
+	return "", nil
 }

@@ -84,7 +84,12 @@ func writePlan(p Plan) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return path, os.WriteFile(path, append(data, '\n'), 0o644)
+	// Whole or not at all: a resume reads it to find the array it names.
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, append(data, '\n'), 0o644); err != nil {
+		return "", err
+	}
+	return path, os.Rename(tmp, path)
 }
 
 // ReadPlan reads a submission's plan, on a node or on the host.

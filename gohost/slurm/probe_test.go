@@ -65,7 +65,7 @@ func TestProbeScriptHasTheArraysLines(t *testing.T) {
 	}
 	data, _ := os.ReadFile(filepath.Join(bin, "script"))
 	script := string(data)
-	for _, want := range []string{"#SBATCH --job-name=vlkv-probe-s1\n", "#SBATCH --partition=debug\n",
+	for _, want := range []string{"#SBATCH --job-name=vlkv-probe.s1\n", "#SBATCH --partition=debug\n",
 		"#SBATCH --time=5:00\n", "#SBATCH --gres=gpu:1\n", "#SBATCH --comment hello\n", "#SBATCH --qos=high\n"} {
 		if !strings.Contains(script, want) {
 			t.Errorf("the probe's script lacks %q:\n%s", want, script)

@@ -374,6 +374,8 @@ func TestResumeFindsAnArrayItNeverRecorded(t *testing.T) {
 		refused string
 	}{
 		{"queued", "77\n77\n", "Slurm array 77 of %DIR% is still in the queue (1 running)"},
+		{"two jobs of its name", "77\n78\n", "%DIR%: squeue lists 2 jobs named vlkv-exp-s2 (77, 78), where one array " +
+			"was submitted: stop the ones that are not this run's"},
 		{"never queued", "", ""},
 	}
 	for _, tc := range tests {
@@ -396,6 +398,12 @@ func TestResumeFindsAnArrayItNeverRecorded(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Setenv("PATH", bin)
+			if tc.name == "queued" { // a caller without the run's lock (a new run's warning) is told, and records nothing
+				err := CheckNoneActive(context.Background(), first.Dir, false)
+				if subs, _ := Submissions(first.Dir); err == nil || !strings.Contains(err.Error(), "Slurm array 77 of") || len(subs) != 0 {
+					t.Errorf("without the lock: %v, recorded %v; want array 77 named and nothing recorded", err, subs)
+				}
+			}
 
 			ex := &doneExecutor{}
 			o.Jobs, o.Resume, o.Executor = testJobs("a", "b", "c"), true, ex
@@ -415,6 +423,12 @@ func TestResumeFindsAnArrayItNeverRecorded(t *testing.T) {
 			}
 			if ex.ran != 0 {
 				t.Errorf("a refused resume ran %d jobs", ex.ran)
+			}
+			if strings.Contains(tc.byName, "78") { // which is the run's cannot be told: none is recorded
+				if len(subs) != 0 {
+					t.Errorf("recorded %+v, want none", subs)
+				}
+				return
 			}
 			if len(subs) != 1 || subs[0].ID != "s2" || subs[0].ArrayJob != "77" || subs[0].Tasks != 1 || subs[0].Jobs != 1 {
 				t.Errorf("recorded %+v, want submission s2 as array 77 of 1 task and 1 job", subs)
