@@ -94,13 +94,15 @@ def test_an_unfinished_run_is_told_to_finish_before_its_figures(tmp_path):
     finish it, rather than failing an assertion."""
     run = tmp_path / "methods_compare" / "20260101-000000-aaaaaa"
     run.mkdir(parents=True)
-    (run / "manifest.json").write_text(json.dumps({"experiment": "methods_compare", "jobs": 65}))
+    (run / "manifest.json").write_text(json.dumps({"experiment": "methods_compare", "jobs": 65,
+                                                   "file": "/src/vlkv/experiments/methods_compare.star"}))
     pd.DataFrame({"job_id": ["a", "b"], "method": ["full", "h2o"], "status": ["ok", "ok"],
                   "param_budget": [None, 0.1], "metric_rel_err_mean": [0.0, 0.2]}).to_parquet(run / "results.parquet")
     with pytest.raises(Exception) as err:
         notebooks.execute(notebooks.find("methods"), env=notebooks.run_env([run]))
     assert f"{run} is unfinished (2 of 65 jobs have rows) and has no row of attentionpack, avl," in str(err.value)
-    assert f"finish it with `workbench run experiments/methods_compare.star --out {tmp_path} --resume`" in str(err.value)
+    assert (f"finish it with `workbench run /src/vlkv/experiments/methods_compare.star --out {tmp_path.resolve()} "
+            f"--resume`") in str(err.value)
 
 
 def test_compare_warns_of_runs_of_different_experiments(tmp_path):
