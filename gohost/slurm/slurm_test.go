@@ -290,6 +290,20 @@ func (d *doneExecutor) Run(_ context.Context, b runner.Batch) error {
 	return nil
 }
 
+// runOfTwoJobs runs jobs a and b of experiment exp, guarded as every run
+// is; the options resume it.
+func runOfTwoJobs(t *testing.T) (runner.Options, runner.Summary) {
+	t.Helper()
+	o := runner.Options{Out: t.TempDir(), Experiment: "exp", File: "exp.star", FileHash: "h",
+		Jobs: testJobs("a", "b"), KernelsDir: t.TempDir(), Executor: &doneExecutor{}, Log: zerolog.Nop(),
+		Guard: CheckNoneActive}
+	first, err := runner.Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o, first
+}
+
 // Every resume of a run, on local workers as on Slurm, is refused while
 // an array of the run is still queued, and where squeue cannot say
 // whether one is; the refused run stays as it was and no job runs.
@@ -311,13 +325,7 @@ func TestResumeRefusedWhileTheArrayRuns(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			o := runner.Options{Out: t.TempDir(), Experiment: "exp", File: "exp.star", FileHash: "h",
-				Jobs: testJobs("a", "b"), KernelsDir: t.TempDir(), Executor: &doneExecutor{}, Log: zerolog.Nop(),
-				Guard: CheckNoneActive}
-			first, err := runner.Run(context.Background(), o)
-			if err != nil {
-				t.Fatal(err)
-			}
+			o, first := runOfTwoJobs(t)
 			if tc.submit {
 				sub := Submission{ID: "s1", ArrayJob: "42", Tasks: 3, Jobs: 3, Submitted: time.Now()}
 				if err := os.MkdirAll(filepath.Join(first.Dir, Dir), 0o755); err != nil {
@@ -342,7 +350,7 @@ func TestResumeRefusedWhileTheArrayRuns(t *testing.T) {
 
 			ex := &doneExecutor{}
 			o.Jobs, o.Resume, o.Executor = testJobs("a", "b", "c"), true, ex
-			_, err = runner.Run(context.Background(), o)
+			_, err := runner.Run(context.Background(), o)
 			ran := ex.ran
 			if tc.refused == "" {
 				if err != nil || ran != 1 {
@@ -380,13 +388,7 @@ func TestResumeFindsAnArrayItNeverRecorded(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			o := runner.Options{Out: t.TempDir(), Experiment: "exp", File: "exp.star", FileHash: "h",
-				Jobs: testJobs("a", "b"), KernelsDir: t.TempDir(), Executor: &doneExecutor{}, Log: zerolog.Nop(),
-				Guard: CheckNoneActive}
-			first, err := runner.Run(context.Background(), o)
-			if err != nil {
-				t.Fatal(err)
-			}
+			o, first := runOfTwoJobs(t)
 			plan := Plan{Submission: "s2", Experiment: "exp", RunDir: first.Dir, Shards: [][]runner.Job{testJobs("c")}}
 			if _, err := writePlan(plan); err != nil {
 				t.Fatal(err)
@@ -407,7 +409,7 @@ func TestResumeFindsAnArrayItNeverRecorded(t *testing.T) {
 
 			ex := &doneExecutor{}
 			o.Jobs, o.Resume, o.Executor = testJobs("a", "b", "c"), true, ex
-			_, err = runner.Run(context.Background(), o)
+			_, err := runner.Run(context.Background(), o)
 			subs, serr := Submissions(first.Dir)
 			if serr != nil {
 				t.Fatal(serr)
