@@ -31,9 +31,10 @@ func newCompareCmd(a *app) *cobra.Command {
 the metrics that changed from A to B with absolute and relative deltas. A
 knob that holds one value in each run and differs between them is what the
 comparison is about: it is left out of the join (and named), so the rows it
-changed are joined with their counterparts; so is a knob a method has in one
-run's rows and not in the other's (added between their versions). Rows of a
-method one run lacks are listed one by one, by their own knobs. --by joins on the keys given
+changed are joined with their counterparts; so is, from that method's rows
+only, a knob a method has in one run's rows and not in the other's (added
+between their versions). Rows of a method one run lacks are listed one by
+one, by their own knobs. --by joins on the keys given
 instead (rows sharing a key are averaged). Metrics that are times (*_seconds,
 *_ms, *_us, *_time) differ run to run: they are shown but count as a change
 only when --metrics names them. Rows whose kernels_py sources differ are marked [code],
