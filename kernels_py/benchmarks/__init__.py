@@ -77,6 +77,11 @@ def run(name: str, params: dict | None = None) -> dict:
         # Each row as it is measured: a long run shows where it is, and a killed one leaves its rows in the log.
         runtime.progress(f"bench {name}: row {i} of {len(cases)}: {json.dumps(rows[-1], default=str)}")
     notes += bench.run_notes()
+    fallback = sorted({str(r["sdpa_backend"]) for r in rows if r.get("sdpa_backend") not in (None, "flash")})
+    if fallback and not interpreter:
+        notes.append(f"SDPA's FlashAttention backend does not take these inputs ({getattr(bench, 'dtype', '?')}): "
+                     f"its rows' SDPA baseline ran on the backend PyTorch chose ({', '.join(fallback)}, column "
+                     f"sdpa_backend), so their speedups vs SDPA are not against FlashAttention")
     tolerance = OUTPUT_TOLERANCE.get(getattr(bench, "dtype", None))
     for i, row in enumerate(rows, 1):
         err = row.get("output_err")

@@ -24,8 +24,10 @@ from kernels_py.tables import Column
 
 # HBM bandwidth of the GPUs the project runs on, GB/s (vendor figures), by a
 # substring of torch's device name; the first match wins.
-HBM_PEAK_GBPS = (("H200", 4800.0), ("H100 PCIe", 2000.0), ("H100", 3350.0), ("A100-SXM4-80GB", 2039.0),
-                 ("A100 80GB PCIe", 1935.0), ("A100", 1555.0), ("L40S", 864.0), ("L4", 300.0))
+# Matched by substring, first match: the longer names first (an H100 NVL is no H100 SXM, an L40 no L4).
+HBM_PEAK_GBPS = (("GH200", 4000.0), ("H200", 4800.0), ("H100 NVL", 3900.0), ("H100 PCIe", 2000.0), ("H100", 3350.0),
+                 ("A100-SXM4-80GB", 2039.0), ("A100 80GB PCIe", 1935.0), ("A100", 1555.0), ("L40S", 864.0),
+                 ("L40", 864.0), ("L4", 300.0))
 
 
 class Benchmark(Knobs):
@@ -256,18 +258,19 @@ def picked(tuner):
 
 
 def estimate_beside(row: dict, prefix: str, model, implementation: str, step, measured_ms: float,
-                    tuned=(), timing: str = "cuda graph") -> None:
+                    tuned=(), timing: str = "cuda graph", dtype: str = "float16") -> None:
     """On a GPU: the config each autotuned kernel in `tuned` chose for this
     row (Triton's best_config: pass picked(tuner) taken right after the
     timing, as the next call of the same kernel overwrites it), the
     estimate's band for the implementation at the row's shape with those
     configs, beside its measured time; and one calibration point appended
-    to kernels_py.ops.calibration.MEASURED, with how it was timed (`timing`).
-    On the CPU interpreter the columns stay empty."""
+    where kernels_py.ops.calibration.destination() says, with how it was
+    timed (`timing`). The estimates model float16 inputs: a row of another
+    `dtype` gets neither. On the CPU interpreter the columns stay empty."""
     for key in ("config", "est_low_ms", "est_high_ms"):
         row[f"{prefix}_{key}"] = None
     device = runtime.device()
-    if device.type != "cuda" or runtime.interpreter_mode():
+    if device.type != "cuda" or runtime.interpreter_mode() or dtype != "float16":
         return
     import triton
 
@@ -298,7 +301,7 @@ def estimate_beside(row: dict, prefix: str, model, implementation: str, step, me
                         "implementation": implementation, "config": configs, "shape": _shape(step),
                         "measured_ms": measured_ms, "optimistic_ms": row[f"{prefix}_est_low_ms"],
                         "conservative_ms": row[f"{prefix}_est_high_ms"], "date": time.strftime("%Y-%m-%d"),
-                        "timing": timing, "code": code, "triton": triton.__version__})
+                        "timing": timing, "code": code, "triton": triton.__version__, "dtype": dtype})
 
 
 def _shape(step) -> dict:

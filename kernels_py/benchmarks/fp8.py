@@ -127,5 +127,6 @@ class FP8(AttentionBenchmark):
         row["compression_ratio"] = row["full_bytes"] / (nbytes(k_codes, v_codes) + scales)
         step = model.Step(batch=b, context=n, heads=self.heads, kv_heads=self.kv_heads, head_dim=self.head_dim,
                           granularity=self.scale, fmt=self.fmt)
-        estimate_beside(row, "fp8", model, "fp8 (fused)", step, row["fp8_ms"], (op.kernel._stage1_tuned,))
+        estimate_beside(row, "fp8", model, "fp8 (fused)", step, row["fp8_ms"], (op.kernel._stage1_tuned,),
+                        dtype=self.dtype)
         return row

@@ -109,5 +109,5 @@ class Gather(AttentionBenchmark):
         row["speedup_vs_sdpa"] = row["sdpa_ms"] / row["gather_ms"]
         step = model.Step(batch=b, context=n, share=case["percent"] / 100, heads=self.heads, kv_heads=self.kv_heads,
                           head_dim=self.head_dim)
-        estimate_beside(row, "gather", model, "selected rows", step, row["gather_ms"])
+        estimate_beside(row, "gather", model, "selected rows", step, row["gather_ms"], dtype=self.dtype)
         return row

@@ -252,5 +252,5 @@ class Lowrank(AttentionBenchmark):
                                      ("fused_no_mass", "fused (exact), no mass"),
                                      ("absorbed_no_mass", "absorbed (latent), no mass")):
             estimate_beside(row, name, model, implementation, absorbed_step if name.startswith("absorbed") else step,
-                            row[f"{name}_ms"], (picks[name],))
+                            row[f"{name}_ms"], (picks[name],), dtype=self.dtype)
         return row

@@ -164,5 +164,5 @@ class Quant(AttentionBenchmark):
         step = model.Step(batch=b, context=n, dense=self.dense_len, heads=self.heads, kv_heads=self.kv_heads,
                           head_dim=self.head_dim, hi_share=self.hi_share, group=self.group, splits=splits)
         estimate_beside(row, "quant", model, "quantized (4/2-bit)", step, row["quant_ms"],
-                        (op.kernel._stage1_tuned,))
+                        (op.kernel._stage1_tuned,), dtype=self.dtype)
         return row

@@ -122,6 +122,6 @@ class Stats(AttentionBenchmark):
         row["materialize_vs_stats"] = row["materialize_seconds"] / row["stats_seconds"]
         step = model.Step(batch=b, context=n, rows=self.rows, spread=self.spread, heads=self.heads,
                           kv_heads=self.kv_heads, head_dim=self.head_dim)
-        if self.dtype == "float16":
-            estimate_beside(row, "stats", model, "statistics (two passes)", step, row["stats_seconds"] * 1e3)
+        estimate_beside(row, "stats", model, "statistics (two passes)", step, row["stats_seconds"] * 1e3,
+                        dtype=self.dtype)
         return row

@@ -235,9 +235,28 @@ def band_error(rows: list[dict]) -> dict:
     return out
 
 
-def append(record: dict, path: Path = MEASURED) -> Path | None:
+CALIBRATION_ENV = "VLKV_CALIBRATION_FILE"
+
+
+def destination() -> Path | None:
+    """Where measured points go: the file VLKV_CALIBRATION_FILE names, none
+    where it says "off" (the test suite's default: its tiny shapes are not
+    calibration), else MEASURED."""
+    import os
+
+    where = os.environ.get(CALIBRATION_ENV, "").strip()
+    if where.lower() == "off":
+        return None
+    return Path(where) if where else MEASURED
+
+
+def append(record: dict, path: Path | None = None) -> Path | None:
     """Append one measured point (a bench row's time, its config, the band)
-    as a JSON line; None when the kernels root is read-only."""
+    as a JSON line to `path` (default: destination()); None when it goes
+    nowhere or the file cannot be written (a read-only kernels root)."""
+    path = destination() if path is None else path
+    if path is None:
+        return None
     try:
         with open(path, "a") as f:
             f.write(json.dumps(record, sort_keys=True) + "\n")
@@ -246,5 +265,5 @@ def append(record: dict, path: Path = MEASURED) -> Path | None:
     return path
 
 
-__all__ = ["KNOWN_MISSES", "MEASURED", "POINTS", "Point", "append", "band_error", "check", "check_measured",
-           "code_digest", "implementation", "measured"]
+__all__ = ["CALIBRATION_ENV", "KNOWN_MISSES", "MEASURED", "POINTS", "Point", "append", "band_error", "check",
+           "check_measured", "code_digest", "destination", "implementation", "measured"]

@@ -8,6 +8,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
     os.environ.setdefault("VLKV_DEVICE", "cpu")
+# The benchmarks the tests run on a GPU time tiny shapes: no calibration points.
+os.environ.setdefault("VLKV_CALIBRATION_FILE", "off")
 
 
 @pytest.fixture

@@ -807,3 +807,16 @@ def test_a_bench_row_on_the_cpu_has_no_estimate_columns_filled(monkeypatch):
     row = {}
     estimate_beside(row, "gather", model, "selected rows", model.Step(batch=1, context=2048), 1.0)
     assert row == {"gather_config": None, "gather_est_low_ms": None, "gather_est_high_ms": None}
+
+
+def test_measured_points_go_where_vlkv_calibration_file_says(tmp_path, monkeypatch):
+    """gpu-check sends a run's points to its results folder; the tests send none (conftest.py: "off"); a bench
+    run without the variable appends to the tracked fixture."""
+    from kernels_py.ops import calibration
+
+    assert calibration.destination() is None and calibration.append({"x": 1}) is None  # the tests' default
+    target = tmp_path / "calibration.jsonl"
+    monkeypatch.setenv(calibration.CALIBRATION_ENV, str(target))
+    assert calibration.append({"x": 1}) == target and target.read_text() == '{"x": 1}\n'
+    monkeypatch.delenv(calibration.CALIBRATION_ENV)
+    assert calibration.destination() == calibration.MEASURED

@@ -1,7 +1,9 @@
 """scripts/gpu-check, the GPU machine's round of benchmarks and compiled
-tests: its flags are checked before anything runs, and without a GPU it
-stops at once, saying so."""
+tests: its flags are checked before anything runs, without a GPU it stops at
+once, saying so, and its rehearsal on the CPU (--cpu) runs the same round at
+the benchmarks' smoke sizes, into five files, within its deadline."""
 
+import json
 import os
 import subprocess
 import sys
@@ -11,19 +13,22 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-WORKBENCH = ROOT / "bin" / "workbench"
+FILES = {"summary.txt", "bench.jsonl", "bench.log", "pytest.log", "calibration.jsonl"}
+BENCHES = ["quant", "lowrank", "gather", "fp8", "stats", "stats-probe", "sparse-prefill"]
 
 
-def gpu_check(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, WORKBENCH=str(WORKBENCH))
+def gpu_check(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "WORKBENCH_PYTHON"}
     return subprocess.run(["bash", str(ROOT / "scripts" / "gpu-check"), *args], env=env, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=timeout)
 
 
 @pytest.mark.parametrize("args, said", [
     (["--bogus"], "unknown flag --bogus"),
     (["--tests-seconds", "5m"], "--tests-seconds must be a whole number, got '5m'"),
     (["--workers", "-2"], "--workers must be a whole number, got '-2'"),
+    (["--deadline", "soon"], "--deadline must be a whole number, got 'soon'"),
+    ([], "give --python PY, an interpreter with torch and triton"),
 ])
 def test_bad_flags_are_refused_with_the_usage(args, said):
     done = gpu_check(*args)
@@ -33,15 +38,44 @@ def test_bad_flags_are_refused_with_the_usage(args, said):
 def test_help_lists_the_flags():
     done = gpu_check("--help")
     assert done.returncode == 0
-    flags = ("--python", "--out", "--tests-seconds", "--tests", "--workers", "--skip-bench", "--skip-tests",
-             "--generate")
+    flags = ("--python", "--out", "--deadline", "--tests-seconds", "--tests", "--workers", "--skip-bench",
+             "--skip-tests", "--generate", "--cpu")
     assert all(flag in done.stdout for flag in flags)
 
 
+def test_an_interpreter_without_torch_is_refused(tmp_path):
+    out = tmp_path / "out"
+    done = gpu_check("--python", "/bin/true", "--out", str(out))
+    assert done.returncode == 2 and "cannot import torch, triton and numpy" in done.stderr and not out.exists()
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU refusal needs a machine without one")
-@pytest.mark.skipif(not WORKBENCH.is_file(), reason="bin/workbench is not built (scripts/test builds it)")
 def test_without_a_gpu_it_stops_before_writing_anything(tmp_path):
     out = tmp_path / "out"
     done = gpu_check("--python", sys.executable, "--out", str(out))
-    assert done.returncode == 2 and "sees no CUDA GPU" in done.stderr
+    assert done.returncode == 2 and "sees no CUDA GPU" in done.stderr and "--cpu rehearses it" in done.stderr
     assert not out.exists()
+
+
+def test_the_cpu_rehearsal_runs_every_step_into_five_files(tmp_path):
+    out = tmp_path / "out"
+    done = gpu_check("--python", sys.executable, "--out", str(out), "--cpu", "--tests",
+                     "kernels_py/tests/test_protocol.py", "--deadline", "0", timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert {p.name for p in out.iterdir()} == FILES
+    lines = [json.loads(line) for line in (out / "bench.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == BENCHES
+    assert all(line["exit"] == 0 and line["result"]["interpreter"] and line["result"]["rows"] for line in lines)
+    summary = (out / "summary.txt").read_text()
+    assert "device: cpu (Triton interpreter: a rehearsal)" in summary and "pytest: " in summary
+    assert "workbench bench quant (its smoke sizes) --json" in summary and "FAILED" not in summary
+
+
+def test_steps_past_the_deadline_are_skipped_and_fail_the_round(tmp_path):
+    out = tmp_path / "out"
+    done = gpu_check("--python", sys.executable, "--out", str(out), "--cpu", "--deadline", "1")
+    assert done.returncode == 1
+    summary = (out / "summary.txt").read_text()
+    assert "quant                  -    skipped: the deadline has passed" in summary
+    assert "pytest                 -    skipped: the deadline has passed" in summary
+    assert "FAILED: quant lowrank gather fp8 stats stats-probe sparse-prefill pytest" in summary

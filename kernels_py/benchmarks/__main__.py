@@ -1,0 +1,47 @@
+"""python -m kernels_py.benchmarks NAME [PARAMS_JSON]: one benchmark, as
+`workbench bench NAME --json` runs it, without the Go host (a GPU machine
+with Python but not the workbench binary: scripts/gpu-check), its result
+printed as one JSON line on stdout and its progress and notes on stderr.
+PARAMS_JSON sets its knobs by their names, e.g. '{"lengths": [32768],
+"batches": [8, 64]}' for `--lengths 32768 --batches 8,64`; the rest keep
+their defaults. Set VLKV_DEVICE=cuda to insist on the GPU."""
+
+import json
+import sys
+
+from kernels_py import runtime
+from kernels_py.benchmarks import BENCHMARKS, run
+from kernels_py.params import BadKnobs
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not 1 <= len(argv) <= 2 or argv[0] in ("-h", "--help"):
+        print(__doc__ + f"\nBenchmarks: {', '.join(sorted(BENCHMARKS))}", file=sys.stderr)
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    name = argv[0]
+    try:
+        params = json.loads(argv[1]) if len(argv) > 1 else {}
+    except json.JSONDecodeError as err:
+        print(f"benchmark {name}: PARAMS_JSON is not JSON ({err})", file=sys.stderr)
+        return 2
+    if not isinstance(params, dict):
+        print(f"benchmark {name}: PARAMS_JSON must be an object of knobs, got {type(params).__name__}",
+              file=sys.stderr)
+        return 2
+    if why := runtime.unusable_device():
+        print(f"benchmark {name}: {why}", file=sys.stderr)
+        return 2
+    try:
+        result = run(name, params)
+    except (BadKnobs, ValueError) as err:
+        print(f"benchmark {name}: {err}", file=sys.stderr)
+        return 2
+    for note in result["notes"]:
+        print(f"note: {note}", file=sys.stderr)
+    print(json.dumps(result, default=str), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
