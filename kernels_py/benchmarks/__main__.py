@@ -6,7 +6,9 @@ PARAMS_JSON sets its knobs by their names, e.g. '{"lengths": [32768],
 "batches": [8, 64]}' for `--lengths 32768 --batches 8,64`; the rest keep
 their defaults. Set VLKV_DEVICE=cuda to insist on the GPU."""
 
+import contextlib
 import json
+import os
 import sys
 
 from kernels_py import runtime
@@ -32,11 +34,20 @@ def main(argv=None) -> int:
     if why := runtime.unusable_device():
         print(f"benchmark {name}: {why}", file=sys.stderr)
         return 2
+    # stdout carries the result alone: whatever the run prints (a compiler's report) goes to stderr.
+    sys.stdout.flush()
+    stdout = os.dup(1)
+    os.dup2(2, 1)
     try:
-        result = run(name, params)
+        with contextlib.redirect_stdout(sys.stderr):  # Python's prints; the fd, a compiler's
+            result = run(name, params)
     except (BadKnobs, ValueError) as err:
         print(f"benchmark {name}: {err}", file=sys.stderr)
         return 2
+    finally:
+        sys.stdout.flush()
+        os.dup2(stdout, 1)
+        os.close(stdout)
     for note in result["notes"]:
         print(f"note: {note}", file=sys.stderr)
     print(json.dumps(result, default=str), flush=True)

@@ -311,9 +311,14 @@ def _shape(step) -> dict:
 
 
 def _commit() -> str:
-    """The kernels root's git commit (with + when it has local changes), or "unknown"."""
+    """The commit VLKV_COMMIT names (a checkout copied without .git: scripts/gpu-check --commit), else the
+    kernels root's git commit (with + when it has local changes), or "unknown"."""
+    import os
     import subprocess
     from pathlib import Path
+
+    if named := os.environ.get("VLKV_COMMIT", "").strip():
+        return named
 
     root = Path(__file__).resolve().parents[2]
     try:

@@ -161,9 +161,17 @@ def compile_launches(call, cc: int, tune: slice = slice(None), select=None):
     autotuned one}, [(entry, compiled or None), ...]): an entry as
     compile_case reports it; compiled, Triton's CompiledKernel (its cubin,
     metadata and source for kernels_py.ops.estimate)."""
-    # Compile for real (not from Triton's cache) and keep ptxas's report, which resources() reads.
-    knobs.compilation.always_compile = True
-    knobs.nvidia.dump_ptxas_log = True
+    # Compile for real (not from Triton's cache) and keep ptxas's report, which resources() reads; the
+    # process's own compiles after this one (a benchmark's next rows) go back to Triton's defaults.
+    saved = knobs.compilation.always_compile, knobs.nvidia.dump_ptxas_log
+    knobs.compilation.always_compile, knobs.nvidia.dump_ptxas_log = True, True
+    try:
+        return _compile_launches(call, cc, tune, select)
+    finally:
+        knobs.compilation.always_compile, knobs.nvidia.dump_ptxas_log = saved
+
+
+def _compile_launches(call, cc: int, tune: slice, select):
     target = GPUTarget("cuda", cc, 32)
     launches = record_launches(call, cc)
     configs_of, out = {}, []

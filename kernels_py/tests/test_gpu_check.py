@@ -57,6 +57,7 @@ def test_without_a_gpu_it_stops_before_writing_anything(tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU run of the tests has better to do than rehearse")
 def test_the_cpu_rehearsal_runs_every_step_into_five_files(tmp_path):
     out = tmp_path / "out"
     done = gpu_check("--python", sys.executable, "--out", str(out), "--cpu", "--tests",
@@ -71,6 +72,36 @@ def test_the_cpu_rehearsal_runs_every_step_into_five_files(tmp_path):
     assert "workbench bench quant (its smoke sizes) --json" in summary and "FAILED" not in summary
 
 
+def test_a_benchmark_past_its_time_is_stopped_with_its_rows_kept(tmp_path):
+    """--bench-seconds stops a benchmark; its line in bench.jsonl has the rows it measured before, the
+    round fails, and the next steps still run. A stand-in interpreter: lowrank measures a row and hangs,
+    the others answer at once."""
+    fake = tmp_path / "python"
+    fake.write_text(f"""#!/bin/sh
+if [ "$1" = -m ] && [ "$2" = kernels_py.benchmarks ]; then
+  if [ "$3" = lowrank ]; then
+    echo 'vlkv progress: bench lowrank: row 1 of 2: {{"batch": 8, "fused_ms": 0.2}}' >&2
+    exec sleep 60
+  fi
+  echo 'stray compiler output'
+  echo '{{"benchmark": "'$3'", "rows": [{{"batch": 8}}], "notes": []}}'
+  exit 0
+fi
+exec {sys.executable} "$@"
+""")
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    done = gpu_check("--python", str(fake), "--out", str(out), "--cpu", "--skip-tests", "--bench-seconds", "11",
+                     "--deadline", "0", timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = {line["step"]: line for line in map(json.loads, (out / "bench.jsonl").read_text().splitlines())}
+    assert lines["lowrank"]["exit"] == 124 and lines["lowrank"]["result"] is None
+    assert lines["lowrank"]["partial_rows"] == [{"batch": 8, "fused_ms": 0.2}]
+    assert lines["gather"]["exit"] == 0 and lines["gather"]["result"]["rows"] == [{"batch": 8}]  # the last line
+    summary = (out / "summary.txt").read_text()
+    assert "lowrank" in summary and "stopped at its time limit (exit 124)" in summary and "FAILED: lowrank" in summary
+
+
 def test_steps_past_the_deadline_are_skipped_and_fail_the_round(tmp_path):
     out = tmp_path / "out"
     done = gpu_check("--python", sys.executable, "--out", str(out), "--cpu", "--deadline", "1")
@@ -79,3 +110,34 @@ def test_steps_past_the_deadline_are_skipped_and_fail_the_round(tmp_path):
     assert "quant                  -    skipped: the deadline has passed" in summary
     assert "pytest                 -    skipped: the deadline has passed" in summary
     assert "FAILED: quant lowrank gather fp8 stats stats-probe sparse-prefill pytest" in summary
+
+
+def test_the_benchmark_entry_prints_its_result_alone_on_stdout(monkeypatch, capfd):
+    """Whatever a benchmark's run prints (a compiler's report) goes to stderr: stdout is its JSON line."""
+    import kernels_py.benchmarks.__main__ as entry
+
+    def noisy(name, params):
+        print("ptxas info : a report on stdout")
+        return {"benchmark": name, "params": params, "rows": [], "notes": ["a note"]}
+
+    monkeypatch.setattr(entry, "run", noisy)
+    assert entry.main(["gather", '{"batches": [8]}']) == 0
+    out, err = capfd.readouterr()
+    assert json.loads(out) == {"benchmark": "gather", "params": {"batches": [8]}, "rows": [], "notes": ["a note"]}
+    assert "ptxas info" in err and "note: a note" in err
+    assert entry.main(["gather", "[8]"]) == 2 and "must be an object of knobs" in capfd.readouterr().err
+
+
+def test_compiling_for_the_estimate_leaves_tritons_settings_as_it_found_them(monkeypatch):
+    """The estimate compiles with Triton's cache off and ptxas's log printed; a benchmark's later compiles in the
+    same process must not (the log went to stdout, and every compile skipped the cache)."""
+    from triton import knobs
+
+    from kernels_py.ops import compile as cc
+
+    before = knobs.compilation.always_compile, knobs.nvidia.dump_ptxas_log
+    seen = []
+    monkeypatch.setattr(cc, "_compile_launches", lambda *a: seen.append(
+        (knobs.compilation.always_compile, knobs.nvidia.dump_ptxas_log)) or ([], {}, []))
+    cc.compile_launches(lambda: None, 90)
+    assert seen == [(True, True)] and (knobs.compilation.always_compile, knobs.nvidia.dump_ptxas_log) == before
