@@ -38,8 +38,8 @@ def test_bad_flags_are_refused_with_the_usage(args, said):
 def test_help_lists_the_flags():
     done = gpu_check("--help")
     assert done.returncode == 0
-    flags = ("--python", "--out", "--deadline", "--tests-seconds", "--tests", "--workers", "--skip-bench",
-             "--skip-tests", "--generate", "--cpu")
+    flags = ("--python", "--out", "--deadline", "--bench-seconds", "--commit", "--tests-seconds", "--tests",
+             "--workers", "--skip-bench", "--skip-tests", "--generate", "--cpu")
     assert all(flag in done.stdout for flag in flags)
 
 
