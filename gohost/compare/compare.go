@@ -6,6 +6,7 @@ package compare
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -357,36 +358,25 @@ func nonNil[T any](s []T) []T {
 // workload) because that kind has them in one run and not in the other.
 func joinKeys(a, b *Run, fa, fb []map[string]string, by []string) ([]string, []string, map[string]map[string]bool, error) {
 	knobsA, knobsB := knobsOfKinds(fa), knobsOfKinds(fb)
+	inA, inB := allKnobs(fa), allKnobs(fb)
 	// --by takes a parameter of both runs' rows. A run with no rows (stopped
 	// before its first job) has none to offer: the other's serve.
 	shared := map[string]bool{}
-	for _, knobs := range knobsA {
-		for k := range knobs {
-			if len(fb) == 0 || hasKnob(knobsB, k) {
-				shared[k] = true
-			}
+	for k := range inA {
+		if len(fb) == 0 || inB[k] {
+			shared[k] = true
 		}
 	}
 	if len(fa) == 0 {
-		for _, knobs := range knobsB {
-			for k := range knobs {
-				shared[k] = true
-			}
-		}
+		shared = inB
 	}
 	// Rows join on every knob they have, so that the rows of a method only
 	// one run holds are told apart by their own knobs, except a knob that a
 	// kind of row has in one run and not in the other (a knob added between
 	// the runs' versions): on it no row of that kind would join, so that
 	// kind's rows join without it (other kinds' rows still on it).
-	common := map[string]bool{}
-	for _, side := range []map[string]map[string]bool{knobsA, knobsB} {
-		for _, knobs := range side {
-			for k := range knobs {
-				common[k] = true
-			}
-		}
-	}
+	common := maps.Clone(inA)
+	maps.Copy(common, inB)
 	skip := map[string]map[string]bool{}
 	for kind, ka := range knobsA {
 		kb, ok := knobsB[kind]
@@ -453,13 +443,15 @@ func knobsOfKinds(fs []map[string]string) map[string]map[string]bool {
 // kindOf is the kind of a row: its method on its workload.
 func kindOf(f map[string]string) string { return f["method"] + " on " + f["workload"] }
 
-func hasKnob(byKind map[string]map[string]bool, k string) bool {
-	for _, knobs := range byKind {
-		if knobs[k] {
-			return true
+// allKnobs is the fields any row has.
+func allKnobs(fs []map[string]string) map[string]bool {
+	out := map[string]bool{}
+	for _, f := range fs {
+		for k := range f {
+			out[k] = true
 		}
 	}
-	return false
+	return out
 }
 
 func variedKnob(k string, fa, fb []map[string]string) (string, bool) {

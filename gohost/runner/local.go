@@ -212,7 +212,7 @@ func (s *scratchArenas) Close() {
 func saveTensors(runDir, jobID string, result json.RawMessage, scratch *scratchArenas) (map[string]string, error) {
 	// An earlier attempt at this job killed mid-write left its temporary
 	// files (a tensor's size each); only the job's own run writes here.
-	if err := tensor.RemoveTemps(filepath.Join(runDir, filepath.Dir(tensorPath(jobID, "x")))); err != nil {
+	if err := tensor.RemoveTemps(filepath.Join(runDir, tensorDir(jobID))); err != nil {
 		return nil, err
 	}
 	var res struct {

@@ -946,5 +946,8 @@ func firstLine(s string) string {
 
 // tensorPath is where a run keeps a job's tensor, relative to the run directory.
 func tensorPath(jobID, name string) string {
-	return filepath.Join(results.TensorsDir, jobID, tensor.NPYName(name))
+	return filepath.Join(tensorDir(jobID), tensor.NPYName(name))
 }
+
+// tensorDir is the folder of a job's tensors, relative to the run directory.
+func tensorDir(jobID string) string { return filepath.Join(results.TensorsDir, jobID) }

@@ -521,12 +521,15 @@ func safetensorsEntryFor(name string, t *Tensor, offset int64) (safetensorsJSONE
 // cut so that the whole fits the 255 bytes most file systems allow a name
 // (a base that fits alone, as NPYName's do, may not with the suffix).
 func tempPattern(base string) string {
-	const suffix, digits = ".tmp-", 10
-	if room := 255 - len(suffix) - digits; len(base) > room {
+	const digits = 10
+	if room := 255 - len(tempSuffix) - digits; len(base) > room {
 		base = base[:room]
 	}
-	return base + suffix + "*"
+	return base + tempSuffix + "*"
 }
+
+// tempSuffix precedes the digits of a temporary file's name (tempPattern).
+const tempSuffix = ".tmp-"
 
 // RemoveTemps removes the temporary files writeFileAtomic left in dir when
 // its process was killed before the rename. A write still under way (another
@@ -541,11 +544,11 @@ func RemoveTemps(dir string) error {
 		return err
 	}
 	for _, e := range entries {
-		i := strings.LastIndex(e.Name(), ".tmp-")
+		i := strings.LastIndex(e.Name(), tempSuffix)
 		if i < 0 {
 			continue
 		}
-		if digits := e.Name()[i+len(".tmp-"):]; digits == "" || strings.Trim(digits, "0123456789") != "" {
+		if digits := e.Name()[i+len(tempSuffix):]; digits == "" || strings.Trim(digits, "0123456789") != "" {
 			continue
 		}
 		path := filepath.Join(dir, e.Name())

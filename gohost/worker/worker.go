@@ -172,7 +172,10 @@ func Start(ctx context.Context, cfg Config) (*Worker, error) {
 		// Wait waits for the output those processes may hold open.
 		pid := cmd.Process.Pid
 		var info unix.Siginfo
-		for unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOWAIT, nil) == unix.EINTR {
+		for {
+			if err := unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOWAIT, nil); err != unix.EINTR {
+				break
+			}
 		}
 		_ = syscall.Kill(-pid, syscall.SIGKILL)
 		w.waitErr = cmd.Wait()
@@ -332,12 +335,7 @@ func (w *Worker) receive(ctx context.Context) (frame, error) {
 	case f := <-w.frames:
 		return f, nil
 	case <-w.readDone:
-		select {
-		case f := <-w.frames: // sent before the channel closed
-			return f, nil
-		default:
-		}
-		return frame{}, w.deathError()
+		return w.lastFrame()
 	case <-w.exited:
 		// What the worker wrote before it exited is in the pipe: take it if
 		// it comes. A process that inherited the channel may keep it open,
@@ -346,16 +344,23 @@ func (w *Worker) receive(ctx context.Context) (frame, error) {
 		case f := <-w.frames:
 			return f, nil
 		case <-w.readDone:
-			select {
-			case f := <-w.frames:
-				return f, nil
-			default:
-			}
+			return w.lastFrame()
 		case <-time.After(outputGrace):
+			return frame{}, w.deathError()
 		}
-		return frame{}, w.deathError()
 	case <-ctx.Done():
 		return frame{}, ctx.Err()
+	}
+}
+
+// lastFrame is the frame the reader delivered before it stopped, if any;
+// else how the worker died.
+func (w *Worker) lastFrame() (frame, error) {
+	select {
+	case f := <-w.frames:
+		return f, nil
+	default:
+		return frame{}, w.deathError()
 	}
 }
 

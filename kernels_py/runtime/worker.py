@@ -305,6 +305,7 @@ def serve(rx, tx, sock=None) -> int:
             return 0
         kind, msg_id = msg.get("type"), msg.get("id")
         code = {}  # a run's reply says what code ran it, whatever the job's end
+        lost = None  # why the GPU is unusable after this job: reply, then exit
         try:
             if kind == "run":
                 try:
@@ -315,13 +316,8 @@ def serve(rx, tx, sock=None) -> int:
                         code["kernels_sha256"] = tracker.hashes()
                         sent = code["kernels_digest"]
                 reply = {"type": "result", "id": msg_id, "result": result, **code}
-                if isinstance(result, dict) and result.get("worker_lost"):
-                    # A job that caught a failure itself (watch's check) found the GPU unusable: reply, then go.
-                    tx.write(protocol.encode_frame(reply))
-                    tx.flush()
-                    print(f"vlkv worker: the GPU is unusable ({result['worker_lost']}); exiting", file=sys.stderr,
-                          flush=True)
-                    return 4
+                if isinstance(result, dict):  # a job that caught its failure itself (watch's check) says so
+                    lost = result.get("worker_lost")
             elif kind == "pipe_double":
                 result, blob = pipe_double(rx, msg.get("blob", 0))
                 encoded = protocol.encode_frame({"type": "result", "id": msg_id, "result": result, "blob": len(blob)})
@@ -346,18 +342,14 @@ def serve(rx, tx, sock=None) -> int:
             return 2
         except Exception as e:  # every failure of a job becomes a structured error
             error = error_payload(e)
-            lost = device_lost()
-            if lost:
+            if lost := device_lost():
                 error["worker_lost"] = lost
-            tx.write(protocol.encode_frame({"type": "error", "id": msg_id, "error": error, **code}))
-            tx.flush()
-            if lost:  # the host starts a fresh worker for the next job
-                print(f"vlkv worker: the GPU is unusable after the job's error ({lost}); exiting", file=sys.stderr,
-                      flush=True)
-                return 4
-            continue
+            encoded = protocol.encode_frame({"type": "error", "id": msg_id, "error": error, **code})
         tx.write(encoded)
         tx.flush()
+        if lost:  # the host starts a fresh worker for the next job
+            print(f"vlkv worker: the GPU is unusable ({lost}); exiting", file=sys.stderr, flush=True)
+            return 4
 
 
 def main() -> int:
