@@ -217,6 +217,20 @@ def wave_split_count(longest: int, programs: int, *, tile: int, programs_per_sm:
     return best
 
 
+def tune_buckets(programs: int, slots: int, splits: int) -> tuple[int, int]:
+    """Autotuning buckets of a split-K decode launch: the power-of-two class
+    of its stage-1 programs and of the slots each split walks (of the cache's
+    capacity, which needs no host sync). The best tile and warp count follow
+    both, so a launcher passes these as two kernel arguments its kernel never
+    reads, named in the autotuner's key: a process that decodes at batch 8
+    and then at 64 tunes each, and a decode loop whose context grows retunes
+    only when a class changes. Both are at least 16, so Triton specializes
+    every bucket alike (a multiple of 16, never 1) and they share one
+    compiled kernel per config."""
+    return (max(16, triton.next_power_of_2(programs)),
+            max(16, triton.next_power_of_2(-(-slots // max(splits, 1)))))
+
+
 def sm_count(device) -> int | None:
     """SMs of a CUDA device a launch will run on; None on the CPU interpreter."""
     from kernels_py.runtime import interpreter_mode

@@ -248,3 +248,16 @@ def test_per_token_values_keep_their_precision_at_any_magnitude(magnitude, devic
     want = op.reference.fp8_decode(q, q_pos, k, v, ks, vs, pos).out.float()
     got = op.fp8_decode(q, q_pos, k, v, ks, vs, pos).out.float()
     assert ((got - want).abs().max() / want.abs().max()).item() < 2e-3
+
+
+def test_the_autotuner_keys_on_the_grid_and_the_splits_length(monkeypatch):
+    """As quant_decode's: batch 8's config is not reused at batch 64."""
+    from kernels_py.ops.fp8_decode import kernel as fkernel
+    from kernels_py.tests.autotune_spy import spy_on
+
+    spy = spy_on(monkeypatch, fkernel)
+    for batch, splits in ((1, 1), (32, 1), (8, 4)):
+        q, q_pos, k, v, k_scale, v_scale, pos = make_case(batch=batch, heads=4, kv_heads=2, head_dim=32, slots=300)
+        op.fp8_decode(q, q_pos, k, v, k_scale, v_scale, pos, num_splits=splits)
+    # 2, 64 and 64 programs; 300 slots in one split, 75 in each of four
+    assert [(key["tune_programs"], key["tune_span"]) for key in spy.keys] == [(16, 512), (64, 512), (64, 128)]

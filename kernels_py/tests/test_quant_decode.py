@@ -215,3 +215,24 @@ def test_the_model_takes_the_split_count_a_point_ran_with():
     assert merge_trips(model.Step(batch=8, context=32768, splits=64)) == 64
     with pytest.raises(ValueError, match="splits=300"):
         model.Step(batch=8, context=32768, splits=300)
+
+
+def test_the_autotuner_keys_on_the_grid_and_the_splits_length(monkeypatch):
+    """A process that decodes at batch 8 and then at 64 tunes each (the
+    config of one was reused for the other): the launch keys on the classes
+    of its programs and of the slots a split walks (splitk.tune_buckets),
+    never on the lengths themselves, which change every step."""
+    from kernels_py.ops import splitk
+    from kernels_py.tests.autotune_spy import spy_on
+
+    spy = spy_on(monkeypatch, qkernel)
+    q, q_pos, segs, dense = case("cpu", torch.float16, "zipvl_gqa4")
+    capacity = sum(seg.slots for seg in segs) + dense.k.shape[2]
+    for splits in (1, 1, 16):
+        op.quant_decode(q, q_pos, segs, dense, num_splits=splits)
+    one, again, many = spy.keys
+    assert one == again
+    assert (one["tune_programs"], one["tune_span"]) == splitk.tune_buckets(2 * 2, capacity, 1) == (16, 256)
+    assert (many["tune_programs"], many["tune_span"]) == (64, 16)
+    assert {k: v for k, v in one.items() if not k.startswith("tune_")} == \
+        {k: v for k, v in many.items() if not k.startswith("tune_")}

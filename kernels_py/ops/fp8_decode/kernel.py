@@ -71,7 +71,7 @@ def _stage1_kernel(
     stride_rb, stride_rn,
     stride_ob, stride_oh, stride_om, stride_os, stride_od,
     stride_sb, stride_sh, stride_sm, stride_ss,
-    qk_scale, v_prescale, v_unit, slots,
+    qk_scale, v_prescale, v_unit, slots, tune_programs, tune_span,
     HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, N_QUERIES: tl.constexpr, BLOCK_ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr, QK_DT: tl.constexpr, BLOCK_N: tl.constexpr, PER_TOKEN: tl.constexpr,
     IS_E4M3: tl.constexpr, NATIVE: tl.constexpr, EVEN_N: tl.constexpr,
@@ -144,16 +144,17 @@ def _stage1_kernel(
 # The configs the autotuner times (those that spill at the shape being tuned
 # are pruned first): 64- or 128-token tiles, 4 or 8 warps, 2 or 3 stages of
 # cp.async prefetch (the codes need no work before they land in shared
-# memory). Keyed on the specialization, never the length. Under the
-# interpreter the launcher runs the default config.
+# memory). Keyed on the specialization and on the classes of the grid and
+# of a split's slots (splitk.tune_buckets), never the length itself. Under
+# the interpreter the launcher runs the default config.
 STAGE1_CONFIGS = [triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=st)
                   for n in (64, 128) for w in (4, 8) for st in (2, 3)]
 # No QK_DT in the key: it follows from q's dtype, which the autotuner adds to
 # every key itself, and a tl.dtype cannot be written to its disk cache.
 _stage1_tuned = triton.autotune(
     configs=STAGE1_CONFIGS, cache_results=True,
-    key=["HEAD_DIM", "GROUP", "N_QUERIES", "BLOCK_ROWS", "BLOCK_D", "PER_TOKEN", "IS_E4M3", "NATIVE",
-         "EVEN_N"],
+    key=["tune_programs", "tune_span", "HEAD_DIM", "GROUP", "N_QUERIES", "BLOCK_ROWS", "BLOCK_D", "PER_TOKEN",
+         "IS_E4M3", "NATIVE", "EVEN_N"],
     prune_configs_by={"early_config_prune": common.prune_spilling(_stage1_kernel)})(_stage1_kernel)
 LARGEST_TILE = max(c.kwargs["BLOCK_N"] for c in STAGE1_CONFIGS)  # a length it divides is whole tiles in every config
 
@@ -233,7 +234,8 @@ def fp8_decode(q, q_pos, k, v, k_scale, v_scale, pos, *, sm_scale: float | None 
             workspace.part_o, workspace.part_lse,
             *q.stride(), *q_pos.stride(), *k.stride(), *v.stride(), *ks_strides, *vs_strides, *pos.stride(),
             *workspace.part_o.stride(), *workspace.part_lse.stride(),
-            scale * common.LOG2E * unit, prescale, unit / prescale, slots]
+            scale * common.LOG2E * unit, prescale, unit / prescale, slots,
+            *splitk.tune_buckets(batch * kv_heads * workspace.splits, slots, workspace.splits)]
     meta = dict(HEAD_DIM=head_dim, GROUP=group, N_QUERIES=queries, BLOCK_ROWS=common.block(group * queries),
                 BLOCK_D=common.block(head_dim), QK_DT=common.dot_dtype(q.dtype),
                 PER_TOKEN=tokenwise, IS_E4M3=is_e4m3, NATIVE=conversion == "native")

@@ -1431,10 +1431,7 @@ def _decode(q, q_pos, comp, dense, rope_base, sm_scale, num_splits, block_n, wor
     shared = dict(KV_HEADS=kv_heads, GROUP=group, N_QUERIES=queries, HEAD_DIM=head_dim, BLOCK_ROWS=common.block(rows),
                   BLOCK_D=block_d, QK_DT=common.dot_dtype(q.dtype, dense.k.dtype, dense.v.dtype),
                   UW_DT=common.dot_dtype(comp.uk.dtype, comp.wk.dtype, comp.uv.dtype, comp.wv.dtype))
-    # Autotuning buckets (unused by the kernels): the best tile depends on how
-    # many programs run and how many tokens each walks, so tune once per
-    # power-of-two class of each rather than once for all shapes.
-    tune = [common.block(batch * splits), common.block(triton.cdiv(tokens, splits))]
+    tune = splitk.tune_buckets(batch * splits, tokens, splits)  # unused by the kernels: the autotuner's key
     grid = (batch, splits)
     # The dense tokens' logits: columns [T, T + S) of the fused kernel's, all of the absorbed kernel's.
     dense_logits = logits if absorbed else logits[..., tokens:]

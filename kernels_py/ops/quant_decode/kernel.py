@@ -155,7 +155,7 @@ def _stage1_kernel(
     stride_dpb, stride_dpn, stride_dlb,
     stride_ob, stride_oh, stride_om, stride_os, stride_od,
     stride_sb, stride_sh, stride_sm, stride_ss,
-    qk_scale, head_dim,
+    qk_scale, head_dim, tune_programs, tune_span,
     GROUP: tl.constexpr, N_QUERIES: tl.constexpr, TWO_SEGMENTS: tl.constexpr,
     BITS_A: tl.constexpr, GROUP_A: tl.constexpr, BITS_B: tl.constexpr, GROUP_B: tl.constexpr,
     BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, QK_DT: tl.constexpr, TILE: tl.constexpr,
@@ -286,8 +286,8 @@ def _prune_stage1(configs, named_args, **launch):
 # adds to every key itself, and a tl.dtype cannot be written to its disk cache.
 _stage1_tuned = triton.autotune(
     configs=STAGE1_CONFIGS, cache_results=True,
-    key=["GROUP", "N_QUERIES", "TWO_SEGMENTS", "BITS_A", "GROUP_A", "BITS_B", "GROUP_B", "BLOCK_ROWS", "BLOCK_D",
-         "TILE_MAX"],
+    key=["tune_programs", "tune_span", "GROUP", "N_QUERIES", "TWO_SEGMENTS", "BITS_A", "GROUP_A", "BITS_B",
+         "GROUP_B", "BLOCK_ROWS", "BLOCK_D", "TILE_MAX"],
     prune_configs_by={"early_config_prune": _prune_stage1})(_stage1_kernel)
 
 
@@ -378,7 +378,8 @@ def quant_decode(q: torch.Tensor, q_pos: torch.Tensor, segments, dense: DenseKV,
     args = [q, q_pos, *seg_args, dense.k, dense.v, dense.pos, dense.length, workspace.part_o, workspace.part_lse,
             *q.stride(), *q_pos.stride(), *seg_strides,
             *dense.k.stride(), *dense.v.stride(), *dense.pos.stride(), *dense.length.stride(),
-            *workspace.part_o.stride(), *workspace.part_lse.stride(), scale * common.LOG2E, head_dim]
+            *workspace.part_o.stride(), *workspace.part_lse.stride(), scale * common.LOG2E, head_dim,
+            *splitk.tune_buckets(batch * kv_heads * splits, sum(seg.slots for seg in segments) + dense.k.shape[2], splits)]
     meta = dict(GROUP=group, N_QUERIES=queries, TWO_SEGMENTS=len(segments) == 2,
                 BITS_A=a.bits, GROUP_A=a.group, BITS_B=b.bits, GROUP_B=b.group,
                 BLOCK_ROWS=common.block(group * queries), BLOCK_D=common.block(head_dim),
