@@ -21,7 +21,9 @@ Both halves can be swapped for the ablations of section 3.2: `scoring` picks
 the token scores (accumulated / normalized / sliding window instead of
 post-vision) and `allocation="uniform"` gives every layer alpha. The clip can
 leave the layers' budgets summing to less (or more) than alpha * L; the
-realised budget of each layer is reported as `layer_budget`.
+realised budget of each layer is reported as `layer_budget`. A prompt
+without post-vision rows (no image, or nothing after the last one) is
+refused: the sparsity of Algorithm 1 is measured over them.
 """
 
 from dataclasses import dataclass
@@ -65,3 +67,15 @@ class VLCache(BudgetedSelection):
 
     def recent(self, capacity):
         return recent_count(self.recent_fraction, capacity)
+
+    def check_prompt(self, prompt):
+        # Algorithm 1 measures every layer's sparsity over the post-vision rows whatever the knobs (the uniform
+        # allocation still reports it), so a prompt without them has nothing to measure.
+        ends = [end for _, end in prompt.spans.images]
+        if not ends:
+            raise ValueError(f"{self.owner_name()}: the prompt has no visual tokens, so no post-vision rows (the text "
+                             f"after the last image), which Algorithm 1's layer sparsity is measured over")
+        if max(ends) >= prompt.tokens:
+            raise ValueError(f"{self.owner_name()}: the prompt ends with its last image (token {max(ends)} of "
+                             f"{prompt.tokens}), so it has no post-vision rows (the text after the last image), which "
+                             f"Algorithm 1's layer sparsity is measured over")
