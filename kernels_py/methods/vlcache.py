@@ -15,7 +15,11 @@ layer clipped to 1%) and the top-scoring rest. Only the prompt is compressed;
 generated tokens are all kept (the paper compresses prefill only), unless
 evict_while_decoding, which holds each layer at its share of the tokens seen
 (the `vlcache` protocol turns it on: the workbench's addition, not the
-paper's).
+paper's). The post-vision rows give a generated token no score (0), so under
+that eviction a generated token is kept while it is in the recent window and
+evicted before any prompt token once it leaves it. Tokens are chosen per kv
+head (scores summed over its query heads), every kv head keeping the layer's
+count; the paper, written for one head, leaves this open.
 
 Both halves can be swapped for the ablations of section 3.2: `scoring` picks
 the token scores (accumulated / normalized / sliding window instead of
