@@ -57,7 +57,10 @@ class MixedPrecisionCache:
         kv_heads, tokens, head_dim = k.shape
         kv_quant.check_params(2, group, head_dim)
         none = torch.zeros(0, dtype=torch.int64, device=k.device)
-        return cls({}, k[:, :0], v[:, :0], none, tokens, tokens, group, backend)
+        # Empty tensors of their own: an empty view (k[:, :0]) would keep the whole prompt's K and V alive
+        # while nbytes counts nothing for them.
+        return cls({}, k.new_empty(kv_heads, 0, head_dim), v.new_empty(kv_heads, 0, head_dim), none, tokens, tokens,
+                   group, backend)
 
     @property
     def kv_heads(self) -> int:
@@ -112,10 +115,12 @@ class MixedPrecisionCache:
 
     def take_dense(self, count: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Remove the `count` oldest unquantized tokens; returns their k, v
-        [kv_heads, count, d] and positions [count]."""
+        [kv_heads, count, d] and positions [count]. The tokens left are
+        copied into tensors of their own, so the removed ones' memory is
+        freed (a view of the rest would hold all of it)."""
         k, v, pos = self.dense_k[:, :count], self.dense_v[:, :count], self.dense_positions[:count]
-        self.dense_k, self.dense_v = self.dense_k[:, count:], self.dense_v[:, count:]
-        self.dense_positions = self.dense_positions[count:]
+        self.dense_k, self.dense_v = self.dense_k[:, count:].clone(), self.dense_v[:, count:].clone()
+        self.dense_positions = self.dense_positions[count:].clone()
         self._view = None
         return k, v, pos
 

@@ -15,13 +15,19 @@ layer clipped to 1%) and the top-scoring rest. Only the prompt is compressed;
 generated tokens are all kept (the paper compresses prefill only), unless
 evict_while_decoding, which holds each layer at its share of the tokens seen
 (the `vlcache` protocol turns it on: the workbench's addition, not the
-paper's).
+paper's). The post-vision rows give a generated token no score (0), so under
+that eviction a generated token is kept while it is in the recent window and
+evicted before any prompt token once it leaves it. Tokens are chosen per kv
+head (scores summed over its query heads), every kv head keeping the layer's
+count; the paper, written for one head, leaves this open.
 
 Both halves can be swapped for the ablations of section 3.2: `scoring` picks
 the token scores (accumulated / normalized / sliding window instead of
 post-vision) and `allocation="uniform"` gives every layer alpha. The clip can
 leave the layers' budgets summing to less (or more) than alpha * L; the
-realised budget of each layer is reported as `layer_budget`.
+realised budget of each layer is reported as `layer_budget`. A prompt
+without post-vision rows (no image, or nothing after the last one) is
+refused: the sparsity of Algorithm 1 is measured over them.
 """
 
 from dataclasses import dataclass
@@ -65,3 +71,15 @@ class VLCache(BudgetedSelection):
 
     def recent(self, capacity):
         return recent_count(self.recent_fraction, capacity)
+
+    def check_prompt(self, prompt):
+        # Algorithm 1 measures every layer's sparsity over the post-vision rows whatever the knobs (the uniform
+        # allocation still reports it), so a prompt without them has nothing to measure.
+        ends = [end for _, end in prompt.spans.images]
+        if not ends:
+            raise ValueError(f"{self.owner_name()}: the prompt has no visual tokens, so no post-vision rows (the text "
+                             f"after the last image), which Algorithm 1's layer sparsity is measured over")
+        if max(ends) >= prompt.tokens:
+            raise ValueError(f"{self.owner_name()}: the prompt ends with its last image (token {max(ends)} of "
+                             f"{prompt.tokens}), so it has no post-vision rows (the text after the last image), which "
+                             f"Algorithm 1's layer sparsity is measured over")

@@ -182,3 +182,28 @@ def test_sparse_prefill_attends_among_important_tokens_only(workload):
     quiet = make_method("zipvl", {"tau": 0.9, "sparse_prefill_metrics": False})
     assert "sparse_prefill_error" not in quiet.layer_metrics(
         0, quiet.prefill(0, workload.q[0], workload.k[0], workload.v[0], workload.spans))
+
+
+def held_bytes(cache: MixedPrecisionCache) -> int:
+    """Bytes of the storages behind what nbytes counts (codes, scales and zeros of each segment; the waiting
+    K and V): what the cache really keeps alive, views included."""
+    tensors = [getattr(seg, f) for seg in cache.segments.values()
+               for f in ("k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero")]
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors + [cache.dense_k,
+                                                                                                  cache.dense_v]}
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("name", ["zipvl", "zipvl_fixed"])
+def test_the_cache_holds_no_more_memory_than_it_reports(workload, name):
+    """After prefill the prompt's full-precision K and V are gone (the empty waiting tokens were views of
+    them), and a quantized block's waiting tokens go with it."""
+    method = make_method(name, {"period": 3})
+    k, v = workload.k[0].clone(), workload.v[0].clone()
+    cache = method.prefill(0, workload.q[0], k, v, workload.spans)
+    assert held_bytes(cache) == method.cache_bytes(cache)
+    for step in range(4):  # a block of 3 quantized, one token waiting
+        q_t, k_t, v_t = (t[0][step] for t in (workload.decode_q, workload.decode_k, workload.decode_v))
+        method.decode(0, cache, q_t, k_t, v_t)
+        assert held_bytes(cache) == method.cache_bytes(cache), step
+    assert cache.dense_positions.tolist() == [PROMPT + 3]

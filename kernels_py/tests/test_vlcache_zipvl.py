@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from kernels_py import metrics
+from kernels_py.attention import Spans
 from kernels_py.methods import make_method
 from kernels_py.methods.allocators import allocate_budgets, important_count
 from kernels_py.methods.caches import kept_count, recent_count
@@ -100,6 +101,19 @@ def test_vlcache_keeps_every_generated_token(workload):
     for q_t, k_t, v_t in zip(workload.decode_q[2], workload.decode_k[2], workload.decode_v[2]):
         method.decode(2, cache, q_t, k_t, v_t)
     assert cache.tokens == held + SMALL.decode_steps
+
+
+@pytest.mark.parametrize("params", [{}, {"allocation": "uniform", "scoring": "accumulated"}])
+def test_vlcache_refuses_a_prompt_without_post_vision_rows(params):
+    """Algorithm 1's sparsity is measured over the post-vision rows: without an image, or with nothing after
+    the last one, the method says so (it failed inside the row selector, without naming the method)."""
+    q, k = torch.randn(4, 40, 32), torch.randn(2, 40, 32)
+    method = make_method("vlcache", params)
+    for spans, why in ((Spans((0, 4), (), (4, 40)), "no visual tokens"),
+                       (Spans((0, 4), ((4, 40),), (40, 40)), "ends with its last image")):
+        with pytest.raises(ValueError, match=f"method 'vlcache': the prompt (has )?{why}"):
+            method.prefill_all([q], [k], [k], spans)
+    assert method.prefill_all([q], [k], [k], Spans((0, 4), ((4, 39),), (39, 40)))[0].tokens == kept_count(0.2, 40)
 
 
 @pytest.mark.parametrize("name", SCORINGS)
