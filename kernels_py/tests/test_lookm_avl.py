@@ -320,3 +320,21 @@ def test_a_prompt_without_images_keeps_its_text_budget(name, params):
         assert metrics["core_tokens"] == metrics["secondary_tokens"] == 0
     else:
         assert metrics["evicted_text"] == 40 - int(40 * 0.2)
+
+
+def test_avl_decode_gathers_the_core_rows_only_on_update_steps(workload, monkeypatch):
+    """The selected-row op attends over core + text without a gathered copy;
+    the step's weights are then needed for the text rows (H2O) and, on an
+    update step, for every stored row (the new core). A copy of the core
+    rows on the other steps undid what the op saves (A-VL Figure 8)."""
+    from kernels_py.methods import avl
+
+    gathered = []
+    monkeypatch.setattr(avl, "expand_kv", lambda x, heads: gathered.append(x.shape[1]) or
+                        x.repeat_interleave(heads // x.shape[0], 0))
+    method = make_method("avl", {"secondary": 40, "core": 20, "update_every": 3, "text_window": 100})
+    cache = method.prefill(2, workload.q[2], workload.k[2], workload.v[2], workload.spans)
+    for step in range(4):
+        method.decode(2, cache, *(t[2][step] for t in (workload.decode_q, workload.decode_k, workload.decode_v)))
+    text = 24 + 1  # prompt text plus the step's token
+    assert gathered == [text, text + 1, 25 + text + 2, text + 3]
