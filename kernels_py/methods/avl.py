@@ -29,7 +29,9 @@ cache (secondary + text) and the used one (core + text, every update step
 all stored) are reported apart, as in A-VL's Table 3.
 
 Where the paper is open: percentages count the image tokens of the prompt
-(core and secondary sizes stay fixed through decoding), all images (or
+(core and secondary sizes stay fixed through decoding; with P below S, or
+below C, the filtered layers store, or attend over, every image token the
+filter kept, not S% or C% of those), all images (or
 video frames) ranked together: one top C% and one top S% over every image
 token, no share per image; H2O's score of a text token is its accumulated
 attention from all prompt rows, then from every decode query (mean over
