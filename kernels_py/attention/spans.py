@@ -51,7 +51,10 @@ class Spans:
         return self.text[1]
 
     def visual_positions(self) -> torch.Tensor:
-        """[n] int64 positions of every visual token, in order."""
+        """[n] int64 positions of every visual token, in order; empty for a
+        prompt without images (a text-only request)."""
+        if not self.images:
+            return torch.zeros(0, dtype=torch.int64)
         return torch.cat([torch.arange(start, end) for start, end in self.images])
 
 

@@ -21,12 +21,17 @@ attention within a window of T% of the text seen; over the window, the most
 recent half stays and the older half keeps its highest scorers.
 
 Decoding reads the rows it uses by index from the stored cache with the
-selected-row decode op (ops/gather_decode), no gathered copy. The stored
+selected-row decode op (ops/gather_decode), no gathered copy. The weights
+the method keeps statistics of are recomputed in PyTorch from the op's LSE
+over a float32 copy of the rows they are read for: the text rows every
+step (H2O), every stored row on an update step (the new core). The stored
 cache (secondary + text) and the used one (core + text, every update step
 all stored) are reported apart, as in A-VL's Table 3.
 
 Where the paper is open: percentages count the image tokens of the prompt
-(core and secondary sizes stay fixed through decoding), all images (or
+(core and secondary sizes stay fixed through decoding; with P below S, or
+below C, the filtered layers store, or attend over, every image token the
+filter kept, not S% or C% of those), all images (or
 video frames) ranked together: one top C% and one top S% over every image
 token, no share per image; H2O's score of a text token is its accumulated
 attention from all prompt rows, then from every decode query (mean over
@@ -207,15 +212,18 @@ class AVL(Method):
         q_pos = torch.full((1, 1), cache.seen - 1, dtype=torch.int64, device=q_t.device)
         result = gather_decode.compute(q_t[None], q_pos, cache.keys[None], cache.values[None],
                                        cache.positions[:1], index, count, backend=self.backend)
-        # This step's attention over the rows used, mean over heads (Eq. 1).
-        used_keys = expand_kv(cache.keys[:, rows].float(), heads)
-        logits = (used_keys @ q_t.float().transpose(1, 2))[..., 0] * head_dim ** -0.5
-        weights = torch.exp(logits - result.lse[0]).mean(dim=0)  # [rows]
-        text = ~cache.visual[rows]
-        cache.text_scores[rows[text]] += weights[text]
+        # This step's attention (mean over heads, Eq. 1) where it is read: the text rows' H2O scores every step,
+        # and every stored row's on an update step, to choose the new core. A core row's weight is read on no
+        # other step, so only the text rows are gathered then (in float32, a copy the kernel itself never makes).
+        scored = rows if update else rows[~cache.visual[rows]]
+        scored_keys = expand_kv(cache.keys[:, scored].float(), heads)
+        logits = (scored_keys @ q_t.float().transpose(1, 2))[..., 0] * head_dim ** -0.5
+        weights = torch.exp(logits - result.lse[0]).mean(dim=0)  # [scored], of the step's attention over rows
+        text = ~cache.visual[scored]
+        cache.text_scores[scored[text]] += weights[text]
         if update:
             ranked = torch.full_like(cache.text_scores, -torch.inf)
-            ranked[rows] = weights
+            ranked[scored] = weights
             cache.core = self._top(ranked, cache.core_count, cache.visual)
         cache.used.append(rows.numel() / cache.seen)
         self._trim_text(cache)

@@ -18,16 +18,24 @@ without TR), text and image tokens alike. A kept token merged into again takes t
 first (the counts of earlier merges are not kept).
 
 Where the paper is open: scores and merges are per kv head (each kv head
-keeps its own tokens, as the other eviction methods here do); when the text
-alone exceeds alpha_2 of the prompt, the top alpha_2 are text tokens and
-some text is evicted too, so the cache size S = N + M holds (section 3.2's
-I, "the union of textual token indices T and the Top N tokens", would keep
-every text token and hold more than S then). The recent window M is
-int(alpha_1 * prompt tokens), section 4.3's alpha_1 x input_length rounded
-down as every share of the prompt is, not the half-up share of the budget
-the other methods' windows use (kept_count vs recent_count: the two can
-differ by a token); while decoding it is recent_count of
-alpha_1 / (alpha_1 + alpha_2) of the capacity, as theirs.
+keeps its own tokens, as the other eviction methods here do). The recent
+window M is int(alpha_1 * prompt tokens) (at least one token when alpha_1
+> 0), section 4.3's alpha_1 x input_length rounded down as every share of
+the prompt is, not the half-up share of the budget the other methods'
+windows use (kept_count vs recent_count: the two can differ by a token);
+while decoding it is recent_count of alpha_1 / (alpha_1 + alpha_2) of the
+capacity, as theirs.
+
+Where the paper contradicts itself, a choice: when the text outside the
+recent window alone exceeds N (small budgets, long system prompts), the
+top N are text tokens and the rest of the text is evicted (and merged) too,
+so the cache holds S = N + M, section 4.3's memory of alpha_1 + alpha_2 of
+the prompt, and matched budgets stay matched. Section 3.2's I, "the union
+of textual token indices T and the Top N tokens", would keep every text
+token and hold more than S then; so does LOOK-M's public code (text scores
+left positive, image scores pushed negative, every non-negative score
+kept). The two agree whenever the text fits in N (MileBench's prompts at
+the paper's 10%); evicted_text says how much text a run evicted.
 """
 
 from dataclasses import dataclass
@@ -52,8 +60,9 @@ class LookM(Method):
 
     recent_ratio: float = knob("float", 0.1, "alpha_1: the recent window, share of the prompt", min=0.0, max=1.0,
                                ref="LOOK-M section 4.3")
-    important_ratio: float = knob("float", 0.1, "alpha_2: tokens kept by text-prior score, share of the prompt",
-                                  min=0.0, max=1.0, ref="LOOK-M section 4.3")
+    important_ratio: float = knob("float", 0.1, "alpha_2: tokens kept by score (text-prior, or accumulated attention "
+                                  "with text_prior false), share of the prompt", min=0.0, max=1.0,
+                                  ref="LOOK-M section 4.3")
     merge: str = knob("str", "pivotal", "how evicted tokens join their nearest kept token: none, averaged (Eq. 10), "
                       "pivotal (Eq. 11, the paper's best) or weighted (Eq. 12)", choices=("none",) + MERGES,
                       ref="LOOK-M section 3.3")
@@ -120,8 +129,11 @@ class LookM(Method):
         return evicted
 
     def layer_metrics(self, layer, cache):
-        """evicted_tokens (merged in unless merge=none) and evicted_text: text
-        tokens among them (kv head 0), 0 unless the text exceeds alpha_2."""
+        """evicted_tokens: prompt tokens evicted at prefill (merged in unless
+        merge=none), and evicted_text: text tokens among them (kv head 0),
+        with the text prior 0 unless the text outside the recent window
+        exceeds alpha_2 of the prompt. Both count prefill only: what
+        evict_while_decoding evicts later is not added."""
         return dict(cache.notes)
 
 

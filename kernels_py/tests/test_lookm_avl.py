@@ -294,3 +294,47 @@ def test_lookm_merging_helps_flat_attention_and_hurts_sharp_attention_at_large_b
     synthetic = {m: ablation.run("lookm", {"recent_ratio": 0.2, "important_ratio": 0.2, "merge": m},
                                  dict(CFG, dtype="float16"))["metrics"]["rel_err_mean"] for m in ("none", "averaged")}
     assert synthetic["averaged"] > 2 * synthetic["none"]
+
+
+@pytest.mark.parametrize("name, params", [("lookm", {}), ("lookm", {"evict_while_decoding": True}), ("avl", {})])
+def test_a_prompt_without_images_keeps_its_text_budget(name, params):
+    """A text-only prompt (no image span): LOOK-M's text prior raises every
+    token alike, so it ranks by accumulated attention (Eq. 4); A-VL has no
+    core or secondary tokens and keeps its text window. Both failed at
+    prefill, on the empty list of visual positions."""
+    from kernels_py.attention import Spans
+
+    g = torch.Generator().manual_seed(0)
+    spans = Spans((0, 4), (), (4, 40))
+    q, k, v = torch.randn(4, 40, 16, generator=g), torch.randn(2, 40, 16, generator=g), torch.randn(2, 40, 16,
+                                                                                                    generator=g)
+    method = make_method(name, params)
+    cache = method.prefill(0, q, k, v, spans)
+    assert cache.tokens == (int(40 * 0.2) if name == "lookm" else int(40 * 0.5))
+    for _ in range(3):
+        out = method.decode(0, cache, torch.randn(4, 1, 16, generator=g), torch.randn(2, 1, 16, generator=g),
+                            torch.randn(2, 1, 16, generator=g))
+        assert out.shape == (4, 1, 16) and torch.isfinite(out).all()
+    metrics = method.layer_metrics(0, cache)
+    if name == "avl":
+        assert metrics["core_tokens"] == metrics["secondary_tokens"] == 0
+    else:
+        assert metrics["evicted_text"] == 40 - int(40 * 0.2)
+
+
+def test_avl_decode_gathers_the_core_rows_only_on_update_steps(workload, monkeypatch):
+    """The selected-row op attends over core + text without a gathered copy;
+    the step's weights are then needed for the text rows (H2O) and, on an
+    update step, for every stored row (the new core). A copy of the core
+    rows on the other steps undid what the op saves (A-VL Figure 8)."""
+    from kernels_py.methods import avl
+
+    gathered = []
+    monkeypatch.setattr(avl, "expand_kv", lambda x, heads: gathered.append(x.shape[1]) or
+                        x.repeat_interleave(heads // x.shape[0], 0))
+    method = make_method("avl", {"secondary": 40, "core": 20, "update_every": 3, "text_window": 100})
+    cache = method.prefill(2, workload.q[2], workload.k[2], workload.v[2], workload.spans)
+    for step in range(4):
+        method.decode(2, cache, *(t[2][step] for t in (workload.decode_q, workload.decode_k, workload.decode_v)))
+    text = 24 + 1  # prompt text plus the step's token
+    assert gathered == [text, text + 1, 25 + text + 2, text + 3]
