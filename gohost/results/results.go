@@ -5,7 +5,6 @@
 package results
 
 import (
-	"bufio"
 	"bytes"
 	"crypto/rand"
 	"crypto/sha256"
@@ -514,11 +513,29 @@ func (r *Run) Append(rec Record) error {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if _, err := r.journal.Write(append(line, '\n')); err != nil {
+	if err := appendLine(r.journal, line); err != nil {
 		return fmt.Errorf("journal job %s: %w", rec.JobID, err)
 	}
-	if err := r.journal.Sync(); err != nil {
-		return fmt.Errorf("journal job %s: fsync: %w", rec.JobID, err)
+	return nil
+}
+
+// appendLine appends line and a newline to f, opened for appending, and
+// fsyncs it. A write that fails part way (a full disk) is cut off again:
+// left in place, the next line would be glued to it, and the journal would
+// hold a bad line before good ones, which no reader gets past.
+func appendLine(f *os.File, line []byte) error {
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(append(line, '\n')); err != nil {
+		if terr := f.Truncate(st.Size()); terr != nil {
+			return fmt.Errorf("%w; cutting off the partial line also failed (%v): a reopen of the run cuts it", err, terr)
+		}
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("fsync: %w", err)
 	}
 	return nil
 }
@@ -583,25 +600,25 @@ func ReadJournal(dir string) ([]Record, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Split in memory, with no bound on a line's length: Append writes
+	// records of any size (a job's per-layer lists), and a line the reader
+	// refused would make the whole run unreadable.
+	lines := bytes.Split(data, []byte("\n"))
 	var recs []Record
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	sc.Buffer(make([]byte, 1<<20), 64<<20)
-	for n := 1; sc.Scan(); n++ {
-		line := sc.Bytes()
+	for i, line := range lines {
 		if len(bytes.TrimSpace(line)) == 0 {
 			continue
 		}
 		var rec Record
 		if err := json.Unmarshal(line, &rec); err != nil {
-			torn := n == bytes.Count(data, []byte("\n"))+1 // last line, no newline after it
-			if torn {
+			if i == len(lines)-1 { // last line, no newline after it: torn
 				break
 			}
-			return nil, fmt.Errorf("%s line %d: %w", filepath.Join(dir, JournalFile), n, err)
+			return nil, fmt.Errorf("%s line %d: %w", filepath.Join(dir, JournalFile), i+1, err)
 		}
 		recs = append(recs, rec)
 	}
-	return recs, sc.Err()
+	return recs, nil
 }
 
 // Finished maps job ids to their last journal record.

@@ -51,11 +51,8 @@ func (s *Segment) Append(rec Record) error {
 	if err != nil {
 		return fmt.Errorf("journal job %s: %w", rec.JobID, err)
 	}
-	if _, err := s.f.Write(append(line, '\n')); err != nil {
+	if err := appendLine(s.f, line); err != nil {
 		return fmt.Errorf("journal job %s in %s: %w", rec.JobID, s.f.Name(), err)
-	}
-	if err := s.f.Sync(); err != nil {
-		return fmt.Errorf("journal job %s in %s: fsync: %w", rec.JobID, s.f.Name(), err)
 	}
 	return nil
 }
