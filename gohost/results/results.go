@@ -219,6 +219,13 @@ func Create(root string, m Manifest) (*Run, error) {
 	if err != nil {
 		return nil, err
 	}
+	if IsRun(dir) {
+		// Two runs started in the same second whose ids also drew the same
+		// random suffix (a cluster's many hosts on one results root): the
+		// second would rewrite the first's manifest and add to its journal.
+		lock.Unlock()
+		return nil, fmt.Errorf("create run %s: the directory already holds a run; start again for a new run id, or --resume it", dir)
+	}
 	r := &Run{Dir: dir, manifest: m, lock: lock}
 	if err := removeTemps(dir); err != nil {
 		lock.Unlock()

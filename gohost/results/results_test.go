@@ -619,3 +619,38 @@ func TestJournalReadsLongLines(t *testing.T) {
 		t.Fatalf("read %d records, %v", len(recs), err)
 	}
 }
+
+// Create never takes over a run directory that already holds a run (a run
+// id drawn twice): its manifest and journal stay the first run's.
+func TestCreateRefusesAnExistingRun(t *testing.T) {
+	root := t.TempDir()
+	m := Manifest{Experiment: "quick", RunID: "20260101-000000-abcdef", File: "first.star"}
+	r, err := Create(root, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Append(rec("a", StatusOK, nil)); err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+	m.File = "second.star"
+	if r2, err := Create(root, m); err == nil {
+		r2.Close()
+		t.Fatal("created a run over an existing one")
+	} else if !strings.Contains(err.Error(), "already holds a run") {
+		t.Errorf("error %v does not say the directory holds a run", err)
+	}
+	got, err := ReadManifest(r.Dir)
+	if err != nil || got.File != "first.star" {
+		t.Errorf("manifest now names %q (%v), want the first run's", got.File, err)
+	}
+	if recs, err := ReadJournal(r.Dir); err != nil || len(recs) != 1 {
+		t.Errorf("journal: %d records, %v", len(recs), err)
+	}
+	// Its lock was let go: the run can still be resumed.
+	r3, err := Open(r.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r3.Close()
+}
