@@ -345,7 +345,7 @@ func rebuildManifest(dir string) (Manifest, error) {
 }
 
 func (r *Run) openJournal() error {
-	f, err := os.OpenFile(filepath.Join(r.Dir, JournalFile), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	f, err := os.OpenFile(filepath.Join(r.Dir, JournalFile), os.O_CREATE|os.O_APPEND|os.O_RDWR, 0o644) // read: appendLine checks what it cuts
 	if err != nil {
 		return fmt.Errorf("open journal: %w", err)
 	}
@@ -526,18 +526,16 @@ func (r *Run) Append(rec Record) error {
 	return nil
 }
 
-// appendLine appends line and a newline to f, opened for appending, and
-// fsyncs it. A write that fails part way (a full disk) is cut off again:
-// left in place, the next line would be glued to it, and the journal would
-// hold a bad line before good ones, which no reader gets past.
+// appendLine appends line and a newline to f, opened for reading and
+// appending, and fsyncs it. A write that fails part way (a full disk) is
+// cut off again: left in place, the next line would be glued to it, and the
+// journal would hold a bad line before good ones, which no reader gets past.
 func appendLine(f *os.File, line []byte) error {
-	st, err := f.Stat()
+	line = append(line, '\n')
+	n, err := f.Write(line)
 	if err != nil {
-		return err
-	}
-	if _, err := f.Write(append(line, '\n')); err != nil {
-		if terr := f.Truncate(st.Size()); terr != nil {
-			return fmt.Errorf("%w; cutting off the partial line also failed (%v): a reopen of the run cuts it", err, terr)
+		if n > 0 && !cutPartial(f, line[:n]) {
+			return fmt.Errorf("%w; the partial line could not be cut off (a reopen cuts it if it is the last)", err)
 		}
 		return err
 	}
@@ -545,6 +543,22 @@ func appendLine(f *os.File, line []byte) error {
 		return fmt.Errorf("fsync: %w", err)
 	}
 	return nil
+}
+
+// cutPartial truncates f by the partial bytes a failed write appended, if
+// they are still its end: a task attempt writing the same segment may have
+// appended a whole line after them, which must stay.
+func cutPartial(f *os.File, partial []byte) bool {
+	st, err := f.Stat()
+	if err != nil || st.Size() < int64(len(partial)) {
+		return false
+	}
+	at := st.Size() - int64(len(partial))
+	tail := make([]byte, len(partial))
+	if _, err := f.ReadAt(tail, at); err != nil || !bytes.Equal(tail, partial) {
+		return false
+	}
+	return f.Truncate(at) == nil
 }
 
 // Close closes the journal and lets go of the run directory.

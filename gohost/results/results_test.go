@@ -654,3 +654,32 @@ func TestCreateRefusesAnExistingRun(t *testing.T) {
 	}
 	r3.Close()
 }
+
+// cutPartial cuts a failed write's bytes only while they end the file: a
+// whole line another writer appended after them stays.
+func TestCutPartialKeepsAnotherWritersLine(t *testing.T) {
+	for _, tc := range []struct {
+		name, content string
+		cut           bool
+		after         string
+	}{
+		{"partial at the end", "{\"a\":1}\n{\"b\":", true, "{\"a\":1}\n"},
+		{"another line after it", "{\"a\":1}\n{\"b\":{\"c\":3}\n", false, "{\"a\":1}\n{\"b\":{\"c\":3}\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "j.jsonl")
+			os.WriteFile(path, []byte(tc.content), 0o644)
+			f, err := os.OpenFile(path, os.O_RDWR|os.O_APPEND, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			if got := cutPartial(f, []byte("{\"b\":")); got != tc.cut {
+				t.Errorf("cut %v, want %v", got, tc.cut)
+			}
+			if data, _ := os.ReadFile(path); string(data) != tc.after {
+				t.Errorf("file holds %q, want %q", data, tc.after)
+			}
+		})
+	}
+}

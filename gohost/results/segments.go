@@ -38,7 +38,7 @@ func CreateSegment(dir, name string) (*Segment, error) {
 	if err := truncateTornLine(path); err != nil {
 		return nil, err
 	}
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_RDWR, 0o644) // read: appendLine checks what it cuts
 	if err != nil {
 		return nil, fmt.Errorf("create journal segment: %w", err)
 	}
