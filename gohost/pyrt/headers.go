@@ -88,7 +88,7 @@ func fetchHeaders(ctx context.Context, base string, cfg ManagedConfig) error {
 	if _, ok := files["Python.h"]; !ok {
 		return fmt.Errorf("%s holds no Python.h", path.Base(filename))
 	}
-	if err := installTree(include, files); err != nil {
+	if err := installTree(include, files, 0o644); err != nil {
 		return err
 	}
 	return nil
@@ -248,9 +248,11 @@ func arMember(data []byte, prefix string) ([]byte, string, error) {
 	return nil, "", fmt.Errorf("no %s* member in the archive", prefix)
 }
 
-// installTree writes files into dir atomically: a sibling temporary directory
-// is filled and renamed into place.
-func installTree(dir string, files map[string][]byte) error {
+// installTree writes files into dir atomically, each with mode perm: a
+// sibling temporary directory is filled and renamed into place, so a file
+// found there is whole and has its mode (a chmod after the rename, cut
+// short, left a uv that every later bootstrap found and could not run).
+func installTree(dir string, files map[string][]byte, perm os.FileMode) error {
 	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
 		return err
 	}
@@ -267,7 +269,30 @@ func installTree(dir string, files map[string][]byte) error {
 		if err := os.WriteFile(dst, data, 0o644); err != nil {
 			return err
 		}
+		if err := os.Chmod(dst, perm); err != nil { // WriteFile's mode is masked by the umask
+			return err
+		}
+	}
+	if installed(dir, files, perm) { // another process installed them meanwhile: it may be using them
+		return nil
 	}
 	os.RemoveAll(dir) // an earlier, incomplete directory (no Python.h) is not kept
-	return os.Rename(tmp, dir)
+	if err := os.Rename(tmp, dir); err != nil {
+		if installed(dir, files, perm) {
+			return nil
+		}
+		return fmt.Errorf("install %s: %w", dir, err)
+	}
+	return nil
+}
+
+// installed says whether dir holds every one of files, whole and with mode perm.
+func installed(dir string, files map[string][]byte, perm os.FileMode) bool {
+	for rel, data := range files {
+		st, err := os.Stat(filepath.Join(dir, filepath.FromSlash(rel)))
+		if err != nil || !st.Mode().IsRegular() || st.Size() != int64(len(data)) || st.Mode().Perm() != perm {
+			return false
+		}
+	}
+	return true
 }

@@ -215,3 +215,70 @@ func keys(m map[string][]byte) []string {
 	}
 	return out
 }
+
+// ensureUV installs uv executable, and installs again a uv it finds that
+// cannot be run (left by a bootstrap killed between the rename and the
+// chmod), instead of handing it to every later bootstrap.
+func TestEnsureUVInstallsAnExecutable(t *testing.T) {
+	body := []byte("#!/bin/sh\necho uv\n")
+	var whl bytes.Buffer
+	zw := zip.NewWriter(&whl)
+	f, _ := zw.Create("uv-" + UVVersion + ".data/scripts/uv")
+	f.Write(body)
+	zw.Close()
+	sum := sha256.Sum256(whl.Bytes())
+	name := "uv-" + UVVersion + "-test.whl"
+	old, had := uvWheels[runtime.GOARCH]
+	uvWheels[runtime.GOARCH] = pinnedWheel{name, hex.EncodeToString(sum[:])}
+	t.Cleanup(func() {
+		if had {
+			uvWheels[runtime.GOARCH] = old
+		} else {
+			delete(uvWheels, runtime.GOARCH)
+		}
+	})
+	fetches := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/files/uv.whl" {
+			fetches++
+			w.Write(whl.Bytes())
+			return
+		}
+		fmt.Fprintf(w, `{"files": [{"filename": %q, "url": "/files/uv.whl"}]}`, name)
+	}))
+	defer srv.Close()
+	t.Setenv("VLKV_PYPI_INDEX", srv.URL+"/simple")
+
+	for _, tc := range []struct {
+		name        string
+		stale       os.FileMode // mode of a uv already there; 0: none
+		wantFetches int
+	}{
+		{"none yet", 0, 1},
+		{"left unexecutable", 0o644, 1},
+		{"ready", 0o755, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cache := t.TempDir()
+			uv := filepath.Join(cache, "tools", "uv-"+UVVersion, "uv")
+			if tc.stale != 0 {
+				os.MkdirAll(filepath.Dir(uv), 0o755)
+				if err := os.WriteFile(uv, body, tc.stale); err != nil {
+					t.Fatal(err)
+				}
+				os.Chmod(uv, tc.stale)
+			}
+			fetches = 0
+			got, err := ensureUV(context.Background(), ManagedConfig{CacheDir: cache, Log: zerolog.Nop(), HTTP: srv.Client()})
+			if err != nil || got != uv {
+				t.Fatalf("got %q, %v", got, err)
+			}
+			if st, err := os.Stat(uv); err != nil || st.Mode().Perm()&0o100 == 0 {
+				t.Errorf("uv is not executable: %v, %v", st.Mode(), err)
+			}
+			if fetches != tc.wantFetches {
+				t.Errorf("fetched the wheel %d times, want %d", fetches, tc.wantFetches)
+			}
+		})
+	}
+}

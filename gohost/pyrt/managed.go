@@ -163,6 +163,11 @@ func buildVenv(ctx context.Context, cfg ManagedConfig, basePython, venv string) 
 	if err := os.WriteFile(filepath.Join(tmpVenv, readyMarker), []byte(cfg.Project.From+"\n"), 0o644); err != nil {
 		return err
 	}
+	// A venv without its marker (a copy cut short, an install of another
+	// version) is never used; left there, the rename fails on every bootstrap.
+	if err := os.RemoveAll(venv); err != nil {
+		return fmt.Errorf("remove the unfinished venv %s: %w", venv, err)
+	}
 	if err := os.Rename(tmpVenv, venv); err != nil {
 		return fmt.Errorf("move the finished venv into place: %w", err)
 	}

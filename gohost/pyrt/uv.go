@@ -35,7 +35,7 @@ var uvWheels = map[string]pinnedWheel{
 func ensureUV(ctx context.Context, cfg ManagedConfig) (string, error) {
 	dir := filepath.Join(cfg.CacheDir, "tools", "uv-"+UVVersion)
 	uv := filepath.Join(dir, "uv")
-	if isFile(uv) {
+	if isExecutable(uv) {
 		return uv, nil
 	}
 	pin, ok := uvWheels[runtime.GOARCH]
@@ -62,13 +62,18 @@ func ensureUV(ctx context.Context, cfg ManagedConfig) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("%s: %w", pin.filename, err)
 	}
-	if err := installTree(dir, map[string][]byte{"uv": bin}); err != nil {
-		return "", err
-	}
-	if err := os.Chmod(uv, 0o755); err != nil {
+	if err := installTree(dir, map[string][]byte{"uv": bin}, 0o755); err != nil {
 		return "", err
 	}
 	return uv, nil
+}
+
+// isExecutable says whether p is a regular file its owner may run; one
+// that is not (written by an earlier version, whose chmod came after the
+// rename) is installed again.
+func isExecutable(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && st.Mode().IsRegular() && st.Mode().Perm()&0o100 != 0
 }
 
 func (cfg ManagedConfig) client() *http.Client {

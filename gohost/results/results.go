@@ -5,7 +5,6 @@
 package results
 
 import (
-	"bufio"
 	"bytes"
 	"crypto/rand"
 	"crypto/sha256"
@@ -220,6 +219,13 @@ func Create(root string, m Manifest) (*Run, error) {
 	if err != nil {
 		return nil, err
 	}
+	if IsRun(dir) {
+		// Two runs started in the same second whose ids also drew the same
+		// random suffix (a cluster's many hosts on one results root): the
+		// second would rewrite the first's manifest and add to its journal.
+		lock.Unlock()
+		return nil, fmt.Errorf("create run %s: the directory already holds a run; start again for a new run id, or --resume it", dir)
+	}
 	r := &Run{Dir: dir, manifest: m, lock: lock}
 	if err := removeTemps(dir); err != nil {
 		lock.Unlock()
@@ -339,7 +345,7 @@ func rebuildManifest(dir string) (Manifest, error) {
 }
 
 func (r *Run) openJournal() error {
-	f, err := os.OpenFile(filepath.Join(r.Dir, JournalFile), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	f, err := os.OpenFile(filepath.Join(r.Dir, JournalFile), os.O_CREATE|os.O_APPEND|os.O_RDWR, 0o644) // read: appendLine checks what it cuts
 	if err != nil {
 		return fmt.Errorf("open journal: %w", err)
 	}
@@ -514,13 +520,45 @@ func (r *Run) Append(rec Record) error {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if _, err := r.journal.Write(append(line, '\n')); err != nil {
+	if err := appendLine(r.journal, line); err != nil {
 		return fmt.Errorf("journal job %s: %w", rec.JobID, err)
 	}
-	if err := r.journal.Sync(); err != nil {
-		return fmt.Errorf("journal job %s: fsync: %w", rec.JobID, err)
+	return nil
+}
+
+// appendLine appends line and a newline to f, opened for reading and
+// appending, and fsyncs it. A write that fails part way (a full disk) is
+// cut off again: left in place, the next line would be glued to it, and the
+// journal would hold a bad line before good ones, which no reader gets past.
+func appendLine(f *os.File, line []byte) error {
+	line = append(line, '\n')
+	n, err := f.Write(line)
+	if err != nil {
+		if n > 0 && !cutPartial(f, line[:n]) {
+			return fmt.Errorf("%w; the partial line could not be cut off (a reopen cuts it if it is the last)", err)
+		}
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("fsync: %w", err)
 	}
 	return nil
+}
+
+// cutPartial truncates f by the partial bytes a failed write appended, if
+// they are still its end: a task attempt writing the same segment may have
+// appended a whole line after them, which must stay.
+func cutPartial(f *os.File, partial []byte) bool {
+	st, err := f.Stat()
+	if err != nil || st.Size() < int64(len(partial)) {
+		return false
+	}
+	at := st.Size() - int64(len(partial))
+	tail := make([]byte, len(partial))
+	if _, err := f.ReadAt(tail, at); err != nil || !bytes.Equal(tail, partial) {
+		return false
+	}
+	return f.Truncate(at) == nil
 }
 
 // Close closes the journal and lets go of the run directory.
@@ -583,25 +621,25 @@ func ReadJournal(dir string) ([]Record, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Split in memory, with no bound on a line's length: Append writes
+	// records of any size (a job's per-layer lists), and a line the reader
+	// refused would make the whole run unreadable.
+	lines := bytes.Split(data, []byte("\n"))
 	var recs []Record
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	sc.Buffer(make([]byte, 1<<20), 64<<20)
-	for n := 1; sc.Scan(); n++ {
-		line := sc.Bytes()
+	for i, line := range lines {
 		if len(bytes.TrimSpace(line)) == 0 {
 			continue
 		}
 		var rec Record
 		if err := json.Unmarshal(line, &rec); err != nil {
-			torn := n == bytes.Count(data, []byte("\n"))+1 // last line, no newline after it
-			if torn {
+			if i == len(lines)-1 { // last line, no newline after it: torn
 				break
 			}
-			return nil, fmt.Errorf("%s line %d: %w", filepath.Join(dir, JournalFile), n, err)
+			return nil, fmt.Errorf("%s line %d: %w", filepath.Join(dir, JournalFile), i+1, err)
 		}
 		recs = append(recs, rec)
 	}
-	return recs, sc.Err()
+	return recs, nil
 }
 
 // Finished maps job ids to their last journal record.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/parquet-go/parquet-go"
+	"golang.org/x/sys/unix"
 )
 
 func newRun(t *testing.T) *Run {
@@ -534,4 +535,151 @@ func buildAndOpen(t *testing.T, dir string, rows int) (*parquet.File, []byte) {
 		t.Fatal(err)
 	}
 	return f, data
+}
+
+// A journal line that fails part way (a full disk; here the file size
+// limit) is cut off again, so the next line starts clean and the journal
+// stays readable, in the run's journal and in a task's segment alike.
+func TestAppendCutsOffAFailedWrite(t *testing.T) {
+	r := newRun(t)
+	seg, err := CreateSegment(r.Dir, SegmentName("sub", 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seg.Close()
+	for _, tc := range []struct {
+		name   string
+		path   string
+		append func(Record) error
+		read   func() ([]Record, error)
+	}{
+		{"journal", filepath.Join(r.Dir, JournalFile), r.Append, func() ([]Record, error) { return ReadJournal(r.Dir) }},
+		{"segment", SegmentPath(r.Dir, SegmentName("sub", 0)), seg.Append,
+			func() ([]Record, error) { return ReadSegment(SegmentPath(r.Dir, SegmentName("sub", 0))) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.append(rec("a", StatusOK, nil)); err != nil {
+				t.Fatal(err)
+			}
+			st, err := os.Stat(tc.path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The limit lets part of the next line through, then the write fails (EFBIG).
+			withFileSizeLimit(t, uint64(st.Size())+10, func() {
+				if err := tc.append(rec("b", StatusOK, map[string]any{"x": 1.0})); err == nil {
+					t.Fatal("a write past the file size limit succeeded")
+				}
+			})
+			if after, _ := os.Stat(tc.path); after.Size() != st.Size() {
+				t.Errorf("the failed line left %d bytes behind", after.Size()-st.Size())
+			}
+			if err := tc.append(rec("c", StatusOK, nil)); err != nil {
+				t.Fatal(err)
+			}
+			recs, err := tc.read()
+			if err != nil || len(recs) != 2 || recs[0].JobID != "a" || recs[1].JobID != "c" {
+				t.Fatalf("read %v, %v; want a and c", recs, err)
+			}
+		})
+	}
+}
+
+// withFileSizeLimit runs fn with RLIMIT_FSIZE at limit bytes (the Go
+// runtime ignores the SIGXFSZ a write past it raises; the write fails).
+func withFileSizeLimit(t *testing.T, limit uint64, fn func()) {
+	t.Helper()
+	var old unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_FSIZE, &old); err != nil {
+		t.Skip(err)
+	}
+	if old.Max != unix.RLIM_INFINITY && old.Max < limit {
+		t.Skip("file size limit already below the test's")
+	}
+	if err := unix.Setrlimit(unix.RLIMIT_FSIZE, &unix.Rlimit{Cur: limit, Max: old.Max}); err != nil {
+		t.Skip(err)
+	}
+	defer unix.Setrlimit(unix.RLIMIT_FSIZE, &old)
+	fn()
+}
+
+// A record of any size that Append writes, ReadJournal reads back: a line
+// over a reader's buffer made every later read of the run fail.
+func TestJournalReadsLongLines(t *testing.T) {
+	r := newRun(t)
+	big := rec("a", StatusOK, nil)
+	big.Extra = map[string]any{"per_token": strings.Repeat("x", 65<<20)}
+	for _, rc := range []Record{big, rec("b", StatusOK, nil)} {
+		if err := r.Append(rc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	recs, err := ReadJournal(r.Dir)
+	if err != nil || len(recs) != 2 || len(recs[0].Extra["per_token"].(string)) != 65<<20 {
+		t.Fatalf("read %d records, %v", len(recs), err)
+	}
+}
+
+// Create never takes over a run directory that already holds a run (a run
+// id drawn twice): its manifest and journal stay the first run's.
+func TestCreateRefusesAnExistingRun(t *testing.T) {
+	root := t.TempDir()
+	m := Manifest{Experiment: "quick", RunID: "20260101-000000-abcdef", File: "first.star"}
+	r, err := Create(root, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Append(rec("a", StatusOK, nil)); err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+	m.File = "second.star"
+	if r2, err := Create(root, m); err == nil {
+		r2.Close()
+		t.Fatal("created a run over an existing one")
+	} else if !strings.Contains(err.Error(), "already holds a run") {
+		t.Errorf("error %v does not say the directory holds a run", err)
+	}
+	got, err := ReadManifest(r.Dir)
+	if err != nil || got.File != "first.star" {
+		t.Errorf("manifest now names %q (%v), want the first run's", got.File, err)
+	}
+	if recs, err := ReadJournal(r.Dir); err != nil || len(recs) != 1 {
+		t.Errorf("journal: %d records, %v", len(recs), err)
+	}
+	// Its lock was let go: the run can still be resumed.
+	r3, err := Open(r.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r3.Close()
+}
+
+// cutPartial cuts a failed write's bytes only while they end the file: a
+// whole line another writer appended after them stays.
+func TestCutPartialKeepsAnotherWritersLine(t *testing.T) {
+	for _, tc := range []struct {
+		name, content string
+		cut           bool
+		after         string
+	}{
+		{"partial at the end", "{\"a\":1}\n{\"b\":", true, "{\"a\":1}\n"},
+		{"another line after it", "{\"a\":1}\n{\"b\":{\"c\":3}\n", false, "{\"a\":1}\n{\"b\":{\"c\":3}\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "j.jsonl")
+			os.WriteFile(path, []byte(tc.content), 0o644)
+			f, err := os.OpenFile(path, os.O_RDWR|os.O_APPEND, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			if got := cutPartial(f, []byte("{\"b\":")); got != tc.cut {
+				t.Errorf("cut %v, want %v", got, tc.cut)
+			}
+			if data, _ := os.ReadFile(path); string(data) != tc.after {
+				t.Errorf("file holds %q, want %q", data, tc.after)
+			}
+		})
+	}
 }

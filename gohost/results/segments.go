@@ -38,7 +38,7 @@ func CreateSegment(dir, name string) (*Segment, error) {
 	if err := truncateTornLine(path); err != nil {
 		return nil, err
 	}
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_RDWR, 0o644) // read: appendLine checks what it cuts
 	if err != nil {
 		return nil, fmt.Errorf("create journal segment: %w", err)
 	}
@@ -51,11 +51,8 @@ func (s *Segment) Append(rec Record) error {
 	if err != nil {
 		return fmt.Errorf("journal job %s: %w", rec.JobID, err)
 	}
-	if _, err := s.f.Write(append(line, '\n')); err != nil {
+	if err := appendLine(s.f, line); err != nil {
 		return fmt.Errorf("journal job %s in %s: %w", rec.JobID, s.f.Name(), err)
-	}
-	if err := s.f.Sync(); err != nil {
-		return fmt.Errorf("journal job %s in %s: fsync: %w", rec.JobID, s.f.Name(), err)
 	}
 	return nil
 }

@@ -85,6 +85,7 @@ func (d Descriptor) Span() (start, end int64, err error) {
 	}
 	empty := false
 	last := int64(0) // element index of the last element, relative to start
+	count := int64(1)
 	for i, n := range d.Shape {
 		if n < 0 {
 			return 0, 0, fmt.Errorf("negative size %d in dimension %d", n, i)
@@ -95,6 +96,12 @@ func (d Descriptor) Span() (start, end int64, err error) {
 		if n == 0 {
 			empty = true
 			continue
+		}
+		// Zero strides let a shape name more elements than the bytes it
+		// spans; their count must still be an int64 (NumElements).
+		var ok bool
+		if count, ok = mul(count, n); !ok {
+			return 0, 0, fmt.Errorf("shape %v: element count %w", d.Shape, errOverflow)
 		}
 		step, ok := mul(n-1, d.Strides[i])
 		if !ok {

@@ -37,21 +37,25 @@ func WriteNPYWidened(path string, t *Tensor) error {
 	if t.DType() != BFloat16 {
 		return WriteNPY(path, t)
 	}
+	// Checked here, as writeNPY does, so the error names the file and what to do.
+	if d := t.Desc(); !d.Contiguous() {
+		return fmt.Errorf("write npy %s: shape %v with strides %v is not contiguous; copy it into a contiguous tensor first", path, d.Shape, d.Strides)
+	}
 	values, err := t.Float64s()
 	if err != nil {
-		return err
+		return fmt.Errorf("write npy %s: %w", path, err)
 	}
 	ar, err := NewArena(2, "npy-float32", max(1, 2*int64(len(t.Bytes()))))
 	if err != nil {
-		return err
+		return fmt.Errorf("write npy %s: %w", path, err)
 	}
 	defer ar.Close()
 	out, err := ar.NewTensor(Float32, t.Shape()...)
 	if err != nil {
-		return err
+		return fmt.Errorf("write npy %s: %w", path, err)
 	}
 	if err := out.SetFloat64s(values); err != nil {
-		return err
+		return fmt.Errorf("write npy %s: %w", path, err)
 	}
 	return WriteNPY(path, out)
 }

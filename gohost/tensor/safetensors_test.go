@@ -575,18 +575,25 @@ func TestWriteNPYErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	y, _ := a.NewTensor(BFloat16, 2, 3)
+	bfTransposed, err := a.Tensor(Descriptor{Arena: a.ID(), Offset: y.Desc().Offset, DType: BFloat16, Shape: []int64{3, 2}, Strides: []int64{1, 3}, Device: CPU})
+	if err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
-		name string
-		x    *Tensor
-		want []string
+		name  string
+		write func(string, *Tensor) error
+		x     *Tensor
+		want  []string
 	}{
-		{"bfloat16", bf, []string{"bfloat16 has no numpy dtype", "float32"}},
-		{"not contiguous", transposed, []string{"not contiguous"}},
+		{"bfloat16", WriteNPY, bf, []string{"bfloat16 has no numpy dtype", "float32"}},
+		{"not contiguous", WriteNPY, transposed, []string{"x.npy", "not contiguous", "copy it into a contiguous tensor"}},
+		{"bfloat16 widened, not contiguous", WriteNPYWidened, bfTransposed, []string{"x.npy", "not contiguous", "copy it into a contiguous tensor"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
-			wantErr(t, WriteNPY(filepath.Join(dir, "x.npy"), tc.x), tc.want...)
+			wantErr(t, tc.write(filepath.Join(dir, "x.npy"), tc.x), tc.want...)
 			if ents, _ := os.ReadDir(dir); len(ents) != 0 {
 				t.Errorf("a failed write left %v behind", ents[0].Name())
 			}

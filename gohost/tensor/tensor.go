@@ -103,9 +103,12 @@ type Region struct {
 // Float64s copies a contiguous tensor of any dtype out as float64s (half
 // types widened, integers converted), for checks and small reports.
 func (t *Tensor) Float64s() ([]float64, error) {
-	n := t.desc.NumElements()
-	out := make([]float64, n)
+	var out []float64
 	err := t.elements(func(get func(int) float64, _ func(int, float64)) {
+		// Sized only once the tensor is known contiguous, so its elements
+		// fit the arena: a worker's descriptor with zero strides names
+		// more elements than any memory holds.
+		out = make([]float64, t.desc.NumElements())
 		for i := range out {
 			out[i] = get(i)
 		}

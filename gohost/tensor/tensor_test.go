@@ -49,6 +49,7 @@ func TestDescriptorValidate(t *testing.T) {
 		{"stride count", with(func(d *Descriptor) { d.Strides = []int64{1} }), 4096, "1 strides for 2 dimensions"},
 		{"misaligned", with(func(d *Descriptor) { d.ByteOffset = 2 }), 4096, "not aligned"},
 		{"overflowing shape", with(func(d *Descriptor) { d.Shape = []int64{math.MaxInt64, 2} }), 4096, "overflow"},
+		{"broadcast element count overflowing", with(func(d *Descriptor) { d.Shape = []int64{1 << 32, 1 << 32}; d.Strides = []int64{0, 0} }), 4096, "element count"},
 		{"overflowing offset", with(func(d *Descriptor) { d.Offset = math.MaxInt64 - 3 }), 4096, "overflow"},
 		{"too many dims", with(func(d *Descriptor) { d.Shape = make([]int64, 17); d.Strides = make([]int64, 17) }), 4096, "rank 17"},
 	}
@@ -375,5 +376,28 @@ func TestWriteNPYLongNames(t *testing.T) {
 	// What fits no file system is still refused, with the path in the error.
 	if err := WriteNPY(filepath.Join(t.TempDir(), strings.Repeat("d", 256)+".npy"), x); err == nil {
 		t.Error("wrote a file whose name is over 255 bytes")
+	}
+}
+
+// A worker's descriptor with zero strides names more elements than the
+// bytes it spans: copying it out refuses it as not contiguous, without
+// sizing a buffer by its element count first (a host panic, or all memory).
+func TestFloat64sOfABroadcastDescriptor(t *testing.T) {
+	a, err := NewArena(1, "broadcast", 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	for _, dt := range []DType{BFloat16, Float32} {
+		x, err := a.Tensor(Descriptor{Arena: 1, DType: dt, Shape: []int64{1 << 31, 1 << 31}, Strides: []int64{0, 0}, Device: CPU})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := x.Float64s(); err == nil || !strings.Contains(err.Error(), "not contiguous") {
+			t.Errorf("%s: Float64s: %v, want a not-contiguous error", dt, err)
+		}
+		if err := WriteNPYWidened(filepath.Join(t.TempDir(), "x.npy"), x); err == nil || !strings.Contains(err.Error(), "not contiguous") {
+			t.Errorf("%s: WriteNPYWidened: %v, want a not-contiguous error", dt, err)
+		}
 	}
 }

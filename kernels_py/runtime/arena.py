@@ -223,6 +223,13 @@ class ArenaTensor:
             end = start + (sum((n - 1) * s for n, s in zip(shape, strides)) + 1) * itemsize
         if end > self.arena.size or start > self.arena.size:
             raise DescriptorError(f"bytes [{start}, {end}) fall outside arena {arena_id} of {self.arena.size} bytes")
+        # Zero strides let a shape name more elements than its bytes; their
+        # count must still be an int64, as the host checks it.
+        count = 1
+        for n in shape:
+            count *= n
+        if count > _INT64_MAX:
+            raise DescriptorError(f"shape {shape}: element count {count} overflows int64")
         self.desc = dict(desc)
         self.dtype_key = key
         self.dtype = _DTYPES[key]

@@ -108,6 +108,7 @@ def test_dlpack_refuses_copies_and_devices(mapped):
     # In bounds as checked, but cut to 2 and 5 on the way into DLPack's int64s.
     ({"shape": [(1 << 64) + 2, 3], "strides": [0, 1]}, "beyond int64"),
     ({"shape": [1, 3], "strides": [(1 << 64) + 5, 1]}, "beyond int64"),
+    ({"shape": [1 << 32, 1 << 32], "strides": [0, 0]}, "element count"),
 ])
 def test_bad_descriptors(mapped, change, match):
     with pytest.raises(arena.DescriptorError, match=match):
