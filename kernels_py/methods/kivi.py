@@ -48,8 +48,9 @@ class KIVI(Method):
             old = max(0, (tokens - self.residual) // self.group * self.group)
             positions = torch.arange(tokens, device=k[layer].device).expand(cache.kv_heads, -1)
             cache.add(self.bits, k[layer][:, :old], v[layer][:, :old], positions[:, :old])
-            cache.dense_k, cache.dense_v = k[layer][:, old:], v[layer][:, old:]
-            cache.dense_positions = positions[0, old:]
+            # Copies of their own: views would keep the whole prompt's K and V (a model batch's, even) alive.
+            cache.dense_k, cache.dense_v = k[layer][:, old:].clone(), v[layer][:, old:].clone()
+            cache.dense_positions = positions[0, old:].clone()
             caches.append(cache)
         return caches
 

@@ -207,3 +207,12 @@ def test_the_cache_holds_no_more_memory_than_it_reports(workload, name):
         method.decode(0, cache, q_t, k_t, v_t)
         assert held_bytes(cache) == method.cache_bytes(cache), step
     assert cache.dense_positions.tolist() == [PROMPT + 3]
+
+
+def test_kivi_holds_no_more_memory_than_it_reports(workload):
+    """KIVI's residual tokens after prefill are copies: views of the prompt held all of its K and V."""
+    method = make_method("kivi", {"residual": 16, "group": 32})
+    k, v = workload.k[0].clone(), workload.v[0].clone()
+    cache = method.prefill(0, workload.q[0], k, v, workload.spans)
+    assert cache.dense_positions.shape[0] == PROMPT - (PROMPT - 16) // 32 * 32  # 24 residual tokens
+    assert held_bytes(cache) == method.cache_bytes(cache)
