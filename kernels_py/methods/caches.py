@@ -3,7 +3,9 @@ selection rule the token-keeping methods share. Each representation knows its
 exact byte count and how to attend over what it holds.
 
 Here: kept tokens (a subset of the full K/V, gathered, so memory really
-shrinks). Low-rank factors are in methods/lowrank.py, quantized codes in
+shrinks). Low-rank factors are in methods/lowrank.py; the quantized codes
+of KIVI and ZipVL (ops/kv_quant's layout) in methods/mixed_precision.py,
+and the PyTorch quantization the low-rank factors may use in
 methods/quantized.py.
 """
 
