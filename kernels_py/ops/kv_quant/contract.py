@@ -152,7 +152,7 @@ def check_segment(seg: QuantKV, name: str = "segment", check_values: bool = True
     for scale, zero in (("k_scale", "k_zero"), ("v_scale", "v_zero")):
         # The kernels address a zero with its scale's strides (one set of strides for the pair).
         s, z = getattr(seg, scale), getattr(seg, zero)
-        if any(a != b for a, b, n in zip(s.stride(), z.stride(), s.shape) if n > 1):
+        if s.numel() and any(a != b for a, b, n in zip(s.stride(), z.stride(), s.shape) if n > 1):
             raise ValueError(f"{name}.{zero} has strides {z.stride()} and {name}.{scale} {s.stride()}: the kernels read "
                              f"both with the scale's strides, so they must be laid out alike (make both "
                              f".contiguous())")
