@@ -173,3 +173,13 @@ def test_no_channels_and_non_tensors_get_clear_errors(device):
             impl(q[..., :0], q_pos, k[..., :0], v[..., :0], pos, index, count)
         with pytest.raises(TypeError, match="count must be a torch.Tensor, got list"):
             impl(q, q_pos, k, v, pos, index, count.tolist())
+
+
+def test_heads_wider_than_256_are_refused_by_the_kernel(device):
+    # A 16-bit head of 512 channels needs 284672 bytes of shared memory on
+    # sm_90 (compiled): the launch failed on a GPU with Triton's
+    # out-of-resources error. The reference takes any.
+    args = case(device, torch.float16, "mha", head_dim=320)
+    with pytest.raises(ValueError, match="head_dim 320 is wider than the kernel's widest head, 256"):
+        op.gather_decode(*args)
+    assert op.reference.gather_decode(*args).out.shape == (2, 2, 1, 320)
