@@ -944,6 +944,20 @@ def test_rank_limits(device):
         kernel.lowrank_decode(q, q_pos, comp, dense, rope_base=None)
 
 
+@pytest.mark.parametrize("dtype,uw_dtype", [(torch.float32, None), (torch.float16, torch.float32),
+                                            (torch.bfloat16, torch.float16)], ids=["float32", "fp16-q", "mixed"])
+def test_absorbed_float32_factors_of_rank_256_over_head_dim_256_are_refused(dtype, uw_dtype, device):
+    # Their W_k tile needs 278528 bytes of shared memory (compiled for sm_80
+    # and sm_90): the launch failed on a GPU with Triton's out-of-resources error.
+    q, q_pos, comp, dense = make_case(device, dtype=dtype, uw_dtype=uw_dtype, head_dim=256, rank_k=256, rank_v=16,
+                                      comp_lens=(3, 2), dense_lens=(1, 1))
+    if dtype == torch.bfloat16:  # fp16 factors but a bf16 W_k: mixed, multiplied in float32
+        comp = CompressedKV(**{**comp.__dict__, "wk": comp.wk.to(torch.bfloat16)})
+    with pytest.raises(ValueError, match=r"holds W_k as one \[rank, head_dim\] tile, in float32 .* rank 256 x "
+                                         r"head_dim 256"):
+        kernel.lowrank_decode_absorbed(q, q_pos, comp, dense)
+
+
 def test_roofline_model_counts_the_bytes_of_the_issue():
     """fp16, 8 kv heads, head_dim 128, rank 64: 4096 bytes a token in the full
     cache, 256 in U_k + U_v, read once for all heads."""
