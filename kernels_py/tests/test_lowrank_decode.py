@@ -905,6 +905,14 @@ def test_arguments_of_the_wrong_kind_get_type_errors(device):
         ref.decompress(comp, 3, None)  # a view error naming no argument
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_compute_checks_rank_chunk_on_every_backend(backend, device):
+    # backend="torch" (what "auto" picks on CPU tensors) ignored a rank_chunk the kernel refuses.
+    q, q_pos, comp, dense = make_case(device, dtype=torch.float32)
+    with pytest.raises(ValueError, match="rank_chunk must be a power of two >= 16"):
+        lowrank_decode.compute(q, q_pos, comp, dense, rope_base=None, backend=backend, rank_chunk=24)
+
+
 def test_bad_options(device):
     q, q_pos, comp, dense = make_case(device, dtype=torch.float16)
     for kwargs, match in (({"num_splits": 0}, "num_splits"), ({"num_splits": 2.0}, "num_splits"),
