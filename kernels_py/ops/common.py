@@ -57,6 +57,22 @@ def check_launchable(t: torch.Tensor, name: str = "q") -> None:
                      f"PyTorch reference on CPU tensors instead")
 
 
+def check_int32_positions(name: str, positions: torch.Tensor, used: torch.Tensor | None = None) -> None:
+    """Raise ValueError where an int64 tensor of positions holds one that
+    int32 cannot (the kernels narrow positions to int32, so it would wrap and
+    change what a query sees); `used`: a mask of the entries that count (the
+    others may hold anything). Reads values: one host sync."""
+    if positions.dtype != torch.int64 or not positions.numel():
+        return
+    outside = (positions < -2**31) | (positions > 2**31 - 1)
+    if used is not None:
+        outside &= used
+    if outside.any():
+        bad = positions[outside]
+        raise ValueError(f"{name} holds positions outside int32, in [{int(bad.min())}, {int(bad.max())}]: the kernels "
+                         f"narrow positions to int32, where they would wrap")
+
+
 def dtype(name: str) -> torch.dtype:
     """The torch dtype a name in DTYPES stands for."""
     if name not in DTYPES:

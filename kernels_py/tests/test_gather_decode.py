@@ -118,3 +118,68 @@ def test_an_empty_index_tensor_with_a_count_is_rejected(device):
         op.gather_decode(q, q_pos, k, v, pos, index[..., :0], torch.ones_like(count))
     empty = op.gather_decode(q, q_pos, k, v, pos, index[..., :0], torch.zeros_like(count))
     assert (empty.out == 0).all() and torch.isinf(empty.lse).all()
+
+
+def test_positions_outside_int32_are_refused(device):
+    # The kernel narrows positions to int32: a query at 2**31 + 5 wrapped to a
+    # negative position and saw nothing, where the reference saw every row.
+    q, q_pos, k, v, pos, index, count = case(device, torch.float32, "mha")
+    far = q_pos.long() + 2**31
+    for impl in (op.gather_decode, op.reference.gather_decode):
+        with pytest.raises(ValueError, match=r"q_pos holds positions outside int32, in \[2147483727, 2147483727\]"):
+            impl(q, far, k, v, pos, index, count)
+    listed = pos.long().clone()
+    listed[0, index[0, 0, 0]] = -2**31 - 1
+    for impl in (op.gather_decode, op.reference.gather_decode):
+        with pytest.raises(ValueError, match=r"pos \(of the listed rows\) holds positions outside int32"):
+            impl(q, q_pos, k, v, listed, index, count)
+    # A row no list names may hold any position (it is never read); the extremes of int32 fit.
+    unlisted = pos.long().clone()
+    unlisted[1, :] = 2**40
+    unlisted[1, index[1, 1, :50].long()] = torch.arange(50, device=device) - 2**31
+    edge = q_pos.long().clone()
+    edge[1] = 2**31 - 1
+    got = op.gather_decode(q, edge, k, v, unlisted, index, count, block_n=16)
+    want = op.reference.gather_decode(q, edge, k, v, unlisted, index, count)
+    torch.testing.assert_close(got.out, want.out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got.lse, want.lse, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("empty", ["queries", "slots"])
+def test_no_query_tokens_or_no_slots_agree_with_the_reference(empty, device):
+    # M = 0 launched stage 1 with N_QUERIES=0 (a division by zero in the
+    # kernel); S = 0 made the reference gather from an empty cache (IndexError).
+    import warnings
+
+    q, q_pos, k, v, pos, index, count = case(device, torch.float32, "mha")
+    if empty == "queries":
+        q, q_pos = q[:, :, :0], q_pos[:, :0]
+    else:
+        k, v, pos, count = k[:, :, :0], v[:, :, :0], pos[:, :0], torch.zeros_like(count)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # the interpreter's division by zero
+        got = op.gather_decode(q, q_pos, k, v, pos, index, count)
+    want = op.reference.gather_decode(q, q_pos, k, v, pos, index, count)
+    torch.testing.assert_close(got.out, want.out)
+    torch.testing.assert_close(got.lse, want.lse)
+    assert got.out.shape == q.shape and (got.out == 0).all() and torch.isinf(got.lse).all()
+
+
+def test_no_channels_and_non_tensors_get_clear_errors(device):
+    q, q_pos, k, v, pos, index, count = case(device, torch.float32, "mha")
+    for impl in (op.gather_decode, op.reference.gather_decode):
+        # head_dim 0 failed in the softmax scale (ZeroDivisionError), a list in q.dim() (AttributeError).
+        with pytest.raises(ValueError, match=r"head_dim must be at least 1, got q of shape \(2, 2, 1, 0\)"):
+            impl(q[..., :0], q_pos, k[..., :0], v[..., :0], pos, index, count)
+        with pytest.raises(TypeError, match="count must be a torch.Tensor, got list"):
+            impl(q, q_pos, k, v, pos, index, count.tolist())
+
+
+def test_heads_wider_than_256_are_refused_by_the_kernel(device):
+    # A 16-bit head of 512 channels needs 284672 bytes of shared memory on
+    # sm_90 (compiled): the launch failed on a GPU with Triton's
+    # out-of-resources error. The reference takes any.
+    args = case(device, torch.float16, "mha", head_dim=320)
+    with pytest.raises(ValueError, match="head_dim 320 is wider than the kernel's widest head, 256"):
+        op.gather_decode(*args)
+    assert op.reference.gather_decode(*args).out.shape == (2, 2, 1, 320)

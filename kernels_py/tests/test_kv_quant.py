@@ -135,6 +135,75 @@ def test_concat_needs_a_full_first_segment(device):
         kv_quant.concat(half, full)
 
 
+
+def _other_layout(t):
+    """The same values as t [B, H, rows, cols], laid out cols-major (a view)."""
+    return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+
+@pytest.mark.parametrize("scale, zero", [("k_scale", "k_zero"), ("v_scale", "v_zero")])
+@pytest.mark.parametrize("moved", ["scale", "zero"])
+def test_a_zero_laid_out_unlike_its_scale_is_refused(scale, zero, moved, device):
+    # The kernels address a zero with its scale's strides: a zero laid out
+    # otherwise was read at the wrong places and dequantized silently wrong.
+    k, v, pos, length = (t.to(device) for t in random_kv(batch=2, kv_heads=2, slots=64, head_dim=64, lengths=[64, 32],
+                                                         dtype=torch.float16))
+    seg = kv_quant.quantize(k, v, pos, length, bits=4, group=32)
+    name = scale if moved == "scale" else zero
+    bad = kv_quant.QuantKV(**{**seg.__dict__, name: _other_layout(getattr(seg, name))})
+    for impl in (kv_quant.dequantize, ref.dequantize):
+        with pytest.raises(ValueError, match=f"segment.{zero} has strides .* kernels read both with the scale's"):
+            impl(bad)
+    # Laid out alike, any layout is read as the reference reads it.
+    alike = kv_quant.QuantKV(**{**seg.__dict__, scale: _other_layout(getattr(seg, scale)),
+                                zero: _other_layout(getattr(seg, zero))})
+    for got, want in zip(kv_quant.dequantize(alike), ref.dequantize(seg)):
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("bits, group", [(4.0, 32), (4, 32.0), (torch.tensor(4), 32), (4, torch.tensor(32))],
+                         ids=["bits-float", "group-float", "bits-tensor", "group-tensor"])
+def test_bits_and_group_must_be_ints(bits, group, device):
+    # 4.0 or a tensor equal to 4 passed the membership test and failed inside
+    # torch.empty or the kernel (an interpreter error, a compile error on a GPU).
+    k, v, pos, length = (t.to(device) for t in random_kv(batch=1, kv_heads=1, slots=64, head_dim=64, lengths=[64],
+                                                         dtype=torch.float16))
+    for impl in (kv_quant.quantize, ref.quantize):
+        with pytest.raises(ValueError, match=r"(bits|group)=.* \(an int\)"):
+            impl(k, v, pos, length, bits=bits, group=group)
+    seg = kv_quant.quantize(k, v, pos, length, bits=4, group=32)
+    bad = kv_quant.QuantKV(**{**seg.__dict__, "bits": bits, "group": group})
+    for impl in (kv_quant.dequantize, ref.dequantize):
+        with pytest.raises(ValueError, match=r"\(an int\)"):
+            impl(bad)
+
+
+def test_an_empty_head_dim_is_refused(device):
+    # 0 % group == 0 let head_dim 0 through to a kernel that cannot take it.
+    k, v, pos, length = (t.to(device) for t in random_kv(batch=1, kv_heads=1, slots=64, head_dim=64, lengths=[64],
+                                                         dtype=torch.float16))
+    for impl in (kv_quant.quantize, ref.quantize):
+        with pytest.raises(ValueError, match="head_dim must be at least 1, got 0"):
+            impl(k[..., :0], v[..., :0], pos, length, bits=4, group=32)
+
+
+@pytest.mark.parametrize("shift", [2**31, 2**32, -2**31 - 1 - 63], ids=["past-int32", "wraps-to-itself", "below"])
+def test_positions_must_fit_int32(shift, device):
+    # Positions are stored as int32: wider ones wrapped silently (2**32 + p
+    # came back as p; the kernel and the reference also disagreed on one that
+    # wrapped onto PAD_POS).
+    k, v, pos, length = (t.to(device) for t in random_kv(batch=1, kv_heads=1, slots=64, head_dim=64, lengths=[64],
+                                                         dtype=torch.float16))
+    for impl in (kv_quant.quantize, ref.quantize):
+        with pytest.raises(ValueError, match=r"pos must lie in \[-2\*\*31, 2147483647\]"):
+            impl(k, v, pos.long() + shift, length, bits=2, group=32)
+    edge = pos.long()
+    edge[0, 0], edge[0, 1] = -2**31, kv_quant.PAD_POS  # the extremes fit
+    got, want = kv_quant.quantize(k, v, edge, length, bits=2, group=32), ref.quantize(k, v, edge, length, bits=2,
+                                                                                     group=32)
+    for name in FIELDS:
+        torch.testing.assert_close(getattr(got, name), getattr(want, name), atol=0, rtol=0)
+
 @triton.jit
 def _code_pairs_kernel(Words, Out, BITS: tl.constexpr, N: tl.constexpr, DT: tl.constexpr):
     H: tl.constexpr = 16 // BITS

@@ -302,8 +302,8 @@ def test_ignores_padding_and_columns_past_each_rank(device):
     for the absorbed one, which reads a token's whole last 16-column chunk
     and drops its tail by a zero in q~ or a column mask (which a NaN would
     survive), large values in that chunk and NaN past it change nothing.
-    The reference, which multiplies them by zero, is run on the clean
-    inputs."""
+    Nor for the reference, which selects them away (it multiplied them by
+    zero, and a NaN there made its LSE NaN)."""
     q, q_pos, comp, dense = make_case(device, dtype=torch.float32, rank_k=40, rank_v=24, interleave=True)
     want = ref.lowrank_decode(q, q_pos, comp, dense, rope_base=10000.0)
     nan = float("nan")
@@ -321,6 +321,8 @@ def test_ignores_padding_and_columns_past_each_rank(device):
     poisoned_d = DenseKV(dk, dv, dense.pos, dense.length)
     got = decode(q, q_pos, poisoned["fused"], poisoned_d, rope_base=10000.0)
     check(got, want, q, comp, dense, torch.float32)
+    check(ref.lowrank_decode(q, q_pos, poisoned["fused"], poisoned_d, rope_base=10000.0), want, q, comp, dense,
+          torch.float32)
     absorbed = decode_absorbed(q, q_pos, poisoned["absorbed"], poisoned_d)
     check(absorbed, ref.lowrank_decode(q, q_pos, comp, dense, rope_base=None), q, comp, dense, torch.float32)
 
@@ -844,6 +846,73 @@ def test_bad_inputs(change, error, match, device):
         kernel.lowrank_decode_absorbed(*bad)
 
 
+IMPLEMENTATIONS = {
+    "fused": lambda *a: kernel.lowrank_decode(*a, rope_base=None),
+    "absorbed": lambda *a: kernel.lowrank_decode_absorbed(*a),
+    "reference": lambda *a: ref.lowrank_decode(*a, rope_base=None),
+}
+
+
+@pytest.mark.parametrize("impl", sorted(IMPLEMENTATIONS))
+def test_positions_outside_int32_are_refused(impl, device):
+    # The kernels narrow positions to int32: a query at 2**31 + p wrapped to
+    # a negative position and saw nothing, where the reference saw every token.
+    run = IMPLEMENTATIONS[impl]
+    q, q_pos, comp, dense = make_case(device, dtype=torch.float32)
+    with pytest.raises(ValueError, match="q_pos holds positions outside int32"):
+        run(q, q_pos.long() + 2**31, comp, dense)
+    far = comp.pos.long().clone()
+    far[0, 0] = -2**31 - 1
+    with pytest.raises(ValueError, match=r"comp.pos \(of the tokens within length\) holds positions outside int32"):
+        run(q, q_pos, CompressedKV(**{**comp.__dict__, "pos": far}), dense)
+    far = dense.pos.long().clone()
+    far[0, 0] = 2**32
+    with pytest.raises(ValueError, match=r"dense.pos \(of the tokens within length\) holds positions outside int32"):
+        run(q, q_pos, comp, DenseKV(**{**dense.__dict__, "pos": far}))
+    # Padding tokens' positions are never read: anything goes there.
+    padded = comp.pos.long().clone()
+    padded[1, comp.length[1]:] = 2**40
+    torch.testing.assert_close(run(q, q_pos, CompressedKV(**{**comp.__dict__, "pos": padded}), dense).out,
+                               ref.lowrank_decode(q, q_pos, comp, dense, rope_base=None).out, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("impl", sorted(IMPLEMENTATIONS))
+def test_no_query_tokens_or_channels_are_refused_by_every_implementation(impl, device):
+    # The kernels refused M = 0 while the reference returned NaN masses (an
+    # average over no rows); head_dim 0 failed in the reference's softmax
+    # scale (ZeroDivisionError).
+    run = IMPLEMENTATIONS[impl]
+    q, q_pos, comp, dense = make_case(device, dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"at least one query token and one channel, got shape \(2, 4, 0, 64\)"):
+        run(q[:, :, :0], q_pos[:, :0], comp, dense)
+    no_channels = DenseKV(dense.k[..., :0], dense.v[..., :0], dense.pos, dense.length)
+    no_w = CompressedKV(**{**comp.__dict__, "wk": comp.wk[..., :0], "wv": comp.wv[..., :0]})
+    with pytest.raises(ValueError, match=r"at least one query token and one channel, got shape \(2, 4, 1, 0\)"):
+        run(q[..., :0], q_pos, no_w, no_channels)
+
+
+def test_arguments_of_the_wrong_kind_get_type_errors(device):
+    q, q_pos, comp, dense = make_case(device, dtype=torch.float32)
+    for run in IMPLEMENTATIONS.values():
+        with pytest.raises(TypeError, match="comp must be a CompressedKV, got tuple"):  # an AttributeError
+            run(q, q_pos, tuple(comp.__dict__.values()), dense)
+        with pytest.raises(TypeError, match="dense.length must be a torch.Tensor, got list"):
+            run(q, q_pos, comp, DenseKV(**{**dense.__dict__, "length": dense.length.tolist()}))
+    for run in (kernel.lowrank_decode, ref.lowrank_decode):  # '<' between an int and a str
+        with pytest.raises(TypeError, match="rope_base must be a number or None, got str"):
+            run(q, q_pos, comp, dense, rope_base="10000")
+    with pytest.raises(ValueError, match="kv_heads must be a positive int dividing wk's 128 columns"):
+        ref.decompress(comp, 3, None)  # a view error naming no argument
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_compute_checks_rank_chunk_on_every_backend(backend, device):
+    # backend="torch" (what "auto" picks on CPU tensors) ignored a rank_chunk the kernel refuses.
+    q, q_pos, comp, dense = make_case(device, dtype=torch.float32)
+    with pytest.raises(ValueError, match="rank_chunk must be a power of two >= 16"):
+        lowrank_decode.compute(q, q_pos, comp, dense, rope_base=None, backend=backend, rank_chunk=24)
+
+
 def test_bad_options(device):
     q, q_pos, comp, dense = make_case(device, dtype=torch.float16)
     for kwargs, match in (({"num_splits": 0}, "num_splits"), ({"num_splits": 2.0}, "num_splits"),
@@ -881,6 +950,20 @@ def test_rank_limits(device):
                                       dense_lens=(1, 1))
     with pytest.raises(ValueError, match="uv has rank 300; the kernel keeps values in rank space and supports up to 256"):
         kernel.lowrank_decode(q, q_pos, comp, dense, rope_base=None)
+
+
+@pytest.mark.parametrize("dtype,uw_dtype", [(torch.float32, None), (torch.float16, torch.float32),
+                                            (torch.bfloat16, torch.float16)], ids=["float32", "fp16-q", "mixed"])
+def test_absorbed_float32_factors_of_rank_256_over_head_dim_256_are_refused(dtype, uw_dtype, device):
+    # Their W_k tile needs 278528 bytes of shared memory (compiled for sm_80
+    # and sm_90): the launch failed on a GPU with Triton's out-of-resources error.
+    q, q_pos, comp, dense = make_case(device, dtype=dtype, uw_dtype=uw_dtype, head_dim=256, rank_k=256, rank_v=16,
+                                      comp_lens=(3, 2), dense_lens=(1, 1))
+    if dtype == torch.bfloat16:  # fp16 factors but a bf16 W_k: mixed, multiplied in float32
+        comp = CompressedKV(**{**comp.__dict__, "wk": comp.wk.to(torch.bfloat16)})
+    with pytest.raises(ValueError, match=r"holds W_k as one \[rank, head_dim\] tile, in float32 .* rank 256 x "
+                                         r"head_dim 256"):
+        kernel.lowrank_decode_absorbed(q, q_pos, comp, dense)
 
 
 def test_roofline_model_counts_the_bytes_of_the_issue():

@@ -579,8 +579,10 @@ def default_tile(tiles: dict, elem_bytes: int, head_dim: int) -> tuple[int, int,
     and head_dim (ROW_TILE or COLUMN_TILE); the launchers and the op's model
     both ask here."""
     default_m, default_n, warps = tiles[min(elem_bytes, 4)]
-    default_n = min(default_n, max(16, MAX_TILE_ELEMENTS // common.block(head_dim)))  # wide heads: fewer keys
-    return default_m, default_n, warps
+    widest = max(16, MAX_TILE_ELEMENTS // common.block(head_dim))
+    # Wide heads: fewer keys, and fewer rows (the 16-bit row pass's [128, 256] query tile and its key
+    # tiles needed 256 KiB of shared memory on sm_90, more than a block may use: it failed to launch).
+    return min(default_m, widest), min(default_n, widest), warps
 
 
 def _tile(tiles: dict, q: torch.Tensor, block_m: int | None, block_n: int | None) -> tuple[int, int, int]:

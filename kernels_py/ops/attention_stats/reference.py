@@ -27,8 +27,13 @@ def attention_stats(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, p: fl
     reading q_pos on the host."""
     check_inputs(q, k, q_pos, pos_range, max_head_dim=None)
     p = check_threshold(p)
-    heads = q.shape[0]
+    heads, n_rows, _ = q.shape
     kv_heads, n_keys, _ = k.shape
+    if not n_rows:  # nothing selected (the reductions below cannot take a segment with no keys either)
+        zeros = torch.zeros((heads, n_keys), dtype=torch.float32, device=q.device)
+        empty = torch.empty((heads, 0), dtype=torch.float32, device=q.device)
+        counts = torch.zeros((heads, n_keys), dtype=torch.int32, device=q.device)
+        return AttentionStats(empty, empty.clone(), zeros, counts, counts.clone(), zeros[:kv_heads].clone(), float(p))
     scores, visible = causal_scores(q, k, q_pos, scale)
     row_max = scores.amax(dim=-1)
     row_sumexp = torch.exp(scores - row_max[..., None]).sum(dim=-1)

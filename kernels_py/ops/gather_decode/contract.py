@@ -17,15 +17,16 @@ list (count 0) is allowed: that kv head's query rows see nothing, their
 output is 0 and their LSE -inf. Entries outside [0, S) are rejected.
 
 Positions must lie below 2**31 - 1 and the listed rows' keys and values must
-be finite, hidden ones too (ops/splitk.py says why; neither is checked). Rows
-not listed are never read.
+be finite, hidden ones too (ops/splitk.py says why). Of these, check_inputs
+checks only that int64 positions (q_pos, and pos of the listed rows) fit
+int32, which the kernel narrows them to. Rows not listed are never read.
 """
 
 from typing import NamedTuple
 
 import torch
 
-from kernels_py.ops.common import FLOAT_DTYPES, INDEX_DTYPES
+from kernels_py.ops.common import FLOAT_DTYPES, INDEX_DTYPES, check_int32_positions
 
 
 class GatherDecodeOutput(NamedTuple):
@@ -38,9 +39,14 @@ class GatherDecodeOutput(NamedTuple):
 
 def check_inputs(q, q_pos, k, v, pos, index, count, check_values: bool = True) -> None:
     """Raise ValueError / TypeError naming the offending input."""
+    for name, t in (("q", q), ("q_pos", q_pos), ("k", k), ("v", v), ("pos", pos), ("index", index), ("count", count)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if q.dim() != 4:
         raise ValueError(f"q must be [batch, heads, queries, head_dim], got shape {tuple(q.shape)}")
     batch, heads, queries, head_dim = q.shape
+    if head_dim < 1:
+        raise ValueError(f"head_dim must be at least 1, got q of shape {tuple(q.shape)}")
     if k.dim() != 4 or k.shape != v.shape:
         raise ValueError(f"k and v must both be [batch, kv_heads, slots, head_dim], got {tuple(k.shape)} and "
                          f"{tuple(v.shape)}")
@@ -68,11 +74,15 @@ def check_inputs(q, q_pos, k, v, pos, index, count, check_values: bool = True) -
     entries = index.shape[2]
     if count.numel() and ((count < 0) | (count > entries)).any():
         raise ValueError(f"count must lie in [0, {entries}] (the entries of index), got {count.tolist()}")
+    check_int32_positions("q_pos", q_pos)
     if not index.numel():
         return
     used = torch.arange(entries, device=index.device) < count[..., None]
     if ((index < 0) | (index >= slots))[used].any():
         raise ValueError(f"index entries in use must lie in [0, {slots}) (the cache's slots)")
+    if pos.dtype == torch.int64 and slots:
+        listed = torch.where(used, index.to(torch.int64), 0).flatten(1)  # [B, H_kv * N]
+        check_int32_positions("pos (of the listed rows)", pos.gather(1, listed), used.flatten(1))
     ordered = torch.where(used, index.to(torch.int64), -1 - torch.arange(entries, device=index.device)).sort(-1).values
     if (ordered[..., 1:] == ordered[..., :-1]).any():
         raise ValueError("an index list holds a row twice: each row may be listed once per kv head (a duplicate "

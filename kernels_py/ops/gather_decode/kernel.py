@@ -23,6 +23,10 @@ from kernels_py.ops.gather_decode.contract import GatherDecodeOutput, check_inpu
 from kernels_py.ops.splitk import _attend_tile, _group_queries, _store_split
 
 MAX_ROWS = 128  # query heads per kv head x query tokens, one program's rows
+# The widest head: a 16-bit head of 512 channels (a [128, 512] K and V tile,
+# three stages) needs 284672 bytes of shared memory on sm_90, more than a
+# block may use; 256 needs 145408.
+MAX_HEAD_DIM = 256
 TOKENS_PER_SPLIT = 512
 DEFAULT_MAX_SPLITS = 64
 # 128-row tiles on 8 warps, three stages: the pipeliner loads the next
@@ -131,6 +135,9 @@ def gather_decode(q, q_pos, k, v, pos, index, count, *, sm_scale: float | None =
     batch, heads, queries, head_dim = q.shape
     kv_heads = k.shape[1]
     group = heads // kv_heads
+    if head_dim > MAX_HEAD_DIM:
+        raise ValueError(f"head_dim {head_dim} is wider than the kernel's widest head, {MAX_HEAD_DIM} (its tiles of "
+                         f"wider rows need more shared memory than a GPU block has); the reference takes any")
     if group * queries > MAX_ROWS:
         raise ValueError(f"query heads per kv head x query tokens = {group * queries} exceeds {MAX_ROWS}, the rows "
                          f"one program holds")
@@ -139,7 +146,7 @@ def gather_decode(q, q_pos, k, v, pos, index, count, *, sm_scale: float | None =
     dev = q.device
     out = torch.empty((batch, heads, queries, head_dim), dtype=q.dtype, device=dev)
     lse = torch.empty((batch, heads, queries), dtype=torch.float32, device=dev)
-    if batch == 0 or heads == 0:
+    if batch == 0 or heads == 0 or queries == 0:  # nothing to compute (and N_QUERIES=0 would divide by 0)
         return GatherDecodeOutput(out, lse)
     workspace = splitk.workspace_for(q, workspace, num_splits, lambda: default_num_splits(count))
     _stage1_kernel[(kv_heads, batch, workspace.splits)](

@@ -16,6 +16,9 @@ def gather_decode(q, q_pos, k, v, pos, index, count, *, sm_scale: float | None =
     scale = softmax_scale(sm_scale, head_dim, "sm_scale")
     entries = index.shape[2]
     used = torch.arange(entries, device=q.device) < count[..., None]  # [B, H_kv, N]
+    if not k.shape[2]:  # no slots (so every count is 0): one never listed, for the gathers below
+        k, v, pos = (torch.cat([t, t.new_zeros((*t.shape[:-2], 1, t.shape[-1]))], -2) for t in (k, v, pos[..., None]))
+        pos = pos[..., 0]
     safe = torch.where(used, index.to(torch.int64), 0)
     rows = safe[..., None].expand(-1, -1, -1, head_dim)
     keys = k.float().gather(2, rows).repeat_interleave(heads // kv_heads, 1)  # [B, Hq, N, D]

@@ -23,7 +23,8 @@ heads, head_dim D, b bits and P = 32 / b codes per int32 word:
   k_scale, k_zero  fp16 [B, H, T / G, D]  one pair per (group of slots, channel)
   v_scale, v_zero  fp16 [B, H, T, D / G]  one pair per (slot, group of channels)
   pos      int32 [B, T]  the absolute position of each slot's token;
-           PAD_POS marks a padding slot (never attended, codes 0)
+           PAD_POS marks a padding slot (never attended, codes 0);
+           quantize takes int32 or int64 positions, which must fit int32
   length   int [B]  slots in use, a multiple of G (appends fill whole groups,
            padding the last one)
 
@@ -95,11 +96,15 @@ def per_word(bits: int) -> int:
 
 
 def check_params(bits, group, head_dim: int) -> None:
-    """Raise ValueError for a bit width or group size the layout does not take."""
-    if isinstance(bits, bool) or bits not in BITS:
-        raise ValueError(f"bits={bits!r} is not supported: KV codes are {' or '.join(map(str, BITS))} bits")
-    if isinstance(group, bool) or group not in GROUPS:
-        raise ValueError(f"group={group!r} must be one of {list(GROUPS)}")
+    """Raise ValueError for a bit width or group size the layout does not take
+    (each a Python int: a float or a tensor equal to one would reach the
+    kernels as a constexpr of the wrong type)."""
+    if type(bits) is not int or bits not in BITS:
+        raise ValueError(f"bits={bits!r} is not supported: KV codes are {' or '.join(map(str, BITS))} bits (an int)")
+    if type(group) is not int or group not in GROUPS:
+        raise ValueError(f"group={group!r} must be one of {list(GROUPS)} (an int)")
+    if head_dim < 1:
+        raise ValueError(f"head_dim must be at least 1, got {head_dim}")
     if head_dim % group:
         fits = [g for g in GROUPS if head_dim % g == 0]
         hint = f"pick one that divides it: {fits}" if fits else \
@@ -144,6 +149,13 @@ def check_segment(seg: QuantKV, name: str = "segment", check_values: bool = True
             raise TypeError(f"{name}.{field} must be {' or '.join(map(str, dtypes))}, got {t.dtype}")
         if t.device != seg.pos.device:
             raise ValueError(f"{name}.{field} is on {t.device}, {name}.pos on {seg.pos.device}")
+    for scale, zero in (("k_scale", "k_zero"), ("v_scale", "v_zero")):
+        # The kernels address a zero with its scale's strides (one set of strides for the pair).
+        s, z = getattr(seg, scale), getattr(seg, zero)
+        if s.numel() and any(a != b for a, b, n in zip(s.stride(), z.stride(), s.shape) if n > 1):
+            raise ValueError(f"{name}.{zero} has strides {z.stride()} and {name}.{scale} {s.stride()}: the kernels read "
+                             f"both with the scale's strides, so they must be laid out alike (make both "
+                             f".contiguous())")
     if check_values and batch and (((seg.length < 0) | (seg.length > slots) | (seg.length % seg.group != 0)).any()):
         raise ValueError(f"{name}.length must be whole groups of {seg.group} slots within [0, {slots}], "
                          f"got {seg.length.tolist()}")

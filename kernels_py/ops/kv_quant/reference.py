@@ -111,6 +111,10 @@ def check_kv(k, v, pos, length, bits, group) -> None:
             raise ValueError(f"{name} is on {t.device}, k on {k.device}")
     if batch and ((length < 0) | (length > slots) | (length % group != 0)).any():
         raise ValueError(f"length must be whole groups of {group} slots within [0, {slots}], got {length.tolist()}")
+    if pos.dtype == torch.int64 and pos.numel() and ((pos < -2**31) | (pos > PAD_POS)).any():
+        # Stored as int32: a wider position would wrap (onto PAD_POS, too) rather than fail.
+        raise ValueError(f"pos must lie in [-2**31, {PAD_POS}] (positions are stored as int32; {PAD_POS} marks "
+                         f"padding), got values in [{int(pos.min())}, {int(pos.max())}]")
     if k.numel():
         # Only the slots in use: padding (past length, or pos = PAD_POS) may hold anything, as an empty() buffer does.
         slot = torch.arange(slots, device=k.device)

@@ -11,7 +11,7 @@ reference.py  the same contract in plain PyTorch (also the unfused path)
 cases.py      compile cases (sm_80 / sm_90) and the selftest
 """
 
-from kernels_py.ops.common import use_triton
+from kernels_py.ops.common import check_block, use_triton
 from kernels_py.ops.lowrank_decode import reference
 from kernels_py.ops.lowrank_decode.contract import CompressedKV, DecodeOutput, DenseKV, check_inputs
 from kernels_py.ops.lowrank_decode.kernel import (
@@ -29,6 +29,8 @@ def compute(q, q_pos, comp: CompressedKV, dense: DenseKV, *, rope_base: float | 
     drops them)."""
     if absorbed and rope_base is not None:
         raise ValueError("the absorbed (rank-space) kernel needs keys decomposed after RoPE: rope_base must be None")
+    if rank_chunk is not None:  # on every backend, so a knob's value fails on the CPU as it would on a GPU
+        check_block("rank_chunk", rank_chunk)
     if not use_triton(backend, q.device):
         out = reference.lowrank_decode(q, q_pos, comp, dense, rope_base=rope_base)
         return out if kernel.check_mass(mass) else out._replace(mass_comp=None, mass_dense=None)

@@ -21,7 +21,10 @@ is ~3e-3 (relative) from the reference's in float32, about what a model's
 float32 RoPE is from exact.
 
 Positions must lie below 2**31 - 1 and the factors and dense keys and
-values finite, hidden ones too (ops/splitk.py says why; neither is checked).
+values finite, hidden ones too (ops/splitk.py says why). Of these,
+check_inputs checks only that int64 positions (q_pos, and those of the
+tokens within each segment's length) fit int32, which the kernels narrow
+them to.
 
 Every implementation returns the output, the LSE and each token's attention
 mass (DecodeOutput) in one pass.
@@ -33,7 +36,7 @@ from typing import NamedTuple
 
 import torch
 
-from kernels_py.ops.common import FLOAT_DTYPES, INDEX_DTYPES
+from kernels_py.ops.common import FLOAT_DTYPES, INDEX_DTYPES, check_int32_positions
 
 
 @dataclass(frozen=True)
@@ -87,9 +90,19 @@ def check_inputs(q: torch.Tensor, q_pos: torch.Tensor, comp: CompressedKV, dense
     """Raise ValueError / TypeError naming the offending input. check_values=False
     skips the checks that read tensor values (lengths and ranks in range),
     which wait for the device."""
+    for name, seg, kind in (("comp", comp, CompressedKV), ("dense", dense, DenseKV)):
+        if not isinstance(seg, kind):
+            raise TypeError(f"{name} must be a {kind.__name__}, got {type(seg).__name__}")
+    for name, t in (("q", q), ("q_pos", q_pos), *((f"comp.{f}", getattr(comp, f)) for f in comp.__dataclass_fields__),
+                    *((f"dense.{f}", getattr(dense, f)) for f in dense.__dataclass_fields__)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if q.dim() != 4:
         raise ValueError(f"q must be [batch, heads, queries, head_dim], got shape {tuple(q.shape)}")
     batch, heads, queries, head_dim = q.shape
+    if head_dim < 1 or queries < 1:
+        # No query token would leave each token's mass an average over no rows (NaN).
+        raise ValueError(f"q must have at least one query token and one channel, got shape {tuple(q.shape)}")
     if dense.k.dim() != 4 or dense.k.shape != dense.v.shape:
         raise ValueError(f"dense k and v must both be [batch, kv_heads, slots, head_dim], "
                          f"got {tuple(dense.k.shape)} and {tuple(dense.v.shape)}")
@@ -125,6 +138,8 @@ def check_inputs(q: torch.Tensor, q_pos: torch.Tensor, comp: CompressedKV, dense
             raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device}, q on {q.device}")
+    if rope_base is not None and (isinstance(rope_base, bool) or not hasattr(rope_base, "__float__")):
+        raise TypeError(f"rope_base must be a number or None, got {type(rope_base).__name__}")
     if rope_base is not None and (head_dim % 2 or not 1 < rope_base < math.inf):  # NaN too: it compares false
         raise ValueError(f"RoPE needs an even head_dim and a finite rope_base > 1, got {head_dim} and {rope_base}")
     if not check_values:
@@ -134,3 +149,7 @@ def check_inputs(q: torch.Tensor, q_pos: torch.Tensor, comp: CompressedKV, dense
     for name, rank, r_max in (("rank_k", comp.rank_k, comp.uk.shape[2]), ("rank_v", comp.rank_v, comp.uv.shape[2])):
         if tokens and ((rank < 1) | (rank > r_max)).any():
             raise ValueError(f"{name} entries must lie in [1, {r_max}]")
+    check_int32_positions("q_pos", q_pos)
+    for name, seg, size in (("comp.pos", comp, tokens), ("dense.pos", dense, slots)):
+        within = torch.arange(size, device=q.device)[None, :] < seg.length[:, None].to(torch.int64)
+        check_int32_positions(f"{name} (of the tokens within length)", seg.pos, within)

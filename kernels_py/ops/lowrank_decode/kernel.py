@@ -90,6 +90,10 @@ MAX_BLOCK_R = 64  # default rank chunk of the key rebuild; larger ranks loop ove
 # Values stay in rank space, so a program holds a whole U_v row (and in the
 # absorbed kernel a whole U_k row): ranks up to this.
 MAX_RANK_SPACE = 256
+# The absorbed kernel's W_k tile [rank, head_dim] of float32 factors fits a
+# block's shared memory up to 256 x 128 (139264 bytes with the rest, sm_80
+# and sm_90); 256 x 256 needs 278528.
+MAX_FLOAT32_WK_TILE = 256 * 128
 INTERPRET_BLOCK_N = 32  # fixed tile under the interpreter (no autotuning there)
 DENSE_BLOCK_N = 32  # tokens per tile of the dense segment (both calls)
 # The dense segment over a 16-bit cache (both calls): 64 tokens a tile on 4
@@ -1260,6 +1264,16 @@ def lowrank_decode_absorbed(q: torch.Tensor, q_pos: torch.Tensor, comp: Compress
     for name, u in (("uk", comp.uk), ("uv", comp.uv)):
         if u.shape[2] > MAX_RANK_SPACE:
             raise ValueError(f"{name} has rank {u.shape[2]}; the absorbed kernel supports up to {MAX_RANK_SPACE}")
+    factors = {t.dtype for t in (comp.uk, comp.wk, comp.uv, comp.wv)}
+    wide = common.block(comp.uk.shape[2]) * common.block(q.shape[3])
+    if (factors & {torch.float32} or len(factors) > 1) and wide > MAX_FLOAT32_WK_TILE:
+        # The float32 W_k tile of the rank-space queries: 278528 bytes of shared memory at rank 256 x
+        # head_dim 256 (compiled for sm_80 and sm_90), more than a block may use; the launch would fail.
+        raise ValueError(f"the absorbed kernel holds W_k as one [rank, head_dim] tile, in float32 for factors of "
+                         f"{'mixed dtypes' if len(factors) > 1 else 'float32'}: rank {comp.uk.shape[2]} x head_dim "
+                         f"{q.shape[3]} needs more shared memory than a GPU block has; give uk, wk, uv and wv one "
+                         f"16-bit dtype, or keep rank x head_dim (each rounded up to a power of two) within "
+                         f"{MAX_FLOAT32_WK_TILE}")
     return _decode(q, q_pos, comp, dense, None, sm_scale, num_splits, block_n, workspace, absorbed=True,
                    mass=check_mass(mass))
 

@@ -14,13 +14,18 @@ def decompress(comp: CompressedKV, kv_heads: int, rope_base: float | None) -> tu
     """K, V [B, H_kv, T, D] float32 of the compressed segment, each token with
     its own rank prefix; padding tokens (t >= comp.length[b]) are zero."""
     batch, tokens, _ = comp.uk.shape
-    head_dim = comp.wk.shape[-1] // kv_heads
+    width = comp.wk.shape[-1]
+    if isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or kv_heads < 1 or width % kv_heads:
+        raise ValueError(f"kv_heads must be a positive int dividing wk's {width} columns (kv_heads * head_dim), "
+                         f"got {kv_heads!r}")
+    head_dim = width // kv_heads
     valid = torch.arange(tokens, device=comp.uk.device)[None, :] < comp.length[:, None].to(torch.int64)
 
     def rebuild(u, w, rank):
+        # Columns past a token's rank, and padding tokens, are never used: selected away (not multiplied by 0,
+        # which would carry a NaN there into the token's key or value).
         keep = torch.arange(u.shape[-1], device=u.device)[None, None, :] < rank[..., None].to(torch.int64)
-        full = (u.float() * keep) @ w.float()  # [B, T, H_kv * D]
-        full = full * valid[..., None]
+        full = torch.where(keep & valid[..., None], u.float(), 0.0) @ w.float()  # [B, T, H_kv * D]
         return full.view(batch, tokens, kv_heads, head_dim).transpose(1, 2)
 
     k = rebuild(comp.uk, comp.wk, comp.rank_k)
@@ -38,12 +43,15 @@ def lowrank_decode(q: torch.Tensor, q_pos: torch.Tensor, comp: CompressedKV, den
     kv_heads = dense.k.shape[1]
     scale = softmax_scale(sm_scale, head_dim, "sm_scale")
     ck, cv = decompress(comp, kv_heads, rope_base)
-    keys = torch.cat([ck, dense.k.float()], dim=2).repeat_interleave(heads // kv_heads, dim=1)
-    values = torch.cat([cv, dense.v.float()], dim=2).repeat_interleave(heads // kv_heads, dim=1)
     tokens, slots = comp.uk.shape[1], dense.k.shape[2]
     ar_c = torch.arange(tokens, device=q.device)[None, :]
     ar_d = torch.arange(slots, device=q.device)[None, :]
-    valid = torch.cat([ar_c < comp.length[:, None].to(torch.int64), ar_d < dense.length[:, None].to(torch.int64)], 1)
+    dense_valid = ar_d < dense.length[:, None].to(torch.int64)
+    # Padding is never used, as in the kernels: zeroed (a NaN there would leak through 0 * NaN).
+    dk, dv = (torch.where(dense_valid[:, None, :, None], t.float(), 0.0) for t in (dense.k, dense.v))
+    keys = torch.cat([ck, dk], dim=2).repeat_interleave(heads // kv_heads, dim=1)
+    values = torch.cat([cv, dv], dim=2).repeat_interleave(heads // kv_heads, dim=1)
+    valid = torch.cat([ar_c < comp.length[:, None].to(torch.int64), dense_valid], 1)
     pos = torch.cat([comp.pos.to(torch.int64), dense.pos.to(torch.int64)], dim=1)  # [B, T + S]
     visible = valid[:, None, :] & (pos[:, None, :] <= q_pos.to(torch.int64)[:, :, None])  # [B, M, T + S]
     scores = torch.einsum("bhmd,bhnd->bhmn", q.float(), keys) * scale
