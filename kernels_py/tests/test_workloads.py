@@ -210,7 +210,11 @@ def test_from_dict_accepts_json_values():
         ({"dtype": "int8"}, ValueError, "dtype='int8' is not one of"),
         ({"layers": 0}, ValueError, "below its minimum"),
         ({"heads": 6, "kv_heads": 4}, ValueError, "multiple of kv_heads"),
-        ({"tokens_per_image": 16}, ValueError, "must fit in the images \\* tokens_per_image visual tokens .*tokens_per_image=16"),
+        ({"tokens_per_image": 16}, ValueError, "must fit in tokens_per_image .*tokens_per_image=16"),
+        # 4 - 1 + 2 * 8 fits in the two images' 20 visual tokens, but all three visual sinks may land in one of
+        # them, which then has 7 tokens for its 8 salient ones.
+        ({"images": 2, "tokens_per_image": 10, "salient_tokens": 8, "targets_per_query": 2}, ValueError,
+         "any image may hold every sink.*salient_tokens=8, tokens_per_image=10"),
     ],
 )
 def test_from_dict_rejects_bad_values(values, error, match):
