@@ -78,18 +78,24 @@ TIMING_SUFFIXES = ("_seconds", "_ms", "_us", "_time")
 def journal_rows(run: str | os.PathLike) -> list[dict]:
     """The run's rows as compare reads them: the last journal record of each
     job; where the journal lacks jobs its results.parquet has (none: a run
-    copied as its table; or one lost and left empty), the table's rows."""
+    copied as its table; or one lost and left empty), the table's rows. A
+    torn last line (a crash mid-write) is left out; any other line that is not
+    JSON raises ValueError, as `workbench compare` refuses the run."""
     run = Path(run)
     path, table = run / "journal.jsonl", run / "results.parquet"
     if not path.exists() and not table.exists():
         raise FileNotFoundError(f"{run} has no journal.jsonl or results.parquet: not a run directory")
     records = []
-    for line in path.read_text().splitlines() if path.exists() else ():
+    lines = path.read_text().split("\n") if path.exists() else []
+    for number, line in enumerate(lines, 1):
         if line.strip():
             try:
                 records.append(json.loads(line))
-            except json.JSONDecodeError:  # a torn last line: the job did not finish
-                break
+            except json.JSONDecodeError as err:
+                if number == len(lines):  # a torn last line, no newline after it: the job did not finish
+                    break
+                # as results.ReadJournal: the records after it are not dropped unseen
+                raise ValueError(f"{path} line {number}: {err}") from None
     last = {r["job_id"]: i for i, r in enumerate(records)}
     if table.exists():
         import pyarrow.parquet as pq
