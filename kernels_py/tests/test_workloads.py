@@ -238,6 +238,8 @@ def test_from_dict_rejects_a_non_mapping():
     (lambda w: {"v": (w.v[0][:, :-1],) + w.v[1:]}, r"v\[0\] is \[2, 87, 32\], not \[2, 88, 32\]"),
     (lambda w: {"decode_q": tuple(t[:, :, 0] for t in w.decode_q)}, r"q\[0\] is \[4, 88, 32\], k\[0\] \[2, 88, 32\], decode_q\[0\] \[3, 4, 32\]"),
     (lambda w: {"q": w.q[:1]}, "layer counts differ or are zero: q 1, k 2"),
+    (lambda w: {name: tuple(t[:0] for t in getattr(w, name)) for name in ("decode_q", "decode_k", "decode_v")},
+     r"decode_q\[0\] is \[0, 4, 1, 32\]: no decode step"),
     (lambda w: {"q": tuple(t[:, :-1] for t in w.q), "k": tuple(t[:, :-1] for t in w.k),
                 "v": tuple(t[:, :-1] for t in w.v)}, r"spans end at token 88 \(spans.text\[1\]\) but its prompt has 87"),
 ])
