@@ -34,13 +34,25 @@ def newest_runs(experiment: str, count: int, root: str | os.PathLike | None = No
 
 
 def read_run(run: str | os.PathLike):
-    """results.parquet of a run, with its manifest in df.attrs["manifest"]."""
+    """results.parquet of a run, with its manifest in df.attrs["manifest"].
+    A run stopped before it rebuilt its table (killed, or still running)
+    has jobs in its journal that the table lacks: a warning says how many
+    (`workbench notebook` rebuilds the table before a notebook reads it)."""
     import pandas as pd
 
     run = Path(run)
+    journaled = len({r["job_id"] for r in _journal_records(run / "journal.jsonl")})
     if not (run / "results.parquet").exists():
-        raise FileNotFoundError(f"{run} has no results.parquet: not a finished run directory")
+        held = f" (its journal holds {journaled} jobs: `workbench notebook NOTEBOOK {run}` builds the table)" \
+            if journaled else ""
+        raise FileNotFoundError(f"{run} has no results.parquet{held}: not a finished run directory")
     df = pd.read_parquet(run / "results.parquet")
+    if journaled > len(df):
+        import warnings
+
+        warnings.warn(f"{run}: its journal holds {journaled} jobs, its results.parquet {len(df)} rows (the run "
+                      f"stopped before it rebuilt the table): the rest are left out; `workbench notebook NOTEBOOK "
+                      f"{run}` rebuilds it first", stacklevel=2)
     manifest = run / "manifest.json"
     df.attrs["manifest"] = json.loads(manifest.read_text()) if manifest.exists() else {}
     return df
@@ -85,6 +97,20 @@ def journal_rows(run: str | os.PathLike) -> list[dict]:
     path, table = run / "journal.jsonl", run / "results.parquet"
     if not path.exists() and not table.exists():
         raise FileNotFoundError(f"{run} has no journal.jsonl or results.parquet: not a run directory")
+    records = _journal_records(path)
+    last = {r["job_id"]: i for i, r in enumerate(records)}
+    if table.exists():
+        import pyarrow.parquet as pq
+
+        if pq.ParquetFile(table).metadata.num_rows > len(last):
+            return _table_rows(table)
+    return [r for i, r in enumerate(records) if last[r["job_id"]] == i]
+
+
+def _journal_records(path: Path) -> list[dict]:
+    """The journal's records in order (none where there is no journal), as
+    results.ReadJournal reads them: a torn last line is left out, any other
+    line that is not JSON raises ValueError."""
     records = []
     lines = path.read_text().split("\n") if path.exists() else []
     for number, line in enumerate(lines, 1):
@@ -96,13 +122,7 @@ def journal_rows(run: str | os.PathLike) -> list[dict]:
                     break
                 # as results.ReadJournal: the records after it are not dropped unseen
                 raise ValueError(f"{path} line {number}: {err}") from None
-    last = {r["job_id"]: i for i, r in enumerate(records)}
-    if table.exists():
-        import pyarrow.parquet as pq
-
-        if pq.ParquetFile(table).metadata.num_rows > len(last):
-            return _table_rows(table)
-    return [r for i, r in enumerate(records) if last[r["job_id"]] == i]
+    return records
 
 
 # results.parquet's columns that hold a record's fields (gohost/results: flatten).
