@@ -34,13 +34,25 @@ def newest_runs(experiment: str, count: int, root: str | os.PathLike | None = No
 
 
 def read_run(run: str | os.PathLike):
-    """results.parquet of a run, with its manifest in df.attrs["manifest"]."""
+    """results.parquet of a run, with its manifest in df.attrs["manifest"].
+    A run stopped before it rebuilt its table (killed, or still running)
+    has jobs in its journal that the table lacks: a warning says how many
+    (`workbench notebook` rebuilds the table before a notebook reads it)."""
     import pandas as pd
 
     run = Path(run)
+    journaled = len({r["job_id"] for r in _journal_records(run / "journal.jsonl")})
     if not (run / "results.parquet").exists():
-        raise FileNotFoundError(f"{run} has no results.parquet: not a finished run directory")
+        held = f" (its journal holds {journaled} jobs: `workbench notebook NOTEBOOK {run}` builds the table)" \
+            if journaled else ""
+        raise FileNotFoundError(f"{run} has no results.parquet{held}: not a finished run directory")
     df = pd.read_parquet(run / "results.parquet")
+    if journaled > len(df):
+        import warnings
+
+        warnings.warn(f"{run}: its journal holds {journaled} jobs, its results.parquet {len(df)} rows (the run "
+                      f"stopped before it rebuilt the table): the rest are left out; `workbench notebook NOTEBOOK "
+                      f"{run}` rebuilds it first", stacklevel=2)
     manifest = run / "manifest.json"
     df.attrs["manifest"] = json.loads(manifest.read_text()) if manifest.exists() else {}
     return df
@@ -78,18 +90,14 @@ TIMING_SUFFIXES = ("_seconds", "_ms", "_us", "_time")
 def journal_rows(run: str | os.PathLike) -> list[dict]:
     """The run's rows as compare reads them: the last journal record of each
     job; where the journal lacks jobs its results.parquet has (none: a run
-    copied as its table; or one lost and left empty), the table's rows."""
+    copied as its table; or one lost and left empty), the table's rows. A
+    torn last line (a crash mid-write) is left out; any other line that is not
+    JSON raises ValueError, as `workbench compare` refuses the run."""
     run = Path(run)
     path, table = run / "journal.jsonl", run / "results.parquet"
     if not path.exists() and not table.exists():
         raise FileNotFoundError(f"{run} has no journal.jsonl or results.parquet: not a run directory")
-    records = []
-    for line in path.read_text().splitlines() if path.exists() else ():
-        if line.strip():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:  # a torn last line: the job did not finish
-                break
+    records = _journal_records(path)
     last = {r["job_id"]: i for i, r in enumerate(records)}
     if table.exists():
         import pyarrow.parquet as pq
@@ -97,6 +105,24 @@ def journal_rows(run: str | os.PathLike) -> list[dict]:
         if pq.ParquetFile(table).metadata.num_rows > len(last):
             return _table_rows(table)
     return [r for i, r in enumerate(records) if last[r["job_id"]] == i]
+
+
+def _journal_records(path: Path) -> list[dict]:
+    """The journal's records in order (none where there is no journal), as
+    results.ReadJournal reads them: a torn last line is left out, any other
+    line that is not JSON raises ValueError."""
+    records = []
+    lines = path.read_text().split("\n") if path.exists() else []
+    for number, line in enumerate(lines, 1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                if number == len(lines):  # a torn last line, no newline after it: the job did not finish
+                    break
+                # as results.ReadJournal: the records after it are not dropped unseen
+                raise ValueError(f"{path} line {number}: {err}") from None
+    return records
 
 
 # results.parquet's columns that hold a record's fields (gohost/results: flatten).

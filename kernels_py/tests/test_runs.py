@@ -5,7 +5,7 @@ import json
 import pandas as pd
 import pytest
 
-from kernels_py.runs import find_run, newest_runs, read_run, read_runs
+from kernels_py.runs import find_run, journal_rows, newest_runs, read_run, read_runs
 
 
 def make_run(root, experiment, run_id, errors):
@@ -45,3 +45,30 @@ def test_compare_frame_of_runs_sharing_no_job_keeps_its_columns():
     row = {"key": "budget=0.1", "params": {"budget": 0.1}, "changed": True,
            "deltas": [{"metric": "rel_err_mean", "abs": 0.2, "rel": 1.0, "a": 0.2, "b": 0.4}]}
     assert compare_frame({"rows": [row]}).loc["budget=0.1", "rel_err_mean"] == 0.2
+
+
+def test_journal_rows_refuse_a_bad_line_before_the_last(tmp_path):
+    """As gohost/results.ReadJournal: only a torn last line is left out; a bad line before it is an error,
+    never the silent loss of every record after it."""
+    first, second = ({"job_id": j, "method": "h2o", "status": "ok", "metrics": {"rel_err_mean": 0.1}} for j in "ab")
+    (tmp_path / "journal.jsonl").write_text(json.dumps(first) + "\n" + json.dumps(second) + "\n" + '{"job_id": "c", "met')
+    assert [r["job_id"] for r in journal_rows(tmp_path)] == ["a", "b"]
+    (tmp_path / "journal.jsonl").write_text(json.dumps(first) + "\n" + '{"job_id": "c", "met' + "\n" + json.dumps(second) + "\n")
+    with pytest.raises(ValueError, match="journal.jsonl line 2"):
+        journal_rows(tmp_path)
+    (tmp_path / "journal.jsonl").write_text(json.dumps(first) + "\n" + '{"job_id": "c", "met' + "\n")
+    with pytest.raises(ValueError, match="journal.jsonl line 2"):  # a newline after it: not torn (Go refuses it too)
+        journal_rows(tmp_path)
+
+
+def test_read_run_warns_of_jobs_its_journal_holds_and_its_table_lacks(tmp_path):
+    """A run killed before it rebuilt its table: a notebook opened on it in Jupyter reads fewer rows than the
+    run has, and is told so."""
+    run = make_run(tmp_path, "e", "20260101-000000-aaaaaa", [0.1])
+    records = [{"job_id": j, "method": "h2o", "status": "ok", "metrics": {"rel_err_mean": 0.1}} for j in ("j0", "j1")]
+    (run / "journal.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.warns(UserWarning, match="journal holds 2 jobs, its results.parquet 1 rows"):
+        assert len(read_run(run)) == 1
+    (run / "results.parquet").unlink()
+    with pytest.raises(FileNotFoundError, match="no results.parquet .its journal holds 2 jobs"):
+        read_run(run)

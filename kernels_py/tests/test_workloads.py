@@ -210,7 +210,11 @@ def test_from_dict_accepts_json_values():
         ({"dtype": "int8"}, ValueError, "dtype='int8' is not one of"),
         ({"layers": 0}, ValueError, "below its minimum"),
         ({"heads": 6, "kv_heads": 4}, ValueError, "multiple of kv_heads"),
-        ({"tokens_per_image": 16}, ValueError, "must fit in the images \\* tokens_per_image visual tokens .*tokens_per_image=16"),
+        ({"tokens_per_image": 16}, ValueError, "must fit in tokens_per_image .*tokens_per_image=16"),
+        # 4 - 1 + 2 * 8 fits in the two images' 20 visual tokens, but all three visual sinks may land in one of
+        # them, which then has 7 tokens for its 8 salient ones.
+        ({"images": 2, "tokens_per_image": 10, "salient_tokens": 8, "targets_per_query": 2}, ValueError,
+         "any image may hold every sink.*salient_tokens=8, tokens_per_image=10"),
     ],
 )
 def test_from_dict_rejects_bad_values(values, error, match):
@@ -234,6 +238,8 @@ def test_from_dict_rejects_a_non_mapping():
     (lambda w: {"v": (w.v[0][:, :-1],) + w.v[1:]}, r"v\[0\] is \[2, 87, 32\], not \[2, 88, 32\]"),
     (lambda w: {"decode_q": tuple(t[:, :, 0] for t in w.decode_q)}, r"q\[0\] is \[4, 88, 32\], k\[0\] \[2, 88, 32\], decode_q\[0\] \[3, 4, 32\]"),
     (lambda w: {"q": w.q[:1]}, "layer counts differ or are zero: q 1, k 2"),
+    (lambda w: {name: tuple(t[:0] for t in getattr(w, name)) for name in ("decode_q", "decode_k", "decode_v")},
+     r"decode_q\[0\] is \[0, 4, 1, 32\]: no decode step"),
     (lambda w: {"q": tuple(t[:, :-1] for t in w.q), "k": tuple(t[:, :-1] for t in w.k),
                 "v": tuple(t[:, :-1] for t in w.v)}, r"spans end at token 88 \(spans.text\[1\]\) but its prompt has 87"),
 ])

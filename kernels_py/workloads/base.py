@@ -19,7 +19,8 @@ class Workload:
     q[l]: [heads, T, head_dim]; k[l], v[l]: [kv_heads, T, head_dim] for the T
     prompt tokens (q and k after RoPE). decode_q[l]: [steps, heads, 1, head_dim];
     decode_k[l], decode_v[l]: [steps, kv_heads, 1, head_dim]; step s is the token at
-    position T + s, whose query sees the prompt, earlier decode tokens and itself.
+    position T + s, whose query sees the prompt, earlier decode tokens and itself
+    (at least one step: the ablation scores every method on its decode steps).
     Query head h reads kv head h // (heads // kv_heads).
     """
 
@@ -41,7 +42,7 @@ class Workload:
             raise ValueError(f"{self.config.owner_name()} built a Workload whose {problem} (kernels_py/workloads/base.py"
                              f": q[l] [heads, T, head_dim], k[l] and v[l] [kv_heads, T, head_dim], decode_q[l] "
                              f"[steps, heads, 1, head_dim], decode_k[l] and decode_v[l] [steps, kv_heads, 1, head_dim], "
-                             f"heads a multiple of kv_heads, spans over the T prompt tokens)")
+                             f"heads a multiple of kv_heads, steps at least 1, spans over the T prompt tokens)")
 
     def _shape_problem(self) -> str | None:
         """What makes the tensors disagree with each other or the spans, or None."""
@@ -61,6 +62,8 @@ class Workload:
                 if list(t.shape) != want[name]:
                     return f"{name}[{layer}] is {list(t.shape)}, not {want[name]} (from q[0] {list(q.shape)}, k[0] " \
                            f"{list(k.shape)}, decode_q[0] {list(dq.shape)})"
+        if steps < 1:  # the ablation scores a method on its decode steps (and VL-Cache's hit rate on the first)
+            return f"decode_q[0] is {list(dq.shape)}: no decode step, where every method is scored on at least one"
         if kv_heads < 1 or heads % kv_heads:
             return f"{heads} query heads are not a multiple of its {kv_heads} kv heads"
         if self.spans.prompt_tokens != tokens:

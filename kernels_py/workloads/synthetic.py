@@ -179,10 +179,11 @@ class SyntheticConfig(WorkloadConfig):
     RULES = (
         Rule("heads % kv_heads == 0", "heads={heads} must be a multiple of kv_heads={kv_heads}"),
         Rule("head_dim % 2 == 0", "head_dim={head_dim} must be even (RoPE rotates channel pairs)"),
-        Rule("max(sink_tokens - 1, 0) + images * salient_tokens <= images * tokens_per_image",
-             "sink_tokens - 1 + images * salient_tokens must fit in the images * tokens_per_image visual tokens "
-             "(sink_tokens={sink_tokens}, images={images}, salient_tokens={salient_tokens}, "
-             "tokens_per_image={tokens_per_image})"),
+        # The visual sinks are drawn over all the images, so one image may hold every one of them.
+        Rule("video or max(sink_tokens - 1, 0) + salient_tokens <= tokens_per_image",
+             "every image holds its salient tokens apart from the sinks, and any image may hold every sink: "
+             "sink_tokens - 1 + salient_tokens must fit in tokens_per_image (sink_tokens={sink_tokens}, "
+             "salient_tokens={salient_tokens}, tokens_per_image={tokens_per_image})"),
         Rule("2 * targets_per_query <= images * salient_tokens",
              "2 * targets_per_query exceeds the salient pool images * salient_tokens: a query's own targets and "
              "the head's must not collide (targets_per_query={targets_per_query}, images={images}, "
