@@ -153,7 +153,8 @@ class AttentionPack(Method):
     head_mode: str = knob(
         "str", "combined",
         "combined = one SVD of the kv heads side by side [T, H*D] (the paper); per_head = one SVD per kv head at "
-        "the same rank (Figure 2's baseline; stores H times the factors)",
+        "the same rank (Figure 2's baseline; stores H times U and as much W, though the decode op's layout holds "
+        "W block-diagonal, H times its bytes, which the cache's bytes leave out)",
         choices=("combined", "per_head"), ref="AttentionPack section 3.1, Figure 2",
     )
     rope: str = knob(
@@ -211,7 +212,7 @@ class AttentionPack(Method):
     quant_bits: int = knob(
         "int", 0, "bits of U's quantization (section 4.5 uses 4; its bytes count W at 4 bits too, see "
         "quant_w_bits); 0 = none. At LLaVA-1.5 shapes (576 visual tokens, width 4096, rank 64) W is 88% of the "
-        "factors: 4-bit U alone shrinks the factors about 1.1x, with quant_w_bits about 3.4x (the "
+        "factors: 4-bit U alone shrinks the factors about 1.1x, with quant_w_bits=4 3.2x (the "
         "compression_ratio metric is measured, not assumed)",
         choices=(0, 2, 4), min=0, max=4,
         ref="AttentionPack section 4.5",
