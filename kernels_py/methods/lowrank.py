@@ -237,7 +237,17 @@ class LowRankCache:
     # --- what changes ------------------------------------------------------------------------------
 
     def segments_changed(self) -> None:
-        """Call after changing a segment's tokens or factors: the kernel layout is rebuilt on next use."""
+        """Call after changing a segment's tokens or factors: the kernel layout
+        is rebuilt on next use. Factors still viewing the old layout get
+        copies of their own, so it is freed now rather than at the next step."""
+        lay = self._layout
+        if lay is not None and lay.shared:
+            storages = {t.untyped_storage().data_ptr() for t in (lay.uk, lay.wk, lay.uv, lay.wv)}
+            for f in (f for seg in self.segments for f in (seg.k, seg.v)):
+                for name in ("u", "w"):
+                    t = getattr(f, name)
+                    if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() in storages:
+                        setattr(f, name, t.clone(memory_format=torch.contiguous_format))
         self._layout = None
         self._view = None
 

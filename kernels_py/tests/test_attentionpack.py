@@ -617,15 +617,20 @@ def _held_factor_tensors(cache):
     return held
 
 
-@pytest.mark.parametrize("settings", [dict(), dict(compress_text=True, text_rank=8), dict(period=3)],
-                         ids=["visual", "text_segment", "folded"])
+@pytest.mark.parametrize("settings", [dict(), dict(compress_text=True, text_rank=8), dict(period=3),
+                                      dict(period=3, compress_text=True, text_rank=8, low_group="evict",
+                                           groups=PAPER_GROUPS)],
+                         ids=["visual", "text_segment", "folded", "folded_evicted"])
 def test_factors_are_held_once_after_decode_steps(workload, settings):
     """The decode op's layout of the factors was a second copy of them, kept
     between steps, so the cache held twice the factor bytes it reported;
-    the segments' factors are now views of that layout."""
+    the segments' factors are now views of that layout, and get their own
+    copies when the segments change (a fold, an eviction), which frees it."""
     method = pack(rank_k=16, rank_v=16, backend="torch", **settings)
     _, (cache,) = run(method, workload, layers=[0])
-    cache.compressed_kv()  # the layout the next step reads (a fold on the last step dropped it)
+    if cache._layout is None:  # a fold on the last step dropped it
+        assert _storage_bytes(_held_factor_tensors(cache)) == factor_bytes(cache)
+    cache.compressed_kv()  # the layout the next step reads
     # One segment: exactly the factors' bytes. Several: the block-diagonal U's zero blocks besides.
     zeros = 0
     if len(cache.segments) > 1:
