@@ -9,7 +9,8 @@ segment, as the model caches them.
 
 The cache keeps its compressed segments in the layout the decode op reads
 (ops.lowrank_decode.CompressedKV, B = 1), built when the segments change
-(prefill, a fold, an eviction) rather than at every decode step. A segment's
+(prefill, a fold, an eviction) rather than at every decode step; unquantized
+factors are then views of that layout, so one copy of them is held. A segment's
 tokens sit in slots, not in position order: a method that gives tokens ranks
 by group (AttentionPack) keeps each group in a run of slots, so the kernel's
 tiles have one rank, and moves only the tokens that change group
@@ -168,6 +169,7 @@ class _Layout:
     offsets_k: list[int]  # first column of each segment's block of U
     offsets_v: list[int]
     rows: list[int]  # first row (token slot) of each segment
+    shared: bool  # the segments' U and W are views of uk, wk, uv, wv (unquantized factors): one copy is held
     ranks: tuple[torch.Tensor, torch.Tensor] | None = None  # rank_k, rank_v [1, T], until the ranks change
 
 
@@ -223,13 +225,29 @@ class LowRankCache:
     @property
     def nbytes(self) -> int:
         """Bytes of the tensors held: U (packed codes + scales and zeros when
-        quantized) and W of every segment, and the uncompressed K/V."""
+        quantized) and W of every segment, and the uncompressed K/V (the
+        paper's count). Not counted: the zeros the decode op's layout adds
+        around the factors it shares storage with: with several segments,
+        U's off-diagonal blocks (each segment's tokens x the others' ranks);
+        per head, the block-diagonal W (kv_heads times W's bytes); nor, with
+        quantized factors, their dequantized layout, which lives for one
+        decode step."""
         return sum(s.k.nbytes + s.v.nbytes for s in self.segments) + tensor_bytes(self.dense_k, self.dense_v)
 
     # --- what changes ------------------------------------------------------------------------------
 
     def segments_changed(self) -> None:
-        """Call after changing a segment's tokens or factors: the kernel layout is rebuilt on next use."""
+        """Call after changing a segment's tokens or factors: the kernel layout
+        is rebuilt on next use. Factors still viewing the old layout get
+        copies of their own, so it is freed now rather than at the next step."""
+        lay = self._layout
+        if lay is not None and lay.shared:
+            storages = {t.untyped_storage().data_ptr() for t in (lay.uk, lay.wk, lay.uv, lay.wv)}
+            for f in (f for seg in self.segments for f in (seg.k, seg.v)):
+                for name in ("u", "w"):
+                    t = getattr(f, name)
+                    if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() in storages:
+                        setattr(f, name, t.clone(memory_format=torch.contiguous_format))
         self._layout = None
         self._view = None
 
@@ -248,13 +266,14 @@ class LowRankCache:
         if dst.numel() == 0:
             return
         seg = self.segments[index]
-        seg.k.move_rows(dst, src)
-        seg.v.move_rows(dst, src)
         # positions and importance may be shared with the caller: replaced, not written in place
         seg.positions = seg.positions.index_copy(0, dst, seg.positions.index_select(0, src))
         seg.importance = seg.importance.index_copy(0, dst, seg.importance.index_select(0, src))
-        if self._layout is not None:
-            lay = self._layout
+        lay = self._layout
+        if lay is None or not lay.shared:  # shared: the segment's U rows are the layout's, moved below
+            seg.k.move_rows(dst, src)
+            seg.v.move_rows(dst, src)
+        if lay is not None:
             shift = lay.rows[index]
             _move([lay.uk, lay.uv, lay.pos], 1, dst + shift, src + shift)
         self.regrouped += dst.numel()
@@ -290,17 +309,45 @@ class LowRankCache:
     def _build_layout(self) -> _Layout:
         """Every compressed segment as one sequence: segments are blocks of a
         block-diagonal U over stacked W, a token's rank prefix skipping the
-        (zero) columns of the segments before its own."""
+        (zero) columns of the segments before its own. Unquantized factors
+        then become views of the layout (`_share`), so the cache holds one
+        copy of them, not the segments' and the layout's side by side."""
         built = {}
         for name in ("k", "v"):
             parts = [self.kernel_factors(getattr(seg, name)) for seg in self.segments]
             offsets = torch.tensor([0] + [u.shape[1] for u, _ in parts[:-1]]).cumsum(0).tolist()
-            built[name] = (torch.block_diag(*[u for u, _ in parts]), torch.cat([w for _, w in parts]), offsets)
+            u, w = torch.block_diag(*[u for u, _ in parts]), torch.cat([w for _, w in parts])
+            if u.shape[1] == 0:  # nothing compressed (a prompt without visual tokens): the op wants a column
+                u, w = u.new_zeros(u.shape[0], 1), w.new_zeros(1, w.shape[1])
+            built[name] = (u, w, offsets)
         (uk, wk, off_k), (uv, wv, off_v) = built["k"], built["v"]
         pos = torch.cat([s.positions for s in self.segments])
         length = torch.tensor([pos.shape[0]], device=pos.device)
         rows = torch.tensor([0] + [s.tokens for s in self.segments[:-1]]).cumsum(0).tolist()
-        return _Layout(uk[None], wk[None], uv[None], wv[None], pos[None], length, off_k, off_v, rows)
+        lay = _Layout(uk[None], wk[None], uv[None], wv[None], pos[None], length, off_k, off_v, rows,
+                      shared=not self.quantized)
+        if lay.shared:
+            self._share(lay)
+        return lay
+
+    def _share(self, lay: _Layout) -> None:
+        """Point every segment's U and W at its block of the layout (views,
+        no copy), freeing the tensors they held. Per head, U [H, T, R] is
+        the block's columns r*H + h and W [H, R, D] the diagonal blocks of
+        the block-diagonal W (kernel_factors)."""
+        heads, head_dim = self.kv_heads, self.head_dim
+        for i, (seg, row) in enumerate(zip(self.segments, lay.rows)):
+            for name, u_all, w_all, offsets in (("k", lay.uk[0], lay.wk[0], lay.offsets_k),
+                                                ("v", lay.uv[0], lay.wv[0], lay.offsets_v)):
+                f = getattr(seg, name)
+                offset = offsets[i]
+                columns = f.rank * heads if self.per_head else f.rank
+                u = u_all[row:row + seg.tokens, offset:offset + columns]
+                w = w_all[offset:offset + columns]
+                if self.per_head:
+                    u = u.view(seg.tokens, f.rank, heads).permute(2, 0, 1)
+                    w = w.view(f.rank, heads, heads, head_dim).diagonal(dim1=1, dim2=2).permute(2, 0, 1)
+                f.u, f.w = u, w
 
     def compressed_kv(self) -> CompressedKV:
         """The compressed segments with this step's ranks (B = 1)."""

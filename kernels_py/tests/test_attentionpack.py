@@ -600,3 +600,79 @@ def test_a_cache_wider_than_the_kernels_rank_space_is_refused_before_the_kernel(
                    pack(rank_k=16, rank_v=16, head_mode="per_head", period=0, backend="triton")):
         cache = method.prefill(0, wl.q[0], wl.k[0], wl.v[0], wl.spans)
         assert method.decode(0, cache, q_t, k_t, v_t).shape == (16, 1, 32)
+
+
+# --- what the cache really holds, and prompts without images ------------------------------------
+
+def _storage_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind the tensors (views of one storage count once)."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    return sum(storages.values())
+
+
+def _held_factor_tensors(cache):
+    held = [t for s in cache.segments for f in (s.k, s.v) for t in (f.u, f.w)]
+    if cache._layout is not None:
+        held += [cache._layout.uk, cache._layout.wk, cache._layout.uv, cache._layout.wv]
+    return held
+
+
+@pytest.mark.parametrize("settings", [dict(), dict(compress_text=True, text_rank=8), dict(period=3),
+                                      dict(period=3, compress_text=True, text_rank=8, low_group="evict",
+                                           groups=PAPER_GROUPS)],
+                         ids=["visual", "text_segment", "folded", "folded_evicted"])
+def test_factors_are_held_once_after_decode_steps(workload, settings):
+    """The decode op's layout of the factors was a second copy of them, kept
+    between steps, so the cache held twice the factor bytes it reported;
+    the segments' factors are now views of that layout, and get their own
+    copies when the segments change (a fold, an eviction), which frees it."""
+    method = pack(rank_k=16, rank_v=16, backend="torch", **settings)
+    _, (cache,) = run(method, workload, layers=[0])
+    if cache._layout is None:  # a fold on the last step dropped it
+        assert _storage_bytes(_held_factor_tensors(cache)) == factor_bytes(cache)
+    cache.compressed_kv()  # the layout the next step reads
+    # One segment: exactly the factors' bytes. Several: the block-diagonal U's zero blocks besides.
+    zeros = 0
+    if len(cache.segments) > 1:
+        total = sum(s.tokens for s in cache.segments)
+        zeros = sum((total - s.tokens) * (s.k.rank + s.v.rank) * 2 for s in cache.segments)  # fp16
+    assert _storage_bytes(_held_factor_tensors(cache)) == factor_bytes(cache) + zeros
+
+
+def test_factor_views_follow_regrouping(workload):
+    """Regrouping moves the layout's U rows once; the segments' views show the move."""
+    method = pack(rank_k=16, rank_v=16, groups=PAPER_GROUPS, backend="torch")
+    _, (cache,) = run(method, workload, layers=[0])
+    assert cache.regrouped > 0
+    seg, lay = cache.segments[0], cache._layout
+    assert torch.equal(seg.v.u, lay.uv[0]) and torch.equal(seg.positions, lay.pos[0])
+    rebuilt = seg.v.u.float() @ seg.v.w.float()
+    fresh = prefill(method, workload)  # same factors, slots in prefill's order
+    order = fresh.segments[0].positions.argsort()
+    expect = (fresh.segments[0].v.u.float() @ fresh.segments[0].v.w.float())[order]
+    torch.testing.assert_close(rebuilt[seg.positions.argsort()], expect)
+
+
+@pytest.mark.parametrize("settings", [dict(), dict(compress_text=True, text_rank=8), dict(period=3),
+                                      dict(head_mode="per_head"), dict(backend="triton")],
+                         ids=["default", "text_segment", "folded", "per_head", "triton"])
+def test_a_prompt_without_visual_tokens_keeps_its_tokens_uncompressed(workload, settings, monkeypatch):
+    """Section 3.1 compresses the visual tokens: a text-only prompt has none,
+    so nothing is factorized (the method refused it, saying rank_k exceeds
+    min(0, H*D)) and attention is exact."""
+    from kernels_py.attention import Spans
+    tokens = 24
+    spans = Spans((0, 8), (), (8, tokens), workload.spans.rope)
+    method = pack(rank_k=16, rank_v=16, **{"backend": "torch", **settings})
+    full = make_method("full")
+    cache = method.prefill(0, *(t[0][:, :tokens] for t in (workload.q, workload.k, workload.v)), spans)
+    reference = full.prefill(0, *(t[0][:, :tokens] for t in (workload.q, workload.k, workload.v)), spans)
+    assert cache.segments[0].tokens == 0 and cache.segments[0].k.rank == 0
+    for step in range(4):
+        q_t, k_t, v_t = (t[0][step] for t in (workload.decode_q, workload.decode_k, workload.decode_v))
+        out, want = method.decode(0, cache, q_t, k_t, v_t), full.decode(0, reference, q_t, k_t, v_t)
+        if not settings.get("compress_text") and not settings.get("period"):
+            torch.testing.assert_close(out, want, atol=1e-4, rtol=1e-4)
+        assert torch.isfinite(out).all()
+    found = method.layer_metrics(0, cache)
+    assert found["rank_k"] == 0 and found["formula_compression_ratio"] == 1.0 and found["explained_variance_k"] == 1
