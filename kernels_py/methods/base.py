@@ -276,7 +276,10 @@ class TokenSelection(Method):
         """The kept tokens as the cache holds them: as they are, or fp8 codes
         and scales (kv_dtype, fp8_scale)."""
         fmt = KV_DTYPES[self.kv_dtype]
-        return cache if fmt is None else Float8Tokens(cache, fmt, self.fp8_scale)
+        if fmt is None:
+            cache.own()  # a cache that evicted nothing still holds the prompt's K and V as it was given them
+            return cache
+        return Float8Tokens(cache, fmt, self.fp8_scale)
 
     def decode(self, layer, cache: KeptTokens, q_t, k_t, v_t) -> torch.Tensor:
         scorer, _ = self._parts

@@ -32,8 +32,14 @@ class FastV(Method):
     def prefill_all(self, q, k, v, spans) -> list[KeptTokens]:
         prompt = Prompt(q, k, v, spans)
         caches = [KeptTokens.from_prompt(k[i], v[i]) for i in range(prompt.layers)]
-        if self.layer >= prompt.layers or self.drop == 0:
-            return caches
+        if self.layer < prompt.layers and self.drop > 0:
+            self._prune(prompt, caches)
+        for cache in caches:
+            cache.own()  # the layers that keep every token hold the prompt's K and V as they were given them
+        return caches
+
+    def _prune(self, prompt: Prompt, caches: list[KeptTokens]) -> None:
+        k, spans = prompt.k, prompt.spans
         visual = spans.visual_positions().to(k[0].device)
         ranking_layer = max(self.layer - 1, 0)  # the attention at layer K decides (0-based: layer K - 1 computed it)
         last = prompt.stats(ranking_layer, LastRow(), backend=self.backend).attn_sum.mean(dim=0)
@@ -46,7 +52,6 @@ class FastV(Method):
         index = keep.nonzero()[:, 0]
         for cache in caches[self.layer:]:
             cache.keep(index.expand(cache.keys.shape[0], -1))
-        return caches
 
     def decode(self, layer, cache: KeptTokens, q_t, k_t, v_t) -> torch.Tensor:
         self.check_step(layer, cache, q_t, k_t, v_t)

@@ -102,3 +102,33 @@ def test_review_edge_cases():
     import torch
     # Nothing important: every output row is zero (error 1 over all rows), none is wrong among the important.
     assert prefill_error(q, k, v, torch.zeros(2, 0, dtype=torch.int64)) == (pytest.approx(1.0), 0.0, pytest.approx(1.0))
+
+
+def held_bytes(cache) -> int:
+    """Bytes of the storages behind the cache's K and V: what it really keeps alive, views included."""
+    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in (cache.keys, cache.values)}
+               .values())
+
+
+@pytest.mark.parametrize("name, params", [("full", {}), ("fastv", {}), ("snapkv", {"budget": 1.0}),
+                                          ("pyramidkv", {"budget": 1.0}), ("h2o", {"budget": 1.0}),
+                                          ("streamingllm", {"budget": 1.0})])
+def test_a_cache_that_evicts_nothing_holds_no_more_than_it_reports(workload, name, params):
+    """Inside a model each sequence's prompt K and V are views of the batch's, padding included
+    (models.adapter: key[b, :, pad:]): a layer that keeps every token held the view, so the whole
+    batch's K and V, while reporting its own tokens' bytes."""
+    import torch
+
+    method = make_method(name, params)
+    k = [torch.stack([x, x])[1] for x in workload.k]  # views of a batch of two, as key[b]
+    v = [torch.stack([x, x])[1] for x in workload.v]
+    caches = method.prefill_all(workload.q, k, v, workload.spans)
+    assert caches[0].tokens == PROMPT
+    for layer, cache in enumerate(caches):
+        assert held_bytes(cache) == method.cache_bytes(cache), layer
+        method.decode(layer, cache, workload.q[layer][:, -1:], workload.k[layer][:, -1:], workload.v[layer][:, -1:])
+        assert held_bytes(cache) == method.cache_bytes(cache), layer
+    # A prompt whose tensors are its own is held as it is, not copied.
+    own = method.prefill_all(workload.q, workload.k, workload.v, workload.spans)
+    assert own[0].keys.data_ptr() == workload.k[0].data_ptr()
+
