@@ -132,3 +132,14 @@ def test_a_cache_that_evicts_nothing_holds_no_more_than_it_reports(workload, nam
     own = method.prefill_all(workload.q, workload.k, workload.v, workload.spans)
     assert own[0].keys.data_ptr() == workload.k[0].data_ptr()
 
+
+def test_pyramidkv_at_budget_one_keeps_every_token():
+    """The schedule's water-filling left the last layer a share of 1 - 2e-16 at budget 1, one token short."""
+    from kernels_py.methods.allocators import Pyramid, pyramid_shares
+
+    for layers in (2, 4, 32):
+        assert pyramid_shares(1.0, 20.0, layers) == [1.0] * layers
+        assert Pyramid(1.0, 20.0, lambda tokens: 8).shares(PROMPT, layers) == [1.0] * layers
+    w = generate(SyntheticConfig(**CFG))
+    caches = make_method("pyramidkv", {"budget": 1.0}).prefill_all(w.q, w.k, w.v, w.spans)
+    assert [c.tokens for c in caches] == [PROMPT] * 4
