@@ -143,3 +143,25 @@ def test_pyramidkv_at_budget_one_keeps_every_token():
     w = generate(SyntheticConfig(**CFG))
     caches = make_method("pyramidkv", {"budget": 1.0}).prefill_all(w.q, w.k, w.v, w.spans)
     assert [c.tokens for c in caches] == [PROMPT] * 4
+
+
+def test_pyramidkv_holds_its_window_while_decoding(workload, monkeypatch):
+    """Evicting while decoding, every layer keeps the window's length of latest tokens, the window being 10% of
+    the mean budget at window = 0 (VL-Cache's protocol), as at prefill: it kept 10% of each layer's own
+    capacity, 3 tokens in the first layer and 1 in the last."""
+    from kernels_py.methods.caches import KeptTokens
+
+    method = make_method("pyramidkv", {"budget": 0.2, "window": 0, "evict_while_decoding": True})
+    caches = method.prefill_all(workload.q, workload.k, workload.v, workload.spans)
+    recents = []
+    keep_top = KeptTokens.keep_top
+    monkeypatch.setattr(KeptTokens, "keep_top", lambda self, scores, capacity, recent: (
+        recents.append((capacity, recent)), keep_top(self, scores, capacity, recent))[1])
+    for step in range(3):
+        for layer, cache in enumerate(caches):
+            method.decode(layer, cache, workload.q[layer][:, -1:], workload.k[layer][:, -1:],
+                          workload.v[layer][:, -1:])
+    window = method.scorer().size(PROMPT + 3)
+    assert window == method.scorer().size(PROMPT) == 2
+    assert len(recents) == 12 and recents[0][0] > 10 and recents[-1][0] < 10
+    assert all(recent == min(capacity, window) for capacity, recent in recents)
