@@ -23,8 +23,10 @@ class FastV(Method):
     name = "fastv"
     paper = "Chen et al., 2024, An Image is Worth 1/2 Tokens After Layer 2 (FastV)"
 
-    layer: int = knob("int", 2, "K: the layers after this one lose the pruned image tokens (FastV: 2)", min=0,
-                      max=4096, ref="FastV")
+    layer: int = knob("int", 2, "K: the layers after this one lose the image tokens the last prompt token attends "
+                      "to least at layer K (FastV: 2); 0: every layer, ranked by the first layer's own attention "
+                      "(FastV's code has no attention to rank by there); K >= the layers: none", min=0, max=4096,
+                      ref="FastV")
     drop: float = knob("float", 50.0, "R: percent of the image tokens dropped (FastV: 50)", min=0.0, max=100.0,
                        ref="FastV")
     backend: str = backend_knob()

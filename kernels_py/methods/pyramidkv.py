@@ -35,7 +35,8 @@ class PyramidKV(BudgetedSelection):
     paper = "Cai et al., 2024, PyramidKV: Dynamic KV Cache Compression based on Pyramidal Information Funneling"
 
     budget: float = budget_knob(0.2, "mean share of the prompt kept over the layers")
-    beta: float = knob("float", 20.0, "the last layer keeps budget / beta (PyramidKV: 20)", min=1.0, max=1e6,
+    beta: float = knob("float", 20.0, "the last layer keeps 1 / beta of what the mean budget leaves after the "
+                       "window, besides the window (PyramidKV: 20)", min=1.0, max=1e6,
                        ref="PyramidKV section 3")
     window: int = knob("int", 8, "observation window, kept in every layer besides its scheduled share (PyramidKV's "
                        "experiments: 8); 0 = 10% of the mean budget (VL-Cache's protocol)", min=0, max=65536,
