@@ -165,3 +165,19 @@ def test_pyramidkv_holds_its_window_while_decoding(workload, monkeypatch):
     assert window == method.scorer().size(PROMPT) == 2
     assert len(recents) == 12 and recents[0][0] > 10 and recents[-1][0] < 10
     assert all(recent == min(capacity, window) for capacity, recent in recents)
+
+
+@pytest.mark.parametrize("name", ["snapkv", "pyramidkv"])
+def test_window_votes_hold_generated_text_as_a_sliding_window(workload, name):
+    """Evicting while decoding, generated tokens (no votes) go before any prompt token and the oldest first, as
+    snapkv.py says: each scored 0, so topk's ties dropped any of them."""
+    method = make_method(name, {"budget": 0.2, "window": 0, "evict_while_decoding": True})
+    caches = method.prefill_all(workload.q, workload.k, workload.v, workload.spans)
+    for step in range(40):
+        for layer, cache in enumerate(caches):
+            method.decode(layer, cache, workload.q[layer][:, -1:], workload.k[layer][:, -1:],
+                          workload.v[layer][:, -1:])
+    for cache in caches:
+        for head in cache.positions.tolist():
+            generated = [p for p in head if p >= PROMPT]
+            assert generated == list(range(cache.seen - len(generated), cache.seen)), head
