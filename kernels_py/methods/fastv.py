@@ -2,9 +2,12 @@
 with a KV cache, as the A-VL paper runs it to show its weakness: after layer
 K, a share R of the image tokens, those the last prompt token attends to
 least at layer K (mean over heads), is dropped from the caches of every
-later layer; layers up to K keep everything. Text tokens are all kept, and
-so are generated ones. FastV itself prunes during prefill computation; in
-this teacher-forced workload only the caches reflect the pruning."""
+later layer; layers up to K keep everything. That ranking is FastV's code's
+(the last token's row of layer K's attention, pkunlp-icler/FastV); the
+paper's text words it as the mean attention a token receives from every
+token. Text tokens are all kept, and so are generated ones. FastV itself
+prunes during prefill computation; in this teacher-forced workload only the
+caches reflect the pruning."""
 
 from dataclasses import dataclass
 
