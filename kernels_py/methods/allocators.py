@@ -157,7 +157,10 @@ def pyramid_shares(budget: float, beta: float, layers: int) -> list[float]:
         if missing <= 1e-12 or free <= 0:
             break
         shares = [s + missing * s / free if s < 1.0 else s for s in shares]
-    return shares
+    # What rounding leaves a hair below 1 is the whole prompt: at budget 1 the water-filling left the last layer
+    # 1 - 2e-16, which kept_count truncates to a token fewer (the authors' code keeps every token of a prompt
+    # within the budget, pyramidkv_utils.py: q_len < max_capacity_prompt).
+    return [1.0 if s > 1.0 - 1e-9 else s for s in shares]
 
 
 @dataclass(frozen=True)

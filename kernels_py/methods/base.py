@@ -241,6 +241,10 @@ class TokenSelection(Method):
         """recent() at prefill, where the prompt's length is known too."""
         return self.recent(capacity)
 
+    def decode_recent(self, capacity: int, seen: int) -> int:
+        """recent() after a decode step, where the tokens seen are known too."""
+        return self.recent(capacity)
+
     @cached_property
     def _parts(self) -> tuple[Scorer, Allocator]:
         return self.scorer(), self.allocator()
@@ -276,7 +280,10 @@ class TokenSelection(Method):
         """The kept tokens as the cache holds them: as they are, or fp8 codes
         and scales (kv_dtype, fp8_scale)."""
         fmt = KV_DTYPES[self.kv_dtype]
-        return cache if fmt is None else Float8Tokens(cache, fmt, self.fp8_scale)
+        if fmt is None:
+            cache.own()  # a cache that evicted nothing still holds the prompt's K and V as it was given them
+            return cache
+        return Float8Tokens(cache, fmt, self.fp8_scale)
 
     def decode(self, layer, cache: KeptTokens, q_t, k_t, v_t) -> torch.Tensor:
         scorer, _ = self._parts
@@ -288,7 +295,7 @@ class TokenSelection(Method):
             scorer.decode(cache, weights)
             capacity = kept_count(cache.share, cache.seen)
             # The token just generated is always held: dropping it at once would undo the step.
-            cache.keep_top(scorer.held(cache), capacity, max(1, self.recent(capacity)))
+            cache.keep_top(scorer.held(cache), capacity, max(1, self.decode_recent(capacity, cache.seen)))
         return output
 
     def check_prompt(self, prompt: Prompt) -> None:

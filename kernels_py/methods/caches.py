@@ -58,6 +58,12 @@ class KeptTokens:
         """Bytes of K and V held (bookkeeping such as positions is not counted)."""
         return tensor_bytes(self.keys, self.values)
 
+    def own(self) -> None:
+        """Hold K and V in storage of their own (owned): a cache that kept
+        every prompt token still holds the tensors it was given, which may
+        be views of more (a model batch's K and V, its padding included)."""
+        self.keys, self.values = owned(self.keys), owned(self.values)
+
     def keep(self, indices: torch.Tensor) -> None:
         """Keep only the tokens at `indices` ([kv_heads, n'] into the held tokens),
         as new, smaller tensors."""
@@ -110,6 +116,15 @@ class KeptTokens:
         values = expand_kv(self.values.float(), heads)
         weights = torch.softmax(q_t.float() @ keys.transpose(1, 2) / math.sqrt(head_dim), dim=-1)
         return (weights @ values).to(q_t.dtype), weights[:, 0]
+
+
+def owned(t: torch.Tensor) -> torch.Tensor:
+    """t where its storage holds its elements alone, else a compact copy:
+    a view keeps all of the storage behind it alive, while a cache counts
+    the view's bytes (tensor_bytes)."""
+    if t.untyped_storage().nbytes() == t.numel() * t.element_size():
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
 
 
 def top_and_recent(scores: torch.Tensor, capacity: int, recent: int) -> torch.Tensor:

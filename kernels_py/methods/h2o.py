@@ -5,7 +5,10 @@ the most recent ones. Prefill scores are the column sums of the causal
 attention over all prompt rows (the attention-statistics op); each decode step
 adds the new query's weights, and the lowest-scoring token outside the recent
 window is evicted whenever the cache exceeds its budget. Scores are per kv
-head, summed over its query heads.
+head, summed over its query heads. The budget is a share of the tokens seen,
+as in every budgeted method here (so matched budgets stay matched), so the
+cache grows by `budget` tokens a step on average: H2O's generation code
+holds a fixed number (heavy_size + recent_size) instead.
 """
 
 from dataclasses import dataclass

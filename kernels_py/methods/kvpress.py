@@ -28,7 +28,8 @@ class KVPress(Method):
     press_args: str = knob("str", "", "the press's own parameters, name=value pairs separated by commas (e.g. "
                            "window_size=32,kernel_size=5), checked against its constructor")
     inner_press: str = knob("str", "", "for a press that wraps another (AdaKVPress, KeyRerotationPress, ...): the "
-                            "press it wraps, built with compression_ratio")
+                            "press it wraps, built with compression_ratio; ComposedPress's several, comma-separated, "
+                            "are each built with it and applied in turn (two at 0.5 keep a quarter)")
 
     @classmethod
     def notes(cls) -> list[str]:

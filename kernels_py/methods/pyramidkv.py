@@ -14,7 +14,8 @@ what the authors' experiments run (run_longbench.py: window 8, kernel 7,
 max pooling; the class defaults there are 64, 5 and average); VL-Cache's
 protocol sets the window to 10% of the mean budget. Prefill only, unless
 evict_while_decoding: then each layer is held at its share of the tokens
-seen, the window's length of latest tokens kept (generated tokens score 0,
+seen, the window's length of latest tokens kept (window = 0: 10% of the
+mean budget of the tokens seen, as at prefill; generated tokens score 0,
 so beyond that window they go first, as SnapKV's)."""
 
 from dataclasses import dataclass
@@ -34,7 +35,8 @@ class PyramidKV(BudgetedSelection):
     paper = "Cai et al., 2024, PyramidKV: Dynamic KV Cache Compression based on Pyramidal Information Funneling"
 
     budget: float = budget_knob(0.2, "mean share of the prompt kept over the layers")
-    beta: float = knob("float", 20.0, "the last layer keeps budget / beta (PyramidKV: 20)", min=1.0, max=1e6,
+    beta: float = knob("float", 20.0, "the last layer keeps 1 / beta of what the mean budget leaves after the "
+                       "window, besides the window (PyramidKV: 20)", min=1.0, max=1e6,
                        ref="PyramidKV section 3")
     window: int = knob("int", 8, "observation window, kept in every layer besides its scheduled share (PyramidKV's "
                        "experiments: 8); 0 = 10% of the mean budget (VL-Cache's protocol)", min=0, max=65536,
@@ -54,13 +56,17 @@ class PyramidKV(BudgetedSelection):
         return Pyramid(self.budget, self.beta, self.scorer().size)
 
     def recent(self, capacity):
-        # Evicting while decoding: the window's length of latest tokens, as SnapKV.
         return min(capacity, self.window or max(1, recent_count(RECENT_SHARE, capacity)))
 
     def prefill_recent(self, capacity, tokens):
         # The observation window votes +inf for itself: keep exactly it (its latest tokens where a layer
         # holds fewer: every layer at a mean budget below the window), not 10% of each layer's own capacity.
         return min(capacity, self.scorer().size(tokens))
+
+    def decode_recent(self, capacity, seen):
+        # Evicting while decoding: the window's length of latest tokens, as SnapKV, the window being what it is for
+        # the tokens seen (window = 0: 10% of the mean budget's, as at prefill, not of each layer's own capacity).
+        return min(capacity, self.scorer().size(seen))
 
     def check_prompt(self, prompt):
         window = self.scorer().size(prompt.tokens)

@@ -103,6 +103,12 @@ class WindowVotes(Scorer):
         per_kv_head = pooled.reshape(kv_heads, heads // kv_heads, prefix).mean(dim=1)
         return torch.cat([per_kv_head, per_kv_head.new_full((kv_heads, window), float("inf"))], dim=-1)
 
+    def decode(self, cache, weights):
+        # A generated token has no votes: it ranks below every prompt token (votes are >= 0) and after the tokens
+        # generated before it, -1 / (tokens seen), so that beyond the recent window the oldest goes first and
+        # generated text is held as a sliding window (at a score of 0 each, topk's ties dropped any of them).
+        cache.scores[:, -1] = -1.0 / cache.seen
+
 
 @dataclass(frozen=True)
 class Earliest(Scorer):

@@ -4,7 +4,10 @@ Attention Sinks").
 Keeps the first `sink_tokens` tokens (attention sinks) and a sliding window
 of the most recent ones; no attention statistics at all. The window is what
 the budget leaves after the sinks, and the oldest token in it is evicted when
-a decode step takes the cache over budget. Kept keys keep the rotation of
+a decode step takes the cache over budget; the budget being a share of the
+tokens seen (every budgeted method's), the window grows by `budget` tokens
+a step on average, where the paper's cache has a fixed size (start_size +
+recent_size in its code). Kept keys keep the rotation of
 their original positions: the paper re-assigns positions within the cache,
 which needs keys cached before RoPE (kvpress's StreamingLLMPress does not
 either; its KeyRerotationPress does).

@@ -102,3 +102,82 @@ def test_review_edge_cases():
     import torch
     # Nothing important: every output row is zero (error 1 over all rows), none is wrong among the important.
     assert prefill_error(q, k, v, torch.zeros(2, 0, dtype=torch.int64)) == (pytest.approx(1.0), 0.0, pytest.approx(1.0))
+
+
+def held_bytes(cache) -> int:
+    """Bytes of the storages behind the cache's K and V: what it really keeps alive, views included."""
+    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in (cache.keys, cache.values)}
+               .values())
+
+
+@pytest.mark.parametrize("name, params", [("full", {}), ("fastv", {}), ("snapkv", {"budget": 1.0}),
+                                          ("pyramidkv", {"budget": 1.0}), ("h2o", {"budget": 1.0}),
+                                          ("streamingllm", {"budget": 1.0})])
+def test_a_cache_that_evicts_nothing_holds_no_more_than_it_reports(workload, name, params):
+    """Inside a model each sequence's prompt K and V are views of the batch's, padding included
+    (models.adapter: key[b, :, pad:]): a layer that keeps every token held the view, so the whole
+    batch's K and V, while reporting its own tokens' bytes."""
+    import torch
+
+    method = make_method(name, params)
+    k = [torch.stack([x, x])[1] for x in workload.k]  # views of a batch of two, as key[b]
+    v = [torch.stack([x, x])[1] for x in workload.v]
+    caches = method.prefill_all(workload.q, k, v, workload.spans)
+    assert caches[0].tokens == PROMPT
+    for layer, cache in enumerate(caches):
+        assert held_bytes(cache) == method.cache_bytes(cache), layer
+        method.decode(layer, cache, workload.q[layer][:, -1:], workload.k[layer][:, -1:], workload.v[layer][:, -1:])
+        assert held_bytes(cache) == method.cache_bytes(cache), layer
+    # A prompt whose tensors are its own is held as it is, not copied.
+    own = method.prefill_all(workload.q, workload.k, workload.v, workload.spans)
+    assert own[0].keys.data_ptr() == workload.k[0].data_ptr()
+
+
+def test_pyramidkv_at_budget_one_keeps_every_token():
+    """The schedule's water-filling left the last layer a share of 1 - 2e-16 at budget 1, one token short."""
+    from kernels_py.methods.allocators import Pyramid, pyramid_shares
+
+    for layers in (2, 4, 32):
+        assert pyramid_shares(1.0, 20.0, layers) == [1.0] * layers
+        assert Pyramid(1.0, 20.0, lambda tokens: 8).shares(PROMPT, layers) == [1.0] * layers
+    w = generate(SyntheticConfig(**CFG))
+    caches = make_method("pyramidkv", {"budget": 1.0}).prefill_all(w.q, w.k, w.v, w.spans)
+    assert [c.tokens for c in caches] == [PROMPT] * 4
+
+
+def test_pyramidkv_holds_its_window_while_decoding(workload, monkeypatch):
+    """Evicting while decoding, every layer keeps the window's length of latest tokens, the window being 10% of
+    the mean budget at window = 0 (VL-Cache's protocol), as at prefill: it kept 10% of each layer's own
+    capacity, 3 tokens in the first layer and 1 in the last."""
+    from kernels_py.methods.caches import KeptTokens
+
+    method = make_method("pyramidkv", {"budget": 0.2, "window": 0, "evict_while_decoding": True})
+    caches = method.prefill_all(workload.q, workload.k, workload.v, workload.spans)
+    recents = []
+    keep_top = KeptTokens.keep_top
+    monkeypatch.setattr(KeptTokens, "keep_top", lambda self, scores, capacity, recent: (
+        recents.append((capacity, recent)), keep_top(self, scores, capacity, recent))[1])
+    for step in range(3):
+        for layer, cache in enumerate(caches):
+            method.decode(layer, cache, workload.q[layer][:, -1:], workload.k[layer][:, -1:],
+                          workload.v[layer][:, -1:])
+    window = method.scorer().size(PROMPT + 3)
+    assert window == method.scorer().size(PROMPT) == 2
+    assert len(recents) == 12 and recents[0][0] > 10 and recents[-1][0] < 10
+    assert all(recent == min(capacity, window) for capacity, recent in recents)
+
+
+@pytest.mark.parametrize("name", ["snapkv", "pyramidkv"])
+def test_window_votes_hold_generated_text_as_a_sliding_window(workload, name):
+    """Evicting while decoding, generated tokens (no votes) go before any prompt token and the oldest first, as
+    snapkv.py says: each scored 0, so topk's ties dropped any of them."""
+    method = make_method(name, {"budget": 0.2, "window": 0, "evict_while_decoding": True})
+    caches = method.prefill_all(workload.q, workload.k, workload.v, workload.spans)
+    for step in range(40):
+        for layer, cache in enumerate(caches):
+            method.decode(layer, cache, workload.q[layer][:, -1:], workload.k[layer][:, -1:],
+                          workload.v[layer][:, -1:])
+    for cache in caches:
+        for head in cache.positions.tolist():
+            generated = [p for p in head if p >= PROMPT]
+            assert generated == list(range(cache.seen - len(generated), cache.seen)), head
