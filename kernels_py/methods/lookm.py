@@ -92,6 +92,7 @@ class LookM(Method):
         for layer in range(prompt.layers):
             cache = KeptTokens.from_prompt(k[layer], v[layer], scorer.prefill(prompt, layer))
             evicted = self._evict(cache, capacity, recent)
+            cache.own()  # having evicted nothing, it would still hold the prompt's K and V as given (a batch's view)
             cache.notes.update(evicted_tokens=float(evicted.shape[1]),
                                evicted_text=float(_text_count(evicted[0], spans, tokens)))
             if self.evict_while_decoding:

@@ -112,7 +112,9 @@ def held_bytes(cache) -> int:
 
 @pytest.mark.parametrize("name, params", [("full", {}), ("fastv", {}), ("snapkv", {"budget": 1.0}),
                                           ("pyramidkv", {"budget": 1.0}), ("h2o", {"budget": 1.0}),
-                                          ("streamingllm", {"budget": 1.0})])
+                                          ("streamingllm", {"budget": 1.0}),
+                                          ("lookm", {"recent_ratio": 0.5, "important_ratio": 0.5}),
+                                          ("vlcache", {"budget": 1.0, "allocation": "uniform"})])
 def test_a_cache_that_evicts_nothing_holds_no_more_than_it_reports(workload, name, params):
     """Inside a model each sequence's prompt K and V are views of the batch's, padding included
     (models.adapter: key[b, :, pad:]): a layer that keeps every token held the view, so the whole
