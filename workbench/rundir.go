@@ -189,8 +189,14 @@ func (a *app) localResumeHint(dir string, last map[string]results.Record) string
 	if err != nil || planned == nil || script == "" {
 		return ""
 	}
-	experiment, root := filepath.Base(filepath.Dir(dir)), filepath.Dir(filepath.Dir(dir))
-	if newest, err := results.Latest(root, experiment); err != nil || filepath.Clean(newest) != filepath.Clean(dir) {
+	// From the absolute path: a trailing slash (a shell's completion) or "."
+	// would make the run's own folder pass for its experiment's.
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return ""
+	}
+	experiment, root := filepath.Base(filepath.Dir(abs)), filepath.Dir(filepath.Dir(abs))
+	if newest, err := results.Latest(root, experiment); err != nil || newest != abs {
 		return ""
 	}
 	if rows, ahead := results.TableAhead(dir, len(last)); ahead { // a resume refuses it, and says why
