@@ -51,8 +51,13 @@ func (a *app) loadPlan(ctx context.Context, file string) (*expt.Plan, pyrt.Kerne
 		}
 	} else if plan, err = expt.Load(ctx, file, schema); err != nil {
 		var se *expt.ScriptError
-		if errors.As(err, &se) && strings.Contains(se.Msg, "is unknown") {
-			se.Msg += staleSchemaHint(kernels, se.Msg)
+		if errors.As(err, &se) {
+			for _, p := range se.Prints {
+				a.log.Info().Msg(p)
+			}
+			if strings.Contains(se.Msg, "is unknown") {
+				se.Msg += staleSchemaHint(kernels, se.Msg)
+			}
 		}
 		return nil, kernels, err
 	}

@@ -49,6 +49,8 @@ func TestBadScriptsFailBeforeRunning(t *testing.T) {
 		{"method", "experiment(\n    name = \"x\",\n    methods = [\"full\", \"h2oo\"],\n)\n", `method.star:3:24: experiment "x": method "h2oo" is unknown`},
 		{"type", "experiment(name = \"x\", methods = [\"h2o\"], grid = {\"budget\": [\"a lot\"]})\n", "type.star:1:"},
 		{"workload", "experiment(name = \"x\", methods = [\"full\"], workloads = [workload(layers = 2.5)])\n", `param "layers": want int`},
+		// What the script printed before it failed is shown with the error.
+		{"printed", "B = [0.5, 2.0]\nprint(\"budgets\", B)\nexperiment(name = \"x\", methods = [\"h2o\"], grid = {\"budget\": B})\n", "printed.star:2:1: budgets [0.5, 2.0]"},
 	}
 	for _, s := range scripts {
 		t.Run(s.name, func(t *testing.T) {

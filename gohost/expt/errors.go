@@ -15,6 +15,9 @@ import (
 type ScriptError struct {
 	Pos string
 	Msg string
+	// Prints is what the script's print() calls wrote before it failed,
+	// as Plan.Prints: a script is debugged by printing where it goes wrong.
+	Prints []string
 
 	err error // underlying cause, e.g. context.Canceled; see Unwrap
 }

@@ -182,10 +182,12 @@ func load(ctx context.Context, filename string, src []byte, schema *Schema) (*Pl
 			se.Msg = "evaluation cancelled: " + ctx.Err().Error()
 			se.err = ctx.Err()
 		}
+		se.Prints = plan.Prints
 		return nil, se
 	}
 	if len(plan.Experiments) == 0 {
-		return nil, &ScriptError{Pos: filename + ":1:1", Msg: "the script declares no experiment (call experiment(name=..., methods=[...]))"}
+		return nil, &ScriptError{Pos: filename + ":1:1", Msg: "the script declares no experiment (call experiment(name=..., methods=[...]))",
+			Prints: plan.Prints}
 	}
 	return plan, nil
 }

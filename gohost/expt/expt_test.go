@@ -337,6 +337,33 @@ experiment(name = "a", methods = ["full"], workloads = [w])
 	}
 }
 
+// A script that fails still shows what it printed before: print() is how
+// one finds out why a list or a comprehension is not what was meant.
+func TestPrintsBeforeAnError(t *testing.T) {
+	s := testSchema(t)
+	for _, tc := range []struct {
+		name, src string
+		want      []string
+	}{
+		{"a value the schema rejects", "B = [0.5, 2.0]\nprint(\"budgets\", B)\nexperiment(name = \"a\", methods = [\"h2o\"], grid = {\"budget\": B})",
+			[]string{`x.star:2:1: budgets [0.5, 2.0]`}},
+		{"a runtime error", "print(1)\nprint(2)\nx = [][0]", []string{"x.star:1:1: 1", "x.star:2:1: 2"}},
+		{"no experiment", `print(product([1], [2]))`, []string{`x.star:1:1: [(1, 2)]`}},
+		{"nothing printed", `x = [][0]`, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := LoadSource("x.star", []byte(tc.src), s)
+			var se *ScriptError
+			if !errors.As(err, &se) {
+				t.Fatalf("got %v, want a ScriptError", err)
+			}
+			if !slices.Equal(se.Prints, tc.want) {
+				t.Errorf("prints %q, want %q", se.Prints, tc.want)
+			}
+		})
+	}
+}
+
 func TestErrors(t *testing.T) {
 	s := testSchema(t)
 	tests := []struct {
