@@ -17,6 +17,8 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"go.starlark.net/starlark"
@@ -93,6 +95,14 @@ func Load(ctx context.Context, path string, schema *Schema) (*Plan, error) {
 	src, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, &missingScriptError{path: path, err: err}
+	}
+	if info, serr := os.Stat(path); err != nil && serr == nil && info.IsDir() {
+		// Read's own words, "read X: is a directory", name the call, not what to give.
+		scripts, _ := filepath.Glob(filepath.Join(path, "*.star"))
+		if len(scripts) == 0 {
+			return nil, fmt.Errorf("script %s is a directory: give an experiment script, a .star file", path)
+		}
+		return nil, fmt.Errorf("script %s is a directory: give one of its scripts: %s", path, strings.Join(scripts, ", "))
 	}
 	if err != nil {
 		return nil, fmt.Errorf("read script %s: %w", path, err)
