@@ -224,6 +224,12 @@ experiment(name = "y", methods = ["h2o"], workloads = [workload(seed = 3)])
 			t.Errorf("plan output lacks %q:\n%s", want, stdout)
 		}
 	}
+	// Where the header names the workload, the jobs' lines end at their knobs.
+	for _, line := range strings.Split(stdout, "\n") {
+		if strings.HasSuffix(line, " ") {
+			t.Errorf("line ends in spaces: %q", line)
+		}
+	}
 }
 
 // An unknown name that the kernels_py sources hold but schema.json lacks
