@@ -39,7 +39,10 @@ def read_run(run: str | os.PathLike):
 
     run = Path(run)
     if not (run / "results.parquet").exists():
-        raise FileNotFoundError(f"{run} has no results.parquet: not a finished run directory")
+        if (run / "journal.jsonl").exists():  # a run killed before it wrote its table: the journal has its jobs
+            raise FileNotFoundError(f"{run} has no results.parquet yet: `workbench status {run}` builds it from the "
+                                    f"run's journal (a run that was killed, or is still running)")
+        raise FileNotFoundError(f"{run} has no results.parquet: not a run directory (give OUT/<experiment>/<run-id>)")
     df = pd.read_parquet(run / "results.parquet")
     manifest = run / "manifest.json"
     df.attrs["manifest"] = json.loads(manifest.read_text()) if manifest.exists() else {}
