@@ -406,6 +406,9 @@ func TestErrors(t *testing.T) {
 			`x.star:4:13: experiment "a": grid param "budgte" is not a param of any listed method (did you mean "budget"?) (full: none; h2o: budget, recent)`},
 		{"grid workload param", `experiment(name = "a", methods = ["h2o"], grid = {"seed": [0, 1]})`,
 			`x.star:1:51: experiment "a": grid param "seed" is a workload param, not a method param: use workloads=[workload(seed=v) for v in ...]`},
+		// As compare --by names it.
+		{"grid workload param by its column's name", `experiment(name = "a", methods = ["h2o"], grid = {"workload.seed": [0, 1]})`,
+			`x.star:1:51: experiment "a": grid param "workload.seed" is a workload param, not a method param: use workloads=[workload(seed=v) for v in ...]`},
 		{"grid param of a workload other than the default", `experiment(name = "a", methods = ["h2o"], grid = {"path": ["t.safetensors"]})`,
 			`x.star:1:51: experiment "a": grid param "path" is a workload param (of trace), not a method param: use workloads=[workload(wl, path=v) for v in ...] with wl your workload("trace", ...)`},
 		{"grid wrong type", `experiment(name = "a", methods = ["snapkv"], grid = {"window": [16, "big"]})`,
