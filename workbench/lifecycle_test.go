@@ -58,6 +58,8 @@ func TestStatusReports(t *testing.T) {
 		{"run being written here", locked, 0, fmt.Sprintf("%s is being written by workbench process %d on ", locked, os.Getpid()), -1},
 		{"missing path", filepath.Join(dir, "nowhere"), 1, "run directory " + filepath.Join(dir, "nowhere") + " does not exist", -1},
 		{"experiment folder", filepath.Join(dir, "sweep"), 1, "is not a run directory but an experiment's folder: give one of its runs:\n  " + killed + " (the newest)", -1},
+		{"results root", dir, 1, "is not a run directory but a results root: give a run of one of its experiments, " +
+			"OUT/<experiment>/<run-id>; the newest of each:\n  " + legacy + "\n  " + locked + "\n  " + replanned + "\n  " + killed, -1},
 	}
 	hold, err := results.Open(locked)
 	if err != nil {
