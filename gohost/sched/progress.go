@@ -88,6 +88,7 @@ type Progress struct {
 	done     int
 	failed   int
 	started  time.Time
+	first    time.Time // when the first job of this call finished
 	lastLine time.Time // of the last line written, when not on a terminal
 	now      func() time.Time
 	every    time.Duration // between redraws, or checks for a quiet log
@@ -153,6 +154,9 @@ func (p *Progress) Finished(o Outcome) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.done++
+	if p.done-p.skipped == 1 {
+		p.first = p.now()
+	}
 	status := "ok"
 	if o.Err != nil {
 		p.failed++
@@ -209,7 +213,9 @@ func (p *Progress) elapsed() time.Duration {
 }
 
 // eta extrapolates the time left from the jobs finished since the start
-// (resumed ones do not count).
+// (resumed ones do not count). From the second on, it goes by the jobs
+// since the first: the first also paid for the workers' start and the
+// kernels' first compiles, which made a 30-second run's first ETA minutes.
 func (p *Progress) eta() string {
 	if p.done >= p.total {
 		return "0s"
@@ -218,7 +224,11 @@ func (p *Progress) eta() string {
 	if ran <= 0 {
 		return "?"
 	}
-	return (p.now().Sub(p.started) / time.Duration(ran) * time.Duration(p.total-p.done)).Round(time.Second).String()
+	per := p.now().Sub(p.started) / time.Duration(ran)
+	if ran > 1 {
+		per = p.now().Sub(p.first) / time.Duration(ran-1)
+	}
+	return (per * time.Duration(p.total-p.done)).Round(time.Second).String()
 }
 
 // failedAt is " (at FILE:LINE)": the kernels_py line a job's error comes

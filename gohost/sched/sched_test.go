@@ -466,3 +466,27 @@ func TestProgressWhileAJobRuns(t *testing.T) {
 		})
 	}
 }
+
+// The first job pays for the workers' start and the kernels' first
+// compiles: once a second has finished, the ETA goes by the jobs since.
+func TestProgressETALeavesOutTheFirstJobsStart(t *testing.T) {
+	var out bytes.Buffer
+	p := NewProgress(&out, false, 12, 2) // two done before this resume
+	defer p.Close()
+	p.mu.Lock()
+	now := p.started
+	p.now = func() time.Time { return now }
+	p.mu.Unlock()
+	now = now.Add(20 * time.Second) // start-up and compiles, then the first job
+	p.Finished(Outcome{Job: Job{ID: "a"}})
+	now = now.Add(2 * time.Second)
+	p.Finished(Outcome{Job: Job{ID: "b"}})
+	now = now.Add(2 * time.Second)
+	p.Finished(Outcome{Job: Job{ID: "c"}})
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	for i, want := range []string{", ETA 3m0s", ", ETA 16s", ", ETA 14s"} { // 9 left at 20 s; 8 at 2 s; 7 at 2 s
+		if !strings.HasSuffix(lines[i], want) {
+			t.Errorf("line %d: %q, want it to end %q", i, lines[i], want)
+		}
+	}
+}
