@@ -670,6 +670,12 @@ func (l *loader) extras(kw map[string]starlark.Value, first *workloadValue, prot
 				p.workload = w
 			default:
 				param, ok := m.Params[k]
+				if !ok && l.schema.Workloads[p.workload.name].Params[k] != nil {
+					// A knob of the point's workload: what the grid says of one, said for a point.
+					return nil, fail(path{"extra", i, k}, `extra[%d]: param %q is a workload param, not a param of method %q: `+
+						`give the point a workload of its own, "workload": workload(wl, %s=...) with wl the %s workload it varies`,
+						i, k, m.Name, k, p.workload.name)
+				}
 				if !ok {
 					return nil, fail(path{"extra", i, k}, "extra[%d]: param %q is unknown for method %q%s (known: %s)", i, k, m.Name, Closest(k, m.Params.Names()), known(m.Params.Names()))
 				}

@@ -444,6 +444,9 @@ func TestErrors(t *testing.T) {
 		// Extras.
 		{"extra unknown param", "experiment(\n    name = \"a\",\n    methods = [\"h2o\"],\n    extra = [{\"method\": \"full\", \"budget\": 1.0}],\n)",
 			`x.star:4:33: experiment "a": extra[0]: param "budget" is unknown for method "full" (known: none)`},
+		{"extra workload param", `experiment(name = "a", methods = ["h2o"], extra = [{"method": "h2o", "seed": 1}])`,
+			`x.star:1:70: experiment "a": extra[0]: param "seed" is a workload param, not a param of method "h2o": ` +
+				`give the point a workload of its own, "workload": workload(wl, seed=...) with wl the synthetic workload it varies`},
 		{"extra unknown method", `experiment(name = "a", methods = ["h2o"], extra = [dict(method = "h3o")])`,
 			`x.star:1:57: experiment "a": extra[0]: method "h3o" is unknown (did you mean "h2o"?) (known: full, h2o, snapkv, streamingllm)`},
 		{"extra without method", `experiment(name = "a", methods = ["h2o"], extra = [{"budget": 0.5}])`,
