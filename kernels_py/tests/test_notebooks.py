@@ -159,3 +159,12 @@ def test_quickstart_says_what_to_do_with_a_run_without_a_successful_job(tmp_path
     with pytest.raises(Exception) as err:
         notebooks.execute(notebooks.find("quickstart"), env=notebooks.run_env([run]))
     assert want.format(root=tmp_path.resolve(), run=run) in str(err.value)
+
+
+def test_quickstart_before_any_run_says_how_to_make_one(tmp_path):
+    """Opened in the lab before the first run (no results/quickstart/ yet): the command to run, not a traceback."""
+    env = {"VLKV_RUN_DIR": "", "VLKV_RESULTS": str(tmp_path / "results")}
+    with pytest.raises(Exception) as err:
+        notebooks.execute(notebooks.find("quickstart"), env=env)
+    assert "no runs under" in str(err.value) and "run `workbench run experiments/quickstart.star` first" in str(err.value)
+    assert "FileNotFoundError" not in str(err.value)
