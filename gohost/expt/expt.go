@@ -139,7 +139,12 @@ func load(ctx context.Context, filename string, src []byte, schema *Schema) (*Pl
 	// errors point at arguments and literal values through it.
 	f, err := fileOptions.Parse(filename, src, 0)
 	if err != nil {
-		return nil, asScriptError(err, filename, nil)
+		se := asScriptError(err, filename, nil)
+		var syn syntax.Error
+		if errors.As(err, &syn) {
+			se.Msg += pythonHint(syn, src)
+		}
+		return nil, se
 	}
 	l := &loader{
 		schema: schema,

@@ -373,6 +373,14 @@ func TestErrors(t *testing.T) {
 	}{
 		// Syntax, resolution and runtime errors from Starlark itself.
 		{"syntax", "experiment(name = \"a\",\n    methods = [\"full\"]\n", `x.star:3:1: got end of file, want ')'`},
+		// Python that Starlark lacks: what to write instead, beside the parser's words.
+		{"f-string", "b = 1\nexperiment(name = f\"abl_{b}\", methods = [\"full\"])", `x.star:2:29: got string literal, want ',' (Starlark has no f-strings: write "abl_%s" % x or "abl_{}".format(x))`},
+		{"adjacent strings are no f-string", `x = "a" "b"`, `x.star:1:12: got string literal, want newline`},
+		{"power", `x = 2 ** 3`, `x.star:1:9: got '**', want newline (Starlark has no ** operator: multiply, or write the number, e.g. 1e-3)`},
+		{"import", "import math", `x.star:1:1: got import, want primary expression (Starlark has no import: a script has the built-ins experiment, workload, grid and product, and Starlark's own, such as range, len and sorted)`},
+		{"raise", `raise ValueError("no")`, `x.star:1:1: got raise, want primary expression (Starlark has no raise: fail("why") stops the script with a message)`},
+		{"assert", `assert 1 == 1`, `x.star:1:9: got int literal, want newline (Starlark has no assert: write if not ...: fail("why"))`},
+		{"try", "try:\n    pass\nexcept:\n    pass", `x.star:1:1: got try, want primary expression (Starlark has no try; see https://github.com/bazelbuild/starlark/blob/master/spec.md)`},
 		{"undefined name", `experimnt(name = "a")`, `x.star:1:1: undefined: experimnt`},
 		{"runtime", "def f(x):\n    return x // 0\nf(1)\n", `x.star:2:14: floored division by zero`},
 		{"runtime in a built-in", `experiment(name = "a", methods = ["full"], doc = len(3))`, `x.star:1:50: len: value of type int has no len`},
