@@ -43,9 +43,11 @@ def read_run(run: str | os.PathLike):
     run = Path(run)
     journaled = len({r["job_id"] for r in _journal_records(run / "journal.jsonl")})
     if not (run / "results.parquet").exists():
-        held = f" (its journal holds {journaled} jobs: `workbench notebook NOTEBOOK {run}` builds the table)" \
-            if journaled else ""
-        raise FileNotFoundError(f"{run} has no results.parquet{held}: not a finished run directory")
+        if (run / "journal.jsonl").exists():  # a run killed before it wrote its table: the journal has its jobs
+            raise FileNotFoundError(f"{run} has no results.parquet yet (its journal holds {journaled} jobs: a run "
+                                    f"that was killed, or is still running): `workbench status {run}` builds it "
+                                    f"from the journal")
+        raise FileNotFoundError(f"{run} has no results.parquet: not a run directory (give OUT/<experiment>/<run-id>)")
     df = pd.read_parquet(run / "results.parquet")
     if journaled > len(df):
         import warnings

@@ -126,6 +126,8 @@ func TestCompareFlags(t *testing.T) {
 	}{
 		{"unknown metric", []string{"--metrics", "nosuch"}, `unknown metric "nosuch": the runs share`},
 		{"unknown key", []string{"--by", "nosuch"}, "--by nosuch: not a parameter of both runs"},
+		{"a table's column as a key", []string{"--by", "method,param_budget"}, "--by param_budget: not a parameter of both runs (keys go by the knobs' names: budget, not results.parquet's column param_budget)"},
+		{"a table's workload column as a key", []string{"--by", "workload_seed"}, "--by workload_seed: not a parameter of both runs (keys go by the knobs' names: workload.seed, not results.parquet's column workload_seed)"},
 		{"unknown guarded metric", []string{"--fail-if", "nosuch>1"}, `metric "nosuch" is not compared`},
 		{"a table's column name", []string{"--metrics", "metric_err"}, `unknown metric "metric_err" (metrics go by their own names: err, not results.parquet's column metric_err)`},
 		{"a table's column guarded", []string{"--fail-if", "metric_err>1"}, `(metrics go by their own names: err, not results.parquet's column metric_err)`},

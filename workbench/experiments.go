@@ -51,8 +51,13 @@ func (a *app) loadPlan(ctx context.Context, file string) (*expt.Plan, pyrt.Kerne
 		}
 	} else if plan, err = expt.Load(ctx, file, schema); err != nil {
 		var se *expt.ScriptError
-		if errors.As(err, &se) && strings.Contains(se.Msg, "is unknown") {
-			se.Msg += staleSchemaHint(kernels, se.Msg)
+		if errors.As(err, &se) {
+			for _, p := range se.Prints {
+				a.log.Info().Msg(p)
+			}
+			if strings.Contains(se.Msg, "is unknown") {
+				se.Msg += staleSchemaHint(kernels, se.Msg)
+			}
 		}
 		return nil, kernels, err
 	}
@@ -191,7 +196,11 @@ script are reported as file:line:col. No Python is started.`,
 				fmt.Fprintf(a.stdout, "experiment %s: %s (timeout %v each%s)%s\n", e.Name, plural(len(e.Jobs), "job"), e.Timeout, protocol, shared)
 				tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
 				for _, j := range e.Jobs {
-					fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", j.ID, j.Method, formatParams(j.Params), workloads[j.ID])
+					line := "  " + j.ID + "\t" + j.Method + "\t" + formatParams(j.Params)
+					if w := workloads[j.ID]; w != "" { // a cell left empty would pad the knobs with spaces to the line's end
+						line += "\t" + w
+					}
+					fmt.Fprintln(tw, line)
 				}
 				tw.Flush()
 			}

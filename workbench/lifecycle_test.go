@@ -58,6 +58,8 @@ func TestStatusReports(t *testing.T) {
 		{"run being written here", locked, 0, fmt.Sprintf("%s is being written by workbench process %d on ", locked, os.Getpid()), -1},
 		{"missing path", filepath.Join(dir, "nowhere"), 1, "run directory " + filepath.Join(dir, "nowhere") + " does not exist", -1},
 		{"experiment folder", filepath.Join(dir, "sweep"), 1, "is not a run directory but an experiment's folder: give one of its runs:\n  " + killed + " (the newest)", -1},
+		{"results root", dir, 1, "is not a run directory but a results root: give a run of one of its experiments, " +
+			"OUT/<experiment>/<run-id>; the newest of each:\n  " + legacy + "\n  " + locked + "\n  " + replanned + "\n  " + killed, -1},
 	}
 	hold, err := results.Open(locked)
 	if err != nil {
@@ -264,19 +266,27 @@ func TestStatusSaysHowToGoOn(t *testing.T) {
 		t.Fatal(err)
 	}
 	prog := progName(os.Args[0])
+	goOn := "to continue it: " + prog + " run '/x/my exp.star' --experiment sweep --out " + root + " --resume"
 	tests := []struct {
-		name, dir, want string
+		name, wd, dir, want string // wd: the directory status runs in, when not the test's
 	}{
-		{"short of its plan", short, "to continue it: " + prog + " run '/x/my exp.star' --experiment sweep --out " + root + " --resume"},
-		{"failed jobs", withFailed, "to run its failed jobs again, once their cause is fixed: " + prog +
+		{"short of its plan", "", short, goOn},
+		// A shell's completion ends the path with a slash; the run is the same.
+		{"trailing slash", "", short + "/", goOn},
+		{"the run's own folder", short, ".", goOn},
+		{"relative to its experiment's folder", filepath.Dir(short), filepath.Base(short), goOn},
+		{"failed jobs", "", withFailed, "to run its failed jobs again, once their cause is fixed: " + prog +
 			" run '/x/my exp.star' --experiment fails --out " + root + " --resume --retry-failed"},
-		{"not the newest run", older, ""},
-		{"journal lost", lostJournal, "its results.parquet has 1 row but its journal.jsonl only 0 finished jobs: " +
+		{"not the newest run", "", older, ""},
+		{"journal lost", "", lostJournal, "its results.parquet has 1 row but its journal.jsonl only 0 finished jobs: " +
 			"the journal was lost or cut short, and a --resume would refuse the run; restore journal.jsonl"},
-		{"complete", complete, ""},
+		{"complete", "", complete, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			if tc.wd != "" {
+				t.Chdir(tc.wd)
+			}
 			code, stdout, stderr := runCLI(t, "status", tc.dir)
 			if code != 0 {
 				t.Fatalf("exit %d: %s", code, stderr)

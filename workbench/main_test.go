@@ -49,6 +49,8 @@ func TestUsageErrors(t *testing.T) {
 		{"out of watch is a file", []string{"watch", "--experiment", "../experiments/quickstart.star", "--out", "../go.mod"}, 2, "--out ../go.mod is a file"},
 		{"missing script", []string{"run", "/nonexistent.star"}, 1, "script /nonexistent.star does not exist"},
 		{"missing script of plan", []string{"plan", "/nonexistent.star"}, 1, "script /nonexistent.star does not exist"},
+		{"script is a directory", []string{"plan", "../experiments"}, 1, "script ../experiments is a directory: give one of its scripts: ../experiments/accuracy.star, "},
+		{"script is an empty directory", []string{"run", "../gohost"}, 1, "script ../gohost is a directory: give an experiment script, a .star file"},
 		{"code change without resume", []string{"run", "--allow-code-change", "../experiments/quickstart.star"}, 2, "--allow-code-change only applies to a resumed run"},
 	}
 	for _, tc := range tests {

@@ -49,6 +49,8 @@ func TestBadScriptsFailBeforeRunning(t *testing.T) {
 		{"method", "experiment(\n    name = \"x\",\n    methods = [\"full\", \"h2oo\"],\n)\n", `method.star:3:24: experiment "x": method "h2oo" is unknown`},
 		{"type", "experiment(name = \"x\", methods = [\"h2o\"], grid = {\"budget\": [\"a lot\"]})\n", "type.star:1:"},
 		{"workload", "experiment(name = \"x\", methods = [\"full\"], workloads = [workload(layers = 2.5)])\n", `param "layers": want int`},
+		// What the script printed before it failed is shown with the error.
+		{"printed", "B = [0.5, 2.0]\nprint(\"budgets\", B)\nexperiment(name = \"x\", methods = [\"h2o\"], grid = {\"budget\": B})\n", "printed.star:2:1: budgets [0.5, 2.0]"},
 	}
 	for _, s := range scripts {
 		t.Run(s.name, func(t *testing.T) {
@@ -220,6 +222,12 @@ experiment(name = "y", methods = ["h2o"], workloads = [workload(seed = 3)])
 	for _, want := range []string{"@synthetic(seed=1)\n", "@synthetic(seed=2)\n", "experiment y: 1 job (timeout 10m0s each) on @synthetic(seed=3)\n"} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("plan output lacks %q:\n%s", want, stdout)
+		}
+	}
+	// Where the header names the workload, the jobs' lines end at their knobs.
+	for _, line := range strings.Split(stdout, "\n") {
+		if strings.HasSuffix(line, " ") {
+			t.Errorf("line ends in spaces: %q", line)
 		}
 	}
 }

@@ -35,12 +35,36 @@ func checkRunPath(dir string) error {
 		return fmt.Errorf("run directory %s: %w", dir, err)
 	}
 	if len(runs) == 0 {
+		if newest := newestRuns(dir); len(newest) > 0 {
+			// The results root (--out, "results" by default): its experiments' newest runs are what was meant.
+			return fmt.Errorf("%s is not a run directory but a results root: give a run of one of its experiments, "+
+				"OUT/<experiment>/<run-id>; the newest of each:\n  %s", dir, strings.Join(newest, "\n  "))
+		}
 		return fmt.Errorf("%s is not a run directory (no %s or %s): give OUT/<experiment>/<run-id>", dir,
 			results.ManifestFile, results.JournalFile)
 	}
 	runs[len(runs)-1] += " (the newest)"
 	return fmt.Errorf("%s is not a run directory but an experiment's folder: give one of its runs:\n  %s", dir,
 		strings.Join(runs, "\n  "))
+}
+
+// newestRuns is the newest run of each experiment's folder in root, in the
+// folders' order; none when root holds no experiment's folder.
+func newestRuns(root string) []string {
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		return nil
+	}
+	var newest []string
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		if runs, err := results.Runs(filepath.Join(root, e.Name())); err == nil && len(runs) > 0 {
+			newest = append(newest, runs[len(runs)-1])
+		}
+	}
+	return newest
 }
 
 // syncRun brings the results.parquet of a run this process holds in step
@@ -189,8 +213,14 @@ func (a *app) localResumeHint(dir string, last map[string]results.Record) string
 	if err != nil || planned == nil || script == "" {
 		return ""
 	}
-	experiment, root := filepath.Base(filepath.Dir(dir)), filepath.Dir(filepath.Dir(dir))
-	if newest, err := results.Latest(root, experiment); err != nil || filepath.Clean(newest) != filepath.Clean(dir) {
+	// From the absolute path: a trailing slash (a shell's completion) or "."
+	// would make the run's own folder pass for its experiment's.
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return ""
+	}
+	experiment, root := filepath.Base(filepath.Dir(abs)), filepath.Dir(filepath.Dir(abs))
+	if newest, err := results.Latest(root, experiment); err != nil || newest != abs {
 		return ""
 	}
 	if rows, ahead := results.TableAhead(dir, len(last)); ahead { // a resume refuses it, and says why

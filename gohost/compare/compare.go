@@ -397,8 +397,8 @@ func joinKeys(a, b *Run, fa, fb []map[string]string, by []string) ([]string, []s
 		seen := map[string]bool{}
 		for _, k := range by {
 			if !shared[k] {
-				return nil, nil, nil, &OptionError{fmt.Errorf("--by %s: not a parameter of both runs; they share: %s", k,
-					strings.Join(sorted(shared), ", "))}
+				return nil, nil, nil, &OptionError{fmt.Errorf("--by %s: not a parameter of both runs%s; they share: %s", k,
+					keyColumnHint(k, shared), strings.Join(sorted(shared), ", "))}
 			}
 			if !seen[k] {
 				seen[k] = true
@@ -529,6 +529,22 @@ func tablePrefix(name string, metrics map[string]bool) string {
 		return fmt.Sprintf(" (metrics go by their own names: %s, not results.parquet's column %s)", bare, name)
 	}
 	return ""
+}
+
+// keyColumnHint is a hint for a key named as results.parquet's column
+// ("param_budget", "workload_seed"), where the runs share the key: ""
+// otherwise.
+func keyColumnHint(name string, shared map[string]bool) string {
+	key := ""
+	if bare, ok := strings.CutPrefix(name, "param_"); ok {
+		key = bare
+	} else if bare, ok := strings.CutPrefix(name, "workload_"); ok {
+		key = "workload." + bare
+	}
+	if key == "" || !shared[key] {
+		return ""
+	}
+	return fmt.Sprintf(" (keys go by the knobs' names: %s, not results.parquet's column %s)", key, name)
 }
 
 func setOf(names []string) map[string]bool {

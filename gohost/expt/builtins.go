@@ -583,15 +583,17 @@ func (l *loader) gridAxes(kw map[string]starlark.Value, methods []*Method, fail 
 			axes[m.Name] = append(axes[m.Name], axis{name: k, values: vals})
 		}
 		if !accepted {
+			// "workload.seed" is how compare --by names a workload knob.
+			knob := strings.TrimPrefix(k, "workload.")
 			var holders []string // the workloads with the knob
 			for _, w := range l.schema.WorkloadNames() {
-				if _, ok := l.schema.Workloads[w].Params[k]; ok {
+				if _, ok := l.schema.Workloads[w].Params[knob]; ok {
 					holders = append(holders, w)
 				}
 			}
 			if len(holders) > 0 {
 				if slices.Contains(holders, l.schema.DefaultWorkload) {
-					return nil, fail(path{"grid", k}, "grid param %q is a workload param, not a method param: use workloads=[workload(%s=v) for v in ...]", k, k)
+					return nil, fail(path{"grid", k}, "grid param %q is a workload param, not a method param: use workloads=[workload(%s=v) for v in ...]", k, knob)
 				}
 				// workload(k=v) alone would be the default workload, which has no such knob: vary the
 				// experiment's own workload.
@@ -600,7 +602,7 @@ func (l *loader) gridAxes(kw map[string]starlark.Value, methods []*Method, fail 
 					quoted[i] = fmt.Sprintf("workload(%q, ...)", w)
 				}
 				return nil, fail(path{"grid", k}, "grid param %q is a workload param (of %s), not a method param: use workloads=[workload(wl, %s=v) for v in ...] with wl your %s",
-					k, strings.Join(holders, ", "), k, strings.Join(quoted, " or "))
+					k, strings.Join(holders, ", "), knob, strings.Join(quoted, " or "))
 			}
 			var accepts, all []string
 			for _, m := range methods {
@@ -668,6 +670,12 @@ func (l *loader) extras(kw map[string]starlark.Value, first *workloadValue, prot
 				p.workload = w
 			default:
 				param, ok := m.Params[k]
+				if !ok && l.schema.Workloads[p.workload.name].Params[k] != nil {
+					// A knob of the point's workload: what the grid says of one, said for a point.
+					return nil, fail(path{"extra", i, k}, `extra[%d]: param %q is a workload param, not a param of method %q: `+
+						`give the point a workload of its own, "workload": workload(wl, %s=...) with wl the %s workload it varies`,
+						i, k, m.Name, k, p.workload.name)
+				}
 				if !ok {
 					return nil, fail(path{"extra", i, k}, "extra[%d]: param %q is unknown for method %q%s (known: %s)", i, k, m.Name, Closest(k, m.Params.Names()), known(m.Params.Names()))
 				}

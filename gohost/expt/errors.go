@@ -1,8 +1,11 @@
 package expt
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"regexp"
+	"strings"
 
 	"go.starlark.net/resolve"
 	"go.starlark.net/starlark"
@@ -15,6 +18,9 @@ import (
 type ScriptError struct {
 	Pos string
 	Msg string
+	// Prints is what the script's print() calls wrote before it failed,
+	// as Plan.Prints: a script is debugged by printing where it goes wrong.
+	Prints []string
 
 	err error // underlying cause, e.g. context.Canceled; see Unwrap
 }
@@ -184,4 +190,35 @@ func asScriptError(err error, filename string, calls *positions) *ScriptError {
 		return &ScriptError{Pos: pos, Msg: ev.Msg, err: errors.Unwrap(ev)}
 	}
 	return &ScriptError{Pos: filename + ":1:1", Msg: err.Error(), err: err}
+}
+
+// fString finds a Python f-string's opening: f"..., rf'..., and so on.
+var fString = regexp.MustCompile(`(^|[^\w])[rR]?[fF][rR]?["']`)
+
+// pythonHint says, for a syntax error that Python would have accepted, what
+// Starlark lacks and what to write instead: the parser's own words ("got
+// string literal, want newline") name a token, not the mistake. "" when
+// the error is not one of those.
+func pythonHint(syn syntax.Error, src []byte) string {
+	lines := bytes.Split(src, []byte("\n"))
+	line := ""
+	if n := int(syn.Pos.Line); n >= 1 && n <= len(lines) {
+		line = string(lines[n-1])
+	}
+	got, _, _ := strings.Cut(strings.TrimPrefix(syn.Msg, "got "), ",")
+	switch {
+	case strings.HasPrefix(syn.Msg, "got string literal") && fString.MatchString(line):
+		return ` (Starlark has no f-strings: write "abl_%s" % x or "abl_{}".format(x))`
+	case got == "'**'":
+		return " (Starlark has no ** operator: multiply, or write the number, e.g. 1e-3)"
+	case got == "import" || got == "from":
+		return " (Starlark has no import: a script has the built-ins experiment, workload, grid and product, and Starlark's own, such as range, len and sorted)"
+	case got == "raise":
+		return ` (Starlark has no raise: fail("why") stops the script with a message)`
+	case strings.HasPrefix(strings.TrimSpace(line), "assert "): // an identifier to Starlark, so the next token is what fails
+		return ` (Starlark has no assert: write if not ...: fail("why"))`
+	case got == "try" || got == "class" || got == "with" || got == "yield" || got == "global" || got == "nonlocal" || got == "del":
+		return " (Starlark has no " + got + "; see https://github.com/bazelbuild/starlark/blob/master/spec.md)"
+	}
+	return ""
 }

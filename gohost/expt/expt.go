@@ -17,6 +17,8 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"go.starlark.net/starlark"
@@ -94,6 +96,14 @@ func Load(ctx context.Context, path string, schema *Schema) (*Plan, error) {
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, &missingScriptError{path: path, err: err}
 	}
+	if info, serr := os.Stat(path); err != nil && serr == nil && info.IsDir() {
+		// Read's own words, "read X: is a directory", name the call, not what to give.
+		scripts, _ := filepath.Glob(filepath.Join(path, "*.star"))
+		if len(scripts) == 0 {
+			return nil, fmt.Errorf("script %s is a directory: give an experiment script, a .star file", path)
+		}
+		return nil, fmt.Errorf("script %s is a directory: give one of its scripts: %s", path, strings.Join(scripts, ", "))
+	}
 	if err != nil {
 		return nil, fmt.Errorf("read script %s: %w", path, err)
 	}
@@ -129,7 +139,12 @@ func load(ctx context.Context, filename string, src []byte, schema *Schema) (*Pl
 	// errors point at arguments and literal values through it.
 	f, err := fileOptions.Parse(filename, src, 0)
 	if err != nil {
-		return nil, asScriptError(err, filename, nil)
+		se := asScriptError(err, filename, nil)
+		var syn syntax.Error
+		if errors.As(err, &syn) {
+			se.Msg += pythonHint(syn, src)
+		}
+		return nil, se
 	}
 	l := &loader{
 		schema: schema,
@@ -182,10 +197,12 @@ func load(ctx context.Context, filename string, src []byte, schema *Schema) (*Pl
 			se.Msg = "evaluation cancelled: " + ctx.Err().Error()
 			se.err = ctx.Err()
 		}
+		se.Prints = plan.Prints
 		return nil, se
 	}
 	if len(plan.Experiments) == 0 {
-		return nil, &ScriptError{Pos: filename + ":1:1", Msg: "the script declares no experiment (call experiment(name=..., methods=[...]))"}
+		return nil, &ScriptError{Pos: filename + ":1:1", Msg: "the script declares no experiment (call experiment(name=..., methods=[...]))",
+			Prints: plan.Prints}
 	}
 	return plan, nil
 }

@@ -337,6 +337,33 @@ experiment(name = "a", methods = ["full"], workloads = [w])
 	}
 }
 
+// A script that fails still shows what it printed before: print() is how
+// one finds out why a list or a comprehension is not what was meant.
+func TestPrintsBeforeAnError(t *testing.T) {
+	s := testSchema(t)
+	for _, tc := range []struct {
+		name, src string
+		want      []string
+	}{
+		{"a value the schema rejects", "B = [0.5, 2.0]\nprint(\"budgets\", B)\nexperiment(name = \"a\", methods = [\"h2o\"], grid = {\"budget\": B})",
+			[]string{`x.star:2:1: budgets [0.5, 2.0]`}},
+		{"a runtime error", "print(1)\nprint(2)\nx = [][0]", []string{"x.star:1:1: 1", "x.star:2:1: 2"}},
+		{"no experiment", `print(product([1], [2]))`, []string{`x.star:1:1: [(1, 2)]`}},
+		{"nothing printed", `x = [][0]`, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := LoadSource("x.star", []byte(tc.src), s)
+			var se *ScriptError
+			if !errors.As(err, &se) {
+				t.Fatalf("got %v, want a ScriptError", err)
+			}
+			if !slices.Equal(se.Prints, tc.want) {
+				t.Errorf("prints %q, want %q", se.Prints, tc.want)
+			}
+		})
+	}
+}
+
 func TestErrors(t *testing.T) {
 	s := testSchema(t)
 	tests := []struct {
@@ -346,6 +373,14 @@ func TestErrors(t *testing.T) {
 	}{
 		// Syntax, resolution and runtime errors from Starlark itself.
 		{"syntax", "experiment(name = \"a\",\n    methods = [\"full\"]\n", `x.star:3:1: got end of file, want ')'`},
+		// Python that Starlark lacks: what to write instead, beside the parser's words.
+		{"f-string", "b = 1\nexperiment(name = f\"abl_{b}\", methods = [\"full\"])", `x.star:2:29: got string literal, want ',' (Starlark has no f-strings: write "abl_%s" % x or "abl_{}".format(x))`},
+		{"adjacent strings are no f-string", `x = "a" "b"`, `x.star:1:12: got string literal, want newline`},
+		{"power", `x = 2 ** 3`, `x.star:1:9: got '**', want newline (Starlark has no ** operator: multiply, or write the number, e.g. 1e-3)`},
+		{"import", "import math", `x.star:1:1: got import, want primary expression (Starlark has no import: a script has the built-ins experiment, workload, grid and product, and Starlark's own, such as range, len and sorted)`},
+		{"raise", `raise ValueError("no")`, `x.star:1:1: got raise, want primary expression (Starlark has no raise: fail("why") stops the script with a message)`},
+		{"assert", `assert 1 == 1`, `x.star:1:9: got int literal, want newline (Starlark has no assert: write if not ...: fail("why"))`},
+		{"try", "try:\n    pass\nexcept:\n    pass", `x.star:1:1: got try, want primary expression (Starlark has no try; see https://github.com/bazelbuild/starlark/blob/master/spec.md)`},
 		{"undefined name", `experimnt(name = "a")`, `x.star:1:1: undefined: experimnt`},
 		{"runtime", "def f(x):\n    return x // 0\nf(1)\n", `x.star:2:14: floored division by zero`},
 		{"runtime in a built-in", `experiment(name = "a", methods = ["full"], doc = len(3))`, `x.star:1:50: len: value of type int has no len`},
@@ -379,6 +414,9 @@ func TestErrors(t *testing.T) {
 			`x.star:4:13: experiment "a": grid param "budgte" is not a param of any listed method (did you mean "budget"?) (full: none; h2o: budget, recent)`},
 		{"grid workload param", `experiment(name = "a", methods = ["h2o"], grid = {"seed": [0, 1]})`,
 			`x.star:1:51: experiment "a": grid param "seed" is a workload param, not a method param: use workloads=[workload(seed=v) for v in ...]`},
+		// As compare --by names it.
+		{"grid workload param by its column's name", `experiment(name = "a", methods = ["h2o"], grid = {"workload.seed": [0, 1]})`,
+			`x.star:1:51: experiment "a": grid param "workload.seed" is a workload param, not a method param: use workloads=[workload(seed=v) for v in ...]`},
 		{"grid param of a workload other than the default", `experiment(name = "a", methods = ["h2o"], grid = {"path": ["t.safetensors"]})`,
 			`x.star:1:51: experiment "a": grid param "path" is a workload param (of trace), not a method param: use workloads=[workload(wl, path=v) for v in ...] with wl your workload("trace", ...)`},
 		{"grid wrong type", `experiment(name = "a", methods = ["snapkv"], grid = {"window": [16, "big"]})`,
@@ -414,6 +452,9 @@ func TestErrors(t *testing.T) {
 		// Extras.
 		{"extra unknown param", "experiment(\n    name = \"a\",\n    methods = [\"h2o\"],\n    extra = [{\"method\": \"full\", \"budget\": 1.0}],\n)",
 			`x.star:4:33: experiment "a": extra[0]: param "budget" is unknown for method "full" (known: none)`},
+		{"extra workload param", `experiment(name = "a", methods = ["h2o"], extra = [{"method": "h2o", "seed": 1}])`,
+			`x.star:1:70: experiment "a": extra[0]: param "seed" is a workload param, not a param of method "h2o": ` +
+				`give the point a workload of its own, "workload": workload(wl, seed=...) with wl the synthetic workload it varies`},
 		{"extra unknown method", `experiment(name = "a", methods = ["h2o"], extra = [dict(method = "h3o")])`,
 			`x.star:1:57: experiment "a": extra[0]: method "h3o" is unknown (did you mean "h2o"?) (known: full, h2o, snapkv, streamingllm)`},
 		{"extra without method", `experiment(name = "a", methods = ["h2o"], extra = [{"budget": 0.5}])`,

@@ -333,8 +333,14 @@ func rebuildManifest(dir string) (Manifest, error) {
 	if len(recs) == 0 {
 		return Manifest{}, fmt.Errorf("open run %s: no %s and an empty journal: nothing to resume; start a new run", dir, ManifestFile)
 	}
+	// Named from the absolute path: a trailing slash or "." (status given the
+	// path as typed) would make the run's id pass for its experiment.
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return Manifest{}, fmt.Errorf("open run %s: %w", dir, err)
+	}
 	now := time.Now()
-	m := Manifest{Experiment: filepath.Base(filepath.Dir(dir)), RunID: filepath.Base(dir), Started: recs[0].Finished,
+	m := Manifest{Experiment: filepath.Base(filepath.Dir(abs)), RunID: filepath.Base(abs), Started: recs[0].Finished,
 		KernelsDigest: recs[len(recs)-1].KernelsDigest, Versions: map[string]string{}, Rebuilt: &now}
 	for _, rec := range recs {
 		if rec.Finished.Before(m.Started) {

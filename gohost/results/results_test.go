@@ -205,29 +205,45 @@ func TestRunDirectoryLock(t *testing.T) {
 }
 
 // A run whose manifest.json is lost still counts as a run, and opening it
-// rebuilds the manifest from its journal rather than starting over.
+// rebuilds the manifest from its journal rather than starting over, however
+// the run's path is written (status passes it on as typed).
 func TestOpenRebuildsALostManifest(t *testing.T) {
-	r := newRun(t)
-	first := rec("a", StatusOK, map[string]any{"x": 1.0})
-	first.KernelsDigest = "abc"
-	r.Append(first)
-	r.Close()
-	os.Remove(filepath.Join(r.Dir, ManifestFile))
-	root := filepath.Dir(filepath.Dir(r.Dir))
-	if dir, _ := Latest(root, "quick"); dir != r.Dir {
-		t.Fatalf("latest = %q, want the run without a manifest %q", dir, r.Dir)
-	}
-	r2, err := Open(r.Dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r2.Close()
-	m := r2.Manifest()
-	if m.Rebuilt == nil || m.Experiment != "quick" || m.RunID != filepath.Base(r.Dir) || m.KernelsDigest != "abc" || !m.Started.Equal(first.Finished) {
-		t.Errorf("rebuilt manifest %+v", m)
-	}
-	if _, err := os.Stat(filepath.Join(r.Dir, ManifestFile)); err != nil {
-		t.Error("the rebuilt manifest was not written")
+	for _, tc := range []struct {
+		name string
+		path func(dir string) string // how the run is named to Open
+		wd   func(dir string) string // where Open runs; "" the test's directory
+	}{
+		{"absolute", func(dir string) string { return dir }, nil},
+		{"trailing slash", func(dir string) string { return dir + "/" }, nil},
+		{"the run's own folder", func(string) string { return "." }, func(dir string) string { return dir }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRun(t)
+			first := rec("a", StatusOK, map[string]any{"x": 1.0})
+			first.KernelsDigest = "abc"
+			r.Append(first)
+			r.Close()
+			os.Remove(filepath.Join(r.Dir, ManifestFile))
+			root := filepath.Dir(filepath.Dir(r.Dir))
+			if dir, _ := Latest(root, "quick"); dir != r.Dir {
+				t.Fatalf("latest = %q, want the run without a manifest %q", dir, r.Dir)
+			}
+			if tc.wd != nil {
+				t.Chdir(tc.wd(r.Dir))
+			}
+			r2, err := Open(tc.path(r.Dir))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r2.Close()
+			m := r2.Manifest()
+			if m.Rebuilt == nil || m.Experiment != "quick" || m.RunID != filepath.Base(r.Dir) || m.KernelsDigest != "abc" || !m.Started.Equal(first.Finished) {
+				t.Errorf("rebuilt manifest %+v", m)
+			}
+			if _, err := os.Stat(filepath.Join(r.Dir, ManifestFile)); err != nil {
+				t.Error("the rebuilt manifest was not written")
+			}
+		})
 	}
 }
 

@@ -332,7 +332,7 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 			return sum, fmt.Errorf("%w. No run directory was created; check the interpreter and device (workbench env), then run again", err)
 		}
 		if errors.Is(err, context.Canceled) {
-			return sum, fmt.Errorf("interrupted before any job finished; no run directory was created: %w", err)
+			return sum, &interruptedError{total: len(o.Jobs), err: err}
 		}
 		return sum, err
 	}
@@ -391,12 +391,15 @@ func checkOut(out string) error {
 // far the run got and how to go on, and unwraps to the context's error.
 type interruptedError struct {
 	done, total int
-	dir         string
+	dir         string // "" when the run was stopped before it was created
 	resume      string // the command that continues the run
 	err         error
 }
 
 func (e *interruptedError) Error() string {
+	if e.dir == "" { // the cause, a cancelled context, is what the user did: not said again
+		return "interrupted before any job finished; no run directory was created"
+	}
 	return fmt.Sprintf("interrupted: %d of %d jobs are done in %s; continue with: %s", e.done, e.total, e.dir, e.resume)
 }
 

@@ -1252,3 +1252,24 @@ func TestUnfinishedWarningCountsSegmentsAndActiveWork(t *testing.T) {
 		})
 	}
 }
+
+// A run stopped before its first worker was ready says so, and only so:
+// the cancelled context behind it is the user's Ctrl-C, not news to them.
+func TestInterruptedBeforeTheRunExists(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	o := testOptions(t, executorFunc(func(ctx context.Context, _ Batch) error { cancel(); return ctx.Err() }), testJobs("a"))
+	sum, err := Run(ctx, o)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("got %v, want context.Canceled", err)
+	}
+	if want := "interrupted before any job finished; no run directory was created"; err.Error() != want {
+		t.Errorf("message %q, want %q", err, want)
+	}
+	if sum.Dir != "" {
+		t.Errorf("summary names run %s", sum.Dir)
+	}
+	if entries, _ := os.ReadDir(filepath.Join(o.Out, "exp")); len(entries) > 0 {
+		t.Errorf("%d entries under the experiment's folder", len(entries))
+	}
+}

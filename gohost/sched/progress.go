@@ -76,26 +76,77 @@ func IsTerminal(w io.Writer) bool {
 
 // Progress reports finished jobs: a redrawn bar on a terminal, one plain
 // line per job otherwise (logs, CI). On a *Terminal, log lines written
-// through it while the bar is shown appear above the bar.
+// through it while the bar is shown appear above the bar. A job can take
+// an hour, so the bar's elapsed time is redrawn every barTick, and a log
+// that sees no job finish for quietLine says the run is still going.
 type Progress struct {
-	mu      sync.Mutex
-	out     io.Writer
-	tty     bool
-	total   int
-	skipped int
-	done    int
-	failed  int
-	started time.Time
-	now     func() time.Time
+	mu       sync.Mutex
+	out      io.Writer
+	tty      bool
+	total    int
+	skipped  int
+	done     int
+	failed   int
+	started  time.Time
+	first    time.Time // when the first job of this call finished
+	lastLine time.Time // of the last line written, when not on a terminal
+	now      func() time.Time
+	every    time.Duration // between redraws, or checks for a quiet log
+	quiet    time.Duration
+	stop     chan struct{}
+	stopped  sync.WaitGroup
 }
 
-// NewProgress counts towards total jobs; skipped ones (resumed) are already done.
+// How often the bar is redrawn, and how long a log goes without a line
+// before it gets one saying the run is still going.
+var (
+	barTick   = time.Second
+	quietLine = 5 * time.Minute
+)
+
+// NewProgress counts towards total jobs; skipped ones (resumed) are already
+// done. Close stops its redraws.
 func NewProgress(out io.Writer, tty bool, total, skipped int) *Progress {
-	p := &Progress{out: out, tty: tty, total: total, skipped: skipped, done: skipped, started: time.Now(), now: time.Now}
+	p := &Progress{out: out, tty: tty, total: total, skipped: skipped, done: skipped, started: time.Now(), now: time.Now,
+		every: barTick, quiet: quietLine, stop: make(chan struct{})}
+	if !tty {
+		p.every = min(quietLine, time.Minute)
+	}
+	p.lastLine = p.started
 	if tty {
 		p.draw()
 	}
+	if p.done < p.total {
+		p.stopped.Add(1)
+		go p.tick()
+	}
 	return p
+}
+
+// tick redraws the bar every barTick, or writes a line after quietLine
+// without one, until Close.
+func (p *Progress) tick() {
+	defer p.stopped.Done()
+	t := time.NewTicker(p.every)
+	defer t.Stop()
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-t.C:
+		}
+		p.mu.Lock()
+		switch {
+		case p.done >= p.total: // drawn or written as it finished
+		case p.tty:
+			p.draw()
+		case p.now().Sub(p.lastLine) >= p.quiet:
+			fmt.Fprintf(p.out, "[%d/%d] still running (%s elapsed, no job finished in %s), ETA %s\n", p.done, p.total,
+				p.elapsed(), p.now().Sub(p.lastLine).Round(time.Second), p.eta())
+			p.lastLine = p.now()
+		}
+		p.mu.Unlock()
+	}
 }
 
 // Finished records one outcome.
@@ -103,6 +154,9 @@ func (p *Progress) Finished(o Outcome) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.done++
+	if p.done-p.skipped == 1 {
+		p.first = p.now()
+	}
 	status := "ok"
 	if o.Err != nil {
 		p.failed++
@@ -118,10 +172,17 @@ func (p *Progress) Finished(o Outcome) {
 	}
 	fmt.Fprintf(p.out, "[%d/%d] %s %s (%s) %s%s\n", p.done, p.total, o.Job.ID, o.Job.Label, o.Duration.Round(time.Millisecond),
 		status, eta)
+	p.lastLine = p.now()
 }
 
-// Close ends the bar's line.
+// Close stops the redraws and ends the bar's line.
 func (p *Progress) Close() {
+	select {
+	case <-p.stop:
+	default:
+		close(p.stop)
+	}
+	p.stopped.Wait()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if t, ok := p.out.(*Terminal); ok && p.tty {
@@ -137,8 +198,8 @@ func (p *Progress) draw() {
 	if p.total > 0 {
 		filled = width * p.done / p.total
 	}
-	bar := fmt.Sprintf("[%s%s] %d/%d done, %d failed, ETA %s ", strings.Repeat("=", filled), strings.Repeat(" ", width-filled),
-		p.done, p.total, p.failed, p.eta())
+	bar := fmt.Sprintf("[%s%s] %d/%d done, %d failed, ETA %s (%s elapsed) ", strings.Repeat("=", filled), strings.Repeat(" ", width-filled),
+		p.done, p.total, p.failed, p.eta(), p.elapsed())
 	if t, ok := p.out.(*Terminal); ok {
 		t.drawBar(bar)
 		return
@@ -146,8 +207,15 @@ func (p *Progress) draw() {
 	fmt.Fprint(p.out, "\r"+bar)
 }
 
+// elapsed is the time since the progress began, to the second.
+func (p *Progress) elapsed() time.Duration {
+	return p.now().Sub(p.started).Round(time.Second)
+}
+
 // eta extrapolates the time left from the jobs finished since the start
-// (resumed ones do not count).
+// (resumed ones do not count). From the second on, it goes by the jobs
+// since the first: the first also paid for the workers' start and the
+// kernels' first compiles, which made a 30-second run's first ETA minutes.
 func (p *Progress) eta() string {
 	if p.done >= p.total {
 		return "0s"
@@ -156,7 +224,11 @@ func (p *Progress) eta() string {
 	if ran <= 0 {
 		return "?"
 	}
-	return (p.now().Sub(p.started) / time.Duration(ran) * time.Duration(p.total-p.done)).Round(time.Second).String()
+	per := p.now().Sub(p.started) / time.Duration(ran)
+	if ran > 1 {
+		per = p.now().Sub(p.first) / time.Duration(ran-1)
+	}
+	return (per * time.Duration(p.total-p.done)).Round(time.Second).String()
 }
 
 // failedAt is " (at FILE:LINE)": the kernels_py line a job's error comes

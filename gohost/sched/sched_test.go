@@ -402,3 +402,91 @@ func TestProgressBarAndLogLines(t *testing.T) {
 		}
 	}
 }
+
+// syncBuffer is a bytes.Buffer that the progress's redraws may write to
+// while the test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// A job can run for an hour: while none finishes, the bar's elapsed time
+// moves on, and a log (no terminal) gets a line now and then saying the
+// run is still going; once every job is done, or the progress is closed,
+// nothing more is written.
+func TestProgressWhileAJobRuns(t *testing.T) {
+	defer func(tick, quiet time.Duration) { barTick, quietLine = tick, quiet }(barTick, quietLine)
+	barTick, quietLine = time.Millisecond, time.Millisecond
+	for _, tc := range []struct {
+		name string
+		tty  bool
+		want string
+	}{
+		{"terminal", true, "0/2 done, 0 failed, ETA ? (1m0s elapsed)"},
+		{"log", false, "[0/2] still running (1m0s elapsed, no job finished in 1m0s), ETA ?\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out syncBuffer
+			start := time.Now()
+			var mu sync.Mutex
+			now := start
+			p := NewProgress(&out, tc.tty, 2, 0)
+			p.mu.Lock()
+			p.started, p.lastLine = start, start
+			p.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+			p.mu.Unlock()
+			mu.Lock()
+			now = start.Add(time.Minute)
+			mu.Unlock()
+			deadline := time.Now().Add(5 * time.Second)
+			for !strings.Contains(out.String(), tc.want) && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond)
+			}
+			if !strings.Contains(out.String(), tc.want) {
+				t.Fatalf("output %q lacks %q", out.String(), tc.want)
+			}
+			p.Close()
+			closed := out.String()
+			time.Sleep(20 * time.Millisecond)
+			if out.String() != closed {
+				t.Errorf("written after Close: %q", strings.TrimPrefix(out.String(), closed))
+			}
+		})
+	}
+}
+
+// The first job pays for the workers' start and the kernels' first
+// compiles: once a second has finished, the ETA goes by the jobs since.
+func TestProgressETALeavesOutTheFirstJobsStart(t *testing.T) {
+	var out bytes.Buffer
+	p := NewProgress(&out, false, 12, 2) // two done before this resume
+	defer p.Close()
+	p.mu.Lock()
+	now := p.started
+	p.now = func() time.Time { return now }
+	p.mu.Unlock()
+	now = now.Add(20 * time.Second) // start-up and compiles, then the first job
+	p.Finished(Outcome{Job: Job{ID: "a"}})
+	now = now.Add(2 * time.Second)
+	p.Finished(Outcome{Job: Job{ID: "b"}})
+	now = now.Add(2 * time.Second)
+	p.Finished(Outcome{Job: Job{ID: "c"}})
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	for i, want := range []string{", ETA 3m0s", ", ETA 16s", ", ETA 14s"} { // 9 left at 20 s; 8 at 2 s; 7 at 2 s
+		if !strings.HasSuffix(lines[i], want) {
+			t.Errorf("line %d: %q, want it to end %q", i, lines[i], want)
+		}
+	}
+}

@@ -117,3 +117,54 @@ def test_compare_warns_of_runs_of_different_experiments(tmp_path):
         runs.append(run)
     nb = notebooks.execute(notebooks.find("compare"), env=notebooks.run_env(runs))
     assert "warning: the runs are of different experiments (quickstart, sweep)" in outputs(nb)
+
+
+def quickstart_run(root, rows: dict, jobs: int):
+    run = root / "sweep" / "20260101-000000-aaaaaa"
+    (run / "tensors").mkdir(parents=True)
+    (run / "manifest.json").write_text(json.dumps({"experiment": "sweep", "jobs": jobs,
+                                                   "file": "/src/my/sweep.star"}))
+    pd.DataFrame(rows).to_parquet(run / "results.parquet")
+    return run
+
+
+def test_quickstart_draws_a_run_without_h2o(tmp_path):
+    """quickstart.ipynb reads a run of any experiment: one without H2O draws the per-step error of its most
+    compressed job instead."""
+    import numpy as np
+
+    run = quickstart_run(tmp_path, {
+        "job_id": ["a", "b", "c"], "method": ["full", "snapkv", "snapkv"], "status": ["ok"] * 3,
+        "param_budget": [None, 0.1, 0.5], "metric_rel_err_mean": [0.0, 0.3, 0.1],
+        "metric_compression_ratio": [1.0, 9.0, 2.0],
+        "extra_tensor_rel_err": [f"tensors/{j}/rel_err.npy" for j in "abc"]}, jobs=3)
+    for j in "abc":
+        (run / "tensors" / j).mkdir()
+        np.save(run / "tensors" / j / "rel_err.npy", np.zeros((2, 4), dtype=np.float32))
+    nb = notebooks.execute(notebooks.find("quickstart"), env=notebooks.run_env([run]))
+    page = notebooks.write(nb, run / "quickstart.ipynb", "quickstart").read_text()
+    assert "per-step error of job b: snapkv, budget 0.1" in outputs(nb)
+    assert page.count('<img src="data:image/png;base64,') == 2
+
+
+@pytest.mark.parametrize("status, jobs, want", [
+    ([], 10, "has no successful job yet (0 of 10 jobs have rows): finish it with "
+             "`workbench run /src/my/sweep.star --out {root} --resume`"),
+    (["failed", "failed"], 2, "every job of {run} failed (their error column says why): once the cause is fixed, "
+                              "`workbench run /src/my/sweep.star --out {root} --resume --retry-failed`"),
+])
+def test_quickstart_says_what_to_do_with_a_run_without_a_successful_job(tmp_path, status, jobs, want):
+    run = quickstart_run(tmp_path, {"job_id": [f"j{i}" for i in range(len(status))],
+                                    "method": ["h2o"] * len(status), "status": status}, jobs=jobs)
+    with pytest.raises(Exception) as err:
+        notebooks.execute(notebooks.find("quickstart"), env=notebooks.run_env([run]))
+    assert want.format(root=tmp_path.resolve(), run=run) in str(err.value)
+
+
+def test_quickstart_before_any_run_says_how_to_make_one(tmp_path):
+    """Opened in the lab before the first run (no results/quickstart/ yet): the command to run, not a traceback."""
+    env = {"VLKV_RUN_DIR": "", "VLKV_RESULTS": str(tmp_path / "results")}
+    with pytest.raises(Exception) as err:
+        notebooks.execute(notebooks.find("quickstart"), env=env)
+    assert "no runs under" in str(err.value) and "run `workbench run experiments/quickstart.star` first" in str(err.value)
+    assert "FileNotFoundError" not in str(err.value)

@@ -32,8 +32,14 @@ def test_read_runs_adds_a_run_column(tmp_path, monkeypatch):
     assert set(read_runs([a, other]).run) == {f"e/{a.name}", f"f/{a.name}"}
     with pytest.raises(FileNotFoundError, match="2 wanted"):
         newest_runs("f", 2, tmp_path)
-    with pytest.raises(FileNotFoundError, match="no results.parquet"):
+    with pytest.raises(FileNotFoundError, match=r"no results.parquet: not a run directory \(give OUT/<experiment>/<run-id>\)"):
         read_run(tmp_path / "e")
+    # A run killed before it wrote its table has a journal: status builds the table from it.
+    killed = tmp_path / "e" / "20260103-000000-cccccc"
+    killed.mkdir()
+    (killed / "journal.jsonl").write_text("")
+    with pytest.raises(FileNotFoundError, match=f"no results.parquet yet .its journal holds 0 jobs.*`workbench status {killed}` builds it"):
+        read_run(killed)
 
 
 def test_compare_frame_of_runs_sharing_no_job_keeps_its_columns():
@@ -70,5 +76,5 @@ def test_read_run_warns_of_jobs_its_journal_holds_and_its_table_lacks(tmp_path):
     with pytest.warns(UserWarning, match="journal holds 2 jobs, its results.parquet 1 rows"):
         assert len(read_run(run)) == 1
     (run / "results.parquet").unlink()
-    with pytest.raises(FileNotFoundError, match="no results.parquet .its journal holds 2 jobs"):
+    with pytest.raises(FileNotFoundError, match="no results.parquet yet .its journal holds 2 jobs"):
         read_run(run)
