@@ -74,6 +74,9 @@ func newKernelBenchCmd(a *app, b *expt.Benchmark) *cobra.Command {
 			return a.withWorker(cmd.Context(), func(_ *session, w *worker.Worker) error {
 				raw, err := w.Run(cmd.Context(), worker.Job{Fn: "kernels_py.benchmarks:run", Args: map[string]any{"name": b.Name, "params": params}})
 				if err != nil {
+					if cmd.Context().Err() != nil { // Ctrl-C: the worker was stopped, not broken
+						return fmt.Errorf("bench %s: interrupted (the rows measured so far are logged above)", b.Name)
+					}
 					return a.jobFailed("benchmark "+b.Name, err)
 				}
 				var res struct {

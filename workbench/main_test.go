@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/vlkv/vlkv/gohost/testpy"
 )
@@ -551,5 +552,52 @@ func TestOutputsAreSerializedUnlessSafe(t *testing.T) {
 	}
 	if !isStdout(pipe) || isStdout(&buf) || isStdout(os.Stderr) {
 		t.Error("isStdout: main's stdout is a closedPipeWriter over os.Stdout, and nothing else is stdout")
+	}
+}
+
+// Ctrl-C during a benchmark says it was interrupted, with the exit code of
+// SIGINT, not that the benchmark failed with "context canceled".
+func TestBenchInterruptedSaysSo(t *testing.T) {
+	py := testpy.Python(t)
+	bin := workbenchBinary(t)
+	cmd := exec.Command(bin, "--python", py, "--device", "cpu", "--log-format", "console", "bench", "gather", "--repeat", "10000")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := make(chan string)
+	go func() {
+		defer close(lines)
+		buf := make([]byte, 4096)
+		for {
+			n, err := stderr.Read(buf)
+			if n > 0 {
+				lines <- string(buf[:n])
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	var out strings.Builder
+	for !strings.Contains(out.String(), "no CUDA device in use") { // the worker is up and the job started
+		s, ok := <-lines
+		if !ok {
+			t.Fatalf("bench gather ended before its worker started:\n%s", out.String())
+		}
+		out.WriteString(s)
+	}
+	time.Sleep(2 * time.Second) // inside the timed loop
+	cmd.Process.Signal(os.Interrupt)
+	for s := range lines {
+		out.WriteString(s)
+	}
+	cmd.Wait()
+	if code := cmd.ProcessState.ExitCode(); code != 130 || !strings.Contains(out.String(), "bench gather: interrupted") ||
+		strings.Contains(out.String(), "context canceled") {
+		t.Fatalf("bench gather after Ctrl-C: exit %d\n%s", code, out.String())
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -57,6 +58,9 @@ Triton interpreter.`,
 				}
 				raw, err := w.Run(cmd.Context(), worker.Job{Fn: "kernels_py.selftest:run", Args: args})
 				if err != nil {
+					if cmd.Context().Err() != nil { // Ctrl-C: the worker was stopped, not broken
+						return errors.New("selftest: interrupted")
+					}
 					return a.jobFailed("selftest job", err)
 				}
 				var r selftestResult

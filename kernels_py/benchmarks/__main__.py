@@ -4,7 +4,10 @@ with Python but not the workbench binary: scripts/gpu-check), its result
 printed as one JSON line on stdout and its progress and notes on stderr.
 PARAMS_JSON sets its knobs by their names, e.g. '{"lengths": [32768],
 "batches": [8, 64]}' for `--lengths 32768 --batches 8,64`; the rest keep
-their defaults. Set VLKV_DEVICE=cuda to insist on the GPU."""
+their defaults. Set VLKV_DEVICE=cuda to insist on the GPU; without one,
+TRITON_INTERPRET=1 runs the kernels under Triton's interpreter at tiny sizes
+(as `workbench bench` does), and without that the benchmark is refused.
+Exit 2: an unknown benchmark or knob, or no device to run it on."""
 
 import contextlib
 import json
@@ -13,7 +16,7 @@ import sys
 
 from kernels_py import runtime
 from kernels_py.benchmarks import BENCHMARKS, run
-from kernels_py.params import BadKnobs
+from kernels_py.params import BadKnobs, closest
 
 
 def main(argv=None) -> int:
@@ -22,6 +25,10 @@ def main(argv=None) -> int:
         print(__doc__ + f"\nBenchmarks: {', '.join(sorted(BENCHMARKS))}", file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     name = argv[0]
+    if name not in BENCHMARKS:
+        print(f"benchmark {name!r} is unknown{closest(name, sorted(BENCHMARKS))}; known: {', '.join(sorted(BENCHMARKS))}",
+              file=sys.stderr)
+        return 2
     try:
         params = json.loads(argv[1]) if len(argv) > 1 else {}
     except json.JSONDecodeError as err:
@@ -34,6 +41,11 @@ def main(argv=None) -> int:
     if why := runtime.unusable_device():
         print(f"benchmark {name}: {why}", file=sys.stderr)
         return 2
+    if runtime.device().type == "cpu" and not runtime.interpreter_mode():  # every row would fail at its first kernel
+        print(f"benchmark {name}: no CUDA device, and on the CPU the Triton kernels run only under Triton's "
+              f"interpreter: set TRITON_INTERPRET=1 (tiny sizes that show the benchmark works; `workbench bench "
+              f"{name}` sets it) or run on a GPU", file=sys.stderr)
+        return 2
     # stdout carries the result alone: whatever the run prints (a compiler's report) goes to stderr.
     sys.stdout.flush()
     stdout = os.dup(1)
@@ -41,7 +53,7 @@ def main(argv=None) -> int:
     try:
         with contextlib.redirect_stdout(sys.stderr):  # Python's prints; the fd, a compiler's
             result = run(name, params)
-    except (BadKnobs, ValueError) as err:
+    except BadKnobs as err:  # a knob's value; any other error is the benchmark's, with its traceback
         print(f"benchmark {name}: {err}", file=sys.stderr)
         return 2
     finally:

@@ -268,11 +268,13 @@ def estimate_report(target: int, overrides: dict | None = None, ops: list[str] |
                 word = isinstance(getattr(base, k), str)
                 if word != isinstance(v, str):
                     raise ValueError(f"--shape: {k} must be {'a word' if word else 'a number'}, got {v!r}")
-                if word and hasattr(model, "CHOICES") and v not in model.CHOICES.get(k, (v,)):
-                    raise ValueError(f"--shape: {k} must be one of {', '.join(model.CHOICES[k])}, got {v!r}"
-                                     f"{closest(v, model.CHOICES[k])}")
                 if not word:
                     _check_number(k, v, getattr(base, k))
+                choices = getattr(model, "CHOICES", {}).get(k)
+                if choices is not None and v not in choices:
+                    names = [str(c) for c in choices]
+                    raise ValueError(f"--shape: {k} must be one of {', '.join(names)}, got {v!r}"
+                                     f"{closest(str(v), names) if word else ''}")
             step = dataclasses.replace(base, **{k: type(getattr(base, k))(v) for k, v in mine.items()})
             if getattr(step, "heads", 0) % max(getattr(step, "kv_heads", 1), 1):
                 raise ValueError(f"--shape: heads={step.heads} must be a multiple of kv_heads={step.kv_heads} "
@@ -474,6 +476,8 @@ def parse_shape(text: str) -> dict:
         key, eq, value = part.partition("=")
         if not eq or not key.strip():
             raise ValueError(f"--shape: {part!r} is not KEY=VALUE")
+        if key.strip() in out:  # the later one would silently win
+            raise ValueError(f"--shape: {key.strip()} is set twice")
         value = value.strip()
         try:
             number = float(value)
@@ -482,8 +486,8 @@ def parse_shape(text: str) -> dict:
                 raise ValueError(f"--shape: {key.strip()}={value!r} is neither a number nor a word") from None
             out[key.strip()] = value
             continue
-        if not math.isfinite(number) or number < 0:
-            raise ValueError(f"--shape: {key.strip()}={value!r} must be a finite number >= 0")
+        if not math.isfinite(number):  # the range is the field's (estimate_report checks it)
+            raise ValueError(f"--shape: {key.strip()}={value!r} must be a finite number")
         out[key.strip()] = int(number) if number == int(number) else number
     return out
 

@@ -346,15 +346,23 @@ def test_shapes_are_parsed_with_clear_errors():
     assert report.parse_shape("hi_share=0.5") == {"hi_share": 0.5}
     assert report.parse_shape("partial=keys,low_share=0.75") == {"partial": "keys", "low_share": 0.75}
     for bad, msg in (("batch", "not KEY=VALUE"), ("batch=2 4", "neither a number nor a word"),
-                     ("batch=-1", ">= 0")):
+                     ("batch=inf", "must be a finite number"), ("batch=8,batch=16", "batch is set twice")):
         with pytest.raises(ValueError, match=msg):
             report.parse_shape(bad)
-    # Checked against the fields before anything compiles.
+    # Checked against the fields before anything compiles: a negative count is refused as 0 is, by its least value.
     for shape, msg in (({"batch": "lots"}, "batch must be a number, got 'lots'"),
+                       ({"batch": -1}, "batch must be at least 1, got -1"),
+                       ({"low_share": -0.5}, r"low_share is a share of the tokens, in \[0, 1\]"),
                        ({"partial": 1}, "partial must be a word"),
-                       ({"partial": "key"}, "partial must be one of values, keys, both, got 'key'")):
+                       ({"partial": "key"}, "partial must be one of values, keys, both, got 'key'"),
+                       ({"elem_bytes": 3}, "elem_bytes must be one of 2, 4, got 3")):
         with pytest.raises(ValueError, match=msg):
-            report.estimate_report(90, shape, ["lowrank_decode"])
+            report.estimate_report(90, report.parse_shape(",".join(f"{k}={v}" for k, v in shape.items())),
+                                   ["lowrank_decode"])
+    for shape, msg in (("granularity=channel", "granularity must be one of tensor, head, token, got 'channel'"),
+                       ("fmt=e4m4", "fmt must be one of e4m3, e5m2, got 'e4m4'")):
+        with pytest.raises(ValueError, match=msg):
+            report.estimate_report(90, report.parse_shape(shape), ["fp8_decode"])
 
 
 # ----------------------------------------------------------------------------

@@ -141,3 +141,25 @@ def test_compiling_for_the_estimate_leaves_tritons_settings_as_it_found_them(mon
         (knobs.compilation.always_compile, knobs.nvidia.dump_ptxas_log)) or ([], {}, []))
     cc.compile_launches(lambda: None, 90)
     assert seen == [(True, True)] and (knobs.compilation.always_compile, knobs.nvidia.dump_ptxas_log) == before
+
+
+def test_the_benchmark_entry_refuses_what_cannot_run_and_keeps_a_benchmarks_own_errors(monkeypatch, capfd):
+    """An unknown name, or a CPU without Triton's interpreter (where every row fails at its first kernel), is
+    refused before the run (exit 2); a ValueError raised inside a run is the benchmark's, not a bad knob."""
+    import kernels_py.benchmarks.__main__ as entry
+
+    ran = []
+    monkeypatch.setattr(entry, "run", lambda name, params: ran.append(name) or {"notes": []})
+    assert entry.main(["gahter"]) == 2
+    assert "'gahter' is unknown (did you mean 'gather'?)" in capfd.readouterr().err
+    monkeypatch.setenv("VLKV_DEVICE", "cpu")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert entry.main(["gather"]) == 2 and "set TRITON_INTERPRET=1" in capfd.readouterr().err and ran == []
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+    def broken(name, params):
+        raise ValueError("a launcher's own check")
+
+    monkeypatch.setattr(entry, "run", broken)
+    with pytest.raises(ValueError, match="a launcher's own check"):
+        entry.main(["gather"])

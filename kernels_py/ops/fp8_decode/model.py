@@ -22,8 +22,11 @@ from dataclasses import dataclass
 
 from kernels_py.ops import estimate, splitk
 from kernels_py.ops.estimate import H100
-from kernels_py.ops.fp8_decode import kernel
+from kernels_py.ops.fp8_decode import codec, kernel
 from kernels_py.tables import Column, table
+
+# The word-valued fields of Step (`--shape granularity=token,fmt=e5m2`).
+CHOICES = {"granularity": codec.GRANULARITIES, "fmt": tuple(codec.FORMATS)}
 
 
 @dataclass(frozen=True)

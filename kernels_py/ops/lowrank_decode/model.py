@@ -41,9 +41,8 @@ from kernels_py.ops.estimate import H100
 from kernels_py.ops.lowrank_decode import kernel
 from kernels_py.tables import Column, table
 
-
-
-CHOICES = {"partial": ("values", "keys", "both")}  # the word-valued fields of Step (`--shape partial=keys`)
+# The fields of Step that take only some values (`--shape partial=keys`, elem_bytes=4 for float32).
+CHOICES = {"partial": ("values", "keys", "both"), "elem_bytes": (2, 4)}
 
 
 @dataclass(frozen=True)
