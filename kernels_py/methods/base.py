@@ -237,12 +237,9 @@ class TokenSelection(Method):
         """How many of `capacity` kept tokens are the latest ones; default none."""
         return 0
 
-    def prefill_recent(self, capacity: int, tokens: int) -> int:
-        """recent() at prefill, where the prompt's length is known too."""
-        return self.recent(capacity)
-
-    def decode_recent(self, capacity: int, seen: int) -> int:
-        """recent() after a decode step, where the tokens seen are known too."""
+    def recent_at(self, capacity: int, seen: int) -> int:
+        """recent() where the tokens seen so far are known too (the prompt's
+        at prefill)."""
         return self.recent(capacity)
 
     @cached_property
@@ -256,7 +253,7 @@ class TokenSelection(Method):
         caches = []
         for layer, allocation in enumerate(allocator.prefill(prompt)):
             cache = KeptTokens.from_prompt(k[layer], v[layer], self._prefill_scores(scorer, prompt, layer))
-            cache.keep_top(scorer.held(cache), allocation.count, self.prefill_recent(allocation.count, prompt.tokens))
+            cache.keep_top(scorer.held(cache), allocation.count, self.recent_at(allocation.count, prompt.tokens))
             cache.notes.update(allocation.notes)
             if self.evicts_while_decoding:
                 cache.share = allocation.share
@@ -295,7 +292,7 @@ class TokenSelection(Method):
             scorer.decode(cache, weights)
             capacity = kept_count(cache.share, cache.seen)
             # The token just generated is always held: dropping it at once would undo the step.
-            cache.keep_top(scorer.held(cache), capacity, max(1, self.decode_recent(capacity, cache.seen)))
+            cache.keep_top(scorer.held(cache), capacity, max(1, self.recent_at(capacity, cache.seen)))
         return output
 
     def check_prompt(self, prompt: Prompt) -> None:

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 from kernels_py.methods.allocators import Pyramid
 from kernels_py.methods.base import BudgetedSelection, backend_knob, budget_knob
-from kernels_py.methods.caches import RECENT_SHARE, recent_count
 from kernels_py.methods.scorers import POOLING, WindowVotes
 from kernels_py.params import knob
 
@@ -55,17 +54,10 @@ class PyramidKV(BudgetedSelection):
     def allocator(self):
         return Pyramid(self.budget, self.beta, self.scorer().size)
 
-    def recent(self, capacity):
-        return min(capacity, self.window or max(1, recent_count(RECENT_SHARE, capacity)))
-
-    def prefill_recent(self, capacity, tokens):
-        # The observation window votes +inf for itself: keep exactly it (its latest tokens where a layer
-        # holds fewer: every layer at a mean budget below the window), not 10% of each layer's own capacity.
-        return min(capacity, self.scorer().size(tokens))
-
-    def decode_recent(self, capacity, seen):
-        # Evicting while decoding: the window's length of latest tokens, as SnapKV, the window being what it is for
-        # the tokens seen (window = 0: 10% of the mean budget's, as at prefill, not of each layer's own capacity).
+    def recent_at(self, capacity, seen):
+        # The observation window votes +inf for itself: keep exactly it (its latest tokens where a layer holds
+        # fewer: every layer at a mean budget below the window), at prefill and, evicting while decoding, as SnapKV
+        # holds it; window = 0 is 10% of the mean budget of the tokens seen, not of each layer's own capacity.
         return min(capacity, self.scorer().size(seen))
 
     def check_prompt(self, prompt):

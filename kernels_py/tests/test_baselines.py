@@ -97,7 +97,7 @@ def test_review_edge_cases():
     assert shares == sorted(shares, reverse=True)
     pyramid = make_method("pyramidkv", {"budget": 0.2, "window": 0})  # 10% of the budget: below 40
     window = pyramid.scorer().size(PROMPT)
-    assert [pyramid.prefill_recent(c, PROMPT) for c in (40, window, 1)] == [window, window, 1]
+    assert [pyramid.recent_at(c, PROMPT) for c in (40, window, 1)] == [window, window, 1]
     q, k, v = w.q[0], w.k[0], w.v[0]
     import torch
     # Nothing important: every output row is zero (error 1 over all rows), none is wrong among the important.
