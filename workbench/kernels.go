@@ -196,12 +196,12 @@ seconds, e.g.
 		},
 	}
 	cmd.Flags().Var(&arch, "arch", "GPU target to compile for")
-	cmd.Flags().StringArrayVar(&cases, "case", nil, "only this compile case (repeatable; default: all)")
+	cmd.Flags().StringSliceVar(&cases, "case", nil, "only these compile cases (comma-separated or repeated; default: all)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
 	cmd.Flags().BoolVar(&estimate, "estimate", false,
 		"estimate each op's implementations at its benchmark shapes from what their compiled code issues")
 	cmd.Flags().StringVar(&shape, "shape", "", "with --estimate: fields of the ops' shapes, KEY=VALUE,... (e.g. batch=16,visual=8192 or partial=keys)")
-	cmd.Flags().StringArrayVar(&ops, "op", nil, "only this op: its compile cases, or with --estimate its estimate (repeatable; default: every op, with --estimate every op with a model)")
+	cmd.Flags().StringSliceVar(&ops, "op", nil, "only these ops: their compile cases, or with --estimate their estimates (comma-separated or repeated; default: every op, with --estimate every op with a model)")
 	cmd.Flags().StringArrayVar(&impls, "impl", nil, "with --estimate: only this implementation, by its name in the implementation column (repeatable; no calibration)")
 	cmd.Flags().StringArrayVar(&configs, "config", nil, "with --estimate: KERNEL:CONFIG, only this config of an autotuned kernel, as the config column prints it (repeatable; no calibration)")
 	return cmd

@@ -155,3 +155,21 @@ func TestNoUsableConfigNamesTheFirstFailure(t *testing.T) {
 		})
 	}
 }
+
+// --op and --case take a comma-separated list as well as repeats, as
+// selftest's --op does.
+func TestReportOpsAndCasesTakeLists(t *testing.T) {
+	for _, flag := range []string{"op", "case"} {
+		cmd := newKernelsReportCmd(&app{})
+		if err := cmd.ParseFlags([]string{"--" + flag, "a,b", "--" + flag, "c"}); err != nil {
+			t.Fatalf("--%s: %v", flag, err)
+		}
+		got, err := cmd.Flags().GetStringSlice(flag)
+		if err != nil {
+			t.Fatalf("--%s: %v", flag, err)
+		}
+		if strings.Join(got, " ") != "a b c" {
+			t.Errorf("--%s a,b --%s c: %q, want [a b c]", flag, flag, got)
+		}
+	}
+}
