@@ -79,6 +79,7 @@ class GPU:
     latency: dict = field(default_factory=dict)  # cycles, by kind (see H100)
     launch_us: float = 2.0  # between two dependent launches in one stream
     l2_bytes: int = 50 * 2**20
+    memory_bytes: float = 80e9  # HBM capacity: a step whose full cache exceeds it runs on no such GPU
     # Shares of hbm_bytes_per_s that streaming kernels sustain: the most and
     # the least any reached in the measurements (HBM_SHARE). The optimistic
     # end reads at the first, the conservative end at the second, and
@@ -129,7 +130,8 @@ A100 = GPU(
     "A100 SXM 80GB", 80, 108, 1.41e9, 2.039e12, 2048.0, 1.0, shared_bytes=167936, l2_bytes=40 * 2**20,
     latency={**H100.latency, "hbm": 1410, "l2": 250}, hbm_share=HBM_SHARE,
 )
-H200 = GPU("H200 SXM", 90, 132, 1.83e9, 4.8e12, 4096.0, 2.0 / 3.0, latency=H100.latency, hbm_share=HBM_SHARE)
+H200 = GPU("H200 SXM", 90, 132, 1.83e9, 4.8e12, 4096.0, 2.0 / 3.0, latency=H100.latency, hbm_share=HBM_SHARE,
+           memory_bytes=141e9)
 GPUS = {90: H100, 80: A100}
 
 

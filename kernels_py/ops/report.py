@@ -279,6 +279,11 @@ def estimate_report(target: int, overrides: dict | None = None, ops: list[str] |
             if getattr(step, "heads", 0) % max(getattr(step, "kv_heads", 1), 1):
                 raise ValueError(f"--shape: heads={step.heads} must be a multiple of kv_heads={step.kv_heads} "
                                  f"(each kv head serves a group of query heads)")
+            cache_bytes = model.flash_bytes(step)  # about the full fp16 cache FlashAttention reads once
+            if cache_bytes > gpu.memory_bytes:  # nothing to estimate, and the launchers' models grow with it
+                changed = ", ".join(f"{k}={v}" for k, v in mine.items())
+                raise ValueError(f"--shape: at {changed} {op.name}'s full cache is {cache_bytes / 1e9:,.0f} GB, more "
+                                 f"than the {gpu.name}'s {gpu.memory_bytes / 1e9:.0f} GB: no such step runs on it")
             if (op, model, step) not in steps:  # a field set in every shape can make two shapes one
                 steps.append((op, model, step))
     if configs:  # named kernels checked before anything compiles (recording a launcher takes no time)

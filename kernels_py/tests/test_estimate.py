@@ -363,6 +363,12 @@ def test_shapes_are_parsed_with_clear_errors():
                        ("fmt=e4m4", "fmt must be one of e4m3, e5m2, got 'e4m4'")):
         with pytest.raises(ValueError, match=msg):
             report.estimate_report(90, report.parse_shape(shape), ["fp8_decode"])
+    # A cache no GPU of the target holds is refused before anything is built for it (batch=1e20 ran out of memory).
+    with pytest.raises(ValueError, match=r"batch=100000000000000000000 gather_decode's full cache is .* GB, more than "
+                                         r"the H100 SXM's 80 GB"):
+        report.estimate_report(90, report.parse_shape("batch=1e20"), ["gather_decode"])
+    with pytest.raises(ValueError, match=r"context=100000000 attention_stats's full cache"):
+        report.estimate_report(90, {"context": 10**8}, ["attention_stats"])
 
 
 # ----------------------------------------------------------------------------
