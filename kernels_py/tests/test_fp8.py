@@ -13,7 +13,7 @@ from kernels_py import ablation
 from kernels_py.methods import make_method
 from kernels_py.methods.float8 import Float8Tokens
 from kernels_py.ops import fp8_decode as op
-from kernels_py.ops.fp8_decode import codec
+from kernels_py.ops.fp8_decode import codec, kernel
 from kernels_py.ops.fp8_decode.cases import make_case
 from kernels_py.ops.fp8_decode.kernel import _fp8_to_f16
 from kernels_py.workloads import SyntheticConfig, generate
@@ -128,6 +128,22 @@ def test_fp8_attention_is_close_to_the_16_bit_cache(device):
                         torch.arange(256, device=device)[None]).out
     rel = ((out - exact).norm() / exact.norm()).item()
     assert 1e-4 < rel < 0.05
+
+
+def test_no_query_tokens_give_an_empty_output(device, monkeypatch):
+    """M = 0: an empty output, as the reference gives, without a launch (the
+    kernel read every code of the cache for no row, dividing by N_QUERIES = 0)."""
+    q, q_pos, *cache = [t.to(device) for t in make_case(batch=2, granularity="token", **SHAPES["gqa4"])]
+
+    class NoLaunch:
+        def __getitem__(self, grid):
+            raise AssertionError("a kernel launched for no query token")
+
+    monkeypatch.setattr(kernel, "_stage1_kernel", NoLaunch())
+    monkeypatch.setattr(kernel, "_stage1_tuned", NoLaunch())
+    none_q, none_pos = q[:, :, :0], q_pos[:, :0]
+    got, want = op.fp8_decode(none_q, none_pos, *cache), op.reference.fp8_decode(none_q, none_pos, *cache)
+    assert got.out.shape == want.out.shape == (2, 8, 0, 64) and got.lse.shape == want.lse.shape == (2, 8, 0)
 
 
 def test_bad_inputs_name_the_culprit(device):
