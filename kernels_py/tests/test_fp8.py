@@ -227,6 +227,18 @@ def test_evicting_over_fp8_holds_the_budget(workload):
         assert cache.positions[:, -1].eq(cache.seen - 1).all()  # the newest token is held
 
 
+def test_evicting_over_fp8_dequantizes_the_cache_once_a_step(workload, monkeypatch):
+    """H2O's step reads the attention weights over the dequantized keys and
+    values, and nothing more: its scorer asked for the whole dequantized keys
+    a second time only to count their kv heads."""
+    method = make_method("h2o", {"budget": 0.4, "kv_dtype": "fp8_e4m3"})
+    cache = _prefill(method, workload)
+    decoded, decode = [], codec.decode
+    monkeypatch.setattr(codec, "decode", lambda codes, *rest: decoded.append(codes.shape) or decode(codes, *rest))
+    method.decode(0, cache, workload.decode_q[0][0], workload.decode_k[0][0], workload.decode_v[0][0])
+    assert len(decoded) == 2  # keys and values, once each
+
+
 def test_fused_decode_matches_the_float32_path(workload):
     outs = {}
     for attention in ("float32", "sdpa"):
