@@ -70,7 +70,8 @@ class AttentionMass(Scorer):
 
     def decode(self, cache, weights):
         if self.accumulate:
-            cache.scores = cache.scores + group_sum(weights, cache.keys.shape[0])
+            # kv_heads, not keys.shape: an fp8 cache's keys are its whole dequantized copy
+            cache.scores = cache.scores + group_sum(weights, cache.kv_heads)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from kernels_py import ablation
 from kernels_py.methods import make_method
 from kernels_py.methods.float8 import Float8Tokens
 from kernels_py.ops import fp8_decode as op
-from kernels_py.ops.fp8_decode import codec
+from kernels_py.ops.fp8_decode import codec, kernel
 from kernels_py.ops.fp8_decode.cases import make_case
 from kernels_py.ops.fp8_decode.kernel import _fp8_to_f16
 from kernels_py.workloads import SyntheticConfig, generate
@@ -130,6 +130,22 @@ def test_fp8_attention_is_close_to_the_16_bit_cache(device):
     assert 1e-4 < rel < 0.05
 
 
+def test_no_query_tokens_give_an_empty_output(device, monkeypatch):
+    """M = 0: an empty output, as the reference gives, without a launch (the
+    kernel read every code of the cache for no row, dividing by N_QUERIES = 0)."""
+    q, q_pos, *cache = [t.to(device) for t in make_case(batch=2, granularity="token", **SHAPES["gqa4"])]
+
+    class NoLaunch:
+        def __getitem__(self, grid):
+            raise AssertionError("a kernel launched for no query token")
+
+    monkeypatch.setattr(kernel, "_stage1_kernel", NoLaunch())
+    monkeypatch.setattr(kernel, "_stage1_tuned", NoLaunch())
+    none_q, none_pos = q[:, :, :0], q_pos[:, :0]
+    got, want = op.fp8_decode(none_q, none_pos, *cache), op.reference.fp8_decode(none_q, none_pos, *cache)
+    assert got.out.shape == want.out.shape == (2, 8, 0, 64) and got.lse.shape == want.lse.shape == (2, 8, 0)
+
+
 def test_bad_inputs_name_the_culprit(device):
     args = [t.to(device) for t in make_case(batch=1, **SHAPES["gqa4"])]
     q, q_pos, k, v, ks, vs, pos = args
@@ -209,6 +225,18 @@ def test_evicting_over_fp8_holds_the_budget(workload):
         assert cache.tokens == max(1, int(0.4 * cache.seen))
         assert cache.k_codes.shape[1] == cache.v_codes_t.shape[2] == cache.positions.shape[1]
         assert cache.positions[:, -1].eq(cache.seen - 1).all()  # the newest token is held
+
+
+def test_evicting_over_fp8_dequantizes_the_cache_once_a_step(workload, monkeypatch):
+    """H2O's step reads the attention weights over the dequantized keys and
+    values, and nothing more: its scorer asked for the whole dequantized keys
+    a second time only to count their kv heads."""
+    method = make_method("h2o", {"budget": 0.4, "kv_dtype": "fp8_e4m3"})
+    cache = _prefill(method, workload)
+    decoded, decode = [], codec.decode
+    monkeypatch.setattr(codec, "decode", lambda codes, *rest: decoded.append(codes.shape) or decode(codes, *rest))
+    method.decode(0, cache, workload.decode_q[0][0], workload.decode_k[0][0], workload.decode_v[0][0])
+    assert len(decoded) == 2  # keys and values, once each
 
 
 def test_fused_decode_matches_the_float32_path(workload):

@@ -223,7 +223,7 @@ def fp8_decode(q, q_pos, k, v, k_scale, v_scale, pos, *, sm_scale: float | None 
     dev = q.device
     out = torch.empty((batch, heads, queries, head_dim), dtype=q.dtype, device=dev)
     lse = torch.empty((batch, heads, queries), dtype=torch.float32, device=dev)
-    if batch == 0 or heads == 0:
+    if batch == 0 or heads == 0 or queries == 0:  # nothing to compute (and N_QUERIES=0 would divide by 0)
         return Fp8DecodeOutput(out, lse)
     workspace = splitk.workspace_for(q, workspace, num_splits, lambda: default_num_splits(k))
     tokenwise = per_token(k_scale)
