@@ -39,9 +39,11 @@ def _sdpa(q, k, v):
         try:
             with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
                 return F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True, enable_gqa=gqa)[0]
-        except RuntimeError:  # no FlashAttention for these shapes or dtype
+        except RuntimeError:  # no FlashAttention for these shapes or dtype (float32, as prefill_error asks)
             pass
-    return F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True, enable_gqa=gqa)[0]
+    if gqa:  # enable_gqa leaves only the math backend, which builds the T x T scores (float32: ~4 GB a head at 32K)
+        k, v = (t.repeat_interleave(q.shape[0] // k.shape[0], 0) for t in (k, v))
+    return F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True)[0]
 
 
 def sparse_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, important: torch.Tensor) -> torch.Tensor:

@@ -184,6 +184,29 @@ def test_sparse_prefill_attends_among_important_tokens_only(workload):
         0, quiet.prefill(0, workload.q[0], workload.k[0], workload.v[0], workload.spans))
 
 
+def test_float32_prefill_attention_leaves_grouped_heads_to_kernels_that_take_them(workload, monkeypatch):
+    """prefill_error's full attention runs in float32, which FlashAttention refuses; SDPA's enable_gqa then
+    leaves only the math backend, which builds every head's T x T scores. Its kv heads are repeated instead."""
+    import torch.nn.functional as F
+
+    from kernels_py.methods import sparse_prefill as sp
+
+    calls, sdpa = [], F.scaled_dot_product_attention
+
+    def spy(q, k, v, **kwargs):
+        calls.append((q.shape[1], k.shape[1], kwargs.get("enable_gqa", False)))
+        return sdpa(q, k, v, **kwargs)
+
+    monkeypatch.setattr(sp.F, "scaled_dot_product_attention", spy)
+    q, k, v = (t[0].float() for t in (workload.q, workload.k, workload.v))
+    assert q.shape[0] == 2 * k.shape[0]
+    out = sp._sdpa(q, k, v)
+    assert calls[-1] == (q.shape[0], q.shape[0], False)
+    scores = (q @ k.repeat_interleave(2, 0).transpose(1, 2)) / q.shape[-1] ** 0.5
+    scores = scores.masked_fill(torch.ones(PROMPT, PROMPT, dtype=torch.bool, device=q.device).triu(1), -torch.inf)
+    torch.testing.assert_close(out, scores.softmax(-1) @ v.repeat_interleave(2, 0), atol=1e-5, rtol=1e-5)
+
+
 def held_bytes(cache: MixedPrecisionCache) -> int:
     """Bytes of the storages behind what nbytes counts (codes, scales and zeros of each segment; the waiting
     K and V): what the cache really keeps alive, views included."""
