@@ -9,7 +9,8 @@ its op: the quantized decode for ZipVL, the low-rank decode for
 AttentionPack, SDPA over the kept tokens for evictions (attention="sdpa";
 H2O's running totals need each step's weights, from a float32 attention).
 Per row: prefill time, time per decode step and for the whole generation,
-their speedups over the baseline, the cache bytes and the peak memory.
+their speedups over the baseline, the cache bytes and the peak memory (of
+the generation, and of its decode steps alone).
 
 What the numbers are and are not:
 - The weights' values do not change the work of the model's own layers, but
@@ -97,6 +98,9 @@ class Generate(Benchmark):
         Column("cache_share", "", "cache_bytes / the baseline's", "cache share"),
         Column("peak_bytes", "bytes", "device memory above what was allocated when the generation started (the "
                "model and the inputs), at its peak", "peak"),
+        Column("decode_peak_bytes", "bytes", "the same over the decode steps alone: the caches held after prefill "
+               "and one step's work (peak_bytes is mostly the prefill's, where a method holds every layer's prompt "
+               "Q/K/V)", "decode peak"),
         Column("memory_kind", "", "what peak_bytes counts: cuda (allocator) or cpu-rss", show=False),
     )
     optional_columns = (
@@ -249,6 +253,7 @@ class Generate(Benchmark):
                "decode_step_ms": step_ms,
                "generate_s": first.prefill_seconds + first.decode_seconds,
                "cache_bytes": sum(g.cache_bytes for g in out), "peak_bytes": first.peak_bytes,
+               "decode_peak_bytes": first.decode_peak_bytes,
                "memory_kind": first.memory_kind}
         if self.profile_steps:
             # With graphs both profiled runs hold the three steps before the replays, which the difference cancels.

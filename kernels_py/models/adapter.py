@@ -163,7 +163,9 @@ def _holds_vision_config(config: dict) -> bool:
 
 
 def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> VLM:
-    """Load a VLM and its processor from a local directory (nothing is downloaded)."""
+    """Load a VLM and its processor from a local directory (nothing is downloaded).
+    dtype: a floating-point torch dtype or its name; None (or "auto") for the one the weights were saved in."""
+    dtype = _load_dtype(dtype)
     path = model_dir(path)
     config_file = path / "config.json"
     if not config_file.is_file():
@@ -198,6 +200,18 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.d
                          f"processor files missing, truncated or garbled? save it again (save_pretrained)") from None
     _check_weights(path, info)
     return VLM(model.to(device).eval(), processor, model_type, path)
+
+
+def _load_dtype(dtype) -> torch.dtype | None:
+    """The dtype to load in, or a ModelError: checked before loading, since the
+    loader's own error for it would be taken for damaged files."""
+    if dtype is None or dtype == "auto":
+        return None
+    wanted = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
+    if isinstance(wanted, torch.dtype) and wanted.is_floating_point:
+        return wanted
+    raise ModelError(f"dtype {dtype!r} is not a floating-point torch dtype: give torch.float16, torch.bfloat16 or "
+                     f"torch.float32 (or its name), or None for the dtype the weights were saved in")
 
 
 def _check_weights(path: Path, info: dict) -> None:

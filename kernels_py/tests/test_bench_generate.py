@@ -54,6 +54,8 @@ def test_smoke_run_compares_every_method_with_the_full_cache():
         full = next(f for f in rows if f["batch"] == r["batch"] and f["method"] == generate.BASELINE)
         assert r["decode_speedup"] == pytest.approx(full["decode_step_ms"] / r["decode_step_ms"])
         assert r["cache_share"] == pytest.approx(r["cache_bytes"] / full["cache_bytes"])
+        # What decoding alone holds, which a method's prefill (every layer's Q/K/V at once) hides in peak_bytes.
+        assert "decode_peak_bytes" in r and not r["decode_peak_bytes"] > r["peak_bytes"]
     vlcache = [r for r in rows if r["method"] == "vlcache"]
     assert all(0 < r["cache_share"] < 0.25 for r in vlcache)  # a 10% budget, plus the generated tokens
     # The method path's full cache holds what transformers' does; two prompts hold twice one's.

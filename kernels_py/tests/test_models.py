@@ -170,6 +170,17 @@ def test_unsupported_inputs_get_clear_errors(tiny, tmp_path):
         models.prompt_inputs(vlm, [image], "USER : describe the picture ASSISTANT :")
 
 
+@pytest.mark.parametrize("dtype", [torch.int8, "fp16"])
+def test_a_dtype_that_is_not_floating_point_is_refused_as_such(tiny, dtype):
+    """A dtype the model cannot take is named as the fault, before loading:
+    the loader's own error for it read as damaged files."""
+    _, _, root = tiny
+    with pytest.raises(models.ModelError, match=r"dtype .* is not a floating-point torch dtype") as err:
+        models.load(root / "llava", dtype=dtype)
+    assert "save it again" not in str(err.value)
+    assert models.load(root / "llava", dtype="bfloat16").model.dtype == torch.bfloat16
+
+
 def test_a_prompt_that_writes_its_bos_gets_no_second_one(tiny):
     """A chat template that writes the beginning-of-sequence token itself
     (Gemma 3's) and a tokenizer that adds one too (Gemma 3's): the prompt the
