@@ -153,12 +153,12 @@ class Generate(Benchmark):
 
     def method_names(self) -> list[str]:
         names = self.methods.split(",")
+        usable = sorted(n for n, m in METHODS.items() if not getattr(m, "in_model_only", False))
         for name in names:
             if name not in METHODS:
-                raise BadKnobs(f"--methods: unknown method {name!r}{closest(name, METHODS)}; known: "
-                               f"{', '.join(sorted(METHODS))}")
+                raise BadKnobs(f"--methods: unknown method {name!r}{closest(name, usable)}; known here: "
+                               f"{', '.join(usable)}")
             if getattr(METHODS[name], "in_model_only", False):  # a kvpress press: no adapter decode to time
-                usable = sorted(n for n, m in METHODS.items() if not getattr(m, "in_model_only", False))
                 raise BadKnobs(f"--methods: {name!r} compresses transformers' own cache as a press (a \"vlm\" "
                                f"workload's generation), not through the method adapter this benchmark times; "
                                f"usable here: {', '.join(usable)}")

@@ -128,6 +128,7 @@ def test_qwen2_vl_runs_every_default_method():
 
 @pytest.mark.parametrize("kwargs,match", [
     ({"methods": "vlcache,zipv"}, "unknown method 'zipv'"),
+    ({"methods": "kvpres"}, r"unknown method 'kvpres'; known here: (?!.*kvpress)"),  # no press is offered
     ({"methods": "VL Cache"}, "methods"),
     ({"model": "llava-13b"}, "model"),
     ({"new_tokens": 1}, "new_tokens"),
