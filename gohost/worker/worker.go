@@ -133,6 +133,11 @@ func Start(ctx context.Context, cfg Config) (*Worker, error) {
 		base = os.Environ()
 	}
 	cmd.Env = append(Environment(base, cfg.KernelsRoot, cfg.Device), "VLKV_WORKER_FDS=3,4,5")
+	if !hasEnv(base, "PYTHONFAULTHANDLER") {
+		// A job that crashes in native code (a kernel, an extension) then
+		// prints the Python stack it crashed in, which its ExitError quotes.
+		cmd.Env = append(cmd.Env, "PYTHONFAULTHANDLER=1")
+	}
 	cmd.ExtraFiles = []*os.File{workerRx, workerTx, workerSock}
 	cmd.Stdout = io.MultiWriter(out, lineLogger(cfg.Log, "stdout"))
 	cmd.Stderr = io.MultiWriter(out, lineLogger(cfg.Log, "stderr"))
@@ -282,6 +287,16 @@ func Environment(base []string, kernelsRoot string, device Device) []string {
 		env = append(env, "TRITON_INTERPRET=1")
 	}
 	return env
+}
+
+// hasEnv says whether env sets key.
+func hasEnv(env []string, key string) bool {
+	for _, kv := range env {
+		if strings.HasPrefix(kv, key+"=") {
+			return true
+		}
+	}
+	return false
 }
 
 // frame is one message from the worker and the raw bytes that followed it,
