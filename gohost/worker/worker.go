@@ -196,6 +196,15 @@ func Start(ctx context.Context, cfg Config) (*Worker, error) {
 	first, err := w.receive(helloCtx)
 	if err != nil {
 		w.abort()
+		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+			// Its own wait, not the caller's: say what was waited for.
+			said := " and printed nothing"
+			if out := strings.TrimSpace(w.out.String()); out != "" {
+				said = "; its last output:\n" + indent(lastLines(out, 20))
+			}
+			return nil, fmt.Errorf("worker did not start: it sent no hello within %v (importing torch, triton and "+
+				"kernels_py took longer, or it hung)%s", timeout, said)
+		}
 		var exit *ExitError
 		if errors.As(err, &exit) {
 			if mod := missingDependency(exit.Output); mod != "" {
