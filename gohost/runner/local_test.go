@@ -51,6 +51,45 @@ func TestWorkerEnv(t *testing.T) {
 	}
 }
 
+// Workers take the GPUs in turn, and one that replaces a stopped worker
+// takes the GPU it left: a restart took the next GPU in turn, so a crash
+// on the second of two GPUs put two workers on the first and none on the
+// second.
+func TestGPUSharesOfRestartedWorkers(t *testing.T) {
+	w := []*worker.Worker{{}, {}, {}, {}}
+	type step struct {
+		stop    int // a worker stops first (-1: none)
+		wantGPU int // the GPU the next worker to start takes
+	}
+	tests := []struct {
+		name  string
+		gpus  int
+		steps []step
+	}{
+		{"in turn", 2, []step{{-1, 0}, {-1, 1}, {-1, 0}, {-1, 1}}},
+		{"the second gpu's worker restarted", 2, []step{{-1, 0}, {-1, 1}, {1, 1}}},
+		{"the first gpu's worker restarted", 2, []step{{-1, 0}, {-1, 1}, {0, 0}}},
+		{"no gpus", 0, []step{{-1, 0}, {-1, 0}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			g := newGPUShares(tc.gpus)
+			started := 0
+			for i, st := range tc.steps {
+				if st.stop >= 0 {
+					g.release(w[st.stop])
+				}
+				gpu := g.take()
+				if gpu != st.wantGPU {
+					t.Fatalf("step %d: the worker starting took GPU %d, want %d", i, gpu, st.wantGPU)
+				}
+				g.bind(w[started], gpu)
+				started++
+			}
+		})
+	}
+}
+
 // float32s reads a little-endian float32 .npy file's values.
 func float32s(t *testing.T, path string) []float32 {
 	t.Helper()
