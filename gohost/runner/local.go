@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -36,17 +37,17 @@ const scratchBytes = 16 << 20
 // Run runs b's jobs on a fresh pool; its workers and their arenas are gone
 // when it returns.
 func (l *Local) Run(ctx context.Context, b Batch) error {
-	gpus := worker.GPUs("/")
+	gpus := visibleGPUs(os.LookupEnv, "/")
 	workers := l.Workers
 	if workers == 0 {
 		workers = 1
-		if l.Device == worker.CUDA && gpus > 0 {
-			workers = gpus
+		if l.Device == worker.CUDA && len(gpus) > 0 {
+			workers = len(gpus)
 		}
 	}
 	scratch := newScratchArenas()
 	defer scratch.Close()
-	shares := newGPUShares(gpus)
+	shares := newGPUShares(len(gpus))
 	var once sync.Once
 	start := func(ctx context.Context) (*worker.Worker, error) {
 		if b.CodeDigest != nil {
@@ -109,13 +110,34 @@ func (l *Local) kernels(w *worker.Worker) worker.Kernels {
 	return worker.Kernels{Digest: digest, Files: files}
 }
 
-// workerEnv is the environment of a worker that takes GPU slot (see
-// gpuShares), or, on CPU, of one of workers that split the cores between
-// them unless the user set OMP_NUM_THREADS.
-func workerEnv(base []string, device worker.Device, slot, workers, gpus int) []string {
+// visibleGPUs are the GPUs workers may take, as CUDA_VISIBLE_DEVICES names
+// them: those it lists where it is set (by the user, or by Slurm for a
+// task's allocated GPUs), else every NVIDIA device node under devRoot.
+// lookupEnv is os.LookupEnv outside tests.
+func visibleGPUs(lookupEnv func(string) (string, bool), devRoot string) []string {
+	if v, ok := lookupEnv("CUDA_VISIBLE_DEVICES"); ok {
+		var gpus []string
+		for _, id := range strings.Split(v, ",") {
+			if id = strings.TrimSpace(id); id != "" && id != "-1" {
+				gpus = append(gpus, id)
+			}
+		}
+		return gpus
+	}
+	gpus := make([]string, worker.GPUs(devRoot))
+	for i := range gpus {
+		gpus[i] = strconv.Itoa(i)
+	}
+	return gpus
+}
+
+// workerEnv is the environment of a worker that takes GPU slot of gpus
+// (see gpuShares), or, on CPU, of one of workers that split the cores
+// between them unless the user set OMP_NUM_THREADS.
+func workerEnv(base []string, device worker.Device, slot, workers int, gpus []string) []string {
 	env := base
-	if device == worker.CUDA && gpus > 0 {
-		return append(env, fmt.Sprintf("CUDA_VISIBLE_DEVICES=%d", slot%gpus))
+	if device == worker.CUDA && len(gpus) > 0 {
+		return append(env, "CUDA_VISIBLE_DEVICES="+gpus[slot%len(gpus)])
 	}
 	if !hasEnv(base, "OMP_NUM_THREADS") && workers > 1 {
 		env = append(env, fmt.Sprintf("OMP_NUM_THREADS=%d", max(1, runtime.NumCPU()/workers)))

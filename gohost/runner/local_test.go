@@ -27,25 +27,60 @@ import (
 func TestWorkerEnv(t *testing.T) {
 	base := []string{"PATH=/bin"}
 	omp := fmt.Sprintf("OMP_NUM_THREADS=%d", max(1, runtime.NumCPU()/2))
+	two := []string{"0", "1"}
 	tests := []struct {
-		name                string
-		base                []string
-		device              worker.Device
-		slot, workers, gpus int
-		want                []string
+		name          string
+		base          []string
+		device        worker.Device
+		slot, workers int
+		gpus          []string
+		want          []string
 	}{
-		{"first gpu", base, worker.CUDA, 0, 2, 2, []string{"PATH=/bin", "CUDA_VISIBLE_DEVICES=0"}},
-		{"gpus taken in turn", base, worker.CUDA, 3, 2, 2, []string{"PATH=/bin", "CUDA_VISIBLE_DEVICES=1"}},
-		{"cuda without gpus splits the cores", base, worker.CUDA, 0, 2, 0, []string{"PATH=/bin", omp}},
-		{"cpu workers split the cores", base, worker.CPU, 1, 2, 4, []string{"PATH=/bin", omp}},
-		{"one cpu worker takes all", base, worker.CPU, 0, 1, 0, []string{"PATH=/bin"}},
-		{"the user's OMP_NUM_THREADS wins", []string{"OMP_NUM_THREADS=3"}, worker.CPU, 0, 2, 0, []string{"OMP_NUM_THREADS=3"}},
+		{"first gpu", base, worker.CUDA, 0, 2, two, []string{"PATH=/bin", "CUDA_VISIBLE_DEVICES=0"}},
+		{"gpus taken in turn", base, worker.CUDA, 3, 2, two, []string{"PATH=/bin", "CUDA_VISIBLE_DEVICES=1"}},
+		{"the gpus CUDA_VISIBLE_DEVICES lists", []string{"CUDA_VISIBLE_DEVICES=3,5"}, worker.CUDA, 1, 2, []string{"3", "5"},
+			[]string{"CUDA_VISIBLE_DEVICES=3,5", "CUDA_VISIBLE_DEVICES=5"}},
+		{"cuda without gpus splits the cores", base, worker.CUDA, 0, 2, nil, []string{"PATH=/bin", omp}},
+		{"cpu workers split the cores", base, worker.CPU, 1, 2, []string{"0", "1", "2", "3"}, []string{"PATH=/bin", omp}},
+		{"one cpu worker takes all", base, worker.CPU, 0, 1, nil, []string{"PATH=/bin"}},
+		{"the user's OMP_NUM_THREADS wins", []string{"OMP_NUM_THREADS=3"}, worker.CPU, 0, 2, nil, []string{"OMP_NUM_THREADS=3"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			got := workerEnv(tc.base, tc.device, tc.slot, tc.workers, tc.gpus)
 			if !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("got %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// Workers go to the GPUs CUDA_VISIBLE_DEVICES leaves them (a user's choice,
+// or a Slurm task's allocation), one per GPU by default: they went to
+// every GPU of the machine, as many as it has, each told to use its own
+// by index, overriding the choice.
+func TestVisibleGPUs(t *testing.T) {
+	root := t.TempDir()
+	os.MkdirAll(filepath.Join(root, "dev"), 0o755)
+	for _, name := range []string{"nvidia0", "nvidia1", "nvidia2", "nvidia3", "nvidiactl"} {
+		os.WriteFile(filepath.Join(root, "dev", name), nil, 0o644)
+	}
+	tests := []struct {
+		name string
+		env  map[string]string
+		want []string
+	}{
+		{"every device node", nil, []string{"0", "1", "2", "3"}},
+		{"the ones listed", map[string]string{"CUDA_VISIBLE_DEVICES": "2"}, []string{"2"}},
+		{"listed by uuid", map[string]string{"CUDA_VISIBLE_DEVICES": "GPU-a1, GPU-b2"}, []string{"GPU-a1", "GPU-b2"}},
+		{"none", map[string]string{"CUDA_VISIBLE_DEVICES": ""}, nil},
+		{"hidden", map[string]string{"CUDA_VISIBLE_DEVICES": "-1"}, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			lookup := func(k string) (string, bool) { v, ok := tc.env[k]; return v, ok }
+			if got := visibleGPUs(lookup, root); !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("got %q, want %q", got, tc.want)
 			}
 		})
 	}
