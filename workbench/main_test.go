@@ -2,7 +2,9 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -13,7 +15,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
+
+	"github.com/vlkv/vlkv/gohost/pyrt"
 	"github.com/vlkv/vlkv/gohost/testpy"
+	"github.com/vlkv/vlkv/gohost/worker"
 )
 
 func runCLI(t *testing.T, args ...string) (int, string, string) {
@@ -552,6 +558,27 @@ func TestOutputsAreSerializedUnlessSafe(t *testing.T) {
 	}
 	if !isStdout(pipe) || isStdout(&buf) || isStdout(os.Stderr) {
 		t.Error("isStdout: main's stdout is a closedPipeWriter over os.Stdout, and nothing else is stdout")
+	}
+}
+
+// Ctrl-C while a command's worker starts says the command was
+// interrupted: it said "worker did not start: context canceled (python:
+// ..., kernels: ...)", as if the interpreter had failed.
+func TestWorkerStartInterruptedSaysSo(t *testing.T) {
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &session{runtime: &pyrt.Runtime{Python: testpy.Python(t)}, kernels: pyrt.KernelsRoot{Dir: root}, device: worker.CPU}
+	a := &app{log: zerolog.Nop()}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	w, err := a.startWorker(ctx, s)
+	if w != nil {
+		w.Close()
+	}
+	if !errors.Is(err, context.Canceled) || err.Error() != "interrupted while the worker was starting" {
+		t.Errorf("got %v, want it to say the start was interrupted", err)
 	}
 }
 
