@@ -526,7 +526,7 @@ func (a *app) runExperiments(ctx context.Context, file string, o runOptions) ([]
 	}
 	var dirs []string
 	var failed int
-	for _, e := range exps {
+	for i, e := range exps {
 		sum, err := runner.Run(ctx, runner.Options{
 			Out: o.out, Experiment: e.Name, Protocol: e.Protocol, File: recordedScript(plan.File), FileHash: plan.Hash, Jobs: runnerJobs(plan.Schema, e),
 			KernelsDir: kernels.Dir, Device: device, Version: version,
@@ -546,6 +546,14 @@ func (a *app) runExperiments(ctx context.Context, file string, o runOptions) ([]
 			continue
 		case errors.As(err, &detached):
 			fmt.Fprintf(a.stdout, "%s: %s\n", e.Name, detached.Error())
+			if ctx.Err() != nil && i < len(exps)-1 { // Ctrl-C, answered by leaving the array running: stop here
+				var rest []string
+				for _, later := range exps[i+1:] {
+					rest = append(rest, later.Name)
+				}
+				return dirs, fmt.Errorf("interrupted: experiments %s of %s were not started; to run one: %s --experiment NAME",
+					strings.Join(rest, ", "), file, o.rerun)
+			}
 			continue
 		case err != nil:
 			return dirs, err

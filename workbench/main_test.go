@@ -2,7 +2,9 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -13,7 +15,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
+
+	"github.com/vlkv/vlkv/gohost/pyrt"
 	"github.com/vlkv/vlkv/gohost/testpy"
+	"github.com/vlkv/vlkv/gohost/worker"
 )
 
 func runCLI(t *testing.T, args ...string) (int, string, string) {
@@ -555,12 +561,33 @@ func TestOutputsAreSerializedUnlessSafe(t *testing.T) {
 	}
 }
 
+// Ctrl-C while a command's worker starts says the command was
+// interrupted: it said "worker did not start: context canceled (python:
+// ..., kernels: ...)", as if the interpreter had failed.
+func TestWorkerStartInterruptedSaysSo(t *testing.T) {
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &session{runtime: &pyrt.Runtime{Python: testpy.Python(t)}, kernels: pyrt.KernelsRoot{Dir: root}, device: worker.CPU}
+	a := &app{log: zerolog.Nop()}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	w, err := a.startWorker(ctx, s)
+	if w != nil {
+		w.Close()
+	}
+	if !errors.Is(err, context.Canceled) || err.Error() != "interrupted while the worker was starting" {
+		t.Errorf("got %v, want it to say the start was interrupted", err)
+	}
+}
+
 // Ctrl-C during a benchmark says it was interrupted, with the exit code of
 // SIGINT, not that the benchmark failed with "context canceled".
 func TestBenchInterruptedSaysSo(t *testing.T) {
 	py := testpy.Python(t)
 	bin := workbenchBinary(t)
-	cmd := exec.Command(bin, "--python", py, "--device", "cpu", "--log-format", "console", "bench", "gather", "--repeat", "10000")
+	cmd := exec.Command(bin, "--python", py, "--device", "cpu", "--log-format", "console", "-v", "bench", "gather", "--repeat", "10000")
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -583,7 +610,7 @@ func TestBenchInterruptedSaysSo(t *testing.T) {
 		}
 	}()
 	var out strings.Builder
-	for !strings.Contains(out.String(), "no CUDA device in use") { // the worker is up and the job started
+	for !strings.Contains(out.String(), "worker ready") { // the worker is up and the job started (a loaded machine starts it in seconds)
 		s, ok := <-lines
 		if !ok {
 			t.Fatalf("bench gather ended before its worker started:\n%s", out.String())

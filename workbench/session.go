@@ -76,10 +76,20 @@ func (a *app) startWorkerOf(ctx context.Context, s *session, allowMissing bool) 
 		AllowMissingPackages: allowMissing,
 	})
 	if err != nil {
+		if ctx.Err() != nil { // Ctrl-C: the start was stopped, the interpreter is not at fault
+			return nil, &interruptedStart{ctx.Err()}
+		}
 		return nil, fmt.Errorf("%w (python: %s, kernels: %s)", err, s.runtime.Python, s.kernels.Dir)
 	}
 	return w, nil
 }
+
+// interruptedStart is a worker start that the command's context (Ctrl-C)
+// stopped.
+type interruptedStart struct{ err error }
+
+func (e *interruptedStart) Error() string { return "interrupted while the worker was starting" }
+func (e *interruptedStart) Unwrap() error { return e.err }
 
 // resolveRuntime finds the kernels root and the Python runtime, without
 // choosing a device (for commands that compile rather than run kernels).

@@ -122,9 +122,19 @@ func (a *app) askCancel(arrayJob string) bool {
 	if !isatty.IsTerminal(os.Stdin.Fd()) {
 		return true
 	}
-	fmt.Fprintf(a.stderr, "\nCancel Slurm array %s? Its running tasks stop; the jobs they finished are kept. "+
+	question := fmt.Sprintf("\nCancel Slurm array %s? Its running tasks stop; the jobs they finished are kept. "+
 		"No leaves it running (`workbench status RUN_DIR` follows it). [y/N] ", arrayJob)
-	line, _ := bufio.NewReader(os.Stdin).ReadString('\n')
+	read := func() string {
+		line, _ := bufio.NewReader(os.Stdin).ReadString('\n')
+		return line
+	}
+	var line string
+	if term, ok := a.console.(*sched.Terminal); ok { // the progress bar must not redraw over the question
+		line = term.Ask(question, read)
+	} else {
+		fmt.Fprint(a.stderr, question)
+		line = read()
+	}
 	answer := strings.ToLower(strings.TrimSpace(line))
 	return answer == "y" || answer == "yes"
 }

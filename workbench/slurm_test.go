@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -327,6 +328,59 @@ func TestSlurmCancelDetachAndStatus(t *testing.T) {
 		!strings.Contains(text, "its tasks cannot be read: squeue finds no Slurm configuration here") ||
 		!strings.Contains(text, "set SLURM_CONF") || strings.Contains(text, "DNS SRV") {
 		t.Errorf("status without SLURM_CONF: exit %d\n%s", code, text)
+	}
+}
+
+// Ctrl-C answered "leave it running" stops a script of several
+// experiments there, saying which were not started: the run went on to the
+// next experiment with the interrupted context, and failed with "sinfo:
+// context canceled".
+func TestSlurmCtrlCLeftRunningStopsTheScript(t *testing.T) {
+	if _, err := exec.LookPath("script"); err != nil {
+		t.Skip("no script(1) to give the run a terminal, where Ctrl-C asks")
+	}
+	c := testCluster(t)
+	s := newSlurmSetup(t, 1.0)
+	text, err := os.ReadFile(s.script)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(s.script, append(text, bytes.ReplaceAll(text, []byte(`"sweep"`), []byte(`"later"`))...), 0o644)
+	out := filepath.Join(s.dir, "out")
+	words := []string{}
+	for _, w := range s.cmd(c, "run", s.script, "--executor", "slurm", "--out", out, "--shards", "1").Args {
+		words = append(words, shellQuote(w))
+	}
+	host := exec.Command("script", "-qefc", strings.Join(words, " "), "/dev/null")
+	host.Env = c.Env(os.Environ())
+	answer, err := host.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer answer.Close()
+	log := startProc(t, host)
+	var subs []slurm.Submission
+	for deadline := time.Now().Add(90 * time.Second); len(subs) == 0 && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		runDir, _ := results.Latest(out, "sweep")
+		subs, _ = slurm.Submissions(runDir)
+	}
+	if len(subs) == 0 {
+		t.Fatalf("no array submitted:\n%s", log.String())
+	}
+	defer c.Command("scancel", subs[0].ArrayJob).Run()
+	if err := c.Command("pkill", "-INT", "-f", "^"+regexp.QuoteMeta(s.bin)+" .* run ").Run(); err != nil {
+		t.Fatalf("signal the run: %v", err)
+	}
+	waitOutput(t, log, 0, 30*time.Second, "[y/N]")
+	io.WriteString(answer, "n\n")
+	host.Wait()
+	got := log.String()
+	if !strings.Contains(got, "detached from Slurm array "+subs[0].ArrayJob) ||
+		!strings.Contains(got, "experiments later of "+s.script+" were not started") || strings.Contains(got, "context canceled") {
+		t.Errorf("Ctrl-C, then leaving the array running:\n%s", got)
+	}
+	if dir, _ := results.Latest(out, "later"); dir != "" {
+		t.Errorf("the next experiment was started after Ctrl-C: %s", dir)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -36,16 +37,17 @@ const scratchBytes = 16 << 20
 // Run runs b's jobs on a fresh pool; its workers and their arenas are gone
 // when it returns.
 func (l *Local) Run(ctx context.Context, b Batch) error {
-	gpus := worker.GPUs("/")
+	gpus := visibleGPUs(os.LookupEnv, "/")
 	workers := l.Workers
 	if workers == 0 {
 		workers = 1
-		if l.Device == worker.CUDA && gpus > 0 {
-			workers = gpus
+		if l.Device == worker.CUDA && len(gpus) > 0 {
+			workers = len(gpus)
 		}
 	}
 	scratch := newScratchArenas()
 	defer scratch.Close()
+	shares := newGPUShares(len(gpus))
 	var once sync.Once
 	start := func(ctx context.Context) (*worker.Worker, error) {
 		if b.CodeDigest != nil {
@@ -53,14 +55,17 @@ func (l *Local) Run(ctx context.Context, b Batch) error {
 				return nil, sched.Permanent(err)
 			}
 		}
-		env := workerEnv(os.Environ(), l.Device, scratch.Slot(), workers, gpus)
+		gpu := shares.take()
+		env := workerEnv(os.Environ(), l.Device, gpu, workers, gpus)
 		w, err := worker.Start(ctx, worker.Config{Python: l.Python, KernelsRoot: l.KernelsRoot, Device: l.Device, Env: env, Log: l.Log})
 		if err != nil {
+			shares.put(gpu)
 			return nil, err
 		}
 		if b.CheckCode != nil {
 			if err := b.CheckCode(l.kernels(w)); err != nil {
 				w.Close()
+				shares.put(gpu)
 				return nil, sched.Permanent(err)
 			}
 		}
@@ -69,12 +74,18 @@ func (l *Local) Run(ctx context.Context, b Batch) error {
 		}
 		if err := scratch.Lend(ctx, w); err != nil {
 			w.Close()
+			shares.put(gpu)
 			return nil, err
 		}
+		shares.bind(w, gpu)
 		return w, nil
 	}
+	stopped := func(w *worker.Worker) {
+		scratch.Release(w)
+		shares.release(w)
+	}
 	return sched.Run(ctx, b.Jobs, sched.Config{Workers: workers, Start: start, Log: b.Log, Prepare: scratch.Prepare,
-		Stopped: scratch.Release,
+		Stopped: stopped,
 		Done: func(out sched.Outcome) error {
 			// Called before the worker takes its next job, so its scratch
 			// arena still holds what this one returned.
@@ -99,13 +110,34 @@ func (l *Local) kernels(w *worker.Worker) worker.Kernels {
 	return worker.Kernels{Digest: digest, Files: files}
 }
 
-// workerEnv is the environment of the slot-th worker started: workers take
-// the GPUs in turn, or CPU workers split the cores between them unless the
-// user set OMP_NUM_THREADS.
-func workerEnv(base []string, device worker.Device, slot, workers, gpus int) []string {
+// visibleGPUs are the GPUs workers may take, as CUDA_VISIBLE_DEVICES names
+// them: those it lists where it is set (by the user, or by Slurm for a
+// task's allocated GPUs), else every NVIDIA device node under devRoot.
+// lookupEnv is os.LookupEnv outside tests.
+func visibleGPUs(lookupEnv func(string) (string, bool), devRoot string) []string {
+	if v, ok := lookupEnv("CUDA_VISIBLE_DEVICES"); ok {
+		var gpus []string
+		for _, id := range strings.Split(v, ",") {
+			if id = strings.TrimSpace(id); id != "" && id != "-1" {
+				gpus = append(gpus, id)
+			}
+		}
+		return gpus
+	}
+	gpus := make([]string, worker.GPUs(devRoot))
+	for i := range gpus {
+		gpus[i] = strconv.Itoa(i)
+	}
+	return gpus
+}
+
+// workerEnv is the environment of a worker that takes GPU slot of gpus
+// (see gpuShares), or, on CPU, of one of workers that split the cores
+// between them unless the user set OMP_NUM_THREADS.
+func workerEnv(base []string, device worker.Device, slot, workers int, gpus []string) []string {
 	env := base
-	if device == worker.CUDA && gpus > 0 {
-		return append(env, fmt.Sprintf("CUDA_VISIBLE_DEVICES=%d", slot%gpus))
+	if device == worker.CUDA && len(gpus) > 0 {
+		return append(env, "CUDA_VISIBLE_DEVICES="+gpus[slot%len(gpus)])
 	}
 	if !hasEnv(base, "OMP_NUM_THREADS") && workers > 1 {
 		env = append(env, fmt.Sprintf("OMP_NUM_THREADS=%d", max(1, runtime.NumCPU()/workers)))
@@ -122,12 +154,68 @@ func hasEnv(env []string, key string) bool {
 	return false
 }
 
+// gpuShares hands each worker that starts the GPU the fewest live workers
+// use, the lowest of a tie: workers take the GPUs in turn, and one that
+// replaces a stopped worker (a crash, a timeout) takes the GPU it left,
+// not the next in turn, which another worker may still hold.
+type gpuShares struct {
+	mu       sync.Mutex
+	users    []int // live workers, by GPU
+	byWorker map[*worker.Worker]int
+}
+
+func newGPUShares(gpus int) *gpuShares {
+	return &gpuShares{users: make([]int, gpus), byWorker: map[*worker.Worker]int{}}
+}
+
+// take is the GPU of a worker about to start (0 without GPUs); put gives
+// it back if the worker does not start, bind ties it to one that did.
+func (g *gpuShares) take() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.users) == 0 {
+		return 0
+	}
+	gpu := 0
+	for i, n := range g.users {
+		if n < g.users[gpu] {
+			gpu = i
+		}
+	}
+	g.users[gpu]++
+	return gpu
+}
+
+func (g *gpuShares) put(gpu int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if gpu < len(g.users) {
+		g.users[gpu]--
+	}
+}
+
+func (g *gpuShares) bind(w *worker.Worker, gpu int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.byWorker[w] = gpu
+}
+
+// release gives back the GPU of w, a worker that is gone.
+func (g *gpuShares) release(w *worker.Worker) {
+	g.mu.Lock()
+	gpu, ok := g.byWorker[w]
+	delete(g.byWorker, w)
+	g.mu.Unlock()
+	if ok {
+		g.put(gpu)
+	}
+}
+
 // scratchArenas gives every worker an arena whose whole extent each of its
 // jobs may use for the tensors it returns; the host saves them as .npy before
 // the worker takes its next job.
 type scratchArenas struct {
 	mu       sync.Mutex
-	slots    int
 	lastID   uint32 // ids are taken under mu, so workers starting together never share one
 	byWorker map[*worker.Worker]*tensor.Arena
 	byID     map[uint32]*tensor.Arena
@@ -135,14 +223,6 @@ type scratchArenas struct {
 
 func newScratchArenas() *scratchArenas {
 	return &scratchArenas{byWorker: map[*worker.Worker]*tensor.Arena{}, byID: map[uint32]*tensor.Arena{}}
-}
-
-// Slot numbers worker starts, to spread them over GPUs.
-func (s *scratchArenas) Slot() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.slots++
-	return s.slots - 1
 }
 
 // nextID is a fresh arena id.

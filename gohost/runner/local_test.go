@@ -27,25 +27,99 @@ import (
 func TestWorkerEnv(t *testing.T) {
 	base := []string{"PATH=/bin"}
 	omp := fmt.Sprintf("OMP_NUM_THREADS=%d", max(1, runtime.NumCPU()/2))
+	two := []string{"0", "1"}
 	tests := []struct {
-		name                string
-		base                []string
-		device              worker.Device
-		slot, workers, gpus int
-		want                []string
+		name          string
+		base          []string
+		device        worker.Device
+		slot, workers int
+		gpus          []string
+		want          []string
 	}{
-		{"first gpu", base, worker.CUDA, 0, 2, 2, []string{"PATH=/bin", "CUDA_VISIBLE_DEVICES=0"}},
-		{"gpus taken in turn", base, worker.CUDA, 3, 2, 2, []string{"PATH=/bin", "CUDA_VISIBLE_DEVICES=1"}},
-		{"cuda without gpus splits the cores", base, worker.CUDA, 0, 2, 0, []string{"PATH=/bin", omp}},
-		{"cpu workers split the cores", base, worker.CPU, 1, 2, 4, []string{"PATH=/bin", omp}},
-		{"one cpu worker takes all", base, worker.CPU, 0, 1, 0, []string{"PATH=/bin"}},
-		{"the user's OMP_NUM_THREADS wins", []string{"OMP_NUM_THREADS=3"}, worker.CPU, 0, 2, 0, []string{"OMP_NUM_THREADS=3"}},
+		{"first gpu", base, worker.CUDA, 0, 2, two, []string{"PATH=/bin", "CUDA_VISIBLE_DEVICES=0"}},
+		{"gpus taken in turn", base, worker.CUDA, 3, 2, two, []string{"PATH=/bin", "CUDA_VISIBLE_DEVICES=1"}},
+		{"the gpus CUDA_VISIBLE_DEVICES lists", []string{"CUDA_VISIBLE_DEVICES=3,5"}, worker.CUDA, 1, 2, []string{"3", "5"},
+			[]string{"CUDA_VISIBLE_DEVICES=3,5", "CUDA_VISIBLE_DEVICES=5"}},
+		{"cuda without gpus splits the cores", base, worker.CUDA, 0, 2, nil, []string{"PATH=/bin", omp}},
+		{"cpu workers split the cores", base, worker.CPU, 1, 2, []string{"0", "1", "2", "3"}, []string{"PATH=/bin", omp}},
+		{"one cpu worker takes all", base, worker.CPU, 0, 1, nil, []string{"PATH=/bin"}},
+		{"the user's OMP_NUM_THREADS wins", []string{"OMP_NUM_THREADS=3"}, worker.CPU, 0, 2, nil, []string{"OMP_NUM_THREADS=3"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			got := workerEnv(tc.base, tc.device, tc.slot, tc.workers, tc.gpus)
 			if !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("got %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// Workers go to the GPUs CUDA_VISIBLE_DEVICES leaves them (a user's choice,
+// or a Slurm task's allocation), one per GPU by default: they went to
+// every GPU of the machine, as many as it has, each told to use its own
+// by index, overriding the choice.
+func TestVisibleGPUs(t *testing.T) {
+	root := t.TempDir()
+	os.MkdirAll(filepath.Join(root, "dev"), 0o755)
+	for _, name := range []string{"nvidia0", "nvidia1", "nvidia2", "nvidia3", "nvidiactl"} {
+		os.WriteFile(filepath.Join(root, "dev", name), nil, 0o644)
+	}
+	tests := []struct {
+		name string
+		env  map[string]string
+		want []string
+	}{
+		{"every device node", nil, []string{"0", "1", "2", "3"}},
+		{"the ones listed", map[string]string{"CUDA_VISIBLE_DEVICES": "2"}, []string{"2"}},
+		{"listed by uuid", map[string]string{"CUDA_VISIBLE_DEVICES": "GPU-a1, GPU-b2"}, []string{"GPU-a1", "GPU-b2"}},
+		{"none", map[string]string{"CUDA_VISIBLE_DEVICES": ""}, nil},
+		{"hidden", map[string]string{"CUDA_VISIBLE_DEVICES": "-1"}, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			lookup := func(k string) (string, bool) { v, ok := tc.env[k]; return v, ok }
+			if got := visibleGPUs(lookup, root); !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("got %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// Workers take the GPUs in turn, and one that replaces a stopped worker
+// takes the GPU it left: a restart took the next GPU in turn, so a crash
+// on the second of two GPUs put two workers on the first and none on the
+// second.
+func TestGPUSharesOfRestartedWorkers(t *testing.T) {
+	w := []*worker.Worker{{}, {}, {}, {}}
+	type step struct {
+		stop    int // a worker stops first (-1: none)
+		wantGPU int // the GPU the next worker to start takes
+	}
+	tests := []struct {
+		name  string
+		gpus  int
+		steps []step
+	}{
+		{"in turn", 2, []step{{-1, 0}, {-1, 1}, {-1, 0}, {-1, 1}}},
+		{"the second gpu's worker restarted", 2, []step{{-1, 0}, {-1, 1}, {1, 1}}},
+		{"the first gpu's worker restarted", 2, []step{{-1, 0}, {-1, 1}, {0, 0}}},
+		{"no gpus", 0, []step{{-1, 0}, {-1, 0}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			g := newGPUShares(tc.gpus)
+			started := 0
+			for i, st := range tc.steps {
+				if st.stop >= 0 {
+					g.release(w[st.stop])
+				}
+				gpu := g.take()
+				if gpu != st.wantGPU {
+					t.Fatalf("step %d: the worker starting took GPU %d, want %d", i, gpu, st.wantGPU)
+				}
+				g.bind(w[started], gpu)
+				started++
 			}
 		})
 	}

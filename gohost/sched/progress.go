@@ -45,6 +45,22 @@ func (t *Terminal) Write(b []byte) (int, error) {
 	return n, err
 }
 
+// Ask writes question and returns what read returns (the answer typed),
+// holding back the bar and log lines meanwhile: a bar redrawn while the
+// user reads would erase the question from the line the answer is typed
+// on. The bar comes back after the answer.
+func (t *Terminal) Ask(question string, read func() string) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.bar != "" {
+		io.WriteString(t.out, clearLine)
+	}
+	io.WriteString(t.out, question)
+	answer := read()
+	io.WriteString(t.out, t.bar)
+	return answer
+}
+
 // drawBar replaces the bar shown, if any, with bar.
 func (t *Terminal) drawBar(bar string) {
 	t.mu.Lock()

@@ -403,6 +403,34 @@ func TestProgressBarAndLogLines(t *testing.T) {
 	}
 }
 
+// A question asked on the terminal (Ctrl-C: cancel the Slurm array?)
+// stays on screen until it is answered: the bar's redraw every second
+// cleared its line, and the question went with it.
+func TestTerminalAskHoldsTheBarBack(t *testing.T) {
+	var out syncBuffer
+	term := NewTerminal(&out)
+	term.drawBar("[bar 1s]")
+	redrawn := make(chan struct{})
+	answer := term.Ask("\nCancel? [y/N] ", func() string {
+		go func() {
+			term.drawBar("[bar 2s]") // the ticker, while the user reads
+			close(redrawn)
+		}()
+		time.Sleep(100 * time.Millisecond)
+		if got := screen(out.String()); got[len(got)-1] != "Cancel? [y/N] " {
+			t.Errorf("while the question waits, the screen ends with %q", got[len(got)-1])
+		}
+		return "y\n"
+	})
+	<-redrawn
+	if answer != "y\n" {
+		t.Errorf("answer %q", answer)
+	}
+	if got := screen(out.String()); got[len(got)-1] != "[bar 2s]" {
+		t.Errorf("after the answer the screen ends with %q, want the bar", got[len(got)-1])
+	}
+}
+
 // syncBuffer is a bytes.Buffer that the progress's redraws may write to
 // while the test reads it.
 type syncBuffer struct {

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"fmt"
+	"regexp"
 	"strings"
 )
 
@@ -76,7 +77,39 @@ func (e *ExitError) Error() string {
 	if out == "" {
 		return fmt.Sprintf("worker died (%s) and printed nothing", e.State)
 	}
-	return fmt.Sprintf("worker died (%s); its last output:\n%s", e.State, indent(lastLines(out, 20)))
+	// The first line is what a progress line or a log shows: where in
+	// kernels_py a crash was, when the worker's stack says.
+	where := ""
+	if at := crashedAt(out); at != "" {
+		where = " at " + at
+	}
+	return fmt.Sprintf("worker died (%s)%s; its last output:\n%s", e.State, where, indent(lastLines(out, 20)))
+}
+
+// stackFrame is a frame of the stack Python's faulthandler prints on a
+// fatal signal (most recent call first).
+var stackFrame = regexp.MustCompile(`^\s*File "([^"]+)", line (\d+) in (\S+)`)
+
+// crashedAt is the innermost kernels_py frame, outside its runtime, of the
+// crashing thread's stack in a worker's output: "kernels_py/x.py:5 in fn";
+// "" when the output holds none.
+func crashedAt(output string) string {
+	i := strings.LastIndex(output, "Current thread ")
+	if i < 0 {
+		return ""
+	}
+	for _, line := range strings.Split(output[i:], "\n")[1:] {
+		m := stackFrame.FindStringSubmatch(line)
+		if m == nil {
+			return "" // the end of the thread's stack
+		}
+		j := strings.LastIndex(m[1], "kernels_py/")
+		if j < 0 || strings.HasPrefix(m[1][j:], "kernels_py/runtime/") {
+			continue
+		}
+		return fmt.Sprintf("%s:%s in %s", m[1][j:], m[2], m[3])
+	}
+	return ""
 }
 
 func lastLines(s string, n int) string {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -38,6 +39,10 @@ func fakeWorker(mode string) int {
 		"triton": Package{Version: &version}, "numpy": Package{Version: &version}, "device": map[string]string{"kind": "cpu"}}
 	if mode == "refuse" {
 		hello["error"] = "refused on purpose"
+	}
+	if mode == "slow" { // an import that takes longer than the host waits
+		fmt.Println("importing torch")
+		time.Sleep(time.Minute)
 	}
 	if err := WriteFrame(tx, hello); err != nil || mode == "refuse" {
 		return 1
@@ -85,6 +90,29 @@ func startFake(t *testing.T, mode string) (*Worker, error) {
 	}
 	return Start(ctx, Config{Python: exe, KernelsRoot: t.TempDir(), Device: CPU, Log: zerolog.Nop(),
 		Env: append(os.Environ(), "VLKV_FAKE_WORKER="+mode)})
+}
+
+// A worker that says no hello in time is reported as such, with how long
+// the host waited and what it printed, not as a bare deadline.
+func TestStartTimeoutSaysWhatItWaitedFor(t *testing.T) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, err = Start(context.Background(), Config{Python: exe, KernelsRoot: t.TempDir(), Device: CPU, Log: zerolog.Nop(),
+		StartTimeout: 2 * time.Second, Env: append(os.Environ(), "VLKV_FAKE_WORKER=slow")})
+	if err == nil {
+		t.Fatal("a worker that never said hello started")
+	}
+	if took := time.Since(start); took > 30*time.Second {
+		t.Errorf("the start gave up after %v", took)
+	}
+	for _, want := range []string{"no hello within 2s", "importing torch"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
 }
 
 // running says whether pid is a live process (not gone, not a zombie

@@ -60,3 +60,38 @@ func TestLineLoggerHoldsLittleOfAnUnendedLine(t *testing.T) {
 		t.Errorf("holds %d bytes of an unended line, want under %d", len(w.pending), maxLineBytes)
 	}
 }
+
+// A worker's fatal-error stack names, on the error's first line (what a
+// progress line shows), the kernels_py frame the crash was in: that line
+// said only "worker died (signal: segmentation fault); its last output:".
+func TestExitErrorSaysWhereItCrashed(t *testing.T) {
+	const stack = `Fatal Python error: Segmentation fault
+
+Thread 0x00007f01 (most recent call first):
+  File "/r/kernels_py/methods/other.py", line 9 in idle
+
+Current thread 0x00007f00 (most recent call first):
+  File "/venv/lib/python3.13/site-packages/triton/runtime/interpreter.py", line 70 in load
+  File "/r/kernels_py/ops/gather/kernel.py", line 41 in gather_kernel
+  File "/r/kernels_py/methods/h2o.py", line 12 in prefill
+  File "/r/kernels_py/runtime/worker.py", line 174 in run_job
+
+Extension modules: numpy, torch (total: 2)`
+	tests := []struct {
+		name, output, first string
+	}{
+		{"a fatal error's stack", stack, "worker died (signal: segmentation fault) at kernels_py/ops/gather/kernel.py:41 in gather_kernel; its last output:"},
+		{"a stack only in the runtime", "Current thread 0x1 (most recent call first):\n  File \"/r/kernels_py/runtime/worker.py\", line 174 in run_job\n",
+			"worker died (signal: segmentation fault); its last output:"},
+		{"no stack", "bye", "worker died (signal: segmentation fault); its last output:"},
+		{"nothing printed", "", "worker died (signal: segmentation fault) and printed nothing"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := &ExitError{State: "signal: segmentation fault", Output: tc.output}
+			if first, _, _ := strings.Cut(err.Error(), "\n"); first != tc.first {
+				t.Errorf("first line %q, want %q", first, tc.first)
+			}
+		})
+	}
+}

@@ -133,6 +133,11 @@ func Start(ctx context.Context, cfg Config) (*Worker, error) {
 		base = os.Environ()
 	}
 	cmd.Env = append(Environment(base, cfg.KernelsRoot, cfg.Device), "VLKV_WORKER_FDS=3,4,5")
+	if !hasEnv(base, "PYTHONFAULTHANDLER") {
+		// A job that crashes in native code (a kernel, an extension) then
+		// prints the Python stack it crashed in, which its ExitError quotes.
+		cmd.Env = append(cmd.Env, "PYTHONFAULTHANDLER=1")
+	}
 	cmd.ExtraFiles = []*os.File{workerRx, workerTx, workerSock}
 	cmd.Stdout = io.MultiWriter(out, lineLogger(cfg.Log, "stdout"))
 	cmd.Stderr = io.MultiWriter(out, lineLogger(cfg.Log, "stderr"))
@@ -191,6 +196,15 @@ func Start(ctx context.Context, cfg Config) (*Worker, error) {
 	first, err := w.receive(helloCtx)
 	if err != nil {
 		w.abort()
+		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+			// Its own wait, not the caller's: say what was waited for.
+			said := " and printed nothing"
+			if out := strings.TrimSpace(w.out.String()); out != "" {
+				said = "; its last output:\n" + indent(lastLines(out, 20))
+			}
+			return nil, fmt.Errorf("worker did not start: it sent no hello within %v (importing torch, triton and "+
+				"kernels_py took longer, or it hung)%s", timeout, said)
+		}
 		var exit *ExitError
 		if errors.As(err, &exit) {
 			if mod := missingDependency(exit.Output); mod != "" {
@@ -282,6 +296,16 @@ func Environment(base []string, kernelsRoot string, device Device) []string {
 		env = append(env, "TRITON_INTERPRET=1")
 	}
 	return env
+}
+
+// hasEnv says whether env sets key.
+func hasEnv(env []string, key string) bool {
+	for _, kv := range env {
+		if strings.HasPrefix(kv, key+"=") {
+			return true
+		}
+	}
+	return false
 }
 
 // frame is one message from the worker and the raw bytes that followed it,

@@ -155,6 +155,30 @@ func TestWorkerTimeoutKillsWorker(t *testing.T) {
 	}
 }
 
+// A job that takes the process down in native code (a segfault in a
+// kernel or an extension) fails with the Python stack it crashed in, not
+// with a bare "segmentation fault".
+func TestWorkerSegfaultMidJobSaysWhere(t *testing.T) {
+	root := t.TempDir()
+	if out, err := exec.Command("cp", "-r", filepath.Join(repoRoot(t), "kernels_py"), root).CombinedOutput(); err != nil {
+		t.Fatalf("copy kernels_py: %v: %s", err, out)
+	}
+	mod := filepath.Join(root, "kernels_py", "scratch.py")
+	src := "import ctypes\n\n\ndef launch_my_kernel():\n    return ctypes.string_at(8)\n\n\ndef run():\n    return launch_my_kernel()\n"
+	if err := os.WriteFile(mod, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	w := startWorker(t, root)
+	_, err := run(t, w, "kernels_py.scratch:run", nil, time.Minute)
+	var ee *ExitError
+	if !errors.As(err, &ee) || !strings.Contains(ee.State, "segmentation fault") {
+		t.Fatalf("got %v, want an *ExitError for a segfault", err)
+	}
+	if first, _, _ := strings.Cut(err.Error(), "\n"); !strings.Contains(first, "at kernels_py/scratch.py:5 in launch_my_kernel") {
+		t.Errorf("the error's first line does not say where the job crashed:\n%v", err)
+	}
+}
+
 func TestWorkerReloadPicksUpEdits(t *testing.T) {
 	root := t.TempDir()
 	if out, err := exec.Command("cp", "-r", filepath.Join(repoRoot(t), "kernels_py"), root).CombinedOutput(); err != nil {
