@@ -206,8 +206,9 @@ Slurm it also shows the tasks of its newest array, journals what the tasks
 recorded in their segments, and, while the array still runs, follows it
 until it ends (Ctrl-C asks whether to cancel it). With --no-follow it does
 not follow the array; while another workbench writes the run, it only
-reports. Given an experiment's folder, it lists its runs; given the results
-root, the newest run of each experiment.`,
+reports. Given an experiment's folder instead of a run, it names the
+folder's runs to choose from, and given the results root, the newest run of
+each experiment; either way it exits 1, having reported no run.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.status(cmd.Context(), args[0], !noFollow)
