@@ -168,3 +168,78 @@ def test_quickstart_before_any_run_says_how_to_make_one(tmp_path):
         notebooks.execute(notebooks.find("quickstart"), env=env)
     assert "no runs under" in str(err.value) and "run `workbench run experiments/quickstart.star` first" in str(err.value)
     assert "FileNotFoundError" not in str(err.value)
+
+
+def unfinished_run(root, experiment, jobs, rows):
+    run = root / experiment / "20260101-000000-aaaaaa"
+    run.mkdir(parents=True)
+    (run / "manifest.json").write_text(json.dumps({"experiment": experiment, "jobs": jobs,
+                                                   "file": f"/src/vlkv/experiments/{experiment}.star"}))
+    pd.DataFrame(rows).assign(job_id=[f"j{i}" for i in range(len(rows))], status="ok").to_parquet(
+        run / "results.parquet")
+    return run
+
+
+def vlcache_rows():
+    """Every method of vlcache_sparsity, killed during the scoring policies' jobs (the script's last)."""
+    layers = "[0.1, 0.1]"
+    rows = [{"method": "full", "extra_per_layer_sparsity": "[0.2, 0.9]",
+             "extra_per_layer_post_vision_sparsity": "[0.5, 0.9]"},
+            {"method": "vlcache", "param_budget": 0.1, "param_allocation": "sparsity", "param_scoring": "post_vision",
+             "param_recent_fraction": 0.1, "extra_per_layer_layer_budget": layers}]
+    rows += [{"method": m, "param_budget": 0.1} for m in ("h2o", "snapkv", "streamingllm")]
+    rows += [{"method": "zipvl_evict", "param_tau": 0.9}]
+    rows += [{"method": "vlcache", "param_budget": b, "param_allocation": "uniform", "param_scoring": "accumulated",
+              "param_recent_fraction": 0.0, "extra_per_layer_cache_hit_rate": "[0.3, 0.4]"} for b in (0.05, 0.1)]
+    return [{"metric_rel_err_mean": 0.1, "metric_prefill_kept_fraction": 0.1, **r} for r in rows]
+
+
+def methods_rows():
+    """methods_compare killed after LOOK-M's first merge at the last budget."""
+    rows = [{"method": "full"}]
+    for b in (0.05, 0.1, 0.2, 0.4):
+        rows += [{"method": m, "param_budget": b} for m in ("h2o", "snapkv", "streamingllm", "vlcache", "pyramidkv")]
+        rows += [{"method": "avl", "param_secondary": 100 * b}, {"method": "fastv", "param_drop": 100 * (1 - b)}]
+        rows += [{"method": "lookm", "param_recent_ratio": b / 10, "param_important_ratio": b * 9 / 10,
+                  "param_merge": m} for m in (("none",) if b == 0.4 else ("none", "averaged", "pivotal", "weighted"))]
+    rows += [{"method": "zipvl", "param_tau": 0.9}, {"method": "kivi", "param_bits": 2},
+             {"method": "attentionpack", "param_rank_k": 64}, {"method": "fp8", "param_kv_dtype": "fp8_e4m3"}]
+    return [{"param_kv_dtype": "model", "param_fp8_scale": "tensor", "metric_compression_ratio": 2.0,
+             "metric_rel_err_mean": 0.1, **r} for r in rows]
+
+
+def video_rows():
+    """video killed during the methods without a budget: they ran on the shortest clip only."""
+    rows = []
+    for frames in (8, 16):
+        rows += [{"method": "full", "images": frames}]
+        rows += [{"method": m, "param_budget": 0.1, "images": frames} for m in ("h2o", "snapkv", "vlcache", "streamingllm")]
+        rows += [{"method": "avl", "param_secondary": 10.0, "images": frames},
+                 {"method": "lookm", "param_recent_ratio": 0.01, "param_important_ratio": 0.09,
+                  "param_merge": "pivotal", "images": frames}]
+    rows += [{"method": "zipvl", "param_tau": 0.9, "images": 8}, {"method": "kivi", "param_bits": 2, "images": 8},
+             {"method": "fp8", "images": 8}, {"method": "attentionpack", "param_rank_k": 16, "images": 8}]
+    return [{"workload_video": True, "workload_images": r.pop("images"), "workload_frame_correlation": 0.9,
+             "workload_system_tokens": 16, "workload_tokens_per_image": 64, "workload_text_tokens": 32,
+             "metric_compression_ratio": 1.0 if r["method"] == "full" else 4.0,
+             "metric_rel_err_mean": 0.0 if r["method"] == "full" else 0.1, **r} for r in rows]
+
+
+@pytest.mark.parametrize("notebook, experiment, jobs, rows, lacks", [
+    ("vlcache", "vlcache_sparsity", 57, vlcache_rows,
+     "lacks some of the scoring policies' jobs (uniform allocation, no recent window)"),
+    ("methods", "methods_compare", 65, methods_rows,
+     "has no row of lookm/averaged at 0.4, lookm/pivotal at 0.4, lookm/weighted at 0.4"),
+    ("video", "video", 96, video_rows,
+     "has attentionpack rank 16, fp8, kivi 2-bit, zipvl tau=0.9 at fewer lengths than [8, 16]"),
+])
+def test_a_run_killed_after_every_method_started_is_told_to_finish(tmp_path, notebook, experiment, jobs, rows, lacks):
+    """A run killed late has a row of every method but not all their jobs: the notebook says what it lacks and how
+    to finish the run, rather than failing an assertion (or drawing an empty figure) in a later cell."""
+    rows = rows()
+    run = unfinished_run(tmp_path, experiment, jobs, rows)
+    with pytest.raises(Exception) as err:
+        notebooks.execute(notebooks.find(notebook), env=notebooks.run_env([run]))
+    assert f"{run} is unfinished ({len(rows)} of {jobs} jobs have rows) and {lacks}, which this notebook draws" in str(
+        err.value)
+    assert f"`workbench run /src/vlkv/experiments/{experiment}.star --out {tmp_path.resolve()} --resume`" in str(err.value)
