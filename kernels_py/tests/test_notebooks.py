@@ -261,3 +261,20 @@ def test_a_run_killed_midway_is_told_to_finish(tmp_path, notebook, experiment, j
     assert f"{run} is unfinished ({len(rows)} of {jobs} jobs have rows) and {lacks}, which this notebook draws" in str(
         err.value)
     assert f"`workbench run /src/vlkv/experiments/{experiment}.star --out {tmp_path.resolve()} --resume`" in str(err.value)
+
+
+def test_compare_reads_runs_without_attention_error(tmp_path):
+    """Two runs of an lmms experiment (task scores, no replayed attention): the error-against-compression figure
+    is left out, saying why, and every metric's change per job still follows."""
+    runs = []
+    for name, score in (("20260101-000000-aaaaaa", 0.5), ("20260102-000000-bbbbbb", 0.4)):
+        run = tmp_path / "accuracy" / name
+        run.mkdir(parents=True)
+        (run / "manifest.json").write_text(json.dumps({"experiment": "accuracy", "jobs": 2}))
+        pd.DataFrame({"job_id": ["a", "b"], "method": ["full", "h2o"], "status": ["ok", "ok"],
+                      "param_budget": [None, 0.1], "metric_relaxed_overall": [0.6, score],
+                      "metric_kv_fraction": [1.0, 0.1]}).to_parquet(run / "results.parquet")
+        runs.append(run)
+    nb = notebooks.execute(notebooks.find("compare"), env=notebooks.run_env(runs))
+    assert "no attention-output error or compression ratio in these runs" in outputs(nb)
+    assert "metrics that changed: ['relaxed_overall']" in outputs(nb)
