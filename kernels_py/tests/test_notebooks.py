@@ -278,3 +278,50 @@ def test_compare_reads_runs_without_attention_error(tmp_path):
     nb = notebooks.execute(notebooks.find("compare"), env=notebooks.run_env(runs))
     assert "no attention-output error or compression ratio in these runs" in outputs(nb)
     assert "metrics that changed: ['relaxed_overall']" in outputs(nb)
+
+
+def kvpress_run(root, pairs: bool):
+    """A kvpress_compare run: the full cache, four of our methods and six presses at two ratios, fp8, and, with
+    `pairs`, the presses run beside their matched method."""
+    run = root / "kvpress_compare" / "20260101-000000-aaaaaa"
+    run.mkdir(parents=True)
+    (run / "manifest.json").write_text(json.dumps({"experiment": "kvpress_compare", "jobs": 23}))
+    rows = [{"method": "full", "metric_model_cache_bytes": 1000.0}]
+    for ratio in (0.75, 0.5):
+        rows += [{"method": m, "param_budget": 1 - ratio} for m in ("h2o", "snapkv", "streamingllm", "vlcache")]
+        rows += [{"method": "kvpress", "param_press": p, "param_compression_ratio": ratio}
+                 for p in ("TOVAPress", "KnormPress", "ExpectedAttentionPress", "PyramidKVPress", "SnapKVPress",
+                           "StreamingLLMPress")]
+    rows += [{"method": "fp8"}]
+    for i, row in enumerate(rows):
+        row.setdefault("metric_model_cache_bytes", 1000.0 * (1 - row.get("param_compression_ratio", 0.5)))
+        row |= {"job_id": f"j{i}", "status": "ok", "metric_token_agreement": 0.5, "metric_kl_mean": 0.01}
+        if pairs and row.get("param_press") == "SnapKVPress":
+            row |= {"extra_pair_method": "snapkv", "metric_pair_jaccard_mean": 1.0, "metric_pair_jaccard_min": 1.0,
+                    "metric_pair_token_agreement": 1.0}
+    pd.DataFrame(rows).to_parquet(run / "results.parquet")
+    return run
+
+
+def execute_with_cell(tmp_path, name, code, env):
+    """The notebook with one more cell at its end, executed; that cell's printed output."""
+    import nbformat
+
+    nb = nbformat.read(notebooks.find(name), as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell(code))
+    path = tmp_path / f"{name}.ipynb"
+    nbformat.write(nb, path)
+    out = notebooks.execute(path, env=env)
+    return "".join(o.get("text", "") for o in out.cells[-1].get("outputs", []))
+
+
+def test_kvpress_compare_draws_each_series_apart(tmp_path):
+    """11 series (four of our methods, six presses and fp8): no two share a colour and a style, as the 11th
+    and the 1st did on matplotlib's 10-colour cycle (in the shipped experiment streamingllm drew as fp8,
+    vlcache as h2o)."""
+    run = kvpress_run(tmp_path, pairs=True)
+    printed = execute_with_cell(tmp_path, "kvpress_compare", (
+        "lines = [l for l in axes[0].get_lines() if not l.get_label().startswith('_')]\n"
+        "print(len(lines), 'series', len({(str(l.get_color()), l.get_marker(), l.get_linestyle()) for l in lines}), "
+        "'styles')"), notebooks.run_env([run]))
+    assert printed.strip() == "11 series 11 styles"
