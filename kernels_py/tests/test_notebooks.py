@@ -325,3 +325,11 @@ def test_kvpress_compare_draws_each_series_apart(tmp_path):
         "print(len(lines), 'series', len({(str(l.get_color()), l.get_marker(), l.get_linestyle()) for l in lines}), "
         "'styles')"), notebooks.run_env([run]))
     assert printed.strip() == "11 series 11 styles"
+
+
+def test_kvpress_compare_reads_a_run_without_matched_pairs(tmp_path):
+    """A run whose presses have no method matched setting for setting (no SnapKVPress or StreamingLLMPress
+    beside snapkv or streamingllm) has no pair columns: the last section says so instead of a KeyError."""
+    run = kvpress_run(tmp_path, pairs=False)
+    nb = notebooks.execute(notebooks.find("kvpress_compare"), env=notebooks.run_env([run]))
+    assert "0 press jobs with a matched method" in outputs(nb)
