@@ -333,3 +333,43 @@ def test_kvpress_compare_reads_a_run_without_matched_pairs(tmp_path):
     run = kvpress_run(tmp_path, pairs=False)
     nb = notebooks.execute(notebooks.find("kvpress_compare"), env=notebooks.run_env([run]))
     assert "0 press jobs with a matched method" in outputs(nb)
+
+
+def accuracy_run(root):
+    """An accuracy run on one task of two documents: the full cache and fp8, five methods at two budgets over
+    the model's cache and an fp8 one, and ZipVL at two taus: 13 series."""
+    run = root / "accuracy" / "20260101-000000-aaaaaa"
+    run.mkdir(parents=True)
+    (run / "manifest.json").write_text(json.dumps({"experiment": "accuracy", "jobs": 24}))
+    jobs = [{"method": "full", "param_kv_dtype": kv} for kv in ("model", "fp8_e4m3")]
+    jobs += [{"method": m, "param_budget": b, "param_kv_dtype": kv} for m in ("vlcache", "h2o", "snapkv",
+             "streamingllm", "pyramidkv") for b in (0.1, 0.2) for kv in ("model", "fp8_e4m3")]
+    jobs += [{"method": "zipvl", "param_tau": tau, "param_kv_dtype": "model"} for tau in (0.9, 0.99)]
+    rows = []
+    for i, job in enumerate(jobs):
+        held = 0.5 * job.get("param_budget", 1.0) * (0.5 if job["param_kv_dtype"] != "model" else 1)
+        rows.append({**job, "job_id": f"j{i}", "status": "ok", "workload": "lmms", "workload_tasks": "shapes",
+                     "workload_shard": 0, "workload_shards": 1, "extra_metric_names": '["exact_match"]',
+                     "extra_aggregation": '{"exact_match": "mean"}', "extra_doc_id": "[0, 1]",
+                     "extra_doc_reply": json.dumps(["red", "blue" if i % 2 else "red"]),
+                     "extra_doc_target": '["red", "blue"]', "extra_doc_exact_match": f"[1, {i % 2}]",
+                     "metric_documents": 2, "metric_exact_match": (1 + i % 2) / 2, "metric_prefill_seconds": 0.1,
+                     "metric_decode_seconds": 0.1, "metric_kv_bytes_peak": 1000 * held,
+                     "metric_full_kv_bytes_peak": 1000.0, "metric_peak_memory_bytes": 1.0,
+                     "metric_decode_peak_memory_bytes": 1.0, "metric_kv_bytes_mean": 1000 * held,
+                     "metric_full_kv_bytes_mean": 1000.0, "metric_generated_tokens_mean": 4.0,
+                     "metric_prompt_tokens_mean": 70.0, "metric_kv_fraction": held})
+    pd.DataFrame(rows).to_parquet(run / "results.parquet")
+    return run
+
+
+def test_accuracy_draws_each_series_apart(tmp_path):
+    """The agreement with the full cache draws 12 series (13 with the full cache, against the bytes held): no two
+    share a colour and a style, as on matplotlib's 10-colour cycle, where the 11th and 12th took the 1st's and
+    2nd's (ZipVL's line was H2O's)."""
+    run = accuracy_run(tmp_path)
+    printed = execute_with_cell(tmp_path, "accuracy", (
+        "lines = [l for l in axes[0][0].get_lines() if not l.get_label().startswith('_')]  # the agreement's\n"
+        "print(len(lines), 'series', len({(str(l.get_color()), l.get_marker(), l.get_linestyle()) for l in lines}), "
+        "'styles')"), notebooks.run_env([run]))
+    assert printed.strip() == "12 series 12 styles"
