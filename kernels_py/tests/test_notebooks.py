@@ -170,7 +170,7 @@ def test_quickstart_before_any_run_says_how_to_make_one(tmp_path):
     assert "FileNotFoundError" not in str(err.value)
 
 
-def unfinished_run(root, experiment, jobs, rows):
+def table_run(root, experiment, jobs, rows):
     run = root / experiment / "20260101-000000-aaaaaa"
     run.mkdir(parents=True)
     (run / "manifest.json").write_text(json.dumps({"experiment": experiment, "jobs": jobs,
@@ -194,18 +194,28 @@ def vlcache_rows():
     return [{"metric_rel_err_mean": 0.1, "metric_prefill_kept_fraction": 0.1, **r} for r in rows]
 
 
-def methods_rows():
-    """methods_compare killed after LOOK-M's first merge at the last budget."""
+def methods_rows(finished=False):
+    """methods_compare killed after LOOK-M's first merge at the last budget, or `finished`: every job of its
+    script with the metrics its notebook reads."""
     rows = [{"method": "full"}]
+    merges = ("none", "averaged", "pivotal", "weighted")
     for b in (0.05, 0.1, 0.2, 0.4):
         rows += [{"method": m, "param_budget": b} for m in ("h2o", "snapkv", "streamingllm", "vlcache", "pyramidkv")]
-        rows += [{"method": "avl", "param_secondary": 100 * b}, {"method": "fastv", "param_drop": 100 * (1 - b)}]
+        rows += [{"method": "avl", "param_secondary": 100 * b, "metric_stored_fraction": b,
+                  "metric_used_fraction": b / 2}, {"method": "fastv", "param_drop": 100 * (1 - b)}]
         rows += [{"method": "lookm", "param_recent_ratio": b / 10, "param_important_ratio": b * 9 / 10,
-                  "param_merge": m} for m in (("none",) if b == 0.4 else ("none", "averaged", "pivotal", "weighted"))]
+                  "param_merge": m} for m in (merges if finished or b < 0.4 else merges[:1])]
     rows += [{"method": "zipvl", "param_tau": 0.9}, {"method": "kivi", "param_bits": 2},
              {"method": "attentionpack", "param_rank_k": 64}, {"method": "fp8", "param_kv_dtype": "fp8_e4m3"}]
-    return [{"param_kv_dtype": "model", "param_fp8_scale": "tensor", "metric_compression_ratio": 2.0,
-             "metric_rel_err_mean": 0.1, **r} for r in rows]
+    if finished:
+        rows += [{"method": "zipvl", "param_tau": 0.975}, {"method": "kivi", "param_bits": 4},
+                 {"method": "attentionpack", "param_rank_k": 32, "param_low_group": "evict"}]
+        rows += [{"method": m, "param_budget": 2 * b, "param_kv_dtype": "fp8_e4m3"}
+                 for m in ("snapkv", "h2o") for b in (0.1, 0.4)]
+    return [{"param_kv_dtype": "model", "param_fp8_scale": "tensor", "param_low_group": "decompress",
+             "metric_compression_ratio": 2.0 if r["method"] == "fp8" else 1 / (r.get("param_budget") or 0.5),
+             "metric_rel_err_mean": 0.1, "metric_cache_hit_rate": 0.5, "metric_ppci_steps_50": 0.5, **r}
+            for r in rows]
 
 
 def video_rows():
@@ -255,7 +265,7 @@ def test_a_run_killed_midway_is_told_to_finish(tmp_path, notebook, experiment, j
     """A run killed midway lacks jobs a later cell draws: the notebook says what it lacks and how to finish the run,
     rather than failing an assertion (a bare AssertionError for attentionpack) in that cell."""
     rows = rows()
-    run = unfinished_run(tmp_path, experiment, jobs, rows)
+    run = table_run(tmp_path, experiment, jobs, rows)
     with pytest.raises(Exception) as err:
         notebooks.execute(notebooks.find(notebook), env=notebooks.run_env([run]))
     assert f"{run} is unfinished ({len(rows)} of {jobs} jobs have rows) and {lacks}, which this notebook draws" in str(
@@ -373,3 +383,15 @@ def test_accuracy_draws_each_series_apart(tmp_path):
         "print(len(lines), 'series', len({(str(l.get_color()), l.get_marker(), l.get_linestyle()) for l in lines}), "
         "'styles')"), notebooks.run_env([run]))
     assert printed.strip() == "12 series 12 styles"
+
+
+def test_methods_draws_each_line_apart(tmp_path):
+    """Error against the bytes held draws 17 lines of methods beside FP8's black ones: no two share a colour and
+    a style, as on matplotlib's 10-colour cycle, where the 11th took the 1st's."""
+    rows = methods_rows(finished=True)
+    run = table_run(tmp_path, "methods_compare", len(rows), rows)
+    printed = execute_with_cell(tmp_path, "methods", (
+        "lines = [l for l in ax.get_lines() if not l.get_label().startswith('_') and l.get_color() != 'k']\n"
+        "print(len(lines), 'lines', len({(str(l.get_color()), l.get_marker(), l.get_linestyle()) for l in lines}), "
+        "'styles')"), notebooks.run_env([run]))
+    assert printed.strip() == "17 lines 17 styles"
