@@ -223,7 +223,8 @@ def video_rows():
     rows = []
     for frames in (8, 16):
         rows += [{"method": "full", "images": frames}]
-        rows += [{"method": m, "param_budget": 0.1, "images": frames} for m in ("h2o", "snapkv", "vlcache", "streamingllm")]
+        rows += [{"method": m, "param_budget": 0.1, "images": frames}
+                 for m in ("h2o", "snapkv", "vlcache", "streamingllm")]
         rows += [{"method": "avl", "param_secondary": 10.0, "images": frames},
                  {"method": "lookm", "param_recent_ratio": 0.01, "param_important_ratio": 0.09,
                   "param_merge": "pivotal", "images": frames}]
@@ -270,7 +271,8 @@ def test_a_run_killed_midway_is_told_to_finish(tmp_path, notebook, experiment, j
         notebooks.execute(notebooks.find(notebook), env=notebooks.run_env([run]))
     assert f"{run} is unfinished ({len(rows)} of {jobs} jobs have rows) and {lacks}, which this notebook draws" in str(
         err.value)
-    assert f"`workbench run /src/vlkv/experiments/{experiment}.star --out {tmp_path.resolve()} --resume`" in str(err.value)
+    finish = f"`workbench run /src/vlkv/experiments/{experiment}.star --out {tmp_path.resolve()} --resume`"
+    assert finish in str(err.value)
 
 
 def test_compare_reads_runs_without_attention_error(tmp_path):
@@ -345,9 +347,10 @@ def test_kvpress_compare_reads_a_run_without_matched_pairs(tmp_path):
     assert "0 press jobs with a matched method" in outputs(nb)
 
 
-def accuracy_run(root):
-    """An accuracy run on one task of two documents: the full cache and fp8, five methods at two budgets over
-    the model's cache and an fp8 one, and ZipVL at two taus: 13 series."""
+def accuracy_run(root, shards=1, lacking=None):
+    """An accuracy run on one task of two documents a shard: the full cache and fp8, five methods at two budgets
+    over the model's cache and an fp8 one, and ZipVL at two taus: 13 series; the job numbered `lacking` without
+    its last shard."""
     run = root / "accuracy" / "20260101-000000-aaaaaa"
     run.mkdir(parents=True)
     (run / "manifest.json").write_text(json.dumps({"experiment": "accuracy", "jobs": 24}))
@@ -358,17 +361,19 @@ def accuracy_run(root):
     rows = []
     for i, job in enumerate(jobs):
         held = 0.5 * job.get("param_budget", 1.0) * (0.5 if job["param_kv_dtype"] != "model" else 1)
-        rows.append({**job, "job_id": f"j{i}", "status": "ok", "workload": "lmms", "workload_tasks": "shapes",
-                     "workload_shard": 0, "workload_shards": 1, "extra_metric_names": '["exact_match"]',
-                     "extra_aggregation": '{"exact_match": "mean"}', "extra_doc_id": "[0, 1]",
-                     "extra_doc_reply": json.dumps(["red", "blue" if i % 2 else "red"]),
-                     "extra_doc_target": '["red", "blue"]', "extra_doc_exact_match": f"[1, {i % 2}]",
-                     "metric_documents": 2, "metric_exact_match": (1 + i % 2) / 2, "metric_prefill_seconds": 0.1,
-                     "metric_decode_seconds": 0.1, "metric_kv_bytes_peak": 1000 * held,
-                     "metric_full_kv_bytes_peak": 1000.0, "metric_peak_memory_bytes": 1.0,
-                     "metric_decode_peak_memory_bytes": 1.0, "metric_kv_bytes_mean": 1000 * held,
-                     "metric_full_kv_bytes_mean": 1000.0, "metric_generated_tokens_mean": 4.0,
-                     "metric_prompt_tokens_mean": 70.0, "metric_kv_fraction": held})
+        for shard in range(shards - (i == lacking)):
+            rows.append({**job, "job_id": f"j{i}-{shard}", "status": "ok", "workload": "lmms",
+                         "workload_tasks": "shapes", "workload_shard": shard, "workload_shards": shards,
+                         "extra_metric_names": '["exact_match"]', "extra_aggregation": '{"exact_match": "mean"}',
+                         "extra_doc_id": f"[{2 * shard}, {2 * shard + 1}]",
+                         "extra_doc_reply": json.dumps(["red", "blue" if i % 2 else "red"]),
+                         "extra_doc_target": '["red", "blue"]', "extra_doc_exact_match": f"[1, {i % 2}]",
+                         "metric_documents": 2, "metric_exact_match": (1 + i % 2) / 2, "metric_prefill_seconds": 0.1,
+                         "metric_decode_seconds": 0.1, "metric_kv_bytes_peak": 1000 * held,
+                         "metric_full_kv_bytes_peak": 1000.0, "metric_peak_memory_bytes": 1.0,
+                         "metric_decode_peak_memory_bytes": 1.0, "metric_kv_bytes_mean": 1000 * held,
+                         "metric_full_kv_bytes_mean": 1000.0, "metric_generated_tokens_mean": 4.0,
+                         "metric_prompt_tokens_mean": 70.0, "metric_kv_fraction": held})
     pd.DataFrame(rows).to_parquet(run / "results.parquet")
     return run
 
@@ -395,3 +400,15 @@ def test_methods_draws_each_line_apart(tmp_path):
         "print(len(lines), 'lines', len({(str(l.get_color()), l.get_marker(), l.get_linestyle()) for l in lines}), "
         "'styles')"), notebooks.run_env([run]))
     assert printed.strip() == "17 lines 17 styles"
+
+
+def test_accuracy_leaves_out_a_job_scored_on_some_of_its_shards(tmp_path):
+    """A run stopped midway holds a job with one of its two shards: scored on half the documents, it was drawn
+    beside jobs scored on all of them. It is left out, saying so, until its other shard has a row."""
+    run = accuracy_run(tmp_path, shards=2, lacking=22)  # zipvl at tau 0.9
+    printed = execute_with_cell(tmp_path, "accuracy", "print(sorted(scores.label), scores.metric_documents.min())",
+                                notebooks.run_env([run]))
+    assert "'zipvl tau=0.9'" not in printed and "'zipvl tau=0.99'" in printed and printed.strip().endswith(" 4.0")
+    nb = notebooks.execute(notebooks.find("accuracy"), env=notebooks.run_env([run]))
+    assert "left out, scored on some of their shards only" in outputs(nb)
+    assert "shapes zipvl tau=0.9 (1 of 2 shards)" in outputs(nb)
