@@ -203,15 +203,18 @@ func countShown(ds []compare.Delta, all bool) int {
 	return n
 }
 
-// byChange orders deltas: changed metrics first, largest relative change first, times last.
+// byChange orders deltas: changed metrics first, a metric B lost first of
+// them, then the largest relative change first, times last.
 func byChange(ds []compare.Delta) []compare.Delta {
 	out := append([]compare.Delta(nil), ds...)
 	rank := func(d compare.Delta) float64 {
-		if !d.Changed {
+		switch {
+		case !d.Changed:
 			return -2
-		}
-		if d.IsTiming {
+		case d.IsTiming:
 			return -1
+		case math.IsNaN(d.Rel): // lost in B: a NaN rank compares false both ways and would stall the sort
+			return math.Inf(1)
 		}
 		return math.Abs(d.Rel)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -369,5 +370,25 @@ func TestCompareReadsARunThatIsOnlyItsTable(t *testing.T) {
 	if code, _, stderr := runCLI(t, "compare", filepath.Join(dir, "exp"), run); code != 1 ||
 		!strings.Contains(stderr, "an experiment's folder: give one of its runs") {
 		t.Errorf("compare of an experiment's folder: exit %d\n%s", code, stderr)
+	}
+}
+
+// A metric B lost (NaN) is the largest change of its row: shown first, never
+// left among the ones --max-metrics cuts, and the others still ordered by
+// their change.
+func TestComparisonShowsALostMetricFirst(t *testing.T) {
+	nan := math.NaN()
+	r := &compare.Report{RunA: "a", RunB: "b", Keys: []string{"method"}, Changed: 1, Rows: []compare.Row{{
+		Key: "method=h2o", Changed: true, StatusA: results.StatusOK, StatusB: results.StatusOK, Deltas: []compare.Delta{
+			{Metric: "a_small", A: 1, B: 1.01, Abs: 0.01, Rel: 0.01, Changed: true},
+			{Metric: "b_lost", A: 1, B: nan, Abs: nan, Rel: nan, Changed: true},
+			{Metric: "c_large", A: 1, B: 2, Abs: 1, Rel: 1, Changed: true},
+		}}}}
+	var out bytes.Buffer
+	printComparison(&out, r, false, 2)
+	text := out.String()
+	lost, large := strings.Index(text, "b_lost"), strings.Index(text, "c_large")
+	if lost < 0 || large < lost || strings.Contains(text, "a_small") || !strings.Contains(text, "... 1 more") {
+		t.Errorf("want the lost metric, then the largest change, the smallest cut:\n%s", text)
 	}
 }

@@ -62,7 +62,8 @@ Each iteration prints one screen, with each figure's change against the
 previous iteration and the first one. A kernel that does not import,
 interpret or compile is shown as its source line and the error, and the
 watch goes on. Iterations are kept in the user cache (watch/), so a
-restarted watch continues the trend (--reset-history starts afresh).
+restarted watch continues the trend of the iterations with the same
+--dtype, --seed, --target and --size (--reset-history starts afresh).
 Ctrl-C stops the worker and everything it started.
 
 watch --experiment FILE.star runs the experiment (into --out, resuming its
@@ -216,6 +217,10 @@ type watchEntry struct {
 	Changed   []string           `json:"changed,omitempty"`
 	Figures   map[string]float64 `json:"figures"`
 	Error     *sourceError       `json:"error,omitempty"`
+	// Settings are what the figures were measured with (dtype, seed,
+	// compile target, benchmark size): figures are compared only with an
+	// iteration's of the same settings.
+	Settings string `json:"settings,omitempty"`
 }
 
 // watchHistory is an op's iterations, kept in the user cache per kernels root.
@@ -266,23 +271,35 @@ func (h *watchHistory) add(e watchEntry) error {
 	return err
 }
 
-// lastOK is the newest iteration with figures to compare against.
-func (h *watchHistory) previous() *watchEntry {
+// previous is the newest iteration with figures measured with these settings.
+func (h *watchHistory) previous(settings string) *watchEntry {
 	for i := len(h.entries) - 1; i >= 0; i-- {
-		if len(h.entries[i].Figures) > 0 {
-			return &h.entries[i]
+		if e := &h.entries[i]; len(e.Figures) > 0 && e.Settings == settings {
+			return e
 		}
 	}
 	return nil
 }
 
-func (h *watchHistory) first() *watchEntry {
+// first is the oldest iteration with figures measured with these settings.
+func (h *watchHistory) first(settings string) *watchEntry {
 	for i := range h.entries {
-		if len(h.entries[i].Figures) > 0 {
-			return &h.entries[i]
+		if e := &h.entries[i]; len(e.Figures) > 0 && e.Settings == settings {
+			return e
 		}
 	}
 	return nil
+}
+
+// watchSettings names what a check's figures depend on besides the sources
+// (--no-compile and --bench only leave figures out or add some: not
+// settings; --size changes the benchmark's).
+func watchSettings(f watchFlags, size map[string]any) string {
+	if len(size) == 0 {
+		size = nil
+	}
+	data, _ := json.Marshal(map[string]any{"dtype": f.dtype.value, "seed": f.seed, "target": f.target, "size": size})
+	return string(data)
 }
 
 func (a *app) watchOp(ctx context.Context, op string, f watchFlags) error {
@@ -324,8 +341,19 @@ func (a *app) watchOp(ctx context.Context, op string, f watchFlags) error {
 	if err != nil {
 		return err
 	}
+	settings := watchSettings(f, params)
 	if n := len(history.entries); n > 0 {
-		fmt.Fprintf(a.stdout, "%d earlier iteration(s) of %s in %s\n", n, op, history.path)
+		other := 0
+		for _, e := range history.entries {
+			if e.Settings != settings {
+				other++
+			}
+		}
+		note := ""
+		if other > 0 {
+			note = fmt.Sprintf(" (%d with another --dtype, --seed, --target or --size: not compared)", other)
+		}
+		fmt.Fprintf(a.stdout, "%d earlier iteration(s) of %s in %s%s\n", n, op, history.path, note)
 	}
 	changes, stop, err := watchSources(ctx, filepath.Join(s.kernels.Dir, "kernels_py"), nil, f.debounce)
 	if err != nil {
@@ -375,7 +403,7 @@ func (a *app) watchOp(ctx context.Context, op string, f watchFlags) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		entry := watchEntry{Time: start, Iteration: len(history.entries) + 1, Changed: changed}
+		entry := watchEntry{Time: start, Iteration: len(history.entries) + 1, Changed: changed, Settings: settings}
 		var r watchResult
 		switch {
 		case err != nil: // the check itself failed: the worker died, or watch.py does not import
@@ -385,7 +413,7 @@ func (a *app) watchOp(ctx context.Context, op string, f watchFlags) error {
 		default:
 			entry.OK, entry.Figures, entry.Error = r.OK, r.figures(), r.Error
 		}
-		prev, first := history.previous(), history.first()
+		prev, first := history.previous(settings), history.first(settings)
 		if tty {
 			fmt.Fprint(a.stdout, "\033[H\033[2J")
 		}

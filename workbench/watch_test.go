@@ -417,3 +417,40 @@ func TestWatchNamesTheInterpretersTimeSo(t *testing.T) {
 		}
 	}
 }
+
+// A restarted watch compares its figures only with iterations measured with
+// the same --dtype, --seed, --target and --size: float16's error against
+// float32's, or one benchmark size's time against another's, is no change of
+// the kernel's.
+func TestWatchComparesOnlyIterationsOfTheSameSettings(t *testing.T) {
+	t.Setenv("VLKV_CACHE_DIR", t.TempDir())
+	f32 := watchFlags{dtype: enumFlag{value: "float32"}, target: 90}
+	f16 := watchFlags{dtype: enumFlag{value: "float16"}, target: 90}
+	s32, s16 := watchSettings(f32, nil), watchSettings(f16, nil)
+	if s32 == s16 || s32 != watchSettings(f32, map[string]any{}) ||
+		s32 == watchSettings(f32, map[string]any{"batches": []int64{8}}) {
+		t.Fatalf("settings: %s, %s", s32, s16)
+	}
+	h, err := openWatchHistory("/kernels", "gather_decode", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, e := range []watchEntry{{Settings: s32, Figures: map[string]float64{"max error": 1e-7}},
+		{Settings: s16, Figures: map[string]float64{"max error": 1e-3}},
+		{Settings: s16, Figures: map[string]float64{"max error": 2e-3}}} {
+		e.Iteration = i + 1
+		if err := h.add(e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h, err = openWatchHistory("/kernels", "gather_decode", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, f := h.previous(s32), h.first(s32); p == nil || p.Iteration != 1 || f == nil || f.Iteration != 1 {
+		t.Errorf("float32: previous %+v, first %+v; want iteration 1", p, f)
+	}
+	if p, f := h.previous(s16), h.first(s16); p == nil || p.Iteration != 3 || f == nil || f.Iteration != 2 {
+		t.Errorf("float16: previous %+v, first %+v; want iterations 3 and 2", p, f)
+	}
+}
