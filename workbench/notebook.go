@@ -49,7 +49,10 @@ the error. workbench lab opens the notebooks in JupyterLab instead.`,
 				return &usageError{fmt.Errorf("give a notebook (%s) and the run directories it reads",
 					strings.Join(available, ", "))}
 			}
-			name := strings.TrimSuffix(args[0], ".ipynb")
+			name, err := notebookName(kernels.Dir, args[0])
+			if err != nil {
+				return &usageError{fmt.Errorf("%w (one of %s)", err, strings.Join(available, ", "))}
+			}
 			nb, err := readNotebook(kernels, name)
 			if errors.Is(err, fs.ErrNotExist) {
 				return &usageError{fmt.Errorf("no notebook %q: notebooks/ has %s", name, strings.Join(available, ", "))}
@@ -112,6 +115,27 @@ the error. workbench lab opens the notebooks in JupyterLab instead.`,
 	}
 	cmd.Flags().StringVar(&out, "out", "", "directory for NAME.ipynb and NAME.html (default: the last run directory)")
 	return cmd
+}
+
+// notebookName is the notebook arg names: NAME, NAME.ipynb, or the path of
+// a notebook in the kernels root's notebooks/ (as a shell completes it).
+func notebookName(kernelsDir, arg string) (string, error) {
+	dir, name := filepath.Split(strings.TrimSuffix(arg, ".ipynb"))
+	if dir == "" {
+		return name, nil
+	}
+	want, err := filepath.Abs(filepath.Join(kernelsDir, "notebooks"))
+	if err != nil {
+		return "", err
+	}
+	got, err := filepath.Abs(dir)
+	if err != nil {
+		return "", err
+	}
+	if got != want {
+		return "", fmt.Errorf("%s: a notebook is named from %s", arg, want)
+	}
+	return name, nil
 }
 
 // notebookNames lists the notebooks of the kernels root, else the binary's.

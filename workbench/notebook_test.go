@@ -118,3 +118,31 @@ func TestLabWithoutJupyterLab(t *testing.T) {
 		t.Errorf("exit %d, want 1 with how to install it; stderr:\n%s", code, stderr)
 	}
 }
+
+// A notebook is named bare, with .ipynb, or by its path in notebooks/ as a
+// shell completes it; a notebook elsewhere is refused, naming the folder.
+func TestNotebookName(t *testing.T) {
+	root := t.TempDir()
+	abs := filepath.Join(root, "notebooks", "vlcache.ipynb")
+	t.Chdir(root)
+	tests := []struct{ arg, want, wantErr string }{
+		{"vlcache", "vlcache", ""},
+		{"vlcache.ipynb", "vlcache", ""},
+		{"notebooks/vlcache.ipynb", "vlcache", ""},
+		{"./notebooks/vlcache", "vlcache", ""},
+		{abs, "vlcache", ""},
+		{"/tmp/mine.ipynb", "", "/tmp/mine.ipynb: a notebook is named from " + filepath.Join(root, "notebooks")},
+	}
+	for _, tc := range tests {
+		got, err := notebookName(root, tc.arg)
+		if tc.wantErr != "" {
+			if err == nil || err.Error() != tc.wantErr {
+				t.Errorf("%s: err %v, want %q", tc.arg, err, tc.wantErr)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("%s: %q, %v; want %q", tc.arg, got, err, tc.want)
+		}
+	}
+}
