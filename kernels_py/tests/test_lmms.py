@@ -169,8 +169,9 @@ def test_bad_input_is_one_line_error(root, tmp_path, monkeypatch):
                                           "e.g. tiny_shapes"),
         (knobs(root, model=str(tmp_path / "nowhere")), "model directory"),
         (knobs(root, model=str(root / "llava" / "config.json")), "is a file, not a directory"),
-        # lmms-eval pads an empty rank with document 0, which must not be scored again.
-        (knobs(root, limit=2, shards=4, shard=3), "shard 3 of 4 holds none of the first 2 documents"),
+        # lmms-eval pads an empty rank with document 0, which must not be scored again (the task has fewer
+        # documents than limit, which the plan cannot know).
+        (knobs(root, limit=100, shards=16, shard=13), "shard 13 of 16 holds none of the first 100 documents"),
         (knobs(root, tasks="tiny_shapes_missing_module"), "imports the module 'vlkv_tests_no_such_module', which "
                                                           "this Python lacks"),
         (knobs(root, tasks="tiny_shapes_llm_judge"), "task tiny_shapes_llm_judge is scored by an LLM judge"),

@@ -222,6 +222,17 @@ def test_from_dict_rejects_bad_values(values, error, match):
         SyntheticConfig.from_dict(values)
 
 
+def test_lmms_shards_past_its_limit_are_refused():
+    """Document i of the first `limit` goes to shard i mod shards: more shards than documents would plan jobs
+    that hold none, which the workload refuses on construction (and `workbench plan` before anything runs)."""
+    from kernels_py.workloads import make_workload
+
+    knobs = {"model": "m", "tasks": "t", "limit": 2}
+    assert make_workload("lmms", {**knobs, "shards": 2, "shard": 1}).shards == 2
+    with pytest.raises(ValueError, match="shards 4 is more than limit 2: .* use at most 2 shards"):
+        make_workload("lmms", {**knobs, "shards": 4})
+
+
 def test_from_dict_rejects_a_non_mapping():
     with pytest.raises(TypeError, match="mapping"):
         SyntheticConfig.from_dict([("layers", 2)])

@@ -46,7 +46,10 @@ class LmmsConfig(WorkloadConfig):
     # One job per task of `tasks` and per shard of `shards` (the plan spreads them; `shard` is set there).
     expand: ClassVar[dict[str, str]] = {"tasks": "each", "shards": "index:shard"}
     RULES = (Rule("shard < shards", "shard {shard} is not below shards {shards}: the plan numbers the shards "
-                  "0..shards-1 itself, leave shard out"),)
+                  "0..shards-1 itself, leave shard out"),
+             Rule("shards <= limit", "shards {shards} is more than limit {limit}: document i of the first {limit} "
+                  "goes to shard i mod shards, so the shards from {limit} on would hold none; use at most {limit} "
+                  "shards"),)
 
     model: str = knob("str", "", "local model directory (config.json, weights, processor files; nothing is "
                       "downloaded)", paths=True, required=True)
