@@ -189,6 +189,22 @@ def test_bad_input_is_one_line_error(root, tmp_path, monkeypatch):
         VLKV(vlm=object()).loglikelihood([])
 
 
+def test_a_damaged_dataset_fails_naming_the_readers_error(root, tmp_path, monkeypatch):
+    """A local dataset whose file cannot be read fails in one line with the reader's own error, not the
+    RetryError of lmms-eval's retries around the load, which names no cause."""
+    from lmms_eval.api.task import ConfigurableTask
+    from tenacity import wait_none
+
+    monkeypatch.setattr(ConfigurableTask.download.retry, "wait", wait_none())  # its retries without their pauses
+    files = tmp_path / HUB_ID / "data"
+    files.mkdir(parents=True)
+    (files / "test-00000-of-00001.parquet").write_bytes(b"not a parquet file")
+    with pytest.raises(TaskError) as err:
+        ablation.run("full", {}, knobs(root, data=str(tmp_path)), "lmms")
+    message = str(err.value)
+    assert "(ArrowInvalid: " in message and "RetryError" not in message and "\n" not in message, message
+
+
 def test_stop_tokens_end_generation_early(root):
     """An end-of-sequence token ends decoding: the tokens stop at it and a
     stopped generation decodes no further (its cache stops growing)."""

@@ -195,6 +195,10 @@ def _check_cached(name: str, hub_id: str, config_name) -> None:
 
 
 def _first_line(err: Exception) -> str:
+    # lmms-eval retries a dataset's load: the retries' RetryError names only the last attempt's exception type.
+    last = getattr(err, "last_attempt", None)
+    if last is not None and last.failed and last.exception() is not None:
+        err = last.exception()
     return f"{type(err).__name__}: " + (str(err).strip().splitlines() or [""])[0][:160]
 
 
