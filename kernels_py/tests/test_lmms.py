@@ -205,6 +205,28 @@ def test_a_damaged_dataset_fails_naming_the_readers_error(root, tmp_path, monkey
     assert "(ArrowInvalid: " in message and "RetryError" not in message and "\n" not in message, message
 
 
+def test_a_document_the_task_cannot_score_names_its_error(root, tmp_path, monkeypatch):
+    """A local dataset whose documents lack a field the task's process_results reads fails in one line naming
+    the document and the missing field, not the RetryError of lmms-eval's retries around the scoring."""
+    from datasets import Dataset, Image
+    from lmms_eval.api.task import ConfigurableTask
+    from tenacity import wait_none
+
+    from kernels_py.tests.tiny_task import picture
+
+    monkeypatch.setattr(ConfigurableTask.process_results.retry, "wait", wait_none())  # without their pauses
+    files = tmp_path / HUB_ID / "data"
+    files.mkdir(parents=True)
+    rows = {"question_id": [0], "image": [{"bytes": picture("red", 0), "path": None}], "question": ["what ?"],
+            "label": ["red"]}  # "answer" renamed
+    Dataset.from_dict(rows).cast_column("image", Image()).to_parquet(str(files / "test-00000-of-00001.parquet"))
+    with pytest.raises(TaskError) as err:
+        ablation.run("full", {}, knobs(root, data=str(tmp_path), limit=1), "lmms")
+    message = str(err.value)
+    assert "task tiny_shapes: its process_results failed on document 0" in message and "(KeyError: 'answer')" in message, message
+    assert "\n" not in message
+
+
 def test_stop_tokens_end_generation_early(root):
     """An end-of-sequence token ends decoding: the tokens stop at it and a
     stopped generation decodes no further (its cache stops growing)."""

@@ -250,7 +250,14 @@ def _score(task, config: LmmsConfig, requests, answers) -> dict:
     for doc_id in sorted(by_doc):
         doc = docs[doc_id]
         reqs = sorted(by_doc[doc_id], key=lambda r: r.idx)
-        scores = task.process_results(doc, [r.filtered_resps[key] for r in reqs])
+        try:
+            scores = task.process_results(doc, [r.filtered_resps[key] for r in reqs])
+        except Exception as err:
+            if getattr(err, "last_attempt", None) is None:  # not lmms-eval's retries giving up
+                raise
+            raise TaskError(f"task {config.tasks}: its process_results failed on document {doc_id} after "
+                            f"lmms-eval's retries ({_first_line(err)}); a missing key is a field the documents of "
+                            f"the dataset{' under ' + config.data if config.data else ''} lack") from None
         for metric, value in scores.items():
             samples.setdefault(metric, []).append(value)
             per_doc.setdefault(f"doc_{metric}", []).append(value if isinstance(value, (int, float)) else
