@@ -169,8 +169,9 @@ def test_bad_input_is_one_line_error(root, tmp_path, monkeypatch):
                                           "e.g. tiny_shapes"),
         (knobs(root, model=str(tmp_path / "nowhere")), "model directory"),
         (knobs(root, model=str(root / "llava" / "config.json")), "is a file, not a directory"),
-        # lmms-eval pads an empty rank with document 0, which must not be scored again.
-        (knobs(root, limit=2, shards=4, shard=3), "shard 3 of 4 holds none of the first 2 documents"),
+        # lmms-eval pads an empty rank with document 0, which must not be scored again (the task has fewer
+        # documents than limit, which the plan cannot know).
+        (knobs(root, limit=100, shards=16, shard=13), "shard 13 of 16 holds none of the first 100 documents"),
         (knobs(root, tasks="tiny_shapes_missing_module"), "imports the module 'vlkv_tests_no_such_module', which "
                                                           "this Python lacks"),
         (knobs(root, tasks="tiny_shapes_llm_judge"), "task tiny_shapes_llm_judge is scored by an LLM judge"),
@@ -186,6 +187,44 @@ def test_bad_input_is_one_line_error(root, tmp_path, monkeypatch):
         ablation.run("full", {}, knobs(root, tasks=""), "lmms")
     with pytest.raises(ValueError, match="no compressed cache is read"):
         VLKV(vlm=object()).loglikelihood([])
+
+
+def test_a_damaged_dataset_fails_naming_the_readers_error(root, tmp_path, monkeypatch):
+    """A local dataset whose file cannot be read fails in one line with the reader's own error, not the
+    RetryError of lmms-eval's retries around the load, which names no cause."""
+    from lmms_eval.api.task import ConfigurableTask
+    from tenacity import wait_none
+
+    monkeypatch.setattr(ConfigurableTask.download.retry, "wait", wait_none())  # its retries without their pauses
+    files = tmp_path / HUB_ID / "data"
+    files.mkdir(parents=True)
+    (files / "test-00000-of-00001.parquet").write_bytes(b"not a parquet file")
+    with pytest.raises(TaskError) as err:
+        ablation.run("full", {}, knobs(root, data=str(tmp_path)), "lmms")
+    message = str(err.value)
+    assert "(ArrowInvalid: " in message and "RetryError" not in message and "\n" not in message, message
+
+
+def test_a_document_the_task_cannot_score_names_its_error(root, tmp_path, monkeypatch):
+    """A local dataset whose documents lack a field the task's process_results reads fails in one line naming
+    the document and the missing field, not the RetryError of lmms-eval's retries around the scoring."""
+    from datasets import Dataset, Image
+    from lmms_eval.api.task import ConfigurableTask
+    from tenacity import wait_none
+
+    from kernels_py.tests.tiny_task import picture
+
+    monkeypatch.setattr(ConfigurableTask.process_results.retry, "wait", wait_none())  # without their pauses
+    files = tmp_path / HUB_ID / "data"
+    files.mkdir(parents=True)
+    rows = {"question_id": [0], "image": [{"bytes": picture("red", 0), "path": None}], "question": ["what ?"],
+            "label": ["red"]}  # "answer" renamed
+    Dataset.from_dict(rows).cast_column("image", Image()).to_parquet(str(files / "test-00000-of-00001.parquet"))
+    with pytest.raises(TaskError) as err:
+        ablation.run("full", {}, knobs(root, data=str(tmp_path), limit=1), "lmms")
+    message = str(err.value)
+    assert "task tiny_shapes: its process_results failed on document 0" in message and "(KeyError: 'answer')" in message, message
+    assert "\n" not in message
 
 
 def test_stop_tokens_end_generation_early(root):

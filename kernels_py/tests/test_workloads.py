@@ -222,6 +222,30 @@ def test_from_dict_rejects_bad_values(values, error, match):
         SyntheticConfig.from_dict(values)
 
 
+def test_lmms_shards_past_its_limit_are_refused():
+    """Document i of the first `limit` goes to shard i mod shards: more shards than documents would plan jobs
+    that hold none, which the workload refuses on construction (and `workbench plan` before anything runs)."""
+    from kernels_py.workloads import make_workload
+
+    knobs = {"model": "m", "tasks": "t", "limit": 2}
+    assert make_workload("lmms", {**knobs, "shards": 2, "shard": 1}).shards == 2
+    with pytest.raises(ValueError, match="shards 4 is more than limit 2: .* use at most 2 shards"):
+        make_workload("lmms", {**knobs, "shards": 4})
+
+
+def test_a_vlm_workload_without_images_or_videos_is_refused():
+    """The model runs a prompt with its images or videos: one with neither fails every job, so the workload
+    refuses it on construction (and `workbench plan` before anything runs)."""
+    from kernels_py.workloads import make_workload
+
+    knobs = {"model": "m", "prompt": "USER: <image> hi"}
+    assert make_workload("vlm", {**knobs, "images": "a.png"}).image_list() == ["a.png"]
+    assert make_workload("vlm", {**knobs, "videos": "a.mp4"}).videos == "a.mp4"
+    for images in ("", " , "):
+        with pytest.raises(ValueError, match="needs images= or videos="):
+            make_workload("vlm", {**knobs, "images": images})
+
+
 def test_from_dict_rejects_a_non_mapping():
     with pytest.raises(TypeError, match="mapping"):
         SyntheticConfig.from_dict([("layers", 2)])

@@ -46,7 +46,10 @@ class LmmsConfig(WorkloadConfig):
     # One job per task of `tasks` and per shard of `shards` (the plan spreads them; `shard` is set there).
     expand: ClassVar[dict[str, str]] = {"tasks": "each", "shards": "index:shard"}
     RULES = (Rule("shard < shards", "shard {shard} is not below shards {shards}: the plan numbers the shards "
-                  "0..shards-1 itself, leave shard out"),)
+                  "0..shards-1 itself, leave shard out"),
+             Rule("shards <= limit", "shards {shards} is more than limit {limit}: document i of the first {limit} "
+                  "goes to shard i mod shards, so the shards from {limit} on would hold none; use at most {limit} "
+                  "shards"),)
 
     model: str = knob("str", "", "local model directory (config.json, weights, processor files; nothing is "
                       "downloaded)", paths=True, required=True)
@@ -192,6 +195,10 @@ def _check_cached(name: str, hub_id: str, config_name) -> None:
 
 
 def _first_line(err: Exception) -> str:
+    # lmms-eval retries a dataset's load: the retries' RetryError names only the last attempt's exception type.
+    last = getattr(err, "last_attempt", None)
+    if last is not None and last.failed and last.exception() is not None:
+        err = last.exception()
     return f"{type(err).__name__}: " + (str(err).strip().splitlines() or [""])[0][:160]
 
 
@@ -243,7 +250,14 @@ def _score(task, config: LmmsConfig, requests, answers) -> dict:
     for doc_id in sorted(by_doc):
         doc = docs[doc_id]
         reqs = sorted(by_doc[doc_id], key=lambda r: r.idx)
-        scores = task.process_results(doc, [r.filtered_resps[key] for r in reqs])
+        try:
+            scores = task.process_results(doc, [r.filtered_resps[key] for r in reqs])
+        except Exception as err:
+            if getattr(err, "last_attempt", None) is None:  # not lmms-eval's retries giving up
+                raise
+            raise TaskError(f"task {config.tasks}: its process_results failed on document {doc_id} after "
+                            f"lmms-eval's retries ({_first_line(err)}); a missing key is a field the documents of "
+                            f"the dataset{' under ' + config.data if config.data else ''} lack") from None
         for metric, value in scores.items():
             samples.setdefault(metric, []).append(value)
             per_doc.setdefault(f"doc_{metric}", []).append(value if isinstance(value, (int, float)) else

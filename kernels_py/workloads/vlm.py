@@ -9,7 +9,7 @@ the tokens and KL."""
 import functools
 from dataclasses import dataclass
 
-from kernels_py.params import knob
+from kernels_py.params import Rule, knob
 from kernels_py.workloads.base import Workload, WorkloadConfig, loaded_model
 
 
@@ -20,6 +20,10 @@ class VLMConfig(WorkloadConfig):
 
     name = "vlm"
     runs_model = True
+    # A model left out is the required knob's to report (and the defaults, which have none, must pass).
+    RULES = (Rule('model == "" or images.strip(" ,") != "" or videos.strip(" ,") != ""',
+                  "needs images= or videos=: the image files, or video files or frame directories, one per "
+                  "placeholder in its prompt"),)
 
     model: str = knob("str", "", "local model directory (config.json, weights, processor files; nothing is "
                       "downloaded)", paths=True, required=True)
