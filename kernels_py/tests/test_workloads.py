@@ -244,6 +244,11 @@ def test_a_vlm_workload_without_images_or_videos_is_refused():
     for images in ("", " , "):
         with pytest.raises(ValueError, match="needs images= or videos="):
             make_workload("vlm", {**knobs, "images": images})
+    # The video knobs sample videos: without one they would only change the job's id.
+    for video_knobs in ({"frames": 16}, {"fps": 2.0}):
+        with pytest.raises(ValueError, match="frames= and fps= sample videos, and no videos= is given"):
+            make_workload("vlm", {**knobs, "images": "a.png", **video_knobs})
+        assert make_workload("vlm", {**knobs, "videos": "a.mp4", **video_knobs}).video_list
 
 
 def test_from_dict_rejects_a_non_mapping():

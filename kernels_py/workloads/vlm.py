@@ -23,7 +23,10 @@ class VLMConfig(WorkloadConfig):
     # A model left out is the required knob's to report (and the defaults, which have none, must pass).
     RULES = (Rule('model == "" or images.strip(" ,") != "" or videos.strip(" ,") != ""',
                   "needs images= or videos=: the image files, or video files or frame directories, one per "
-                  "placeholder in its prompt"),)
+                  "placeholder in its prompt"),
+             Rule('videos.strip(" ,") != "" or (frames == 8 and fps == 0.0)',
+                  "frames= and fps= sample videos, and no videos= is given: they would change nothing but the "
+                  "job's id"),)
 
     model: str = knob("str", "", "local model directory (config.json, weights, processor files; nothing is "
                       "downloaded)", paths=True, required=True)
