@@ -387,6 +387,21 @@ def test_stages_compose(device):
     assert torch.equal(whole.attn_sum, cols.attn_sum) and torch.equal(whole.below, cols.below)
 
 
+def test_column_pass_on_a_prefills_lse_gives_the_sums_not_the_counts(device):
+    """A prefill's log-sum-exp as the row maximum (sums of 1) gives each key's attention sums, which need only
+    the normalizer; the ThresholdFilter's counts need the row's true maximum, which FlashAttention does not
+    return (ops README, attention_stats)."""
+    q, k = make(4, 2, 100, 20, 64, torch.float16, device, seed=3)
+    q_pos = torch.arange(80, 100, device=device)
+    want = ref.attention_stats(q, k, q_pos, 0.05)
+    lse = want.row_lse()
+    cols = kernel.column_stats(q, k, q_pos, lse * math.log2(math.e), torch.ones_like(lse), 0.05)
+    torch.testing.assert_close(cols.attn_sum, want.attn_sum, atol=1e-3, rtol=1e-3)
+    torch.testing.assert_close(cols.attn_sum_kv, want.attn_sum_kv, atol=1e-3, rtol=1e-3)
+    assert torch.equal(cols.nonzero, want.nonzero)
+    assert (cols.below >= want.below).all() and (cols.below > want.below).any()  # a cut below p, not p * max
+
+
 @pytest.mark.parametrize("heads,kv_heads,block_m", [(4, 1, 16), (8, 1, 16), (32, 1, 16), (6, 2, 64)])
 def test_group_wider_than_the_tile(heads, kv_heads, block_m, device):
     """A group padded past block_m (one row per tile, the tile as wide as the
