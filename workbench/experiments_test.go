@@ -49,7 +49,7 @@ func TestPlanQuotesAPromptOnTheJobsLine(t *testing.T) {
 	dir := t.TempDir()
 	script := filepath.Join(dir, "own.star")
 	os.WriteFile(script, []byte(`experiment(name = "own", methods = ["full", "h2o"], grid = {"budget": [0.5]},
-    workloads = [workload("vlm", model = "/m", images = "/m/cat.png", prompt = "USER: <image>\nWhat is it? ASSISTANT:", frames = f)
+    workloads = [workload("vlm", model = "/m", images = "/m/cat.png", prompt = "USER: <image>\nWhat is it? ASSISTANT:", decode_steps = f)
                  for f in [4, 8]])
 `), 0o644)
 	code, stdout, stderr := runCLI(t, "plan", script)
