@@ -688,7 +688,7 @@ class _Timeline:
                 self.wg_groups = self.wg_groups[len(self.wg_groups) - keep:]
         elif base == "BAR" and not ins.never:
             issue = self._wait_until(issue + self.lat["barrier"], "barriers", issue)
-        elif base == "HGMMA" and not ins.never:
+        elif base in ("HGMMA", "QGMMA", "IGMMA") and not ins.never:  # wgmma: fp16/bf16/tf32, fp8, int8
             flops, kind = sass_mod.mma_flops(ins.op, ins.operands)
             group_flops = 4 * flops  # the warpgroup's m64 x N x K
             dur = group_flops / (self.gpu.tensor_flops_per_clock * MMA_RATE.get(kind, 1.0))
@@ -698,7 +698,7 @@ class _Timeline:
             if "gsb0" in ins.operands:
                 self.wg_groups.append(self.wg_open)
                 self.wg_open = 0.0
-        elif base == "HMMA" and not ins.never:
+        elif base in ("HMMA", "IMMA") and not ins.never:  # mma.sync: fp16/bf16/tf32, int8
             flops, kind = sass_mod.mma_flops(ins.op, ins.operands)
             issue = self._wait_until(self.hmma_free, "tensor pipe", issue)
             per_smsp = self.gpu.tensor_flops_per_clock / 4 * MMA_RATE.get(kind, 1.0) * self.gpu.mma_sync_share

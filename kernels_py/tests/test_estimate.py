@@ -239,6 +239,29 @@ def test_the_timeline_replays_stalls_and_scoreboards():
     assert prof.waits["cp.async"] == lat["hbm"] - 3 and prof.waits["barriers"] == lat["barrier"]
 
 
+def test_every_kind_of_warpgroup_mma_is_waited_on():
+    """An fp8 or int8 wgmma (QGMMA, IGMMA) takes the tensor cores as long as
+    its FLOPs at its kind's rate, and WARPGROUP.DEPBAR waits for its group,
+    as for an fp16 one (HGMMA): the fp8 one's 64 x 64 x 32 at twice the fp16
+    rate takes as long as the fp16 64 x 64 x 16."""
+    lat = H100.latency
+    cycles = {}
+    for op in ("HGMMA.64x64x16.F32", "QGMMA.64x64x32.F32.E4M3.E4M3", "IGMMA.64x64x32.S32.S8.S8"):
+        k = _kernel([(f"{op} R24, gdesc[UR4], RZ, !UPT, gsb0", {"stall": 1}),
+                     ("WARPGROUP.DEPBAR.LE gsb0, 0x0", {"stall": 1}),
+                     ("EXIT", {"stall": 1})])
+        prof, _ = estimate.profile(k, {}, {})
+        cycles[op.split(".")[0]] = prof.cycles
+        assert prof.waits["wgmma"] > 0, op
+    assert cycles["HGMMA"] == 64 / 2 + lat["wgmma"] + 1 + 1
+    assert cycles["QGMMA"] == cycles["IGMMA"] == cycles["HGMMA"]
+    # An int8 mma.sync holds the tensor pipe like an fp16 one: the second waits.
+    k = _kernel([("IMMA.16832.S32.S8.S8 R4, R8, R12, R4", {"stall": 1}),
+                 ("IMMA.16832.S32.S8.S8 R16, R8, R12, R16", {"stall": 1}),
+                 ("EXIT", {"stall": 1})])
+    assert estimate.profile(k, {}, {})[0].waits.get("tensor pipe", 0) > 0
+
+
 def test_memory_waits_overlap_only_across_programs_an_sm_holds():
     """The conservative end overlaps memory waits across co-resident
     programs: a grid smaller than the GPU has one program per SM, so
