@@ -205,6 +205,18 @@ def test_split_helpers_match_the_stage1_kernels():
                 assert all(lo < hi for lo, hi in splitk.split_ranges(t, n, lowrank.SPLIT_TILE)), (t, b, n)  # none empty
 
 
+def test_the_statistics_split_their_keys_for_the_gpu_estimated():
+    """The row pass's key splits are the launcher's on the GPU estimated: on
+    an A100 (108 SMs) batch 8's 128 row-tile programs take 4 splits, where an
+    H100's 132 SMs give 5."""
+    from kernels_py.ops.attention_stats import kernel, model
+
+    step = model.Step(batch=8, context=32768)
+    for gpu, want in ((H100, 5), (A100, 4)):
+        work = model._work(step, "_merge_rows_kernel", {}, gpu)
+        assert work.programs[0].values["n_splits"] == want == kernel.key_split_count(32768, 128, 128, gpu.sms)
+
+
 def _kernel(body, loads=None) -> estimate.Kernel:
     k = estimate.Kernel("probe", b"", {}, {}, listing=_listing("probe", body))
     if loads:
