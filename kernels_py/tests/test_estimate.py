@@ -580,6 +580,42 @@ def test_a_kernel_that_does_not_compile_is_reported_at_its_line(target):
     assert "power of 2" in err["message"] and "tl.arange(0, BLOCK)" in err["source"], err
 
 
+_MERGE_SPLITS = """
+import json
+from kernels_py.ops import OPS, estimate
+from kernels_py.ops import compile as cc
+out = []
+for op in ("fp8_decode", "gather_decode", "quant_decode", "lowrank_decode"):
+    model = OPS[op].model
+    for impl in model.ESTIMATES:
+        for step in model.ESTIMATE_SHAPES:
+            for launch in cc.record_launches(lambda: impl.call(step), 90):
+                if "n_splits" in launch.kernel.arg_names:
+                    name = launch.kernel.fn.__name__
+                    given = int(launch.args[launch.kernel.arg_names.index("n_splits")])
+                    splits = impl.work(step, name, {}, estimate.H100).programs[0].values["n_splits"]
+                    out.append([op, impl.name, step.batch, name, given, splits])
+print(json.dumps(out))
+"""
+
+
+def test_the_merges_compile_with_a_loop_over_several_splits():
+    """The tiny call that compiles a step's kernels gives the merge one split
+    only where the step has one: Triton specializes an int argument of 1 as
+    the constant, so a merge compiled with one split has no loop over the
+    splits, and the estimate counted one where the step merges 4 to 64."""
+    if _missing_toolchain():
+        pytest.skip(_missing_toolchain())
+    done = subprocess.run([sys.executable, "-c", _MERGE_SPLITS], cwd=ROOT, env=_child_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    rows = json.loads(done.stdout)
+    assert {r[0] for r in rows} == {"fp8_decode", "gather_decode", "quant_decode", "lowrank_decode"}
+    for op, impl, batch, kernel, given, splits in rows:
+        assert (given == 1) == (splits == 1), (op, impl, batch, kernel, given, splits)
+    assert any(r[5] == 1 for r in rows) and any(r[5] > 1 for r in rows)
+
+
 def test_calibration_bands_contain_the_measured_times(report):
     """For the config the estimate predicts the autotuner chose, each band
     contains the time measured on an H100 (the fbd0532 kernels)."""
@@ -775,16 +811,18 @@ def test_the_fused_kernel_is_seen_as_its_code_stands(report):
 
 def test_the_merge_waits_for_w_v_under_its_loop_over_the_splits(report):
     """The low-rank calls' merge loads each chunk of W_v before its loop over
-    the splits, so those loads' latency passes under the loop's (loaded
-    after it, they were 59% of a warp's time at batch 8); the fused call's
-    merge loads the splits' LSEs before it attends the dense tokens, so
-    those waits overlap too."""
+    the splits, so those loads' latency passes under the loop's; the fused
+    call's merge loads the splits' LSEs before it attends the dense tokens,
+    so those waits overlap too. What a warp still waits on is the splits'
+    partials in the loop: at batch 8 (16 and 32 splits) 37% of the fused
+    merge's time and 59% of the absorbed one's, figures taken with the merge
+    compiled for one split (no loop) as under 30%."""
     for res in (r for r in report["estimates"] if r["op"] == "lowrank_decode"):
         for impl in res["implementations"]:
             merge = next(k for k in impl["kernels"] if k["kernel"] == "_merge_rank_kernel")
             (row,) = merge["configs"]
-            assert row["waits"].get("global loads", 0) < 0.3, (res["shape"]["batch"], impl["implementation"],
-                                                              row["waits"])
+            assert row["waits"].get("global loads", 0) < 0.65, (res["shape"]["batch"], impl["implementation"],
+                                                               row["waits"])
 
 
 def test_the_absorbed_tiles_load_under_one_bound_a_token(report):
