@@ -458,15 +458,16 @@ class Kernel:
         out, notes = {}, []
         for header, info in self.loops.items():
             given = f"#{ast.unparse(info.source.node.target)}" if info.source is not None else None
-            if given in values:  # the model gives this loop's mean trips directly
-                out[header] = float(values[given])
-                continue
             if info.source is None:
                 out[header] = 1.0
                 notes.append(f"a loop at 0x{self.sass.instrs[self.sass.blocks[header].start].addr:x} has no "
                              f"source loop: counted once")
                 continue
-            trips = self.sources.trips(self.sass.name, info.source, info.occurrence, lookup)
+            if given in values:  # the model gives the source loop's mean trips directly
+                trips = float(values[given])
+            else:
+                trips = self.sources.trips(self.sass.name, info.source, info.occurrence, lookup)
+            # Its SASS copies: unrolled, remainder, versioned.
             if info.version:
                 trips = 0.0
             elif info.unroll > 1:

@@ -318,6 +318,23 @@ def test_a_loop_runs_its_steady_state_times_its_trips():
     assert list(trips.values()) == [1.0] and "no source loop" in notes[0]
 
 
+def test_trips_the_model_gives_are_shared_among_the_unrolled_copies():
+    """Trips a model gives a loop directly (values["#start"]) are the source
+    loop's: a copy unrolled twice runs half of them and its remainder loop
+    the odd one, as trips evaluated from the source are; a second version
+    of the loop runs none."""
+    import ast
+    from types import SimpleNamespace
+
+    k = _kernel([(".L_x_0:", {}), ("FADD R3, R2, R2", {"stall": 5}), ("@P0 BRA `(.L_x_0)", {"stall": 1}),
+                 ("EXIT", {"stall": 1})])
+    source = SimpleNamespace(node=ast.parse("for start in range(lo, hi, 64):\n    pass").body[0])
+    (header,) = k.loops
+    for copy, want in ((dict(unroll=2), 3), (dict(remainder=2), 1), (dict(version=True), 0), ({}, 7)):
+        k.loops[header] = estimate.LoopInfo(k.loops[header].loop, source, **copy)
+        assert k.trips({"#start": 7})[0][header] == want, copy
+
+
 def test_prune_spilling_keeps_the_configs_that_do_not_spill():
     import triton
 
