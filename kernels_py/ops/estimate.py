@@ -458,15 +458,16 @@ class Kernel:
         out, notes = {}, []
         for header, info in self.loops.items():
             given = f"#{ast.unparse(info.source.node.target)}" if info.source is not None else None
-            if given in values:  # the model gives this loop's mean trips directly
-                out[header] = float(values[given])
-                continue
             if info.source is None:
                 out[header] = 1.0
                 notes.append(f"a loop at 0x{self.sass.instrs[self.sass.blocks[header].start].addr:x} has no "
                              f"source loop: counted once")
                 continue
-            trips = self.sources.trips(self.sass.name, info.source, info.occurrence, lookup)
+            if given in values:  # the model gives the source loop's mean trips directly
+                trips = float(values[given])
+            else:
+                trips = self.sources.trips(self.sass.name, info.source, info.occurrence, lookup)
+            # Its SASS copies: unrolled, remainder, versioned.
             if info.version:
                 trips = 0.0
             elif info.unroll > 1:
@@ -688,7 +689,7 @@ class _Timeline:
                 self.wg_groups = self.wg_groups[len(self.wg_groups) - keep:]
         elif base == "BAR" and not ins.never:
             issue = self._wait_until(issue + self.lat["barrier"], "barriers", issue)
-        elif base == "HGMMA" and not ins.never:
+        elif base in ("HGMMA", "QGMMA", "IGMMA") and not ins.never:  # wgmma: fp16/bf16/tf32, fp8, int8
             flops, kind = sass_mod.mma_flops(ins.op, ins.operands)
             group_flops = 4 * flops  # the warpgroup's m64 x N x K
             dur = group_flops / (self.gpu.tensor_flops_per_clock * MMA_RATE.get(kind, 1.0))
@@ -698,7 +699,7 @@ class _Timeline:
             if "gsb0" in ins.operands:
                 self.wg_groups.append(self.wg_open)
                 self.wg_open = 0.0
-        elif base == "HMMA" and not ins.never:
+        elif base in ("HMMA", "IMMA") and not ins.never:  # mma.sync: fp16/bf16/tf32, int8
             flops, kind = sass_mod.mma_flops(ins.op, ins.operands)
             issue = self._wait_until(self.hmma_free, "tensor pipe", issue)
             per_smsp = self.gpu.tensor_flops_per_clock / 4 * MMA_RATE.get(kind, 1.0) * self.gpu.mma_sync_share

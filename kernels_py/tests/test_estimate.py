@@ -205,6 +205,18 @@ def test_split_helpers_match_the_stage1_kernels():
                 assert all(lo < hi for lo, hi in splitk.split_ranges(t, n, lowrank.SPLIT_TILE)), (t, b, n)  # none empty
 
 
+def test_the_statistics_split_their_keys_for_the_gpu_estimated():
+    """The row pass's key splits are the launcher's on the GPU estimated: on
+    an A100 (108 SMs) batch 8's 128 row-tile programs take 4 splits, where an
+    H100's 132 SMs give 5."""
+    from kernels_py.ops.attention_stats import kernel, model
+
+    step = model.Step(batch=8, context=32768)
+    for gpu, want in ((H100, 5), (A100, 4)):
+        work = model._work(step, "_merge_rows_kernel", {}, gpu)
+        assert work.programs[0].values["n_splits"] == want == kernel.key_split_count(32768, 128, 128, gpu.sms)
+
+
 def _kernel(body, loads=None) -> estimate.Kernel:
     k = estimate.Kernel("probe", b"", {}, {}, listing=_listing("probe", body))
     if loads:
@@ -237,6 +249,29 @@ def test_the_timeline_replays_stalls_and_scoreboards():
     prof, _ = estimate.profile(k, {}, {})
     assert prof.cycles == lat["hbm"] + lat["barrier"] + 3  # DEPBAR, BAR and EXIT issue a cycle each
     assert prof.waits["cp.async"] == lat["hbm"] - 3 and prof.waits["barriers"] == lat["barrier"]
+
+
+def test_every_kind_of_warpgroup_mma_is_waited_on():
+    """An fp8 or int8 wgmma (QGMMA, IGMMA) takes the tensor cores as long as
+    its FLOPs at its kind's rate, and WARPGROUP.DEPBAR waits for its group,
+    as for an fp16 one (HGMMA): the fp8 one's 64 x 64 x 32 at twice the fp16
+    rate takes as long as the fp16 64 x 64 x 16."""
+    lat = H100.latency
+    cycles = {}
+    for op in ("HGMMA.64x64x16.F32", "QGMMA.64x64x32.F32.E4M3.E4M3", "IGMMA.64x64x32.S32.S8.S8"):
+        k = _kernel([(f"{op} R24, gdesc[UR4], RZ, !UPT, gsb0", {"stall": 1}),
+                     ("WARPGROUP.DEPBAR.LE gsb0, 0x0", {"stall": 1}),
+                     ("EXIT", {"stall": 1})])
+        prof, _ = estimate.profile(k, {}, {})
+        cycles[op.split(".")[0]] = prof.cycles
+        assert prof.waits["wgmma"] > 0, op
+    assert cycles["HGMMA"] == 64 / 2 + lat["wgmma"] + 1 + 1
+    assert cycles["QGMMA"] == cycles["IGMMA"] == cycles["HGMMA"]
+    # An int8 mma.sync holds the tensor pipe like an fp16 one: the second waits.
+    k = _kernel([("IMMA.16832.S32.S8.S8 R4, R8, R12, R4", {"stall": 1}),
+                 ("IMMA.16832.S32.S8.S8 R16, R8, R12, R16", {"stall": 1}),
+                 ("EXIT", {"stall": 1})])
+    assert estimate.profile(k, {}, {})[0].waits.get("tensor pipe", 0) > 0
 
 
 def test_memory_waits_overlap_only_across_programs_an_sm_holds():
@@ -281,6 +316,23 @@ def test_a_loop_runs_its_steady_state_times_its_trips():
     assert len(k.sass.loops) == 1
     trips, notes = k.trips({})
     assert list(trips.values()) == [1.0] and "no source loop" in notes[0]
+
+
+def test_trips_the_model_gives_are_shared_among_the_unrolled_copies():
+    """Trips a model gives a loop directly (values["#start"]) are the source
+    loop's: a copy unrolled twice runs half of them and its remainder loop
+    the odd one, as trips evaluated from the source are; a second version
+    of the loop runs none."""
+    import ast
+    from types import SimpleNamespace
+
+    k = _kernel([(".L_x_0:", {}), ("FADD R3, R2, R2", {"stall": 5}), ("@P0 BRA `(.L_x_0)", {"stall": 1}),
+                 ("EXIT", {"stall": 1})])
+    source = SimpleNamespace(node=ast.parse("for start in range(lo, hi, 64):\n    pass").body[0])
+    (header,) = k.loops
+    for copy, want in ((dict(unroll=2), 3), (dict(remainder=2), 1), (dict(version=True), 0), ({}, 7)):
+        k.loops[header] = estimate.LoopInfo(k.loops[header].loop, source, **copy)
+        assert k.trips({"#start": 7})[0][header] == want, copy
 
 
 def test_prune_spilling_keeps_the_configs_that_do_not_spill():
@@ -545,6 +597,42 @@ def test_a_kernel_that_does_not_compile_is_reported_at_its_line(target):
     assert "power of 2" in err["message"] and "tl.arange(0, BLOCK)" in err["source"], err
 
 
+_MERGE_SPLITS = """
+import json
+from kernels_py.ops import OPS, estimate
+from kernels_py.ops import compile as cc
+out = []
+for op in ("fp8_decode", "gather_decode", "quant_decode", "lowrank_decode"):
+    model = OPS[op].model
+    for impl in model.ESTIMATES:
+        for step in model.ESTIMATE_SHAPES:
+            for launch in cc.record_launches(lambda: impl.call(step), 90):
+                if "n_splits" in launch.kernel.arg_names:
+                    name = launch.kernel.fn.__name__
+                    given = int(launch.args[launch.kernel.arg_names.index("n_splits")])
+                    splits = impl.work(step, name, {}, estimate.H100).programs[0].values["n_splits"]
+                    out.append([op, impl.name, step.batch, name, given, splits])
+print(json.dumps(out))
+"""
+
+
+def test_the_merges_compile_with_a_loop_over_several_splits():
+    """The tiny call that compiles a step's kernels gives the merge one split
+    only where the step has one: Triton specializes an int argument of 1 as
+    the constant, so a merge compiled with one split has no loop over the
+    splits, and the estimate counted one where the step merges 4 to 64."""
+    if _missing_toolchain():
+        pytest.skip(_missing_toolchain())
+    done = subprocess.run([sys.executable, "-c", _MERGE_SPLITS], cwd=ROOT, env=_child_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    rows = json.loads(done.stdout)
+    assert {r[0] for r in rows} == {"fp8_decode", "gather_decode", "quant_decode", "lowrank_decode"}
+    for op, impl, batch, kernel, given, splits in rows:
+        assert (given == 1) == (splits == 1), (op, impl, batch, kernel, given, splits)
+    assert any(r[5] == 1 for r in rows) and any(r[5] > 1 for r in rows)
+
+
 def test_calibration_bands_contain_the_measured_times(report):
     """For the config the estimate predicts the autotuner chose, each band
     contains the time measured on an H100 (the fbd0532 kernels)."""
@@ -740,16 +828,18 @@ def test_the_fused_kernel_is_seen_as_its_code_stands(report):
 
 def test_the_merge_waits_for_w_v_under_its_loop_over_the_splits(report):
     """The low-rank calls' merge loads each chunk of W_v before its loop over
-    the splits, so those loads' latency passes under the loop's (loaded
-    after it, they were 59% of a warp's time at batch 8); the fused call's
-    merge loads the splits' LSEs before it attends the dense tokens, so
-    those waits overlap too."""
+    the splits, so those loads' latency passes under the loop's; the fused
+    call's merge loads the splits' LSEs before it attends the dense tokens,
+    so those waits overlap too. What a warp still waits on is the splits'
+    partials in the loop: at batch 8 (16 and 32 splits) 37% of the fused
+    merge's time and 59% of the absorbed one's, figures taken with the merge
+    compiled for one split (no loop) as under 30%."""
     for res in (r for r in report["estimates"] if r["op"] == "lowrank_decode"):
         for impl in res["implementations"]:
             merge = next(k for k in impl["kernels"] if k["kernel"] == "_merge_rank_kernel")
             (row,) = merge["configs"]
-            assert row["waits"].get("global loads", 0) < 0.3, (res["shape"]["batch"], impl["implementation"],
-                                                              row["waits"])
+            assert row["waits"].get("global loads", 0) < 0.65, (res["shape"]["batch"], impl["implementation"],
+                                                               row["waits"])
 
 
 def test_the_absorbed_tiles_load_under_one_bound_a_token(report):

@@ -102,12 +102,12 @@ def report(shapes=SHAPES) -> dict:
 ESTIMATE_SHAPES = (Step(batch=8, context=32768), Step(batch=64, context=32768))
 
 
-def _tiles(s: Step) -> tuple[int, int]:
-    """(row tiles, key splits) of the row pass at the step, on an H100."""
+def _tiles(s: Step, gpu=H100) -> tuple[int, int]:
+    """(row tiles, key splits) of the row pass at the step, on `gpu`."""
     block_m, block_n, _ = kernel.default_tile(kernel.ROW_TILE, 2, s.head_dim)
     _, rows = kernel.group_tile(s.heads, s.kv_heads, block_m)
     row_tiles = -(-s.rows // rows)
-    return row_tiles, kernel.key_split_count(s.context, row_tiles * s.batch * s.kv_heads, block_n, H100.sms)
+    return row_tiles, kernel.key_split_count(s.context, row_tiles * s.batch * s.kv_heads, block_n, gpu.sms)
 
 
 def _call(s: Step):
@@ -145,7 +145,7 @@ def _column_trips(pos: tuple, n: int, block_n: int, per_tile: int) -> list[tuple
 
 def _work(s: Step, kernel_name: str, meta: dict, gpu) -> estimate.Work:
     b, hq, hk, d, n, r = s.batch, s.heads, s.kv_heads, s.head_dim, s.context, s.rows
-    row_tiles, splits = _tiles(s)
+    row_tiles, splits = _tiles(s, gpu)
     k_bytes = b * hk * n * d * 2
     tokens = b * n
     flops = 2 * b * hq * r * n * d

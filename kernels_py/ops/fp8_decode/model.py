@@ -115,14 +115,22 @@ def _call(s: Step):
     v = codec.values_layout(torch.zeros_like(k))
     shape = (batch, s.kv_heads, slots) if s.granularity == "token" else (batch, s.kv_heads)
     scale = torch.ones(shape, dtype=torch.float32)
+    # Two splits where the step has several: with the tiny cache's one, the
+    # merge's split count compiles as the constant 1 and its loop over the
+    # splits is gone.
     kernel.fp8_decode(torch.zeros(batch, s.heads, 1, s.head_dim, dtype=torch.float16),
                       torch.full((batch, 1), slots, dtype=torch.int32), k, v, scale, scale,
-                      torch.arange(slots, dtype=torch.int32).repeat(batch, 1))
+                      torch.arange(slots, dtype=torch.int32).repeat(batch, 1), num_splits=min(2, _splits(s, H100)))
+
+
+def _splits(s: Step, gpu) -> int:
+    """Splits per (sequence, kv head) of the step's call on `gpu`, as the launcher counts them."""
+    return kernel.split_count(s.context, s.batch * s.kv_heads, gpu.sms)
 
 
 def _work(s: Step, kernel_name: str, meta: dict, gpu) -> estimate.Work:
     b, hq, hk, d = s.batch, s.heads, s.kv_heads, s.head_dim
-    splits = kernel.split_count(s.context, b * hk, gpu.sms)
+    splits = _splits(s, gpu)
     part_bytes = b * hq * splits * (d + 1) * 4
     tokens = b * s.context
     if kernel_name == "_stage1_kernel":
@@ -144,7 +152,8 @@ def _work(s: Step, kernel_name: str, meta: dict, gpu) -> estimate.Work:
 
 
 ESTIMATES = (estimate.Implementation("fp8 (fused)", _call, _work,
-                                     lambda s: (s.heads, s.kv_heads, s.head_dim, s.granularity, s.fmt)),)
+                                     lambda s: (s.heads, s.kv_heads, s.head_dim, s.granularity, s.fmt,
+                                                _splits(s, H100) > 1)),)
 
 
 def flash_bytes(s: Step) -> float:

@@ -84,15 +84,24 @@ def _call(s: Step):
     k = torch.zeros(batch, s.kv_heads, slots, s.head_dim, dtype=torch.float16)
     index = torch.arange(32, dtype=torch.int32).repeat(batch, s.kv_heads, 1)
     count = torch.full((batch, s.kv_heads), 32, dtype=torch.int32)
+    # Two splits where the step has several: with the tiny cache's one, the
+    # merge's split count compiles as the constant 1 and its loop over the
+    # splits is gone.
     kernel.gather_decode(torch.zeros(batch, s.heads, 1, s.head_dim, dtype=torch.float16),
                          torch.full((batch, 1), slots, dtype=torch.int32), k, torch.zeros_like(k),
-                         torch.arange(slots, dtype=torch.int32).repeat(batch, 1), index, count, check_values=False)
+                         torch.arange(slots, dtype=torch.int32).repeat(batch, 1), index, count, check_values=False,
+                         num_splits=min(2, _splits(s, H100)))
+
+
+def _splits(s: Step, gpu) -> int:
+    """Splits per (sequence, kv head) of the step's call on `gpu`, as the launcher counts them."""
+    return kernel.split_count(round(s.share * s.context), s.batch * s.kv_heads, gpu.sms)
 
 
 def _work(s: Step, kernel_name: str, meta: dict, gpu) -> estimate.Work:
     b, hq, hk, d = s.batch, s.heads, s.kv_heads, s.head_dim
     rows = round(s.share * s.context)
-    splits = kernel.split_count(rows, b * hk, gpu.sms)
+    splits = _splits(s, gpu)
     part_bytes = b * hq * splits * (d + 1) * 4
     tokens = b * s.context
     if kernel_name == "_stage1_kernel":
@@ -110,7 +119,8 @@ def _work(s: Step, kernel_name: str, meta: dict, gpu) -> estimate.Work:
     raise KeyError(f"the gather_decode model knows no kernel {kernel_name!r}")
 
 
-ESTIMATES = (estimate.Implementation("selected rows", _call, _work, lambda s: (s.heads, s.kv_heads, s.head_dim)),)
+ESTIMATES = (estimate.Implementation("selected rows", _call, _work, lambda s: (s.heads, s.kv_heads, s.head_dim,
+                                                                                _splits(s, H100) > 1)),)
 
 
 def flash_bytes(s: Step) -> float:

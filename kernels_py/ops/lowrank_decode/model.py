@@ -191,11 +191,24 @@ def _call(s: Step, *, absorbed: bool, kernels=None, mass: bool = True):
                                     comp.length)
         dense = kernels.DenseKV(dense.k, dense.v, dense.pos, dense.length)
     options = {} if mass else {"mass": False}  # an older kernel file has no such option
+    # Two splits where the step has several: with the tiny cache's one, the
+    # merge's split count compiles as the constant 1 and its loop over the
+    # splits is gone.
+    options["num_splits"] = min(2, _splits(s, H100, absorbed=absorbed, per_kv_head=kernels is not kernel))
     if absorbed:
         kernels.lowrank_decode_absorbed(q, q_pos, comp, dense, **options)
     else:
         chunk = {"rank_chunk": _rank_chunk(s)} if _rank_chunk(s) else {}
         kernels.lowrank_decode(q, q_pos, comp, dense, rope_base=10000.0, **chunk, **options)
+
+
+def _splits(s: Step, gpu, *, absorbed: bool, per_kv_head: bool = False) -> int:
+    """Splits per sequence of a step's call on `gpu`, as the launcher counts
+    them (per_kv_head: the fbd0532 kernels' rule over [compressed | dense])."""
+    if not per_kv_head:
+        return s.splits or kernel.split_count(s.visual, s.batch, gpu.sms, absorbed=absorbed)
+    return splitk.split_count(s.visual + s.dense, s.batch * s.kv_heads, per_split=FBD0532_TOKENS_PER_SPLIT,
+                              min_split=64, max_splits=FBD0532_MAX_SPLITS, sms=gpu.sms)
 
 
 def _rank_chunk(s: Step) -> int | None:
@@ -256,11 +269,7 @@ def _work(s: Step, kernel_name: str, meta: dict, gpu, *, absorbed: bool, per_kv_
     # the absorbed one makes q~ once per sequence. The fbd0532 kernels split
     # [compressed | dense].
     rank_space_parts = not per_kv_head
-    if rank_space_parts:
-        splits = s.splits or kernel.split_count(t, programs_per_split, gpu.sms, absorbed=absorbed)
-    else:  # fbd0532's rule: about 256 of [compressed | dense] tokens a split
-        splits = splitk.split_count(t + n, programs_per_split, per_split=FBD0532_TOKENS_PER_SPLIT, min_split=64,
-                                    max_splits=FBD0532_MAX_SPLITS, sms=gpu.sms)
+    splits = _splits(s, gpu, absorbed=absorbed, per_kv_head=per_kv_head)  # fbd0532's: about 256 tokens a split
     tokens = b * (t + n)
     w_bytes = b * (s.rank_k + s.rank_v) * hk * d * e
     # W in stage 1: both at fbd0532, W_k in today's fused kernel (W_v is the merge's).
@@ -390,8 +399,10 @@ def _work(s: Step, kernel_name: str, meta: dict, gpu, *, absorbed: bool, per_kv_
     raise KeyError(f"the lowrank_decode model knows no kernel {kernel_name!r}")
 
 
-def _key(s: Step) -> tuple:
-    return (s.heads, s.kv_heads, s.head_dim, s.rank_k, s.rank_v, s.elem_bytes, _rank_chunk(s))
+def _key(s: Step, absorbed: bool) -> tuple:
+    """The fields of a step its compiled code depends on (one split or several: _call)."""
+    return (s.heads, s.kv_heads, s.head_dim, s.rank_k, s.rank_v, s.elem_bytes, _rank_chunk(s),
+            _splits(s, H100, absorbed=absorbed) > 1)
 
 
 def _logit_bytes(s: Step) -> int:
@@ -407,14 +418,18 @@ def _stores_logits(meta: dict) -> int:
 
 ESTIMATES = (
     estimate.Implementation("fused (exact)", lambda s: _call(s, absorbed=False),
-                            lambda s, k, m, gpu: _work(s, k, m, gpu, absorbed=False), _key),
+                            lambda s, k, m, gpu: _work(s, k, m, gpu, absorbed=False),
+                            lambda s: _key(s, absorbed=False)),
     estimate.Implementation("absorbed (latent)", lambda s: _call(s, absorbed=True),
-                            lambda s, k, m, gpu: _work(s, k, m, gpu, absorbed=True), _key),
+                            lambda s, k, m, gpu: _work(s, k, m, gpu, absorbed=True),
+                            lambda s: _key(s, absorbed=True)),
     # A step without the per-token masses (mass=False: AttentionPack's steps between importance updates).
     estimate.Implementation("fused (exact), no mass", lambda s: _call(s, absorbed=False, mass=False),
-                            lambda s, k, m, gpu: _work(s, k, m, gpu, absorbed=False), _key),
+                            lambda s, k, m, gpu: _work(s, k, m, gpu, absorbed=False),
+                            lambda s: _key(s, absorbed=False)),
     estimate.Implementation("absorbed (latent), no mass", lambda s: _call(s, absorbed=True, mass=False),
-                            lambda s, k, m, gpu: _work(s, k, m, gpu, absorbed=True), _key),
+                            lambda s, k, m, gpu: _work(s, k, m, gpu, absorbed=True),
+                            lambda s: _key(s, absorbed=True)),
 )
 
 

@@ -146,14 +146,22 @@ def _call(s: Step):
                     torch.full((batch,), s.dense, dtype=torch.int32))
     q = torch.zeros(batch, s.heads, 1, s.head_dim, dtype=torch.float16)
     q_pos = torch.full((batch, 1), 2 * slots + s.dense, dtype=torch.int32)
-    kernel.quant_decode(q, q_pos, segments, dense, check_values=False)
+    # Two splits where the step has several: with the tiny cache's one, the
+    # merge's split count compiles as the constant 1 and its loop over the
+    # splits is gone.
+    kernel.quant_decode(q, q_pos, segments, dense, check_values=False, num_splits=min(2, _splits(s, H100)))
+
+
+def _splits(s: Step, gpu) -> int:
+    """Splits per (sequence, kv head) of the step's call on `gpu`, as the launcher counts them."""
+    return s.splits or kernel.split_count(sum(segment_slots(s)) + s.dense, s.batch * s.kv_heads, gpu.sms)
 
 
 def _work(s: Step, kernel_name: str, meta: dict, gpu) -> estimate.Work:
     b, hq, hk, d = s.batch, s.heads, s.kv_heads, s.head_dim
     hi, lo = segment_slots(s)
     total = hi + lo + s.dense
-    splits = s.splits or kernel.split_count(total, b * hk, gpu.sms)
+    splits = _splits(s, gpu)
     tokens = b * (s.context + s.dense)
     part_bytes = b * hq * splits * (d + 1) * 4
     if kernel_name == "_stage1_kernel":
@@ -179,7 +187,7 @@ def _work(s: Step, kernel_name: str, meta: dict, gpu) -> estimate.Work:
 
 ESTIMATES = (estimate.Implementation("quantized (4/2-bit)", _call, _work,
                                      lambda s: (s.heads, s.kv_heads, s.head_dim, s.hi_bits, s.lo_bits, s.group,
-                                                s.dense)),)
+                                                s.dense, _splits(s, H100) > 1)),)
 
 
 def flash_bytes(s: Step) -> float:
