@@ -5,8 +5,10 @@ the benchmarks' smoke sizes, into five files, within its deadline."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -100,6 +102,49 @@ exec {sys.executable} "$@"
     assert lines["gather"]["exit"] == 0 and lines["gather"]["result"]["rows"] == [{"batch": 8}]  # the last line
     summary = (out / "summary.txt").read_text()
     assert "lowrank" in summary and "stopped at its time limit (exit 124)" in summary and "FAILED: lowrank" in summary
+
+
+def test_a_round_killed_from_outside_leaves_the_rows_so_far_and_the_five_files(tmp_path):
+    """Killed during a benchmark (the machine's own time limit), the round
+    has left its five files, and bench.log the rows that benchmark had
+    measured: its progress goes to --out as it is printed."""
+    fake = tmp_path / "python"
+    fake.write_text(f"""#!/bin/sh
+if [ "$1" = -m ] && [ "$2" = kernels_py.benchmarks ]; then
+  echo $$ >{tmp_path / "bench.pid"}
+  echo 'vlkv progress: bench quant: row 1 of 2: {{"batch": 8, "quant_ms": 0.1}}' >&2
+  exec sleep 60
+fi
+exec {sys.executable} "$@"
+""")
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k != "WORKBENCH_PYTHON"}
+    round_ = subprocess.Popen(["bash", str(ROOT / "scripts" / "gpu-check"), "--python", str(fake), "--out", str(out),
+                               "--cpu", "--deadline", "0"], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "row 1 of 2" not in _text(out / "bench.log"):
+            time.sleep(0.5)
+    finally:
+        os.killpg(round_.pid, signal.SIGKILL)  # the script; then the benchmark, in timeout's own process group
+        round_.wait()
+        if (tmp_path / "bench.pid").exists():
+            os.kill(int((tmp_path / "bench.pid").read_text()), signal.SIGKILL)
+    assert 'bench quant: row 1 of 2: {"batch": 8, "quant_ms": 0.1}' in _text(out / "bench.log")
+    assert {p.name for p in out.iterdir()} == FILES
+
+
+def _text(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
+
+
+def test_every_file_is_written_when_steps_are_skipped(tmp_path):
+    out = tmp_path / "out"
+    done = gpu_check("--python", sys.executable, "--out", str(out), "--cpu", "--skip-bench", "--skip-tests")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert {p.name for p in out.iterdir()} == FILES
 
 
 def test_steps_past_the_deadline_are_skipped_and_fail_the_round(tmp_path):
