@@ -19,10 +19,10 @@ FILES = {"summary.txt", "bench.jsonl", "bench.log", "pytest.log", "calibration.j
 BENCHES = ["quant", "lowrank", "gather", "fp8", "stats", "stats-probe", "sparse-prefill"]
 
 
-def gpu_check(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+def gpu_check(*args: str, timeout: int = 120, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "WORKBENCH_PYTHON"}
     return subprocess.run(["bash", str(ROOT / "scripts" / "gpu-check"), *args], env=env, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, cwd=cwd)
 
 
 @pytest.mark.parametrize("args, said", [
@@ -145,6 +145,15 @@ def test_every_file_is_written_when_steps_are_skipped(tmp_path):
     done = gpu_check("--python", sys.executable, "--out", str(out), "--cpu", "--skip-bench", "--skip-tests")
     assert done.returncode == 0, done.stdout + done.stderr
     assert {p.name for p in out.iterdir()} == FILES
+
+
+def test_test_paths_are_the_callers_as_the_other_paths_are(tmp_path):
+    out = tmp_path / "out"
+    done = gpu_check("--python", sys.executable, "--out", str(out), "--cpu", "--skip-bench", "--tests",
+                     "tests/test_protocol.py", cwd=ROOT / "kernels_py")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"{ROOT}/kernels_py/tests/test_protocol.py" in (out / "summary.txt").read_text()
+    assert " passed" in (out / "pytest.log").read_text()
 
 
 def test_steps_past_the_deadline_are_skipped_and_fail_the_round(tmp_path):
