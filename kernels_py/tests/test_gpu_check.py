@@ -104,6 +104,7 @@ exec {sys.executable} "$@"
     assert "lowrank" in summary and "stopped at its time limit (exit 124)" in summary and "FAILED: lowrank" in summary
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the script's own mechanics: a GPU run has better to do")
 def test_a_round_killed_from_outside_leaves_the_rows_so_far_and_the_five_files(tmp_path):
     """Killed during a benchmark (the machine's own time limit), the round
     has left its five files, and bench.log the rows that benchmark had
