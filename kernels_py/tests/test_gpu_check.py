@@ -1,7 +1,8 @@
 """scripts/gpu-check, the GPU machine's round of benchmarks and compiled
 tests: its flags are checked before anything runs, without a GPU it stops at
 once, saying so, and its rehearsal on the CPU (--cpu) runs the same round at
-the benchmarks' smoke sizes, into five files, within its deadline."""
+the benchmarks' smoke sizes, into five files, within its deadline; what its
+benchmarks capture in CUDA graphs never waits for the host."""
 
 import json
 import os
@@ -165,6 +166,46 @@ def test_steps_past_the_deadline_are_skipped_and_fail_the_round(tmp_path):
     assert "quant                  -    skipped: the deadline has passed" in summary
     assert "pytest                 -    skipped: the deadline has passed" in summary
     assert "FAILED: quant lowrank gather fp8 stats stats-probe sparse-prefill pytest" in summary
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU run captures them for real (test_bench_*.py)")
+@pytest.mark.parametrize("name", ["quant", "lowrank", "gather", "fp8", "stats"])
+def test_what_a_benchmark_times_in_a_cuda_graph_never_waits_for_the_host(name, monkeypatch):
+    """time_median(graph=True) captures its call in a CUDA graph on a GPU,
+    where reading a value back (.item(), bool(), int() of a tensor, nonzero)
+    fails the capture and leaves the CUDA context unusable for every later
+    row. Here, each such call of the round's benchmarks is run once more
+    with every PyTorch op it dispatches watched."""
+    import importlib
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from kernels_py import benchmarks
+
+    class Reads(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func._schema.name.split("::")[-1] in ("_local_scalar_dense", "nonzero", "is_nonzero", "equal"):
+                self.ops.append(func._schema.name)
+            return func(*args, **(kwargs or {}))
+
+    module = importlib.import_module(f"kernels_py.benchmarks.{name}")
+    timed, time_median = [], module.time_median
+
+    def watched(fn, repeat, cuda, graph=False):
+        if graph:
+            fn()  # the warm-up, as time_median's own: its first call may read values (an autotuner's)
+            with Reads() as reads:
+                fn()
+            timed.append(reads.ops)
+        return time_median(fn, repeat, cuda, graph)
+
+    monkeypatch.setattr(module, "time_median", watched)
+    benchmarks.run(name, dict(benchmarks.BENCHMARKS[name].smoke_sizes(), repeat=1))
+    assert timed and all(ops == [] for ops in timed), timed
 
 
 def test_the_benchmark_entry_prints_its_result_alone_on_stdout(monkeypatch, capfd):
