@@ -1,12 +1,15 @@
 """scripts/gpu-check, the GPU machine's round of benchmarks and compiled
 tests: its flags are checked before anything runs, without a GPU it stops at
 once, saying so, and its rehearsal on the CPU (--cpu) runs the same round at
-the benchmarks' smoke sizes, into five files, within its deadline."""
+the benchmarks' smoke sizes, into five files, within its deadline; what its
+benchmarks capture in CUDA graphs never waits for the host."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,10 +20,10 @@ FILES = {"summary.txt", "bench.jsonl", "bench.log", "pytest.log", "calibration.j
 BENCHES = ["quant", "lowrank", "gather", "fp8", "stats", "stats-probe", "sparse-prefill"]
 
 
-def gpu_check(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+def gpu_check(*args: str, timeout: int = 120, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "WORKBENCH_PYTHON"}
     return subprocess.run(["bash", str(ROOT / "scripts" / "gpu-check"), *args], env=env, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, cwd=cwd)
 
 
 @pytest.mark.parametrize("args, said", [
@@ -102,6 +105,59 @@ exec {sys.executable} "$@"
     assert "lowrank" in summary and "stopped at its time limit (exit 124)" in summary and "FAILED: lowrank" in summary
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the script's own mechanics: a GPU run has better to do")
+def test_a_round_killed_from_outside_leaves_the_rows_so_far_and_the_five_files(tmp_path):
+    """Killed during a benchmark (the machine's own time limit), the round
+    has left its five files, and bench.log the rows that benchmark had
+    measured: its progress goes to --out as it is printed."""
+    fake = tmp_path / "python"
+    fake.write_text(f"""#!/bin/sh
+if [ "$1" = -m ] && [ "$2" = kernels_py.benchmarks ]; then
+  echo $$ >{tmp_path / "bench.pid"}
+  echo 'vlkv progress: bench quant: row 1 of 2: {{"batch": 8, "quant_ms": 0.1}}' >&2
+  exec sleep 60
+fi
+exec {sys.executable} "$@"
+""")
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k != "WORKBENCH_PYTHON"}
+    round_ = subprocess.Popen(["bash", str(ROOT / "scripts" / "gpu-check"), "--python", str(fake), "--out", str(out),
+                               "--cpu", "--deadline", "0"], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "row 1 of 2" not in _text(out / "bench.log"):
+            time.sleep(0.5)
+    finally:
+        os.killpg(round_.pid, signal.SIGKILL)  # the script; then the benchmark, in timeout's own process group
+        round_.wait()
+        if (tmp_path / "bench.pid").exists():
+            os.kill(int((tmp_path / "bench.pid").read_text()), signal.SIGKILL)
+    assert 'bench quant: row 1 of 2: {"batch": 8, "quant_ms": 0.1}' in _text(out / "bench.log")
+    assert {p.name for p in out.iterdir()} == FILES
+
+
+def _text(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
+
+
+def test_every_file_is_written_when_steps_are_skipped(tmp_path):
+    out = tmp_path / "out"
+    done = gpu_check("--python", sys.executable, "--out", str(out), "--cpu", "--skip-bench", "--skip-tests")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert {p.name for p in out.iterdir()} == FILES
+
+
+def test_test_paths_are_the_callers_as_the_other_paths_are(tmp_path):
+    out = tmp_path / "out"
+    done = gpu_check("--python", sys.executable, "--out", str(out), "--cpu", "--skip-bench", "--tests",
+                     "tests/test_protocol.py", cwd=ROOT / "kernels_py")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"{ROOT}/kernels_py/tests/test_protocol.py" in (out / "summary.txt").read_text()
+    assert " passed" in (out / "pytest.log").read_text()
+
+
 def test_steps_past_the_deadline_are_skipped_and_fail_the_round(tmp_path):
     out = tmp_path / "out"
     done = gpu_check("--python", sys.executable, "--out", str(out), "--cpu", "--deadline", "1")
@@ -110,6 +166,46 @@ def test_steps_past_the_deadline_are_skipped_and_fail_the_round(tmp_path):
     assert "quant                  -    skipped: the deadline has passed" in summary
     assert "pytest                 -    skipped: the deadline has passed" in summary
     assert "FAILED: quant lowrank gather fp8 stats stats-probe sparse-prefill pytest" in summary
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU run captures them for real (test_bench_*.py)")
+@pytest.mark.parametrize("name", ["quant", "lowrank", "gather", "fp8", "stats"])
+def test_what_a_benchmark_times_in_a_cuda_graph_never_waits_for_the_host(name, monkeypatch):
+    """time_median(graph=True) captures its call in a CUDA graph on a GPU,
+    where reading a value back (.item(), bool(), int() of a tensor, nonzero)
+    fails the capture and leaves the CUDA context unusable for every later
+    row. Here, each such call of the round's benchmarks is run once more
+    with every PyTorch op it dispatches watched."""
+    import importlib
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from kernels_py import benchmarks
+
+    class Reads(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func._schema.name.split("::")[-1] in ("_local_scalar_dense", "nonzero", "is_nonzero", "equal"):
+                self.ops.append(func._schema.name)
+            return func(*args, **(kwargs or {}))
+
+    module = importlib.import_module(f"kernels_py.benchmarks.{name}")
+    timed, time_median = [], module.time_median
+
+    def watched(fn, repeat, cuda, graph=False):
+        if graph:
+            fn()  # the warm-up, as time_median's own: its first call may read values (an autotuner's)
+            with Reads() as reads:
+                fn()
+            timed.append(reads.ops)
+        return time_median(fn, repeat, cuda, graph)
+
+    monkeypatch.setattr(module, "time_median", watched)
+    benchmarks.run(name, dict(benchmarks.BENCHMARKS[name].smoke_sizes(), repeat=1))
+    assert timed and all(ops == [] for ops in timed), timed
 
 
 def test_the_benchmark_entry_prints_its_result_alone_on_stdout(monkeypatch, capfd):
