@@ -149,6 +149,19 @@ def test_every_file_is_written_when_steps_are_skipped(tmp_path):
     assert {p.name for p in out.iterdir()} == FILES
 
 
+def test_by_default_the_kernels_tests_run_first_and_every_file_once(tmp_path):
+    """pytest collects a folder's files by name; the round lists them, the kernels' and their benchmarks' first,
+    so that a time limit cuts the others."""
+    out = tmp_path / "out"
+    done = gpu_check("--python", sys.executable, "--out", str(out), "--cpu", "--skip-bench", "--tests-seconds", "3")
+    line = next(x for x in (out / "summary.txt").read_text().splitlines() if x.startswith("pytest"))
+    files = [w for w in line.split() if w.startswith("kernels_py/tests/")]
+    assert files[:2] == ["kernels_py/tests/test_gather_decode.py", "kernels_py/tests/test_kv_quant.py"], line
+    assert sorted(files) == sorted(str(p.relative_to(ROOT)) for p in (ROOT / "kernels_py/tests").glob("test_*.py"))
+    assert files.index("kernels_py/tests/test_bench_generate.py") < files.index("kernels_py/tests/test_ablation.py")
+    assert done.returncode == 1  # pytest stopped at its limit
+
+
 def test_test_paths_are_the_callers_as_the_other_paths_are(tmp_path):
     out = tmp_path / "out"
     done = gpu_check("--python", sys.executable, "--out", str(out), "--cpu", "--skip-bench", "--tests",
