@@ -139,19 +139,10 @@ func workerEnv(base []string, device worker.Device, slot, workers int, gpus []st
 	if device == worker.CUDA && len(gpus) > 0 {
 		return append(env, "CUDA_VISIBLE_DEVICES="+gpus[slot%len(gpus)])
 	}
-	if !hasEnv(base, "OMP_NUM_THREADS") && workers > 1 {
+	if !worker.HasEnv(base, "OMP_NUM_THREADS") && workers > 1 {
 		env = append(env, fmt.Sprintf("OMP_NUM_THREADS=%d", max(1, runtime.NumCPU()/workers)))
 	}
 	return env
-}
-
-func hasEnv(env []string, key string) bool {
-	for _, kv := range env {
-		if strings.HasPrefix(kv, key+"=") {
-			return true
-		}
-	}
-	return false
 }
 
 // gpuShares hands each worker that starts the GPU the fewest live workers

@@ -133,7 +133,7 @@ func Start(ctx context.Context, cfg Config) (*Worker, error) {
 		base = os.Environ()
 	}
 	cmd.Env = append(Environment(base, cfg.KernelsRoot, cfg.Device), "VLKV_WORKER_FDS=3,4,5")
-	if !hasEnv(base, "PYTHONFAULTHANDLER") {
+	if !HasEnv(base, "PYTHONFAULTHANDLER") {
 		// A job that crashes in native code (a kernel, an extension) then
 		// prints the Python stack it crashed in, which its ExitError quotes.
 		cmd.Env = append(cmd.Env, "PYTHONFAULTHANDLER=1")
@@ -298,8 +298,8 @@ func Environment(base []string, kernelsRoot string, device Device) []string {
 	return env
 }
 
-// hasEnv says whether env sets key.
-func hasEnv(env []string, key string) bool {
+// HasEnv says whether env (KEY=VALUE entries) sets key.
+func HasEnv(env []string, key string) bool {
 	for _, kv := range env {
 		if strings.HasPrefix(kv, key+"=") {
 			return true
