@@ -515,7 +515,8 @@ func (a *app) runExperiments(ctx context.Context, file string, o runOptions) ([]
 		if err := a.ensureWorkloadGroups(ctx, s, planWorkloads(exps)); err != nil {
 			return nil, err
 		}
-		executor = &runner.Local{Python: s.runtime.Python, KernelsRoot: s.kernels.Dir, Device: s.device, Workers: o.workers, Log: a.log}
+		executor = &runner.Local{Python: s.runtime.Python, KernelsRoot: s.kernels.Dir, Device: s.device, Workers: o.workers,
+			StartTimeout: a.flags.startTimeout, Log: a.log}
 		most := 0 // workers start up to an experiment's jobs
 		for _, e := range exps {
 			most = max(most, len(e.Jobs))

@@ -55,11 +55,12 @@ func (c *closedPipeWriter) Write(p []byte) (int, error) {
 // stopped short.
 func run(args []string, stdout, stderr io.Writer) int {
 	stdout, stderr = serialized(stdout), serialized(stderr)
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	caught := make(chan os.Signal, 1) // which signal, for the exit code
-	signal.Notify(caught, os.Interrupt, syscall.SIGTERM)
-	defer signal.Stop(caught)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	signals := make(chan os.Signal, 2)
+	signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(signals)
+	caught := onSignals(signals, cancel, stderr, os.Exit)
 	root := newRootCmd(stdout, stderr, args)
 	root.SetArgs(args)
 	cmd, err := root.ExecuteContextC(ctx)
@@ -76,12 +77,49 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	fmt.Fprintf(stderr, "workbench: %v\n", err)
-	select {
-	case sig := <-caught: // stopped by a signal: 128 + its number, as shells report it
-		if n, ok := sig.(syscall.Signal); ok {
-			return 128 + int(n)
+	if sig := caught(); sig != nil { // stopped by a signal: 128 + its number, as shells report it
+		return signalExitCode(sig)
+	}
+	return 1
+}
+
+// onSignals serves SIGINT and SIGTERM: the first cancels the command's
+// context, so it stops its workers and says what it kept; a second, while it
+// is still stopping (a busy worker is given seconds to exit, a Slurm prompt
+// waits for an answer), ends the process at once, through exit. Finished
+// jobs are already journaled, and the workers die with the process
+// (Pdeathsig), so nothing kept is lost. It returns the first signal caught,
+// nil while there is none.
+func onSignals(signals <-chan os.Signal, cancel func(), stderr io.Writer, exit func(int)) (first func() os.Signal) {
+	var caught atomic.Value
+	go func() {
+		sig, ok := <-signals
+		if !ok {
+			return
 		}
-	default:
+		caught.Store(&sig)
+		cancel()
+		again, ok := <-signals
+		if !ok {
+			return
+		}
+		fmt.Fprintf(stderr, "\nworkbench: %v again: exiting now, without waiting for workers to stop "+
+			"(finished jobs are kept; a submitted Slurm array keeps running)\n", again)
+		exit(signalExitCode(again))
+	}()
+	return func() os.Signal {
+		if p, ok := caught.Load().(*os.Signal); ok {
+			return *p
+		}
+		return nil
+	}
+}
+
+// signalExitCode is 128 + the signal's number, as shells report a process a
+// signal stopped.
+func signalExitCode(sig os.Signal) int {
+	if n, ok := sig.(syscall.Signal); ok {
+		return 128 + int(n)
 	}
 	return 1
 }

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -43,6 +44,8 @@ func TestUsageErrors(t *testing.T) {
 		{"bad dtype", []string{"selftest", "--dtype", "int8"}, 2, "must be one of float32, float16, bfloat16"},
 		{"bad count", []string{"worker-ping", "--count", "0"}, 2, "--count must be at least 1"},
 		{"not a number", []string{"worker-ping", "--count", "x"}, 2, "invalid argument"},
+		{"zero start timeout", []string{"--start-timeout", "0", "env"}, 2, "--start-timeout 0s: want a positive duration"},
+		{"start timeout without unit", []string{"--start-timeout", "90", "env"}, 2, "invalid argument"},
 		{"unknown command", []string{"frobnicate"}, 2, "unknown command"},
 		{"missing python", []string{"--python", "/nonexistent", "env"}, 1, "/nonexistent (from --python) does not exist"},
 		{"missing kernels", []string{"--kernels", "/nonexistent", "env"}, 1, "--kernels /nonexistent: no such directory; give the directory that holds kernels_py/"},
@@ -208,6 +211,23 @@ func TestWorkerPing(t *testing.T) {
 	code, stdout, stderr := runCLI(t, "--python", py, "--device", "cpu", "worker-ping", "-n", "5")
 	if code != 0 || !strings.Contains(stdout, "5 round trips") {
 		t.Fatalf("exit %d\n%s%s", code, stdout, stderr)
+	}
+}
+
+// --start-timeout bounds the worker's start in a command that starts one
+// itself and in a run's pool, where before the wait was one minute, fixed.
+func TestStartTimeoutReachesTheWorkers(t *testing.T) {
+	py := testpy.Python(t)
+	out := t.TempDir()
+	for _, args := range [][]string{
+		{"worker-ping", "-n", "1"},
+		{"run", "../experiments/quickstart.star", "--out", out},
+	} {
+		// No interpreter imports torch in a millisecond.
+		code, stdout, stderr := runCLI(t, append([]string{"--python", py, "--device", "cpu", "--start-timeout", "1ms"}, args...)...)
+		if code != 1 || !strings.Contains(stderr, "no hello within 1ms") || !strings.Contains(stderr, "--start-timeout gives it longer") {
+			t.Errorf("%s with --start-timeout 1ms: exit %d, want 1 and the timeout named\n%s%s", args[0], code, stdout, stderr)
+		}
 	}
 }
 
@@ -626,5 +646,48 @@ func TestBenchInterruptedSaysSo(t *testing.T) {
 	if code := cmd.ProcessState.ExitCode(); code != 130 || !strings.Contains(out.String(), "bench gather: interrupted") ||
 		strings.Contains(out.String(), "context canceled") {
 		t.Fatalf("bench gather after Ctrl-C: exit %d\n%s", code, out.String())
+	}
+}
+
+// The first Ctrl-C (or SIGTERM) cancels the command, which then stops its
+// workers; a second one while it stops ends the process at once, with the
+// second signal's exit code, where before it was ignored.
+func TestASecondSignalExitsAtOnce(t *testing.T) {
+	signals := make(chan os.Signal, 2)
+	cancelled := make(chan struct{})
+	exited := make(chan int, 1)
+	var stderr testpy.SyncBuffer
+	first := onSignals(signals, func() { close(cancelled) }, &stderr, func(code int) { exited <- code })
+	if sig := first(); sig != nil {
+		t.Fatalf("first() = %v before any signal", sig)
+	}
+	signals <- os.Interrupt
+	select {
+	case <-cancelled:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the first signal did not cancel the command")
+	}
+	if sig := first(); sig != os.Interrupt {
+		t.Errorf("first() = %v, want %v", sig, os.Interrupt)
+	}
+	select {
+	case code := <-exited:
+		t.Fatalf("one signal ended the process (exit %d): it must only cancel", code)
+	case <-time.After(100 * time.Millisecond):
+	}
+	signals <- syscall.SIGTERM
+	select {
+	case code := <-exited:
+		if code != 143 {
+			t.Errorf("exit code %d after SIGTERM, want 143", code)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a second signal did not end the process")
+	}
+	if msg := stderr.String(); !strings.Contains(msg, "again: exiting now") || !strings.Contains(msg, "finished jobs are kept") {
+		t.Errorf("stderr %q does not say the process exits at once and keeps finished jobs", msg)
+	}
+	if sig := first(); sig != os.Interrupt {
+		t.Errorf("first() = %v after the second signal, want the first, %v", sig, os.Interrupt)
 	}
 }

@@ -45,6 +45,8 @@ type globalFlags struct {
 	device    deviceFlag
 	logFormat enumFlag
 	verbose   bool
+	// startTimeout bounds each worker's start (its hello).
+	startTimeout time.Duration
 }
 
 type app struct {
@@ -89,6 +91,9 @@ checkout the command runs in, else from the copy embedded in this binary.`,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
 			a.log = newLogger(a.console, a.flags.logFormat.value, a.flags.verbose)
+			if a.flags.startTimeout <= 0 {
+				return &usageError{fmt.Errorf("--start-timeout %v: want a positive duration, e.g. 1m or 5m", a.flags.startTimeout)}
+			}
 			if c, ok := a.stdout.(*closedPipeWriter); ok && (cmd.Name() == "run" || cmd.Name() == "demo") {
 				c.announce.Store(true) // `plan | head` is normal; a run cut from its reader goes on, and says so
 			}
@@ -106,6 +111,8 @@ checkout the command runs in, else from the copy embedded in this binary.`,
 	pf.Var(&a.flags.device, "device", "where kernels run: cpu (Triton interpreter), cuda, or auto")
 	pf.Var(&a.flags.logFormat, "log-format", "log format: auto (colored on a terminal), console or json")
 	pf.BoolVarP(&a.flags.verbose, "verbose", "v", false, "debug logging, including what workers print")
+	pf.DurationVar(&a.flags.startTimeout, "start-timeout", worker.DefaultStartTimeout,
+		"how long a worker may take to start (import torch, triton and kernels_py) before it counts as failed; raise it on a slow or cold disk")
 
 	var benchmarks benchmarkList
 	if slices.Contains(args, "bench") { // the only command that needs the schema to exist at all

@@ -72,6 +72,7 @@ func (a *app) startWorkerOf(ctx context.Context, s *session, allowMissing bool) 
 		Python:               s.runtime.Python,
 		KernelsRoot:          s.kernels.Dir,
 		Device:               s.device,
+		StartTimeout:         a.flags.startTimeout,
 		Log:                  a.log,
 		AllowMissingPackages: allowMissing,
 	})

@@ -101,6 +101,9 @@ func (a *app) slurmExecutor(f slurmFlags, kernels pyrt.KernelsRoot, file, fileHa
 	if a.flags.device.value != worker.Auto {
 		args = append(args, "--device", string(a.flags.device.value))
 	}
+	if a.flags.startTimeout != worker.DefaultStartTimeout { // a node's cold disk is why one would raise it
+		args = append(args, "--start-timeout", a.flags.startTimeout.String())
+	}
 	if f.runtimeCache != "" {
 		dir, err := filepath.Abs(f.runtimeCache)
 		if err != nil {
@@ -184,7 +187,8 @@ the experiment script and the kernels_py sources that were submitted.
 			}
 			task.KernelsDir = s.kernels.Dir
 			task.Executor = &runner.Local{Python: s.runtime.Python, KernelsRoot: s.kernels.Dir, Device: s.device,
-				Workers: workers, Log: a.log}
+				StartTimeout: a.flags.startTimeout,
+				Workers:      workers, Log: a.log}
 			return task.Run(cmd.Context())
 		},
 	}

@@ -505,7 +505,7 @@ func TestSlurmDryRun(t *testing.T) {
 	cmd := s.cmd(nil, "run", s.script, "--executor", "slurm", "--out", out, "--dry-run", "--shards", "2",
 		"--max-running", "1", "--partition", "gpu", "--account", "lab", "--time", "1:00:00", "--gres", "gpu:1",
 		"--cpus-per-task", "4", "--mem", "16G", "--sbatch-line", "--qos=high", "--sbatch-line", "--comment hello",
-		"--runtime-cache", "/shared/cache")
+		"--runtime-cache", "/shared/cache", "--start-timeout", "3m")
 	// No Slurm answers (a dry run needs none): where this machine's would, and lacks a partition gpu, the dry
 	// run refuses it (TestSlurmErrors checks that on the test cluster).
 	cmd.Env = append(cmd.Env, "SLURM_CONF="+filepath.Join(s.dir, "no-slurm.conf"))
@@ -513,7 +513,8 @@ func TestSlurmDryRun(t *testing.T) {
 	for _, want := range []string{"#SBATCH --array=0-1%1", "#SBATCH --partition=gpu", "#SBATCH --account=lab",
 		"#SBATCH --comment hello\n",
 		"#SBATCH --time=1:00:00", "#SBATCH --gres=gpu:1", "#SBATCH --cpus-per-task=4", "#SBATCH --mem=16G",
-		"#SBATCH --qos=high", "export VLKV_CACHE_DIR='/shared/cache'", "shard '", `--shard "$SLURM_ARRAY_TASK_ID"`,
+		"#SBATCH --qos=high", "export VLKV_CACHE_DIR='/shared/cache'", "'--start-timeout' '3m0s' shard '",
+		`--shard "$SLURM_ARRAY_TASK_ID"`,
 		"7 jobs of experiment sweep in 2 shards"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("dry run lacks %q:\n%s", want, text)

@@ -790,7 +790,8 @@ func (a *app) rerunExperiment(ctx context.Context, s *session, f watchFlags, goo
 	if err != nil {
 		return err
 	}
-	executor := &runner.Local{Python: s.runtime.Python, KernelsRoot: s.kernels.Dir, Device: s.device, Log: a.log}
+	executor := &runner.Local{Python: s.runtime.Python, KernelsRoot: s.kernels.Dir, Device: s.device,
+		StartTimeout: a.flags.startTimeout, Log: a.log}
 	for _, e := range plan.Experiments {
 		var before *compare.Run
 		if dir, _ := results.Latest(f.out, e.Name); dir != "" {

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/rs/zerolog"
 
@@ -26,7 +27,9 @@ type Local struct {
 	Device      worker.Device // cpu or cuda, already resolved
 	// Workers is the pool size; zero means one per GPU on CUDA, else one.
 	Workers int
-	Log     zerolog.Logger // for the workers themselves (what they print, with -v)
+	// StartTimeout bounds each worker's start (worker.Config.StartTimeout).
+	StartTimeout time.Duration
+	Log          zerolog.Logger // for the workers themselves (what they print, with -v)
 }
 
 var _ Executor = (*Local)(nil)
@@ -57,7 +60,8 @@ func (l *Local) Run(ctx context.Context, b Batch) error {
 		}
 		gpu := shares.take()
 		env := workerEnv(os.Environ(), l.Device, gpu, workers, gpus)
-		w, err := worker.Start(ctx, worker.Config{Python: l.Python, KernelsRoot: l.KernelsRoot, Device: l.Device, Env: env, Log: l.Log})
+		w, err := worker.Start(ctx, worker.Config{Python: l.Python, KernelsRoot: l.KernelsRoot, Device: l.Device, Env: env,
+			StartTimeout: l.StartTimeout, Log: l.Log})
 		if err != nil {
 			shares.put(gpu)
 			return nil, err

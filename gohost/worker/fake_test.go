@@ -108,7 +108,7 @@ func TestStartTimeoutSaysWhatItWaitedFor(t *testing.T) {
 	if took := time.Since(start); took > 30*time.Second {
 		t.Errorf("the start gave up after %v", took)
 	}
-	for _, want := range []string{"no hello within 2s", "importing torch"} {
+	for _, want := range []string{"no hello within 2s", "importing torch", "--start-timeout gives it longer"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not say %q", err, want)
 		}

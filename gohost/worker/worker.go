@@ -55,6 +55,9 @@ type message struct {
 	KernelsFiles  map[string]string `json:"kernels_sha256,omitempty"`
 }
 
+// DefaultStartTimeout is how long a worker may take to send its hello.
+const DefaultStartTimeout = time.Minute
+
 // Config says how to start a worker.
 type Config struct {
 	Python      string   // interpreter to run
@@ -62,7 +65,7 @@ type Config struct {
 	Device      Device   // cpu or cuda (already resolved)
 	Env         []string // base environment; nil means os.Environ()
 	// StartTimeout bounds the wait for the worker's hello (importing torch can
-	// take seconds on a cold disk). Zero means one minute.
+	// take seconds on a cold disk). Zero means DefaultStartTimeout.
 	StartTimeout time.Duration
 	Log          zerolog.Logger
 	// AllowMissingPackages starts a worker whose interpreter cannot import
@@ -189,7 +192,7 @@ func Start(ctx context.Context, cfg Config) (*Worker, error) {
 
 	timeout := cfg.StartTimeout
 	if timeout == 0 {
-		timeout = time.Minute
+		timeout = DefaultStartTimeout
 	}
 	helloCtx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -203,7 +206,7 @@ func Start(ctx context.Context, cfg Config) (*Worker, error) {
 				said = "; its last output:\n" + indent(lastLines(out, 20))
 			}
 			return nil, fmt.Errorf("worker did not start: it sent no hello within %v (importing torch, triton and "+
-				"kernels_py took longer, or it hung)%s", timeout, said)
+				"kernels_py took longer, or it hung; --start-timeout gives it longer)%s", timeout, said)
 		}
 		var exit *ExitError
 		if errors.As(err, &exit) {
