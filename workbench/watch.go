@@ -807,7 +807,7 @@ func (a *app) rerunExperiment(ctx context.Context, s *session, f watchFlags, goo
 			Out: f.out, Experiment: e.Name, File: recordedScript(plan.File), FileHash: plan.Hash, Jobs: runnerJobs(plan.Schema, e),
 			KernelsDir: s.kernels.Dir, Device: string(s.device), Version: version,
 			Resume: true, RetryFailed: true, AllowCodeChange: true, RerunStale: true, StartIfNone: true,
-			Executor: executor, Guard: slurm.CheckNoneActive, Progress: io.Discard, Log: a.log,
+			Executor: executor, Guard: slurm.CheckNoneActive, Progress: a.console, Log: a.log,
 		})
 		if err != nil {
 			return err

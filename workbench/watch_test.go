@@ -161,7 +161,8 @@ func TestWatchAnExperiment(t *testing.T) {
 		filepath.Join(dir, "out"), "--debounce", "100ms")
 	out := startProc(t, cmd)
 	defer cmd.Process.Kill()
-	at := waitOutput(t, out, 0, 120*time.Second, "small: 5 rows (0 failed)", "5 new, 0 rerun", "watching")
+	// Each job's progress line as it ends, not silence until the run ends.
+	at := waitOutput(t, out, 0, 120*time.Second, "[1/5] ", "[5/5] ", "small: 5 rows (0 failed)", "5 new, 0 rerun", "watching")
 	// Halve every recent window: h2o's rows change, the others do not.
 	caches := filepath.Join(root, "kernels_py", "methods", "caches.py")
 	text, _ := os.ReadFile(caches)
@@ -170,7 +171,7 @@ func TestWatchAnExperiment(t *testing.T) {
 		t.Fatal("caches.py has no recent_count to edit")
 	}
 	os.WriteFile(caches, []byte(edited), 0o644)
-	waitOutput(t, out, at, 120*time.Second, "iteration 2 · ", "kernels_py/methods/caches.py", "0 new, 5 rerun",
+	waitOutput(t, out, at, 120*time.Second, "iteration 2 · ", "kernels_py/methods/caches.py", "[5/5] ", "0 new, 5 rerun",
 		"5 rows joined, 2 changed", "budget=0.25 method=h2o [code]", "budget=0.5 method=h2o [code]", "watching")
 	cmd.Process.Signal(syscall.SIGINT)
 	if err := cmd.Wait(); err != nil {
