@@ -220,6 +220,11 @@ def compile_case(case, cc: int) -> dict:
 # Tensor-core instructions in PTX: mma.sync (sm_80 and later) and the
 # asynchronous warpgroup MMA of sm_90.
 MMA_OPCODES = {"mma_sync": "mma.sync.aligned", "wgmma": "wgmma.mma_async"}
+# Those of them that accumulate in fp16: the result type, first of the
+# types (wgmma's .dtype.atype.btype, mma.sync's .dtype.atype.btype.ctype
+# after its layouts).
+F16_ACCUMULATING_MMA = re.compile(r"wgmma\.mma_async\.sync\.aligned\.m\d+n\d+k\d+\.f16\."
+                                  r"|mma\.sync\.aligned\.m\d+n\d+k\d+\.row\.col\.f16\.")
 
 
 def resources(compiled, ptxas_log: str = "") -> dict:
@@ -231,6 +236,7 @@ def resources(compiled, ptxas_log: str = "") -> dict:
     sines and cosines, from the PTX."""
     ptx = compiled.asm.get("ptx", "")
     out = {name: ptx.count(opcode) for name, opcode in MMA_OPCODES.items()}
+    out["mma_f16_accumulate"] = len(F16_ACCUMULATING_MMA.findall(ptx))
     out["sincos_approx"] = ptx.count("sin.approx") + ptx.count("cos.approx")  # the special-function unit's
     for kind in ("stores", "loads"):
         found = re.findall(rf"(\d+) bytes spill {kind}", ptxas_log)

@@ -172,6 +172,11 @@ def test_decode_kernels_use_tensor_cores_without_spills(case, kernel, target, co
         if "rope" in case:  # RoPE's sines and cosines on the special-function unit, no libdevice table
             assert e["sincos_approx"] > 0 and not e.get("stack_bytes"), \
                 f"{kernel} ({case}, sm_{target}): {e['sincos_approx']} sin/cos.approx, {e.get('stack_bytes')} B stack"
+        # On fp16 factors the fused kernel rebuilds its keys in fp16 accumulators (no conversion after);
+        # the absorbed kernel's sums stay float32.
+        fp16_rebuild = kernel == "_stage1_kernel" and "fp16" in case
+        assert (e["mma_f16_accumulate"] > 0) == fp16_rebuild, \
+            f"{kernel} ({case}, sm_{target}): {e['mma_f16_accumulate']} fp16-accumulating MMAs"
 
 
 @pytest.mark.parametrize("target", cc.TARGETS, ids=lambda t: f"sm{t}")

@@ -1027,3 +1027,39 @@ def test_caller_owned_workspace(device):
         decode(other_q, other_pos, other_comp, other_dense, rope_base=None, workspace=fused_ws)
     with pytest.raises(TypeError, match="workspace must be a Workspace"):
         decode(q, q_pos, comp, dense, rope_base=None, workspace=(fused_ws.logits, fused_ws.part_o, fused_ws.part_lse))
+
+
+def _rebuild_accumulating_in_fp16(u, w, rank):
+    """U W with every partial sum rounded to fp16, one rank column at a time:
+    the most roundings an fp16-accumulating MMA can make (the fused kernel's
+    key rebuild on fp16 factors rounds at least once per 16 columns)."""
+    keep = torch.arange(u.shape[-1])[None, None, :] < rank[..., None].to(torch.int64)
+    u = torch.where(keep, u.float(), 0.0)
+    acc = torch.zeros(u.shape[0], u.shape[1], w.shape[-1], dtype=torch.float16)
+    for j in range(u.shape[-1]):
+        acc = (acc.float() + u[:, :, j, None] * w[:, None, j, :].float()).half()
+    return acc
+
+
+def test_keys_rebuilt_with_fp16_accumulation_stay_within_the_fp16_tolerance():
+    """On fp16 factors and queries the fused kernel's key rebuild accumulates
+    in fp16 (its MMAs' out_dtype; the interpreter sums in float32, so this is
+    checked here on the reference): keys rebuilt with a rounding after every
+    rank column, fed to the reference as factors it rebuilds exactly (U = the
+    keys, W = I), keep the output within the fp16 tolerance the kernel is
+    held to, at ranks 16 and 64."""
+    for rank in (16, 64):
+        q, q_pos, comp, dense = make_case("cpu", rank_k=rank, rank_v=16, dtype=torch.float16)
+        want = ref.lowrank_decode(q, q_pos, comp, dense, rope_base=10000.0)
+        keys = _rebuild_accumulating_in_fp16(comp.uk, comp.wk, comp.rank_k)
+        width = keys.shape[-1]
+        eye = torch.eye(width, dtype=torch.float16).expand(comp.wk.shape[0], width, width).contiguous()
+        full = torch.full_like(comp.rank_k, width)
+        rounded = CompressedKV(keys, eye, comp.uv, comp.wv, full, comp.rank_v, comp.pos, comp.length)
+        got = ref.lowrank_decode(q, q_pos, rounded, dense, rope_base=10000.0)
+        err = ((got.out.float() - want.out.float()).abs() / (1 + want.out.float().abs())).max().item()
+        assert 0 < err, f"rank {rank}: the fp16 accumulation changed nothing, so this checks nothing"
+        atol_o, atol_l, _ = TOL[torch.float16]
+        # The kernel's own roundings (keys, probabilities) come on top: half the tolerance is left for them.
+        assert err < atol_o / 2, f"rank {rank}: fp16 accumulation alone moves the output by {err:.2e}"
+        torch.testing.assert_close(got.lse, want.lse, atol=atol_l / 2, rtol=atol_l / 2)

@@ -249,7 +249,8 @@ def _rope_sincos(tok_pos, inv_freq, ON_GPU: tl.constexpr, HOLD_DT: tl.constexpr)
 @triton.jit
 def _rotate(k_lo, k_hi, sin, cos, QK_DT: tl.constexpr, ON_GPU: tl.constexpr):
     """RoPE on a tile's rebuilt keys (float32, in their two halves), returned
-    in the dot dtype QK_DT. The sines and cosines are held across the head
+    in the dot dtype QK_DT (fp16 keys may come in fp16, from an
+    fp16-accumulating rebuild). The sines and cosines are held across the head
     loop as fp16 for 16-bit dots (their error, below 2.5e-4, is under the
     keys' own rounding to 16 bits): half the registers of float32, which
     is what lets the large tiles run without spilling. fp16 keys rotate
@@ -257,8 +258,9 @@ def _rotate(k_lo, k_hi, sin, cos, QK_DT: tl.constexpr, ON_GPU: tl.constexpr):
     than rotating in float32, within the same tolerance); bf16 and float32
     keys rotate in float32."""
     if QK_DT == tl.float16:
-        k_lo = _to_f16(k_lo, ON_GPU)
-        k_hi = _to_f16(k_hi, ON_GPU)
+        if k_lo.dtype != tl.float16:
+            k_lo = _to_f16(k_lo, ON_GPU)
+            k_hi = _to_f16(k_hi, ON_GPU)
         return k_lo * cos - k_hi * sin, k_hi * cos + k_lo * sin
     else:
         c32 = _widen(cos, ON_GPU)
@@ -344,10 +346,21 @@ def _stage1_kernel(
     rows, and the split stores it normalised; the merge maps it by each
     row's W_v,g once per sequence, which is exact (o = (sum_t p_t U_v[t])
     W_v). The splits cover the compressed segment; the merge attends the
-    dense one."""
+    dense one.
+
+    With fp16 factors and queries the rebuild's MMAs accumulate in fp16
+    (REBUILD_DT), so the keys come out in the QK MMA's dtype with no
+    float32-to-fp16 conversion (16 of 192 instructions a token at the
+    benchmark shape): a rounding per 16 rank columns at least, where float32
+    sums were rounded once; at most twice the keys' error, which
+    test_keys_rebuilt_with_fp16_accumulation_stay_within_the_fp16_tolerance
+    bounds. Under the interpreter the sums are float32 (numpy), so the
+    kernel's own tests see one rounding."""
     b = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     n_splits = tl.num_programs(1)
+    # The keys' MMA accumulator: fp16 where the keys go on in fp16 (see above).
+    REBUILD_DT: tl.constexpr = tl.float16 if (QK_DT == tl.float16 and UW_DT == tl.float16) else tl.float32
 
     head, query, row_kv, row_mask = _all_query_rows(N_QUERIES, GROUP, KV_HEADS * GROUP * N_QUERIES, BLOCK_ROWS)
     q_pos = tl.load(QPos + b * stride_pb + query * stride_pm, mask=row_mask, other=-1).to(tl.int32)
@@ -421,8 +434,8 @@ def _stage1_kernel(
             if ONE_CHUNK:
                 w_lo, w_hi = _load_wk(WK_b + g * HEAD_DIM * stride_wkc, 0, offs_h, h_mask, rank_k_max,
                                       stride_wkr, stride_wkc, HALF, BLOCK_R, UW_DT)
-                k_lo = tl.dot(u, w_lo, input_precision="ieee")
-                k_hi = tl.dot(u, w_hi, input_precision="ieee")
+                k_lo = tl.dot(u, w_lo, input_precision="ieee", out_dtype=REBUILD_DT)
+                k_hi = tl.dot(u, w_hi, input_precision="ieee", out_dtype=REBUILD_DT)
             else:
                 k_lo = tl.zeros([BLOCK_N, BLOCK_HALF], dtype=tl.float32)
                 k_hi = tl.zeros([BLOCK_N, BLOCK_HALF], dtype=tl.float32)
