@@ -50,6 +50,19 @@ def test_split_k_selftests_catch_a_merge_that_keeps_one_split(op, monkeypatch):
     assert any(not r["ok"] for r in rows)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_quant_decode_selftest_names_the_dtype_of_its_uncompressed_tokens(dtype, monkeypatch):
+    # Its title said "32 fp16 tokens" whatever dtype the uncompressed segment had (--dtype's).
+    from kernels_py.ops.quant_decode import cases
+
+    made = []
+    make_cache = cases.make_cache
+    monkeypatch.setattr(cases, "make_cache", lambda **kw: made.append(make_cache(**kw)) or made[-1])
+    result = cases.selftest(dtype=dtype, heads=2, kv_heads=1)
+    assert {str(dense.k.dtype).removeprefix("torch.") for *_, dense in made} == {dtype}
+    assert f"32 uncompressed {dtype} tokens" in result["title"], result["title"]
+
+
 def test_run_covers_the_registry_and_rejects_unknown_ops():
     result = selftest.run(ops=["attention_stats"])
     assert result["ok"] and [r["op"] for r in result["ops"]] == ["attention_stats"]
