@@ -154,6 +154,19 @@ def test_bad_inputs_get_clear_errors(device):
         op.quant_decode(big, q_pos.repeat(1, 2), segs, dense)
 
 
+@pytest.mark.parametrize("impl", ["kernel", "reference"])
+def test_a_segment_on_another_device_or_a_dense_tuple_gets_a_clear_error(impl, device):
+    # A segment on another device had its lengths read there first (meta:
+    # "Tensor.item() cannot be called on meta tensors"); a DenseKV given as a
+    # tuple failed with "'tuple' object has no attribute 'k'".
+    run = op.quant_decode if impl == "kernel" else op.reference.quant_decode
+    q, q_pos, segs, dense = case(device, torch.float16, "zipvl_gqa4")
+    with pytest.raises(ValueError, match=rf"segments\[1\] is on meta, q on {q.device}"):
+        run(q, q_pos, [segs[0], segs[1].to("meta")], dense)
+    with pytest.raises(TypeError, match="dense must be a DenseKV, got tuple"):
+        run(q, q_pos, segs, (dense.k, dense.v, dense.pos, dense.length))
+
+
 def test_roofline_model_counts_the_bytes_of_the_layout():
     """32 q / 8 kv heads, head_dim 128, group 64, 25% of the tokens in 4 bits:
     per kv head 0.25 * 128 + 0.75 * 64 = 80 bytes of codes and 16 of scales and
