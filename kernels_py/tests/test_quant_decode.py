@@ -85,6 +85,9 @@ def test_tiles_span_key_groups_only_from_a_group_start():
     q, q_pos, segs, dense = case("cpu", torch.float32, "zipvl_gqa4")
     with pytest.raises(ValueError, match=r"tile=96: tile must be one of \[64, 128\]"):
         op.quant_decode(q, q_pos, segs, dense, tile=96)
+    # 64.0 == 64, but a float tile reached the kernel as a float constexpr, which failed to compile.
+    with pytest.raises(ValueError, match=r"tile=64.0: tile must be one of \[64, 128\] \(an int"):
+        op.quant_decode(q, q_pos, segs, dense, tile=64.0)
 
 
 def test_padding_slots_and_causality(device):
