@@ -2,6 +2,7 @@
 own check on its small input."""
 
 import pytest
+import torch
 
 from kernels_py import selftest
 from kernels_py.ops import OPS, folders
@@ -22,6 +23,23 @@ def test_lowrank_decode_selftest_checks_every_kernel():
         ("fused, keys rotated after rebuild", "default"), ("fused, keys rotated after rebuild", 3),
         ("fused, keys as cached", "default"), ("absorbed (rank space)", "default"), ("absorbed (rank space)", 3)]
     assert all(r["out_err"] < 1e-4 for r in result["rows"])
+
+
+def test_lowrank_decode_selftest_verdict_names_a_nan_error(monkeypatch):
+    # max() dropped a NaN error that came after a number: a kernel giving NaN
+    # was reported "worst error at 0.0095 of its tolerance" (and MISMATCH).
+    from kernels_py.ops.lowrank_decode import cases
+
+    absorbed = cases.lowrank_decode_absorbed
+
+    def nan_output(*args, **kwargs):
+        got = absorbed(*args, **kwargs)
+        return got._replace(out=torch.full_like(got.out, float("nan")))
+
+    monkeypatch.setattr(cases, "lowrank_decode_absorbed", nan_output)
+    result = cases.selftest(heads=4, kv_heads=2, rank=16, visual_tokens=40, text_tokens=8)
+    assert not result["ok"] and [r["ok"] for r in result["rows"]] == [True, True, True, False, False]
+    assert result["verdict"] == "worst error at nan of its tolerance", result["verdict"]
 
 
 @pytest.mark.parametrize("op", ["gather_decode", "fp8_decode", "quant_decode", "lowrank_decode"])
