@@ -1,6 +1,8 @@
 """`workbench selftest` runs every registered op's selftest; each passes its
 own check on its small input."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -40,6 +42,24 @@ def test_lowrank_decode_selftest_verdict_names_a_nan_error(monkeypatch):
     result = cases.selftest(heads=4, kv_heads=2, rank=16, visual_tokens=40, text_tokens=8)
     assert not result["ok"] and [r["ok"] for r in result["rows"]] == [True, True, True, False, False]
     assert result["verdict"] == "worst error at nan of its tolerance", result["verdict"]
+
+
+def test_kv_quant_selftest_verdict_says_what_failed(monkeypatch):
+    # Its verdict was "MISMATCH" on a failure, printed as "kernel vs reference:
+    # MISMATCH MISMATCH" with nothing on whether bytes or errors were off.
+    from kernels_py.ops.kv_quant import cases
+
+    quantize = cases.quantize
+
+    def flipped(*args, **kwargs):
+        seg = quantize(*args, **kwargs)
+        return dataclasses.replace(seg, v_codes=seg.v_codes ^ 1)
+
+    good = cases.selftest(kv_heads=1, slots=128)
+    assert good["ok"] and good["verdict"].startswith("packed bytes equal the reference's, worst error at 0."), good
+    monkeypatch.setattr(cases, "quantize", flipped)
+    bad = cases.selftest(kv_heads=1, slots=128)
+    assert not bad["ok"] and bad["verdict"].startswith("packed bytes differ from the reference's"), bad["verdict"]
 
 
 @pytest.mark.parametrize("op", ["gather_decode", "fp8_decode", "quant_decode", "lowrank_decode"])
