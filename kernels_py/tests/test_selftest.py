@@ -2,6 +2,7 @@
 own check on its small input."""
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -99,6 +100,26 @@ def test_quant_decode_selftest_names_the_dtype_of_its_uncompressed_tokens(dtype,
     result = cases.selftest(dtype=dtype, heads=2, kv_heads=1)
     assert {str(dense.k.dtype).removeprefix("torch.") for *_, dense in made} == {dtype}
     assert f"32 uncompressed {dtype} tokens" in result["title"], result["title"]
+
+
+SMALL_SELFTESTS = {
+    "attention_stats": dict(heads=4, kv_heads=2, visual_tokens=64, text_tokens=16),
+    "lowrank_decode": dict(heads=4, kv_heads=2, rank=16, visual_tokens=40, text_tokens=8),
+    "quant_decode": dict(heads=2, kv_heads=1),
+    "gather_decode": dict(heads=2, kv_heads=1, head_dim=32, slots=64),
+    "fp8_decode": dict(heads=2, kv_heads=1, head_dim=32, slots=64),
+}
+
+
+@pytest.mark.parametrize("op", sorted(SMALL_SELFTESTS))
+def test_selftests_print_the_tolerances_they_check_against(op):
+    # Printed with one digit, bfloat16's 2.5e-2 read "tolerance 3e-02": an
+    # error of 0.026 failed under a tolerance that said it passed.
+    result = OPS[op].cases.selftest(dtype="bfloat16", **SMALL_SELFTESTS[op])
+    tolerance = OPS[op].cases.TOLERANCE[torch.bfloat16]
+    text = " ".join([result["verdict"], *result.get("notes", [])])
+    printed = {float(m) for m in re.findall(r"(?:tolerance|lse|mass) ([0-9][0-9.e+-]*)", text)}
+    assert set(tolerance if isinstance(tolerance, tuple) else [tolerance]) <= printed, text
 
 
 def test_run_covers_the_registry_and_rejects_unknown_ops():

@@ -159,7 +159,7 @@ def selftest(seed: int = 0, dtype: str = "float32", heads: int = 8, kv_heads: in
         "title": f"one decode step over {visual_tokens} compressed (rank {rank}) + {text_tokens} uncompressed tokens "
                  f"({heads} heads, {kv_heads} kv heads, head_dim {head_dim}, {dtype})",
         **table(COLUMNS, rows),
-        "notes": [f"tolerances: output and lse {out_tol:.0e}, mass {mass_tol:.0e}"],
+        "notes": [f"tolerances: output and lse {out_tol:g}, mass {mass_tol:g}"],
         "verdict": f"worst error at {worst:.2g} of its tolerance",
         "ok": all(r["ok"] for r in rows),
         "kernel_seconds": sum(r["seconds"] for r in rows),
