@@ -289,10 +289,12 @@ def workspace_for(q: torch.Tensor, workspace: "Workspace | None", num_splits: in
     if not isinstance(workspace, Workspace):
         raise TypeError(f"workspace must be a Workspace (make_workspace), got {type(workspace).__name__}")
     want = (*q.shape[:3], workspace.splits, q.shape[3])
-    if tuple(workspace.part_o.shape) != want or tuple(workspace.part_lse.shape) != want[:4] \
-            or workspace.part_o.device != q.device:
-        raise ValueError(f"workspace.part_o is {tuple(workspace.part_o.shape)} on {workspace.part_o.device}; this call "
-                         f"needs {want} on {q.device}: make_workspace(q, {workspace.splits})")
+    # The kernels store float32 partials and read them back as float32: another dtype rounds or
+    # truncates them (an int32 part_lse gave a wrong LSE), another device fails inside the launch.
+    for name, t, shape in (("part_o", workspace.part_o, want), ("part_lse", workspace.part_lse, want[:4])):
+        if tuple(t.shape) != shape or t.dtype != torch.float32 or t.device != q.device:
+            raise ValueError(f"workspace.{name} is {tuple(t.shape)} {t.dtype} on {t.device}; this call needs "
+                             f"{shape} float32 on {q.device}: make_workspace(q, {workspace.splits})")
     if num_splits is not None and num_splits != workspace.splits:
         raise ValueError(f"num_splits={num_splits} but the workspace was made for {workspace.splits} splits")
     return workspace

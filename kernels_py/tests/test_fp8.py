@@ -159,6 +159,18 @@ def test_bad_inputs_name_the_culprit(device):
         op.fp8_decode(q, q_pos, k, v, ks, vs, pos, conversion="fast")
 
 
+@pytest.mark.parametrize("impl", ["kernel", "reference"])
+def test_no_channels_and_non_tensors_get_clear_errors(impl, device):
+    # head_dim 0 raised ZeroDivisionError from the default softmax scale, and
+    # a list for a tensor "'list' object has no attribute 'dim'".
+    run = op.fp8_decode if impl == "kernel" else op.reference.fp8_decode
+    q, q_pos, k, v, ks, vs, pos = [t.to(device) for t in make_case(batch=1, **SHAPES["gqa4"])]
+    with pytest.raises(ValueError, match=r"head_dim must be at least 1, got q of shape \(1, 8, 1, 0\)"):
+        run(q[..., :0], q_pos, k[..., :0], v[..., :0], ks, vs, pos)
+    with pytest.raises(TypeError, match="q_pos must be a torch.Tensor, got list"):
+        run(q, q_pos.tolist(), k, v, ks, vs, pos)
+
+
 @pytest.mark.parametrize("granularity", ["head", "tensor"])
 def test_codec_scales_of_a_head_or_the_tensor_are_told_how_to_go_in(granularity, device):
     """codec.quantize's per-head and per-tensor scales keep a token axis of

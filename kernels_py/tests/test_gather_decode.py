@@ -111,6 +111,22 @@ def test_workspace_is_reused_and_checked(device):
         op.gather_decode(*args, workspace=ws, num_splits=4)
 
 
+@pytest.mark.parametrize("field,bad,match", [
+    ("part_lse", lambda t: t.to(torch.int32), r"workspace.part_lse is \(2, 7, 1, 2\) torch.int32 on cpu; this call "
+                                              r"needs \(2, 7, 1, 2\) float32"),
+    ("part_o", lambda t: t.to(torch.float16), r"workspace.part_o is .* torch.float16 .* float32"),
+    ("part_lse", lambda t: t.to("meta"), r"workspace.part_lse is .* on meta; this call needs .* on cpu"),
+], ids=["int32-lse", "float16-o", "lse-on-meta"])
+def test_a_workspace_of_another_dtype_or_device_is_refused(field, bad, match, device):
+    # An int32 part_lse truncated each split's LSE (a wrong lse, silently); a
+    # part_lse on another device failed inside the launch.
+    args = case(device, torch.float32, "gqa7")
+    ws = op.make_workspace(args[0], 2)
+    ws = op.Workspace(**{**ws.__dict__, field: bad(getattr(ws, field))})
+    with pytest.raises(ValueError, match=match.replace("cpu", str(args[0].device))):
+        op.gather_decode(*args, workspace=ws)
+
+
 def test_an_empty_index_tensor_with_a_count_is_rejected(device):
     """count above the entries an index holds is an error even when it holds none."""
     q, q_pos, k, v, pos, index, count = case(device, torch.float32, "mha")

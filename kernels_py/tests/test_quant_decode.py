@@ -85,6 +85,9 @@ def test_tiles_span_key_groups_only_from_a_group_start():
     q, q_pos, segs, dense = case("cpu", torch.float32, "zipvl_gqa4")
     with pytest.raises(ValueError, match=r"tile=96: tile must be one of \[64, 128\]"):
         op.quant_decode(q, q_pos, segs, dense, tile=96)
+    # 64.0 == 64, but a float tile reached the kernel as a float constexpr, which failed to compile.
+    with pytest.raises(ValueError, match=r"tile=64.0: tile must be one of \[64, 128\] \(an int"):
+        op.quant_decode(q, q_pos, segs, dense, tile=64.0)
 
 
 def test_padding_slots_and_causality(device):
@@ -152,6 +155,19 @@ def test_bad_inputs_get_clear_errors(device):
     with pytest.raises(ValueError, match="query heads per kv head x query tokens = 160 exceeds 128"):
         big = q[:, :1].expand(2, 2 * 80, 2, 64).contiguous()
         op.quant_decode(big, q_pos.repeat(1, 2), segs, dense)
+
+
+@pytest.mark.parametrize("impl", ["kernel", "reference"])
+def test_a_segment_on_another_device_or_a_dense_tuple_gets_a_clear_error(impl, device):
+    # A segment on another device had its lengths read there first (meta:
+    # "Tensor.item() cannot be called on meta tensors"); a DenseKV given as a
+    # tuple failed with "'tuple' object has no attribute 'k'".
+    run = op.quant_decode if impl == "kernel" else op.reference.quant_decode
+    q, q_pos, segs, dense = case(device, torch.float16, "zipvl_gqa4")
+    with pytest.raises(ValueError, match=rf"segments\[1\] is on meta, q on {q.device}"):
+        run(q, q_pos, [segs[0], segs[1].to("meta")], dense)
+    with pytest.raises(TypeError, match="dense must be a DenseKV, got tuple"):
+        run(q, q_pos, segs, (dense.k, dense.v, dense.pos, dense.length))
 
 
 def test_roofline_model_counts_the_bytes_of_the_layout():

@@ -1,7 +1,11 @@
 """`workbench selftest` runs every registered op's selftest; each passes its
 own check on its small input."""
 
+import dataclasses
+import re
+
 import pytest
+import torch
 
 from kernels_py import selftest
 from kernels_py.ops import OPS, folders
@@ -22,6 +26,41 @@ def test_lowrank_decode_selftest_checks_every_kernel():
         ("fused, keys rotated after rebuild", "default"), ("fused, keys rotated after rebuild", 3),
         ("fused, keys as cached", "default"), ("absorbed (rank space)", "default"), ("absorbed (rank space)", 3)]
     assert all(r["out_err"] < 1e-4 for r in result["rows"])
+
+
+def test_lowrank_decode_selftest_verdict_names_a_nan_error(monkeypatch):
+    # max() dropped a NaN error that came after a number: a kernel giving NaN
+    # was reported "worst error at 0.0095 of its tolerance" (and MISMATCH).
+    from kernels_py.ops.lowrank_decode import cases
+
+    absorbed = cases.lowrank_decode_absorbed
+
+    def nan_output(*args, **kwargs):
+        got = absorbed(*args, **kwargs)
+        return got._replace(out=torch.full_like(got.out, float("nan")))
+
+    monkeypatch.setattr(cases, "lowrank_decode_absorbed", nan_output)
+    result = cases.selftest(heads=4, kv_heads=2, rank=16, visual_tokens=40, text_tokens=8)
+    assert not result["ok"] and [r["ok"] for r in result["rows"]] == [True, True, True, False, False]
+    assert result["verdict"] == "worst error at nan of its tolerance", result["verdict"]
+
+
+def test_kv_quant_selftest_verdict_says_what_failed(monkeypatch):
+    # Its verdict was "MISMATCH" on a failure, printed as "kernel vs reference:
+    # MISMATCH MISMATCH" with nothing on whether bytes or errors were off.
+    from kernels_py.ops.kv_quant import cases
+
+    quantize = cases.quantize
+
+    def flipped(*args, **kwargs):
+        seg = quantize(*args, **kwargs)
+        return dataclasses.replace(seg, v_codes=seg.v_codes ^ 1)
+
+    good = cases.selftest(kv_heads=1, slots=128)
+    assert good["ok"] and good["verdict"].startswith("packed bytes equal the reference's, worst error at 0."), good
+    monkeypatch.setattr(cases, "quantize", flipped)
+    bad = cases.selftest(kv_heads=1, slots=128)
+    assert not bad["ok"] and bad["verdict"].startswith("packed bytes differ from the reference's"), bad["verdict"]
 
 
 @pytest.mark.parametrize("op", ["gather_decode", "fp8_decode", "quant_decode", "lowrank_decode"])
@@ -48,6 +87,39 @@ def test_split_k_selftests_catch_a_merge_that_keeps_one_split(op, monkeypatch):
     rows = OPS[op].cases.selftest(**small)["rows"]
     assert [r["splits"] == splitk.SELFTEST_SPLITS for r in rows] == [not r["ok"] for r in rows], rows
     assert any(not r["ok"] for r in rows)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_quant_decode_selftest_names_the_dtype_of_its_uncompressed_tokens(dtype, monkeypatch):
+    # Its title said "32 fp16 tokens" whatever dtype the uncompressed segment had (--dtype's).
+    from kernels_py.ops.quant_decode import cases
+
+    made = []
+    make_cache = cases.make_cache
+    monkeypatch.setattr(cases, "make_cache", lambda **kw: made.append(make_cache(**kw)) or made[-1])
+    result = cases.selftest(dtype=dtype, heads=2, kv_heads=1)
+    assert {str(dense.k.dtype).removeprefix("torch.") for *_, dense in made} == {dtype}
+    assert f"32 uncompressed {dtype} tokens" in result["title"], result["title"]
+
+
+SMALL_SELFTESTS = {
+    "attention_stats": dict(heads=4, kv_heads=2, visual_tokens=64, text_tokens=16),
+    "lowrank_decode": dict(heads=4, kv_heads=2, rank=16, visual_tokens=40, text_tokens=8),
+    "quant_decode": dict(heads=2, kv_heads=1),
+    "gather_decode": dict(heads=2, kv_heads=1, head_dim=32, slots=64),
+    "fp8_decode": dict(heads=2, kv_heads=1, head_dim=32, slots=64),
+}
+
+
+@pytest.mark.parametrize("op", sorted(SMALL_SELFTESTS))
+def test_selftests_print_the_tolerances_they_check_against(op):
+    # Printed with one digit, bfloat16's 2.5e-2 read "tolerance 3e-02": an
+    # error of 0.026 failed under a tolerance that said it passed.
+    result = OPS[op].cases.selftest(dtype="bfloat16", **SMALL_SELFTESTS[op])
+    tolerance = OPS[op].cases.TOLERANCE[torch.bfloat16]
+    text = " ".join([result["verdict"], *result.get("notes", [])])
+    printed = {float(m) for m in re.findall(r"(?:tolerance|lse|mass) ([0-9][0-9.e+-]*)", text)}
+    assert set(tolerance if isinstance(tolerance, tuple) else [tolerance]) <= printed, text
 
 
 def test_run_covers_the_registry_and_rejects_unknown_ops():

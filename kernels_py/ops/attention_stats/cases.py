@@ -106,7 +106,7 @@ def selftest(seed: int = 0, dtype: str = "float32", heads: int = 8, kv_heads: in
         "top_kernel_tokens": top.tolist(),
         "max_abs_err": err,
         "tolerance": tol,
-        "verdict": f"max abs error {err:.2e} (tolerance {tol:.0e})",
+        "verdict": f"max abs error {err:.2e} (tolerance {tol:g})",
         "ok": err <= tol,
         "kernel_seconds": kernel_s,
     }

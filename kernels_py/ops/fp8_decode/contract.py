@@ -37,9 +37,15 @@ def per_token(k_scale: torch.Tensor) -> bool:
 
 def check_inputs(q, q_pos, k, v, k_scale, v_scale, pos) -> None:
     """Raise ValueError / TypeError naming the offending input."""
+    for name, t in (("q", q), ("q_pos", q_pos), ("k", k), ("v", v), ("k_scale", k_scale), ("v_scale", v_scale),
+                    ("pos", pos)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if q.dim() != 4:
         raise ValueError(f"q must be [batch, heads, queries, head_dim], got shape {tuple(q.shape)}")
     batch, heads, queries, head_dim = q.shape
+    if head_dim < 1:  # the default softmax scale, head_dim ** -0.5, divided by zero
+        raise ValueError(f"head_dim must be at least 1, got q of shape {tuple(q.shape)}")
     if k.dim() != 4 or k.shape != v.shape:
         raise ValueError(f"k and v must both be [batch, kv_heads, slots, head_dim], got {tuple(k.shape)} and "
                          f"{tuple(v.shape)}")

@@ -1,5 +1,6 @@
 """The low-rank decode op's compile cases and selftest (see kernels_py.ops)."""
 
+import math
 import time
 from dataclasses import fields
 from functools import partial
@@ -149,14 +150,16 @@ def selftest(seed: int = 0, dtype: str = "float32", heads: int = 8, kv_heads: in
         mass_err = max((got.mass_comp - want.mass_comp).abs().max().item(),
                        (got.mass_dense - want.mass_dense).abs().max().item())
         ok = out_err <= out_tol and lse_err <= out_tol and mass_err <= mass_tol
-        worst = max(worst, out_err / out_tol, lse_err / out_tol, mass_err / mass_tol)
+        ratios = (out_err / out_tol, lse_err / out_tol, mass_err / mass_tol)
+        # max() keeps whichever comes first of a NaN and a number: a NaN error must stay the worst.
+        worst = math.nan if any(map(math.isnan, ratios)) else max(worst, *ratios)
         rows.append({"variant": variant, "splits": splits or "default", "out_err": out_err, "lse_err": lse_err, "mass_err": mass_err,
                      "seconds": seconds, "ok": ok})
     return {
         "title": f"one decode step over {visual_tokens} compressed (rank {rank}) + {text_tokens} uncompressed tokens "
                  f"({heads} heads, {kv_heads} kv heads, head_dim {head_dim}, {dtype})",
         **table(COLUMNS, rows),
-        "notes": [f"tolerances: output and lse {out_tol:.0e}, mass {mass_tol:.0e}"],
+        "notes": [f"tolerances: output and lse {out_tol:g}, mass {mass_tol:g}"],
         "verdict": f"worst error at {worst:.2g} of its tolerance",
         "ok": all(r["ok"] for r in rows),
         "kernel_seconds": sum(r["seconds"] for r in rows),

@@ -81,7 +81,7 @@ COLUMNS = (
 
 def selftest(seed: int = 0, dtype: str = "float16", heads: int = 8, kv_heads: int = 2, head_dim: int = 128) -> dict:
     """One decode step over a ZipVL-shaped cache (25% of the tokens in 4-bit,
-    75% in 2-bit, 32 recent in fp16; also in SELFTEST_SPLITS splits) and a
+    75% in 2-bit, 32 recent uncompressed in `dtype`; also in SELFTEST_SPLITS splits) and a
     KIVI-shaped one, against the reference over the dequantized cache."""
     torch_dtype = common.dtype(dtype)
     device = runtime.device()
@@ -105,10 +105,10 @@ def selftest(seed: int = 0, dtype: str = "float16", heads: int = 8, kv_heads: in
         rows.append({"cache": name, "splits": splits or "default", "out_err": out_err, "lse_err": lse_err, "seconds": seconds,
                      "ok": out_err <= tol and lse_err <= tol})
     return {
-        "title": f"one decode step over a quantized cache + 32 fp16 tokens ({heads} heads, {kv_heads} kv heads, "
-                 f"head_dim {head_dim}, {dtype})",
+        "title": f"one decode step over a quantized cache + 32 uncompressed {dtype} tokens ({heads} heads, "
+                 f"{kv_heads} kv heads, head_dim {head_dim}, {dtype})",
         **table(COLUMNS, rows),
-        "verdict": f"tolerance {TOLERANCE[torch_dtype]:.0e}",
+        "verdict": f"tolerance {TOLERANCE[torch_dtype]:g}",
         "ok": all(r["ok"] for r in rows),
         "kernel_seconds": sum(r["seconds"] for r in rows),
     }

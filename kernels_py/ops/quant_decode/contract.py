@@ -46,12 +46,16 @@ def check_inputs(q: torch.Tensor, q_pos: torch.Tensor, segments, dense: DenseKV,
         raise ValueError(f"segments must be a list of 1 to {MAX_SEGMENTS} QuantKV, got {segments!r:.80}")
     for i, seg in enumerate(segments):
         name = f"segments[{i}]"
-        check_segment(seg, name, check_values)
+        check_segment(seg, name, check_values=False)
         if seg.k_codes.shape[0] != batch or seg.head_dim != head_dim:
             raise ValueError(f"{name} holds {seg.k_codes.shape[0]} sequences of head_dim {seg.head_dim}; q "
                              f"{tuple(q.shape)} needs {batch} of head_dim {head_dim}")
         if seg.pos.device != q.device:
             raise ValueError(f"{name} is on {seg.pos.device}, q on {q.device}")
+        if check_values:  # its lengths, read once the segment is known to be where q is
+            check_segment(seg, name)
+    if not isinstance(dense, DenseKV):
+        raise TypeError(f"dense must be a DenseKV, got {type(dense).__name__}")
     kv_heads = segments[0].kv_heads
     if any(seg.kv_heads != kv_heads for seg in segments):
         raise ValueError(f"the segments disagree on kv heads: {[seg.kv_heads for seg in segments]}")

@@ -354,9 +354,10 @@ def quant_decode(q: torch.Tensor, q_pos: torch.Tensor, segments, dense: DenseKV,
     batch, heads, queries, head_dim = q.shape
     kv_heads = segments[0].kv_heads
     group = heads // kv_heads
-    if tile is not None and tile not in TILES:
-        raise ValueError(f"tile={tile!r}: tile must be one of {list(TILES)} (the kernel may use fewer slots, "
-                         f"tile_cap)")
+    # An int: 64.0 equals 64 but reached the kernel as a float constexpr, which failed to compile.
+    if tile is not None and (type(tile) is not int or tile not in TILES):
+        raise ValueError(f"tile={tile!r}: tile must be one of {list(TILES)} (an int; the kernel may use fewer "
+                         f"slots, tile_cap)")
     if group * queries > MAX_ROWS:
         raise ValueError(f"query heads per kv head x query tokens = {group * queries} exceeds {MAX_ROWS}, the rows "
                          f"one program holds")
