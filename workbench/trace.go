@@ -6,15 +6,18 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
+	"github.com/vlkv/vlkv/gohost/tensor"
 	"github.com/vlkv/vlkv/gohost/worker"
 )
 
@@ -294,6 +297,56 @@ func (m *traceMeta) check() error {
 	return nil
 }
 
+// checkTensors refuses a trace whose tensors are not the ones its metadata
+// describes (one missing, of another shape, or Q/K/V not floating point),
+// naming the tensor, as a replay does (kernels_py.models.trace's
+// _check_tensors), from the header alone: a summary of a file every replay
+// refuses would pass it as a trace.
+func (m *traceMeta) checkTensors(entries []tensor.SafetensorsEntry) error {
+	md := m.Model
+	prompt, steps := int64(m.PromptTokens), int64(m.DecodeSteps)
+	heads, kvHeads, dim := int64(md.Heads), int64(md.KVHeads), int64(md.HeadDim)
+	var rope []int64
+	if md.Rope == "mrope" { // M-RoPE positions are temporal, height, width
+		rope = []int64{3}
+	}
+	want := map[string][]int64{
+		"positions":        append(slices.Clone(rope), prompt),
+		"decode_positions": append(slices.Clone(rope), steps),
+	}
+	for l := range md.Layers {
+		want[fmt.Sprintf("layer.%d.q", l)] = []int64{heads, prompt, dim}
+		want[fmt.Sprintf("layer.%d.decode_q", l)] = []int64{steps, heads, 1, dim}
+		for _, name := range []string{"k", "v", "k_pre"} {
+			want[fmt.Sprintf("layer.%d.%s", l, name)] = []int64{kvHeads, prompt, dim}
+			want[fmt.Sprintf("layer.%d.decode_%s", l, name)] = []int64{steps, kvHeads, 1, dim}
+		}
+	}
+	got := make(map[string]tensor.SafetensorsEntry, len(entries))
+	for _, e := range entries {
+		got[e.Name] = e
+	}
+	shape := fmt.Sprintf("%d layers, %d heads, %d kv heads, head_dim %d, %d prompt tokens, %d decode steps",
+		md.Layers, md.Heads, md.KVHeads, md.HeadDim, m.PromptTokens, m.DecodeSteps)
+	names := slices.Sorted(maps.Keys(want))
+	for _, name := range names {
+		e, ok := got[name]
+		switch {
+		case !ok && strings.HasSuffix(name, "k_pre"):
+			// Traces written before pre-RoPE keys were recorded replay without them.
+		case !ok:
+			return fmt.Errorf("tensor %q is missing (its metadata gives %s): the file is not a whole trace; capture it again",
+				name, shape)
+		case !slices.Equal(e.Shape, want[name]):
+			return fmt.Errorf("tensor %q has shape %v, not the %v its metadata gives (%s): capture the trace again",
+				name, e.Shape, want[name], shape)
+		case strings.HasPrefix(name, "layer.") && e.DType.Code != tensor.CodeFloat && e.DType.Code != tensor.CodeBFloat:
+			return fmt.Errorf("tensor %q is %s, not floating point as Q/K/V are: capture the trace again", name, e.DType)
+		}
+	}
+	return nil
+}
+
 func newTraceInspectCmd(a *app) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
@@ -315,6 +368,9 @@ func newTraceInspectCmd(a *app) *cobra.Command {
 				return fmt.Errorf("%s: its trace metadata does not parse: %w", args[0], err)
 			}
 			if err := meta.check(); err != nil {
+				return fmt.Errorf("%s: %w", args[0], err)
+			}
+			if err := meta.checkTensors(h.Entries); err != nil {
 				return fmt.Errorf("%s: %w", args[0], err)
 			}
 			total := int64(0)
