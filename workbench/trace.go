@@ -172,7 +172,8 @@ workload("trace", path = "FILE.safetensors").`,
 
 // checkCaptureFiles says, in one line, what of capture's files is missing
 // (the model directory, an image, a video) or why out cannot be written: its
-// directory is missing or not a directory, or out is a directory. What is
+// directory is missing, not a directory or not writable, or out is a
+// directory. What is
 // in the files is for the capture to check.
 func checkCaptureFiles(model string, images, videos []string, out string) error {
 	if st, err := os.Stat(model); err != nil || !st.IsDir() {
@@ -203,7 +204,13 @@ func checkCaptureFiles(model string, images, videos []string, out string) error 
 	case !st.IsDir():
 		return fmt.Errorf("--out %s: %s is not a directory", out, dir)
 	}
-	return nil
+	// The trace is written after the model has run, minutes on a large one.
+	f, err := os.CreateTemp(dir, ".write-check-*")
+	if err != nil {
+		return fmt.Errorf("--out %s: directory %s is not writable: %w", out, dir, err)
+	}
+	f.Close()
+	return os.Remove(f.Name())
 }
 
 // progressLines is the capture's stderr: its "progress: " lines go to log

@@ -229,7 +229,8 @@ func TestTraceInspectRefusesIncompleteMetadata(t *testing.T) {
 
 // The files capture reads and --out's directory are checked before Python
 // starts: a missing directory for --out once failed only after the model
-// ran, with a traceback.
+// ran, with a traceback, and one that cannot be written still did after the
+// model ran, minutes on a large one.
 func TestTraceCaptureChecksFiles(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "file")
@@ -237,12 +238,15 @@ func TestTraceCaptureChecksFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := filepath.Join(dir, "t.safetensors")
+	readOnly := unwritableDir(t)
 	tests := []struct {
 		name         string
 		model, image string
 		out          string
 		want         string
 	}{
+		{"out directory not writable", dir, file, filepath.Join(readOnly, "t.safetensors"), "--out " +
+			filepath.Join(readOnly, "t.safetensors") + ": directory " + readOnly + " is not writable: "},
 		{"missing out directory", dir, file, filepath.Join(dir, "none", "t.safetensors"), "directory " + filepath.Join(dir, "none") + " does not exist: create it first"},
 		{"out a directory", dir, file, dir, "--out " + dir + " is a directory: name the file to write"},
 		{"out under a file", dir, file, filepath.Join(file, "t.safetensors"), file + " is not a directory"},
@@ -260,6 +264,28 @@ func TestTraceCaptureChecksFiles(t *testing.T) {
 			}
 		})
 	}
+}
+
+// unwritableDir is a directory no file can be created in: a read-only
+// temporary one, or, where its mode does not stop this user (root), /proc.
+func unwritableDir(t *testing.T) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "read-only")
+	if err := os.Mkdir(dir, 0o555); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.CreateTemp(dir, "probe")
+	if err != nil {
+		return dir
+	}
+	f.Close()
+	os.Remove(f.Name())
+	if f, err := os.CreateTemp("/proc", "probe"); err == nil {
+		f.Close()
+		os.Remove(f.Name())
+		t.Skip("no directory here refuses new files")
+	}
+	return "/proc"
 }
 
 // The capture's stages are logged as they start (a large model loads for
