@@ -354,6 +354,27 @@ func (m *traceMeta) checkTensors(entries []tensor.SafetensorsEntry) error {
 	return nil
 }
 
+// checkSpans refuses spans a replay refuses (kernels_py.models.trace's
+// _check_spans): out of order, overlapping, or not ending at the last
+// prompt token.
+func (m *traceMeta) checkSpans() error {
+	s := m.Spans
+	bounds := []int{s.System[0], s.System[1]}
+	for _, img := range s.Images {
+		bounds = append(bounds, img[0], img[1])
+	}
+	bounds = append(bounds, s.Text[0], s.Text[1])
+	if bounds[0] < 0 || !slices.IsSorted(bounds) {
+		return fmt.Errorf("its spans do not follow each other (system %v, images %v, text %v: the system prompt, "+
+			"the images in order and without overlap, then the text): capture the trace again", s.System, s.Images, s.Text)
+	}
+	if s.Text[1] != m.PromptTokens {
+		return fmt.Errorf("its spans end at token %d, not at the %d prompt tokens its metadata gives: capture the trace again",
+			s.Text[1], m.PromptTokens)
+	}
+	return nil
+}
+
 func newTraceInspectCmd(a *app) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
@@ -378,6 +399,9 @@ func newTraceInspectCmd(a *app) *cobra.Command {
 				return fmt.Errorf("%s: %w", args[0], err)
 			}
 			if err := meta.checkTensors(h.Entries); err != nil {
+				return fmt.Errorf("%s: %w", args[0], err)
+			}
+			if err := meta.checkSpans(); err != nil {
 				return fmt.Errorf("%s: %w", args[0], err)
 			}
 			total := int64(0)

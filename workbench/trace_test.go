@@ -159,11 +159,13 @@ func writeTrace(t *testing.T, file, meta string, edit func(ar *tensor.Arena, ts 
 }
 
 // A safetensors file whose trace metadata lacks what capture writes, or
-// whose tensors are not the ones its metadata describes, is refused in one
-// line rather than summarised (as zeros, or as a trace every replay refuses).
+// whose tensors or spans are not the ones its metadata describes, is refused
+// in one line rather than summarised (as zeros, or as a trace every replay
+// refuses).
 func TestTraceInspectRefusesIncompleteMetadata(t *testing.T) {
 	model := `"model": {"layers": 2, "heads": 4, "kv_heads": 2, "head_dim": 8}`
-	whole := `{"format": "vlkv-trace/1", ` + model + `, "prompt_tokens": 3, "decode_steps": 1}`
+	tokens := `"spans": {"system": [0, 1], "images": [[1, 2]], "text": [2, 3]}, "prompt_tokens": 3, "decode_steps": 1`
+	whole := `{"format": "vlkv-trace/1", ` + model + `, ` + tokens + `}`
 	replace := func(name string, dt tensor.DType, shape ...int64) func(*tensor.Arena, map[string]*tensor.Tensor) {
 		return func(ar *tensor.Arena, ts map[string]*tensor.Tensor) {
 			x, err := ar.NewTensor(dt, shape...)
@@ -183,9 +185,9 @@ func TestTraceInspectRefusesIncompleteMetadata(t *testing.T) {
 		{"other format", `{"format": "vlkv-trace/9", ` + model + `}`, nil, `trace format "vlkv-trace/9"; this version reads "vlkv-trace/1"`},
 		{"no shape", `{"format": "vlkv-trace/1"}`, nil, "its trace metadata gives no model shape (layers 0, heads 0, kv_heads 0, head_dim 0"},
 		{"complete", whole, nil, ""},
-		{"sliding layers", `{"format": "vlkv-trace/1", "model": {"layers": 2, "heads": 4, "kv_heads": 2, "head_dim": 8, "model_layers": 6, "sliding_layers": [0, 1, 3, 4]}, "prompt_tokens": 3, "decode_steps": 1}`, nil, ""},
-		{"scaled rope", `{"format": "vlkv-trace/1", "model": {"layers": 2, "heads": 4, "kv_heads": 2, "head_dim": 8, "rope": "default", "rope_theta": 1e6, "rope_scaling": {"type": "linear", "factor": 8}}, "prompt_tokens": 3, "decode_steps": 1}`, nil, ""},
-		{"m-rope positions", `{"format": "vlkv-trace/1", "model": {"layers": 2, "heads": 4, "kv_heads": 2, "head_dim": 8, "rope": "mrope"}, "prompt_tokens": 3, "decode_steps": 1}`, nil, ""},
+		{"sliding layers", `{"format": "vlkv-trace/1", "model": {"layers": 2, "heads": 4, "kv_heads": 2, "head_dim": 8, "model_layers": 6, "sliding_layers": [0, 1, 3, 4]}, ` + tokens + `}`, nil, ""},
+		{"scaled rope", `{"format": "vlkv-trace/1", "model": {"layers": 2, "heads": 4, "kv_heads": 2, "head_dim": 8, "rope": "default", "rope_theta": 1e6, "rope_scaling": {"type": "linear", "factor": 8}}, ` + tokens + `}`, nil, ""},
+		{"m-rope positions", `{"format": "vlkv-trace/1", "model": {"layers": 2, "heads": 4, "kv_heads": 2, "head_dim": 8, "rope": "mrope"}, ` + tokens + `}`, nil, ""},
 		{"no pre-rope keys (an older trace)", whole, func(_ *tensor.Arena, ts map[string]*tensor.Tensor) {
 			for _, l := range []string{"0", "1"} {
 				delete(ts, "layer."+l+".k_pre")
@@ -196,8 +198,12 @@ func TestTraceInspectRefusesIncompleteMetadata(t *testing.T) {
 			`tensor "layer.1.v" is missing (its metadata gives 2 layers, 4 heads, 2 kv heads, head_dim 8, 3 prompt tokens, 1 decode steps): the file is not a whole trace`},
 		{"fewer prompt tokens", whole, replace("layer.0.k", tensor.Float32, 2, 2, 8),
 			`tensor "layer.0.k" has shape [2 2 8], not the [2 3 8] its metadata gives`},
-		{"flat positions on m-rope", `{"format": "vlkv-trace/1", "model": {"layers": 2, "heads": 4, "kv_heads": 2, "head_dim": 8, "rope": "mrope"}, "prompt_tokens": 3, "decode_steps": 1}`,
+		{"flat positions on m-rope", `{"format": "vlkv-trace/1", "model": {"layers": 2, "heads": 4, "kv_heads": 2, "head_dim": 8, "rope": "mrope"}, ` + tokens + `}`,
 			replace("positions", tensor.Int64, 3), `tensor "positions" has shape [3], not the [3 3] its metadata gives`},
+		{"spans out of order", `{"format": "vlkv-trace/1", ` + model + `, "spans": {"system": [0, 1], "images": [[1, 50]], "text": [2, 3]}, "prompt_tokens": 3, "decode_steps": 1}`, nil,
+			"its spans do not follow each other (system [0 1], images [[1 50]], text [2 3]"},
+		{"no spans", `{"format": "vlkv-trace/1", ` + model + `, "prompt_tokens": 3, "decode_steps": 1}`, nil,
+			"its spans end at token 0, not at the 3 prompt tokens its metadata gives"},
 		{"integer queries", whole, replace("layer.1.decode_q", tensor.Int8, 1, 4, 1, 8),
 			`tensor "layer.1.decode_q" is int8, not floating point as Q/K/V are`},
 	}
