@@ -73,6 +73,9 @@ func newTensorsInspectCmd(a *app) *cobra.Command {
 					Tensors  []entry           `json:"tensors"`
 					Metadata map[string]string `json:"metadata"`
 				}{Tensors: []entry{}, Metadata: h.Metadata}
+				if out.Metadata == nil { // an object either way, as tensors is a list
+					out.Metadata = map[string]string{}
+				}
 				for _, e := range h.Entries {
 					out.Tensors = append(out.Tensors, entry{e.Name, e.DType.String(), e.Shape, e.End - e.Begin})
 				}

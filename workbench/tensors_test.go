@@ -208,6 +208,24 @@ func TestTensorsToNPYReplacesAnEarlierExport(t *testing.T) {
 	}
 }
 
+// inspect --json gives a file without metadata an empty object, as it gives
+// one without tensors an empty list: it gave null, which a reader indexing
+// or iterating the metadata fails on.
+func TestTensorsInspectJSONWithoutMetadata(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "plain.safetensors")
+	if err := tensor.WriteSafetensors(file, map[string]*tensor.Tensor{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	code, stdout, stderr := runCLI(t, "tensors", "inspect", "--json", file)
+	var got map[string]json.RawMessage
+	if code != 0 || json.Unmarshal([]byte(stdout), &got) != nil {
+		t.Fatalf("exit %d: %s%s", code, stdout, stderr)
+	}
+	if string(got["metadata"]) != "{}" || string(got["tensors"]) != "[]" {
+		t.Errorf("metadata %s, tensors %s; want {} and []", got["metadata"], got["tensors"])
+	}
+}
+
 // A tensor name of 240 characters fits a file name with its ".npy", and so
 // must the temporary file the atomic write goes through.
 func TestTensorsToNPYLongName(t *testing.T) {
