@@ -173,8 +173,7 @@ workload("trace", path = "FILE.safetensors").`,
 // checkCaptureFiles says, in one line, what of capture's files is missing
 // (the model directory, an image, a video) or why out cannot be written: its
 // directory is missing, not a directory or not writable, or out is a
-// directory. What is
-// in the files is for the capture to check.
+// directory. What is in the files is for the capture to check.
 func checkCaptureFiles(model string, images, videos []string, out string) error {
 	if st, err := os.Stat(model); err != nil || !st.IsDir() {
 		return fmt.Errorf("--model %s is not a directory: give a local directory holding config.json, the weights "+
