@@ -2,10 +2,13 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -70,6 +73,9 @@ func newTensorsInspectCmd(a *app) *cobra.Command {
 					Tensors  []entry           `json:"tensors"`
 					Metadata map[string]string `json:"metadata"`
 				}{Tensors: []entry{}, Metadata: h.Metadata}
+				if out.Metadata == nil { // an object either way, as tensors is a list
+					out.Metadata = map[string]string{}
+				}
 				for _, e := range h.Entries {
 					out.Tensors = append(out.Tensors, entry{e.Name, e.DType.String(), e.Shape, e.End - e.Begin})
 				}
@@ -115,9 +121,16 @@ OUTDIR/tensors.json maps every tensor name to its file; the file's
 metadata (a trace's spans, tokens and model shape, as JSON text under
 "vlkv"), where it has any, goes to OUTDIR/metadata.json as the same
 strings tensors inspect --json gives. Existing files are replaced whole,
-never half-written.`,
+never half-written. An earlier export into OUTDIR is cleared first (its
+tensors.json, metadata.json and the .npy files its index names), and
+tensors.json is written last: a directory holding one holds the whole
+export, and no other file's metadata.`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			// The header first: a directory or a .npy file is refused saying so.
+			if _, err := readSafetensorsHeader(args[0]); err != nil {
+				return err
+			}
 			st, err := os.Stat(args[0])
 			if err != nil {
 				return err
@@ -138,16 +151,15 @@ never half-written.`,
 			for _, e := range h.Entries {
 				files[e.Name] = tensor.NPYName(e.Name) // distinct for distinct names
 			}
+			if err := removePreviousExport(args[1], files); err != nil {
+				return err
+			}
 			for _, e := range h.Entries {
 				path := filepath.Join(args[1], files[e.Name])
 				if err := tensor.WriteNPYWidened(path, tensors[e.Name]); err != nil {
 					return fmt.Errorf("%s: %w", e.Name, err)
 				}
 				a.log.Debug().Str("tensor", e.Name).Str("path", path).Msg("wrote")
-			}
-			index, _ := json.MarshalIndent(files, "", "  ")
-			if err := os.WriteFile(filepath.Join(args[1], "tensors.json"), append(index, '\n'), 0o644); err != nil {
-				return err
 			}
 			meta := ""
 			if len(h.Metadata) > 0 {
@@ -158,9 +170,50 @@ never half-written.`,
 				}
 				meta = ", its metadata: " + meta
 			}
+			// The index last: a directory with one holds the whole export.
+			index, _ := json.MarshalIndent(files, "", "  ")
+			if err := os.WriteFile(filepath.Join(args[1], "tensors.json"), append(index, '\n'), 0o644); err != nil {
+				return err
+			}
 			fmt.Fprintf(a.stdout, "wrote %d tensors to %s (names to files: %s%s)\n", len(h.Entries), args[1],
 				filepath.Join(args[1], "tensors.json"), meta)
 			return nil
 		},
 	}
+}
+
+// removePreviousExport removes what an earlier to-npy left in dir and this
+// export does not replace: its tensors.json, its metadata.json and the .npy
+// files its index names that this one does not write. Left there, another
+// file's metadata would pass for this one's, and an export that fails half
+// way would have a whole-looking index of old and new files.
+func removePreviousExport(dir string, files map[string]string) error {
+	index := filepath.Join(dir, "tensors.json")
+	data, err := os.ReadFile(index)
+	if errors.Is(err, fs.ErrNotExist) {
+		data = nil
+	} else if err != nil {
+		return fmt.Errorf("read the previous export's index: %w", err)
+	}
+	var previous map[string]string
+	if json.Unmarshal(data, &previous) != nil {
+		previous = nil // not an index to-npy wrote: no files of its to remove
+	}
+	keep := make(map[string]bool, len(files))
+	for _, f := range files {
+		keep[f] = true
+	}
+	stale := []string{index, filepath.Join(dir, "metadata.json")}
+	for _, f := range previous {
+		// Only files to-npy names: an index edited to name ../x or x.csv removes nothing else.
+		if !keep[f] && f == filepath.Base(f) && strings.HasSuffix(f, ".npy") {
+			stale = append(stale, filepath.Join(dir, f))
+		}
+	}
+	for _, path := range stale {
+		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("remove the previous export's %s: %w", path, err)
+		}
+	}
+	return nil
 }

@@ -145,6 +145,8 @@ func TestTensorsBadFiles(t *testing.T) {
 		{"a directory", []string{"tensors", "inspect", dir}, 1, dir + " is a directory: give a .safetensors file"},
 		{"a directory to trace inspect", []string{"trace", "inspect", dir}, 1, dir + " is a directory: give a .safetensors file"},
 		{"truncated to-npy", []string{"tensors", "to-npy", truncated, filepath.Join(dir, "out")}, 1, "truncated"},
+		{"a .npy file to-npy", []string{"tensors", "to-npy", npy, filepath.Join(dir, "out")}, 1, "is a NumPy .npy file, not a .safetensors file: read it with numpy.load"},
+		{"a directory to-npy", []string{"tensors", "to-npy", dir, filepath.Join(dir, "out")}, 1, dir + " is a directory: give a .safetensors file"},
 		{"no argument", []string{"tensors", "inspect"}, 2, "accepts 1 arg"},
 	}
 	for _, tc := range tests {
@@ -160,6 +162,67 @@ func TestTensorsBadFiles(t *testing.T) {
 		if len(entries) != 0 {
 			t.Errorf("a failed export left files: %v", entries)
 		}
+	}
+}
+
+// An export into a directory that holds an earlier one leaves nothing of
+// the earlier one beside it: another file's metadata.json once stayed there,
+// passing for this file's, and so did .npy files of tensors it does not have.
+func TestTensorsToNPYReplacesAnEarlierExport(t *testing.T) {
+	dir := t.TempDir()
+	trace := filepath.Join(dir, "trace.safetensors")
+	writeSample(t, trace) // three tensors and metadata
+	plain := filepath.Join(dir, "plain.safetensors")
+	ar, err := tensor.NewArena(1, "plain", 1<<12)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ar.Close()
+	x, _ := ar.NewTensor(tensor.Float32, 2)
+	if err := tensor.WriteSafetensors(plain, map[string]*tensor.Tensor{"attn_k": x, "w": x}, nil); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "npy")
+	mine := filepath.Join(out, "notes.npy") // a file no export wrote stays
+	for _, file := range []string{trace, plain} {
+		code, stdout, stderr := runCLI(t, "tensors", "to-npy", file, out)
+		if code != 0 {
+			t.Fatalf("to-npy %s: exit %d: %s%s", file, code, stdout, stderr)
+		}
+		if file == trace {
+			if err := os.WriteFile(mine, nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	entries, err := os.ReadDir(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range entries {
+		got = append(got, e.Name())
+	}
+	if want := []string{"attn_k.npy", "notes.npy", "tensors.json", "w.npy"}; strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("files after the second export: %v, want %v", got, want)
+	}
+}
+
+// inspect --json gives a file without metadata an empty object, as it gives
+// one without tensors an empty list: it gave null, which a reader indexing
+// or iterating the metadata fails on.
+func TestTensorsInspectJSONWithoutMetadata(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "plain.safetensors")
+	if err := tensor.WriteSafetensors(file, map[string]*tensor.Tensor{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	code, stdout, stderr := runCLI(t, "tensors", "inspect", "--json", file)
+	var got map[string]json.RawMessage
+	if code != 0 || json.Unmarshal([]byte(stdout), &got) != nil {
+		t.Fatalf("exit %d: %s%s", code, stdout, stderr)
+	}
+	if string(got["metadata"]) != "{}" || string(got["tensors"]) != "[]" {
+		t.Errorf("metadata %s, tensors %s; want {} and []", got["metadata"], got["tensors"])
 	}
 }
 

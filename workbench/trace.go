@@ -6,15 +6,18 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
+	"github.com/vlkv/vlkv/gohost/tensor"
 	"github.com/vlkv/vlkv/gohost/worker"
 )
 
@@ -169,8 +172,8 @@ workload("trace", path = "FILE.safetensors").`,
 
 // checkCaptureFiles says, in one line, what of capture's files is missing
 // (the model directory, an image, a video) or why out cannot be written: its
-// directory is missing or not a directory, or out is a directory. What is
-// in the files is for the capture to check.
+// directory is missing, not a directory or not writable, or out is a
+// directory. What is in the files is for the capture to check.
 func checkCaptureFiles(model string, images, videos []string, out string) error {
 	if st, err := os.Stat(model); err != nil || !st.IsDir() {
 		return fmt.Errorf("--model %s is not a directory: give a local directory holding config.json, the weights "+
@@ -200,7 +203,13 @@ func checkCaptureFiles(model string, images, videos []string, out string) error 
 	case !st.IsDir():
 		return fmt.Errorf("--out %s: %s is not a directory", out, dir)
 	}
-	return nil
+	// The trace is written after the model has run, minutes on a large one.
+	f, err := os.CreateTemp(dir, ".write-check-*")
+	if err != nil {
+		return fmt.Errorf("--out %s: directory %s is not writable: %w", out, dir, err)
+	}
+	f.Close()
+	return os.Remove(f.Name())
 }
 
 // progressLines is the capture's stderr: its "progress: " lines go to log
@@ -294,6 +303,77 @@ func (m *traceMeta) check() error {
 	return nil
 }
 
+// checkTensors refuses a trace whose tensors are not the ones its metadata
+// describes (one missing, of another shape, or Q/K/V not floating point),
+// naming the tensor, as a replay does (kernels_py.models.trace's
+// _check_tensors), from the header alone: a summary of a file every replay
+// refuses would pass it as a trace.
+func (m *traceMeta) checkTensors(entries []tensor.SafetensorsEntry) error {
+	md := m.Model
+	prompt, steps := int64(m.PromptTokens), int64(m.DecodeSteps)
+	heads, kvHeads, dim := int64(md.Heads), int64(md.KVHeads), int64(md.HeadDim)
+	var rope []int64
+	if md.Rope == "mrope" { // M-RoPE positions are temporal, height, width
+		rope = []int64{3}
+	}
+	want := map[string][]int64{
+		"positions":        append(slices.Clone(rope), prompt),
+		"decode_positions": append(slices.Clone(rope), steps),
+	}
+	for l := range md.Layers {
+		want[fmt.Sprintf("layer.%d.q", l)] = []int64{heads, prompt, dim}
+		want[fmt.Sprintf("layer.%d.decode_q", l)] = []int64{steps, heads, 1, dim}
+		for _, name := range []string{"k", "v", "k_pre"} {
+			want[fmt.Sprintf("layer.%d.%s", l, name)] = []int64{kvHeads, prompt, dim}
+			want[fmt.Sprintf("layer.%d.decode_%s", l, name)] = []int64{steps, kvHeads, 1, dim}
+		}
+	}
+	got := make(map[string]tensor.SafetensorsEntry, len(entries))
+	for _, e := range entries {
+		got[e.Name] = e
+	}
+	shape := fmt.Sprintf("%d layers, %d heads, %d kv heads, head_dim %d, %d prompt tokens, %d decode steps",
+		md.Layers, md.Heads, md.KVHeads, md.HeadDim, m.PromptTokens, m.DecodeSteps)
+	names := slices.Sorted(maps.Keys(want))
+	for _, name := range names {
+		e, ok := got[name]
+		switch {
+		case !ok && strings.HasSuffix(name, "k_pre"):
+			// Traces written before pre-RoPE keys were recorded replay without them.
+		case !ok:
+			return fmt.Errorf("tensor %q is missing (its metadata gives %s): the file is not a whole trace; capture it again",
+				name, shape)
+		case !slices.Equal(e.Shape, want[name]):
+			return fmt.Errorf("tensor %q has shape %v, not the %v its metadata gives (%s): capture the trace again",
+				name, e.Shape, want[name], shape)
+		case strings.HasPrefix(name, "layer.") && e.DType.Code != tensor.CodeFloat && e.DType.Code != tensor.CodeBFloat:
+			return fmt.Errorf("tensor %q is %s, not floating point as Q/K/V are: capture the trace again", name, e.DType)
+		}
+	}
+	return nil
+}
+
+// checkSpans refuses spans a replay refuses (kernels_py.models.trace's
+// _check_spans): out of order, overlapping, or not ending at the last
+// prompt token.
+func (m *traceMeta) checkSpans() error {
+	s := m.Spans
+	bounds := []int{s.System[0], s.System[1]}
+	for _, img := range s.Images {
+		bounds = append(bounds, img[0], img[1])
+	}
+	bounds = append(bounds, s.Text[0], s.Text[1])
+	if bounds[0] < 0 || !slices.IsSorted(bounds) {
+		return fmt.Errorf("its spans do not follow each other (system %v, images %v, text %v: the system prompt, "+
+			"the images in order and without overlap, then the text): capture the trace again", s.System, s.Images, s.Text)
+	}
+	if s.Text[1] != m.PromptTokens {
+		return fmt.Errorf("its spans end at token %d, not at the %d prompt tokens its metadata gives: capture the trace again",
+			s.Text[1], m.PromptTokens)
+	}
+	return nil
+}
+
 func newTraceInspectCmd(a *app) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
@@ -315,6 +395,12 @@ func newTraceInspectCmd(a *app) *cobra.Command {
 				return fmt.Errorf("%s: its trace metadata does not parse: %w", args[0], err)
 			}
 			if err := meta.check(); err != nil {
+				return fmt.Errorf("%s: %w", args[0], err)
+			}
+			if err := meta.checkTensors(h.Entries); err != nil {
+				return fmt.Errorf("%s: %w", args[0], err)
+			}
+			if err := meta.checkSpans(); err != nil {
 				return fmt.Errorf("%s: %w", args[0], err)
 			}
 			total := int64(0)

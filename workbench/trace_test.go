@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -100,37 +101,119 @@ save_tiny_llava(Path(sys.argv[1]) / "llava"); save_image(Path(sys.argv[1]) / "ca
 	}
 }
 
-// A safetensors file whose trace metadata lacks what capture writes is
-// refused in one line rather than summarised as zeros.
-func TestTraceInspectRefusesIncompleteMetadata(t *testing.T) {
-	ar, err := tensor.NewArena(1, "trace", 1<<12)
+// writeTrace writes file as capture would for the model shape, prompt
+// tokens and decode steps of meta (zeros for data), after edit changes the
+// tensors (nil: none).
+func writeTrace(t *testing.T, file, meta string, edit func(ar *tensor.Arena, ts map[string]*tensor.Tensor)) {
+	t.Helper()
+	var m struct {
+		Model struct {
+			Layers  int64  `json:"layers"`
+			Heads   int64  `json:"heads"`
+			KVHeads int64  `json:"kv_heads"`
+			HeadDim int64  `json:"head_dim"`
+			Rope    string `json:"rope"`
+		} `json:"model"`
+		PromptTokens int64 `json:"prompt_tokens"`
+		DecodeSteps  int64 `json:"decode_steps"`
+	}
+	if err := json.Unmarshal([]byte(meta), &m); err != nil {
+		t.Fatal(err)
+	}
+	m.PromptTokens, m.DecodeSteps = max(m.PromptTokens, 1), max(m.DecodeSteps, 1) // at least one of each, as capture writes
+	ar, err := tensor.NewArena(1, "trace", 1<<16)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ar.Close()
-	q, _ := ar.NewTensor(tensor.Float32, 1)
-	model := `"model": {"layers": 2, "heads": 4, "kv_heads": 2, "head_dim": 32}`
+	ts := map[string]*tensor.Tensor{}
+	add := func(name string, dt tensor.DType, shape ...int64) {
+		x, err := ar.NewTensor(dt, shape...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ts[name] = x
+	}
+	p, s, mdl := m.PromptTokens, m.DecodeSteps, m.Model
+	if mdl.Rope == "mrope" {
+		add("positions", tensor.Int64, 3, p)
+		add("decode_positions", tensor.Int64, 3, s)
+	} else {
+		add("positions", tensor.Int64, p)
+		add("decode_positions", tensor.Int64, s)
+	}
+	for l := range mdl.Layers {
+		add(fmt.Sprintf("layer.%d.q", l), tensor.Float32, mdl.Heads, p, mdl.HeadDim)
+		add(fmt.Sprintf("layer.%d.decode_q", l), tensor.Float32, s, mdl.Heads, 1, mdl.HeadDim)
+		for _, name := range []string{"k", "v", "k_pre"} {
+			add(fmt.Sprintf("layer.%d.%s", l, name), tensor.Float32, mdl.KVHeads, p, mdl.HeadDim)
+			add(fmt.Sprintf("layer.%d.decode_%s", l, name), tensor.Float32, s, mdl.KVHeads, 1, mdl.HeadDim)
+		}
+	}
+	if edit != nil {
+		edit(ar, ts)
+	}
+	if err := tensor.WriteSafetensors(file, ts, map[string]string{"vlkv": meta}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A safetensors file whose trace metadata lacks what capture writes, or
+// whose tensors or spans are not the ones its metadata describes, is refused
+// in one line rather than summarised (as zeros, or as a trace every replay
+// refuses).
+func TestTraceInspectRefusesIncompleteMetadata(t *testing.T) {
+	model := `"model": {"layers": 2, "heads": 4, "kv_heads": 2, "head_dim": 8}`
+	tokens := `"spans": {"system": [0, 1], "images": [[1, 2]], "text": [2, 3]}, "prompt_tokens": 3, "decode_steps": 1`
+	whole := `{"format": "vlkv-trace/1", ` + model + `, ` + tokens + `}`
+	replace := func(name string, dt tensor.DType, shape ...int64) func(*tensor.Arena, map[string]*tensor.Tensor) {
+		return func(ar *tensor.Arena, ts map[string]*tensor.Tensor) {
+			x, err := ar.NewTensor(dt, shape...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ts[name] = x
+		}
+	}
 	tests := []struct {
 		name string
 		meta string
+		edit func(*tensor.Arena, map[string]*tensor.Tensor)
 		want string // "" for a trace inspect accepts
 	}{
-		{"empty", `{}`, "its trace metadata has no format"},
-		{"other format", `{"format": "vlkv-trace/9", ` + model + `}`, `trace format "vlkv-trace/9"; this version reads "vlkv-trace/1"`},
-		{"no shape", `{"format": "vlkv-trace/1"}`, "its trace metadata gives no model shape (layers 0, heads 0, kv_heads 0, head_dim 0"},
-		{"complete", `{"format": "vlkv-trace/1", ` + model + `}`, ""},
-		{"sliding layers", `{"format": "vlkv-trace/1", "model": {"layers": 2, "heads": 4, "kv_heads": 2, "head_dim": 32, "model_layers": 6, "sliding_layers": [0, 1, 3, 4]}}`, ""},
-		{"scaled rope", `{"format": "vlkv-trace/1", "model": {"layers": 2, "heads": 4, "kv_heads": 2, "head_dim": 32, "rope": "default", "rope_theta": 1e6, "rope_scaling": {"type": "linear", "factor": 8}}}`, ""},
+		{"empty", `{}`, nil, "its trace metadata has no format"},
+		{"other format", `{"format": "vlkv-trace/9", ` + model + `}`, nil, `trace format "vlkv-trace/9"; this version reads "vlkv-trace/1"`},
+		{"no shape", `{"format": "vlkv-trace/1"}`, nil, "its trace metadata gives no model shape (layers 0, heads 0, kv_heads 0, head_dim 0"},
+		{"complete", whole, nil, ""},
+		{"sliding layers", `{"format": "vlkv-trace/1", "model": {"layers": 2, "heads": 4, "kv_heads": 2, "head_dim": 8, "model_layers": 6, "sliding_layers": [0, 1, 3, 4]}, ` + tokens + `}`, nil, ""},
+		{"scaled rope", `{"format": "vlkv-trace/1", "model": {"layers": 2, "heads": 4, "kv_heads": 2, "head_dim": 8, "rope": "default", "rope_theta": 1e6, "rope_scaling": {"type": "linear", "factor": 8}}, ` + tokens + `}`, nil, ""},
+		{"m-rope positions", `{"format": "vlkv-trace/1", "model": {"layers": 2, "heads": 4, "kv_heads": 2, "head_dim": 8, "rope": "mrope"}, ` + tokens + `}`, nil, ""},
+		{"no pre-rope keys (an older trace)", whole, func(_ *tensor.Arena, ts map[string]*tensor.Tensor) {
+			for _, l := range []string{"0", "1"} {
+				delete(ts, "layer."+l+".k_pre")
+				delete(ts, "layer."+l+".decode_k_pre")
+			}
+		}, ""},
+		{"a tensor missing", whole, func(_ *tensor.Arena, ts map[string]*tensor.Tensor) { delete(ts, "layer.1.v") },
+			`tensor "layer.1.v" is missing (its metadata gives 2 layers, 4 heads, 2 kv heads, head_dim 8, 3 prompt tokens, 1 decode steps): the file is not a whole trace`},
+		{"fewer prompt tokens", whole, replace("layer.0.k", tensor.Float32, 2, 2, 8),
+			`tensor "layer.0.k" has shape [2 2 8], not the [2 3 8] its metadata gives`},
+		{"flat positions on m-rope", `{"format": "vlkv-trace/1", "model": {"layers": 2, "heads": 4, "kv_heads": 2, "head_dim": 8, "rope": "mrope"}, ` + tokens + `}`,
+			replace("positions", tensor.Int64, 3), `tensor "positions" has shape [3], not the [3 3] its metadata gives`},
+		{"spans out of order", `{"format": "vlkv-trace/1", ` + model + `, "spans": {"system": [0, 1], "images": [[1, 50]], "text": [2, 3]}, "prompt_tokens": 3, "decode_steps": 1}`, nil,
+			"its spans do not follow each other (system [0 1], images [[1 50]], text [2 3]"},
+		{"no spans", `{"format": "vlkv-trace/1", ` + model + `, "prompt_tokens": 3, "decode_steps": 1}`, nil,
+			"its spans end at token 0, not at the 3 prompt tokens its metadata gives"},
+		{"integer queries", whole, replace("layer.1.decode_q", tensor.Int8, 1, 4, 1, 8),
+			`tensor "layer.1.decode_q" is int8, not floating point as Q/K/V are`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			file := filepath.Join(t.TempDir(), "t.safetensors")
-			if err := tensor.WriteSafetensors(file, map[string]*tensor.Tensor{"layer.0.q": q}, map[string]string{"vlkv": tt.meta}); err != nil {
-				t.Fatal(err)
-			}
+			writeTrace(t, file, tt.meta, tt.edit)
 			code, stdout, stderr := runCLI(t, "trace", "inspect", file)
 			if tt.want == "" {
-				want := " 2 layers, 4 query heads, 2 kv heads, head_dim 32"
+				want := " 2 layers, 4 query heads, 2 kv heads, head_dim 8"
 				if strings.Contains(tt.meta, "sliding_layers") {
 					// Gemma 3's sliding-window layers are not in the trace: the count says of how many.
 					want = " 2 of the model's 6 layers (sliding-window layers 0 1 3 4 not recorded), 4 query heads"
@@ -152,7 +235,8 @@ func TestTraceInspectRefusesIncompleteMetadata(t *testing.T) {
 
 // The files capture reads and --out's directory are checked before Python
 // starts: a missing directory for --out once failed only after the model
-// ran, with a traceback.
+// ran, with a traceback, and one that cannot be written still did after the
+// model ran, minutes on a large one.
 func TestTraceCaptureChecksFiles(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "file")
@@ -160,12 +244,15 @@ func TestTraceCaptureChecksFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := filepath.Join(dir, "t.safetensors")
+	readOnly := unwritableDir(t)
 	tests := []struct {
 		name         string
 		model, image string
 		out          string
 		want         string
 	}{
+		{"out directory not writable", dir, file, filepath.Join(readOnly, "t.safetensors"), "--out " +
+			filepath.Join(readOnly, "t.safetensors") + ": directory " + readOnly + " is not writable: "},
 		{"missing out directory", dir, file, filepath.Join(dir, "none", "t.safetensors"), "directory " + filepath.Join(dir, "none") + " does not exist: create it first"},
 		{"out a directory", dir, file, dir, "--out " + dir + " is a directory: name the file to write"},
 		{"out under a file", dir, file, filepath.Join(file, "t.safetensors"), file + " is not a directory"},
@@ -183,6 +270,28 @@ func TestTraceCaptureChecksFiles(t *testing.T) {
 			}
 		})
 	}
+}
+
+// unwritableDir is a directory no file can be created in: a read-only
+// temporary one, or, where its mode does not stop this user (root), /proc.
+func unwritableDir(t *testing.T) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "read-only")
+	if err := os.Mkdir(dir, 0o555); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.CreateTemp(dir, "probe")
+	if err != nil {
+		return dir
+	}
+	f.Close()
+	os.Remove(f.Name())
+	if f, err := os.CreateTemp("/proc", "probe"); err == nil {
+		f.Close()
+		os.Remove(f.Name())
+		t.Skip("no directory here refuses new files")
+	}
+	return "/proc"
 }
 
 // The capture's stages are logged as they start (a large model loads for

@@ -187,10 +187,17 @@ def read(path: str | Path) -> tuple[dict, dict]:
         raise ValueError(f"{path} is not a safetensors file: {err}") from None
     if "vlkv" not in metadata:
         raise ValueError(f"{path} is a safetensors file but not a vlkv trace (no 'vlkv' metadata)")
-    meta = json.loads(metadata["vlkv"])
+    try:
+        meta = json.loads(metadata["vlkv"])
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: its trace metadata is not JSON ({err}): capture the trace again") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path}: its trace metadata is a JSON {type(meta).__name__}, not an object: capture the "
+                         f"trace again")
     if meta.get("format") != FORMAT:
         raise ValueError(f"{path}: trace format {meta.get('format')!r}; this version reads {FORMAT!r}")
     _check_tensors(path, tensors, meta)
+    _check_spans(path, meta)
     return tensors, meta
 
 
@@ -228,6 +235,23 @@ def _check_tensors(path: Path, tensors: dict, meta: dict) -> None:
         if name.startswith("layer.") and not got.is_floating_point():
             raise ValueError(f"{path}: tensor {name!r} is {str(got.dtype).removeprefix('torch.')}, not floating "
                              f"point as Q/K/V are: capture the trace again")
+
+
+def _check_spans(path: Path, meta: dict) -> None:
+    """Refuse spans a replay cannot use (missing, not ranges, out of order,
+    or not ending at the last prompt token), naming the file: a method would
+    otherwise fail on them with no word of which trace, or score the wrong
+    tokens as images."""
+    try:
+        spans = spans_of(meta)
+    except KeyError as err:
+        raise ValueError(f"{path}: its trace metadata has no {err} (spans and RoPE): capture the trace again") from None
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{path}: its trace metadata's spans or RoPE are unusable ({err}): capture the trace "
+                         f"again") from None
+    if spans.prompt_tokens != int(meta["prompt_tokens"]):
+        raise ValueError(f"{path}: its spans end at token {spans.prompt_tokens}, not at the {meta['prompt_tokens']} "
+                         f"prompt tokens its header gives: capture the trace again")
 
 
 def spans_of(meta: dict) -> Spans:

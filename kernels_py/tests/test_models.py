@@ -390,6 +390,64 @@ def test_a_damaged_trace_names_the_tensor_at_fault(tiny, tmp_path):
         make_workload("trace", {"path": str(tmp_path)}).build()
 
 
+def _hand_trace(prompt: int = 6, steps: int = 2) -> tuple[dict, dict]:
+    """A whole trace of 1 layer, 2 heads, 1 kv head, head_dim 4, with one
+    3-token image after a 1-token system prompt, written by hand."""
+    from kernels_py.models import trace
+
+    tensors = {"positions": torch.arange(prompt), "decode_positions": torch.arange(prompt, prompt + steps),
+               "layer.0.q": torch.randn(2, prompt, 4), "layer.0.decode_q": torch.randn(steps, 2, 1, 4)}
+    for name in ("k", "v", "k_pre"):
+        tensors[f"layer.0.{name}"] = torch.randn(1, prompt, 4)
+        tensors[f"layer.0.decode_{name}"] = torch.randn(steps, 1, 1, 4)
+    meta = {"format": trace.FORMAT, "prompt_tokens": prompt, "decode_steps": steps,
+            "model": {"layers": 1, "heads": 2, "kv_heads": 1, "head_dim": 4, "rope": "default", "rope_theta": 1e4},
+            "spans": {"system": [0, 1], "images": [[1, 4]], "text": [4, prompt]}}
+    return tensors, meta
+
+
+def _edited(change):
+    """The metadata JSON of _hand_trace after change(meta) edits it in place."""
+    def metadata(meta):
+        change(meta)
+        return json.dumps(meta)
+    return metadata
+
+
+@pytest.mark.parametrize("metadata, message", [
+    (lambda meta: '{"format": ', r"its trace metadata is not JSON \(Expecting value"),
+    (lambda meta: "[1, 2]", "its trace metadata is a JSON list, not an object"),
+    (_edited(lambda meta: meta.pop("spans")), r"its trace metadata has no 'spans' \(spans and RoPE\)"),
+    (_edited(lambda meta: meta["model"].pop("rope")), "its trace metadata has no 'rope'"),
+    (_edited(lambda meta: meta["spans"].update(images=[[1, 40]])),
+     r"its trace metadata's spans or RoPE are unusable \(spans must follow each other"),
+    (_edited(lambda meta: meta["spans"].update(text=[4, 5])),
+     "its spans end at token 5, not at the 6 prompt tokens its header gives"),
+    (_edited(lambda meta: meta["model"].update(rope="xrope")),
+     r"its trace metadata's spans or RoPE are unusable \(RoPE kind 'xrope'"),
+])
+def test_a_trace_with_damaged_metadata_is_refused_naming_the_file(tmp_path, metadata, message):
+    """Metadata that is not a JSON object, or whose spans are missing, out of
+    order or end before the prompt does, is one error naming the trace: it
+    was a JSONDecodeError, an AttributeError or a KeyError, or a Spans error
+    that did not say which file, from inside the job."""
+    import re
+
+    from safetensors.torch import save_file
+
+    from kernels_py.models import trace
+    from kernels_py.workloads import make_workload
+
+    tensors, meta = _hand_trace()
+    good = tmp_path / "good.safetensors"
+    trace.save(good, tensors, meta)
+    assert make_workload("trace", {"path": str(good)}).build().spans.images == ((1, 4),)
+    path = tmp_path / "damaged.safetensors"
+    save_file(tensors, str(path), metadata={"vlkv": metadata(meta)})
+    with pytest.raises(ValueError, match=f"^{re.escape(str(path))}: {message}"):
+        make_workload("trace", {"path": str(path)}).build()
+
+
 def test_a_trace_replays_with_its_own_rope(tmp_path):
     """The trace header's RoPE (kind, theta) and positions reach the methods:
     a Llama-style model with theta 1e6 has its keys unrotated with 1e6 (the
