@@ -38,6 +38,14 @@ tiny case that shows it works (its timings say nothing about kernel speed).`,
 				unknownHint(benchmarks.kernels, "benchmark", args[0]))}
 		},
 	}
+	// `bench NAME --flag` for a NAME that is no subcommand parses the flag
+	// as bench's own: say the name is unknown (and why), not the flag.
+	cmd.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		if args := c.Flags().Args(); c == cmd && len(args) > 0 {
+			return cmd.RunE(c, args)
+		}
+		return err
+	})
 	cmd.AddCommand(newBenchExchangeCmd(a))
 	if benchmarks.schema != nil {
 		for _, name := range benchmarks.schema.BenchmarkNames() {

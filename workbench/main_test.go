@@ -345,6 +345,31 @@ func TestMethodsListsKnobs(t *testing.T) {
 	if !tau {
 		t.Errorf("methods --json zipvl lists no tau: %+v", res.Methods[0].Params)
 	}
+	// JSON says what the text says of a knob a script must set, and of one that names files.
+	code, stdout, _ = runCLI(t, "methods", "--json")
+	var all struct {
+		Workloads []struct {
+			Name   string
+			Params []struct {
+				Name            string
+				Required, Paths bool
+			}
+		}
+	}
+	if code != 0 || json.Unmarshal([]byte(stdout), &all) != nil {
+		t.Fatalf("methods --json: exit %d\n%s", code, stdout)
+	}
+	knobs := map[string][2]bool{}
+	for _, w := range all.Workloads {
+		for _, p := range w.Params {
+			knobs[w.Name+"."+p.Name] = [2]bool{p.Required, p.Paths}
+		}
+	}
+	for name, want := range map[string][2]bool{"trace.path": {true, true}, "vlm.model": {true, true}, "vlm.prompt": {true, false}, "synthetic.seed": {false, false}} {
+		if got, ok := knobs[name]; !ok || got != want {
+			t.Errorf("methods --json: %s: required, paths = %v (listed: %t), want %v", name, got, ok, want)
+		}
+	}
 	// kvpress lists its presses with their parameters (from the schema, no Python).
 	code, stdout, _ = runCLI(t, "methods", "kvpress")
 	if code != 0 || !strings.Contains(stdout, "press_args") ||

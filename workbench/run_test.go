@@ -410,6 +410,8 @@ func TestUnknownOpBenchmarkOrMethodHints(t *testing.T) {
 		{"selftest, misspelt op", []string{"selftest", "--op", "gather_decod"}, ""},
 		{"bench, benchmark added without schema", []string{"bench", "toy_bench"}, stale("toy_bench")},
 		{"bench, misspelt benchmark", []string{"bench", "gatherr"}, ""},
+		{"bench, benchmark added without schema, with its flags", []string{"bench", "toy_bench", "--sizes", "8"}, stale("toy_bench")},
+		{"bench, misspelt benchmark with a flag", []string{"bench", "gatherr", "--batches=8"}, ""},
 		{"methods, method added without schema", []string{"methods", "toy_method"}, stale("toy_method")},
 		{"methods, misspelt method", []string{"methods", "h2oo"}, ""},
 	}

@@ -321,13 +321,18 @@ type paramJSON struct {
 	Choices []any    `json:"choices,omitempty"`
 	Doc     string   `json:"doc"`
 	Ref     string   `json:"ref,omitempty"`
+	// Required: a script must set it (its default "" only holds the place),
+	// as the text listing says instead of the default.
+	Required bool `json:"required,omitempty"`
+	// Paths: a file or folder, relative ones from the kernels root.
+	Paths bool `json:"paths,omitempty"`
 }
 
 func paramsJSON(ps expt.Params) []paramJSON {
 	out := []paramJSON{}
 	for _, name := range ps.Names() {
 		p := ps[name]
-		out = append(out, paramJSON{name, string(p.Type), p.Default, p.Min, p.Max, p.Choices, p.Doc, p.Ref})
+		out = append(out, paramJSON{name, string(p.Type), p.Default, p.Min, p.Max, p.Choices, p.Doc, p.Ref, p.Required, p.Paths})
 	}
 	return out
 }

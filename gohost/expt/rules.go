@@ -45,6 +45,12 @@ func parseRules(in []*Rule, params Params) (Rules, error) {
 		if !ok {
 			return nil, fmt.Errorf("rules[%d]: the defaults break it: %s", i, msg)
 		}
+		// The message is formatted only when a job breaks the rule: one that
+		// names no parameter (or takes a format spec, which Starlark lacks)
+		// would fail there instead of saying what to change.
+		if _, err := r.message(params.Defaults()); err != nil {
+			return nil, fmt.Errorf("rules[%d]: %w", i, err)
+		}
 	}
 	return in, nil
 }
@@ -73,16 +79,8 @@ func (r *Rule) eval(values map[string]any) (bool, string, error) {
 	for k, v := range ruleFunctions {
 		env[k] = v
 	}
-	names := make([]string, 0, len(values))
-	for name := range values {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	kwargs := make([]starlark.Tuple, 0, len(values))
-	for _, name := range names {
-		v := toStarlark(values[name])
-		env[name] = v
-		kwargs = append(kwargs, starlark.Tuple{starlark.String(name), v})
+	for name, v := range values {
+		env[name] = toStarlark(v)
 	}
 	thread := &starlark.Thread{Name: "rule"}
 	thread.SetMaxExecutionSteps(1 << 20)
@@ -97,12 +95,27 @@ func (r *Rule) eval(values map[string]any) (bool, string, error) {
 	if b {
 		return true, "", nil
 	}
-	format, _ := starlark.String(r.Message).Attr("format")
-	msg, err := starlark.Call(thread, format, nil, kwargs)
-	if err != nil {
-		return false, "", fmt.Errorf("rule message %q: %w", r.Message, err)
+	msg, err := r.message(values)
+	return false, msg, err
+}
+
+// message is the rule's message formatted with values ({name}, {name!r}).
+func (r *Rule) message(values map[string]any) (string, error) {
+	names := make([]string, 0, len(values))
+	for name := range values {
+		names = append(names, name)
 	}
-	return false, string(msg.(starlark.String)), nil
+	sort.Strings(names)
+	kwargs := make([]starlark.Tuple, 0, len(values))
+	for _, name := range names {
+		kwargs = append(kwargs, starlark.Tuple{starlark.String(name), toStarlark(values[name])})
+	}
+	format, _ := starlark.String(r.Message).Attr("format")
+	msg, err := starlark.Call(&starlark.Thread{Name: "rule message"}, format, nil, kwargs)
+	if err != nil {
+		return "", fmt.Errorf("rule message %q: %w", r.Message, err)
+	}
+	return string(msg.(starlark.String)), nil
 }
 
 // starlarkSum is Python's sum(iterable, start=0) over ints and floats.

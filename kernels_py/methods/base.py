@@ -39,7 +39,7 @@ from kernels_py.methods.float8 import KV_DTYPES, Float8Tokens, fp8_scale_knob, k
 from kernels_py.methods.prompt import Prompt
 from kernels_py.methods.scorers import Scorer
 from kernels_py.ops.common import BACKENDS
-from kernels_py.params import Knobs, StaleSchema, knob, same_value, stale_message
+from kernels_py.params import Knobs, StaleSchema, closest, knob, same_value, stale_message
 
 
 # Comparison protocols: the knobs an experiment that names one
@@ -89,7 +89,14 @@ class Method(Knobs, ABC):
             raise ValueError(f"unknown protocol {protocol!r} (known: {', '.join(PROTOCOLS)})")
         out = {}
         for klass in reversed(cls.__mro__):
-            out.update(vars(klass).get("protocols", {}).get(protocol, {}))
+            declared = vars(klass).get("protocols", {})
+            # A misspelt protocol would otherwise set nothing, and the schema would say so without a word.
+            for name in declared:
+                if name not in PROTOCOLS:
+                    raise ValueError(f"{klass.__module__}.{klass.__name__}.protocols names {name!r}, which is not a "
+                                     f"protocol{closest(name, PROTOCOLS)}; known: {', '.join(PROTOCOLS)} "
+                                     f"(PROTOCOLS in kernels_py/methods/base.py)")
+            out.update(declared.get(protocol, {}))
         return out
 
     @classmethod

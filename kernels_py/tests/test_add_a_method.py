@@ -12,6 +12,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from kernels_py.methods.base import Method
+from kernels_py.workloads.base import WorkloadConfig
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -70,3 +75,23 @@ print(json.dumps({"registered": list(METHODS), "schema": schema.document()["meth
     budgets = report["per_layer"]["layer_budget"]
     assert len(set(budgets)) > 1 and abs(sum(budgets) / len(budgets) - 0.25) < 0.02
     assert report["metrics"]["compression_ratio"] > 1 and 0 < report["metrics"]["rel_err_mean"] < 1
+
+
+def readme_section(title: str) -> str:
+    return ROOT.joinpath("README.md").read_text().split(f"### {title}\n", 1)[1].split("\n## ", 1)[0] \
+        .split("\n### ", 1)[0]
+
+
+@pytest.mark.parametrize("title, base", [("Add a method", Method), ("Add a workload", WorkloadConfig)])
+def test_the_readme_names_every_class_attribute_a_new_one_sets(title, base):
+    """Each class attribute the base declares for its subclasses (a
+    ClassVar: what the schema, `workbench methods` and `plan` read besides
+    the knobs) is named in the README's section, in code: a new method or
+    workload that leaves one out is listed, planned or tested otherwise
+    than its author meant."""
+    declared = {name for klass in base.__mro__ for name, annotation in vars(klass).get("__annotations__", {}).items()
+                if "ClassVar" in str(annotation)}
+    assert declared >= {"name", "RULES"}
+    text = readme_section(title)
+    missing = sorted(name for name in declared if not re.search(rf"`{name}\b|^\s+{name} = ", text, re.M))
+    assert not missing, f"README's {title!r} does not name {missing}"

@@ -205,6 +205,19 @@ def test_vlcache_protocol_keeps_matched_budgets_matched(workload):
     assert own["snapkv"] > own["h2o"]  # snapkv keeps the 6 generated tokens on top of its 10%
 
 
+def test_a_method_naming_no_protocol_is_refused_by_the_schema():
+    """A misspelt protocol in a method's `protocols` would set nothing under
+    any protocol, and the schema would list it as setting nothing: it is
+    refused, naming the closest protocol."""
+    @dataclasses.dataclass(frozen=True)
+    class Misspelt(METHODS["h2o"]):
+        protocols = {"vlcach": {"recent_fraction": 0.2}}
+
+    with pytest.raises(ValueError, match=r"Misspelt.protocols names 'vlcach', which is not a protocol \(did you "
+                                         r"mean 'vlcache'\?\); known: paper, vlcache"):
+        schema._protocols(Misspelt, PROTOCOLS)
+
+
 def test_half_precision_cache_costs_half(workload):
     half = generate(dataclasses.replace(SMALL, dtype="float16"))
     method = make_method("h2o", {"budget": 0.5})
