@@ -164,6 +164,12 @@ func TestSelftestPicksUpKernelEdits(t *testing.T) {
 		return code, stdout + stderr
 	}
 
+	// An op named twice runs once.
+	code, stdout, stderr := runCLI(t, "--python", py, "--kernels", root, "--device", "cpu", "selftest", "--op", "attention_stats,attention_stats")
+	if n := strings.Count(stdout, "attention_stats: attention mass of"); code != 0 || n != 1 {
+		t.Fatalf("selftest --op attention_stats,attention_stats: exit %d, %d tables, want one\n%s%s", code, n, stdout, stderr)
+	}
+
 	code, out := demo()
 	if code != 0 || !strings.Contains(out, "OK") {
 		t.Fatalf("unedited selftest: exit %d\n%s", code, out)
@@ -309,6 +315,19 @@ func TestBenchFlagsAreChecked(t *testing.T) {
 	code, stdout, _ := runCLI(t, "bench", "lowrank", "--help")
 	if code != 0 || !strings.Contains(stdout, "--kv-heads") || !strings.Contains(stdout, `speedup_vs_sdpa [x] ("SDPA/fused" in the table): SDPA time / fused time`) {
 		t.Errorf("bench lowrank --help: exit %d\n%s", code, stdout)
+	}
+}
+
+// A method named twice is listed once.
+func TestMethodsNamedTwiceAreListedOnce(t *testing.T) {
+	code, stdout, stderr := runCLI(t, "methods", "h2o", "h2o")
+	if n := strings.Count(stdout, "h2o: "); code != 0 || n != 1 {
+		t.Fatalf("methods h2o h2o: exit %d, h2o listed %d times, want once\n%s%s", code, n, stdout, stderr)
+	}
+	code, stdout, stderr = runCLI(t, "methods", "--json", "h2o", "h2o")
+	var res struct{ Methods []struct{ Name string } }
+	if err := json.Unmarshal([]byte(stdout), &res); code != 0 || err != nil || len(res.Methods) != 1 {
+		t.Fatalf("methods --json h2o h2o: exit %d, %v, %d methods, want one\n%s%s", code, err, len(res.Methods), stdout, stderr)
 	}
 }
 

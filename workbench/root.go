@@ -173,6 +173,20 @@ func (d *deviceFlag) Set(s string) error {
 	return nil
 }
 
+// distinct is names in their first order, each once: a list flag or the
+// arguments naming something twice (--op a,a) mean it once.
+func distinct(names []string) []string {
+	seen := make(map[string]bool, len(names))
+	var out []string
+	for _, n := range names {
+		if !seen[n] {
+			seen[n] = true
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
 // enumFlag is a pflag.Value accepting one of a fixed set of words.
 type enumFlag struct {
 	value   string

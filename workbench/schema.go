@@ -227,7 +227,7 @@ their knobs. It reads kernels_py/schema.json and starts no Python.`,
 					}
 					return &usageError{fmt.Errorf("method %s%s", s.UnknownMethod(n), unknownHint(kernels, "method", n))}
 				}
-				names = args
+				names = distinct(args)
 			}
 			if asJSON {
 				return writeSchemaJSON(a.stdout, s, names, len(args) == 0)

@@ -48,6 +48,7 @@ if a kernel and its reference disagree. On CPU the kernels run under the
 Triton interpreter.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			ops = distinct(ops)
 			if err := a.checkOps(ops); err != nil {
 				return err
 			}
