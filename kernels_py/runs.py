@@ -12,6 +12,7 @@ CLI pairs.
 import json
 import math
 import os
+import re
 from pathlib import Path
 
 
@@ -24,13 +25,42 @@ def find_run(experiment: str, root: str | os.PathLike | None = None) -> Path:
 
 
 def newest_runs(experiment: str, count: int, root: str | os.PathLike | None = None) -> list[Path]:
-    """The `count` newest runs of an experiment, oldest first."""
+    """The `count` newest runs of an experiment, oldest first, by when each
+    started (as `workbench run --resume` picks the newest): a run copied or
+    renamed to a name of its own ("baseline") is not taken for the newest."""
     base = Path(root or os.environ.get("VLKV_RESULTS", "../results")) / experiment
-    runs = sorted(p for p in base.iterdir() if (p / "manifest.json").exists()) if base.is_dir() else []
+    runs = [p for p in base.iterdir() if (p / "manifest.json").exists()] if base.is_dir() else []
+    runs.sort(key=lambda run: (_run_started(run), run.name))
     if len(runs) < count:
         raise FileNotFoundError(f"{len(runs)} run(s) of {experiment} under {base}, {count} wanted: "
                                 f"run `workbench run` on its script first")
     return runs[-count:]
+
+
+# A time as Go's encoding/json writes it: nanoseconds at most, "Z" or an offset.
+_GO_TIME = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)")
+
+
+def _run_started(run: Path):
+    """When a run started, as gohost/results.runStarted says: the time its
+    name names as a run id does (YYYYMMDD-HHMMSS-..., UTC), else its
+    manifest's `started`, else the earliest time."""
+    from datetime import datetime, timezone
+
+    try:
+        return datetime.strptime(run.name[:15], "%Y%m%d-%H%M%S").replace(tzinfo=timezone.utc)
+    except ValueError:
+        pass
+    try:
+        started = str(json.loads((run / "manifest.json").read_text()).get("started", ""))
+    except (OSError, ValueError, AttributeError):
+        started = ""
+    found = _GO_TIME.fullmatch(started)
+    if not found:
+        return datetime.min.replace(tzinfo=timezone.utc)
+    stamp, fraction, zone = found.groups()
+    # fromisoformat takes microseconds, and "Z" only from Python 3.11.
+    return datetime.fromisoformat(f"{stamp}.{(fraction or '')[:6].ljust(6, '0')}{'+00:00' if zone == 'Z' else zone}")
 
 
 def read_run(run: str | os.PathLike):

@@ -336,9 +336,10 @@ func (o *runOptions) check() error {
 }
 
 // checkOutDir refuses an --out that no run can be written under: a file,
-// a path through one, or a run directory (runs go under ROOT/<experiment>/,
-// and a run's own folder given as ROOT, say to resume it, would get a new
-// run nested inside it).
+// a path through one, a run directory or an experiment's folder (runs go
+// under ROOT/<experiment>/, and a run's own folder, or the folder of its
+// experiment, given as ROOT, say to resume it, would get a new run nested
+// inside it).
 func checkOutDir(out string) error {
 	info, err := os.Stat(out)
 	switch {
@@ -353,6 +354,11 @@ func checkOutDir(out string) error {
 				"<experiment>/<run id> (for this run %s); --resume continues the newest run of the script's experiment "+
 				"there", out, name, filepath.Dir(filepath.Dir(filepath.Clean(out))))}
 		}
+	}
+	if runs, err := results.Runs(out); err == nil && len(runs) > 0 {
+		return &usageError{fmt.Errorf("--out %s is an experiment's folder (it holds runs, the newest %s): give the results "+
+			"root, which holds <experiment>/<run id> (for these runs %s); --resume continues the newest run of the "+
+			"script's experiment there", out, runs[len(runs)-1], filepath.Dir(filepath.Clean(out)))}
 	}
 	return nil
 }

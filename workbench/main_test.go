@@ -80,25 +80,43 @@ func TestUsageErrors(t *testing.T) {
 	}
 }
 
-// A run's own folder given as --out (to resume it, say) is refused: a run
-// there would nest inside it.
+// A run's own folder, or its experiment's, given as --out (to resume it,
+// say) is refused: a run there would nest inside it.
 func TestOutIsARunDirectory(t *testing.T) {
-	run := filepath.Join(t.TempDir(), "quickstart", "20260101-000000-aaaaaa")
+	root := t.TempDir()
+	experiment := filepath.Join(root, "quickstart")
+	run := filepath.Join(experiment, "20260101-000000-aaaaaa")
 	if err := os.MkdirAll(run, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(run, "manifest.json"), []byte(`{"experiment": "quickstart"}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	for _, args := range [][]string{{"run", "--resume", "--out", run, "../experiments/quickstart.star"}, {"demo", "--out", run}} {
-		code, _, stderr := runCLI(t, args...)
-		want := "--out " + run + " is a run directory (it holds manifest.json): give the results root, which holds " +
-			"<experiment>/<run id> (for this run " + filepath.Dir(filepath.Dir(run)) + ")"
-		if code != 2 || !strings.Contains(stderr, want) {
-			t.Errorf("%v: exit %d\n%s\nwant %q", args, code, stderr, want)
-		}
-		if entries, _ := os.ReadDir(run); len(entries) != 1 {
-			t.Errorf("%v: the run directory holds %d entries, want only its manifest", args, len(entries))
+	tests := []struct {
+		name string
+		out  string
+		want string
+	}{
+		{"run directory", run, "--out " + run + " is a run directory (it holds manifest.json): give the results root, which holds " +
+			"<experiment>/<run id> (for this run " + root + ")"},
+		{"experiment's folder", experiment, "--out " + experiment + " is an experiment's folder (it holds runs, the newest " + run +
+			"): give the results root, which holds <experiment>/<run id> (for these runs " + root + ")"},
+	}
+	for _, tc := range tests {
+		for _, args := range [][]string{{"run", "--out", tc.out, "../experiments/quickstart.star"},
+			{"run", "--resume", "--out", tc.out, "../experiments/quickstart.star"}, {"demo", "--out", tc.out}} {
+			t.Run(tc.name+"/"+strings.Join(args[:len(args)-2], " "), func(t *testing.T) {
+				code, _, stderr := runCLI(t, args...)
+				if code != 2 || !strings.Contains(stderr, tc.want) {
+					t.Errorf("%v: exit %d\n%s\nwant %q", args, code, stderr, tc.want)
+				}
+				if entries, _ := os.ReadDir(experiment); len(entries) != 1 {
+					t.Errorf("%v: the experiment's folder holds %d entries, want only its run", args, len(entries))
+				}
+				if entries, _ := os.ReadDir(run); len(entries) != 1 {
+					t.Errorf("%v: the run directory holds %d entries, want only its manifest", args, len(entries))
+				}
+			})
 		}
 	}
 }

@@ -10,6 +10,7 @@
 package expt
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -134,6 +135,9 @@ func load(ctx context.Context, filename string, src []byte, schema *Schema) (*Pl
 	}
 	sum := sha256.Sum256(src)
 	plan := &Plan{File: filename, Hash: hex.EncodeToString(sum[:]), Schema: schema}
+	// Python reads past the byte order mark some editors put first (Windows
+	// Notepad's UTF-8); Starlark's scanner refuses it as an unexpected character.
+	src = bytes.TrimPrefix(src, []byte("\ufeff"))
 
 	// Parse first ourselves, rather than ExecFile, to keep the syntax tree:
 	// errors point at arguments and literal values through it.

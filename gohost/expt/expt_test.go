@@ -337,6 +337,40 @@ experiment(name = "a", methods = ["full"], workloads = [w])
 	}
 }
 
+// A script saved with a UTF-8 byte order mark (as some editors write one)
+// reads as it does without: the same jobs, the same positions in errors.
+func TestByteOrderMark(t *testing.T) {
+	s := testSchema(t)
+	tests := []struct {
+		name, src string
+		want      string // the error; "": the plan of the script without the mark
+	}{
+		{"plan", `experiment(name = "a", methods = ["h2o"], grid = {"budget": [0.1, 0.5]})`, ""},
+		{"error on the first line", `experiment(name = "a", methods = ["h2oo"])`, `x.star:1:35: experiment "a": method "h2oo" is unknown`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			plain, plainErr := LoadSource("x.star", []byte(tc.src), s)
+			marked, err := LoadSource("x.star", append([]byte("\ufeff"), tc.src...), s)
+			if tc.want != "" {
+				if plainErr == nil || err == nil || !strings.HasPrefix(err.Error(), tc.want) || err.Error() != plainErr.Error() {
+					t.Fatalf("with the mark: %v\nwithout: %v\nwant both to start %q", err, plainErr, tc.want)
+				}
+				return
+			}
+			if plainErr != nil || err != nil {
+				t.Fatalf("with the mark: %v; without: %v", err, plainErr)
+			}
+			if got, want := descs(marked.Experiments[0].Jobs), descs(plain.Experiments[0].Jobs); !slices.Equal(got, want) || len(got) != 2 {
+				t.Errorf("jobs %v, want %v", got, want)
+			}
+			if marked.Hash == plain.Hash {
+				t.Errorf("the hash is of the file as it is, mark included: both %s", marked.Hash)
+			}
+		})
+	}
+}
+
 // A script that fails still shows what it printed before: print() is how
 // one finds out why a list or a comprehension is not what was meant.
 func TestPrintsBeforeAnError(t *testing.T) {

@@ -253,7 +253,9 @@ func Latest(root, experiment string) (string, error) {
 }
 
 // Runs lists the run directories in an experiment's folder, oldest first
-// (run ids sort by start time); none when the folder does not exist.
+// by when each started (see runStarted): a run copied or renamed to a name
+// of its own ("baseline") is not taken for the newest, which --resume would
+// write into; none when the folder does not exist.
 func Runs(dir string) ([]string, error) {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
@@ -269,8 +271,36 @@ func Runs(dir string) ([]string, error) {
 			runs = append(runs, run)
 		}
 	}
-	sort.Strings(runs)
+	started := make(map[string]time.Time, len(runs))
+	for _, run := range runs {
+		started[run] = runStarted(run)
+	}
+	sort.Slice(runs, func(i, j int) bool {
+		if a, b := started[runs[i]], started[runs[j]]; !a.Equal(b) {
+			return a.Before(b)
+		}
+		return runs[i] < runs[j]
+	})
 	return runs, nil
+}
+
+// runIDTime is the layout of the time a run id starts with (NewRunID).
+const runIDTime = "20060102-150405"
+
+// runStarted is when the run in dir started: the time its directory's name
+// holds as a run id does, else its manifest's start (a manifest rebuilt
+// from the journal dates the run by its first row, so the name goes first);
+// the zero time when neither says.
+func runStarted(dir string) time.Time {
+	if name := filepath.Base(dir); len(name) >= len(runIDTime) {
+		if t, err := time.Parse(runIDTime, name[:len(runIDTime)]); err == nil {
+			return t
+		}
+	}
+	if m, err := ReadManifest(dir); err == nil {
+		return m.Started
+	}
+	return time.Time{}
 }
 
 // IsRun says whether dir holds a run: a manifest or a journal.

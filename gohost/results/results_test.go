@@ -2,6 +2,7 @@ package results
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -391,6 +392,64 @@ func TestRunsAndLatest(t *testing.T) {
 	}
 	if runs, err := Runs(filepath.Join(root, "none")); err != nil || runs != nil {
 		t.Errorf("no folder: %v, %v", runs, err)
+	}
+}
+
+// Runs orders runs by when they started, so a run copied or renamed to a
+// name of its own is not the newest for --resume and status to take.
+func TestRunsOrderByStart(t *testing.T) {
+	day := func(d int) time.Time { return time.Date(2026, 1, d, 0, 0, 0, 0, time.UTC) }
+	tests := []struct {
+		name string
+		runs map[string]time.Time // run directory name: its manifest's start (zero: no manifest, a journal only)
+		want []string
+	}{
+		{"run ids", map[string]time.Time{"20260102-000000-bbbbbb": day(2), "20260101-000000-aaaaaa": day(1)},
+			[]string{"20260101-000000-aaaaaa", "20260102-000000-bbbbbb"}},
+		{"a copy of an older run named by hand", map[string]time.Time{"20260101-000000-aaaaaa": day(1),
+			"baseline": day(1), "20260102-000000-bbbbbb": day(2)},
+			[]string{"20260101-000000-aaaaaa", "baseline", "20260102-000000-bbbbbb"}},
+		{"a renamed run that started last", map[string]time.Time{"20260101-000000-aaaaaa": day(1), "mine": day(3)},
+			[]string{"20260101-000000-aaaaaa", "mine"}},
+		{"a journal only, dated by its run id", map[string]time.Time{"20260103-000000-cccccc": {},
+			"20260102-000000-bbbbbb": day(2), "old": day(1)},
+			[]string{"old", "20260102-000000-bbbbbb", "20260103-000000-cccccc"}},
+		{"a manifest rebuilt from the journal, dated by its first row", map[string]time.Time{
+			"20260101-000000-aaaaaa": day(3), "20260102-000000-bbbbbb": day(2)},
+			[]string{"20260101-000000-aaaaaa", "20260102-000000-bbbbbb"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			exp := filepath.Join(root, "exp")
+			for name, started := range tc.runs {
+				dir := filepath.Join(exp, name)
+				if err := os.MkdirAll(dir, 0o755); err != nil {
+					t.Fatal(err)
+				}
+				file, data := JournalFile, []byte{}
+				if !started.IsZero() {
+					m, err := json.Marshal(Manifest{Experiment: "exp", RunID: name, Started: started})
+					if err != nil {
+						t.Fatal(err)
+					}
+					file, data = ManifestFile, m
+				}
+				if err := os.WriteFile(filepath.Join(dir, file), data, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var want []string
+			for _, name := range tc.want {
+				want = append(want, filepath.Join(exp, name))
+			}
+			if runs, err := Runs(exp); err != nil || fmt.Sprint(runs) != fmt.Sprint(want) {
+				t.Errorf("runs %v, %v; want %v", runs, err, want)
+			}
+			if latest, err := Latest(root, "exp"); err != nil || latest != want[len(want)-1] {
+				t.Errorf("latest %q, %v; want %q", latest, err, want[len(want)-1])
+			}
+		})
 	}
 }
 

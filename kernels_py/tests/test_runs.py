@@ -17,6 +17,34 @@ def make_run(root, experiment, run_id, errors):
     return run
 
 
+@pytest.mark.parametrize("runs, newest", [
+    # run directory name: its manifest's "started" (None: none recorded) -> the newest two, oldest first
+    ({"20260101-000000-aaaaaa": "2026-01-01T00:00:00.5Z", "20260102-000000-bbbbbb": "2026-01-02T00:00:00Z"},
+     ["20260101-000000-aaaaaa", "20260102-000000-bbbbbb"]),
+    # a copy of the older run, named by hand: not the newest
+    ({"20260101-000000-aaaaaa": "2026-01-01T00:00:00.123456789Z", "baseline": "2026-01-01T00:00:00.123456789Z",
+      "20260102-000000-bbbbbb": "2026-01-02T00:00:00Z"}, ["baseline", "20260102-000000-bbbbbb"]),
+    # started in another zone, later than it reads
+    ({"20260101-100000-aaaaaa": "2026-01-01T10:00:00Z", "mine": "2026-01-01T09:00:00.25-02:00"},
+     ["20260101-100000-aaaaaa", "mine"]),
+    # a run id dates its run, before its manifest (rebuilt from the journal, it holds the first row's time)
+    ({"20260103-000000-cccccc": None, "old": "2026-01-02T00:00:00Z", "20260101-000000-aaaaaa": "2026-01-04T00:00:00Z"},
+     ["old", "20260103-000000-cccccc"]),
+    # no start anywhere: the oldest
+    ({"20260101-000000-aaaaaa": None, "20260102-000000-bbbbbb": None, "zzz": "0001-01-01T00:00:00Z"},
+     ["20260101-000000-aaaaaa", "20260102-000000-bbbbbb"]),
+])
+def test_newest_runs_go_by_when_each_started(tmp_path, runs, newest):
+    for name, started in runs.items():
+        run = tmp_path / "e" / name
+        run.mkdir(parents=True)
+        manifest = {"experiment": "e", "run_id": name}
+        if started is not None:
+            manifest["started"] = started
+        (run / "manifest.json").write_text(json.dumps(manifest))
+    assert [run.name for run in newest_runs("e", 2, tmp_path)] == newest
+
+
 def test_read_runs_adds_a_run_column(tmp_path, monkeypatch):
     a = make_run(tmp_path, "e", "20260101-000000-aaaaaa", [0.1, 0.2])
     b = make_run(tmp_path, "e", "20260102-000000-bbbbbb", [0.1, 0.3])
