@@ -309,6 +309,20 @@ type runOptions struct {
 	rerun string
 }
 
+// continueCommand is what continues this call where it stopped: rerun with
+// --resume, and the flags this call was given to retry failed jobs or to
+// accept changed code, which the jobs it did not reach still need.
+func (o runOptions) continueCommand() string {
+	c := o.rerun + " --resume"
+	if o.retryFailed {
+		c += " --retry-failed"
+	}
+	if o.allowCodeChange {
+		c += " --allow-code-change"
+	}
+	return c
+}
+
 // addRunFlags registers the flags run and demo share.
 func (o *runOptions) addRunFlags(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&o.out, "out", "results", "results root directory")
@@ -538,7 +552,7 @@ func (a *app) runExperiments(ctx context.Context, file string, o runOptions) ([]
 			Out: o.out, Experiment: e.Name, Protocol: e.Protocol, File: recordedScript(plan.File), FileHash: plan.Hash, Jobs: runnerJobs(plan.Schema, e),
 			KernelsDir: kernels.Dir, Device: device, Version: version,
 			Resume: o.resume, RetryFailed: o.retryFailed, AllowCodeChange: o.allowCodeChange,
-			Continue: o.rerun + " --resume", Executor: executor, Guard: slurm.CheckNoneActive, Progress: a.console, Log: a.log,
+			Continue: o.continueCommand(), Executor: executor, Guard: slurm.CheckNoneActive, Progress: a.console, Log: a.log,
 		})
 		if sum.Dir != "" {
 			dirs = append(dirs, sum.Dir)

@@ -139,6 +139,28 @@ func TestRerunCommand(t *testing.T) {
 	}
 }
 
+// An interrupted call is continued with the flags it was given to retry
+// failed jobs or accept changed code, where the command it printed dropped
+// them (the failed jobs it had not reached stayed failed).
+func TestContinueCommandKeepsHowTheCallResumed(t *testing.T) {
+	tests := []struct {
+		o    runOptions
+		want string
+	}{
+		{runOptions{rerun: "workbench run x.star --out o"}, "workbench run x.star --out o --resume"},
+		{runOptions{rerun: "workbench run x.star --out o", resume: true}, "workbench run x.star --out o --resume"},
+		{runOptions{rerun: "workbench run x.star --out o", resume: true, retryFailed: true},
+			"workbench run x.star --out o --resume --retry-failed"},
+		{runOptions{rerun: "workbench run x.star --out o", resume: true, retryFailed: true, allowCodeChange: true},
+			"workbench run x.star --out o --resume --retry-failed --allow-code-change"},
+	}
+	for _, tc := range tests {
+		if got := tc.o.continueCommand(); got != tc.want {
+			t.Errorf("%+v: got %q, want %q", tc.o, got, tc.want)
+		}
+	}
+}
+
 // A resume that leaves a failed job in place fails too, saying how many
 // failed before it and the command that runs them again.
 func TestResumeCountsEarlierFailures(t *testing.T) {
