@@ -192,6 +192,11 @@ func checkCaptureFiles(model string, images, videos []string, out string) error 
 	if st, err := os.Stat(out); err == nil && st.IsDir() {
 		return fmt.Errorf("--out %s is a directory: name the file to write, e.g. %s", out,
 			filepath.Join(out, "trace.safetensors"))
+	} else if err == nil && !isTrace(out) {
+		// An earlier trace may be replaced; anything else (the model's own
+		// weights, an input image) would be lost.
+		return fmt.Errorf("--out %s exists and is not a trace, so capturing would overwrite it: name a new file "+
+			"(or remove that one first)", out)
 	}
 	dir := filepath.Dir(out)
 	st, err := os.Stat(dir)
@@ -210,6 +215,16 @@ func checkCaptureFiles(model string, images, videos []string, out string) error 
 	}
 	f.Close()
 	return os.Remove(f.Name())
+}
+
+// isTrace says whether path is a safetensors file with trace metadata.
+func isTrace(path string) bool {
+	h, err := readSafetensorsHeader(path)
+	if err != nil {
+		return false
+	}
+	_, ok := h.Metadata["vlkv"]
+	return ok
 }
 
 // progressLines is the capture's stderr: its "progress: " lines go to log

@@ -259,6 +259,8 @@ func TestTraceCaptureChecksFiles(t *testing.T) {
 		{"missing model", filepath.Join(dir, "none"), file, out, "--model " + filepath.Join(dir, "none") + " is not a directory: give a local directory holding config.json"},
 		{"model a file", file, file, out, "--model " + file + " is not a directory"},
 		{"missing image", dir, filepath.Join(dir, "cat.png"), out, "--image " + filepath.Join(dir, "cat.png") + " is not a file"},
+		// The model's weights, or an input, named as --out by mistake: kept.
+		{"out an existing file", dir, file, file, "--out " + file + " exists and is not a trace, so capturing would overwrite it"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -269,6 +271,24 @@ func TestTraceCaptureChecksFiles(t *testing.T) {
 				t.Errorf("exit %d, stderr %q; want one line with %q", code, stderr, tt.want)
 			}
 		})
+	}
+}
+
+// An earlier trace named as --out may be replaced: the check lets it pass
+// (to the missing interpreter, here), as it stops any other existing file.
+func TestTraceCaptureMayReplaceAnEarlierTrace(t *testing.T) {
+	dir := t.TempDir()
+	image := filepath.Join(dir, "cat.png")
+	if err := os.WriteFile(image, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	trace := filepath.Join(dir, "t.safetensors")
+	writeTrace(t, trace, `{"format": "vlkv-trace/1", "model": {"layers": 1, "heads": 2, "kv_heads": 1, "head_dim": 8}}`, nil)
+	python := filepath.Join(dir, "no-python")
+	code, _, stderr := runCLI(t, "--python", python, "trace", "capture", "--model", dir, "--image", image,
+		"--prompt", "<image>", "--out", trace)
+	if code != 1 || strings.Contains(stderr, "is not a trace") || !strings.Contains(stderr, python) {
+		t.Errorf("capture over an earlier trace: exit %d, stderr %q; want it past the file checks, to the interpreter", code, stderr)
 	}
 }
 
