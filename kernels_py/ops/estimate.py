@@ -327,19 +327,27 @@ class Kernel:
         loop the rest, U from how many times each source line repeats) or
         versioned (copies of one size: one of them runs)."""
         out, by_source = {}, {}
-        for lp in sorted(self.sass.loops, key=lambda lp: self.sass.blocks[lp.header].start):
-            if lp.header in self.sass.cold:
-                continue
+        # Inner loops first: a SASS loop holding one of a source loop is no
+        # copy of that source loop (none holds itself), however its own
+        # instructions vote (an inner loop's first loads, hoisted into the
+        # outer one's blocks, can outvote the outer body: the head loop
+        # around the fused kernel's rank-chunk loop).
+        live = [lp for lp in self.sass.loops if lp.header not in self.sass.cold]
+        for lp in sorted(live, key=lambda lp: -lp.depth):
             votes: dict[SourceLoop, int] = {}
             for b in lp.own_blocks():
                 for ins in self.sass.block_instrs(b):
                     src = self.sources.loop_at(ins.file, ins.line)
                     if src is not None:
                         votes[src] = votes.get(src, 0) + 1
-            src = max(votes, key=votes.get) if votes else None
-            out[lp.header] = LoopInfo(lp, src)
-            if src is not None:
-                by_source.setdefault(src, []).append(out[lp.header])
+            for inner in self._descendants(lp):
+                if inner.header in out:
+                    votes.pop(out[inner.header].source, None)
+            out[lp.header] = LoopInfo(lp, max(votes, key=votes.get) if votes else None)
+        out = {lp.header: out[lp.header] for lp in sorted(live, key=lambda lp: self.sass.blocks[lp.header].start)}
+        for info in out.values():
+            if info.source is not None:
+                by_source.setdefault(info.source, []).append(info)
         for src, infos in by_source.items():
             sites = 1 if src.func == self.name else max(1, len(self.sources.chains(self.name, src.func, self.meta)))
             if len(infos) <= sites:
@@ -366,6 +374,16 @@ class Kernel:
             for info in infos:
                 if info.unroll == 1 and not info.remainder and not info.version:
                     info.unroll, info.peeled = self._peeled_unroll(info)
+        return out
+
+    @staticmethod
+    def _descendants(lp: sass_mod.Loop) -> list[sass_mod.Loop]:
+        """Every loop nested in lp, at any depth."""
+        out, todo = [], list(lp.children)
+        while todo:
+            c = todo.pop()
+            out.append(c)
+            todo.extend(c.children)
         return out
 
     def _peeled_unroll(self, info: LoopInfo) -> tuple[int, frozenset]:

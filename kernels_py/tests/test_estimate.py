@@ -924,3 +924,51 @@ def test_measured_points_go_where_vlkv_calibration_file_says(tmp_path, monkeypat
     assert calibration.append({"x": 1}) == target and target.read_text() == '{"x": 1}\n'
     monkeypatch.delenv(calibration.CALIBRATION_ENV)
     assert calibration.destination() == calibration.MEASURED
+
+
+
+# Run in a compiling child (see above): the fused low-rank stage 1 with keys
+# rebuilt through rank chunks, its loops' sources and trips.
+_NESTED_LOOPS = """
+import ast, dataclasses, json
+from kernels_py.ops import estimate, report
+from kernels_py.ops.lowrank_decode import model
+
+step = dataclasses.replace(model.ESTIMATE_SHAPES[0], partial="keys", low_share=0.0)
+impl = next(i for i in model.ESTIMATES if i.name == "fused (exact)")
+compiled = report.Compiled(impl, step, 90, select=lambda kernel, key: kernel != "_stage1_kernel"
+                           or report.key_label(key) == "BLOCK_N=128 w8 s3")
+(index,) = [i for i, (entry, binary) in enumerate(compiled.entries)
+            if entry["kernel"] == "_stage1_kernel" and binary is not None]
+meta = compiled.meta(compiled.entries[index][0])
+k = compiled.kernel(index)
+trips, _ = k.trips(impl.work(step, "_stage1_kernel", meta, estimate.H100).programs[0].values)
+name = lambda info: ast.unparse(info.source.node.target) if info.source is not None else None
+inside = lambda lp: [d for c in lp.children for d in [c, *inside(c)]]
+print(json.dumps({"one_chunk": meta["ONE_CHUNK"], "kv_heads": step.kv_heads,
+                  "nested_copies": [name(info) for info in k.loops.values() for inner in inside(info.loop)
+                                    if info.source is not None and k.loops[inner.header].source == info.source],
+                  "head_trips": [trips[h] for h, info in k.loops.items() if name(info) == "g"]}))
+"""
+
+
+def test_a_loop_holding_another_is_no_copy_of_its_source_loop():
+    """The fused low-rank kernel with keys rebuilt through 16-column rank
+    chunks (--shape partial=keys): its head loop (for g in range(KV_HEADS))
+    holds the chunk loop, whose first loads, hoisted into the head loop's
+    own blocks, outnumber the head loop's own instructions. Attributed by
+    that vote alone, the head loop was taken for a second version of the
+    chunk loop and run 0 times: the estimate left out every key rebuild
+    (70 instructions a token at any low_share). No SASS loop may be a copy
+    of the source loop of a loop inside it, and the head loop runs once per
+    kv head."""
+    reason = _missing_toolchain()
+    if reason:
+        pytest.skip(reason)
+    done = subprocess.run([sys.executable, "-c", _NESTED_LOOPS], cwd=ROOT, env=_child_env(), capture_output=True,
+                          text=True, timeout=CHILD_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-4000:]
+    got = json.loads(done.stdout)
+    assert got["one_chunk"] is False, "the shape no longer rebuilds keys through chunks"
+    assert got["nested_copies"] == [], got
+    assert got["head_trips"] and all(t == got["kv_heads"] for t in got["head_trips"]), got
