@@ -553,6 +553,22 @@ def test_configs_are_checked_before_compiling():
         assert done.returncode == 2 and msg in done.stderr and not done.stdout, (config, done.stderr)
 
 
+def test_a_config_is_checked_in_every_op_that_launches_a_kernel_of_its_name():
+    """quant_decode and fp8_decode both launch a _stage1_kernel: fp8's config
+    is none of quant's, which had nothing left to estimate and was said not
+    to compile. It is refused before compiling, naming the op."""
+    reason = _missing_toolchain()
+    if reason:
+        pytest.skip(reason)
+    done = subprocess.run([sys.executable, "-m", "kernels_py.ops.report", "--estimate", "--op", "quant_decode",
+                           "--op", "fp8_decode", "--shape", "batch=8", "--config", "_stage1_kernel:BLOCK_N=128 w4 s2"],
+                          cwd=ROOT, env=_child_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and not done.stdout, done.stderr
+    assert "--config: quant_decode's _stage1_kernel has no config 'BLOCK_N=128 w4 s2'" in done.stderr
+    assert "fp8_decode and quant_decode each launch a _stage1_kernel: name the op the config is for with --op" \
+        in done.stderr
+
+
 @pytest.mark.parametrize("target", [90, 80])
 def test_probe_kernels_count_what_they_issue(target):
     """Known kernels: a loop of 64 iterations issuing one 16-byte load a
