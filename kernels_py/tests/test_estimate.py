@@ -415,6 +415,12 @@ def test_shapes_are_parsed_with_clear_errors():
                        ("fmt=e4m4", "fmt must be one of e4m3, e5m2, got 'e4m4'")):
         with pytest.raises(ValueError, match=msg):
             report.estimate_report(90, report.parse_shape(shape), ["fp8_decode"])
+    # The quantized cache's widths and groups are the codec's (the field the user set is named, not the codec's).
+    for shape, msg in (("hi_bits=3", "--shape: hi_bits must be one of 2, 4, got 3"),
+                       ("lo_bits=8", "--shape: lo_bits must be one of 2, 4, got 8"),
+                       ("group=48", "--shape: group must be one of 32, 64, 128, got 48")):
+        with pytest.raises(ValueError, match=msg):
+            report.estimate_report(90, report.parse_shape(shape), ["quant_decode"])
     # A cache no GPU of the target holds is refused before anything is built for it (batch=1e20 ran out of memory).
     with pytest.raises(ValueError, match=r"batch=100000000000000000000 gather_decode's full cache is .* GB, more than "
                                          r"the H100 SXM's 80 GB"):
