@@ -183,8 +183,12 @@ Columns: median latency, bytes/latency in GB/s, and pipe/arena ratio.`,
 			if minBytes < 4 || maxBytes < minBytes || repeat < 1 {
 				return &usageError{fmt.Errorf("need 4 <= --min-bytes <= --max-bytes and --repeat >= 1")}
 			}
+			sizes := exchangeSizes(minBytes, maxBytes)
+			if len(sizes) == 0 {
+				return &usageError{fmt.Errorf("no float32 tensor has from %d to %d bytes (a whole number of 4-byte elements)", minBytes, maxBytes)}
+			}
 			return a.withWorker(cmd.Context(), func(_ *session, w *worker.Worker) error {
-				rows, err := benchExchange(cmd.Context(), a, w, minBytes, maxBytes, repeat)
+				rows, err := benchExchange(cmd.Context(), a, w, sizes, repeat)
 				if err != nil {
 					return err
 				}
@@ -224,9 +228,30 @@ func exchangeTable(rows []exchangeRow) table {
 	return t
 }
 
-func benchExchange(ctx context.Context, a *app, w *worker.Worker, minBytes, maxBytes int64, repeat int) ([]exchangeRow, error) {
+// exchangeSizes are the tensor sizes of `bench exchange`: from minBytes,
+// rounded up to whole float32 elements (not down: --min-bytes 5 would
+// measure 4 bytes, below the range asked for), in x4 steps up to maxBytes.
+func exchangeSizes(minBytes, maxBytes int64) []int64 {
+	first := minBytes / 4 * 4
+	if first < minBytes {
+		if first > maxBytes-4 {
+			return nil
+		}
+		first += 4
+	}
+	var sizes []int64
+	for size := first; size <= maxBytes; size *= 4 {
+		sizes = append(sizes, size)
+		if size > maxBytes/4 { // the next step is past maxBytes, or past int64
+			break
+		}
+	}
+	return sizes
+}
+
+func benchExchange(ctx context.Context, a *app, w *worker.Worker, sizes []int64, repeat int) ([]exchangeRow, error) {
 	var rows []exchangeRow
-	for size := minBytes / 4 * 4; size <= maxBytes; size *= 4 {
+	for _, size := range sizes {
 		ar, err := tensor.NewArena(1000, "bench", size)
 		if err != nil {
 			return nil, err

@@ -8,6 +8,7 @@ import gc
 import importlib
 import json
 import pkgutil
+import re
 
 import torch
 
@@ -51,6 +52,7 @@ def run(name: str, params: dict | None = None) -> dict:
     cls = BENCHMARKS[name]
     params = dict(params or {})
     notes = []
+    shrunk = {}
     interpreter = runtime.interpreter_mode()
     if interpreter:
         shrunk = {k: v for group in cls.smoke if not set(group) & set(params) for k, v in group.items()}
@@ -61,7 +63,7 @@ def run(name: str, params: dict | None = None) -> dict:
     try:
         bench = cls.from_dict(params)
     except (TypeError, ValueError) as err:
-        raise BadKnobs(str(err)) from None
+        raise BadKnobs(f"{err}{_shrunk_hint(cls, str(err), shrunk)}") from None
     device = runtime.device()
     rows = []
     cases = list(bench.cases())
@@ -96,6 +98,31 @@ def run(name: str, params: dict | None = None) -> dict:
     return {"benchmark": name, "device": device.type, "gpu": gpu, "interpreter": interpreter,
             "params": {k: list(v) if isinstance(v, tuple) else v for k, v in bench.to_dict().items()},
             **table(columns, rows), "notes": notes}
+
+
+def _shrunk_hint(cls: type[Benchmark], message: str, shrunk: dict) -> str:
+    """What to add to a refusal that names a knob the CPU interpreter shrank:
+    the user never set it, and with its default (what --help lists) their
+    values may well hold."""
+    named = [k for k in sorted(shrunk) if re.search(rf"\b{k}\b", message)]
+    if not named:
+        return ""
+    defaults = {k: spec.json_default for k, spec in cls.param_specs().items()}
+    said = "; ".join(f"{k}={_knob_text(shrunk[k])} is the CPU interpreter's tiny size, not the default "
+                     f"{_knob_text(defaults[k])}" for k in named)
+    # A smoke group shrinks only as a whole: setting one of its knobs leaves the others at their defaults.
+    companions = sorted({k for group in cls.smoke if set(group) & set(named) for k in group} - set(named))
+    also = (f", and {_flags(companions)}, which {'shrinks' if len(companions) == 1 else 'shrink'} only along with "
+            f"{'it' if len(named) == 1 else 'them'}") if companions else ""
+    return f" ({said}: set {_flags(named)} as well{also})"
+
+
+def _flags(knobs: list[str]) -> str:
+    return " and ".join(f"--{k.replace('_', '-')}" for k in knobs)
+
+
+def _knob_text(value) -> str:
+    return json.dumps(list(value) if isinstance(value, tuple) else value)
 
 
 __all__ = ["BENCHMARKS", "Benchmark", "run"]

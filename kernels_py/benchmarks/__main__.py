@@ -17,6 +17,7 @@ import sys
 from kernels_py import runtime
 from kernels_py.benchmarks import BENCHMARKS, run
 from kernels_py.params import BadKnobs, closest
+from kernels_py.runtime.worker import jsonable
 
 
 def main(argv=None) -> int:
@@ -62,7 +63,9 @@ def main(argv=None) -> int:
         os.close(stdout)
     for note in result["notes"]:
         print(f"note: {note}", file=sys.stderr)
-    print(json.dumps(result, default=str), flush=True)
+    # As the worker sends it to `workbench bench --json`: a non-finite number (a broken kernel's NaN error) as
+    # null, since NaN is no JSON and the line must parse anywhere.
+    print(json.dumps(jsonable(result)), flush=True)
     return 0
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels_py.benchmarks.base import (
-    ESTIMATE_ERROR, OUTPUT_ERROR, AttentionBenchmark, estimate_beside, estimate_columns, hbm_peak_gbps,
+    ESTIMATE_ERROR, OUTPUT_ERROR, AttentionBenchmark, estimate_beside, estimate_columns, hbm_peak_gbps, nbytes,
     output_error, percent_of, sdpa, time_median,
 )
 from kernels_py.ops import gather_decode as op
@@ -65,6 +65,8 @@ class Gather(AttentionBenchmark):
         Column("gather_hbm_pct", "%", "gather_gbps as a share of the GPU's HBM bandwidth", "% HBM"),
         Column("slice_ms", "ms", "gather the rows into a copy, then SDPA", "slice+SDPA"),
         Column("sdpa_ms", "ms", "SDPA over every row of the cache", "SDPA all"),
+        Column("sdpa_hbm_pct", "%", "the whole cache's K/V bytes / SDPA-over-all time, as a share of the HBM "
+               "bandwidth", show=False),
         Column("speedup_vs_slice", "x", "slice-then-SDPA time / kernel time", "slice/gather"),
         Column("speedup_vs_sdpa", "x", "SDPA-over-all time / kernel time", "SDPA/gather"),
         Column("read_bytes", "bytes", "bytes the kernel reads", show=False),
@@ -105,6 +107,7 @@ class Gather(AttentionBenchmark):
         row["output_err"] = output_error(gather().out, _slice_then_attend(q, k, v, index))
         row["gather_gbps"] = read / (row["gather_ms"] / 1e3) / 1e9
         row["gather_hbm_pct"] = percent_of(row["gather_gbps"], peak)
+        row["sdpa_hbm_pct"] = percent_of(nbytes(k, v) / (row["sdpa_ms"] / 1e3) / 1e9, peak)
         row["speedup_vs_slice"] = row["slice_ms"] / row["gather_ms"]
         row["speedup_vs_sdpa"] = row["sdpa_ms"] / row["gather_ms"]
         step = model.Step(batch=b, context=n, share=case["percent"] / 100, heads=self.heads, kv_heads=self.kv_heads,

@@ -290,13 +290,14 @@ def estimate_report(target: int, overrides: dict | None = None, ops: list[str] |
         from kernels_py.ops import compile as cc
 
         launched, tuned = set(), {}
-        for _, model, step in steps:
+        for op, model, step in steps:
             for impl in model.ESTIMATES:
                 if not impls or impl.name in impls:
                     for launch in cc.record_launches(lambda: impl.call(step), target):
                         launched.add(launch.kernel.fn.__name__)
-                        if launch.configs is not None:
-                            tuned[launch.kernel.fn.__name__] = [key_label(cc.config_key(c)) for c in launch.configs]
+                        if launch.configs is not None:  # per op: ops name their kernels alike (_stage1_kernel)
+                            tuned.setdefault(launch.kernel.fn.__name__, {})[op.name] = [
+                                key_label(cc.config_key(c)) for c in launch.configs]
         _check_configs(configs, sorted(launched), tuned)
     results, cache = [], {}
     for op, model, step in steps:
@@ -345,15 +346,21 @@ def _check_number(name: str, value, default) -> None:
         raise ValueError(f"--shape: {name} must be at least {least}, got {value:g}")
 
 
-def _check_configs(configs: dict[str, set[str]], launched: list[str], tuned: dict[str, list[str]]) -> None:
+def _check_configs(configs: dict[str, set[str]], launched: list[str], tuned: dict[str, dict[str, list[str]]]) -> None:
     """Each --config names a config of an autotuned kernel the
-    implementations launch (tuned: each such kernel's config labels)."""
+    implementations launch (tuned: each such kernel's config labels, per op
+    that launches it). A kernel of one name in several ops must have the
+    config in each: where one lacks it, nothing of that kernel would be
+    estimated for that op."""
     for kernel, labels in sorted(configs.items()):
         if kernel in tuned:
-            have = tuned[kernel]
-            for label in sorted(labels - set(have)):
-                raise ValueError(f"--config: {kernel} has no config {label!r}{closest(label, have)} "
-                                 f"(its configs: {', '.join(have)})")
+            for op, have in sorted(tuned[kernel].items()):
+                where, pick = (kernel, "") if len(tuned[kernel]) == 1 else (
+                    f"{op}'s {kernel}", f"; {' and '.join(sorted(tuned[kernel]))} each launch a {kernel}: name the "
+                                        f"op the config is for with --op")
+                for label in sorted(labels - set(have)):
+                    raise ValueError(f"--config: {where} has no config {label!r}{closest(label, have)} "
+                                     f"(its configs: {', '.join(have)}){pick}")
         elif kernel in launched:
             raise ValueError(f"--config: {kernel} is not autotuned: its one launch config is always estimated "
                              f"(autotuned: {', '.join(sorted(tuned)) or 'none'})")

@@ -29,6 +29,17 @@ def test_smoke_run_reports_every_path():
         assert result["notes"] == []
 
 
+def test_hbm_shares_are_of_the_bytes_each_path_reads(monkeypatch):
+    """The kernel's share of the HBM peak is of the listed rows it reads;
+    SDPA's, as the module's doc counts it, of the whole cache."""
+    monkeypatch.setattr(gather, "hbm_peak_gbps", lambda device: 1000.0)  # a GPU of 1 TB/s
+    result = benchmarks.run("gather", dict(gather.Gather.smoke_sizes(), lengths=[64], percents=[50], repeat=1))
+    (r,) = result["rows"]
+    whole = r["batch"] * r["kv_heads"] * r["context"] * r["head_dim"] * 4 * 2  # float32 K and V, every row
+    assert r["sdpa_hbm_pct"] == pytest.approx(100 * whole / (r["sdpa_ms"] / 1e3) / 1e9 / 1000.0)
+    assert r["gather_hbm_pct"] == pytest.approx(100 * r["read_bytes"] / (r["gather_ms"] / 1e3) / 1e9 / 1000.0)
+
+
 def test_a_kernel_off_its_baseline_is_said_to_time_a_wrong_result(monkeypatch):
     """A kernel edited into a wrong result still times: the run says so."""
     right = op.gather_decode

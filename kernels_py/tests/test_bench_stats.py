@@ -4,6 +4,7 @@ import pytest
 
 from kernels_py import benchmarks
 from kernels_py.benchmarks import stats
+from kernels_py.params import BadKnobs
 
 
 def test_smoke_run_reports_every_path():
@@ -58,6 +59,28 @@ def test_the_interpreter_shrinks_only_what_the_user_left_unset(monkeypatch):
     # A user's lengths do not take the smoke rows with them: rows must fit the length the user chose.
     with pytest.raises(ValueError, match=r"rows \(50\) exceed the shortest prompt length in lengths=\[8\]"):
         benchmarks.run("stats", {"lengths": [8]})
+
+
+@pytest.mark.parametrize("name,params,says", [
+    # spread 20 holds with the default 50 rows, not with the 16 the interpreter shrank them to
+    ("stats", {"spread": 20}, "rows=16 is the CPU interpreter's tiny size, not the default 50: set --rows as well, "
+                              "and --lengths, which shrinks only along with it"),
+    # group 128 divides the default head_dim, not the 64 of the interpreter's tiny heads
+    ("quant", {"group": 128}, "head_dim=64 is the CPU interpreter's tiny size, not the default 128: set --head-dim "
+                              "as well, and --heads and --kv-heads, which shrink only along with it"),
+])
+def test_a_refusal_names_the_knobs_the_interpreter_shrank(monkeypatch, name, params, says):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(BadKnobs) as refused:
+        benchmarks.run(name, params)
+    assert says in str(refused.value)
+
+
+def test_a_refusal_of_the_users_own_values_adds_nothing(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(BadKnobs) as refused:
+        benchmarks.run("stats", {"heads": 6, "kv_heads": 4})
+    assert str(refused.value) == "benchmark 'stats': heads (6) must be a multiple of kv_heads (4)"
 
 
 def test_spread_rows_are_zipvl_probe_rows(monkeypatch):

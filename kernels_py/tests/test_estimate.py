@@ -415,6 +415,12 @@ def test_shapes_are_parsed_with_clear_errors():
                        ("fmt=e4m4", "fmt must be one of e4m3, e5m2, got 'e4m4'")):
         with pytest.raises(ValueError, match=msg):
             report.estimate_report(90, report.parse_shape(shape), ["fp8_decode"])
+    # The quantized cache's widths and groups are the codec's (the field the user set is named, not the codec's).
+    for shape, msg in (("hi_bits=3", "--shape: hi_bits must be one of 2, 4, got 3"),
+                       ("lo_bits=8", "--shape: lo_bits must be one of 2, 4, got 8"),
+                       ("group=48", "--shape: group must be one of 32, 64, 128, got 48")):
+        with pytest.raises(ValueError, match=msg):
+            report.estimate_report(90, report.parse_shape(shape), ["quant_decode"])
     # A cache no GPU of the target holds is refused before anything is built for it (batch=1e20 ran out of memory).
     with pytest.raises(ValueError, match=r"batch=100000000000000000000 gather_decode's full cache is .* GB, more than "
                                          r"the H100 SXM's 80 GB"):
@@ -551,6 +557,22 @@ def test_configs_are_checked_before_compiling():
                                "--impl", "fused (exact)", "--config", config], cwd=ROOT, env=env,
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 2 and msg in done.stderr and not done.stdout, (config, done.stderr)
+
+
+def test_a_config_is_checked_in_every_op_that_launches_a_kernel_of_its_name():
+    """quant_decode and fp8_decode both launch a _stage1_kernel: fp8's config
+    is none of quant's, which had nothing left to estimate and was said not
+    to compile. It is refused before compiling, naming the op."""
+    reason = _missing_toolchain()
+    if reason:
+        pytest.skip(reason)
+    done = subprocess.run([sys.executable, "-m", "kernels_py.ops.report", "--estimate", "--op", "quant_decode",
+                           "--op", "fp8_decode", "--shape", "batch=8", "--config", "_stage1_kernel:BLOCK_N=128 w4 s2"],
+                          cwd=ROOT, env=_child_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and not done.stdout, done.stderr
+    assert "--config: quant_decode's _stage1_kernel has no config 'BLOCK_N=128 w4 s2'" in done.stderr
+    assert "fp8_decode and quant_decode each launch a _stage1_kernel: name the op the config is for with --op" \
+        in done.stderr
 
 
 @pytest.mark.parametrize("target", [90, 80])

@@ -237,6 +237,25 @@ def test_the_benchmark_entry_prints_its_result_alone_on_stdout(monkeypatch, capf
     assert entry.main(["gather", "[8]"]) == 2 and "must be an object of knobs" in capfd.readouterr().err
 
 
+def test_the_benchmark_entrys_line_is_json_with_a_non_finite_number_in_it(monkeypatch, capfd):
+    """A kernel that returns NaN gives its row a NaN output_err (and its run a note): the line is still JSON,
+    with null for it, as `workbench bench --json` prints it."""
+    import kernels_py.benchmarks.__main__ as entry
+
+    def broken(name, params):
+        return {"benchmark": name, "rows": [{"output_err": float("nan"), "speedup": float("inf"), "ms": 1.5}],
+                "notes": ["row 1: the kernel's output is nan from its unfused baseline's"]}
+
+    monkeypatch.setattr(entry, "run", broken)
+    assert entry.main(["gather"]) == 0
+    out = capfd.readouterr().out
+
+    def no_constants(name):
+        raise ValueError(f"{name} is not JSON")
+
+    assert json.loads(out, parse_constant=no_constants)["rows"] == [{"output_err": None, "speedup": None, "ms": 1.5}]
+
+
 def test_compiling_for_the_estimate_leaves_tritons_settings_as_it_found_them(monkeypatch):
     """The estimate compiles with Triton's cache off and ptxas's log printed; a benchmark's later compiles in the
     same process must not (the log went to stdout, and every compile skipped the cache)."""

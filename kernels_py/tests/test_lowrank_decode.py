@@ -495,6 +495,22 @@ def test_the_model_takes_the_split_count_a_point_ran_with():
         model.Step(batch=8, visual=32768, splits=300)
 
 
+@pytest.mark.parametrize("fields,says", [
+    ({"rank_k": 100000}, r"rank_k=100000 must be in \[1, kv_heads \* head_dim\] = \[1, 1024\]"),
+    ({"rank_v": 0}, r"rank_v=0 must be in \[1, kv_heads \* head_dim\] = \[1, 1024\]"),
+    ({"kv_heads": 1, "head_dim": 32}, r"rank_k=64 must be in \[1, kv_heads \* head_dim\] = \[1, 32\]"),
+])
+def test_the_model_refuses_a_rank_no_cache_has(fields, says):
+    """A factor's rank is at most the width it rebuilds, as bench lowrank
+    holds its ranks to: else the estimate (--shape rank_k=100000) times a
+    step no cache holds."""
+    from kernels_py.ops.lowrank_decode import model
+
+    with pytest.raises(ValueError, match=says):
+        model.Step(batch=8, visual=32768, **fields)
+    assert model.Step(batch=8, visual=32768, rank_k=1024, rank_v=1).rank_k == 1024
+
+
 def test_mass_programs_fill_one_wave():
     """The rank-space mass kernel's span: the shortest, from MASS_SPAN up by
     powers of two, whose grid fits one wave of MASS_PROGRAMS_PER_SM

@@ -67,6 +67,10 @@ class Step:
             raise ValueError(f"partial={self.partial!r} must be one of {', '.join(CHOICES['partial'])}")
         if not 0 <= self.splits <= kernel.MAX_SPLITS:
             raise ValueError(f"splits={self.splits} must be in [0, {kernel.MAX_SPLITS}] (0: the default)")
+        width = self.kv_heads * self.head_dim  # what a factor rebuilds: every kv head's channels of a token
+        for name, rank in (("rank_k", self.rank_k), ("rank_v", self.rank_v)):
+            if not 1 <= rank <= width:  # as bench lowrank refuses its ranks: no such cache exists
+                raise ValueError(f"{name}={rank} must be in [1, kv_heads * head_dim] = [1, {width}]")
 
     @staticmethod
     def low_rank(rank: int) -> int:

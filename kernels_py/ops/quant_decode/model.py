@@ -22,8 +22,13 @@ from dataclasses import dataclass
 
 from kernels_py.ops import estimate, splitk
 from kernels_py.ops.estimate import H100
+from kernels_py.ops.kv_quant.contract import BITS, GROUPS
 from kernels_py.ops.quant_decode import kernel
 from kernels_py.tables import Column, table
+
+# The fields of Step that take only some values, checked as `--shape` sets them (else the codec's own error
+# named bits=3 for --shape hi_bits=3).
+CHOICES = {"hi_bits": BITS, "lo_bits": BITS, "group": GROUPS}
 
 
 @dataclass(frozen=True)
