@@ -8,6 +8,7 @@ sizes) and `measure(case)` (the rest of the row). The runner
 (kernels_py.benchmarks.run) does the rest.
 """
 
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -149,7 +150,7 @@ def time_median(fn, repeat: int, cuda: bool, graph: bool = False) -> float:
             t0 = time.perf_counter()
             run()
             times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
+    return statistics.median(times)
 
 
 def _captured(fn):

@@ -64,3 +64,15 @@ def test_baselines_compute_what_the_kernel_computes(device):
                                atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(gather._slice_then_attend(q, k, v, index), want.out, atol=1e-5, rtol=1e-5)
     assert (base.sdpa(q, k, v)[0] - want.out).abs().max() > 1e-3  # all rows: a different answer
+
+
+def test_time_median_is_the_median_of_an_even_number_of_runs(monkeypatch):
+    """With an even --repeat the time is the mean of the two middle runs,
+    where it was the upper one (of 1, 2, 3 and 10 ms: 3 ms, not 2.5)."""
+    from kernels_py.benchmarks import base
+
+    clock = iter([0.0, 0.001, 1.0, 1.002, 2.0, 2.003, 3.0, 3.010])  # each run's start and end
+    monkeypatch.setattr(base.time, "perf_counter", lambda: next(clock))
+    calls = []
+    assert base.time_median(lambda: calls.append(1), 4, cuda=False) == pytest.approx(0.0025)
+    assert len(calls) == 5  # the warm-up and 4 timed runs
