@@ -134,6 +134,8 @@ class Lowrank(AttentionBenchmark):
                show=False),
         Column("full_rank_share", "", "share of the tokens that keep the full rank", show=False),
         Column("partial", "", "factors the lower rank applies to", show=False),
+        Column("rank_chunk", "", "rank columns per step of the fused kernel's key rebuild (0: one MMA)",
+               show=False),
         Column("speedup_vs_unfused", "x", "unfused time / fused time (above 1: fused is faster)", "unfused/fused"),
         Column("speedup_vs_sdpa", "x", "SDPA time / fused time (above 1: fused is faster)", "SDPA/fused"),
         Column("compression_ratio", "x", "full K/V bytes / compressed cache bytes", "compression"),
@@ -165,6 +167,10 @@ class Lowrank(AttentionBenchmark):
                         "show the saving of the key rebuild)", choices=("values", "keys", "both"),
                         ref="AttentionPack section 4.1")
     dense_len: int = knob("int", 64, "uncompressed text tokens after the visual ones", min=1, max=1 << 20)
+    rank_chunk: int = knob("int", 0, "rank columns per step of the fused kernel's key rebuild: 0 rebuilds a "
+                           "tile's keys in one MMA (up to rank 64, the default, what AttentionPack runs), 16-64 "
+                           "in a loop of chunks that stops at each tile's largest rank (partial keys' FLOPs "
+                           "saving, slower by the estimate)", choices=(0, 16, 32, 64), ref="AttentionPack section 3.2")
 
     RULES = (
         Rule("head_dim % 2 == 0", "head_dim ({head_dim}) must be even (RoPE rotates pairs)"),
@@ -181,8 +187,7 @@ class Lowrank(AttentionBenchmark):
         rank = case["rank_k"]
         q, q_pos, comp, dense = _make(b, n, self.dense_len, self.heads, self.kv_heads, self.head_dim, rank, dt,
                                       device, g, self.full_rank_share, self.partial)
-        # Rank-uniform tiles rebuild keys in chunks no larger than the low group's rank.
-        chunk = min(64, max(16, 1 << (max(1, rank // 4) - 1).bit_length())) if self.partial != "values" else None
+        chunk = self.rank_chunk or None  # 0: the kernel's default, one chunk
         op.check_inputs(q, q_pos, comp, dense, ROPE_BASE)  # once: the timed calls skip the value checks
         # Each kernel's default: an SM holds one fused program and two absorbed ones.
         splits, absorbed_splits = op.default_num_splits(comp, dense), op.default_num_splits(comp, dense, absorbed=True)
@@ -225,7 +230,8 @@ class Lowrank(AttentionBenchmark):
                "output_err": output_error(fused().out, unfused())}
         step = model.Step(batch=b, visual=n, dense=self.dense_len, heads=self.heads, kv_heads=self.kv_heads,
                           head_dim=self.head_dim, rank_k=rank, rank_v=rank, elem_bytes=dt.itemsize,
-                          low_share=1.0 - self.full_rank_share, partial=self.partial, splits=splits)
+                          low_share=1.0 - self.full_rank_share, partial=self.partial, splits=splits,
+                          rank_chunk=self.rank_chunk)
         absorbed_step = dataclasses.replace(step, splits=absorbed_splits)
         costs = model.costs(step)
         peak = hbm_peak_gbps(device)
@@ -241,6 +247,7 @@ class Lowrank(AttentionBenchmark):
         row["absorbed_model_bytes"] = costs["absorbed (latent)"]["bytes"] + costs["absorbed (latent)"]["mass_bytes"]
         row["full_rank_share"] = self.full_rank_share
         row["partial"] = self.partial
+        row["rank_chunk"] = self.rank_chunk
         row["sdpa_hbm_pct"] = percent_of(row["full_bytes"] / (row["sdpa_ms"] / 1e3) / 1e9, peak)
         row["absorbed_vs_sdpa"] = row["sdpa_ms"] / row["absorbed_ms"]
         row["speedup_vs_unfused"] = row["unfused_ms"] / row["fused_ms"]

@@ -401,8 +401,7 @@ class AttentionPack(Method):
         folded = bool(self.period and cache.buffer >= self.period)
         # A fold scores its step: the tokens it admits must not enter the groups (or eviction) unscored.
         scored = folded or (step - 1) % self.importance_every == 0
-        result = cache.attend(q_t, absorbed=self.absorbed, backend=self.backend, rank_chunk=self._rank_chunk(cache),
-                              mass=scored)
+        result = cache.attend(q_t, absorbed=self.absorbed, backend=self.backend, mass=scored)
         if scored:
             importance = self._importance
             masses = result.mass_comp[0].split([s.tokens for s in cache.segments])
@@ -482,15 +481,6 @@ class AttentionPack(Method):
         if seg.ranks_k is None or not (torch.equal(seg.ranks_k, ranks_k) and torch.equal(seg.ranks_v, ranks_v)):
             seg.ranks_k, seg.ranks_v = ranks_k, ranks_v
             cache.ranks_changed()
-
-    def _rank_chunk(self, cache: LowRankCache) -> int | None:
-        """The key rebuild's rank chunk: the lowest group's key rank (a power
-        of two >= 16), so its rank-uniform tiles stop early; None (the
-        kernel's default) when keys keep the full rank."""
-        if self.partial == "values" or self.low_group == "evict" or len(self._groups) == 1:
-            return None
-        lowest = min(group_rank(share, cache.segments[0].k.rank) for _, share in self._groups)
-        return min(64, max(16, 1 << (lowest - 1).bit_length()))
 
     def _flops_ratio(self, cache: LowRankCache) -> float:
         """Section 3.2: decompression FLOPs 2*H*D*sum_t R(t) against 2*H*D*T*R

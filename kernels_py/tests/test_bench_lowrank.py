@@ -73,6 +73,7 @@ def test_baselines_compute_what_the_kernels_compute(device):
     ({"dense_len": 0}, "below its minimum 1"),
     ({"lengths": [0]}, "below its minimum 1"),
     ({"rank": 8}, "did you mean 'ranks'"),
+    ({"rank_chunk": 24}, "rank_chunk=24 is not one of"),
 ])
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -92,3 +93,24 @@ def test_partial_keys_group_both_factors(device):
     sizes = dict(lowrank.Lowrank.smoke_sizes(), lengths=[40], batches=[1], repeat=1, partial="both")
     (row,) = benchmarks.run("lowrank", sizes)["rows"]
     assert row["partial"] == "both" and row["fused_ms"] > 0
+
+
+def test_the_rank_chunk_reaches_the_fused_calls(monkeypatch):
+    """--rank-chunk is what the fused calls are given (0: none, the kernel's
+    one-MMA rebuild, what AttentionPack runs), and the row and the estimate's
+    step record it; before, partial keys always took the low group's rank as
+    the chunk."""
+    seen = []
+    real = kernel.lowrank_decode
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("rank_chunk"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lowrank.op, "lowrank_decode", spy)
+    for chunk, want in ((0, None), (16, 16)):
+        seen.clear()
+        sizes = dict(lowrank.Lowrank.smoke_sizes(), lengths=[40], batches=[1], repeat=1, partial="keys",
+                     rank_chunk=chunk)
+        (row,) = benchmarks.run("lowrank", sizes)["rows"]
+        assert row["rank_chunk"] == chunk and seen and set(seen) == {want}, (chunk, seen)

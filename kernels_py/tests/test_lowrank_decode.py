@@ -511,6 +511,18 @@ def test_the_model_refuses_a_rank_no_cache_has(fields, says):
     assert model.Step(batch=8, visual=32768, rank_k=1024, rank_v=1).rank_k == 1024
 
 
+def test_the_model_gives_the_fused_call_the_rank_chunk_its_step_names():
+    """The estimate's step passes its rank_chunk to the fused call (0: none,
+    the one-MMA rebuild, at partial keys too), and refuses a chunk the kernel
+    does not take."""
+    from kernels_py.ops.lowrank_decode import model
+
+    assert model._rank_chunk(model.Step(batch=8, visual=32768, partial="keys", low_share=0.75)) is None
+    assert model._rank_chunk(model.Step(batch=8, visual=32768, partial="keys", rank_chunk=16)) == 16
+    with pytest.raises(ValueError, match="rank_chunk=24 must be one of 0, 16, 32, 64"):
+        model.Step(batch=8, visual=32768, rank_chunk=24)
+
+
 def test_mass_programs_fill_one_wave():
     """The rank-space mass kernel's span: the shortest, from MASS_SPAN up by
     powers of two, whose grid fits one wave of MASS_PROGRAMS_PER_SM

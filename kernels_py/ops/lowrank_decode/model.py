@@ -42,7 +42,7 @@ from kernels_py.ops.lowrank_decode import kernel
 from kernels_py.tables import Column, table
 
 # The fields of Step that take only some values (`--shape partial=keys`, elem_bytes=4 for float32).
-CHOICES = {"partial": ("values", "keys", "both"), "elem_bytes": (2, 4)}
+CHOICES = {"partial": ("values", "keys", "both"), "elem_bytes": (2, 4), "rank_chunk": (0, 16, 32, 64)}
 
 
 @dataclass(frozen=True)
@@ -61,10 +61,13 @@ class Step:
     low_share: float = 0.0  # share of the tokens decompressed at rank / 4
     partial: str = "values"  # which factors the low rank applies to: values, keys or both
     splits: int = 0  # splits per sequence of today's kernels; 0: the launchers' default (kernel.split_count)
+    rank_chunk: int = 0  # rank columns per step of the fused key rebuild; 0: the launcher's default (one MMA)
 
     def __post_init__(self):
-        if self.partial not in CHOICES["partial"]:
-            raise ValueError(f"partial={self.partial!r} must be one of {', '.join(CHOICES['partial'])}")
+        for name in ("partial", "rank_chunk"):
+            if getattr(self, name) not in CHOICES[name]:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be one of "
+                                 f"{', '.join(str(c) for c in CHOICES[name])}")
         if not 0 <= self.splits <= kernel.MAX_SPLITS:
             raise ValueError(f"splits={self.splits} must be in [0, {kernel.MAX_SPLITS}] (0: the default)")
         width = self.kv_heads * self.head_dim  # what a factor rebuilds: every kv head's channels of a token
@@ -216,11 +219,9 @@ def _splits(s: Step, gpu, *, absorbed: bool, per_kv_head: bool = False) -> int:
 
 
 def _rank_chunk(s: Step) -> int | None:
-    """The rank chunk `bench lowrank` passes: no larger than the low group's
-    rank when keys are partial."""
-    if s.partial == "values":
-        return None
-    return min(64, max(16, 1 << (s.low_rank(s.rank_k) - 1).bit_length()))
+    """The rank chunk the fused call is given (`bench lowrank --rank-chunk`):
+    None, the launcher's default, for 0."""
+    return s.rank_chunk or None
 
 
 def split_classes(s: Step, splits: int, block_n: int, *, dense_apart: bool = False) -> dict:
