@@ -956,7 +956,7 @@ import ast, dataclasses, json
 from kernels_py.ops import estimate, report
 from kernels_py.ops.lowrank_decode import model
 
-step = dataclasses.replace(model.ESTIMATE_SHAPES[0], partial="keys", low_share=0.0)
+step = dataclasses.replace(model.ESTIMATE_SHAPES[0], partial="keys", low_share=0.0, rank_chunk=16)
 impl = next(i for i in model.ESTIMATES if i.name == "fused (exact)")
 compiled = report.Compiled(impl, step, 90, select=lambda kernel, key: kernel != "_stage1_kernel"
                            or report.key_label(key) == "BLOCK_N=128 w8 s3")
@@ -976,7 +976,7 @@ print(json.dumps({"one_chunk": meta["ONE_CHUNK"], "kv_heads": step.kv_heads,
 
 def test_a_loop_holding_another_is_no_copy_of_its_source_loop():
     """The fused low-rank kernel with keys rebuilt through 16-column rank
-    chunks (--shape partial=keys): its head loop (for g in range(KV_HEADS))
+    chunks (--shape partial=keys,rank_chunk=16): its head loop (for g in range(KV_HEADS))
     holds the chunk loop, whose first loads, hoisted into the head loop's
     own blocks, outnumber the head loop's own instructions. Attributed by
     that vote alone, the head loop was taken for a second version of the
