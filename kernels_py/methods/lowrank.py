@@ -364,14 +364,12 @@ class LowRankCache:
         length = torch.tensor([self.dense_positions.shape[0]], device=self.dense_positions.device)
         return DenseKV(self.dense_k[None], self.dense_v[None], self.dense_positions[None], length)
 
-    def attend(self, q_t: torch.Tensor, *, absorbed: bool, backend: str,
-               rank_chunk: int | None = None, mass: bool = True) -> DecodeOutput:
+    def attend(self, q_t: torch.Tensor, *, absorbed: bool, backend: str, mass: bool = True) -> DecodeOutput:
         """The decode op over this cache for one query token q_t [heads, 1, d]
         (B = 1); mass=False skips the per-token masses (None in the result)."""
         q_pos = torch.tensor([[self.seen - 1]], device=q_t.device)
         out = lowrank_decode.compute(q_t[None], q_pos, self.compressed_kv(), self.dense_kv(),
-                                     rope_base=self.rope_base, absorbed=absorbed, backend=backend,
-                                     rank_chunk=rank_chunk, mass=mass)
+                                     rope_base=self.rope_base, absorbed=absorbed, backend=backend, mass=mass)
         if self.quantized:
             self._layout = None  # the dequantized factors live for one step: what is held is the packed codes
         return out
